@@ -1,0 +1,71 @@
+// Element types and reduction operators, independent of the wire protos.
+// Values match gradsync.v1.DataType / gradsync.v1.ReduceOp numerically.
+#ifndef GRADSYNC_COMMON_TYPES_H_
+#define GRADSYNC_COMMON_TYPES_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace gradsync {
+
+enum class DType : uint8_t {
+  kF32 = 1,
+  kF64 = 2,
+  kF16 = 3,
+  kBF16 = 4,
+  kI32 = 5,
+  kI64 = 6,
+  kU8 = 7,
+};
+
+enum class ReduceOp : uint8_t {
+  kSum = 1,
+  kAvg = 2,
+  kMin = 3,
+  kMax = 4,
+  kProd = 5,
+};
+
+inline constexpr DType kAllDTypes[] = {DType::kF32, DType::kF64, DType::kF16, DType::kBF16,
+                                       DType::kI32, DType::kI64, DType::kU8};
+inline constexpr ReduceOp kAllReduceOps[] = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMin,
+                                             ReduceOp::kMax, ReduceOp::kProd};
+
+// Bytes per element.
+size_t DTypeSize(DType t);
+// "f32", "f64", "f16", "bf16", "i32", "i64", "u8".
+const char* DTypeName(DType t);
+// "sum", "avg", "min", "max", "prod".
+const char* ReduceOpName(ReduceOp op);
+
+bool IsValidDType(int v);
+bool IsValidReduceOp(int v);
+// Parses the names above (case-insensitive); InvalidArgument names the choices.
+absl::StatusOr<DType> ParseDType(absl::string_view name);
+absl::StatusOr<ReduceOp> ParseReduceOp(absl::string_view name);
+
+// IEEE binary16 and bfloat16 conversions (round to nearest even; NaN kept NaN).
+float HalfToFloat(uint16_t h);
+uint16_t FloatToHalf(float f);
+inline float BFloat16ToFloat(uint16_t b) {
+  uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof(f));
+  return f;
+}
+inline uint16_t FloatToBFloat16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof(u));
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);  // quiet NaN
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+}  // namespace gradsync
+
+#endif  // GRADSYNC_COMMON_TYPES_H_
