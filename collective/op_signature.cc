@@ -1,0 +1,137 @@
+#include "collective/op_signature.h"
+
+#include <cstring>
+#include <map>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "transport/wire.h"
+
+namespace gradsync {
+
+const char* CollectiveName(CollectiveKind k) {
+  switch (k) {
+    case CollectiveKind::kAllreduce: return "allreduce";
+  }
+  return "collective";
+}
+
+std::string OpSignature::Describe() const {
+  return absl::StrCat(CollectiveName(kind), " '", name, "' ", DTypeName(dtype), "[", count, "] ",
+                      ReduceOpName(op));
+}
+
+namespace {
+struct PackedSignature {
+  uint64_t seq;
+  uint64_t count;
+  uint8_t kind;
+  uint8_t dtype;
+  uint8_t op;
+  uint8_t pad;
+  uint32_t name_len;
+};
+static_assert(sizeof(PackedSignature) == 24, "packed signature layout");
+}  // namespace
+
+std::string OpSignature::Encode() const {
+  PackedSignature p{seq, count, static_cast<uint8_t>(kind), static_cast<uint8_t>(dtype),
+                    static_cast<uint8_t>(op), 0, static_cast<uint32_t>(name.size())};
+  std::string out(sizeof(p), '\0');
+  std::memcpy(out.data(), &p, sizeof(p));
+  out += name;
+  return out;
+}
+
+absl::StatusOr<OpSignature> OpSignature::Decode(const std::string& bytes) {
+  PackedSignature p;
+  if (bytes.size() < sizeof(p)) return absl::DataLossError("short op signature");
+  std::memcpy(&p, bytes.data(), sizeof(p));
+  if (bytes.size() != sizeof(p) + p.name_len || !IsValidDType(p.dtype) ||
+      !IsValidReduceOp(p.op) || p.kind != static_cast<uint8_t>(CollectiveKind::kAllreduce)) {
+    return absl::DataLossError("malformed op signature");
+  }
+  OpSignature s;
+  s.seq = p.seq;
+  s.count = p.count;
+  s.kind = static_cast<CollectiveKind>(p.kind);
+  s.dtype = static_cast<DType>(p.dtype);
+  s.op = static_cast<ReduceOp>(p.op);
+  s.name = bytes.substr(sizeof(p));
+  return s;
+}
+
+bool OpSignature::operator==(const OpSignature& o) const {
+  return seq == o.seq && kind == o.kind && dtype == o.dtype && op == o.op && count == o.count &&
+         name == o.name;
+}
+
+absl::Status CheckSignatures(transport::Context& ctx, const OpSignature& mine,
+                             absl::Time deadline) {
+  const int n = ctx.size();
+  const int me = ctx.rank();
+  if (n == 1) return absl::OkStatus();
+  const std::string encoded = mine.Encode();
+  constexpr size_t kCap = sizeof(PackedSignature) + kMaxOpNameBytes;
+  std::vector<char> inbox(kCap * n);
+  std::string outbox = encoded;
+  auto in_mr = ctx.RegisterMemory(inbox.data(), inbox.size());
+  if (!in_mr.ok()) return in_mr.status();
+  auto out_mr = ctx.RegisterMemory(outbox.data(), outbox.size());
+  if (!out_mr.ok()) return out_mr.status();
+  std::vector<transport::Request> sends(n), recvs(n);
+  const transport::MessageTag tag{mine.seq, transport::kControlSlot, 0, 0};
+  for (int p = 0; p < n; ++p) {
+    if (p == me) continue;
+    absl::Status s = ctx.PostRecv(p, **in_mr, kCap * p, kCap, /*exact=*/false, tag, &recvs[p]);
+    if (!s.ok()) return s;
+  }
+  for (int p = 0; p < n; ++p) {
+    if (p == me) continue;
+    absl::Status s = ctx.PostSend(p, **out_mr, 0, outbox.size(), tag, &sends[p]);
+    if (!s.ok()) return s;
+  }
+  auto all_done = [&] {
+    for (int p = 0; p < n; ++p) {
+      if (p != me && (!sends[p].done || !recvs[p].done)) return false;
+    }
+    return true;
+  };
+  while (!all_done()) {
+    absl::Status s = ctx.Progress(deadline);
+    if (absl::IsDeadlineExceeded(s)) {
+      std::vector<int> missing;
+      for (int p = 0; p < n; ++p) {
+        if (p != me && !recvs[p].done) missing.push_back(p);
+      }
+      return absl::DeadlineExceededError(absl::StrCat(
+          "timed out at rank ", me, " waiting for rank(s) ", absl::StrJoin(missing, ","),
+          " to submit op ", mine.seq, " (", mine.Describe(), ")"));
+    }
+    if (!s.ok()) return s;
+  }
+  // Group ranks by signature; every rank computes the same message.
+  std::map<std::string, std::vector<int>> groups;
+  for (int p = 0; p < n; ++p) {
+    std::string sig = p == me ? encoded : std::string(inbox.data() + kCap * p, recvs[p].bytes);
+    groups[sig].push_back(p);
+  }
+  if (groups.size() == 1) return absl::OkStatus();
+  std::vector<std::pair<std::string, std::vector<int>>> ordered(groups.begin(), groups.end());
+  std::stable_sort(ordered.begin(), ordered.end(), [](const auto& a, const auto& b) {
+    if (a.second.size() != b.second.size()) return a.second.size() < b.second.size();
+    return a.second.front() < b.second.front();
+  });
+  std::vector<std::string> parts;
+  for (const auto& [sig, ranks] : ordered) {
+    auto decoded = OpSignature::Decode(sig);
+    parts.push_back(absl::StrCat(ranks.size() == 1 ? "rank " : "ranks ", absl::StrJoin(ranks, ","),
+                                 " submitted ",
+                                 decoded.ok() ? decoded->Describe() : "a malformed signature"));
+  }
+  return absl::InvalidArgumentError(absl::StrCat("op ", mine.seq, " does not match across ranks: ",
+                                                 absl::StrJoin(parts, ", ")));
+}
+
+}  // namespace gradsync

@@ -1,0 +1,47 @@
+// What every rank must agree on before an op moves data, and the check.
+#ifndef GRADSYNC_COLLECTIVE_OP_SIGNATURE_H_
+#define GRADSYNC_COLLECTIVE_OP_SIGNATURE_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/types.h"
+#include "transport/transport.h"
+
+namespace gradsync {
+
+enum class CollectiveKind : uint8_t { kAllreduce = 1 };
+const char* CollectiveName(CollectiveKind k);
+
+inline constexpr size_t kMaxOpNameBytes = 256;
+
+struct OpSignature {
+  uint64_t seq = 0;
+  CollectiveKind kind = CollectiveKind::kAllreduce;
+  DType dtype = DType::kF32;
+  ReduceOp op = ReduceOp::kSum;
+  uint64_t count = 0;
+  std::string name;
+
+  // e.g. "allreduce 'layer1.grad' f32[1024] sum"
+  std::string Describe() const;
+  std::string Encode() const;
+  static absl::StatusOr<OpSignature> Decode(const std::string& bytes);
+  bool operator==(const OpSignature& o) const;
+};
+
+// Sends `mine` to every peer and receives theirs (one small message each way
+// per peer, on the op's control slot). If any rank disagrees, returns the same
+// InvalidArgument on every rank, naming the ranks and both signatures, e.g.
+// "op 5 does not match across ranks: rank 2 submitted allreduce 'g' f32[1000]
+// sum, ranks 0,1,3 submitted allreduce 'g' f32[1024] sum". Transport errors
+// and the deadline come back as they are.
+absl::Status CheckSignatures(transport::Context& ctx, const OpSignature& mine,
+                             absl::Time deadline);
+
+}  // namespace gradsync
+
+#endif  // GRADSYNC_COLLECTIVE_OP_SIGNATURE_H_

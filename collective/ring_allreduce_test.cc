@@ -1,0 +1,219 @@
+// Runs the ring over real TCP sockets on loopback: one thread per rank, each
+// with its own data-plane listener, exactly as daemons connect.
+#include "collective/ring_allreduce.h"
+
+#include <cstring>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "collective/op_signature.h"
+#include "gtest/gtest.h"
+#include "kernels/cpu_reduce.h"
+#include "transport/tcp_context.h"
+#include "transport/tcp_listener.h"
+
+namespace gradsync {
+namespace {
+
+using transport::TcpContext;
+using transport::TcpContextOptions;
+using transport::TcpListener;
+
+struct Cluster {
+  std::vector<std::unique_ptr<TcpListener>> listeners;
+  std::vector<std::unique_ptr<TcpContext>> contexts;
+};
+
+Cluster MakeCluster(int world, const std::string& job) {
+  Cluster c;
+  std::vector<HostPort> addrs;
+  for (int r = 0; r < world; ++r) {
+    transport::ListenerOptions lo;
+    lo.listen = {"127.0.0.1", 0};
+    auto l = TcpListener::Start(lo);
+    EXPECT_TRUE(l.ok()) << l.status();
+    addrs.push_back({"127.0.0.1", (*l)->port()});
+    c.listeners.push_back(std::move(*l));
+  }
+  c.contexts.resize(world);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      TcpContextOptions o;
+      o.job_id = job;
+      o.epoch = 1;
+      o.rank = r;
+      o.world_size = world;
+      o.peers = addrs;
+      o.deadline = absl::Now() + absl::Seconds(10);
+      auto ctx = TcpContext::Connect(o, c.listeners[r].get());
+      ASSERT_TRUE(ctx.ok()) << ctx.status();
+      c.contexts[r] = std::move(*ctx);
+    });
+  }
+  for (auto& t : threads) t.join();
+  return c;
+}
+
+// Fills with values that exercise rounding (not just small integers).
+std::vector<char> RandomData(DType t, size_t count, int rank, uint32_t seed) {
+  std::mt19937 rng(seed * 977 + rank);
+  std::vector<char> out(count * DTypeSize(t));
+  std::uniform_real_distribution<double> real(-3.0, 3.0);
+  for (size_t i = 0; i < count; ++i) {
+    char* p = out.data() + i * DTypeSize(t);
+    double v = real(rng);
+    switch (t) {
+      case DType::kF32: { float f = static_cast<float>(v); std::memcpy(p, &f, 4); break; }
+      case DType::kF64: std::memcpy(p, &v, 8); break;
+      case DType::kF16: { uint16_t h = FloatToHalf(static_cast<float>(v)); std::memcpy(p, &h, 2); break; }
+      case DType::kBF16: { uint16_t h = FloatToBFloat16(static_cast<float>(v)); std::memcpy(p, &h, 2); break; }
+      case DType::kI32: { int32_t x = static_cast<int32_t>(rng()); std::memcpy(p, &x, 4); break; }
+      case DType::kI64: { int64_t x = (static_cast<int64_t>(rng()) << 32) | rng(); std::memcpy(p, &x, 8); break; }
+      case DType::kU8: { uint8_t x = static_cast<uint8_t>(rng()); *p = static_cast<char>(x); break; }
+    }
+  }
+  return out;
+}
+
+// Reference in the ring's own order: chunk c accumulates ranks c, c+1, ...
+// (each step: dst = local element, src = what arrived), avg divides once.
+std::vector<char> RingOrderReference(const std::vector<std::vector<char>>& in, DType t,
+                                     ReduceOp op, size_t count) {
+  const int n = static_cast<int>(in.size());
+  const size_t es = DTypeSize(t);
+  std::vector<char> out(count * es);
+  for (int c = 0; c < n; ++c) {
+    const size_t b = count * c / n, e = count * (c + 1) / n;
+    if (e == b) continue;
+    std::vector<char> acc(in[c].begin() + b * es, in[c].begin() + e * es);
+    for (int k = 1; k < n; ++k) {
+      const int r = (c + k) % n;
+      std::vector<char> local(in[r].begin() + b * es, in[r].begin() + e * es);
+      ReduceInto(t, op, local.data(), acc.data(), e - b);
+      acc.swap(local);
+    }
+    if (op == ReduceOp::kAvg) DivideBy(t, acc.data(), e - b, n);
+    std::memcpy(out.data() + b * es, acc.data(), acc.size());
+  }
+  return out;
+}
+
+void RunAndCheck(Cluster& c, DType t, ReduceOp op, size_t count, uint64_t seq,
+                 const RingOptions& ro) {
+  const int n = static_cast<int>(c.contexts.size());
+  std::vector<std::vector<char>> in(n), buf(n);
+  for (int r = 0; r < n; ++r) buf[r] = in[r] = RandomData(t, count, r, static_cast<uint32_t>(seq));
+  const std::vector<char> want = n == 1 ? in[0] : RingOrderReference(in, t, op, count);
+  std::vector<std::thread> threads;
+  std::vector<absl::Status> st(n);
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      std::vector<char> scratch;
+      st[r] = RingAllreduce(*c.contexts[r], buf[r].data(), count, t, op, seq,
+                            absl::Now() + absl::Seconds(30), ro, &scratch);
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (int r = 0; r < n; ++r) {
+    ASSERT_TRUE(st[r].ok()) << st[r];
+    ASSERT_EQ(std::memcmp(buf[r].data(), want.data(), want.size()), 0)
+        << "rank " << r << " world " << n << " " << DTypeName(t) << " " << ReduceOpName(op)
+        << " count " << count;
+  }
+}
+
+TEST(RingAllreduce, BitExactForEveryWorldSizeCountDtypeAndOp) {
+  uint64_t seq = 1;
+  for (int world : {1, 2, 3, 5}) {
+    Cluster c = MakeCluster(world, "ring-test-" + std::to_string(world));
+    for (size_t count : {0ul, 1ul, 7ul, 1023ul}) {
+      for (DType t : kAllDTypes) {
+        for (ReduceOp op : kAllReduceOps) {
+          RunAndCheck(c, t, op, count, seq++, RingOptions{});
+        }
+      }
+    }
+  }
+}
+
+TEST(RingAllreduce, PipelinesManySegmentsOfLargeBuffers) {
+  Cluster c = MakeCluster(4, "ring-large");
+  RingOptions ro;
+  ro.segment_bytes = 64 << 10;
+  ro.min_segment_bytes = 4 << 10;
+  ro.max_inflight = 3;
+  RunAndCheck(c, DType::kF32, ReduceOp::kSum, 1000003, 1, ro);
+  RunAndCheck(c, DType::kBF16, ReduceOp::kAvg, 1000003, 2, ro);
+}
+
+TEST(RingAllreduce, MismatchedSignaturesFailOnEveryRankNamingTheOddRank) {
+  const int n = 4;
+  Cluster c = MakeCluster(n, "sig-test");
+  std::vector<absl::Status> st(n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      OpSignature sig;
+      sig.seq = 1;
+      sig.name = "grad";
+      sig.count = r == 2 ? 1000 : 1024;
+      st[r] = CheckSignatures(*c.contexts[r], sig, absl::Now() + absl::Seconds(10));
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < n; ++r) {
+    EXPECT_TRUE(absl::IsInvalidArgument(st[r])) << st[r];
+    EXPECT_EQ(st[r].message(),
+              "op 1 does not match across ranks: rank 2 submitted allreduce 'grad' f32[1000] sum, "
+              "ranks 0,1,3 submitted allreduce 'grad' f32[1024] sum");
+  }
+  // The streams are still aligned: the next op works.
+  RunAndCheck(c, DType::kF32, ReduceOp::kSum, 1023, 2, RingOptions{});
+}
+
+TEST(RingAllreduce, PeerThatNeverSubmitsTimesOutWithItsRankNamed) {
+  Cluster c = MakeCluster(3, "timeout-test");
+  std::vector<absl::Status> st(3);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {  // rank 2 never shows up
+    threads.emplace_back([&, r] {
+      OpSignature sig;
+      sig.seq = 1;
+      sig.name = "g";
+      sig.count = 8;
+      st[r] = CheckSignatures(*c.contexts[r], sig, absl::Now() + absl::Milliseconds(300));
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE(absl::IsDeadlineExceeded(st[r])) << st[r];
+    EXPECT_NE(st[r].message().find("waiting for rank(s) 2"), std::string::npos) << st[r];
+  }
+}
+
+TEST(RingAllreduce, LostPeerFailsEveryOtherRankNamingIt) {
+  const int n = 4;
+  Cluster c = MakeCluster(n, "lost-peer");
+  c.contexts[2].reset();  // rank 2's sockets close, as when its daemon dies
+  std::vector<absl::Status> st(n);
+  std::vector<std::thread> threads;
+  const size_t count = 1 << 20;
+  std::vector<std::vector<float>> bufs(n, std::vector<float>(count, 1.0f));
+  for (int r : {0, 1, 3}) {
+    threads.emplace_back([&, r] {
+      std::vector<char> scratch;
+      st[r] = RingAllreduce(*c.contexts[r], bufs[r].data(), count, DType::kF32, ReduceOp::kSum, 1,
+                            absl::Now() + absl::Seconds(10), RingOptions{}, &scratch);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r : {0, 1, 3}) {
+    EXPECT_FALSE(st[r].ok());
+    EXPECT_NE(st[r].message().find("rank 2"), std::string::npos) << "rank " << r << ": " << st[r];
+  }
+}
+
+}  // namespace
+}  // namespace gradsync

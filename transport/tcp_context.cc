@@ -1,0 +1,381 @@
+#include "transport/tcp_context.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+
+namespace gradsync::transport {
+
+namespace {
+constexpr size_t kHeaderBytes = sizeof(FrameHeader);
+}  // namespace
+
+TcpContext::TcpContext(const TcpContextOptions& options)
+    : job_id_(options.job_id),
+      job_tag_(JobTag(options.job_id)),
+      epoch_(options.epoch),
+      rank_(options.rank),
+      size_(options.world_size),
+      peers_(options.world_size) {
+  for (int r = 0; r < size_; ++r) peers_[r].rank = r;
+}
+
+TcpContext::~TcpContext() = default;
+
+absl::StatusOr<std::unique_ptr<TcpContext>> TcpContext::Connect(const TcpContextOptions& options,
+                                                                TcpListener* listener) {
+  if (options.world_size < 1 || options.rank < 0 || options.rank >= options.world_size ||
+      static_cast<int>(options.peers.size()) != options.world_size) {
+    return absl::InvalidArgumentError(absl::StrCat("bad context: rank ", options.rank, " of ",
+                                                   options.world_size, " with ",
+                                                   options.peers.size(), " peer addresses"));
+  }
+  std::unique_ptr<TcpContext> ctx(new TcpContext(options));
+  ctx->wake_fd_.Reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  if (!ctx->wake_fd_.valid()) return absl::InternalError("eventfd: " + ErrnoString(errno));
+  const int me = options.rank;
+  const absl::Time deadline = options.deadline;
+  auto peer_error = [&](int p, const absl::Status& s) {
+    return absl::Status(s.code(), absl::StrCat("job '", options.job_id, "' epoch ", options.epoch,
+                                               ": rank ", me, " could not connect to rank ", p,
+                                               " at ", options.peers[p].ToString(), ": ",
+                                               s.message()));
+  };
+  // Phase 1: connect to every higher rank and send our Hello.
+  for (int p = me + 1; p < options.world_size; ++p) {
+    auto fd = TcpConnect(options.peers[p], deadline, /*retry_refused=*/true);
+    if (!fd.ok()) return peer_error(p, fd.status());
+    Hello hello{kHelloMagic, kWireVersion, static_cast<uint16_t>(options.job_id.size()),
+                options.epoch, me, p, options.world_size, 0};
+    absl::Status s = WriteFull(fd->get(), &hello, sizeof(hello), deadline);
+    if (s.ok()) s = WriteFull(fd->get(), options.job_id.data(), options.job_id.size(), deadline);
+    if (!s.ok()) return peer_error(p, s);
+    ctx->peers_[p].fd = std::move(*fd);
+  }
+  // Phase 2: take the connections of every lower rank and accept them.
+  for (int p = 0; p < me; ++p) {
+    if (listener == nullptr) return absl::FailedPreconditionError("no data-plane listener");
+    auto fd = listener->Claim(options.job_id, options.epoch, p, me, 0, deadline);
+    if (!fd.ok()) return fd.status();
+    HelloAck ack{kHelloMagic, 0, 0};
+    absl::Status s = WriteFull(fd->get(), &ack, sizeof(ack), deadline);
+    if (!s.ok()) return peer_error(p, s);
+    ctx->peers_[p].fd = std::move(*fd);
+  }
+  // Phase 3: every higher rank accepted us.
+  for (int p = me + 1; p < options.world_size; ++p) {
+    HelloAck ack;
+    absl::Status s = ReadFull(ctx->peers_[p].fd.get(), &ack, sizeof(ack), deadline);
+    if (s.ok() && ack.magic != kHelloMagic) s = absl::DataLossError("bad handshake reply");
+    if (s.ok() && ack.code != 0) {
+      std::string msg(std::min<size_t>(ack.message_len, 1024), '\0');
+      (void)ReadFull(ctx->peers_[p].fd.get(), msg.data(), msg.size(), deadline);
+      s = absl::Status(static_cast<absl::StatusCode>(ack.code), "refused: " + msg);
+    }
+    if (!s.ok()) return peer_error(p, s);
+  }
+  for (int p = 0; p < options.world_size; ++p) {
+    if (p == me) continue;
+    absl::Status s = TuneDataSocket(ctx->peers_[p].fd.get(), options.socket_buffer_bytes);
+    if (!s.ok()) return s;
+  }
+  return ctx;
+}
+
+absl::StatusOr<std::unique_ptr<MemoryRegion>> TcpContext::RegisterMemory(void* data,
+                                                                         size_t size) {
+  if (data == nullptr && size != 0) return absl::InvalidArgumentError("null memory region");
+  return std::make_unique<MemoryRegion>(static_cast<char*>(data), size);
+}
+
+FrameHeader TcpContext::MakeHeader(FrameType type, const MessageTag& tag, uint32_t length) const {
+  FrameHeader h;
+  h.magic = kFrameMagic;
+  h.version = kWireVersion;
+  h.type = static_cast<uint8_t>(type);
+  h.dtype = tag.dtype;
+  h.length = length;
+  h.slot = tag.slot;
+  h.job_tag = job_tag_;
+  h.epoch = epoch_;
+  h.op_seq = tag.op_seq;
+  h.offset = tag.offset;
+  return h;
+}
+
+absl::Status TcpContext::PostSend(int peer, const MemoryRegion& mr, size_t offset, size_t len,
+                                  const MessageTag& tag, Request* req) {
+  if (failed_) return health();
+  if (peer < 0 || peer >= size_ || peer == rank_) {
+    return absl::InvalidArgumentError(absl::StrCat("bad peer rank ", peer));
+  }
+  if (offset > mr.size() || len > mr.size() - offset || len > kMaxFrameBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("send range [", offset, ", +", len,
+                                                   ") outside region of ", mr.size(), " bytes"));
+  }
+  req->done = false;
+  Peer& p = peers_[peer];
+  p.sends.push_back(SendItem{MakeHeader(FrameType::kData, tag, static_cast<uint32_t>(len)),
+                             mr.data() + offset, len, 0, req});
+  if (p.sends.size() == 1) {  // eager: most small messages leave right here
+    bool completed = false;
+    if (!DoSend(p, &completed)) return health();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TcpContext::PostRecv(int peer, const MemoryRegion& mr, size_t offset,
+                                  size_t capacity, bool exact, const MessageTag& tag,
+                                  Request* req) {
+  if (failed_) return health();
+  if (peer < 0 || peer >= size_ || peer == rank_) {
+    return absl::InvalidArgumentError(absl::StrCat("bad peer rank ", peer));
+  }
+  if (offset > mr.size() || capacity > mr.size() - offset) {
+    return absl::InvalidArgumentError(absl::StrCat("receive range [", offset, ", +", capacity,
+                                                   ") outside region of ", mr.size(), " bytes"));
+  }
+  req->done = false;
+  peers_[peer].recvs.push_back(RecvItem{mr.data() + offset, capacity, exact, tag, req});
+  return absl::OkStatus();
+}
+
+bool TcpContext::DoSend(Peer& p, bool* completed) {
+  while (!p.sends.empty()) {
+    SendItem& s = p.sends.front();
+    struct iovec iov[2];
+    int n = 0;
+    if (s.done < kHeaderBytes) {
+      iov[n++] = {reinterpret_cast<char*>(&s.header) + s.done, kHeaderBytes - s.done};
+      if (s.len > 0) iov[n++] = {const_cast<char*>(s.data), s.len};
+    } else {
+      const size_t off = s.done - kHeaderBytes;
+      iov[n++] = {const_cast<char*>(s.data) + off, s.len - off};
+    }
+    struct msghdr m = {};
+    m.msg_iov = iov;
+    m.msg_iovlen = n;
+    ssize_t w = ::sendmsg(p.fd.get(), &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (w < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return true;
+      if (errno == EINTR) continue;
+      (void)Fail(absl::UnavailableError(absl::StrCat("rank ", rank_, ": connection to rank ", p.rank,
+                                               " lost while sending: ", ErrnoString(errno))));
+      return false;
+    }
+    s.done += static_cast<size_t>(w);
+    bytes_sent_ += static_cast<size_t>(w);
+    if (s.done == kHeaderBytes + s.len) {
+      s.req->bytes = s.len;
+      s.req->done = true;
+      p.sends.pop_front();
+      *completed = true;
+    }
+  }
+  return true;
+}
+
+bool TcpContext::DoRecv(Peer& p, bool* completed) {
+  while (true) {
+    if (p.in_header_got < kHeaderBytes) {
+      ssize_t r = ::recv(p.fd.get(), reinterpret_cast<char*>(&p.in_header) + p.in_header_got,
+                         kHeaderBytes - p.in_header_got, MSG_DONTWAIT);
+      if (r == 0) {
+        (void)Fail(absl::UnavailableError(absl::StrCat("rank ", rank_, ": connection to rank ", p.rank,
+                                                 " lost: closed by peer")));
+        return false;
+      }
+      if (r < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return true;
+        if (errno == EINTR) continue;
+        (void)Fail(absl::UnavailableError(absl::StrCat("rank ", rank_, ": connection to rank ", p.rank,
+                                                 " lost: ", ErrnoString(errno))));
+        return false;
+      }
+      p.in_header_got += static_cast<size_t>(r);
+      if (p.in_header_got < kHeaderBytes) continue;
+      const FrameHeader& h = p.in_header;
+      absl::Status s = ValidateFrameHeader(h);
+      if (s.ok() && (h.job_tag != job_tag_ || h.epoch != epoch_)) {
+        s = absl::DataLossError(absl::StrCat("frame for another job or epoch (epoch ", h.epoch,
+                                             ", this is job '", job_id_, "' epoch ", epoch_, ")"));
+      }
+      if (!s.ok()) {
+        (void)Fail(absl::DataLossError(absl::StrCat("rank ", rank_, ": protocol error from rank ",
+                                              p.rank, ": ", s.message())));
+        return false;
+      }
+      if (h.type == static_cast<uint8_t>(FrameType::kAbort)) {
+        std::string msg(h.length, '\0');
+        (void)ReadFull(p.fd.get(), msg.data(), msg.size(), absl::Now() + absl::Seconds(1));
+        (void)Fail(absl::AbortedError(absl::StrCat("aborted by rank ", p.rank, ": ", msg)));
+        return false;
+      }
+      p.in_payload_got = 0;
+    }
+    if (p.recvs.empty()) return true;  // parked until a receive is posted
+    RecvItem& rv = p.recvs.front();
+    const FrameHeader& h = p.in_header;
+    if (p.in_payload_got == 0) {
+      const bool tag_ok = h.op_seq == rv.tag.op_seq && h.slot == rv.tag.slot &&
+                          h.offset == rv.tag.offset && h.dtype == rv.tag.dtype;
+      const bool len_ok = rv.exact ? h.length == rv.capacity : h.length <= rv.capacity;
+      if (!tag_ok || !len_ok) {
+        (void)Fail(absl::DataLossError(absl::StrCat(
+            "rank ", rank_, ": protocol error from rank ", p.rank, ": expected op ", rv.tag.op_seq,
+            " slot ", static_cast<int64_t>(rv.tag.slot == kControlSlot ? -1 : rv.tag.slot),
+            " offset ", rv.tag.offset, " (", rv.exact ? "" : "up to ", rv.capacity,
+            " bytes), got ", DescribeFrame(h))));
+        return false;
+      }
+    }
+    while (p.in_payload_got < h.length) {
+      ssize_t r = ::recv(p.fd.get(), rv.data + p.in_payload_got, h.length - p.in_payload_got,
+                         MSG_DONTWAIT);
+      if (r == 0) {
+        (void)Fail(absl::UnavailableError(absl::StrCat("rank ", rank_, ": connection to rank ", p.rank,
+                                                 " lost mid-frame: closed by peer")));
+        return false;
+      }
+      if (r < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return true;
+        if (errno == EINTR) continue;
+        (void)Fail(absl::UnavailableError(absl::StrCat("rank ", rank_, ": connection to rank ", p.rank,
+                                                 " lost: ", ErrnoString(errno))));
+        return false;
+      }
+      p.in_payload_got += static_cast<size_t>(r);
+      bytes_received_ += static_cast<size_t>(r);
+    }
+    rv.req->bytes = h.length;
+    rv.req->done = true;
+    p.recvs.pop_front();
+    p.in_header_got = 0;
+    p.in_payload_got = 0;
+    *completed = true;
+  }
+}
+
+absl::Status TcpContext::Progress(absl::Time deadline) {
+  std::vector<struct pollfd> pfds;
+  std::vector<Peer*> owners;
+  pfds.reserve(size_ + 1);
+  owners.reserve(size_ + 1);
+  while (true) {
+    if (failed_) return Fail(health());
+    // A header that arrived before its receive was posted is already here:
+    // its payload may be complete in the socket buffer (or empty), so poll
+    // would never report it.
+    bool completed_early = false;
+    for (Peer& p : peers_) {
+      if (p.rank != rank_ && p.in_header_got == kHeaderBytes && !p.recvs.empty() &&
+          !DoRecv(p, &completed_early)) {
+        return health();
+      }
+    }
+    if (completed_early) return absl::OkStatus();
+    pfds.clear();
+    owners.clear();
+    pfds.push_back({wake_fd_.get(), POLLIN, 0});
+    owners.push_back(nullptr);
+    for (Peer& p : peers_) {
+      if (p.rank == rank_ || !p.fd.valid()) continue;
+      short events = 0;
+      if (!p.sends.empty()) events |= POLLOUT;
+      const bool header_parked = p.in_header_got == kHeaderBytes && p.recvs.empty();
+      if (!header_parked) events |= POLLIN;
+      if (events == 0) continue;
+      pfds.push_back({p.fd.get(), events, 0});
+      owners.push_back(&p);
+    }
+    int n = ::poll(pfds.data(), pfds.size(), PollTimeoutMs(deadline, 1000));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Fail(absl::InternalError("poll: " + ErrnoString(errno)));
+    }
+    if (n == 0) {
+      if (absl::Now() >= deadline) return absl::DeadlineExceededError("deadline exceeded");
+      continue;
+    }
+    if (pfds[0].revents != 0) return Fail(health());  // Abort() from another thread
+    bool completed = false;
+    for (size_t i = 1; i < pfds.size(); ++i) {
+      const short ev = pfds[i].revents;
+      if (ev == 0) continue;
+      Peer& p = *owners[i];
+      if ((ev & (POLLOUT | POLLERR | POLLHUP)) && !p.sends.empty() && !DoSend(p, &completed)) {
+        return health();
+      }
+      if ((ev & (POLLIN | POLLERR | POLLHUP)) && !DoRecv(p, &completed)) return health();
+    }
+    if (completed) return absl::OkStatus();
+  }
+}
+
+void TcpContext::Abort(const absl::Status& reason) {
+  {
+    absl::MutexLock l(&mu_);
+    if (error_.ok()) error_ = reason.ok() ? absl::AbortedError("aborted") : reason;
+  }
+  failed_ = true;
+  uint64_t one = 1;
+  (void)!::write(wake_fd_.get(), &one, sizeof(one));
+}
+
+absl::Status TcpContext::Fail(const absl::Status& reason) {
+  {
+    absl::MutexLock l(&mu_);
+    if (error_.ok()) error_ = reason.ok() ? absl::AbortedError("aborted") : reason;
+  }
+  failed_ = true;
+  if (!told_peers_) {
+    told_peers_ = true;
+    BroadcastAbort(std::string(health().message()));
+  }
+  return health();
+}
+
+absl::Status TcpContext::health() const {
+  absl::MutexLock l(&mu_);
+  return error_;
+}
+
+void TcpContext::BroadcastAbort(const std::string& reason) {
+  const std::string msg = reason.substr(0, kMaxAbortBytes);
+  const absl::Time deadline = absl::Now() + absl::Milliseconds(300);
+  for (Peer& p : peers_) {
+    if (p.rank == rank_ || !p.fd.valid()) continue;
+    // Finish a frame that is half on the wire, or the peer would misparse.
+    if (!p.sends.empty() && p.sends.front().done > 0) {
+      SendItem& s = p.sends.front();
+      absl::Status st;
+      if (s.done < kHeaderBytes) {
+        st = WriteFull(p.fd.get(), reinterpret_cast<char*>(&s.header) + s.done,
+                       kHeaderBytes - s.done, deadline);
+        s.done = kHeaderBytes;
+      }
+      if (st.ok()) st = WriteFull(p.fd.get(), s.data + (s.done - kHeaderBytes),
+                                  s.len - (s.done - kHeaderBytes), deadline);
+      if (!st.ok()) continue;
+    }
+    FrameHeader h = MakeHeader(FrameType::kAbort, MessageTag{0, kControlSlot, 0, 0},
+                               static_cast<uint32_t>(msg.size()));
+    if (WriteFull(p.fd.get(), &h, sizeof(h), deadline).ok()) {
+      (void)WriteFull(p.fd.get(), msg.data(), msg.size(), deadline);
+    }
+  }
+  for (Peer& p : peers_) {
+    p.sends.clear();
+    p.recvs.clear();
+  }
+}
+
+}  // namespace gradsync::transport

@@ -1,0 +1,169 @@
+#include "transport/tcp_listener.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "transport/wire.h"
+
+namespace gradsync::transport {
+namespace {
+
+std::string PeerName(const struct sockaddr_storage& ss) {
+  char buf[INET6_ADDRSTRLEN] = "?";
+  int port = 0;
+  if (ss.ss_family == AF_INET) {
+    auto* a = reinterpret_cast<const struct sockaddr_in*>(&ss);
+    inet_ntop(AF_INET, &a->sin_addr, buf, sizeof(buf));
+    port = ntohs(a->sin_port);
+  } else if (ss.ss_family == AF_INET6) {
+    auto* a = reinterpret_cast<const struct sockaddr_in6*>(&ss);
+    inet_ntop(AF_INET6, &a->sin6_addr, buf, sizeof(buf));
+    port = ntohs(a->sin6_port);
+  }
+  return absl::StrCat(buf, ":", port);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<TcpListener>> TcpListener::Start(const ListenerOptions& options) {
+  auto fd = TcpListen(options.listen);
+  if (!fd.ok()) return fd.status();
+  auto port = LocalPort(fd->get());
+  if (!port.ok()) return port.status();
+  auto status = SetNonBlocking(fd->get(), true);
+  if (!status.ok()) return status;
+  std::unique_ptr<TcpListener> l(new TcpListener(options, std::move(*fd), *port));
+  l->accept_thread_ = std::thread([p = l.get()] { p->AcceptLoop(); });
+  return l;
+}
+
+TcpListener::TcpListener(const ListenerOptions& options, UniqueFd fd, int port)
+    : options_(options), listen_fd_(std::move(fd)), port_(port) {}
+
+TcpListener::~TcpListener() {
+  stop_ = true;
+  if (accept_thread_.joinable()) accept_thread_.join();
+  std::list<std::unique_ptr<Handshake>> hs;
+  {
+    absl::MutexLock l(&mu_);
+    hs.swap(handshakes_);
+  }
+  for (auto& h : hs) h->thread.join();  // each is bounded by handshake_timeout
+  absl::MutexLock l(&mu_);
+  parked_.clear();
+}
+
+void TcpListener::AcceptLoop() {
+  while (!stop_) {
+    struct pollfd p = {listen_fd_.get(), POLLIN, 0};
+    int n = ::poll(&p, 1, 100);
+    {
+      absl::MutexLock l(&mu_);
+      ReapLocked();
+    }
+    if (n <= 0) continue;
+    struct sockaddr_storage ss;
+    socklen_t len = sizeof(ss);
+    UniqueFd fd(::accept4(listen_fd_.get(), reinterpret_cast<struct sockaddr*>(&ss), &len,
+                          SOCK_CLOEXEC));
+    if (!fd.valid()) continue;
+    std::string peer = PeerName(ss);
+    absl::MutexLock l(&mu_);
+    if (static_cast<int>(handshakes_.size()) >= options_.max_pending_handshakes) {
+      ++stats_.rejected;
+      GS_LOG(WARNING) << "data plane: too many pending handshakes, refusing " << peer;
+      continue;  // fd closes
+    }
+    ++stats_.accepted;
+    auto h = std::make_unique<Handshake>();
+    Handshake* raw = h.get();
+    handshakes_.push_back(std::move(h));
+    raw->thread = std::thread(
+        [this, f = fd.Release(), peer, raw]() mutable { DoHandshake(UniqueFd(f), peer, raw); });
+  }
+}
+
+void TcpListener::ReapLocked() {
+  for (auto it = handshakes_.begin(); it != handshakes_.end();) {
+    if ((*it)->done) {
+      (*it)->thread.join();
+      it = handshakes_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  const absl::Time now = absl::Now();
+  for (auto it = parked_.begin(); it != parked_.end();) {
+    if (now - it->second.arrived > options_.park_timeout) {
+      GS_LOG(WARNING) << "data plane: closing unclaimed connection for job '"
+                      << std::get<0>(it->first) << "' epoch " << std::get<1>(it->first)
+                      << " rank " << std::get<2>(it->first) << " -> " << std::get<3>(it->first);
+      ++stats_.expired;
+      it = parked_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void TcpListener::DoHandshake(UniqueFd fd, std::string peer, Handshake* self) {
+  const absl::Time deadline = absl::Now() + options_.handshake_timeout;
+  Hello hello;
+  absl::Status s = ReadFull(fd.get(), &hello, sizeof(hello), deadline);
+  std::string job_id;
+  if (s.ok()) s = ValidateHello(hello);
+  if (s.ok()) {
+    job_id.resize(hello.job_id_len);
+    s = ReadFull(fd.get(), job_id.data(), job_id.size(), deadline);
+  }
+  if (!s.ok()) {
+    GS_LOG(WARNING) << "data plane: rejected connection from " << peer << ": " << s.message();
+    if (hello.magic == kHelloMagic) {  // a real peer speaking another version: tell it why
+      std::string msg(s.message());
+      HelloAck ack{kHelloMagic, static_cast<uint16_t>(s.code()),
+                   static_cast<uint16_t>(msg.size())};
+      (void)WriteFull(fd.get(), &ack, sizeof(ack), deadline);
+      (void)WriteFull(fd.get(), msg.data(), msg.size(), deadline);
+    }
+    absl::MutexLock l(&mu_);
+    ++stats_.rejected;
+    self->done = true;
+    return;
+  }
+  GS_LOG(DEBUG) << "data plane: " << peer << " is job '" << job_id << "' epoch " << hello.epoch
+                << " rank " << hello.src_rank << " -> " << hello.dst_rank;
+  absl::MutexLock l(&mu_);
+  parked_[Key{job_id, hello.epoch, hello.src_rank, hello.dst_rank, hello.stream}] =
+      Parked{std::move(fd), absl::Now()};
+  self->done = true;
+}
+
+absl::StatusOr<UniqueFd> TcpListener::Claim(const std::string& job_id, uint64_t epoch,
+                                            int src_rank, int dst_rank, uint32_t stream,
+                                            absl::Time deadline) {
+  const Key key{job_id, epoch, src_rank, dst_rank, stream};
+  absl::MutexLock l(&mu_);
+  auto arrived = [&]() { return parked_.count(key) > 0; };
+  while (!arrived()) {
+    if (mu_.AwaitWithDeadline(absl::Condition(&arrived), deadline)) break;
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("job '", job_id, "' epoch ", epoch, ": rank ", src_rank,
+                       " did not connect to rank ", dst_rank, " in time"));
+    }
+  }
+  UniqueFd fd = std::move(parked_[key].fd);
+  parked_.erase(key);
+  return fd;
+}
+
+ListenerStats TcpListener::stats() const {
+  absl::MutexLock l(&mu_);
+  return stats_;
+}
+
+}  // namespace gradsync::transport

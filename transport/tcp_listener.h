@@ -1,0 +1,85 @@
+// The daemon's data-plane listener: one TCP port for every job. It accepts
+// connections, reads and validates each Hello (with a deadline, on a bounded
+// number of handshake threads, so garbage or a silent client can't block
+// anyone) and parks well-formed connections until the job's context claims
+// them. Parked connections nobody claims are closed after `park_timeout`.
+#ifndef GRADSYNC_TRANSPORT_TCP_LISTENER_H_
+#define GRADSYNC_TRANSPORT_TCP_LISTENER_H_
+
+#include <atomic>
+#include <cstdint>
+#include <list>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <tuple>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/net.h"
+
+namespace gradsync::transport {
+
+struct ListenerOptions {
+  HostPort listen{"0.0.0.0", 0};
+  absl::Duration handshake_timeout = absl::Seconds(5);
+  absl::Duration park_timeout = absl::Seconds(60);
+  int max_pending_handshakes = 64;
+};
+
+struct ListenerStats {
+  uint64_t accepted = 0;
+  uint64_t rejected = 0;  // bad handshakes (garbage, truncated, wrong version)
+  uint64_t expired = 0;   // parked but never claimed
+};
+
+class TcpListener {
+ public:
+  // Binds and starts the accept thread.
+  static absl::StatusOr<std::unique_ptr<TcpListener>> Start(const ListenerOptions& options);
+  ~TcpListener();  // stops accepting, joins threads, closes parked connections
+
+  int port() const { return port_; }
+
+  // Waits until the connection (job, epoch, src -> dst, stream) has arrived
+  // and takes it; DeadlineExceeded naming the peer otherwise. The caller
+  // answers the HelloAck.
+  absl::StatusOr<UniqueFd> Claim(const std::string& job_id, uint64_t epoch, int src_rank,
+                                 int dst_rank, uint32_t stream, absl::Time deadline);
+
+  ListenerStats stats() const;
+
+ private:
+  using Key = std::tuple<std::string, uint64_t, int, int, uint32_t>;
+  struct Parked {
+    UniqueFd fd;
+    absl::Time arrived;
+  };
+  struct Handshake {
+    std::thread thread;
+    std::atomic<bool> done{false};
+  };
+
+  TcpListener(const ListenerOptions& options, UniqueFd fd, int port);
+  void AcceptLoop();
+  void DoHandshake(UniqueFd fd, std::string peer, Handshake* self);
+  void ReapLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const ListenerOptions options_;
+  UniqueFd listen_fd_;
+  const int port_;
+  std::atomic<bool> stop_{false};
+  std::thread accept_thread_;
+
+  mutable absl::Mutex mu_;
+  std::map<Key, Parked> parked_ ABSL_GUARDED_BY(mu_);
+  std::list<std::unique_ptr<Handshake>> handshakes_ ABSL_GUARDED_BY(mu_);
+  ListenerStats stats_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace gradsync::transport
+
+#endif  // GRADSYNC_TRANSPORT_TCP_LISTENER_H_

@@ -1,0 +1,103 @@
+// The transport interface the collective algorithms are written against.
+//
+// It carries no collective meaning (like NCCL's net plugins): a Context is one
+// rank's set of connections to every peer of one job epoch; algorithms
+// register memory, post tagged sends and receives of byte ranges of that
+// memory, and drive completion with Progress(). The shape fits RDMA: a
+// MemoryRegion is what ibv_reg_mr returns (lkey/rkey live in the subclass);
+// PostRecv is where a receiver-driven RDMA transport writes its clear-to-send
+// entry (address, rkey) into the sender's memory; PostSend becomes an RDMA
+// WRITE once the CTS arrived; Progress polls the completion queue. The TCP
+// transport (tcp_context.h) implements the same calls over framed streams.
+//
+// Ordering: sends to one peer complete in posting order, receives from one
+// peer match incoming messages in posting order; each receive states the tag
+// it expects, and a message with another tag fails the context (a protocol
+// error, never silently wrong data).
+//
+// Threading: a Context is driven by one thread at a time (the job's op
+// thread). Only Abort() may be called from any thread.
+#ifndef GRADSYNC_TRANSPORT_TRANSPORT_H_
+#define GRADSYNC_TRANSPORT_TRANSPORT_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace gradsync::transport {
+
+// Memory the transport may read or write. Created by Context::RegisterMemory;
+// the caller keeps [data, data+size) alive while the region exists and while
+// any request on it is pending.
+class MemoryRegion {
+ public:
+  MemoryRegion(char* data, size_t size) : data_(data), size_(size) {}
+  virtual ~MemoryRegion() = default;
+  char* data() const { return data_; }
+  size_t size() const { return size_; }
+
+ private:
+  char* data_;
+  size_t size_;
+};
+
+// Identifies one message within a job epoch.
+struct MessageTag {
+  uint64_t op_seq = 0;
+  uint32_t slot = 0;    // message index within the op, or kControlSlot
+  uint8_t dtype = 0;    // element type of the payload (0 for control)
+  uint64_t offset = 0;  // byte offset of the payload within the op's buffer
+};
+
+// A posted send or receive; owned by the caller, who keeps it alive until it
+// is done or the context failed. Written only by the thread calling Progress.
+struct Request {
+  bool done = false;
+  size_t bytes = 0;  // bytes transferred (the actual length of a received message)
+};
+
+class Context {
+ public:
+  virtual ~Context() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  virtual absl::StatusOr<std::unique_ptr<MemoryRegion>> RegisterMemory(void* data,
+                                                                       size_t size) = 0;
+
+  // Posts a send of mr[offset, offset+len) to `peer`. Non-blocking.
+  // InvalidArgument for a bad peer or range; the context's error if it failed.
+  virtual absl::Status PostSend(int peer, const MemoryRegion& mr, size_t offset, size_t len,
+                                const MessageTag& tag, Request* req) = 0;
+
+  // Posts a receive from `peer` into mr[offset, offset+capacity). With
+  // `exact`, the message must be exactly `capacity` bytes. Non-blocking.
+  virtual absl::Status PostRecv(int peer, const MemoryRegion& mr, size_t offset, size_t capacity,
+                                bool exact, const MessageTag& tag, Request* req) = 0;
+
+  // Advances posted requests until at least one completes (OK), the deadline
+  // passes (DeadlineExceeded; the context stays usable), or the context fails
+  // (its error: Unavailable for a lost peer, Aborted for an abort from a peer
+  // or Abort(), DataLoss for a protocol error). A failed context tells every
+  // peer (an ABORT frame with the reason) and stays failed.
+  virtual absl::Status Progress(absl::Time deadline) = 0;
+
+  // Fails the context from any thread; wakes Progress. The first reason wins.
+  virtual void Abort(const absl::Status& reason) = 0;
+
+  // Fails the context from the driving thread and tells the peers. The first
+  // reason wins; returns the context's error.
+  virtual absl::Status Fail(const absl::Status& reason) = 0;
+
+  // OK, or the error the context failed with.
+  virtual absl::Status health() const = 0;
+};
+
+}  // namespace gradsync::transport
+
+#endif  // GRADSYNC_TRANSPORT_TRANSPORT_H_

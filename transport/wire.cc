@@ -1,0 +1,67 @@
+#include "transport/wire.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace gradsync::transport {
+
+uint64_t JobTag(absl::string_view job_id) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : job_id) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+absl::Status ValidateHello(const Hello& h) {
+  if (h.magic != kHelloMagic) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("bad handshake magic 0x%08x (expected 0x%08x)", h.magic, kHelloMagic));
+  }
+  if (h.version != kWireVersion) {
+    return absl::FailedPreconditionError(absl::StrCat("unsupported wire version ", h.version,
+                                                      " (this daemon speaks ", kWireVersion, ")"));
+  }
+  if (h.job_id_len == 0 || h.job_id_len > kMaxJobIdBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("bad job id length ", h.job_id_len));
+  }
+  if (h.world_size < 1 || h.world_size > kMaxWorldSize) {
+    return absl::InvalidArgumentError(absl::StrCat("bad world size ", h.world_size));
+  }
+  if (h.src_rank < 0 || h.src_rank >= h.world_size || h.dst_rank < 0 ||
+      h.dst_rank >= h.world_size || h.src_rank == h.dst_rank) {
+    return absl::InvalidArgumentError(absl::StrCat("bad ranks src=", h.src_rank, " dst=", h.dst_rank,
+                                                   " for world size ", h.world_size));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateFrameHeader(const FrameHeader& h) {
+  if (h.magic != kFrameMagic) {
+    return absl::DataLossError(
+        absl::StrFormat("bad frame magic 0x%08x (expected 0x%08x)", h.magic, kFrameMagic));
+  }
+  if (h.version != kWireVersion) {
+    return absl::DataLossError(absl::StrCat("bad frame version ", h.version));
+  }
+  if (h.type != static_cast<uint8_t>(FrameType::kData) &&
+      h.type != static_cast<uint8_t>(FrameType::kAbort)) {
+    return absl::DataLossError(absl::StrCat("bad frame type ", h.type));
+  }
+  if (h.type == static_cast<uint8_t>(FrameType::kAbort) && h.length > kMaxAbortBytes) {
+    return absl::DataLossError(absl::StrCat("abort frame too long: ", h.length, " bytes"));
+  }
+  if (h.length > kMaxFrameBytes) {
+    return absl::DataLossError(absl::StrCat("frame too long: ", h.length, " bytes"));
+  }
+  return absl::OkStatus();
+}
+
+std::string DescribeFrame(const FrameHeader& h) {
+  return absl::StrFormat("{type=%d epoch=%d op=%d slot=%d offset=%d length=%d dtype=%d}", h.type,
+                         h.epoch, h.op_seq, static_cast<int64_t>(h.slot == kControlSlot ? -1 : h.slot),
+                         h.offset, h.length, h.dtype);
+}
+
+}  // namespace gradsync::transport

@@ -1,0 +1,82 @@
+// Data-plane wire format between daemons (TCP). All integers little-endian
+// (static_assert'ed host order; gradsync targets x86-64 and aarch64 LE).
+//
+// A connection starts with a handshake:
+//   connector -> acceptor : Hello   (fixed 32 bytes) + job_id bytes
+//   acceptor  -> connector: HelloAck (fixed 8 bytes)  + message bytes
+// after which both sides exchange frames:
+//   FrameHeader (48 bytes) + `length` payload bytes
+// A DATA frame carries part of an op's buffer: (job, epoch, op sequence,
+// slot = message index within the op, byte offset, length, dtype). An ABORT
+// frame carries a UTF-8 reason (at most kMaxAbortBytes); the receiver fails
+// its op and job with that reason. Anything else is a protocol error that
+// closes the connection.
+#ifndef GRADSYNC_TRANSPORT_WIRE_H_
+#define GRADSYNC_TRANSPORT_WIRE_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+
+namespace gradsync::transport {
+
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "wire format assumes little-endian");
+
+inline constexpr uint32_t kHelloMagic = 0x4C454853;  // "SHEL"
+inline constexpr uint32_t kFrameMagic = 0x4E595347;  // "GSYN"
+inline constexpr uint16_t kWireVersion = 1;
+inline constexpr size_t kMaxJobIdBytes = 128;
+inline constexpr int kMaxWorldSize = 4096;
+inline constexpr uint32_t kMaxAbortBytes = 4096;
+inline constexpr uint32_t kMaxFrameBytes = 64u << 20;
+inline constexpr uint32_t kControlSlot = 0xffffffffu;
+
+struct Hello {
+  uint32_t magic;
+  uint16_t version;
+  uint16_t job_id_len;
+  uint64_t epoch;
+  int32_t src_rank;  // the connector
+  int32_t dst_rank;  // the acceptor
+  int32_t world_size;
+  uint32_t stream;  // stream index within the pair (multi-stream TCP)
+};
+static_assert(sizeof(Hello) == 32, "Hello is 32 bytes on the wire");
+
+struct HelloAck {
+  uint32_t magic;
+  uint16_t code;  // absl::StatusCode; 0 = accepted
+  uint16_t message_len;
+};
+static_assert(sizeof(HelloAck) == 8, "HelloAck is 8 bytes on the wire");
+
+enum class FrameType : uint8_t { kData = 1, kAbort = 2 };
+
+struct FrameHeader {
+  uint32_t magic;
+  uint16_t version;
+  uint8_t type;   // FrameType
+  uint8_t dtype;  // gradsync::DType of the payload, 0 for control
+  uint32_t length;
+  uint32_t slot;
+  uint64_t job_tag;  // JobTag(job_id): catches cross-job mix-ups
+  uint64_t epoch;
+  uint64_t op_seq;
+  uint64_t offset;  // byte offset of the payload within the op's buffer
+};
+static_assert(sizeof(FrameHeader) == 48, "FrameHeader is 48 bytes on the wire");
+
+// 64-bit FNV-1a of the job id.
+uint64_t JobTag(absl::string_view job_id);
+
+// Validates a received Hello (and its job id), naming the problem.
+absl::Status ValidateHello(const Hello& h);
+// Validates magic/version/type/length bounds of a received header.
+absl::Status ValidateFrameHeader(const FrameHeader& h);
+std::string DescribeFrame(const FrameHeader& h);
+
+}  // namespace gradsync::transport
+
+#endif  // GRADSYNC_TRANSPORT_WIRE_H_
