@@ -1,0 +1,240 @@
+#include "cli/local_cluster.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "common/net.h"
+
+namespace gradsync {
+namespace {
+
+bool IsExecutable(const std::string& p) { return ::access(p.c_str(), X_OK) == 0; }
+
+absl::StatusOr<int> WaitForPortFile(const std::string& path, pid_t pid, const std::string& name,
+                                    const std::string& log, absl::Time deadline) {
+  while (absl::Now() < deadline) {
+    std::ifstream f(path);
+    std::string line;
+    int port = 0;
+    if (f && std::getline(f, line) && absl::SimpleAtoi(absl::StripAsciiWhitespace(line), &port)) {
+      return port;
+    }
+    int status = 0;
+    if (::waitpid(pid, &status, WNOHANG) == pid) {
+      return absl::InternalError(absl::StrCat(name, " exited during start-up (status ", status,
+                                              "); see ", log));
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return absl::DeadlineExceededError(absl::StrCat(name, " did not become ready; see ", log));
+}
+
+}  // namespace
+
+std::string FindBinary(const std::string& name) {
+  std::vector<std::string> dirs;
+  char exe[4096];
+  ssize_t n = ::readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+  if (n > 0) {
+    exe[n] = '\0';
+    std::string dir = std::filesystem::path(exe).parent_path().string();
+    dirs = {dir, dir + "/../server", dir + "/../worker", dir + "/../../server",
+            dir + "/../../worker"};
+  }
+  for (const char* rel : {"server", "worker"}) {  // Bazel runfiles (tests)
+    dirs.push_back(rel);
+  }
+  if (const char* env = std::getenv("GRADSYNC_BIN_DIR")) dirs.insert(dirs.begin(), env);
+  for (const auto& d : dirs) {
+    std::string p = d + "/" + name;
+    if (IsExecutable(p)) return std::filesystem::absolute(p).lexically_normal().string();
+  }
+  if (const char* path = std::getenv("PATH")) {
+    for (absl::string_view d : absl::StrSplit(path, ':')) {
+      std::string p = absl::StrCat(d, "/", name);
+      if (IsExecutable(p)) return p;
+    }
+  }
+  return name;
+}
+
+absl::StatusOr<pid_t> LocalCluster::Spawn(const std::string& bin,
+                                          const std::vector<std::string>& args,
+                                          const std::string& log_path) {
+  if (!IsExecutable(bin)) {
+    return absl::NotFoundError(absl::StrCat("cannot find executable '", bin, "'"));
+  }
+  std::vector<std::string> argv_s = {bin};
+  argv_s.insert(argv_s.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& a : argv_s) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const pid_t parent = ::getpid();
+  pid_t pid = ::fork();
+  if (pid < 0) return absl::InternalError("fork: " + ErrnoString(errno));
+  if (pid == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (::getppid() != parent) _exit(1);
+    sigset_t none;
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    ::setpgid(0, 0);  // Ctrl-C reaches the parent only; the parent stops us
+    int fd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd >= 0) {
+      ::dup2(fd, 1);
+      ::dup2(fd, 2);
+    }
+    ::execv(bin.c_str(), argv.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
+    const LocalClusterOptions& options) {
+  std::unique_ptr<LocalCluster> c(new LocalCluster());
+  c->keep_logs_ = options.keep_logs;
+  if (options.work_dir.empty()) {
+    const char* tmp = std::getenv("TEST_TMPDIR");
+    if (tmp == nullptr) tmp = std::getenv("TMPDIR");
+    std::string tmpl = absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/gradsync-XXXXXX");
+    if (::mkdtemp(tmpl.data()) == nullptr) {
+      return absl::InternalError("mkdtemp: " + ErrnoString(errno));
+    }
+    c->work_dir_ = tmpl;
+    c->owns_work_dir_ = true;
+  } else {
+    c->work_dir_ = options.work_dir;
+    std::filesystem::create_directories(c->work_dir_);
+  }
+  c->tag_ = absl::StrCat(::getpid(), "-", std::filesystem::path(c->work_dir_).filename().string());
+  const std::string coord_bin =
+      options.coordinator_bin.empty() ? FindBinary("gradsync-coordinator") : options.coordinator_bin;
+  const std::string daemon_bin =
+      options.daemon_bin.empty() ? FindBinary("gradsyncd") : options.daemon_bin;
+  const absl::Time deadline = absl::Now() + options.start_timeout;
+
+  const std::string coord_port_file = c->work_dir_ + "/coordinator.port";
+  const std::string coord_log = c->work_dir_ + "/coordinator.log";
+  std::vector<std::string> cargs = {"--listen=127.0.0.1:0", "--port_file=" + coord_port_file};
+  cargs.insert(cargs.end(), options.coordinator_flags.begin(), options.coordinator_flags.end());
+  auto cpid = Spawn(coord_bin, cargs, coord_log);
+  if (!cpid.ok()) return cpid.status();
+  c->coordinator_ = Child{*cpid, "gradsync-coordinator"};
+  auto cport = WaitForPortFile(coord_port_file, *cpid, "gradsync-coordinator", coord_log, deadline);
+  if (!cport.ok()) {
+    c->keep_logs_ = true;
+    return cport.status();
+  }
+  c->coordinator_address_ = absl::StrCat("127.0.0.1:", *cport);
+
+  for (int i = 0; i < options.daemons; ++i) {
+    const std::string port_file = absl::StrCat(c->work_dir_, "/daemon", i, ".port");
+    std::vector<std::string> args = {
+        "--listen=" + c->daemon_target(i).substr(0),
+        "--coordinator=" + c->coordinator_address_,
+        "--data_listen=127.0.0.1:0",
+        absl::StrCat("--node_id=local", i),
+        "--port_file=" + port_file,
+    };
+    args.insert(args.end(), options.daemon_flags.begin(), options.daemon_flags.end());
+    auto pid = Spawn(daemon_bin, args, c->daemon_log(i));
+    if (!pid.ok()) return pid.status();
+    c->daemons_.push_back(Child{*pid, absl::StrCat("gradsyncd #", i)});
+  }
+  for (int i = 0; i < options.daemons; ++i) {
+    auto port = WaitForPortFile(absl::StrCat(c->work_dir_, "/daemon", i, ".port"),
+                                c->daemons_[i].pid, c->daemons_[i].name, c->daemon_log(i), deadline);
+    if (!port.ok()) {
+      c->keep_logs_ = true;
+      return port.status();
+    }
+  }
+  return c;
+}
+
+std::string LocalCluster::daemon_target(int i) const {
+  return absl::StrCat("unix-abstract:gradsync-", tag_, "-", i);
+}
+
+std::string LocalCluster::daemon_log(int i) const {
+  return absl::StrCat(work_dir_, "/daemon", i, ".log");
+}
+
+void LocalCluster::SignalDaemon(int i, int sig) {
+  if (!daemons_[i].exited) ::kill(daemons_[i].pid, sig);
+}
+
+bool LocalCluster::DaemonAlive(int i) {
+  Child& ch = daemons_[i];
+  if (ch.exited) return false;
+  if (::waitpid(ch.pid, &ch.status, WNOHANG) == ch.pid) ch.exited = true;
+  return !ch.exited;
+}
+
+absl::Status LocalCluster::StopAll(absl::Duration grace) {
+  std::vector<Child*> all;
+  for (auto& d : daemons_) all.push_back(&d);
+  if (coordinator_.pid > 0) all.push_back(&coordinator_);
+  std::vector<Child*> signalled;
+  for (Child* ch : all) {
+    if (!ch->exited && ::waitpid(ch->pid, &ch->status, WNOHANG) == ch->pid) {
+      ch->exited = true;  // died earlier (e.g. SIGKILLed by a test); not our SIGTERM
+      continue;
+    }
+    if (!ch->exited) {
+      ::kill(ch->pid, SIGTERM);
+      signalled.push_back(ch);
+    }
+  }
+  const absl::Time deadline = absl::Now() + grace;
+  std::string failures;
+  for (Child* ch : signalled) {
+    while (!ch->exited) {
+      if (::waitpid(ch->pid, &ch->status, WNOHANG) == ch->pid) {
+        ch->exited = true;
+      } else if (absl::Now() >= deadline) {
+        ::kill(ch->pid, SIGKILL);
+        ::waitpid(ch->pid, &ch->status, 0);
+        ch->exited = true;
+        absl::StrAppend(&failures, " ", ch->name, " ignored SIGTERM for ",
+                        absl::FormatDuration(grace), ";");
+      } else {
+        absl::SleepFor(absl::Milliseconds(10));
+      }
+    }
+    if (WIFEXITED(ch->status) && WEXITSTATUS(ch->status) != 0) {
+      absl::StrAppend(&failures, " ", ch->name, " exited with ", WEXITSTATUS(ch->status), ";");
+    } else if (WIFSIGNALED(ch->status) && WTERMSIG(ch->status) != SIGKILL) {
+      absl::StrAppend(&failures, " ", ch->name, " died of signal ", WTERMSIG(ch->status), ";");
+    }
+  }
+  if (!failures.empty()) {
+    keep_logs_ = true;
+    return absl::InternalError(absl::StrCat("unclean stop:", failures, " logs in ", work_dir_));
+  }
+  return absl::OkStatus();
+}
+
+LocalCluster::~LocalCluster() {
+  (void)StopAll();
+  if (owns_work_dir_ && !keep_logs_) {
+    std::error_code ec;
+    std::filesystem::remove_all(work_dir_, ec);
+  }
+}
+
+}  // namespace gradsync

@@ -1,0 +1,138 @@
+/* gradsync C API: a thin C wrapper of the C++ client SDK (client/client.h),
+ * for Python ctypes/cffi, Rust, Go and friends. Pure C; no C++ types.
+ *
+ * Return values. Every function that can fail returns 0 (GS_OK) on success
+ * or a status code (the absl/gRPC code numbers, GS_* below). The message of
+ * the calling thread's last failure is gs_last_error(). Output parameters are
+ * written only on success.
+ *
+ * Ownership. gs_client_connect, gs_session_open and gs_buffer_alloc hand out
+ * objects the caller owns and releases with gs_client_free, gs_session_close
+ * and gs_buffer_free. A session keeps its own connection, so the client may
+ * be freed before its sessions.
+ *
+ * Threads. A gs_client and a gs_session may be used from several threads at
+ * once. A gs_buffer's bytes are plain memory: do not touch the range of an op
+ * that is still running.
+ *
+ * Blocking. gs_client_connect, gs_session_open, gs_wait and gs_allreduce
+ * block up to their timeouts; the other calls that talk to the daemon block
+ * for one local RPC (at most 10 s). Nothing blocks without a bound.
+ *
+ * Data. Buffers are POSIX shared memory shared with gradsyncd: write the
+ * input into gs_buffer_data(), run the allreduce, read the result from the
+ * same bytes. No tensor bytes are copied.
+ */
+#ifndef GRADSYNC_CLIENT_C_API_H_
+#define GRADSYNC_CLIENT_C_API_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Status codes (google.rpc.Code; the same numbers as absl::StatusCode). */
+enum {
+  GS_OK = 0,
+  GS_CANCELLED = 1,
+  GS_UNKNOWN = 2,
+  GS_INVALID_ARGUMENT = 3,   /* bad argument, found before talking to the daemon */
+  GS_DEADLINE_EXCEEDED = 4,  /* a wait ran out; the op may still be running */
+  GS_NOT_FOUND = 5,
+  GS_ALREADY_EXISTS = 6,
+  GS_PERMISSION_DENIED = 7,
+  GS_RESOURCE_EXHAUSTED = 8,
+  GS_FAILED_PRECONDITION = 9, /* e.g. the session is closed */
+  GS_ABORTED = 10,            /* the op was aborted (e.g. a rank died); retry higher up */
+  GS_OUT_OF_RANGE = 11,
+  GS_UNIMPLEMENTED = 12,
+  GS_INTERNAL = 13,
+  GS_UNAVAILABLE = 14, /* the daemon cannot be reached; retrying may help */
+  GS_DATA_LOSS = 15,
+  GS_UNAUTHENTICATED = 16
+};
+
+/* Element types (values of gradsync::DType / gradsync.v1.DataType). */
+enum {
+  GS_DTYPE_F32 = 1,
+  GS_DTYPE_F64 = 2,
+  GS_DTYPE_F16 = 3,
+  GS_DTYPE_BF16 = 4,
+  GS_DTYPE_I32 = 5,
+  GS_DTYPE_I64 = 6,
+  GS_DTYPE_U8 = 7
+};
+
+/* Reduction operators (values of gradsync::ReduceOp / gradsync.v1.ReduceOp). */
+enum {
+  GS_OP_SUM = 1,
+  GS_OP_AVG = 2, /* sum, then divide by world size once (integers truncate) */
+  GS_OP_MIN = 3,
+  GS_OP_MAX = 4,
+  GS_OP_PROD = 5
+};
+
+typedef struct gs_client gs_client;
+typedef struct gs_session gs_session;
+typedef struct gs_buffer gs_buffer;
+
+/* The message of the calling thread's most recent failed call ("" if none).
+ * Successful calls do not clear it. Valid until the thread's next failing
+ * call. */
+const char* gs_last_error(void);
+
+/* Connects to gradsyncd at `target` ("unix:/run/gradsync/gradsyncd.sock",
+ * "unix-abstract:NAME" or "host:port"), waiting up to timeout_ms (> 0) for
+ * the connection. GS_UNAVAILABLE naming the target if it cannot be reached. */
+int gs_client_connect(const char* target, int64_t timeout_ms, gs_client** out);
+/* Frees a client (NULL is a no-op). Its sessions stay usable. */
+void gs_client_free(gs_client* client);
+
+/* Joins job `job_id` of `world_size` ranks as `rank` (-1: any), waiting up
+ * to timeout_ms (> 0) for every rank to join. */
+int gs_session_open(gs_client* client, const char* job_id, int world_size, int rank,
+                    int64_t timeout_ms, gs_session** out);
+/* This session's rank and world size (-1 if session is NULL). */
+int gs_session_rank(const gs_session* session);
+int gs_session_world_size(const gs_session* session);
+/* Leaves the job and frees `session` (NULL is a no-op returning GS_OK). The
+ * daemon frees the session's buffers; their gs_buffer handles must still be
+ * released with gs_buffer_free(NULL, buffer). Returns the close RPC's status;
+ * the session is freed in any case. */
+int gs_session_close(gs_session* session);
+
+/* Allocates and maps a shared-memory buffer of `bytes` (> 0) bytes. */
+int gs_buffer_alloc(gs_session* session, size_t bytes, gs_buffer** out);
+/* The mapped bytes and their size (NULL / 0 if buffer is NULL). The size may
+ * exceed the requested one. */
+void* gs_buffer_data(gs_buffer* buffer);
+size_t gs_buffer_size(const gs_buffer* buffer);
+/* Unmaps `buffer`, frees the handle and, if `session` is not NULL, tells the
+ * daemon to free the segment (pass NULL after the session was closed).
+ * `buffer` is released even when an error is returned. NULL buffer: GS_OK. */
+int gs_buffer_free(gs_session* session, gs_buffer* buffer);
+
+/* Submits an allreduce of `count` elements of `dtype` (GS_DTYPE_*) with `op`
+ * (GS_OP_*) at `offset_bytes` (a multiple of the element size) in `buffer`,
+ * and returns at once with *op_id set. `name` (may be NULL) identifies the op
+ * across ranks. `timeout_ms` bounds the op at the daemon (0: job default).
+ * Bad dtype/op/range/arguments: GS_INVALID_ARGUMENT without any RPC. */
+int gs_allreduce_async(gs_session* session, gs_buffer* buffer, size_t offset_bytes, size_t count,
+                       int dtype, int op, const char* name, int64_t timeout_ms, uint64_t* op_id);
+/* Waits up to timeout_ms (0: poll; -1: until the op ends, which its deadline
+ * at the daemon bounds) for op `op_id`. GS_OK: done; GS_DEADLINE_EXCEEDED:
+ * still running; otherwise the op's own error (e.g. GS_ABORTED). */
+int gs_wait(gs_session* session, uint64_t op_id, int64_t timeout_ms);
+/* gs_allreduce_async + gs_wait: blocks until the op ends, at most
+ * timeout_ms + 5 s (timeout_ms 0: the job's default op timeout at the daemon,
+ * and the client gives up after 10 min + 5 s). */
+int gs_allreduce(gs_session* session, gs_buffer* buffer, size_t offset_bytes, size_t count,
+                 int dtype, int op, const char* name, int64_t timeout_ms);
+
+#ifdef __cplusplus
+}  /* extern "C" */
+#endif
+
+#endif /* GRADSYNC_CLIENT_C_API_H_ */

@@ -1,0 +1,388 @@
+#include "client/client.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <limits>
+#include <utility>
+
+#include <grpcpp/client_context.h>
+#include <grpcpp/create_channel.h>
+#include <grpcpp/security/credentials.h>
+#include <grpcpp/support/channel_arguments.h>
+
+#include "absl/strings/str_cat.h"
+#include "client/op_channel.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+
+namespace gradsync {
+namespace client {
+namespace {
+
+using internal::kRpcMargin;
+using internal::kRpcTimeout;
+using internal::RpcError;
+
+const char* ChannelStateName(grpc_connectivity_state s) {
+  switch (s) {
+    case GRPC_CHANNEL_IDLE: return "IDLE";
+    case GRPC_CHANNEL_CONNECTING: return "CONNECTING";
+    case GRPC_CHANNEL_READY: return "READY";
+    case GRPC_CHANNEL_TRANSIENT_FAILURE: return "TRANSIENT_FAILURE";
+    case GRPC_CHANNEL_SHUTDOWN: return "SHUTDOWN";
+  }
+  return "UNKNOWN";
+}
+
+std::string ErrnoText(int err) { return absl::StrCat(std::strerror(err), " (errno ", err, ")"); }
+
+// "allreduce 'grad/w' (op 7, seq 3)", or "op 7" when nothing else is known.
+std::string OpLabel(const OpHandle& op) {
+  std::string label = op.name.empty() ? absl::StrCat("op ", op.op_id)
+                                      : absl::StrCat("allreduce '", op.name, "' (op ", op.op_id);
+  if (!op.name.empty()) {
+    if (op.sequence != 0) absl::StrAppend(&label, ", seq ", op.sequence);
+    absl::StrAppend(&label, ")");
+  } else if (op.sequence != 0) {
+    absl::StrAppend(&label, " (seq ", op.sequence, ")");
+  }
+  return label;
+}
+
+// Whole milliseconds, rounding a positive sub-millisecond value up to 1.
+int64_t CeilMillis(absl::Duration d) {
+  int64_t ms = absl::ToInt64Milliseconds(d);
+  if (d > absl::Milliseconds(ms)) ++ms;
+  return ms;
+}
+
+// Maps the daemon's segment; the fd is closed before returning.
+absl::StatusOr<void*> MapSegment(const std::string& shm_name, size_t size, uint64_t buffer_id) {
+  const int fd = shm_open(shm_name.c_str(), O_RDWR, 0);
+  if (fd < 0) {
+    const int err = errno;
+    return absl::Status(absl::ErrnoToStatusCode(err),
+                        absl::StrCat("cannot open shared-memory segment '", shm_name, "' of buffer ",
+                                     buffer_id, ": ", ErrnoText(err),
+                                     "; gradsyncd and this process must share /dev/shm"));
+  }
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    const int err = errno;
+    close(fd);
+    return absl::InternalError(
+        absl::StrCat("fstat of shared-memory segment '", shm_name, "': ", ErrnoText(err)));
+  }
+  if (static_cast<uint64_t>(st.st_size) < size) {
+    close(fd);
+    return absl::InternalError(absl::StrCat("shared-memory segment '", shm_name, "' of buffer ",
+                                            buffer_id, " has ", st.st_size,
+                                            " bytes, but gradsyncd reported ", size));
+  }
+  void* data = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  const int err = errno;
+  close(fd);
+  if (data == MAP_FAILED) {
+    return absl::Status(absl::ErrnoToStatusCode(err),
+                        absl::StrCat("cannot map shared-memory segment '", shm_name, "' (", size,
+                                     " bytes): ", ErrnoText(err)));
+  }
+  return data;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- Buffer
+
+Buffer::~Buffer() {
+  if (data_ != nullptr && size_ > 0 && munmap(data_, size_) != 0) {
+    GS_LOG(WARNING) << "munmap of buffer " << id_ << " (" << shm_name_
+                    << ") failed: " << ErrnoText(errno);
+  }
+}
+
+// ---------------------------------------------------------------- Session
+
+Session::Session(std::shared_ptr<internal::WorkerConnection> conn, std::string id, int rank,
+                 int world_size, int64_t epoch, absl::Duration default_op_timeout)
+    : conn_(std::move(conn)),
+      ops_(internal::NewGrpcOpChannel(conn_, id)),
+      id_(std::move(id)),
+      rank_(rank),
+      world_size_(world_size),
+      epoch_(epoch),
+      default_op_timeout_(default_op_timeout) {}
+
+Session::~Session() {
+  absl::Status s = Close();
+  if (!s.ok()) {
+    GS_LOG(WARNING) << "closing gradsync session " << id_ << ": " << s;
+  }
+}
+
+absl::Status Session::CheckOpen() const {
+  absl::MutexLock lock(&mu_);
+  if (closed_) return absl::FailedPreconditionError(absl::StrCat("session ", id_, " is closed"));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Buffer>> Session::AllocateBuffer(size_t bytes) {
+  RETURN_IF_ERROR(CheckOpen());
+  if (bytes == 0) return absl::InvalidArgumentError("AllocateBuffer: bytes must be > 0, got 0");
+
+  v1::AllocateBufferRequest req;
+  req.set_session_id(id_);
+  req.set_size_bytes(bytes);
+  grpc::ClientContext ctx;
+  const absl::Time deadline = absl::Now() + kRpcTimeout;
+  ctx.set_deadline(absl::ToChronoTime(deadline));
+  v1::AllocateBufferResponse resp;
+  grpc::Status s = conn_->stub->AllocateBuffer(&ctx, req, &resp);
+  if (!s.ok()) return RpcError(s, *conn_, "AllocateBuffer", deadline, kRpcTimeout);
+
+  absl::Status error;
+  void* data = nullptr;
+  if (resp.size_bytes() < bytes || resp.size_bytes() > std::numeric_limits<size_t>::max()) {
+    error = absl::InternalError(absl::StrCat("gradsyncd returned a ", resp.size_bytes(),
+                                             "-byte buffer for a ", bytes, "-byte request"));
+  } else {
+    absl::StatusOr<void*> mapped = MapSegment(resp.shm_name(), resp.size_bytes(), resp.buffer_id());
+    if (mapped.ok()) {
+      data = *mapped;
+    } else {
+      error = mapped.status();
+    }
+  }
+  if (!error.ok()) {
+    // Give the segment back; the daemon would free it at Close anyway.
+    v1::FreeBufferRequest free_req;
+    free_req.set_session_id(id_);
+    free_req.set_buffer_id(resp.buffer_id());
+    grpc::ClientContext free_ctx;
+    free_ctx.set_deadline(absl::ToChronoTime(absl::Now() + kRpcTimeout));
+    v1::FreeBufferResponse free_resp;
+    conn_->stub->FreeBuffer(&free_ctx, free_req, &free_resp).IgnoreError();
+    return error;
+  }
+  return std::unique_ptr<Buffer>(
+      new Buffer(id_, resp.buffer_id(), resp.shm_name(), data, resp.size_bytes()));
+}
+
+absl::Status Session::FreeBuffer(std::unique_ptr<Buffer> buffer) {
+  if (buffer == nullptr) return absl::InvalidArgumentError("FreeBuffer: buffer is null");
+  if (buffer->session_id() != id_) {
+    return absl::InvalidArgumentError(absl::StrCat("FreeBuffer: buffer ", buffer->id(),
+                                                   " belongs to session ", buffer->session_id(),
+                                                   ", not to session ", id_));
+  }
+  const uint64_t buffer_id = buffer->id();
+  buffer.reset();  // unmap first: the daemon may reuse the pages once freed
+  {
+    absl::MutexLock lock(&mu_);
+    if (closed_) return absl::OkStatus();  // Close already freed every segment
+  }
+  v1::FreeBufferRequest req;
+  req.set_session_id(id_);
+  req.set_buffer_id(buffer_id);
+  grpc::ClientContext ctx;
+  const absl::Time deadline = absl::Now() + kRpcTimeout;
+  ctx.set_deadline(absl::ToChronoTime(deadline));
+  v1::FreeBufferResponse resp;
+  grpc::Status s = conn_->stub->FreeBuffer(&ctx, req, &resp);
+  if (!s.ok()) return RpcError(s, *conn_, "FreeBuffer", deadline, kRpcTimeout);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<OpHandle> Session::AllreduceAsync(const Buffer& buffer, size_t offset_bytes,
+                                                 size_t count, DType dtype, ReduceOp op,
+                                                 absl::string_view name, absl::Duration timeout) {
+  RETURN_IF_ERROR(CheckOpen());
+  const std::string what = absl::StrCat("allreduce '", name, "'");
+  const int dtype_value = static_cast<int>(dtype);
+  if (!IsValidDType(dtype_value)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": invalid dtype value ", dtype_value, " (expected 1..7: f32 f64 f16 bf16 i32 i64 u8)"));
+  }
+  const int op_value = static_cast<int>(op);
+  if (!IsValidReduceOp(op_value)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": invalid reduce op value ", op_value, " (expected 1..5: sum avg min max prod)"));
+  }
+  if (buffer.session_id() != id_) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": buffer ", buffer.id(),
+                                                   " belongs to session ", buffer.session_id(),
+                                                   ", not to session ", id_));
+  }
+  const size_t esize = DTypeSize(dtype);
+  const size_t size = buffer.size();
+  if (offset_bytes % esize != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": offset_bytes ", offset_bytes, " is not a multiple of the ",
+                     DTypeName(dtype), " element size ", esize));
+  }
+  if (offset_bytes >= size) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": offset_bytes ", offset_bytes,
+                                                   " is past the end of buffer ", buffer.id(),
+                                                   " (", size, " bytes)"));
+  }
+  const size_t max_count = (size - offset_bytes) / esize;  // no overflow: divides, never multiplies
+  if (count > max_count) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": count ", count, " x ", esize, "-byte ", DTypeName(dtype), " at offset_bytes ",
+        offset_bytes, " does not fit in buffer ", buffer.id(), " (", size, " bytes; at most ",
+        max_count, " elements fit)"));
+  }
+  if (timeout < absl::ZeroDuration() || timeout == absl::InfiniteDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": timeout must be finite and >= 0, got ",
+                                                   absl::FormatDuration(timeout)));
+  }
+
+  internal::SubmitArgs args;
+  args.buffer_id = buffer.id();
+  args.offset_bytes = offset_bytes;
+  args.count = count;
+  args.dtype = dtype;
+  args.reduce_op = op;
+  args.name = name;
+  args.timeout_ms = CeilMillis(timeout);
+  ASSIGN_OR_RETURN(internal::SubmitTicket ticket, ops_->Submit(args));
+  return OpHandle{ticket.op_id, ticket.sequence, std::string(name)};
+}
+
+absl::StatusOr<OpResult> Session::Wait(const OpHandle& op, absl::Duration timeout) {
+  RETURN_IF_ERROR(CheckOpen());
+  if (timeout < absl::ZeroDuration()) timeout = absl::ZeroDuration();
+  const absl::Time deadline =
+      timeout == absl::InfiniteDuration() ? absl::InfiniteFuture() : absl::Now() + timeout;
+  ASSIGN_OR_RETURN(internal::WaitOutcome outcome, ops_->Wait(op.op_id, deadline));
+  if (!outcome.done) {
+    return absl::DeadlineExceededError(absl::StrCat(OpLabel(op), " of session ", id_,
+                                                    " still running after ",
+                                                    absl::FormatDuration(timeout)));
+  }
+  OpResult result;
+  result.algorithm = std::move(outcome.algorithm);
+  result.queued_time = absl::Microseconds(outcome.queued_us);
+  result.run_time = absl::Microseconds(outcome.run_us);
+  return result;
+}
+
+absl::StatusOr<bool> Session::Poll(const OpHandle& op) {
+  RETURN_IF_ERROR(CheckOpen());
+  ASSIGN_OR_RETURN(internal::WaitOutcome outcome, ops_->Wait(op.op_id, absl::InfinitePast()));
+  return outcome.done;
+}
+
+absl::StatusOr<OpResult> Session::Allreduce(const Buffer& buffer, size_t offset_bytes,
+                                            size_t count, DType dtype, ReduceOp op,
+                                            absl::string_view name, absl::Duration timeout) {
+  ASSIGN_OR_RETURN(OpHandle handle,
+                   AllreduceAsync(buffer, offset_bytes, count, dtype, op, name, timeout));
+  absl::Duration op_timeout = timeout;
+  if (op_timeout <= absl::ZeroDuration()) op_timeout = default_op_timeout_;
+  if (op_timeout <= absl::ZeroDuration()) op_timeout = kDefaultOpWait;
+  return Wait(handle, op_timeout + kRpcMargin);
+}
+
+absl::Status Session::Close() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (closed_) return absl::OkStatus();
+    closed_ = true;
+  }
+  v1::CloseSessionRequest req;
+  req.set_session_id(id_);
+  grpc::ClientContext ctx;
+  const absl::Time deadline = absl::Now() + kRpcTimeout;
+  ctx.set_deadline(absl::ToChronoTime(deadline));
+  v1::CloseSessionResponse resp;
+  grpc::Status s = conn_->stub->CloseSession(&ctx, req, &resp);
+  if (!s.ok()) return RpcError(s, *conn_, "CloseSession", deadline, kRpcTimeout);
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------- Client
+
+Client::Client(std::shared_ptr<internal::WorkerConnection> conn) : conn_(std::move(conn)) {}
+
+const std::string& Client::target() const { return conn_->target; }
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& target,
+                                                        absl::Duration timeout) {
+  if (target.empty()) {
+    return absl::InvalidArgumentError(
+        "Connect: empty target (expected e.g. 'unix:/run/gradsync/gradsyncd.sock')");
+  }
+  if (timeout <= absl::ZeroDuration() || timeout == absl::InfiniteDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Connect: timeout must be finite and > 0, got ", absl::FormatDuration(timeout)));
+  }
+  grpc::ChannelArguments args;
+  // A local daemon that is starting up should be picked up quickly, not after
+  // gRPC's default 1 s (growing to 120 s) reconnect backoff.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  auto conn = std::make_shared<internal::WorkerConnection>();
+  conn->target = target;
+  conn->channel = grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  if (!conn->channel->WaitForConnected(absl::ToChronoTime(absl::Now() + timeout))) {
+    return absl::UnavailableError(absl::StrCat(
+        "cannot connect to gradsyncd at '", target, "' within ", absl::FormatDuration(timeout),
+        " (channel ", ChannelStateName(conn->channel->GetState(false)),
+        "); is gradsyncd running and is the socket address right?"));
+  }
+  conn->stub = v1::Worker::NewStub(conn->channel);
+  return std::unique_ptr<Client>(new Client(std::move(conn)));
+}
+
+absl::StatusOr<std::unique_ptr<Session>> Client::OpenSession(const SessionOptions& options) {
+  if (options.job_id.empty()) return absl::InvalidArgumentError("OpenSession: job_id is empty");
+  if (options.world_size < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("OpenSession: world_size must be >= 1, got ", options.world_size));
+  }
+  if (options.rank < -1 || options.rank >= options.world_size) {
+    return absl::InvalidArgumentError(absl::StrCat("OpenSession: rank ", options.rank,
+                                                   " is outside [0, ", options.world_size,
+                                                   ") (or -1 for any)"));
+  }
+  if (options.timeout <= absl::ZeroDuration() || options.timeout == absl::InfiniteDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat("OpenSession: timeout must be finite and > 0, got ",
+                                                   absl::FormatDuration(options.timeout)));
+  }
+  if (options.heartbeat_timeout_ms < 0 || options.op_timeout_ms < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "OpenSession: heartbeat_timeout_ms (", options.heartbeat_timeout_ms, ") and op_timeout_ms (",
+        options.op_timeout_ms, ") must be >= 0"));
+  }
+
+  v1::OpenSessionRequest req;
+  req.set_job_id(options.job_id);
+  req.set_world_size(options.world_size);
+  req.set_rank(options.rank);
+  req.set_timeout_ms(CeilMillis(options.timeout));
+  req.mutable_options()->set_heartbeat_timeout_ms(options.heartbeat_timeout_ms);
+  req.mutable_options()->set_op_timeout_ms(options.op_timeout_ms);
+  req.set_client_name(options.client_name);
+
+  grpc::ClientContext ctx;
+  const absl::Duration rpc_timeout = options.timeout + kRpcMargin;
+  const absl::Time deadline = absl::Now() + rpc_timeout;
+  ctx.set_deadline(absl::ToChronoTime(deadline));
+  v1::OpenSessionResponse resp;
+  grpc::Status s = conn_->stub->OpenSession(&ctx, req, &resp);
+  if (!s.ok()) return RpcError(s, *conn_, "OpenSession", deadline, rpc_timeout);
+
+  return std::unique_ptr<Session>(new Session(conn_, resp.session_id(), resp.rank(),
+                                              resp.world_size(), resp.epoch(),
+                                              absl::Milliseconds(options.op_timeout_ms)));
+}
+
+}  // namespace client
+}  // namespace gradsync

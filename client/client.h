@@ -1,0 +1,265 @@
+// gradsync client SDK: the library a training process links to talk to the
+// local gradsyncd.
+//
+//   auto client = Client::Connect("unix:/run/gradsync/gradsyncd.sock");
+//   SessionOptions options;
+//   options.job_id = "job-42";
+//   options.world_size = 8;
+//   auto session = (*client)->OpenSession(options);
+//   auto grads = (*session)->AllocateBuffer(n * sizeof(float));
+//   fill((*grads)->as<float>(), n);                       // write in place
+//   auto result = (*session)->Allreduce(**grads, 0, n, DType::kF32, ReduceOp::kAvg, "step7");
+//   use((*grads)->as<float>(), n);                        // the sum is in place
+//
+// Data path. Tensor bytes never travel through gRPC. A Buffer is a POSIX
+// shared-memory segment that gradsyncd creates; the client maps it (shm_open
+// O_RDWR + mmap MAP_SHARED) and the daemon reads and writes the same pages.
+// gRPC carries sessions, buffer set-up and errors.
+//
+// Per-op path. AllreduceAsync/Wait/Poll go through an internal OpChannel
+// (client/op_channel.h) that today issues Worker.Submit / Worker.Wait RPCs.
+// It is meant to move to a shared-memory submission ring with an
+// eventfd/futex doorbell (microseconds per tiny op instead of gRPC round
+// trips); nothing in this header depends on how ops travel, so that change
+// will not touch this API.
+//
+// Errors. Every fallible call returns absl::Status / absl::StatusOr; codes
+// follow google.rpc.Code (the same numbers as gRPC):
+//   kInvalidArgument     bad arguments, found locally before any RPC; the
+//                        message names the value and the limit.
+//   kUnavailable         the daemon cannot be reached (retrying may help).
+//   kDeadlineExceeded    a wait ran out (the message names the op), or the
+//                        daemon did not answer an RPC within its deadline.
+//   kFailedPrecondition  the session is closed.
+//   anything else        the daemon's (or the op's) own error, verbatim, e.g.
+//                        kAborted "... rank 2 ...".
+// Nothing blocks without a deadline: every RPC carries one (OpenSession:
+// options.timeout + 5 s; Wait: the wait + 5 s; everything else: 10 s).
+#ifndef GRADSYNC_CLIENT_CLIENT_H_
+#define GRADSYNC_CLIENT_CLIENT_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/types.h"
+
+namespace gradsync {
+namespace client {
+
+namespace internal {
+class OpChannel;
+struct WorkerConnection;
+}  // namespace internal
+
+class Session;
+
+// What OpenSession asks the daemon for.
+struct SessionOptions {
+  // Job to join (created at the coordinator by the first session). Required.
+  std::string job_id;
+  // Number of ranks in the job, >= 1.
+  int world_size = 1;
+  // Rank to take, in [0, world_size), or -1 for "any free rank".
+  int rank = -1;
+  // How long OpenSession may wait for the rendezvous (all ranks joining).
+  absl::Duration timeout = absl::Seconds(60);
+  // Job options, used only if this session creates the job; 0 = daemon default.
+  int64_t heartbeat_timeout_ms = 0;
+  int64_t op_timeout_ms = 0;
+  // Free-form name for the daemon's logs (e.g. "trainer pid 1234").
+  std::string client_name;
+};
+
+// A shared-memory buffer mapped into this process. The daemon owns the
+// segment; this object owns only the mapping and unmaps it in its destructor.
+// Destroying a Buffer without Session::FreeBuffer leaves the segment to the
+// daemon until the session closes. The mapping stays valid after the session
+// closes (the pages live until unmapped), but the daemon no longer uses them.
+// Not synchronized: do not touch the bytes of an op that is still running.
+class Buffer {
+ public:
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  ~Buffer();
+
+  void* data() { return data_; }
+  const void* data() const { return data_; }
+  size_t size() const { return size_; }
+  // The daemon's id of the buffer (unique within its session).
+  uint64_t id() const { return id_; }
+  // The segment's shm_open name, e.g. "/gradsync.1234.7" (for diagnostics).
+  const std::string& shm_name() const { return shm_name_; }
+  // The session the buffer belongs to.
+  const std::string& session_id() const { return session_id_; }
+
+  template <class T>
+  T* as() {
+    return static_cast<T*>(data_);
+  }
+  template <class T>
+  const T* as() const {
+    return static_cast<const T*>(data_);
+  }
+
+ private:
+  friend class Session;
+  Buffer(std::string session_id, uint64_t id, std::string shm_name, void* data, size_t size)
+      : session_id_(std::move(session_id)),
+        id_(id),
+        shm_name_(std::move(shm_name)),
+        data_(data),
+        size_(size) {}
+
+  const std::string session_id_;
+  const uint64_t id_;
+  const std::string shm_name_;
+  void* const data_;
+  const size_t size_;
+};
+
+// A submitted op. Copyable; valid for the session that returned it. Only
+// op_id matters to Wait/Poll (the C API builds handles from it alone);
+// sequence and name make error messages precise.
+struct OpHandle {
+  uint64_t op_id = 0;
+  // Position in the session's op stream, from 1 (0 = unknown).
+  uint64_t sequence = 0;
+  // The op's name as submitted (used in error messages; may be empty).
+  std::string name;
+};
+
+// A completed op.
+struct OpResult {
+  std::string algorithm;  // e.g. "ring"
+  absl::Duration queued_time;  // submission to start
+  absl::Duration run_time;  // start to completion
+};
+
+// One membership in a job, opened through the local daemon.
+//
+// Thread-safe: any method may be called from any thread. Ops of a session run
+// in submission order (OpHandle::sequence); with several submitting threads
+// that order is whatever order the daemon received them in, and every rank
+// must submit the same ops in the same order.
+//
+// Owns its connection to the daemon (it stays usable after its Client is
+// destroyed). The destructor calls Close() (best effort, errors are logged).
+class Session {
+ public:
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+  ~Session();
+
+  int rank() const { return rank_; }
+  int world_size() const { return world_size_; }
+  int64_t epoch() const { return epoch_; }
+  // The daemon's session id.
+  const std::string& id() const { return id_; }
+
+  // Asks the daemon for a shared-memory buffer of `bytes` (> 0) bytes and
+  // maps it. The returned size() may be larger than asked (rounded up by the
+  // daemon). Blocks for one RPC.
+  absl::StatusOr<std::unique_ptr<Buffer>> AllocateBuffer(size_t bytes);
+
+  // Unmaps `buffer` and tells the daemon to free its segment. The buffer is
+  // unmapped even when the RPC fails. InvalidArgument if null or if it
+  // belongs to another session. Do not free a buffer an op is still using.
+  absl::Status FreeBuffer(std::unique_ptr<Buffer> buffer);
+
+  // Submits an allreduce of `count` elements of `dtype` starting at
+  // `offset_bytes` in `buffer` (which must belong to this session) and
+  // returns at once. `offset_bytes` must be a multiple of the element size,
+  // `count` > 0, and the range must lie inside the buffer; violations are
+  // InvalidArgument, found before any RPC. `name` identifies the op across
+  // ranks (e.g. the tensor name). `timeout` bounds the op at the daemon,
+  // measured from submission; zero = the job's default op timeout.
+  // The result is written in place into the same range.
+  absl::StatusOr<OpHandle> AllreduceAsync(const Buffer& buffer, size_t offset_bytes, size_t count,
+                                          DType dtype, ReduceOp op, absl::string_view name,
+                                          absl::Duration timeout = absl::ZeroDuration());
+
+  // Waits up to `timeout` for `op` (negative = 0 = poll once;
+  // absl::InfiniteDuration() waits until the op ends, which the op's own
+  // deadline at the daemon bounds). Long waits are split into RPCs of at most
+  // 30 s (+5 s deadline margin), so a dead daemon is an error, not a hang.
+  // DeadlineExceeded naming the op if it is still running by then (it keeps
+  // running; wait again later). If the op failed, its error exactly as the
+  // daemon reported it (e.g. Aborted "... rank 2 ...").
+  absl::StatusOr<OpResult> Wait(const OpHandle& op, absl::Duration timeout);
+
+  // Non-blocking check (one RPC): true = done OK, false = still running,
+  // error = the op failed (as in Wait).
+  absl::StatusOr<bool> Poll(const OpHandle& op);
+
+  // AllreduceAsync + Wait. Waits for the op's timeout plus a 5 s margin; the
+  // op's timeout is `timeout`, else SessionOptions::op_timeout_ms, else
+  // kDefaultOpWait.
+  absl::StatusOr<OpResult> Allreduce(const Buffer& buffer, size_t offset_bytes, size_t count,
+                                     DType dtype, ReduceOp op, absl::string_view name,
+                                     absl::Duration timeout = absl::ZeroDuration());
+
+  // Leaves the job; the daemon frees the session's buffers and fails its
+  // running ops. Idempotent: later calls return OK. After Close every other
+  // method returns FailedPrecondition. Blocks for one RPC (10 s deadline).
+  absl::Status Close();
+
+  // Client-side bound for Allreduce when neither the call nor the session
+  // options give an op timeout (the daemon's job default is not known here).
+  static constexpr absl::Duration kDefaultOpWait = absl::Minutes(10);
+
+ private:
+  friend class Client;
+  Session(std::shared_ptr<internal::WorkerConnection> conn, std::string id, int rank,
+          int world_size, int64_t epoch, absl::Duration default_op_timeout);
+
+  absl::Status CheckOpen() const;
+
+  const std::shared_ptr<internal::WorkerConnection> conn_;
+  const std::unique_ptr<internal::OpChannel> ops_;
+  const std::string id_;
+  const int rank_;
+  const int world_size_;
+  const int64_t epoch_;
+  const absl::Duration default_op_timeout_;  // zero = unknown
+
+  mutable absl::Mutex mu_;
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+// A connection to one gradsyncd. Thread-safe. Sessions it opens keep the
+// connection alive on their own, so the Client may be destroyed first.
+class Client {
+ public:
+  // Connects to `target`: "unix:/run/gradsync/gradsyncd.sock",
+  // "unix-abstract:NAME" or "host:port". Blocks until the channel is ready or
+  // `timeout` passes (so a daemon that is still starting is waited for);
+  // Unavailable naming the target otherwise. InvalidArgument if `target` is
+  // empty or `timeout` is not positive.
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(const std::string& target,
+                                                         absl::Duration timeout = absl::Seconds(10));
+
+  // Joins a job through the daemon. Blocks until the rendezvous completes
+  // (every rank joined) or options.timeout passes. InvalidArgument for bad
+  // options (checked before any RPC).
+  absl::StatusOr<std::unique_ptr<Session>> OpenSession(const SessionOptions& options);
+
+  const std::string& target() const;
+
+ private:
+  explicit Client(std::shared_ptr<internal::WorkerConnection> conn);
+
+  const std::shared_ptr<internal::WorkerConnection> conn_;
+};
+
+}  // namespace client
+}  // namespace gradsync
+
+#endif  // GRADSYNC_CLIENT_CLIENT_H_

@@ -1,0 +1,99 @@
+// Internal to //client (not part of the SDK's API).
+//
+// OpChannel is the per-op path between a Session and gradsyncd: submit one
+// collective, wait for its completion. Session validates arguments and turns
+// outcomes into its public results; it knows nothing else about how ops
+// travel. Today the only implementation sends Worker.Submit / Worker.Wait
+// RPCs (GrpcOpChannel). The planned one writes fixed-size op descriptors into
+// a shared-memory submission ring and rings an eventfd/futex doorbell, with
+// completions in a second ring; it will slot in behind this interface without
+// touching client.h.
+#ifndef GRADSYNC_CLIENT_OP_CHANNEL_H_
+#define GRADSYNC_CLIENT_OP_CHANNEL_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include <grpcpp/channel.h>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "common/types.h"
+#include "proto/worker.grpc.pb.h"
+
+namespace gradsync {
+namespace client {
+namespace internal {
+
+// Deadline of every RPC that has no wait of its own (everything except
+// OpenSession and Wait).
+inline constexpr absl::Duration kRpcTimeout = absl::Seconds(10);
+// Added to the wait of OpenSession / Wait to form the RPC deadline.
+inline constexpr absl::Duration kRpcMargin = absl::Seconds(5);
+// Longest single Worker.Wait RPC; longer waits are split into several, so a
+// dead daemon shows up as an RPC error well before a long wait ends.
+inline constexpr absl::Duration kMaxWaitSlice = absl::Seconds(30);
+
+// One gRPC connection to gradsyncd, shared by a Client and its Sessions.
+struct WorkerConnection {
+  std::string target;
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<v1::Worker::StubInterface> stub;
+};
+
+// A fully validated collective (Session checked the buffer range).
+struct SubmitArgs {
+  uint64_t buffer_id = 0;
+  uint64_t offset_bytes = 0;
+  uint64_t count = 0;
+  DType dtype = DType::kF32;
+  ReduceOp reduce_op = ReduceOp::kSum;
+  absl::string_view name;
+  int64_t timeout_ms = 0;  // 0 = the job's default
+};
+
+struct SubmitTicket {
+  uint64_t op_id = 0;
+  uint64_t sequence = 0;
+};
+
+struct WaitOutcome {
+  bool done = false;  // false: still running at the deadline
+  std::string algorithm;
+  int64_t queued_us = 0;
+  int64_t run_us = 0;
+};
+
+// Thread-safe. Every call is bounded in time.
+class OpChannel {
+ public:
+  virtual ~OpChannel() = default;
+
+  // Queues an op; returns once the daemon has accepted it.
+  virtual absl::StatusOr<SubmitTicket> Submit(const SubmitArgs& args) = 0;
+
+  // Waits until the op ends or `deadline` passes (a past deadline polls).
+  // Returns done=false if it is still running then; the op's own error, as
+  // the daemon reported it, if it failed.
+  virtual absl::StatusOr<WaitOutcome> Wait(uint64_t op_id, absl::Time deadline) = 0;
+};
+
+// The gRPC implementation: Worker.Submit and Worker.Wait on `conn`.
+std::unique_ptr<OpChannel> NewGrpcOpChannel(std::shared_ptr<WorkerConnection> conn,
+                                            std::string session_id);
+
+// Converts a failed RPC to an absl::Status. The daemon's message is kept
+// verbatim, except that a deadline the client itself set and that passed
+// (`rpc_deadline`) becomes DeadlineExceeded "gradsyncd at T did not answer
+// RPC within D".
+absl::Status RpcError(const grpc::Status& status, const WorkerConnection& conn,
+                      absl::string_view rpc, absl::Time rpc_deadline, absl::Duration rpc_timeout);
+
+}  // namespace internal
+}  // namespace client
+}  // namespace gradsync
+
+#endif  // GRADSYNC_CLIENT_OP_CHANNEL_H_

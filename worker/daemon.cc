@@ -1,0 +1,255 @@
+#include "worker/daemon.h"
+
+#include <grpcpp/grpcpp.h>
+#include <unistd.h>
+
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
+#include "common/logging.h"
+#include "transport/tcp_context.h"
+
+namespace gradsync {
+namespace {
+
+std::unique_ptr<grpc::ClientContext> RpcContext(absl::Duration timeout) {
+  auto ctx = std::make_unique<grpc::ClientContext>();
+  ctx->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  return ctx;
+}
+
+std::string Hostname() {
+  char buf[256] = {0};
+  if (::gethostname(buf, sizeof(buf) - 1) != 0) return "localhost";
+  return buf;
+}
+
+}  // namespace
+
+Daemon::Daemon(const DaemonOptions& options) : options_(options) {}
+
+absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
+  if (options.coordinator.empty()) {
+    return absl::InvalidArgumentError("no coordinator address (--coordinator)");
+  }
+  std::unique_ptr<Daemon> d(new Daemon(options));
+  if (d->options_.node_id.empty()) d->options_.node_id = Hostname();
+  if (d->options_.advertise_host.empty()) {
+    const std::string& h = options.data_listen.host;
+    d->options_.advertise_host = (h.empty() || h == "0.0.0.0" || h == "::") ? Hostname() : h;
+  }
+  transport::ListenerOptions lo;
+  lo.listen = options.data_listen;
+  auto listener = transport::TcpListener::Start(lo);
+  if (!listener.ok()) return listener.status();
+  d->listener_ = std::move(*listener);
+  d->coordinator_ = gradsync::v1::Coordinator::NewStub(
+      grpc::CreateChannel(options.coordinator, grpc::InsecureChannelCredentials()));
+  d->heartbeat_thread_ = std::thread([p = d.get()] { p->HeartbeatLoop(); });
+  GS_LOG(INFO) << "data plane listening on port " << d->listener_->port() << ", advertised as "
+               << d->options_.advertise_host << "; coordinator " << options.coordinator;
+  return d;
+}
+
+Daemon::~Daemon() { Shutdown(); }
+
+size_t Daemon::session_count() const {
+  absl::MutexLock l(&mu_);
+  return sessions_.size();
+}
+
+absl::StatusOr<std::shared_ptr<Session>> Daemon::OpenSession(const OpenSessionArgs& args) {
+  {
+    absl::MutexLock l(&mu_);
+    if (shut_down_) return absl::UnavailableError("daemon is shutting down");
+  }
+  if (args.world_size < 1 || args.world_size > transport::kMaxWorldSize) {
+    return absl::InvalidArgumentError(absl::StrCat("world_size ", args.world_size,
+                                                   " out of range [1, ",
+                                                   transport::kMaxWorldSize, "]"));
+  }
+  if (args.rank < -1 || args.rank >= args.world_size) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", args.rank, " out of range for world size ",
+                                                   args.world_size, " (-1 = any)"));
+  }
+  const absl::Time deadline = absl::Now() + args.timeout;
+  const std::string session_id =
+      absl::StrCat(options_.node_id, "-", ::getpid(), "-", next_session_++);
+
+  v1::CreateJobRequest creq;
+  creq.set_job_id(args.job_id);
+  creq.set_world_size(args.world_size);
+  creq.mutable_options()->set_heartbeat_timeout_ms(args.heartbeat_timeout_ms);
+  creq.mutable_options()->set_op_timeout_ms(args.op_timeout_ms);
+  v1::CreateJobResponse cresp;
+  auto rpc = RpcContext(absl::Seconds(10));
+  absl::Status s = FromGrpcStatus(coordinator_->CreateJob(rpc.get(), creq, &cresp));
+  if (!s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("coordinator ", options_.coordinator,
+                                               ": create job '", args.job_id, "': ", s.message()));
+  }
+
+  v1::JoinJobRequest jreq;
+  jreq.set_job_id(args.job_id);
+  jreq.set_member_id(session_id);
+  jreq.set_requested_rank(args.rank);
+  jreq.mutable_data_endpoint()->set_host(options_.advertise_host);
+  jreq.mutable_data_endpoint()->set_port(listener_->port());
+  jreq.set_timeout_ms(absl::ToInt64Milliseconds(deadline - absl::Now()));
+  v1::JoinJobResponse jresp;
+  rpc = RpcContext(deadline - absl::Now() + absl::Seconds(2));
+  s = FromGrpcStatus(coordinator_->JoinJob(rpc.get(), jreq, &jresp));
+  if (!s.ok()) return s;
+
+  SessionInfo info;
+  info.session_id = session_id;
+  info.job_id = args.job_id;
+  info.member_id = session_id;
+  info.rank = jresp.rank();
+  info.world_size = jresp.world_size();
+  info.epoch = jresp.epoch();
+  const int64_t op_ms = jresp.options().op_timeout_ms();
+  if (op_ms > 0) info.default_op_timeout = absl::Milliseconds(op_ms);
+
+  transport::TcpContextOptions co;
+  co.job_id = args.job_id;
+  co.epoch = static_cast<uint64_t>(jresp.epoch());
+  co.rank = jresp.rank();
+  co.world_size = jresp.world_size();
+  co.socket_buffer_bytes = options_.socket_buffer_bytes;
+  co.deadline = std::max(deadline, absl::Now() + absl::Seconds(5));
+  for (const auto& m : jresp.members()) {
+    co.peers.push_back(HostPort{m.data_endpoint().host(), m.data_endpoint().port()});
+  }
+  auto ctx = transport::TcpContext::Connect(co, listener_.get());
+  if (!ctx.ok()) {
+    LeaveJob(info);
+    return ctx.status();
+  }
+  auto session = std::make_shared<Session>(info, std::move(*ctx), options_.ring);
+  {
+    absl::MutexLock l(&mu_);
+    if (shut_down_) {
+      session->Close();
+      LeaveJob(info);
+      return absl::UnavailableError("daemon is shutting down");
+    }
+    sessions_[session_id] = session;
+  }
+  GS_LOG(INFO) << "session " << session_id << " (" << args.client_name << "): job '"
+               << args.job_id << "' epoch " << info.epoch << " rank " << info.rank << " of "
+               << info.world_size;
+  return session;
+}
+
+absl::StatusOr<std::shared_ptr<Session>> Daemon::FindSession(const std::string& id) {
+  absl::MutexLock l(&mu_);
+  auto it = sessions_.find(id);
+  if (it == sessions_.end()) {
+    return absl::NotFoundError(absl::StrCat("no session '", id, "' on this daemon"));
+  }
+  it->second->Touch();
+  return it->second;
+}
+
+absl::Status Daemon::CloseSession(const std::string& id) {
+  std::shared_ptr<Session> s;
+  {
+    absl::MutexLock l(&mu_);
+    auto it = sessions_.find(id);
+    if (it == sessions_.end()) {
+      return absl::NotFoundError(absl::StrCat("no session '", id, "' on this daemon"));
+    }
+    s = it->second;
+    sessions_.erase(it);
+  }
+  s->Close();
+  LeaveJob(s->info());
+  GS_LOG(INFO) << "session " << id << " closed";
+  return absl::OkStatus();
+}
+
+void Daemon::LeaveJob(const SessionInfo& info) {
+  v1::LeaveJobRequest req;
+  req.set_job_id(info.job_id);
+  req.set_rank(info.rank);
+  req.set_epoch(info.epoch);
+  req.set_member_id(info.member_id);
+  v1::LeaveJobResponse resp;
+  auto rpc = RpcContext(absl::Seconds(2));
+  grpc::Status s = coordinator_->LeaveJob(rpc.get(), req, &resp);
+  if (!s.ok()) {
+    GS_LOG(WARNING) << "leave job '" << info.job_id << "' rank " << info.rank << ": "
+                    << s.error_message();
+  }
+}
+
+void Daemon::HeartbeatLoop() {
+  while (!stop_.WaitForNotificationWithTimeout(options_.heartbeat_interval)) {
+    std::vector<std::shared_ptr<Session>> sessions, expired;
+    {
+      absl::MutexLock l(&mu_);
+      const absl::Time now = absl::Now();
+      for (auto it = sessions_.begin(); it != sessions_.end();) {
+        if (now - it->second->last_used() > options_.session_lease &&
+            !it->second->has_pending_ops()) {
+          expired.push_back(it->second);
+          it = sessions_.erase(it);
+        } else {
+          sessions.push_back(it->second);
+          ++it;
+        }
+      }
+    }
+    for (auto& s : expired) {
+      GS_LOG(WARNING) << "session " << s->info().session_id << " unused for "
+                      << absl::FormatDuration(options_.session_lease) << ": closing it";
+      s->Close();
+      LeaveJob(s->info());
+    }
+    for (auto& s : sessions) {
+      if (!s->health().ok()) continue;
+      const SessionInfo& info = s->info();
+      v1::HeartbeatRequest req;
+      req.set_job_id(info.job_id);
+      req.set_rank(info.rank);
+      req.set_epoch(info.epoch);
+      req.set_member_id(info.member_id);
+      v1::HeartbeatResponse resp;
+      auto rpc = RpcContext(options_.heartbeat_interval * 2);
+      grpc::Status st = coordinator_->Heartbeat(rpc.get(), req, &resp);
+      if (st.error_code() == grpc::StatusCode::NOT_FOUND) {
+        s->AbortEpoch(absl::AbortedError(
+            absl::StrCat("job '", info.job_id, "' no longer exists at the coordinator")));
+      } else if (!st.ok()) {
+        GS_LOG(WARNING) << "heartbeat for job '" << info.job_id << "' rank " << info.rank << ": "
+                        << st.error_message();
+      } else if (resp.state() == v1::JOB_STATE_ABORTED || resp.epoch() != info.epoch) {
+        s->AbortEpoch(absl::AbortedError(absl::StrCat(
+            "job '", info.job_id, "' epoch ", info.epoch, " aborted by the coordinator: ",
+            resp.abort_reason().empty() ? "a newer epoch started" : resp.abort_reason())));
+      }
+    }
+  }
+}
+
+void Daemon::Shutdown(const absl::Status& reason) {
+  std::map<std::string, std::shared_ptr<Session>> sessions;
+  {
+    absl::MutexLock l(&mu_);
+    if (shut_down_) return;
+    shut_down_ = true;
+    sessions.swap(sessions_);
+  }
+  stop_.Notify();
+  if (heartbeat_thread_.joinable()) heartbeat_thread_.join();
+  for (auto& [id, s] : sessions) {
+    s->AbortEpoch(reason);
+    s->Close();
+    LeaveJob(s->info());
+  }
+  listener_.reset();
+}
+
+}  // namespace gradsync

@@ -1,0 +1,87 @@
+// The core of gradsyncd, independent of the gRPC edge: it owns the data-plane
+// listener, the coordinator connection, the sessions, and the background
+// threads that send heartbeats and reap abandoned sessions.
+#ifndef GRADSYNC_WORKER_DAEMON_H_
+#define GRADSYNC_WORKER_DAEMON_H_
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "collective/ring_allreduce.h"
+#include "common/net.h"
+#include "proto/coordinator.grpc.pb.h"
+#include "transport/tcp_listener.h"
+#include "worker/session.h"
+
+namespace gradsync {
+
+struct DaemonOptions {
+  std::string coordinator;                 // gRPC target of gradsync-coordinator
+  HostPort data_listen{"0.0.0.0", 7071};   // data-plane TCP listener
+  std::string advertise_host;              // host peers dial; default: derived
+  std::string node_id;                     // default: hostname
+  absl::Duration heartbeat_interval = absl::Milliseconds(500);
+  absl::Duration session_lease = absl::Minutes(2);  // idle sessions are closed
+  absl::Duration connect_timeout = absl::Seconds(30);
+  RingOptions ring;
+  int socket_buffer_bytes = 4 << 20;
+};
+
+struct OpenSessionArgs {
+  std::string job_id;
+  int world_size = 1;
+  int rank = -1;
+  absl::Duration timeout = absl::Seconds(60);
+  int64_t heartbeat_timeout_ms = 0;
+  int64_t op_timeout_ms = 0;
+  std::string client_name;
+};
+
+class Daemon {
+ public:
+  static absl::StatusOr<std::unique_ptr<Daemon>> Start(const DaemonOptions& options);
+  ~Daemon();  // Shutdown()
+
+  // Creates the job if needed, joins it, connects to every peer. Blocks up to
+  // args.timeout.
+  absl::StatusOr<std::shared_ptr<Session>> OpenSession(const OpenSessionArgs& args);
+  // NotFound naming the id if there is no such session.
+  absl::StatusOr<std::shared_ptr<Session>> FindSession(const std::string& id);
+  // Closes the session and leaves the job. Idempotent for a known id.
+  absl::Status CloseSession(const std::string& id);
+  // Fails every session's epoch with `reason`, closes them, stops threads.
+  void Shutdown(const absl::Status& reason = absl::UnavailableError("daemon shutting down"));
+
+  int data_port() const { return listener_->port(); }
+  const std::string& node_id() const { return options_.node_id; }
+  size_t session_count() const;
+
+ private:
+  explicit Daemon(const DaemonOptions& options);
+  void HeartbeatLoop();
+  void LeaveJob(const SessionInfo& info);
+
+  DaemonOptions options_;
+  std::unique_ptr<transport::TcpListener> listener_;
+  std::unique_ptr<gradsync::v1::Coordinator::Stub> coordinator_;
+  std::atomic<uint64_t> next_session_{1};
+
+  mutable absl::Mutex mu_;
+  std::map<std::string, std::shared_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);
+  bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+
+  absl::Notification stop_;
+  std::thread heartbeat_thread_;
+};
+
+}  // namespace gradsync
+
+#endif  // GRADSYNC_WORKER_DAEMON_H_

@@ -1,0 +1,142 @@
+// gradsyncd: the per-node gradsync daemon. See docs/operations.md for flags.
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <signal.h>
+#include <sys/stat.h>
+
+#include <cstdio>
+#include <string>
+#include <thread>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/net.h"
+#include "worker/daemon.h"
+#include "worker/shm_segment.h"
+#include "worker/worker_service.h"
+
+ABSL_FLAG(std::string, listen, "unix:/run/gradsync/gradsyncd.sock",
+          "gRPC address for local clients: unix:PATH, unix-abstract:NAME or HOST:PORT");
+ABSL_FLAG(std::string, coordinator, "127.0.0.1:7070", "gradsync-coordinator address (host:port)");
+ABSL_FLAG(std::string, data_listen, "0.0.0.0:7071",
+          "data-plane TCP listen address (port 0 = any free port)");
+ABSL_FLAG(std::string, advertise_host, "",
+          "host name or IP peers use to reach this daemon's data plane (default: the "
+          "--data_listen host, or the hostname when that is a wildcard)");
+ABSL_FLAG(std::string, node_id, "", "name of this node in logs and member ids (default: hostname)");
+ABSL_FLAG(int64_t, heartbeat_interval_ms, 500, "heartbeat period to the coordinator");
+ABSL_FLAG(int64_t, session_lease_ms, 120000,
+          "a session with no client call and no running op for this long is closed");
+ABSL_FLAG(int64_t, segment_bytes, 1 << 20, "largest pipelined ring message");
+ABSL_FLAG(int32_t, max_inflight, 4, "ring segments in flight per direction");
+ABSL_FLAG(int32_t, socket_buffer_bytes, 4 << 20, "SO_SNDBUF/SO_RCVBUF of data sockets");
+ABSL_FLAG(std::string, port_file, "",
+          "if set, write the data-plane port here once serving (for tests and scripts)");
+ABSL_FLAG(int32_t, v, 0, "log verbosity: 0 info, 1 debug");
+
+namespace {
+
+absl::Status PrepareUnixSocket(const std::string& listen) {
+  if (!absl::StartsWith(listen, "unix:")) return absl::OkStatus();
+  std::string path = listen.substr(5);
+  if (absl::StartsWith(path, "//")) path = path.substr(2);
+  if (path.size() > 107) {
+    return absl::InvalidArgumentError(absl::StrCat("unix socket path '", path, "' is ", path.size(),
+                                                   " bytes; the limit is 107"));
+  }
+  const size_t slash = path.rfind('/');
+  if (slash != std::string::npos && slash > 0) {
+    const std::string dir = path.substr(0, slash);
+    ::mkdir(dir.c_str(), 0755);
+  }
+  ::unlink(path.c_str());  // a stale socket from a previous run
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  gradsync::SetLogTag("gradsyncd");
+  if (absl::GetFlag(FLAGS_v) > 0) gradsync::SetMinLogLevel(gradsync::LogLevel::kDebug);
+
+  // Block the stop signals in every thread; one thread waits for them.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  int swept = gradsync::SweepStaleSegments();
+  if (swept > 0) GS_LOG(INFO) << "removed " << swept << " stale shared-memory segments";
+
+  gradsync::DaemonOptions opts;
+  opts.coordinator = absl::GetFlag(FLAGS_coordinator);
+  auto data_listen = gradsync::ParseHostPort(absl::GetFlag(FLAGS_data_listen));
+  if (!data_listen.ok()) {
+    GS_LOG(ERROR) << "--data_listen: " << data_listen.status().message();
+    return 2;
+  }
+  opts.data_listen = *data_listen;
+  opts.advertise_host = absl::GetFlag(FLAGS_advertise_host);
+  opts.node_id = absl::GetFlag(FLAGS_node_id);
+  opts.heartbeat_interval = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_interval_ms));
+  opts.session_lease = absl::Milliseconds(absl::GetFlag(FLAGS_session_lease_ms));
+  opts.ring.segment_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_segment_bytes));
+  opts.ring.max_inflight = absl::GetFlag(FLAGS_max_inflight);
+  opts.socket_buffer_bytes = absl::GetFlag(FLAGS_socket_buffer_bytes);
+  if (opts.heartbeat_interval <= absl::ZeroDuration() || opts.ring.segment_bytes < 4096 ||
+      opts.ring.max_inflight < 1) {
+    GS_LOG(ERROR) << "invalid flags: --heartbeat_interval_ms must be > 0, --segment_bytes >= "
+                     "4096, --max_inflight >= 1";
+    return 2;
+  }
+  auto daemon = gradsync::Daemon::Start(opts);
+  if (!daemon.ok()) {
+    GS_LOG(ERROR) << "cannot start: " << daemon.status().message();
+    return 1;
+  }
+
+  const std::string listen = absl::GetFlag(FLAGS_listen);
+  absl::Status prep = PrepareUnixSocket(listen);
+  if (!prep.ok()) {
+    GS_LOG(ERROR) << "--listen: " << prep.message();
+    return 2;
+  }
+  grpc::EnableDefaultHealthCheckService(true);
+  gradsync::WorkerService service(daemon->get());
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(listen, grpc::InsecureServerCredentials());
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr) {
+    GS_LOG(ERROR) << "cannot serve clients on " << listen;
+    return 1;
+  }
+  server->GetHealthCheckService()->SetServingStatus(true);
+  const std::string port_file = absl::GetFlag(FLAGS_port_file);
+  if (!port_file.empty()) {
+    const std::string tmp = port_file + ".tmp";
+    FILE* f = std::fopen(tmp.c_str(), "w");
+    if (f != nullptr) {
+      std::fprintf(f, "%d\n", (*daemon)->data_port());
+      std::fclose(f);
+      std::rename(tmp.c_str(), port_file.c_str());
+    }
+  }
+  GS_LOG(INFO) << "serving clients on " << listen << " (node " << (*daemon)->node_id() << ")";
+
+  int sig = 0;
+  sigwait(&stop_signals, &sig);
+  GS_LOG(INFO) << "received " << (sig == SIGTERM ? "SIGTERM" : "SIGINT") << ", shutting down";
+  server->GetHealthCheckService()->SetServingStatus(false);
+  (*daemon)->Shutdown(absl::UnavailableError("daemon shutting down"));
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  server->Wait();
+  GS_LOG(INFO) << "stopped";
+  return 0;
+}

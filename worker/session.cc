@@ -1,0 +1,240 @@
+#include "worker/session.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+
+namespace gradsync {
+namespace {
+std::atomic<uint64_t> g_segment_counter{0};
+
+// Per-process random part: pids repeat across containers and sandboxes that
+// share /dev/shm.
+const std::string& ProcessNonce() {
+  static const std::string* nonce = [] {
+    std::random_device rd;
+    return new std::string(absl::StrCat(absl::Hex(rd(), absl::kZeroPad8)));
+  }();
+  return *nonce;
+}
+constexpr size_t kMaxUnreportedOps = 4096;
+}  // namespace
+
+Session::Session(SessionInfo info, std::unique_ptr<transport::Context> ctx,
+                 RingOptions ring_options)
+    : info_(std::move(info)), ctx_(std::move(ctx)), ring_options_(ring_options) {
+  last_used_ = absl::Now();
+  executor_ = std::thread([this] { ExecutorLoop(); });
+}
+
+Session::~Session() { Close(); }
+
+void Session::Touch() {
+  absl::MutexLock l(&mu_);
+  last_used_ = absl::Now();
+}
+
+absl::Time Session::last_used() const {
+  absl::MutexLock l(&mu_);
+  return last_used_;
+}
+
+bool Session::has_pending_ops() const {
+  absl::MutexLock l(&mu_);
+  for (const auto& [seq, op] : ops_) {
+    if (!op->outcome.done) return true;
+  }
+  return false;
+}
+
+absl::Status Session::health() const {
+  absl::MutexLock l(&mu_);
+  return epoch_error_;
+}
+
+absl::StatusOr<BufferInfo> Session::AllocateBuffer(uint64_t size) {
+  constexpr uint64_t kMaxBuffer = 64ull << 30;
+  if (size > kMaxBuffer) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("buffer of ", size, " bytes exceeds the limit of ", kMaxBuffer, " bytes"));
+  }
+  const std::string name = absl::StrCat("/gradsync.", ::getpid(), ".", ProcessNonce(), "-",
+                                       ++g_segment_counter);
+  auto seg = ShmSegment::Create(name, size);
+  if (!seg.ok()) return seg.status();
+  absl::MutexLock l(&mu_);
+  if (closing_) return absl::FailedPreconditionError("session is closing");
+  const uint64_t id = next_buffer_id_++;
+  buffers_[id] = std::shared_ptr<ShmSegment>(std::move(*seg));
+  return BufferInfo{id, name, size};
+}
+
+absl::Status Session::FreeBuffer(uint64_t id) {
+  absl::MutexLock l(&mu_);
+  if (buffers_.erase(id) == 0) {
+    return absl::NotFoundError(absl::StrCat("buffer ", id, " does not exist in session ",
+                                            info_.session_id));
+  }
+  return absl::OkStatus();  // an op still using it keeps the mapping alive
+}
+
+absl::StatusOr<uint64_t> Session::Submit(const SubmitArgs& a) {
+  if (a.name.size() > kMaxOpNameBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("op name is ", a.name.size(),
+                                                   " bytes; the limit is ", kMaxOpNameBytes));
+  }
+  const uint64_t esize = DTypeSize(a.dtype);
+  if (a.count > (uint64_t{1} << 40) / esize) {
+    return absl::InvalidArgumentError(absl::StrCat("count ", a.count, " is too large"));
+  }
+  const uint64_t bytes = a.count * esize;
+  if (a.timeout < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("negative op timeout");
+  }
+  absl::MutexLock l(&mu_);
+  last_used_ = absl::Now();
+  if (closing_) return absl::FailedPreconditionError("session is closed");
+  if (!epoch_error_.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job '", info_.job_id, "' epoch ", info_.epoch,
+                     " is no longer usable (open a new session): ", epoch_error_.message()));
+  }
+  auto it = buffers_.find(a.buffer_id);
+  if (it == buffers_.end()) {
+    return absl::NotFoundError(absl::StrCat("buffer ", a.buffer_id, " does not exist in session ",
+                                            info_.session_id));
+  }
+  if (a.offset_bytes > it->second->size() || bytes > it->second->size() - a.offset_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        DTypeName(a.dtype), "[", a.count, "] (", bytes, " bytes) at offset ", a.offset_bytes,
+        " does not fit in buffer ", a.buffer_id, " of ", it->second->size(), " bytes"));
+  }
+  if (a.offset_bytes % esize != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("offset ", a.offset_bytes,
+                                                   " is not a multiple of the ",
+                                                   DTypeName(a.dtype), " element size ", esize));
+  }
+  if (ops_.size() >= kMaxUnreportedOps) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        ops_.size(), " ops are queued or unreported; Wait for some before submitting more"));
+  }
+  auto op = std::make_shared<Op>();
+  op->seq = next_seq_++;
+  op->sig.seq = op->seq;
+  op->sig.kind = a.kind;
+  op->sig.dtype = a.dtype;
+  op->sig.op = a.op;
+  op->sig.count = a.count;
+  op->sig.name = a.name;
+  op->buffer = it->second;
+  op->offset = a.offset_bytes;
+  op->submitted = absl::Now();
+  op->deadline =
+      op->submitted + (a.timeout > absl::ZeroDuration() ? a.timeout : info_.default_op_timeout);
+  ops_[op->seq] = op;
+  queue_.push_back(op);
+  return op->seq;
+}
+
+absl::StatusOr<OpOutcome> Session::Wait(uint64_t op_id, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::MutexLock l(&mu_);
+  last_used_ = absl::Now();
+  auto it = ops_.find(op_id);
+  if (it == ops_.end()) {
+    return absl::NotFoundError(absl::StrCat("op ", op_id, " is not pending in session ",
+                                            info_.session_id, " (already reported, or never submitted)"));
+  }
+  std::shared_ptr<Op> op = it->second;
+  auto done = [&op]() { return op->outcome.done; };
+  mu_.AwaitWithDeadline(absl::Condition(&done), deadline);
+  OpOutcome out = op->outcome;
+  if (out.done) ops_.erase(op_id);
+  return out;
+}
+
+void Session::AbortEpoch(const absl::Status& reason) {
+  {
+    absl::MutexLock l(&mu_);
+    if (epoch_error_.ok()) epoch_error_ = reason;
+  }
+  ctx_->Abort(reason);
+}
+
+void Session::Close() {
+  std::call_once(close_once_, [this] {
+    {
+      absl::MutexLock l(&mu_);
+      closing_ = true;
+      if (epoch_error_.ok()) epoch_error_ = absl::CancelledError("session closed");
+    }
+    ctx_->Abort(absl::CancelledError(absl::StrCat("rank ", info_.rank, " closed its session")));
+    if (executor_.joinable()) executor_.join();
+    absl::MutexLock l(&mu_);
+    buffers_.clear();
+  });
+}
+
+void Session::ExecutorLoop() {
+  while (true) {
+    std::shared_ptr<Op> op;
+    {
+      absl::MutexLock l(&mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return closing_ || !queue_.empty();
+      };
+      mu_.Await(absl::Condition(&ready));
+      if (queue_.empty()) {
+        return;  // closing with nothing queued
+      }
+      op = queue_.front();
+      queue_.pop_front();
+    }
+    const absl::Time start = absl::Now();
+    absl::Status s = RunOp(*op);
+    const absl::Time end = absl::Now();
+    absl::MutexLock l(&mu_);
+    op->outcome.status = s;
+    op->outcome.algorithm = "ring";
+    op->outcome.queued_time = start - op->submitted;
+    op->outcome.run_time = end - start;
+    op->outcome.done = true;
+    if (!s.ok() && !absl::IsInvalidArgument(s) && epoch_error_.ok()) epoch_error_ = s;
+  }
+}
+
+absl::Status Session::RunOp(Op& op) {
+  const std::string what = absl::StrCat(op.sig.Describe(), " (op ", op.seq, ")");
+  absl::Status pre;
+  {
+    absl::MutexLock l(&mu_);
+    pre = epoch_error_;
+  }
+  if (!pre.ok()) {
+    return absl::Status(pre.code(), absl::StrCat(what, " not run at rank ", info_.rank,
+                                                 ": the epoch failed earlier: ", pre.message()));
+  }
+  absl::Status s = CheckSignatures(*ctx_, op.sig, op.deadline);
+  if (s.ok()) {
+    s = RingAllreduce(*ctx_, op.buffer->data() + op.offset, op.sig.count, op.sig.dtype, op.sig.op,
+                      op.seq, op.deadline, ring_options_, &scratch_);
+  }
+  if (s.ok()) return s;
+  if (absl::IsInvalidArgument(s)) {  // signature mismatch: the streams are intact
+    GS_LOG(WARNING) << "job '" << info_.job_id << "' rank " << info_.rank << ": " << s.message();
+    return s;
+  }
+  absl::Status annotated(s.code(), absl::StrCat(what, " failed at rank ", info_.rank, ": ",
+                                                s.message()));
+  // Tell every peer (no-op if the context already failed and told them).
+  (void)ctx_->Fail(annotated);
+  GS_LOG(WARNING) << "job '" << info_.job_id << "' epoch " << info_.epoch << ": "
+                  << annotated.message();
+  return annotated;
+}
+
+}  // namespace gradsync

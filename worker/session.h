@@ -1,0 +1,131 @@
+// One client's membership in one job epoch: its rank, its data-plane context
+// with every peer, its shared-memory buffers, and the queue of its ops.
+//
+// Ops run one at a time, in submission order, on the session's own executor
+// thread (the only thread that drives the context). Each op first checks that
+// every rank submitted the same op (collective/op_signature.h), then runs the
+// algorithm. A signature mismatch fails only that op; any other failure
+// (peer lost, deadline, abort) breaks the epoch: the context tells every peer,
+// the op and everything queued behind it fail with the cause, and later
+// submissions are refused until the client opens a new session.
+#ifndef GRADSYNC_WORKER_SESSION_H_
+#define GRADSYNC_WORKER_SESSION_H_
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "collective/op_signature.h"
+#include "collective/ring_allreduce.h"
+#include "common/types.h"
+#include "transport/transport.h"
+#include "worker/shm_segment.h"
+
+namespace gradsync {
+
+struct SessionInfo {
+  std::string session_id;
+  std::string job_id;
+  std::string member_id;
+  int rank = 0;
+  int world_size = 1;
+  int64_t epoch = 0;
+  absl::Duration default_op_timeout = absl::Seconds(60);
+};
+
+struct SubmitArgs {
+  CollectiveKind kind = CollectiveKind::kAllreduce;
+  std::string name;
+  DType dtype = DType::kF32;
+  ReduceOp op = ReduceOp::kSum;
+  uint64_t count = 0;
+  uint64_t buffer_id = 0;
+  uint64_t offset_bytes = 0;
+  absl::Duration timeout = absl::ZeroDuration();  // zero: the job default
+};
+
+struct OpOutcome {
+  bool done = false;
+  absl::Status status;
+  std::string algorithm;
+  absl::Duration queued_time;
+  absl::Duration run_time;
+};
+
+struct BufferInfo {
+  uint64_t id = 0;
+  std::string shm_name;
+  uint64_t size = 0;
+};
+
+class Session {
+ public:
+  Session(SessionInfo info, std::unique_ptr<transport::Context> ctx, RingOptions ring_options);
+  ~Session();  // Close()
+
+  const SessionInfo& info() const { return info_; }
+
+  absl::StatusOr<BufferInfo> AllocateBuffer(uint64_t size);
+  absl::Status FreeBuffer(uint64_t id);
+
+  // Validates and queues; returns the op id (= its sequence number).
+  absl::StatusOr<uint64_t> Submit(const SubmitArgs& args);
+  // Waits up to `timeout` for the op. done=false if still running. Once a
+  // finished op has been reported it is forgotten (NotFound afterwards).
+  absl::StatusOr<OpOutcome> Wait(uint64_t op_id, absl::Duration timeout);
+
+  // Fails the epoch from outside (coordinator said so, daemon stopping).
+  void AbortEpoch(const absl::Status& reason);
+  // Stops the executor (aborting a running op), frees the buffers. Idempotent.
+  void Close();
+
+  // OK while the epoch is usable.
+  absl::Status health() const;
+  bool has_pending_ops() const;
+  absl::Time last_used() const;
+  void Touch();
+
+ private:
+  struct Op {
+    uint64_t seq = 0;
+    OpSignature sig;
+    std::shared_ptr<ShmSegment> buffer;
+    uint64_t offset = 0;
+    absl::Time submitted;
+    absl::Time deadline;
+    OpOutcome outcome;
+  };
+
+  void ExecutorLoop();
+  absl::Status RunOp(Op& op);
+
+  const SessionInfo info_;
+  std::unique_ptr<transport::Context> ctx_;
+  const RingOptions ring_options_;
+  std::vector<char> scratch_;  // executor thread only
+
+  mutable absl::Mutex mu_;
+  std::map<uint64_t, std::shared_ptr<ShmSegment>> buffers_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_buffer_id_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
+  std::deque<std::shared_ptr<Op>> queue_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, std::shared_ptr<Op>> ops_ ABSL_GUARDED_BY(mu_);  // queued, running, unreported
+  absl::Status epoch_error_ ABSL_GUARDED_BY(mu_);
+  bool closing_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Time last_used_ ABSL_GUARDED_BY(mu_);
+  std::thread executor_;
+  std::once_flag close_once_;
+};
+
+}  // namespace gradsync
+
+#endif  // GRADSYNC_WORKER_SESSION_H_
