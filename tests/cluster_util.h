@@ -1,0 +1,80 @@
+// Helpers for multi-process tests: open one session per rank of a job on the
+// daemons of a LocalCluster (in parallel, since the rendezvous blocks), and
+// run a function on every rank's thread.
+#ifndef GRADSYNC_TESTS_CLUSTER_UTIL_H_
+#define GRADSYNC_TESTS_CLUSTER_UTIL_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "cli/local_cluster.h"
+#include "client/client.h"
+
+namespace gradsync::testing {
+
+struct RankHandle {
+  std::unique_ptr<client::Client> client;
+  std::unique_ptr<client::Session> session;
+};
+
+// Rank r joins through daemon daemons[r]. Fails the whole call if any rank fails.
+inline absl::StatusOr<std::vector<RankHandle>> OpenJob(LocalCluster& cluster,
+                                                       const std::string& job,
+                                                       const std::vector<int>& daemons,
+                                                       int64_t op_timeout_ms = 30000,
+                                                       int64_t heartbeat_timeout_ms = 0) {
+  const int n = static_cast<int>(daemons.size());
+  std::vector<RankHandle> ranks(n);
+  std::vector<absl::Status> st(n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      auto c = client::Client::Connect(cluster.daemon_target(daemons[r]), absl::Seconds(10));
+      if (!c.ok()) {
+        st[r] = c.status();
+        return;
+      }
+      ranks[r].client = std::move(*c);
+      client::SessionOptions so;
+      so.job_id = job;
+      so.world_size = n;
+      so.rank = r;
+      so.timeout = absl::Seconds(20);
+      so.op_timeout_ms = op_timeout_ms;
+      so.heartbeat_timeout_ms = heartbeat_timeout_ms;
+      auto s = ranks[r].client->OpenSession(so);
+      if (!s.ok()) {
+        st[r] = s.status();
+        return;
+      }
+      ranks[r].session = std::move(*s);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < n; ++r) {
+    if (!st[r].ok()) {
+      return absl::Status(st[r].code(), absl::StrCat("rank ", r, ": ", st[r].message()));
+    }
+  }
+  return ranks;
+}
+
+inline void OnEveryRank(int n, const std::function<void(int)>& fn) {
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) threads.emplace_back(fn, r);
+  for (auto& t : threads) t.join();
+}
+
+inline std::vector<int> FirstN(int n) {
+  std::vector<int> v(n);
+  for (int i = 0; i < n; ++i) v[i] = i;
+  return v;
+}
+
+}  // namespace gradsync::testing
+
+#endif  // GRADSYNC_TESTS_CLUSTER_UTIL_H_

@@ -1,0 +1,262 @@
+// Failure handling with real processes: mismatched ops, a daemon SIGKILLed
+// mid-op, a client that vanishes mid-op, garbage on the data-plane port.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "cli/local_cluster.h"
+#include "common/net.h"
+#include "gtest/gtest.h"
+#include "tests/cluster_util.h"
+#include "transport/wire.h"
+
+namespace gradsync {
+namespace {
+
+using testing::OnEveryRank;
+using testing::OpenJob;
+
+std::unique_ptr<LocalCluster> StartCluster(int daemons) {
+  LocalClusterOptions o;
+  o.daemons = daemons;
+  auto c = LocalCluster::Start(o);
+  EXPECT_TRUE(c.ok()) << c.status();
+  return c.ok() ? std::move(*c) : nullptr;
+}
+
+// Every rank sums ones; checks the result on every rank.
+void ExpectWorkingAllreduce(LocalCluster& cluster, const std::string& job,
+                            const std::vector<int>& daemons) {
+  auto ranks = OpenJob(cluster, job, daemons);
+  ASSERT_TRUE(ranks.ok()) << ranks.status();
+  const int n = static_cast<int>(daemons.size());
+  std::vector<std::string> errors(n);
+  OnEveryRank(n, [&](int r) {
+    auto& s = *(*ranks)[r].session;
+    auto b = s.AllocateBuffer(1000 * sizeof(float));
+    if (!b.ok()) return void(errors[r] = std::string(b.status().message()));
+    for (int i = 0; i < 1000; ++i) (*b)->as<float>()[i] = 1.0f;
+    auto res = s.Allreduce(**b, 0, 1000, DType::kF32, ReduceOp::kSum, "check");
+    if (!res.ok()) return void(errors[r] = std::string(res.status().message()));
+    if ((*b)->as<float>()[999] != static_cast<float>(n)) errors[r] = "wrong sum";
+  });
+  for (int r = 0; r < n; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+}
+
+TEST(Failure, MismatchedOpFailsOnEveryRankNamingTheRanksAndBothSignatures) {
+  auto cluster = StartCluster(4);
+  ASSERT_NE(cluster, nullptr);
+  auto ranks = OpenJob(*cluster, "mismatch", testing::FirstN(4), /*op_timeout_ms=*/10000);
+  ASSERT_TRUE(ranks.ok()) << ranks.status();
+  std::vector<absl::Status> st(4);
+  std::vector<absl::Duration> took(4);
+  OnEveryRank(4, [&](int r) {
+    auto& s = *(*ranks)[r].session;
+    auto b = s.AllocateBuffer(1024 * sizeof(float));
+    ASSERT_TRUE(b.ok());
+    const absl::Time t0 = absl::Now();
+    st[r] = s.Allreduce(**b, 0, r == 2 ? 1000 : 1024, DType::kF32, ReduceOp::kSum, "grad")
+                .status();
+    took[r] = absl::Now() - t0;
+    // The job stays usable after a mismatch: the same op, agreed, works.
+    for (int i = 0; i < 1024; ++i) (*b)->as<float>()[i] = 2.0f;
+    auto again = s.Allreduce(**b, 0, 1024, DType::kF32, ReduceOp::kSum, "grad");
+    EXPECT_TRUE(again.ok()) << again.status();
+    EXPECT_EQ((*b)->as<float>()[1023], 8.0f);
+  });
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_TRUE(absl::IsInvalidArgument(st[r])) << "rank " << r << ": " << st[r];
+    EXPECT_NE(st[r].message().find("rank 2 submitted allreduce 'grad' f32[1000] sum"),
+              std::string::npos) << st[r];
+    EXPECT_NE(st[r].message().find("ranks 0,1,3 submitted allreduce 'grad' f32[1024] sum"),
+              std::string::npos) << st[r];
+    EXPECT_LT(took[r], absl::Seconds(10));
+  }
+}
+
+TEST(Failure, DaemonKilledMidOpFailsEveryOtherRankNamingItAndSurvivorsServeNewJobs) {
+  auto cluster = StartCluster(4);
+  ASSERT_NE(cluster, nullptr);
+  auto ranks = OpenJob(*cluster, "victim", testing::FirstN(4), /*op_timeout_ms=*/60000,
+                       /*heartbeat_timeout_ms=*/2000);
+  ASSERT_TRUE(ranks.ok()) << ranks.status();
+  std::atomic<bool> running[4] = {false, false, false, false};
+  absl::Mutex mu;
+  absl::Time killed_at = absl::InfiniteFuture();
+  std::vector<absl::Status> st(4);
+  std::vector<absl::Time> failed_at(4, absl::InfiniteFuture());
+  std::thread killer([&] {
+    while (!(running[0] && running[1] && running[2] && running[3])) absl::SleepFor(absl::Milliseconds(5));
+    absl::SleepFor(absl::Milliseconds(300));
+    absl::MutexLock l(&mu);
+    killed_at = absl::Now();
+    cluster->SignalDaemon(2, SIGKILL);
+  });
+  OnEveryRank(4, [&](int r) {
+    auto& s = *(*ranks)[r].session;
+    const size_t count = 4 << 20;  // 16 MiB of f32: each op takes a while on loopback
+    auto b = s.AllocateBuffer(count * sizeof(float));
+    ASSERT_TRUE(b.ok()) << b.status();
+    for (int it = 0; it < 1000; ++it) {
+      running[r] = true;
+      auto res = s.Allreduce(**b, 0, count, DType::kF32, ReduceOp::kSum, "big");
+      if (!res.ok()) {
+        st[r] = res.status();
+        failed_at[r] = absl::Now();
+        return;
+      }
+    }
+  });
+  killer.join();
+  for (int r : {0, 1, 3}) {
+    EXPECT_FALSE(st[r].ok()) << "rank " << r;
+    EXPECT_NE(st[r].message().find("rank 2"), std::string::npos) << "rank " << r << ": " << st[r];
+    EXPECT_LT(failed_at[r] - killed_at, absl::Seconds(10)) << "rank " << r;
+  }
+  const absl::Time reap_deadline = absl::Now() + absl::Seconds(5);
+  while (cluster->DaemonAlive(2) && absl::Now() < reap_deadline) absl::SleepFor(absl::Milliseconds(10));
+  EXPECT_FALSE(cluster->DaemonAlive(2));
+  for (int d : {0, 1, 3}) EXPECT_TRUE(cluster->DaemonAlive(d)) << "daemon " << d;
+  // The old job's sessions are unusable, with the reason; new jobs work.
+  auto b = (*ranks)[0].session->AllocateBuffer(64);
+  ASSERT_TRUE(b.ok());
+  auto again = (*ranks)[0].session->AllreduceAsync(**b, 0, 16, DType::kF32, ReduceOp::kSum, "x");
+  EXPECT_TRUE(absl::IsFailedPrecondition(again.status())) << again.status();
+  ExpectWorkingAllreduce(*cluster, "after-kill", {0, 1, 3});
+}
+
+TEST(Failure, ClientKilledMidOpDoesNotTakeItsDaemonDown) {
+  auto cluster = StartCluster(2);
+  ASSERT_NE(cluster, nullptr);
+  const std::string helper = "tests/client_process";
+  int out[2];
+  ASSERT_EQ(::pipe(out), 0);
+  const std::string target = cluster->daemon_target(0);
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::dup2(out[1], 1);
+    ::close(out[0]);
+    const std::string t = "--target=" + target;
+    ::execl(helper.c_str(), helper.c_str(), t.c_str(), "--job=orphan", "--world=2", "--rank=0",
+            "--count=1000000", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  ::close(out[1]);
+  // Rank 1 joins through daemon 1 while the helper joins as rank 0.
+  auto c = client::Client::Connect(cluster->daemon_target(1));
+  ASSERT_TRUE(c.ok());
+  client::SessionOptions so;
+  so.job_id = "orphan";
+  so.world_size = 2;
+  so.rank = 1;
+  so.timeout = absl::Seconds(20);
+  auto s = (*c)->OpenSession(so);
+  ASSERT_TRUE(s.ok()) << s.status();
+  // Wait for the helper's submission, then kill it before rank 1 submits.
+  std::string line;
+  char ch;
+  while (::read(out[0], &ch, 1) == 1 && ch != '\n') line += ch;
+  ::close(out[0]);
+  ASSERT_EQ(line, "SUBMITTED");
+  ::kill(pid, SIGKILL);
+  int wstatus = 0;
+  ::waitpid(pid, &wstatus, 0);
+  // The daemon still runs the orphaned op: rank 1's matching op completes.
+  auto b = (*s)->AllocateBuffer(1000000 * sizeof(float));
+  ASSERT_TRUE(b.ok());
+  for (int i = 0; i < 1000000; ++i) (*b)->as<float>()[i] = 2.0f;
+  auto res = (*s)->Allreduce(**b, 0, 1000000, DType::kF32, ReduceOp::kSum, "orphan",
+                             absl::Seconds(20));
+  EXPECT_TRUE(res.ok()) << res.status();
+  EXPECT_EQ((*b)->as<float>()[999999], 3.0f);
+  EXPECT_TRUE(cluster->DaemonAlive(0));
+  ExpectWorkingAllreduce(*cluster, "after-orphan", {0, 1});
+}
+
+// Reads the daemon's refusal (HelloAck with an error and its message), then EOF.
+std::string ReadRefusal(int fd, absl::Time deadline) {
+  transport::HelloAck ack;
+  absl::Status s = ReadFull(fd, &ack, sizeof(ack), deadline);
+  if (!s.ok()) return absl::StrCat("no refusal: ", s.message());
+  if (ack.magic != transport::kHelloMagic || ack.code == 0) return "not a refusal";
+  std::string msg(ack.message_len, '\0');
+  s = ReadFull(fd, msg.data(), msg.size(), deadline);
+  if (!s.ok()) return absl::StrCat("short refusal: ", s.message());
+  char c;
+  if (!absl::IsUnavailable(ReadFull(fd, &c, 1, deadline))) return "connection left open";
+  return msg;
+}
+
+absl::StatusOr<int> DataPort(LocalCluster& cluster, int i) {
+  std::ifstream f(absl::StrCat(cluster.work_dir(), "/daemon", i, ".port"));
+  int port = 0;
+  if (!(f >> port)) return absl::NotFoundError("no port file");
+  return port;
+}
+
+TEST(Failure, GarbageAndTruncatedHandshakesOnTheDataPortAreRefused) {
+  auto cluster = StartCluster(2);
+  ASSERT_NE(cluster, nullptr);
+  auto port = DataPort(*cluster, 0);
+  ASSERT_TRUE(port.ok());
+  const HostPort addr{"127.0.0.1", *port};
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+
+  {  // Random garbage: the daemon closes the connection.
+    auto fd = TcpConnect(addr, deadline);
+    ASSERT_TRUE(fd.ok());
+    std::string junk(4096, '\0');
+    for (size_t i = 0; i < junk.size(); ++i) junk[i] = static_cast<char>(i * 131 + 7);
+    (void)WriteFull(fd->get(), junk.data(), junk.size(), deadline);
+    char c;
+    absl::Status s = ReadFull(fd->get(), &c, 1, deadline);
+    EXPECT_TRUE(absl::IsUnavailable(s)) << s;  // closed, nothing sent back
+  }
+  {  // A truncated hello, then silence: refused at the handshake deadline.
+    auto fd = TcpConnect(addr, deadline);
+    ASSERT_TRUE(fd.ok());
+    transport::Hello h{transport::kHelloMagic, transport::kWireVersion, 3, 1, 0, 1, 2, 0};
+    ASSERT_TRUE(WriteFull(fd->get(), &h, 10, deadline).ok());
+    EXPECT_EQ(ReadRefusal(fd->get(), deadline), "read timed out");
+  }
+  {  // A future wire version is told why it was refused.
+    auto fd = TcpConnect(addr, deadline);
+    ASSERT_TRUE(fd.ok());
+    transport::Hello h{transport::kHelloMagic, 99, 3, 1, 0, 1, 2, 0};
+    ASSERT_TRUE(WriteFull(fd->get(), &h, sizeof(h), deadline).ok());
+    ASSERT_TRUE(WriteFull(fd->get(), "job", 3, deadline).ok());
+    EXPECT_EQ(ReadRefusal(fd->get(), deadline),
+              "unsupported wire version 99 (this daemon speaks 1)");
+  }
+  {  // Absurd sizes in an otherwise well-formed hello.
+    auto fd = TcpConnect(addr, deadline);
+    ASSERT_TRUE(fd.ok());
+    transport::Hello h{transport::kHelloMagic, transport::kWireVersion, 60000, 1, 0, 1, 1 << 30, 0};
+    ASSERT_TRUE(WriteFull(fd->get(), &h, sizeof(h), deadline).ok());
+    EXPECT_EQ(ReadRefusal(fd->get(), deadline), "bad job id length 60000");
+  }
+  {  // A valid hello for a job that does not exist here, then frame garbage:
+     // parked, never claimed, never read into any job.
+    auto fd = TcpConnect(addr, deadline);
+    ASSERT_TRUE(fd.ok());
+    transport::Hello h{transport::kHelloMagic, transport::kWireVersion, 5, 1, 0, 1, 2, 0};
+    ASSERT_TRUE(WriteFull(fd->get(), &h, sizeof(h), deadline).ok());
+    ASSERT_TRUE(WriteFull(fd->get(), "ghost", 5, deadline).ok());
+    std::string junk(1 << 16, 'x');
+    (void)WriteFull(fd->get(), junk.data(), junk.size(), deadline);
+  }
+  EXPECT_TRUE(cluster->DaemonAlive(0));
+  ExpectWorkingAllreduce(*cluster, "after-garbage", {0, 1});
+  EXPECT_TRUE(cluster->DaemonAlive(0));
+}
+
+}  // namespace
+}  // namespace gradsync
