@@ -1,0 +1,71 @@
+// Internal bridge between the nvcc-compiled translation units (reduce_kernels.cu,
+// cuda_runtime_shim.cu) and the host C++ code (cuda_reduce.cc).
+//
+// This header uses no CUDA types: host code compiled by the normal C++ toolchain
+// never includes CUDA headers (they are outside Bazel's declared include dirs).
+// Every function returns a cudaError_t value as an int (0 == cudaSuccess) and
+// never throws or aborts. Streams are passed as `void*` (a cudaStream_t, nullptr =
+// the legacy default stream). Not part of the public API: include cuda_reduce.h.
+#ifndef GRADSYNC_CUDA_CUDA_INTERNAL_H_
+#define GRADSYNC_CUDA_CUDA_INTERNAL_H_
+
+#include <cstddef>
+#include <cstdint>
+
+namespace gradsync {
+namespace cuda {
+namespace internal {
+
+// Codes as in common/types.h (DType / ReduceOp); passed as ints so the .cu files
+// need not include Abseil through common/types.h.
+enum DTypeCode : int { kF32 = 1, kF64 = 2, kF16 = 3, kBF16 = 4, kI32 = 5, kI64 = 6, kU8 = 7 };
+enum ReduceOpCode : int { kSum = 1, kAvg = 2, kMin = 3, kMax = 4, kProd = 5 };
+
+// --- reduce_kernels.cu -------------------------------------------------------
+// Enqueues dst[i] = dst[i] OP src[i] for i < count on `stream` (kAvg reduces as
+// kSum). Returns cudaErrorInvalidValue for an unknown dtype/op, otherwise the
+// launch status (cudaGetLastError right after the launch). count == 0 launches
+// nothing. The caller validates pointers and CUDA availability.
+int LaunchReduce(int dtype, int op, void* dst, const void* src, size_t count, void* stream);
+// Enqueues data[i] = data[i] / divisor (floating types in their compute type,
+// integers truncating toward zero, wrapping). For integer types divisor != 0
+// (checked by the caller).
+int LaunchDivide(int dtype, void* data, size_t count, int64_t divisor, void* stream);
+
+// cudaError_t values host code needs to tell apart (static_assert'ed in the shim).
+constexpr int kCudaSuccess = 0;
+constexpr int kCudaErrorMemoryAllocation = 2;
+
+// --- cuda_runtime_shim.cu: thin wrappers over the CUDA runtime -------------
+struct RtDeviceProps {
+  char name[256];
+  size_t total_memory;
+  int cc_major;
+  int cc_minor;
+  int multiprocessor_count;
+};
+
+int RtGetDeviceCount(int* count);
+int RtGetDeviceProperties(int device, RtDeviceProps* props);
+int RtGetDevice(int* device);
+// Returns and clears the last (non-sticky) error of the calling thread.
+int RtGetLastError();
+const char* RtErrorName(int code);
+const char* RtErrorString(int code);
+int RtMalloc(void** ptr, size_t bytes);
+int RtFree(void* ptr);
+int RtMemcpyHostToDevice(void* dst, const void* src, size_t bytes);
+int RtMemcpyDeviceToHost(void* dst, const void* src, size_t bytes);
+int RtMemset(void* dst, int value, size_t bytes);
+int RtStreamCreate(void** stream);  // non-blocking stream
+int RtStreamDestroy(void* stream);
+int RtStreamSynchronize(void* stream);
+// cudaPointerGetAttributes: *kind is the cudaMemoryType (0 unregistered host
+// memory, 1 page-locked host, 2 device, 3 managed); *device its device (or -1).
+int RtPointerKind(const void* ptr, int* kind, int* device);
+
+}  // namespace internal
+}  // namespace cuda
+}  // namespace gradsync
+
+#endif  // GRADSYNC_CUDA_CUDA_INTERNAL_H_

@@ -1,0 +1,29 @@
+// gradsync-rdma-probe: prints the RDMA (ibverbs) devices and their ports, or why
+// there are none. Exit status: 0 when at least one device is listed, 1 otherwise
+// (the reason is printed either way, so `gradsync doctor` can show it).
+#include <cinttypes>
+#include <cstdio>
+
+#include "rdma/verbs.h"
+
+int main() {
+  using gradsync::rdma::VerbsDeviceInfo;
+  const absl::StatusOr<std::vector<VerbsDeviceInfo>> devices = gradsync::rdma::ListVerbsDevices();
+  if (!devices.ok()) {
+    std::printf("RDMA unavailable: %s\n", std::string(devices.status().message()).c_str());
+    std::printf("transports fall back to TCP\n");
+    return 1;
+  }
+  std::printf("%zu RDMA device(s):\n", devices->size());
+  for (const VerbsDeviceInfo& d : *devices) {
+    std::printf("  %s  guid %016" PRIx64 "  %d port(s)\n", d.name.c_str(), d.guid, d.num_ports);
+    if (!d.error.empty()) std::printf("    error: %s\n", d.error.c_str());
+    for (const gradsync::rdma::PortInfo& p : d.ports) {
+      std::printf("    port %d: %s, %s, lid 0x%x, mtu %d, %s\n", p.port_num,
+                  gradsync::rdma::PortStateName(p.state),
+                  gradsync::rdma::LinkLayerName(p.link_layer), p.lid, p.active_mtu,
+                  p.speed.c_str());
+    }
+  }
+  return 0;
+}

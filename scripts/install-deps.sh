@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs what gradsync needs to build and test on Debian 12 (run as root).
+# Idempotent: packages already present are not touched, apt-get update runs
+# only when something is missing.
+set -euo pipefail
+
+PACKAGES=(
+  bazel-bootstrap g++ pkg-config
+  protobuf-compiler protobuf-compiler-grpc libprotobuf-dev libgrpc++-dev libgrpc-dev
+  libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev prometheus-cpp-dev
+  libibverbs-dev libsystemd-dev zlib1g-dev
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+if ((${#missing[@]})); then
+  if [[ $(id -u) -ne 0 ]]; then
+    echo "install-deps: missing packages (${missing[*]}); run as root" >&2
+    exit 1
+  fi
+  echo "install-deps: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi

@@ -1,0 +1,202 @@
+// TcpContext against a hand-driven peer socket: handshake, tagged frames,
+// and every kind of bad input a peer can send.
+#include "transport/tcp_context.h"
+
+#include <cstring>
+#include <thread>
+
+#include "gtest/gtest.h"
+#include "transport/tcp_listener.h"
+#include "transport/wire.h"
+
+namespace gradsync::transport {
+namespace {
+
+// Rank 1 is a real TcpContext; rank 0 is a raw socket the test drives.
+struct Pair {
+  std::unique_ptr<TcpListener> listener;
+  std::unique_ptr<TcpContext> ctx;
+  UniqueFd raw;
+};
+
+Pair Connect(const std::string& job = "job-x", uint64_t epoch = 7) {
+  Pair p;
+  ListenerOptions lo;
+  lo.listen = {"127.0.0.1", 0};
+  auto l = TcpListener::Start(lo);
+  EXPECT_TRUE(l.ok()) << l.status();
+  p.listener = std::move(*l);
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  auto fd = TcpConnect({"127.0.0.1", p.listener->port()}, deadline);
+  EXPECT_TRUE(fd.ok());
+  Hello h{kHelloMagic, kWireVersion, static_cast<uint16_t>(job.size()), epoch, 0, 1, 2, 0};
+  EXPECT_TRUE(WriteFull(fd->get(), &h, sizeof(h), deadline).ok());
+  EXPECT_TRUE(WriteFull(fd->get(), job.data(), job.size(), deadline).ok());
+  TcpContextOptions o;
+  o.job_id = job;
+  o.epoch = epoch;
+  o.rank = 1;
+  o.world_size = 2;
+  o.peers = {{"127.0.0.1", 1}, {"127.0.0.1", p.listener->port()}};
+  o.deadline = deadline;
+  auto ctx = TcpContext::Connect(o, p.listener.get());
+  EXPECT_TRUE(ctx.ok()) << ctx.status();
+  p.ctx = std::move(*ctx);
+  HelloAck ack;
+  EXPECT_TRUE(ReadFull(fd->get(), &ack, sizeof(ack), deadline).ok());
+  EXPECT_EQ(ack.code, 0);
+  p.raw = std::move(*fd);
+  return p;
+}
+
+FrameHeader Header(uint64_t seq, uint32_t slot, uint64_t offset, uint32_t len,
+                   const std::string& job = "job-x", uint64_t epoch = 7) {
+  FrameHeader h;
+  h.magic = kFrameMagic;
+  h.version = kWireVersion;
+  h.type = static_cast<uint8_t>(FrameType::kData);
+  h.dtype = 1;
+  h.length = len;
+  h.slot = slot;
+  h.job_tag = JobTag(job);
+  h.epoch = epoch;
+  h.op_seq = seq;
+  h.offset = offset;
+  return h;
+}
+
+// Posts a receive of 16 bytes (op 3, slot 0, offset 0) and drives progress.
+absl::Status ReceiveOne(Pair& p, std::vector<char>* buf) {
+  buf->assign(16, 0);
+  auto mr = p.ctx->RegisterMemory(buf->data(), buf->size());
+  Request req;
+  absl::Status s = p.ctx->PostRecv(0, **mr, 0, 16, true, MessageTag{3, 0, 1, 0}, &req);
+  if (!s.ok()) return s;
+  while (!req.done) {
+    s = p.ctx->Progress(absl::Now() + absl::Seconds(5));
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+void Send(Pair& p, const void* data, size_t n) {
+  ASSERT_TRUE(WriteFull(p.raw.get(), data, n, absl::Now() + absl::Seconds(5)).ok());
+}
+
+TEST(TcpContext, ReceivesAWellFormedFrameStraightIntoPlace) {
+  Pair p = Connect();
+  FrameHeader h = Header(3, 0, 0, 16);
+  Send(p, &h, sizeof(h));
+  Send(p, "0123456789abcdef", 16);
+  std::vector<char> buf;
+  ASSERT_TRUE(ReceiveOne(p, &buf).ok());
+  EXPECT_EQ(std::string(buf.data(), 16), "0123456789abcdef");
+}
+
+TEST(TcpContext, GarbageFrameIsAProtocolErrorNamingThePeer) {
+  Pair p = Connect();
+  std::string junk(64, '\x5a');
+  Send(p, junk.data(), junk.size());
+  std::vector<char> buf;
+  absl::Status s = ReceiveOne(p, &buf);
+  EXPECT_TRUE(absl::IsDataLoss(s)) << s;
+  EXPECT_NE(s.message().find("protocol error from rank 0: bad frame magic"), std::string::npos) << s;
+  // The context stays failed with the first error.
+  EXPECT_EQ(p.ctx->health(), s);
+}
+
+TEST(TcpContext, FrameOfAnotherOpOrLengthIsRefused) {
+  Pair p = Connect();
+  FrameHeader h = Header(4, 0, 0, 16);  // op 4 where op 3 is expected
+  Send(p, &h, sizeof(h));
+  std::vector<char> buf;
+  absl::Status s = ReceiveOne(p, &buf);
+  EXPECT_TRUE(absl::IsDataLoss(s)) << s;
+  EXPECT_NE(s.message().find("expected op 3 slot 0 offset 0 (16 bytes), got"), std::string::npos) << s;
+}
+
+TEST(TcpContext, FrameOfAnotherJobOrEpochIsRefused) {
+  Pair p = Connect();
+  FrameHeader h = Header(3, 0, 0, 16, "job-x", 6);
+  Send(p, &h, sizeof(h));
+  std::vector<char> buf;
+  absl::Status s = ReceiveOne(p, &buf);
+  EXPECT_TRUE(absl::IsDataLoss(s)) << s;
+  EXPECT_NE(s.message().find("another job or epoch"), std::string::npos) << s;
+}
+
+TEST(TcpContext, OversizedFrameIsRefusedBeforeReadingIt) {
+  Pair p = Connect();
+  FrameHeader h = Header(3, 0, 0, kMaxFrameBytes + 1);
+  Send(p, &h, sizeof(h));
+  std::vector<char> buf;
+  absl::Status s = ReceiveOne(p, &buf);
+  EXPECT_TRUE(absl::IsDataLoss(s)) << s;
+  EXPECT_NE(s.message().find("frame too long"), std::string::npos) << s;
+}
+
+TEST(TcpContext, TruncatedFrameThenCloseIsALostPeer) {
+  Pair p = Connect();
+  FrameHeader h = Header(3, 0, 0, 16);
+  Send(p, &h, sizeof(h));
+  Send(p, "01234", 5);
+  p.raw.Reset();
+  std::vector<char> buf;
+  absl::Status s = ReceiveOne(p, &buf);
+  EXPECT_TRUE(absl::IsUnavailable(s)) << s;
+  EXPECT_NE(s.message().find("connection to rank 0 lost mid-frame"), std::string::npos) << s;
+}
+
+TEST(TcpContext, AbortFrameCarriesThePeersReason) {
+  Pair p = Connect();
+  const std::string why = "rank 0: connection to rank 5 lost";
+  FrameHeader h = Header(0, kControlSlot, 0, static_cast<uint32_t>(why.size()));
+  h.type = static_cast<uint8_t>(FrameType::kAbort);
+  Send(p, &h, sizeof(h));
+  Send(p, why.data(), why.size());
+  std::vector<char> buf;
+  absl::Status s = ReceiveOne(p, &buf);
+  EXPECT_TRUE(absl::IsAborted(s)) << s;
+  EXPECT_EQ(s.message(), "aborted by rank 0: rank 0: connection to rank 5 lost");
+}
+
+TEST(TcpContext, FailTellsThePeerWhy) {
+  Pair p = Connect();
+  (void)p.ctx->Fail(absl::DeadlineExceededError("op 9 timed out at rank 1"));
+  FrameHeader h;
+  ASSERT_TRUE(ReadFull(p.raw.get(), &h, sizeof(h), absl::Now() + absl::Seconds(5)).ok());
+  EXPECT_EQ(h.type, static_cast<uint8_t>(FrameType::kAbort));
+  std::string msg(h.length, '\0');
+  ASSERT_TRUE(ReadFull(p.raw.get(), msg.data(), msg.size(), absl::Now() + absl::Seconds(5)).ok());
+  EXPECT_EQ(msg, "op 9 timed out at rank 1");
+}
+
+TEST(TcpContext, AbortFromAnotherThreadWakesProgress) {
+  Pair p = Connect();
+  std::thread t([&] {
+    absl::SleepFor(absl::Milliseconds(100));
+    p.ctx->Abort(absl::AbortedError("coordinator says rank 0 is dead"));
+  });
+  std::vector<char> buf;
+  const absl::Time t0 = absl::Now();
+  absl::Status s = ReceiveOne(p, &buf);
+  t.join();
+  EXPECT_TRUE(absl::IsAborted(s)) << s;
+  EXPECT_LT(absl::Now() - t0, absl::Seconds(2));
+}
+
+TEST(TcpContext, ProgressReturnsDeadlineExceededAndStaysUsable) {
+  Pair p = Connect();
+  std::vector<char> buf(16);
+  auto mr = p.ctx->RegisterMemory(buf.data(), buf.size());
+  Request req;
+  ASSERT_TRUE(p.ctx->PostRecv(0, **mr, 0, 16, true, MessageTag{3, 0, 1, 0}, &req).ok());
+  EXPECT_TRUE(absl::IsDeadlineExceeded(p.ctx->Progress(absl::Now() + absl::Milliseconds(50))));
+  FrameHeader h = Header(3, 0, 0, 16);
+  Send(p, &h, sizeof(h));
+  Send(p, "0123456789abcdef", 16);
+  while (!req.done) ASSERT_TRUE(p.ctx->Progress(absl::Now() + absl::Seconds(5)).ok());
+}
+
+}  // namespace
+}  // namespace gradsync::transport
