@@ -1,0 +1,133 @@
+// gradsync-coordinator: the control-plane server (jobs, rendezvous, heartbeats,
+// epochs, events) on gRPC, with the standard gRPC health service.
+//
+//   gradsync-coordinator --listen=0.0.0.0:7070 [--port_file=PATH]
+//       [--heartbeat_timeout_ms=3000] [--op_timeout_ms=60000] [--v=0|1]
+//
+// SIGTERM/SIGINT: health goes NOT_SERVING, blocked rendezvous calls fail with
+// UNAVAILABLE, the server drains for up to 2 s, exit 0.
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "common/logging.h"
+#include "server/coordinator_service.h"
+
+ABSL_FLAG(std::string, listen, "0.0.0.0:7070",
+          "gRPC listen address host:port; port 0 picks a free port (see --port_file)");
+ABSL_FLAG(std::string, port_file, "",
+          "if set, the bound port number and a newline are written here (atomically) once the "
+          "server is serving");
+ABSL_FLAG(int64_t, heartbeat_timeout_ms, 3000,
+          "default heartbeat timeout of new jobs: a member silent for longer is declared dead");
+ABSL_FLAG(int64_t, op_timeout_ms, 60000, "default deadline of one collective of new jobs");
+ABSL_FLAG(int, v, 0, "log verbosity: 0 info, 1 debug");
+
+namespace gradsync {
+namespace {
+
+constexpr absl::Duration kShutdownGrace = absl::Seconds(2);
+
+// Writes "<port>\n" to `path` via a temporary file and rename(2), so readers
+// never see a partial file.
+absl::Status WritePortFile(const std::string& path, int port) {
+  const std::string tmp = absl::StrCat(path, ".tmp.", getpid());
+  const std::string content = absl::StrCat(port, "\n");
+  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    return absl::UnavailableError(absl::StrCat("open ", tmp, ": ", std::strerror(errno)));
+  }
+  const bool written = write(fd, content.data(), content.size()) ==
+                       static_cast<ssize_t>(content.size());
+  const int e = errno;
+  if (close(fd) != 0 || !written) {
+    unlink(tmp.c_str());
+    return absl::UnavailableError(absl::StrCat("write ", tmp, ": ", std::strerror(written ? errno : e)));
+  }
+  if (rename(tmp.c_str(), path.c_str()) != 0) {
+    const int e = errno;
+    unlink(tmp.c_str());
+    return absl::UnavailableError(absl::StrCat("rename ", tmp, " -> ", path, ": ", std::strerror(e)));
+  }
+  return absl::OkStatus();
+}
+
+int Run() {
+  const int64_t heartbeat_ms = absl::GetFlag(FLAGS_heartbeat_timeout_ms);
+  const int64_t op_ms = absl::GetFlag(FLAGS_op_timeout_ms);
+  if (heartbeat_ms <= 0 || op_ms <= 0 || absl::GetFlag(FLAGS_listen).empty()) {
+    GS_LOG(ERROR) << "--heartbeat_timeout_ms and --op_timeout_ms must be > 0 and --listen "
+                     "must not be empty";
+    return 1;
+  }
+
+  // Block the shutdown signals in every thread (gRPC's threads inherit this
+  // mask); this thread takes them with sigwait.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  CoordinatorServerOptions options;
+  options.listen_address = absl::GetFlag(FLAGS_listen);
+  options.registry.default_heartbeat_timeout_ms = heartbeat_ms;
+  options.registry.default_op_timeout_ms = op_ms;
+  absl::StatusOr<std::unique_ptr<CoordinatorServer>> server =
+      CoordinatorServer::Start(std::move(options));
+  if (!server.ok()) {
+    GS_LOG(ERROR) << "cannot start: " << server.status().ToString();
+    return 1;
+  }
+  if (const std::string path = absl::GetFlag(FLAGS_port_file); !path.empty()) {
+    if (absl::Status s = WritePortFile(path, (*server)->port()); !s.ok()) {
+      GS_LOG(ERROR) << "cannot write --port_file: " << s.ToString();
+      (*server)->Shutdown(absl::ZeroDuration());
+      return 1;
+    }
+  }
+  GS_LOG(INFO) << "gradsync-coordinator serving on " << (*server)->address()
+               << " (heartbeat timeout " << heartbeat_ms << " ms, op timeout " << op_ms
+               << " ms, pid " << getpid() << ")";
+
+  int sig = 0;
+  while (sigwait(&signals, &sig) != 0) {
+  }
+  GS_LOG(INFO) << "received " << (sig == SIGTERM ? "SIGTERM" : "SIGINT")
+               << ", shutting down (grace " << absl::FormatDuration(kShutdownGrace) << ")";
+  (*server)->Shutdown(kShutdownGrace);
+  GS_LOG(INFO) << "stopped";
+  return 0;
+}
+
+}  // namespace
+}  // namespace gradsync
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "gradsync control plane: jobs, rendezvous, heartbeats, epochs.\n"
+      "  gradsync-coordinator --listen=0.0.0.0:7070 [--port_file=PATH]");
+  std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
+  if (positional.size() > 1) {
+    std::fprintf(stderr, "gradsync-coordinator: unexpected argument '%s'\n", positional[1]);
+    return 1;
+  }
+  gradsync::SetLogTag("gradsync-coordinator");
+  gradsync::SetMinLogLevel(absl::GetFlag(FLAGS_v) >= 1 ? gradsync::LogLevel::kDebug
+                                                       : gradsync::LogLevel::kInfo);
+  return gradsync::Run();
+}

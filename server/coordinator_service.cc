@@ -1,0 +1,147 @@
+#include "server/coordinator_service.h"
+
+#include <chrono>
+#include <utility>
+
+#include <grpcpp/health_check_service_interface.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/grpc_status.h"
+#include "common/logging.h"
+
+namespace gradsync {
+namespace {
+
+// How often a WatchJob handler checks for client cancellation between events.
+constexpr absl::Duration kWatchPollInterval = absl::Milliseconds(100);
+
+absl::Time RpcDeadline(const grpc::ServerContext& ctx) {
+  const auto deadline = ctx.deadline();
+  if (deadline == std::chrono::system_clock::time_point::max()) return absl::InfiniteFuture();
+  return absl::FromChrono(deadline);
+}
+
+template <typename T>
+grpc::Status Reply(absl::StatusOr<T> result, T* response) {
+  if (!result.ok()) return ToGrpcStatus(result.status());
+  *response = *std::move(result);
+  return grpc::Status::OK;
+}
+
+}  // namespace
+
+grpc::Status CoordinatorService::CreateJob(grpc::ServerContext*,
+                                           const v1::CreateJobRequest* request,
+                                           v1::CreateJobResponse* response) {
+  return Reply(registry_->CreateJob(*request), response);
+}
+
+grpc::Status CoordinatorService::JoinJob(grpc::ServerContext* ctx,
+                                         const v1::JoinJobRequest* request,
+                                         v1::JoinJobResponse* response) {
+  JobRegistry::WaitControl wait;
+  wait.deadline = RpcDeadline(*ctx);
+  wait.is_cancelled = [ctx] { return ctx->IsCancelled(); };
+  GS_LOG(DEBUG) << "JoinJob job='" << request->job_id() << "' member='" << request->member_id()
+                << "' rank=" << request->requested_rank() << " from " << ctx->peer();
+  return Reply(registry_->JoinJob(*request, wait), response);
+}
+
+grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext*,
+                                           const v1::HeartbeatRequest* request,
+                                           v1::HeartbeatResponse* response) {
+  return Reply(registry_->Heartbeat(*request), response);
+}
+
+grpc::Status CoordinatorService::LeaveJob(grpc::ServerContext*, const v1::LeaveJobRequest* request,
+                                          v1::LeaveJobResponse*) {
+  return ToGrpcStatus(registry_->LeaveJob(*request));
+}
+
+grpc::Status CoordinatorService::GetJobStatus(grpc::ServerContext*,
+                                              const v1::GetJobStatusRequest* request,
+                                              v1::JobStatus* response) {
+  return Reply(registry_->GetJobStatus(request->job_id()), response);
+}
+
+grpc::Status CoordinatorService::ListJobs(grpc::ServerContext*, const v1::ListJobsRequest*,
+                                          v1::ListJobsResponse* response) {
+  *response = registry_->ListJobs();
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorService::WatchJob(grpc::ServerContext* ctx,
+                                          const v1::WatchJobRequest* request,
+                                          grpc::ServerWriter<v1::JobEvent>* writer) {
+  absl::StatusOr<std::unique_ptr<JobWatch>> watch = registry_->WatchJob(request->job_id());
+  if (!watch.ok()) return ToGrpcStatus(watch.status());
+  GS_LOG(DEBUG) << "WatchJob job='" << request->job_id() << "' from " << ctx->peer();
+  while (true) {
+    absl::StatusOr<v1::JobEvent> event = (*watch)->Next(kWatchPollInterval);
+    if (event.ok()) {
+      // No lock is held here: the queue hands out copies.
+      if (!writer->Write(*event)) {
+        return grpc::Status(grpc::StatusCode::CANCELLED, "watcher went away");
+      }
+      continue;
+    }
+    if (absl::IsDeadlineExceeded(event.status())) {
+      if (ctx->IsCancelled()) {
+        return grpc::Status(grpc::StatusCode::CANCELLED, "watch cancelled by the client");
+      }
+      continue;
+    }
+    if (absl::IsOutOfRange(event.status())) return grpc::Status::OK;  // job deleted
+    return ToGrpcStatus(event.status());
+  }
+}
+
+// ---------------------------------------------------------------------------
+// CoordinatorServer
+
+absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
+    CoordinatorServerOptions options) {
+  std::unique_ptr<CoordinatorServer> s(new CoordinatorServer());
+  s->registry_ = std::make_unique<JobRegistry>(std::move(options.registry));
+  s->service_ = std::make_unique<CoordinatorService>(s->registry_.get());
+
+  grpc::EnableDefaultHealthCheckService(true);  // process-wide; before building
+  grpc::ServerBuilder builder;
+  // gRPC sets SO_REUSEPORT by default: a second coordinator on the same port
+  // would then start and silently split the jobs. Fail instead.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  builder.AddListeningPort(options.listen_address, grpc::InsecureServerCredentials(), &s->port_);
+  builder.RegisterService(s->service_.get());
+  s->server_ = builder.BuildAndStart();
+  if (s->server_ == nullptr || s->port_ == 0) {
+    if (s->server_ != nullptr) s->server_->Shutdown();
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on '", options.listen_address, "' (address in use or invalid?)"));
+  }
+  const std::string& listen = options.listen_address;
+  const size_t colon = listen.rfind(':');
+  s->address_ = colon == std::string::npos ? listen
+                                             : absl::StrCat(listen.substr(0, colon), ":", s->port_);
+  if (grpc::HealthCheckServiceInterface* health = s->server_->GetHealthCheckService()) {
+    health->SetServingStatus(true);
+    health->SetServingStatus(v1::Coordinator::service_full_name(), true);
+  }
+  return s;
+}
+
+CoordinatorServer::~CoordinatorServer() { Shutdown(absl::ZeroDuration()); }
+
+void CoordinatorServer::Shutdown(absl::Duration grace) {
+  absl::MutexLock lock(&shutdown_mu_);
+  if (shut_down_ || server_ == nullptr) return;
+  shut_down_ = true;
+  if (grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService()) {
+    health->Shutdown();  // NOT_SERVING from now on
+  }
+  registry_->Shutdown();  // unblocks JoinJob and WatchJob handlers
+  server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
+  server_->Wait();
+}
+
+}  // namespace gradsync

@@ -1,0 +1,92 @@
+// gRPC edge of the coordinator: gradsync.v1.Coordinator implemented on top of
+// JobRegistry (which holds all state and semantics; see job_registry.h), plus
+// CoordinatorServer, which owns a registry, the service and a started
+// grpc::Server with the standard health service. The binary
+// gradsync-coordinator is a thin wrapper around CoordinatorServer; tests and
+// embedded clusters (`gradsync demo`) can start one in-process.
+#ifndef GRADSYNC_SERVER_COORDINATOR_SERVICE_H_
+#define GRADSYNC_SERVER_COORDINATOR_SERVICE_H_
+
+#include <memory>
+#include <string>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "proto/coordinator.grpc.pb.h"
+#include "server/job_registry.h"
+
+namespace gradsync {
+
+// Synchronous-API service. JoinJob blocks one server thread per waiting
+// joiner until the rendezvous completes, its deadline (min of timeout_ms and
+// the RPC deadline) passes, the call is cancelled, or the registry shuts down.
+// WatchJob polls for events and cancellation every 100 ms. The registry is not
+// owned and must outlive the service.
+class CoordinatorService final : public v1::Coordinator::Service {
+ public:
+  explicit CoordinatorService(JobRegistry* registry) : registry_(registry) {}
+
+  grpc::Status CreateJob(grpc::ServerContext* ctx, const v1::CreateJobRequest* request,
+                         v1::CreateJobResponse* response) override;
+  grpc::Status JoinJob(grpc::ServerContext* ctx, const v1::JoinJobRequest* request,
+                       v1::JoinJobResponse* response) override;
+  grpc::Status Heartbeat(grpc::ServerContext* ctx, const v1::HeartbeatRequest* request,
+                         v1::HeartbeatResponse* response) override;
+  grpc::Status LeaveJob(grpc::ServerContext* ctx, const v1::LeaveJobRequest* request,
+                        v1::LeaveJobResponse* response) override;
+  grpc::Status GetJobStatus(grpc::ServerContext* ctx, const v1::GetJobStatusRequest* request,
+                            v1::JobStatus* response) override;
+  grpc::Status ListJobs(grpc::ServerContext* ctx, const v1::ListJobsRequest* request,
+                        v1::ListJobsResponse* response) override;
+  grpc::Status WatchJob(grpc::ServerContext* ctx, const v1::WatchJobRequest* request,
+                        grpc::ServerWriter<v1::JobEvent>* writer) override;
+
+ private:
+  JobRegistry* const registry_;
+};
+
+struct CoordinatorServerOptions {
+  // gRPC listen address; port 0 picks a free port (see CoordinatorServer::port).
+  std::string listen_address = "127.0.0.1:0";
+  JobRegistry::Options registry;
+};
+
+// A running coordinator: registry + service + grpc::Server (+ health service,
+// SERVING for "" and "gradsync.v1.Coordinator" once started). Thread-safe.
+class CoordinatorServer {
+ public:
+  // Builds and starts the server. UNAVAILABLE if the address cannot be bound.
+  static absl::StatusOr<std::unique_ptr<CoordinatorServer>> Start(
+      CoordinatorServerOptions options);
+  ~CoordinatorServer();  // Shutdown(absl::ZeroDuration()) if not done yet
+
+  // The bound port and "host:port" with the real port.
+  int port() const { return port_; }
+  const std::string& address() const { return address_; }
+  JobRegistry& registry() { return *registry_; }
+
+  // Graceful stop: health goes NOT_SERVING, blocked JoinJob calls return
+  // UNAVAILABLE and watches end, then the server stops taking calls and
+  // cancels whatever is still running after `grace`. Idempotent; returns once
+  // all handlers returned.
+  void Shutdown(absl::Duration grace);
+
+ private:
+  CoordinatorServer() = default;
+
+  std::unique_ptr<JobRegistry> registry_;
+  std::unique_ptr<CoordinatorService> service_;
+  std::unique_ptr<grpc::Server> server_;  // destroyed first
+  int port_ = 0;
+  std::string address_;
+  absl::Mutex shutdown_mu_;
+  bool shut_down_ ABSL_GUARDED_BY(shutdown_mu_) = false;
+};
+
+}  // namespace gradsync
+
+#endif  // GRADSYNC_SERVER_COORDINATOR_SERVICE_H_

@@ -1,0 +1,705 @@
+#include "server/job_registry.h"
+
+#include <algorithm>
+#include <deque>
+#include <optional>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "common/logging.h"
+
+namespace gradsync {
+namespace {
+
+// How often a blocked JoinJob re-checks cancellation.
+constexpr absl::Duration kCancelPollInterval = absl::Milliseconds(50);
+// Rank lists in messages are cut after this many groups / members.
+constexpr int kMaxListedRankGroups = 32;
+constexpr int kMaxListedMembers = 16;
+
+std::string FormatEndpoint(const v1::Endpoint& ep) {
+  if (ep.host().empty() && ep.port() == 0) return "";
+  if (ep.host().find(':') != std::string::npos) return absl::StrCat("[", ep.host(), "]:", ep.port());
+  return absl::StrCat(ep.host(), ":", ep.port());
+}
+
+// "rank 2 (member 'x')" or "rank 2 (member 'x' at host:port)".
+std::string DescribeMember(int rank, const std::string& member_id, const v1::Endpoint* ep) {
+  std::string s = absl::StrCat("rank ", rank, " (member '", member_id, "'");
+  if (ep != nullptr) {
+    const std::string addr = FormatEndpoint(*ep);
+    if (!addr.empty()) absl::StrAppend(&s, " at ", addr);
+  }
+  s += ")";
+  return s;
+}
+
+// Sorted ranks -> "rank 1" / "ranks 1, 3, 5-9".
+std::string FormatRanks(const std::vector<int>& ranks) {
+  std::vector<std::string> groups;
+  int skipped = 0;
+  for (size_t i = 0; i < ranks.size();) {
+    size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    const size_t len = j - i + 1;
+    if (static_cast<int>(groups.size()) >= kMaxListedRankGroups) {
+      skipped += static_cast<int>(len);
+    } else if (len >= 3) {
+      groups.push_back(absl::StrCat(ranks[i], "-", ranks[j]));
+    } else {
+      for (size_t k = i; k <= j; ++k) groups.push_back(absl::StrCat(ranks[k]));
+    }
+    i = j + 1;
+  }
+  std::string s = absl::StrCat(ranks.size() == 1 ? "rank " : "ranks ", absl::StrJoin(groups, ", "));
+  if (skipped > 0) absl::StrAppend(&s, " and ", skipped, " more");
+  return s;
+}
+
+std::string Seconds(int64_t ms) { return absl::StrFormat("%.1f s", ms / 1000.0); }
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// JobWatch
+
+struct JobWatch::Queue {
+  absl::Mutex mu;
+  absl::CondVar cv;
+  std::deque<std::shared_ptr<const v1::JobEvent>> events ABSL_GUARDED_BY(mu);
+  bool closed ABSL_GUARDED_BY(mu) = false;  // nothing more will be pushed
+  absl::Status end ABSL_GUARDED_BY(mu);     // returned once `events` is drained
+
+  void Push(std::shared_ptr<const v1::JobEvent> event) {
+    absl::MutexLock lock(&mu);
+    if (closed) return;
+    if (events.size() >= kMaxQueuedWatchEvents) {
+      events.clear();
+      closed = true;
+      end = absl::ResourceExhaustedError(absl::StrCat(
+          "watch of job '", event->job_id(), "' fell ", kMaxQueuedWatchEvents,
+          " events behind; reconnect to get a fresh snapshot"));
+    } else {
+      events.push_back(std::move(event));
+    }
+    cv.Signal();
+  }
+
+  void Close(absl::Status status) {
+    absl::MutexLock lock(&mu);
+    if (closed) return;
+    closed = true;
+    end = std::move(status);
+    cv.Signal();
+  }
+};
+
+JobWatch::JobWatch(std::shared_ptr<Queue> queue) : queue_(std::move(queue)) {}
+// The registry holds only a weak_ptr and prunes it on its next event.
+JobWatch::~JobWatch() = default;
+
+absl::StatusOr<v1::JobEvent> JobWatch::Next(absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::MutexLock lock(&queue_->mu);
+  while (queue_->events.empty() && !queue_->closed) {
+    if (queue_->cv.WaitWithDeadline(&queue_->mu, deadline) && queue_->events.empty() &&
+        !queue_->closed) {
+      return absl::DeadlineExceededError("no event yet");
+    }
+  }
+  if (!queue_->events.empty()) {
+    std::shared_ptr<const v1::JobEvent> event = std::move(queue_->events.front());
+    queue_->events.pop_front();
+    return *event;
+  }
+  return queue_->end;
+}
+
+// ---------------------------------------------------------------------------
+// JobRegistry state
+
+namespace {
+
+struct MemberState {
+  std::string member_id;
+  v1::Endpoint endpoint;
+  bool alive = true;   // false once declared dead
+  bool left = false;   // LeaveJob after the rendezvous completed
+  absl::Time last_heartbeat;
+  int waiting_joins = 0;  // JoinJob calls of this member blocked in the rendezvous
+  uint64_t serial = 0;    // distinguishes a re-added member from a removed one
+};
+
+// One epoch's rendezvous; shared with the JoinJob calls waiting on it.
+struct Rendezvous {
+  explicit Rendezvous(int64_t e) : epoch(e) {}
+  const int64_t epoch;
+  bool complete = false;  // guarded by the registry mutex
+  // Set once complete, immutable afterwards (rank left unset).
+  std::shared_ptr<const v1::JoinJobResponse> response;
+};
+
+}  // namespace
+
+struct JobRegistry::Job {
+  std::string id;
+  int world_size = 0;
+  v1::JobOptions options;
+  int64_t epoch = 1;
+  v1::JobState state = v1::JOB_STATE_FORMING;
+  std::vector<std::optional<MemberState>> members;  // by rank, size world_size
+  std::unordered_map<std::string, int> rank_of;     // member_id -> rank
+  std::string abort_reason;
+  std::vector<int> dead_ranks;
+  std::shared_ptr<Rendezvous> rendezvous;
+  std::vector<std::weak_ptr<JobWatch::Queue>> watchers;
+
+  int JoinedCount() const {
+    return static_cast<int>(rank_of.size());
+  }
+  MemberState* FindMember(const std::string& member_id, int rank) {
+    if (!member_id.empty()) {
+      auto it = rank_of.find(member_id);
+      return it == rank_of.end() ? nullptr : &*members[it->second];
+    }
+    if (rank < 0 || rank >= world_size || !members[rank].has_value()) return nullptr;
+    return &*members[rank];
+  }
+  int RankOf(const MemberState* m) const {
+    return rank_of.at(m->member_id);
+  }
+};
+
+absl::Status ValidateJobId(absl::string_view job_id) {
+  if (job_id.empty()) return absl::InvalidArgumentError("job id must not be empty");
+  if (job_id.size() > kMaxJobIdLength) {
+    return absl::InvalidArgumentError(absl::StrCat("job id '", job_id.substr(0, 32), "...' is ",
+                                                   job_id.size(), " characters long; the limit is ",
+                                                   kMaxJobIdLength));
+  }
+  for (char c : job_id) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '.' || c == '_' || c == '-';
+    if (!ok) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("job id '", absl::CHexEscape(job_id), "' contains '",
+                       absl::CHexEscape(absl::string_view(&c, 1)),
+                       "'; allowed are letters, digits, '.', '_' and '-'"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+JobRegistry::JobRegistry(Options options) : options_(std::move(options)) {
+  if (options_.start_liveness_thread) {
+    liveness_thread_ = std::thread([this] { LivenessLoop(); });
+  }
+}
+
+JobRegistry::~JobRegistry() {
+  Shutdown();
+  if (liveness_thread_.joinable()) liveness_thread_.join();
+}
+
+absl::Time JobRegistry::Now() const { return options_.now ? options_.now() : absl::Now(); }
+
+JobRegistry::Job* JobRegistry::FindJobLocked(absl::string_view job_id) {
+  auto it = jobs_.find(job_id);
+  return it == jobs_.end() ? nullptr : it->second.get();
+}
+
+void JobRegistry::Shutdown() {
+  absl::MutexLock lock(&mu_);
+  if (shutdown_) return;
+  shutdown_ = true;
+  for (auto& [id, job] : jobs_) {
+    for (auto& weak : job->watchers) {
+      if (auto q = weak.lock()) q->Close(absl::UnavailableError("coordinator is shutting down"));
+    }
+    job->watchers.clear();
+  }
+  changed_.SignalAll();
+}
+
+// ---------------------------------------------------------------------------
+// Events and status
+
+v1::JobStatus JobRegistry::StatusLocked(const Job& job, absl::Time now) const {
+  v1::JobStatus status;
+  status.set_job_id(job.id);
+  status.set_world_size(job.world_size);
+  status.set_epoch(job.epoch);
+  status.set_state(job.state);
+  status.set_abort_reason(job.abort_reason);
+  *status.mutable_options() = job.options;
+  for (int rank = 0; rank < job.world_size; ++rank) {
+    if (!job.members[rank].has_value()) continue;
+    const MemberState& m = *job.members[rank];
+    v1::Member* out = status.add_members();
+    out->set_rank(rank);
+    out->set_member_id(m.member_id);
+    *out->mutable_data_endpoint() = m.endpoint;
+    out->set_alive(m.alive && !m.left);
+    out->set_last_heartbeat_age_ms(std::max<int64_t>(0, absl::ToInt64Milliseconds(now - m.last_heartbeat)));
+  }
+  return status;
+}
+
+void JobRegistry::EmitLocked(Job& job, v1::JobEvent::Kind kind, int rank,
+                             const std::string& message) {
+  GS_LOG(DEBUG) << "job '" << job.id << "' epoch " << job.epoch << ": "
+                << v1::JobEvent::Kind_Name(kind) << " rank " << rank << ": " << message;
+  std::vector<std::shared_ptr<JobWatch::Queue>> live;
+  for (auto& weak : job.watchers) {
+    if (auto q = weak.lock()) live.push_back(std::move(q));
+  }
+  job.watchers.clear();
+  if (live.empty()) return;  // nobody listens: skip building the status
+  const absl::Time now = Now();
+  auto event = std::make_shared<v1::JobEvent>();
+  event->set_kind(kind);
+  event->set_job_id(job.id);
+  event->set_epoch(job.epoch);
+  event->set_rank(rank);
+  event->set_message(message);
+  *event->mutable_status() = StatusLocked(job, now);
+  event->set_unix_time_ms(absl::ToUnixMillis(now));
+  std::shared_ptr<const v1::JobEvent> shared = std::move(event);
+  for (auto& q : live) {
+    q->Push(shared);
+    if (kind == v1::JobEvent::KIND_JOB_DELETED) {
+      q->Close(absl::OutOfRangeError(absl::StrCat("job '", job.id, "' was deleted")));
+    } else {
+      job.watchers.push_back(q);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// CreateJob
+
+absl::StatusOr<v1::CreateJobResponse> JobRegistry::CreateJob(const v1::CreateJobRequest& request) {
+  if (absl::Status s = ValidateJobId(request.job_id()); !s.ok()) return s;
+  if (request.world_size() < 1 || request.world_size() > kMaxWorldSize) {
+    return absl::InvalidArgumentError(absl::StrCat("world size ", request.world_size(),
+                                                   " of job '", request.job_id(),
+                                                   "' is out of range (1..", kMaxWorldSize, ")"));
+  }
+  v1::JobOptions options = request.options();
+  if (options.heartbeat_timeout_ms() < 0 || options.op_timeout_ms() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "job '", request.job_id(), "': heartbeat_timeout_ms (", options.heartbeat_timeout_ms(),
+        ") and op_timeout_ms (", options.op_timeout_ms(), ") must not be negative (0: default)"));
+  }
+  if (options.heartbeat_timeout_ms() == 0) {
+    options.set_heartbeat_timeout_ms(options_.default_heartbeat_timeout_ms);
+  }
+  if (options.op_timeout_ms() == 0) options.set_op_timeout_ms(options_.default_op_timeout_ms);
+
+  absl::MutexLock lock(&mu_);
+  if (shutdown_) return absl::UnavailableError("coordinator is shutting down");
+  v1::CreateJobResponse response;
+  if (Job* job = FindJobLocked(request.job_id())) {
+    if (job->world_size != request.world_size()) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "job '", job->id, "' already exists with world size ", job->world_size,
+          "; requested world size ", request.world_size()));
+    }
+    response.set_created(false);
+    *response.mutable_options() = job->options;
+    return response;
+  }
+  if (jobs_.size() >= kMaxJobs) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot create job '", request.job_id(), "': ", kMaxJobs, " jobs exist"));
+  }
+  auto job = std::make_unique<Job>();
+  job->id = request.job_id();
+  job->world_size = request.world_size();
+  job->options = options;
+  job->members.resize(job->world_size);
+  job->rendezvous = std::make_shared<Rendezvous>(job->epoch);
+  GS_LOG(INFO) << "created job '" << job->id << "' (world size " << job->world_size
+               << ", heartbeat timeout " << options.heartbeat_timeout_ms() << " ms, op timeout "
+               << options.op_timeout_ms() << " ms)";
+  jobs_.emplace(job->id, std::move(job));
+  response.set_created(true);
+  *response.mutable_options() = options;
+  return response;
+}
+
+// ---------------------------------------------------------------------------
+// JoinJob
+
+void JobRegistry::StartNewEpochLocked(Job& job) {
+  GS_LOG(INFO) << "job '" << job.id << "': epoch " << job.epoch << " was aborted ("
+               << job.abort_reason << "); forming epoch " << job.epoch + 1;
+  ++job.epoch;
+  job.state = v1::JOB_STATE_FORMING;
+  job.members.assign(job.world_size, std::nullopt);
+  job.rank_of.clear();
+  job.abort_reason.clear();
+  job.dead_ranks.clear();
+  job.rendezvous = std::make_shared<Rendezvous>(job.epoch);
+}
+
+void JobRegistry::CompleteRendezvousLocked(Job& job) {
+  const absl::Time now = Now();
+  auto response = std::make_shared<v1::JoinJobResponse>();
+  response->set_world_size(job.world_size);
+  response->set_epoch(job.epoch);
+  *response->mutable_options() = job.options;
+  for (int rank = 0; rank < job.world_size; ++rank) {
+    MemberState& m = *job.members[rank];
+    m.last_heartbeat = now;  // the liveness clock starts at the rendezvous
+    m.alive = true;
+    m.waiting_joins = 0;
+    v1::Member* out = response->add_members();
+    out->set_rank(rank);
+    out->set_member_id(m.member_id);
+    *out->mutable_data_endpoint() = m.endpoint;
+    out->set_alive(true);
+  }
+  job.state = v1::JOB_STATE_RUNNING;
+  job.rendezvous->response = std::move(response);
+  job.rendezvous->complete = true;
+  GS_LOG(INFO) << "job '" << job.id << "' epoch " << job.epoch << ": all " << job.world_size
+               << " ranks joined; running";
+  EmitLocked(job, v1::JobEvent::KIND_JOB_RUNNING, -1,
+             absl::StrCat("all ", job.world_size, " ranks joined epoch ", job.epoch));
+  changed_.SignalAll();
+}
+
+void JobRegistry::RemoveFormingMemberLocked(Job& job, int rank, const std::string& why) {
+  MemberState& m = *job.members[rank];
+  const std::string message = absl::StrCat(DescribeMember(rank, m.member_id, nullptr), " ", why);
+  GS_LOG(INFO) << "job '" << job.id << "' epoch " << job.epoch << ": " << message;
+  job.rank_of.erase(m.member_id);
+  job.members[rank].reset();
+  EmitLocked(job, v1::JobEvent::KIND_MEMBER_LEFT, rank, message);
+  changed_.SignalAll();  // wakes this member's other JoinJob calls, if any
+}
+
+std::string JobRegistry::DescribeTimeoutLocked(const Job& job, int64_t waited_ms) const {
+  std::vector<int> missing;
+  std::vector<std::string> joined;
+  int joined_total = 0;
+  for (int rank = 0; rank < job.world_size; ++rank) {
+    if (!job.members[rank].has_value()) {
+      missing.push_back(rank);
+      continue;
+    }
+    if (++joined_total <= kMaxListedMembers) {
+      const MemberState& m = *job.members[rank];
+      joined.push_back(DescribeMember(rank, m.member_id, &m.endpoint));
+    }
+  }
+  std::string s = absl::StrCat("job '", job.id, "' epoch ", job.epoch,
+                               ": rendezvous timed out after ", waited_ms, " ms: ",
+                               missing.size(), " of ", job.world_size, " ranks missing (",
+                               FormatRanks(missing), "); joined: ", absl::StrJoin(joined, ", "));
+  if (joined_total > kMaxListedMembers) {
+    absl::StrAppend(&s, " and ", joined_total - kMaxListedMembers, " more");
+  }
+  return s;
+}
+
+absl::StatusOr<v1::JoinJobResponse> JobRegistry::JoinJob(const v1::JoinJobRequest& request,
+                                                         const WaitControl& wait) {
+  const absl::Time start = absl::Now();
+  const int64_t timeout_ms =
+      request.timeout_ms() > 0 ? request.timeout_ms() : options_.default_join_timeout_ms;
+  const absl::Time deadline = std::min(start + absl::Milliseconds(timeout_ms), wait.deadline);
+  const int64_t waited_ms = std::max<int64_t>(0, absl::ToInt64Milliseconds(deadline - start));
+  const std::string& member_id = request.member_id();
+  if (member_id.empty() || member_id.size() > kMaxMemberIdLength) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("join of job '", request.job_id(), "': member_id must be 1..",
+                     kMaxMemberIdLength, " characters (got ", member_id.size(), ")"));
+  }
+  if (request.data_endpoint().port() < 0 || request.data_endpoint().port() > 65535 ||
+      request.data_endpoint().host().size() > 255) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "join of job '", request.job_id(), "' by member '", member_id, "': bad data endpoint '",
+        absl::CHexEscape(FormatEndpoint(request.data_endpoint())), "'"));
+  }
+
+  int rank = -1;
+  absl::StatusOr<std::shared_ptr<const v1::JoinJobResponse>> done =
+      JoinAndWait(request, wait, deadline, waited_ms, &rank);
+  if (!done.ok()) return done.status();
+  // The response is immutable and can be large: copy it without the lock.
+  v1::JoinJobResponse response = **done;
+  response.set_rank(rank);
+  return response;
+}
+
+absl::StatusOr<std::shared_ptr<const v1::JoinJobResponse>> JobRegistry::JoinAndWait(
+    const v1::JoinJobRequest& request, const WaitControl& wait, absl::Time deadline,
+    int64_t waited_ms, int* rank_out) {
+  const std::string& member_id = request.member_id();
+  absl::MutexLock lock(&mu_);
+  if (shutdown_) return absl::UnavailableError("coordinator is shutting down");
+  Job* job = FindJobLocked(request.job_id());
+  if (job == nullptr) {
+    return absl::NotFoundError(absl::StrCat("job '", request.job_id(), "' does not exist"));
+  }
+  const int requested = request.requested_rank();
+  if (requested < -1 || requested >= job->world_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "requested rank ", requested, " is out of range for job '", job->id, "' (world size ",
+        job->world_size, "; -1 takes any free rank)"));
+  }
+
+  if (job->state == v1::JOB_STATE_ABORTED) StartNewEpochLocked(*job);
+
+  if (job->state == v1::JOB_STATE_RUNNING) {
+    auto it = job->rank_of.find(member_id);
+    if (it == job->rank_of.end()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job '", job->id, "' epoch ", job->epoch, " is already running with all ",
+          job->world_size, " ranks; member '", member_id,
+          "' can join only after the epoch is aborted"));
+    }
+    if (requested >= 0 && requested != it->second) {
+      return absl::AlreadyExistsError(absl::StrCat("member '", member_id, "' already holds rank ",
+                                                   it->second, " of job '", job->id, "' epoch ",
+                                                   job->epoch, " (requested rank ", requested,
+                                                   ")"));
+    }
+    *rank_out = it->second;  // idempotent retry
+    return job->rendezvous->response;
+  }
+
+  // FORMING.
+  int rank;
+  if (auto it = job->rank_of.find(member_id); it != job->rank_of.end()) {
+    rank = it->second;
+    if (requested >= 0 && requested != rank) {
+      return absl::AlreadyExistsError(absl::StrCat("member '", member_id, "' already holds rank ",
+                                                   rank, " of job '", job->id, "' epoch ",
+                                                   job->epoch, " (requested rank ", requested,
+                                                   ")"));
+    }
+    MemberState& m = *job->members[rank];
+    m.endpoint = request.data_endpoint();  // a retry may come from a restarted listener
+    ++m.waiting_joins;
+    GS_LOG(DEBUG) << "job '" << job->id << "' epoch " << job->epoch << ": member '" << member_id
+                  << "' retries its join (rank " << rank << ")";
+  } else {
+    if (requested >= 0) {
+      if (job->members[requested].has_value()) {
+        return absl::AlreadyExistsError(absl::StrCat("rank ", requested, " of job '", job->id,
+                                                     "' is already taken by member '",
+                                                     job->members[requested]->member_id, "'"));
+      }
+      rank = requested;
+    } else {
+      rank = 0;
+      while (job->members[rank].has_value()) ++rank;  // FORMING: a free rank exists
+    }
+    MemberState m;
+    m.member_id = member_id;
+    m.endpoint = request.data_endpoint();
+    m.last_heartbeat = Now();
+    m.waiting_joins = 1;
+    m.serial = next_member_serial_++;
+    job->members[rank] = std::move(m);
+    job->rank_of[member_id] = rank;
+    const std::string message =
+        absl::StrCat(DescribeMember(rank, member_id, &request.data_endpoint()), " joined (",
+                     job->JoinedCount(), " of ", job->world_size, ")");
+    GS_LOG(DEBUG) << "job '" << job->id << "' epoch " << job->epoch << ": " << message;
+    EmitLocked(*job, v1::JobEvent::KIND_MEMBER_JOINED, rank, message);
+    if (job->JoinedCount() == job->world_size) CompleteRendezvousLocked(*job);
+  }
+
+  // Wait for the rendezvous of this epoch.
+  const std::shared_ptr<Rendezvous> rv = job->rendezvous;
+  const uint64_t serial = job->members[rank]->serial;
+  const std::string job_id = job->id;
+  while (!rv->complete) {
+    if (shutdown_) return absl::UnavailableError("coordinator is shutting down");
+    job = FindJobLocked(job_id);
+    if (job == nullptr || job->rendezvous != rv) {  // defensive: cannot happen while FORMING
+      return absl::AbortedError(absl::StrCat("job '", job_id, "' epoch ", rv->epoch,
+                                             " ended while member '", member_id,
+                                             "' waited for the rendezvous"));
+    }
+    if (!job->members[rank].has_value() || job->members[rank]->serial != serial) {
+      return absl::AbortedError(absl::StrCat("member '", member_id, "' was removed from job '",
+                                             job_id, "' epoch ", rv->epoch,
+                                             " while it waited for the rendezvous"));
+    }
+    const bool timed_out = absl::Now() >= deadline;
+    const bool cancelled = !timed_out && wait.is_cancelled && wait.is_cancelled();
+    if (timed_out || cancelled) {
+      absl::Status status =
+          timed_out ? absl::DeadlineExceededError(DescribeTimeoutLocked(*job, waited_ms))
+                    : absl::CancelledError(absl::StrCat("join of job '", job_id, "' by member '",
+                                                        member_id, "' was cancelled"));
+      if (--job->members[rank]->waiting_joins <= 0) {
+        RemoveFormingMemberLocked(
+            *job, rank,
+            timed_out ? absl::StrCat("gave up after waiting ", waited_ms, " ms for the rendezvous")
+                      : std::string("cancelled its join"));
+      }
+      GS_LOG(INFO) << status.message();
+      return status;
+    }
+    changed_.WaitWithDeadline(&mu_, std::min(deadline, absl::Now() + kCancelPollInterval));
+  }
+  *rank_out = rank;
+  return rv->response;
+}
+
+// ---------------------------------------------------------------------------
+// Heartbeat, LeaveJob, death detection
+
+absl::StatusOr<v1::HeartbeatResponse> JobRegistry::Heartbeat(const v1::HeartbeatRequest& request) {
+  absl::MutexLock lock(&mu_);
+  if (shutdown_) return absl::UnavailableError("coordinator is shutting down");
+  Job* job = FindJobLocked(request.job_id());
+  if (job == nullptr) {
+    return absl::NotFoundError(absl::StrCat("job '", request.job_id(), "' does not exist"));
+  }
+  if (request.epoch() == job->epoch) {
+    MemberState* m = job->FindMember(request.member_id(), request.rank());
+    if (m != nullptr && m->alive && !m->left) m->last_heartbeat = Now();
+  }
+  v1::HeartbeatResponse response;
+  response.set_state(job->state);
+  response.set_epoch(job->epoch);
+  response.set_abort_reason(job->abort_reason);
+  for (int r : job->dead_ranks) response.add_dead_ranks(r);
+  return response;
+}
+
+void JobRegistry::AbortLocked(Job& job, int rank, const std::string& reason) {
+  job.state = v1::JOB_STATE_ABORTED;
+  job.abort_reason = reason;
+  GS_LOG(WARNING) << "job '" << job.id << "' epoch " << job.epoch << " aborted: " << reason;
+  EmitLocked(job, v1::JobEvent::KIND_EPOCH_ABORTED, rank, reason);
+}
+
+bool JobRegistry::MaybeDeleteLocked(Job& job) {
+  if (job.state == v1::JOB_STATE_FORMING) return false;
+  for (const auto& m : job.members) {
+    if (m.has_value() && m->alive && !m->left) return false;
+  }
+  const std::string message =
+      absl::StrCat("job '", job.id, "' deleted: no member of epoch ", job.epoch, " is left");
+  GS_LOG(INFO) << message;
+  EmitLocked(job, v1::JobEvent::KIND_JOB_DELETED, -1, message);
+  jobs_.erase(jobs_.find(job.id));
+  return true;
+}
+
+absl::Status JobRegistry::LeaveJob(const v1::LeaveJobRequest& request) {
+  absl::MutexLock lock(&mu_);
+  if (shutdown_) return absl::UnavailableError("coordinator is shutting down");
+  Job* job = FindJobLocked(request.job_id());
+  if (job == nullptr || request.epoch() != job->epoch) return absl::OkStatus();
+  MemberState* m = job->FindMember(request.member_id(), request.rank());
+  if (m == nullptr || m->left || !m->alive) return absl::OkStatus();
+  const int rank = job->RankOf(m);
+  if (job->state == v1::JOB_STATE_FORMING) {
+    RemoveFormingMemberLocked(*job, rank, "left before the rendezvous completed");
+    return absl::OkStatus();
+  }
+  m->left = true;
+  const std::string message = absl::StrCat(DescribeMember(rank, m->member_id, nullptr), " left the job");
+  GS_LOG(INFO) << "job '" << job->id << "' epoch " << job->epoch << ": " << message;
+  EmitLocked(*job, v1::JobEvent::KIND_MEMBER_LEFT, rank, message);
+  if (job->state == v1::JOB_STATE_RUNNING) AbortLocked(*job, rank, message);
+  MaybeDeleteLocked(*job);
+  return absl::OkStatus();
+}
+
+void JobRegistry::CheckLiveness() {
+  absl::MutexLock lock(&mu_);
+  if (shutdown_) return;
+  CheckLivenessLocked(Now());
+}
+
+void JobRegistry::CheckLivenessLocked(absl::Time now) {
+  for (auto it = jobs_.begin(); it != jobs_.end();) {
+    Job& job = *(it++)->second;  // advance first: `job` may be deleted below
+    if (job.state == v1::JOB_STATE_FORMING) continue;
+    const int64_t timeout_ms = job.options.heartbeat_timeout_ms();
+    bool someone_died = false;
+    for (int rank = 0; rank < job.world_size; ++rank) {
+      if (!job.members[rank].has_value()) continue;
+      MemberState& m = *job.members[rank];
+      if (!m.alive || m.left) continue;
+      const int64_t age_ms = absl::ToInt64Milliseconds(now - m.last_heartbeat);
+      if (age_ms <= timeout_ms) continue;
+      m.alive = false;
+      someone_died = true;
+      job.dead_ranks.push_back(rank);
+      const std::string reason =
+          absl::StrCat(DescribeMember(rank, m.member_id, nullptr), " missed heartbeats for ",
+                       Seconds(age_ms), " (timeout ", Seconds(timeout_ms), ")");
+      GS_LOG(WARNING) << "job '" << job.id << "' epoch " << job.epoch << ": " << reason;
+      EmitLocked(job, v1::JobEvent::KIND_MEMBER_DEAD, rank, reason);
+      if (job.state == v1::JOB_STATE_RUNNING) AbortLocked(job, rank, reason);
+    }
+    if (someone_died) MaybeDeleteLocked(job);
+  }
+}
+
+void JobRegistry::LivenessLoop() {
+  absl::MutexLock lock(&mu_);
+  while (!shutdown_) {
+    changed_.WaitWithTimeout(&mu_, options_.liveness_interval);
+    if (shutdown_) break;
+    CheckLivenessLocked(Now());
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Status and watches
+
+absl::StatusOr<v1::JobStatus> JobRegistry::GetJobStatus(absl::string_view job_id) {
+  if (job_id.empty()) return absl::InvalidArgumentError("job id must not be empty");
+  absl::MutexLock lock(&mu_);
+  Job* job = FindJobLocked(job_id);
+  if (job == nullptr) return absl::NotFoundError(absl::StrCat("job '", job_id, "' does not exist"));
+  return StatusLocked(*job, Now());
+}
+
+v1::ListJobsResponse JobRegistry::ListJobs() {
+  absl::MutexLock lock(&mu_);
+  v1::ListJobsResponse response;
+  const absl::Time now = Now();
+  for (const auto& [id, job] : jobs_) *response.add_jobs() = StatusLocked(*job, now);
+  return response;
+}
+
+absl::StatusOr<std::unique_ptr<JobWatch>> JobRegistry::WatchJob(absl::string_view job_id) {
+  if (job_id.empty()) return absl::InvalidArgumentError("job id must not be empty");
+  absl::MutexLock lock(&mu_);
+  if (shutdown_) return absl::UnavailableError("coordinator is shutting down");
+  Job* job = FindJobLocked(job_id);
+  if (job == nullptr) return absl::NotFoundError(absl::StrCat("job '", job_id, "' does not exist"));
+  auto queue = std::make_shared<JobWatch::Queue>();
+  const absl::Time now = Now();
+  auto snapshot = std::make_shared<v1::JobEvent>();
+  snapshot->set_kind(v1::JobEvent::KIND_SNAPSHOT);
+  snapshot->set_job_id(job->id);
+  snapshot->set_epoch(job->epoch);
+  snapshot->set_rank(-1);
+  snapshot->set_message(job->abort_reason);
+  *snapshot->mutable_status() = StatusLocked(*job, now);
+  snapshot->set_unix_time_ms(absl::ToUnixMillis(now));
+  queue->Push(std::move(snapshot));
+  job->watchers.push_back(queue);
+  return std::make_unique<JobWatch>(std::move(queue));
+}
+
+}  // namespace gradsync

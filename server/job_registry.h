@@ -1,0 +1,209 @@
+// JobRegistry: the coordinator's state machine (jobs, rendezvous, membership,
+// heartbeats, epochs, events). No gRPC types: requests and replies are the
+// gradsync.v1 proto messages used as plain data, errors are absl::Status with
+// the same codes the service returns.
+//
+// A job moves through epochs. Each epoch is
+//
+//   FORMING --(all world_size ranks joined)--> RUNNING --(death | leave)--> ABORTED
+//
+// and a JoinJob on an ABORTED job starts the next epoch (epoch + 1, members
+// cleared, FORMING). A job whose rendezvous completed is deleted as soon as no
+// member of its current epoch is alive and still in the job (JOB_DELETED); a
+// FORMING job is never deleted automatically, so callers run CreateJob
+// (idempotent) before JoinJob.
+//
+// Death detection covers RUNNING and ABORTED epochs: a member whose last
+// heartbeat (or the rendezvous completion, whichever is later) is older than
+// the job's heartbeat_timeout_ms is declared dead. The first death or leave of
+// a RUNNING epoch aborts it and sets abort_reason; later deaths in the same
+// epoch only add to dead_ranks.
+//
+// Thread safety: every method may be called from any thread. One mutex guards
+// all jobs (this is the control plane, not the data path); no user callback
+// and no stream write runs while it is held, except WaitControl::is_cancelled,
+// which must be cheap and must not call into the registry.
+#ifndef GRADSYNC_SERVER_JOB_REGISTRY_H_
+#define GRADSYNC_SERVER_JOB_REGISTRY_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "proto/coordinator.pb.h"
+
+namespace gradsync {
+
+inline constexpr int kMaxWorldSize = 4096;
+inline constexpr std::size_t kMaxJobIdLength = 128;
+inline constexpr std::size_t kMaxMemberIdLength = 256;
+inline constexpr std::size_t kMaxJobs = 10000;
+// A watcher that falls this many events behind is disconnected.
+inline constexpr std::size_t kMaxQueuedWatchEvents = 10000;
+
+// OK if `job_id` is 1..128 characters of [A-Za-z0-9._-]; INVALID_ARGUMENT
+// naming the problem otherwise.
+absl::Status ValidateJobId(absl::string_view job_id);
+
+// One subscriber's view of a job's events (see JobRegistry::WatchJob). Owned
+// by the caller; may outlive the registry. Not thread-safe: one reader.
+class JobWatch {
+ public:
+  struct Queue;  // shared with the registry; defined in job_registry.cc
+
+  explicit JobWatch(std::shared_ptr<Queue> queue);
+  ~JobWatch();
+  JobWatch(const JobWatch&) = delete;
+  JobWatch& operator=(const JobWatch&) = delete;
+
+  // Waits up to `timeout` for the next event. Returns
+  //   the event (the first one is always KIND_SNAPSHOT);
+  //   DEADLINE_EXCEEDED: nothing arrived within `timeout` (call again);
+  //   OUT_OF_RANGE: the stream ended normally after the KIND_JOB_DELETED event;
+  //   UNAVAILABLE: the registry shut down;
+  //   RESOURCE_EXHAUSTED: the reader fell kMaxQueuedWatchEvents behind.
+  absl::StatusOr<v1::JobEvent> Next(absl::Duration timeout);
+
+ private:
+  std::shared_ptr<Queue> queue_;
+};
+
+class JobRegistry {
+ public:
+  struct Options {
+    // Used for jobs created with options.heartbeat_timeout_ms == 0.
+    int64_t default_heartbeat_timeout_ms = 3000;
+    // Used for jobs created with options.op_timeout_ms == 0.
+    int64_t default_op_timeout_ms = 60000;
+    // Rendezvous wait when a JoinJob request has timeout_ms <= 0.
+    int64_t default_join_timeout_ms = 5 * 60 * 1000;
+    // How often the background thread runs death detection.
+    absl::Duration liveness_interval = absl::Milliseconds(100);
+    // false: no background thread; tests call CheckLiveness() themselves.
+    bool start_liveness_thread = true;
+    // Clock for heartbeat ages, death detection and event times; absl::Now
+    // when empty. Rendezvous deadlines always use the real clock.
+    std::function<absl::Time()> now;
+  };
+
+  // How long a blocking call may wait, and how it learns that its caller went
+  // away (e.g. a cancelled RPC). Polled every ~50 ms while waiting.
+  struct WaitControl {
+    absl::Time deadline = absl::InfiniteFuture();
+    std::function<bool()> is_cancelled;  // may be empty
+  };
+
+  explicit JobRegistry(Options options);
+  ~JobRegistry();  // Shutdown(), then stops the background thread
+  JobRegistry(const JobRegistry&) = delete;
+  JobRegistry& operator=(const JobRegistry&) = delete;
+
+  // Creates a job (created = true), or finds one with the same id and world
+  // size (created = false; options are the existing job's). Zero options take
+  // the registry defaults; the reply carries the effective options.
+  // INVALID_ARGUMENT: bad id, world size outside 1..4096, negative options.
+  // ALREADY_EXISTS: same id, other world size (the message names both).
+  // RESOURCE_EXHAUSTED: kMaxJobs jobs exist. UNAVAILABLE: shutting down.
+  absl::StatusOr<v1::CreateJobResponse> CreateJob(const v1::CreateJobRequest& request);
+
+  // Rendezvous; blocks until every rank of the current epoch joined, then
+  // returns this member's rank, the epoch and all members indexed by rank.
+  // The wait ends at min(now + timeout_ms, wait.deadline). A retry with the
+  // same member_id gets the same rank (also after the rendezvous completed).
+  // requested_rank -1 takes the lowest free rank.
+  //   NOT_FOUND: no such job.
+  //   INVALID_ARGUMENT: empty/oversized member_id, rank out of range, bad port.
+  //   ALREADY_EXISTS: the requested rank is held by another member, or this
+  //     member already holds a different rank.
+  //   FAILED_PRECONDITION: the epoch is RUNNING and this is a new member.
+  //   DEADLINE_EXCEEDED: timed out; the message names the missing and joined
+  //     ranks. The member is removed from the forming epoch (unless another
+  //     JoinJob call of the same member is still waiting) so it can retry.
+  //   CANCELLED: wait.is_cancelled() became true (member removed likewise).
+  //   ABORTED: the member was removed (LeaveJob) while waiting.
+  //   UNAVAILABLE: the registry shut down.
+  absl::StatusOr<v1::JoinJobResponse> JoinJob(const v1::JoinJobRequest& request,
+                                              const WaitControl& wait);
+
+  // Records a heartbeat if request.epoch is the job's current epoch and the
+  // member (by member_id, or by rank when member_id is empty) is alive. Always
+  // returns the job's state, epoch, abort_reason and dead_ranks.
+  // NOT_FOUND: no such job.
+  absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& request);
+
+  // Graceful exit of a member (by member_id, or by rank when it is empty).
+  // FORMING: the member is removed. RUNNING: the epoch is aborted ("rank r
+  // (member 'x') left the job"). Idempotent: unknown job, stale epoch or
+  // unknown member are OK.
+  absl::Status LeaveJob(const v1::LeaveJobRequest& request);
+
+  // NOT_FOUND: no such job. INVALID_ARGUMENT: empty id.
+  absl::StatusOr<v1::JobStatus> GetJobStatus(absl::string_view job_id);
+  // All jobs, ordered by id.
+  v1::ListJobsResponse ListJobs();
+
+  // Subscribes to the job's events; the first one is a KIND_SNAPSHOT. Every
+  // later event carries the job status after it. NOT_FOUND: no such job.
+  absl::StatusOr<std::unique_ptr<JobWatch>> WatchJob(absl::string_view job_id);
+
+  // One pass of death detection (the background thread calls this).
+  void CheckLiveness();
+
+  // Wakes every blocked JoinJob (UNAVAILABLE) and ends every watch
+  // (UNAVAILABLE); later calls fail with UNAVAILABLE. Idempotent.
+  void Shutdown();
+
+ private:
+  struct Job;
+
+  absl::Time Now() const;
+  // JoinJob under the lock: registers the member and waits; returns the
+  // completed epoch's shared response and sets *rank.
+  absl::StatusOr<std::shared_ptr<const v1::JoinJobResponse>> JoinAndWait(
+      const v1::JoinJobRequest& request, const WaitControl& wait, absl::Time deadline,
+      int64_t waited_ms, int* rank);
+  void LivenessLoop();
+  void CheckLivenessLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Job* FindJobLocked(absl::string_view job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void StartNewEpochLocked(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CompleteRendezvousLocked(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RemoveFormingMemberLocked(Job& job, int rank, const std::string& why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AbortLocked(Job& job, int rank, const std::string& reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Deletes the job if its rendezvous completed and no member is alive and
+  // still in it. Returns true if it was deleted (`job` is then dangling).
+  bool MaybeDeleteLocked(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EmitLocked(Job& job, v1::JobEvent::Kind kind, int rank, const std::string& message)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  v1::JobStatus StatusLocked(const Job& job, absl::Time now) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::string DescribeTimeoutLocked(const Job& job, int64_t waited_ms) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const Options options_;
+
+  mutable absl::Mutex mu_;
+  // Signalled when a rendezvous completes, a forming member is removed, or on
+  // shutdown. Waiters also wake on their own deadline and to poll cancellation.
+  absl::CondVar changed_;
+  std::map<std::string, std::unique_ptr<Job>, std::less<>> jobs_ ABSL_GUARDED_BY(mu_);
+  bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t next_member_serial_ ABSL_GUARDED_BY(mu_) = 1;
+
+  std::thread liveness_thread_;
+};
+
+}  // namespace gradsync
+
+#endif  // GRADSYNC_SERVER_JOB_REGISTRY_H_
