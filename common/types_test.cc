@@ -141,8 +141,8 @@ TEST(Types, ParseReduceOpRejectsUnknownNamesListingTheChoices) {
     const absl::StatusOr<ReduceOp> r = ParseReduceOp(bad);
     ASSERT_FALSE(r.ok()) << "'" << bad << "'";
     EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_EQ(r.status().message(), std::string("unknown reduce op '") + bad +
-                                        "' (expected sum, avg, min, max or prod)");
+    EXPECT_EQ(r.status().message(),
+              std::string("unknown reduce op '") + bad + "' (expected sum, avg, min, max or prod)");
   }
 }
 
@@ -184,12 +184,10 @@ TEST(Types, FloatToHalfRoundsHalfwayCasesToEven) {
       const uint16_t lo = static_cast<uint16_t>(h) | sign;
       const uint16_t hi = static_cast<uint16_t>(h + 1) | sign;  // 0x7bff + 1 = inf
       const double vlo = HalfValue(lo);
-      const double vhi = HalfValue(hi);
-      const float mid = h + 1 == 0x7c00 ? (sign ? -65520.0f : 65520.0f)
-                                        : static_cast<float>((vlo + vhi) / 2);
-      ASSERT_EQ(static_cast<double>(mid) * 2, h + 1 == 0x7c00 ? (sign ? -131040.0 : 131040.0)
-                                                              : vlo + vhi)
-          << "midpoint not exact";
+      // Rounding treats inf as the value 2^16 (the next exponent step).
+      const double vhi = h + 1 == 0x7c00 ? (sign ? -65536.0 : 65536.0) : HalfValue(hi);
+      const float mid = static_cast<float>((vlo + vhi) / 2);
+      ASSERT_EQ(static_cast<double>(mid) * 2, vlo + vhi) << "midpoint not exact";
       const uint16_t even = (h & 1) ? hi : lo;
       ASSERT_EQ(FloatToHalf(mid), even) << std::hex << "tie between " << lo << " and " << hi;
       const float toward_lo = std::nextafter(mid, 0.0f);
@@ -210,9 +208,9 @@ TEST(Types, FloatToHalfHandlesEdgeValues) {
       {-0.0f, 0x8000},
       {1.0f, 0x3c00},
       {-2.0f, 0xc000},
-      {65504.0f, 0x7bff},      // largest finite half
-      {65519.996f, 0x7bff},    // just below the tie with 2^16
-      {65520.0f, 0x7c00},      // tie -> even -> overflows to inf
+      {65504.0f, 0x7bff},    // largest finite half
+      {65519.996f, 0x7bff},  // just below the tie with 2^16
+      {65520.0f, 0x7c00},    // tie -> even -> overflows to inf
       {-65520.0f, 0xfc00},
       {1e10f, 0x7c00},
       {std::numeric_limits<float>::max(), 0x7c00},
@@ -288,7 +286,7 @@ TEST(Types, FloatToBFloat16RoundsToNearestEven) {
   // above round up, exactly 0x8000 is a tie that goes to the even one.
   for (uint32_t i = 0; i < 65536; ++i) {
     const uint16_t b = static_cast<uint16_t>(i);
-    if ((b & 0x7f80) == 0x7f80) continue;  // inf / NaN
+    if ((b & 0x7f80) == 0x7f80) continue;                // inf / NaN
     const uint16_t next = static_cast<uint16_t>(b + 1);  // 0x7f7f + 1 = inf: overflow
     const uint16_t even = (b & 1) ? next : b;
     for (uint32_t low : {0x0001u, 0x7fffu, 0x8000u, 0x8001u, 0xffffu}) {

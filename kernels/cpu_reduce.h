@@ -1,8 +1,8 @@
 // Element-wise reduction kernels for host memory: the arithmetic at the heart of
 // every CPU allreduce / reduce-scatter step.
 //
-// Semantics (identical on every CPU; the AVX2 and portable implementations are
-// bit-identical, see cpu_reduce.cc):
+// Semantics (the same on every CPU: the AVX2 and portable implementations give
+// bit-identical results, up to the sign/payload of NaNs; see cpu_reduce.cc):
 //   * f32/f64: IEEE arithmetic in the element type (no fast-math, no FMA).
 //   * f16/bf16: each element is widened to f32 (exact), combined in f32 and
 //     rounded back to f16/bf16 with round-to-nearest-even once per call, i.e.
@@ -17,8 +17,9 @@
 //     This is exactly x86 MINPS/MAXPS(a, b). It is not commutative for NaN and
 //     signed zero; a collective that always reduces in the same order still
 //     gives every rank the same bits.
-//   * A NaN result is always a (quiet) NaN, but its sign and payload are
-//     unspecified; for f16 it is 0x7e00 or 0xfe00 (what FloatToHalf returns).
+//   * A NaN result is a NaN, but its sign and payload are unspecified: for
+//     f16 it is 0x7e00 or 0xfe00 (what FloatToHalf returns), for bf16 a quiet
+//     NaN; f32/f64 min/max may return a signalling NaN from an input as is.
 //
 // Thread-safety: the functions are pure and may run concurrently on disjoint
 // buffers. Buffers need no particular alignment. count == 0 is a no-op (null
@@ -41,8 +42,7 @@ void ReduceInto(DType t, ReduceOp op, void* dst, const void* src, size_t count);
 // dst[i] = a[i] OP b[i] for i < count. Any of dst, a, b may be the same
 // pointer (dst == a, dst == b, a == b, all three); partial overlap is not
 // allowed.
-void ReduceOutOfPlace(DType t, ReduceOp op, void* dst, const void* a, const void* b,
-                      size_t count);
+void ReduceOutOfPlace(DType t, ReduceOp op, void* dst, const void* a, const void* b, size_t count);
 
 // data[i] = data[i] / divisor (used once at the end of an average).
 //   f32: x / (float)divisor in f32;  f64: x / (double)divisor in f64;
@@ -67,8 +67,8 @@ const char* IsaName(Isa isa);
 // The public functions with the variant forced: for tests and benchmarks.
 // Precondition: isa == kPortable or CpuSupportsAvx2().
 void ReduceIntoWith(Isa isa, DType t, ReduceOp op, void* dst, const void* src, size_t count);
-void ReduceOutOfPlaceWith(Isa isa, DType t, ReduceOp op, void* dst, const void* a,
-                          const void* b, size_t count);
+void ReduceOutOfPlaceWith(Isa isa, DType t, ReduceOp op, void* dst, const void* a, const void* b,
+                          size_t count);
 void DivideByWith(Isa isa, DType t, void* data, size_t count, int64_t divisor);
 
 }  // namespace internal

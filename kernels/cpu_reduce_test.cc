@@ -132,8 +132,7 @@ void RefElement(DType t, ReduceOp op, uint8_t* out, const uint8_t* a, const uint
   }
 }
 
-std::vector<uint8_t> RefReduce(DType t, ReduceOp op, const uint8_t* a, const uint8_t* b,
-                               size_t n) {
+std::vector<uint8_t> RefReduce(DType t, ReduceOp op, const uint8_t* a, const uint8_t* b, size_t n) {
   const size_t sz = DTypeSize(t);
   std::vector<uint8_t> out(n * sz);
   for (size_t i = 0; i < n; ++i) RefElement(t, op, &out[i * sz], a + i * sz, b + i * sz);
@@ -156,14 +155,14 @@ void RefDivideElement(DType t, uint8_t* p, int64_t d) {
       if (x == std::numeric_limits<int64_t>::min() && d == -1) return Put(p, x);  // wraps
       return Put(p, x / d);
     }
-    case DType::kU8:
-      return Put(p, static_cast<uint8_t>(static_cast<int64_t>(Get<uint8_t>(p)) / d));
+    case DType::kU8: return Put(p, static_cast<uint8_t>(static_cast<int64_t>(Get<uint8_t>(p)) / d));
   }
 }
 
 // ---------------------------------------------------------------------------
 // Comparison: bit-exact, except that any NaN matches any NaN (sign and payload
-// are unspecified) -- but an f16 NaN must be FloatToHalf's 0x7e00 / 0xfe00.
+// are unspecified) -- but an f16 NaN must be FloatToHalf's 0x7e00 / 0xfe00 and
+// a bf16 NaN must be quiet, as FloatToBFloat16 makes it.
 
 bool IsNanElement(DType t, const uint8_t* p) {
   switch (t) {
@@ -201,14 +200,15 @@ std::string Mismatch(DType t, const uint8_t* got, const uint8_t* want, size_t n,
     const uint8_t* w = want + i * sz;
     bool ok;
     if (IsNanElement(t, w)) {
-      ok = IsNanElement(t, g) && (t != DType::kF16 || (Get<uint16_t>(g) & 0x7fffu) == 0x7e00u);
+      ok = IsNanElement(t, g);
+      if (t == DType::kF16) ok = ok && (Get<uint16_t>(g) & 0x7fffu) == 0x7e00u;
+      if (t == DType::kBF16) ok = ok && (Get<uint16_t>(g) & 0x40u) != 0;  // quiet
     } else {
       ok = std::memcmp(g, w, sz) == 0;
     }
     if (!ok) {
       std::ostringstream s;
-      s << "element " << i << ": got " << ElementString(t, g) << ", want "
-        << ElementString(t, w);
+      s << "element " << i << ": got " << ElementString(t, g) << ", want " << ElementString(t, w);
       if (in_a) s << ", inputs " << ElementString(t, in_a + i * sz);
       if (in_b) s << " and " << ElementString(t, in_b + i * sz);
       return s.str();
@@ -226,7 +226,8 @@ F RandomFloatLike(std::mt19937_64& rng) {
   std::uniform_real_distribution<double> unit(-1.0, 1.0);
   const int k = pick(rng);
   if (k < 60) {
-    return static_cast<F>(unit(rng) * std::ldexp(1.0, std::uniform_int_distribution<int>(-12, 12)(rng)));
+    return static_cast<F>(unit(rng) *
+                          std::ldexp(1.0, std::uniform_int_distribution<int>(-12, 12)(rng)));
   }
   if (k < 75) return static_cast<F>(std::uniform_int_distribution<int>(-8, 8)(rng));
   if (k < 80) return k % 2 ? F(0) : -F(0);
@@ -265,8 +266,12 @@ T RandomInt(std::mt19937_64& rng) {
   if (k < 40) return static_cast<T>(rng());  // full range: sums and products wrap
   if (k < 70) return static_cast<T>(std::uniform_int_distribution<int>(-100, 100)(rng));
   if (k < 85) {
-    const T specials[] = {std::numeric_limits<T>::min(), std::numeric_limits<T>::max(),
-                          static_cast<T>(-1), T(0), T(1), static_cast<T>(1ull << (4 * sizeof(T)))};
+    const T specials[] = {std::numeric_limits<T>::min(),
+                          std::numeric_limits<T>::max(),
+                          static_cast<T>(-1),
+                          T(0),
+                          T(1),
+                          static_cast<T>(1ull << (4 * sizeof(T)))};
     return specials[std::uniform_int_distribution<size_t>(0, std::size(specials) - 1)(rng)];
   }
   return static_cast<T>(std::uniform_int_distribution<int64_t>(-70000, 70000)(rng));
@@ -305,21 +310,19 @@ void CheckReduceIntoMatchesReference(DType t) {
     for (ReduceOp op : kAllReduceOps) {
       for (size_t n : kCounts) {
         for (size_t offset : {0, 1}) {  // element offset: unaligned vector loads/stores
-          SCOPED_TRACE(std::string(VariantName(isa)) + " " + DTypeName(t) + " " +
-                       ReduceOpName(op) + " count=" + std::to_string(n) +
-                       " offset=" + std::to_string(offset));
+          SCOPED_TRACE(std::string(VariantName(isa)) + " " + DTypeName(t) + " " + ReduceOpName(op) +
+                       " count=" + std::to_string(n) + " offset=" + std::to_string(offset));
           const std::vector<uint8_t> dst0 = RandomData(t, offset + n + kGuard, rng);
           const std::vector<uint8_t> src = RandomData(t, offset + n, rng);
           std::vector<uint8_t> dst = dst0;
-          CallReduceInto(isa, t, op, &dst[offset * sz], &src[offset * sz], n);
+          CallReduceInto(isa, t, op, dst.data() + offset * sz, src.data() + offset * sz, n);
           const std::vector<uint8_t> want =
-              RefReduce(t, op, &dst0[offset * sz], &src[offset * sz], n);
-          EXPECT_EQ(Mismatch(t, &dst[offset * sz], want.data(), n, &dst0[offset * sz],
-                             &src[offset * sz]),
+              RefReduce(t, op, dst0.data() + offset * sz, src.data() + offset * sz, n);
+          EXPECT_EQ(Mismatch(t, dst.data() + offset * sz, want.data(), n, dst0.data() + offset * sz,
+                             src.data() + offset * sz),
                     "");
           EXPECT_EQ(std::memcmp(dst.data(), dst0.data(), offset * sz), 0) << "wrote before dst";
-          EXPECT_EQ(std::memcmp(&dst[(offset + n) * sz], &dst0[(offset + n) * sz], kGuard * sz),
-                    0)
+          EXPECT_EQ(std::memcmp(&dst[(offset + n) * sz], &dst0[(offset + n) * sz], kGuard * sz), 0)
               << "wrote past count";
         }
       }
@@ -416,13 +419,13 @@ TEST(CpuReduce, FloatMinMaxPropagateNaNFromSrcButDropNaNInDst) {
     const std::vector<float> src = {1, nan, 0.0f, -0.0f, nan, 3, 1, nan, 0.0f};
     const std::vector<float> mn = ReduceIntoTyped(isa, DType::kF32, ReduceOp::kMin, dst, src);
     const std::vector<float> mx = ReduceIntoTyped(isa, DType::kF32, ReduceOp::kMax, dst, src);
-    EXPECT_EQ(mn[0], 1.0f);  // min(NaN, 1) = 1
-    EXPECT_TRUE(std::isnan(mn[1]));  // min(1, NaN) = NaN
+    EXPECT_EQ(mn[0], 1.0f);             // min(NaN, 1) = 1
+    EXPECT_TRUE(std::isnan(mn[1]));     // min(1, NaN) = NaN
     EXPECT_FALSE(std::signbit(mn[2]));  // min(-0, +0) = +0 (src wins ties)
-    EXPECT_TRUE(std::signbit(mn[3]));  // min(+0, -0) = -0
+    EXPECT_TRUE(std::signbit(mn[3]));   // min(+0, -0) = -0
     EXPECT_TRUE(std::isnan(mn[4]));
     EXPECT_EQ(mn[5], 2.0f);
-    EXPECT_EQ(mn[6], 1.0f);  // tail element
+    EXPECT_EQ(mn[6], 1.0f);          // tail element
     EXPECT_TRUE(std::isnan(mn[7]));  // tail element
     EXPECT_FALSE(std::signbit(mn[8]));
     EXPECT_EQ(mx[0], 1.0f);
@@ -465,9 +468,9 @@ TEST(CpuReduce, F16RoundsEachResultToNearestEven) {
     // 2048 + 3 = 2051: tie between 2050 and 2052 -> 2052.
     // 65504 + 16 = 65520: tie between 65504 and 65536 (inf) -> inf.
     // 65504 + 8 rounds back down to 65504.
-    const std::vector<uint16_t> dst = {h(2048), h(2048), h(65504), h(65504), h(-65504),
-                                       h(0.5f), h(-2048), h(1), h(2048)};
-    const std::vector<uint16_t> src = {h(1), h(3), h(16), h(8), h(-16),
+    const std::vector<uint16_t> dst = {h(2048), h(2048),  h(65504), h(65504), h(-65504),
+                                       h(0.5f), h(-2048), h(1),     h(2048)};
+    const std::vector<uint16_t> src = {h(1),     h(3),  h(16), h(8), h(-16),
                                        h(0.25f), h(-1), h(-1), h(1)};
     const std::vector<uint16_t> sum = ReduceIntoTyped(isa, DType::kF16, ReduceOp::kSum, dst, src);
     EXPECT_EQ(HalfToFloat(sum[0]), 2048.0f);
@@ -477,12 +480,12 @@ TEST(CpuReduce, F16RoundsEachResultToNearestEven) {
     EXPECT_EQ(sum[4], 0xfc00);
     EXPECT_EQ(HalfToFloat(sum[5]), 0.75f);
     EXPECT_EQ(HalfToFloat(sum[6]), -2048.0f);
-    EXPECT_EQ(sum[7], 0x0000);  // +0
+    EXPECT_EQ(sum[7], 0x0000);                // +0
     EXPECT_EQ(HalfToFloat(sum[8]), 2048.0f);  // same tie in the scalar tail
     // Products land in the f16 subnormal range (1 ulp = 2^-24): exact values,
     // ties to even, and underflow to (signed) zero.
-    const std::vector<uint16_t> a = {h(0x1p-10f),   h(0x1p-14f), h(0x1p-13f),    h(-0x1p-20f),
-                                     h(0x1.8p-12f), h(0x1p-12f), h(0x1p-12f),    h(0x1p-12f),
+    const std::vector<uint16_t> a = {h(0x1p-10f),   h(0x1p-14f),  h(0x1p-13f), h(-0x1p-20f),
+                                     h(0x1.8p-12f), h(0x1p-12f),  h(0x1p-12f), h(0x1p-12f),
                                      h(0x1.4p-11f), h(0x1.cp-11f)};
     const std::vector<uint16_t> b = {h(0x1p-10f), h(0x1p-11f), h(0x1.8p-12f), h(0x1p-5f),
                                      h(0x1p-12f), h(0x1p-12f), h(0x1p-13f),   h(0x1.8p-13f),
@@ -518,7 +521,7 @@ TEST(CpuReduce, IntegersWrapAroundOnOverflow) {
     EXPECT_EQ(sum32[8], -2);
     EXPECT_EQ(prod32[2], 0);  // 2^32 wraps to 0
     EXPECT_EQ(prod32[3], kI32Min);
-    EXPECT_EQ(prod32[4], kI32Min);  // INT_MIN * -1 wraps to INT_MIN
+    EXPECT_EQ(prod32[4], kI32Min);      // INT_MIN * -1 wraps to INT_MIN
     EXPECT_EQ(prod32[5], -2147479015);  // 46341^2 = 2147488281 - 2^32
     EXPECT_EQ(prod32[6], -15);
     EXPECT_EQ(prod32[7], 49);
@@ -723,8 +726,9 @@ TEST(CpuReduce, DivideByMatchesReferenceForEveryDTypeAndDivisor) {
 TEST(CpuReduce, DivideByTruncatesNegativeIntegersTowardZero) {
   for (std::optional<Isa> isa : VariantsToTest()) {
     SCOPED_TRACE(VariantName(isa));
-    std::vector<int32_t> i32 = {-7, 7, -1, -2, -3, std::numeric_limits<int32_t>::min(),
-                                std::numeric_limits<int32_t>::max(), 0, -9};
+    std::vector<int32_t> i32 = {
+        -7, 7, -1, -2, -3, std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max(),
+        0,  -9};
     CallDivideBy(isa, DType::kI32, i32.data(), i32.size(), 3);
     EXPECT_EQ(i32, (std::vector<int32_t>{-2, 2, 0, 0, -1, -715827882, 715827882, 0, -3}));
     std::vector<int32_t> m = {std::numeric_limits<int32_t>::min(), 5, -5};
@@ -767,8 +771,8 @@ TEST(CpuReduce, DivideByIsExactForI32NearQuotientBoundaries) {
   std::vector<int32_t> x;
   std::vector<int64_t> divisor;
   for (int i = 0; i < 20000; ++i) {
-    const int64_t d = std::uniform_int_distribution<int64_t>(2, int64_t{1} << 31)(rng) *
-                      (rng() % 2 ? 1 : -1);
+    const int64_t d =
+        std::uniform_int_distribution<int64_t>(2, int64_t{1} << 31)(rng) * (rng() % 2 ? 1 : -1);
     const int64_t limit = (int64_t{1} << 31) / (d < 0 ? -d : d);
     const int64_t q = std::uniform_int_distribution<int64_t>(-limit, limit)(rng);
     for (int r = -1; r <= 1; ++r) {

@@ -24,8 +24,14 @@ TcpContext::TcpContext(const TcpContextOptions& options)
       epoch_(options.epoch),
       rank_(options.rank),
       size_(options.world_size),
-      peers_(options.world_size) {
-  for (int r = 0; r < size_; ++r) peers_[r].rank = r;
+      streams_(std::max(1, options.streams)),
+      peers_(static_cast<size_t>(options.world_size) * std::max(1, options.streams)) {
+  for (size_t i = 0; i < peers_.size(); ++i) peers_[i].rank = static_cast<int>(i / streams_);
+}
+
+TcpContext::Peer& TcpContext::Conn(int peer, const MessageTag& tag) {
+  const int stream = tag.slot == kControlSlot ? 0 : static_cast<int>(tag.slot % streams_);
+  return peers_[static_cast<size_t>(peer) * streams_ + stream];
 }
 
 TcpContext::~TcpContext() = default;
@@ -50,41 +56,49 @@ absl::StatusOr<std::unique_ptr<TcpContext>> TcpContext::Connect(const TcpContext
                                                s.message()));
   };
   // Phase 1: connect to every higher rank and send our Hello.
+  const int S = ctx->streams_;
   for (int p = me + 1; p < options.world_size; ++p) {
-    auto fd = TcpConnect(options.peers[p], deadline, /*retry_refused=*/true);
-    if (!fd.ok()) return peer_error(p, fd.status());
-    Hello hello{kHelloMagic, kWireVersion, static_cast<uint16_t>(options.job_id.size()),
-                options.epoch, me, p, options.world_size, 0};
-    absl::Status s = WriteFull(fd->get(), &hello, sizeof(hello), deadline);
-    if (s.ok()) s = WriteFull(fd->get(), options.job_id.data(), options.job_id.size(), deadline);
-    if (!s.ok()) return peer_error(p, s);
-    ctx->peers_[p].fd = std::move(*fd);
+    for (int st = 0; st < S; ++st) {
+      auto fd = TcpConnect(options.peers[p], deadline, /*retry_refused=*/true);
+      if (!fd.ok()) return peer_error(p, fd.status());
+      Hello hello{kHelloMagic, kWireVersion, static_cast<uint16_t>(options.job_id.size()),
+                  options.epoch, me, p, options.world_size, static_cast<uint32_t>(st)};
+      absl::Status s = WriteFull(fd->get(), &hello, sizeof(hello), deadline);
+      if (s.ok()) s = WriteFull(fd->get(), options.job_id.data(), options.job_id.size(), deadline);
+      if (!s.ok()) return peer_error(p, s);
+      ctx->peers_[p * S + st].fd = std::move(*fd);
+    }
   }
   // Phase 2: take the connections of every lower rank and accept them.
   for (int p = 0; p < me; ++p) {
-    if (listener == nullptr) return absl::FailedPreconditionError("no data-plane listener");
-    auto fd = listener->Claim(options.job_id, options.epoch, p, me, 0, deadline);
-    if (!fd.ok()) return fd.status();
-    HelloAck ack{kHelloMagic, 0, 0};
-    absl::Status s = WriteFull(fd->get(), &ack, sizeof(ack), deadline);
-    if (!s.ok()) return peer_error(p, s);
-    ctx->peers_[p].fd = std::move(*fd);
+    for (int st = 0; st < S; ++st) {
+      if (listener == nullptr) return absl::FailedPreconditionError("no data-plane listener");
+      auto fd = listener->Claim(options.job_id, options.epoch, p, me, st, deadline);
+      if (!fd.ok()) return fd.status();
+      HelloAck ack{kHelloMagic, 0, 0};
+      absl::Status s = WriteFull(fd->get(), &ack, sizeof(ack), deadline);
+      if (!s.ok()) return peer_error(p, s);
+      ctx->peers_[p * S + st].fd = std::move(*fd);
+    }
   }
   // Phase 3: every higher rank accepted us.
   for (int p = me + 1; p < options.world_size; ++p) {
-    HelloAck ack;
-    absl::Status s = ReadFull(ctx->peers_[p].fd.get(), &ack, sizeof(ack), deadline);
-    if (s.ok() && ack.magic != kHelloMagic) s = absl::DataLossError("bad handshake reply");
-    if (s.ok() && ack.code != 0) {
-      std::string msg(std::min<size_t>(ack.message_len, 1024), '\0');
-      (void)ReadFull(ctx->peers_[p].fd.get(), msg.data(), msg.size(), deadline);
-      s = absl::Status(static_cast<absl::StatusCode>(ack.code), "refused: " + msg);
+    for (int st = 0; st < S; ++st) {
+      const int fd = ctx->peers_[p * S + st].fd.get();
+      HelloAck ack;
+      absl::Status s = ReadFull(fd, &ack, sizeof(ack), deadline);
+      if (s.ok() && ack.magic != kHelloMagic) s = absl::DataLossError("bad handshake reply");
+      if (s.ok() && ack.code != 0) {
+        std::string msg(std::min<size_t>(ack.message_len, 1024), '\0');
+        (void)ReadFull(fd, msg.data(), msg.size(), deadline);
+        s = absl::Status(static_cast<absl::StatusCode>(ack.code), "refused: " + msg);
+      }
+      if (!s.ok()) return peer_error(p, s);
     }
-    if (!s.ok()) return peer_error(p, s);
   }
-  for (int p = 0; p < options.world_size; ++p) {
-    if (p == me) continue;
-    absl::Status s = TuneDataSocket(ctx->peers_[p].fd.get(), options.socket_buffer_bytes);
+  for (Peer& c : ctx->peers_) {
+    if (c.rank == me) continue;
+    absl::Status s = TuneDataSocket(c.fd.get(), options.socket_buffer_bytes);
     if (!s.ok()) return s;
   }
   return ctx;
@@ -122,7 +136,7 @@ absl::Status TcpContext::PostSend(int peer, const MemoryRegion& mr, size_t offse
                                                    ") outside region of ", mr.size(), " bytes"));
   }
   req->done = false;
-  Peer& p = peers_[peer];
+  Peer& p = Conn(peer, tag);
   p.sends.push_back(SendItem{MakeHeader(FrameType::kData, tag, static_cast<uint32_t>(len)),
                              mr.data() + offset, len, 0, req});
   if (p.sends.size() == 1) {  // eager: most small messages leave right here
@@ -144,7 +158,7 @@ absl::Status TcpContext::PostRecv(int peer, const MemoryRegion& mr, size_t offse
                                                    ") outside region of ", mr.size(), " bytes"));
   }
   req->done = false;
-  peers_[peer].recvs.push_back(RecvItem{mr.data() + offset, capacity, exact, tag, req});
+  Conn(peer, tag).recvs.push_back(RecvItem{mr.data() + offset, capacity, exact, tag, req});
   return absl::OkStatus();
 }
 

@@ -1,6 +1,6 @@
 // TCP implementation of transport::Context.
 //
-// One persistent, non-blocking socket per peer (created by Connect()). Sends
+// `streams` persistent, non-blocking sockets per peer (created by Connect()). Sends
 // are written with writev straight from the registered memory (header +
 // payload, no copy); receives read the 48-byte header, check it against the
 // tag the receive was posted with, then read the payload straight into the
@@ -32,6 +32,10 @@ struct TcpContextOptions {
   std::vector<HostPort> peers;  // data endpoints, indexed by rank
   absl::Time deadline;          // for the whole connection set-up
   int socket_buffer_bytes = 4 << 20;
+  // TCP connections per peer pair. Message i of an op travels on stream
+  // i % streams (control messages on stream 0), so one flow's window is not
+  // the ceiling; each stream keeps its own order.
+  int streams = 1;
 };
 
 class TcpContext : public Context {
@@ -86,6 +90,8 @@ class TcpContext : public Context {
   };
 
   TcpContext(const TcpContextOptions& options);
+  // The connection that carries messages with this tag to/from `peer`.
+  Peer& Conn(int peer, const MessageTag& tag);
   FrameHeader MakeHeader(FrameType type, const MessageTag& tag, uint32_t length) const;
   // Return false when the peer failed the context (then `health()` says why).
   bool DoSend(Peer& p, bool* completed);
@@ -97,7 +103,8 @@ class TcpContext : public Context {
   const uint64_t epoch_;
   const int rank_;
   const int size_;
-  std::vector<Peer> peers_;  // indexed by rank; peers_[rank_] unused
+  const int streams_;
+  std::vector<Peer> peers_;  // connection (rank, stream) at rank * streams_ + stream
   UniqueFd wake_fd_;         // eventfd signalled by Abort()
 
   mutable absl::Mutex mu_;

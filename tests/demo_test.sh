@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# `gradsync demo` end to end: a small run must pass its checks and exit 0; an
+# interrupted run (SIGINT, like Ctrl-C) must leave no process and no
+# shared-memory segment behind.
+set -uo pipefail
+GRADSYNC="$1"
+fail() { echo "FAIL: $*"; exit 1; }
+segments() { ls /dev/shm 2>/dev/null | grep '^gradsync\.' | sort; }
+
+before=$(segments)
+out=$("$GRADSYNC" demo --ranks=3 --max_bytes=1M --iters=1 --warmup=0 2>&1)
+rc=$?
+echo "$out"
+[[ $rc -eq 0 ]] || fail "demo exited $rc"
+grep -q '^OK: ' <<<"$out" || fail "no OK summary"
+[[ $(grep -cE ' OK$' <<<"$out") -ge 10 ]] || fail "expected at least 10 checked rows"
+grep -qE ' FAIL$' <<<"$out" && fail "a row failed"
+[[ "$(segments)" == "$before" ]] || fail "shared memory left behind: $(comm -13 <(echo "$before") <(segments))"
+
+# Interrupt a long run while allreduces are in flight.
+"$GRADSYNC" demo --ranks=4 --max_bytes=64M --iters=50 >"$TEST_TMPDIR/int.log" 2>&1 &
+pid=$!
+for _ in $(seq 100); do
+  grep -q 'f32' "$TEST_TMPDIR/int.log" && break
+  sleep 0.1
+done
+sleep 0.5
+children=$(pgrep -P "$pid" | tr '\n' ' ')
+[[ -n "$children" ]] || fail "demo started no children"
+kill -INT "$pid"
+wait "$pid"
+rc=$?
+cat "$TEST_TMPDIR/int.log" | tail -5
+[[ $rc -eq 130 ]] || fail "interrupted demo exited $rc, expected 130"
+sleep 0.2
+for c in $children; do
+  kill -0 "$c" 2>/dev/null && fail "child $c still running after Ctrl-C"
+done
+[[ "$(segments)" == "$before" ]] || fail "shared memory left behind after Ctrl-C: $(comm -13 <(echo "$before") <(segments))"
+echo "PASS"
