@@ -369,6 +369,8 @@ absl::StatusOr<std::unique_ptr<Session>> Client::OpenSession(const SessionOption
   req.set_timeout_ms(CeilMillis(options.timeout));
   req.mutable_options()->set_heartbeat_timeout_ms(options.heartbeat_timeout_ms);
   req.mutable_options()->set_op_timeout_ms(options.op_timeout_ms);
+  req.mutable_options()->set_tcp_streams(options.tcp_streams);
+  req.mutable_options()->set_algorithm(options.algorithm);
   req.set_client_name(options.client_name);
 
   grpc::ClientContext ctx;

@@ -74,6 +74,9 @@ struct SessionOptions {
   // Job options, used only if this session creates the job; 0 = daemon default.
   int64_t heartbeat_timeout_ms = 0;
   int64_t op_timeout_ms = 0;
+  // Used if this session creates the job (0 / "": the daemon's defaults).
+  int tcp_streams = 0;       // TCP connections per pair of ranks
+  std::string algorithm;     // forced for every op of the job; "" = cost model
   // Free-form name for the daemon's logs (e.g. "trainer pid 1234").
   std::string client_name;
 };

@@ -3,6 +3,7 @@
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -69,6 +70,10 @@ absl::StatusOr<std::shared_ptr<Session>> Daemon::OpenSession(const OpenSessionAr
                                                    " out of range [1, ",
                                                    transport::kMaxWorldSize, "]"));
   }
+  if (args.tcp_streams < 0 || args.tcp_streams > 16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tcp_streams ", args.tcp_streams, " out of range [0, 16]"));
+  }
   if (args.rank < -1 || args.rank >= args.world_size) {
     return absl::InvalidArgumentError(absl::StrCat("rank ", args.rank, " out of range for world size ",
                                                    args.world_size, " (-1 = any)"));
@@ -82,6 +87,9 @@ absl::StatusOr<std::shared_ptr<Session>> Daemon::OpenSession(const OpenSessionAr
   creq.set_world_size(args.world_size);
   creq.mutable_options()->set_heartbeat_timeout_ms(args.heartbeat_timeout_ms);
   creq.mutable_options()->set_op_timeout_ms(args.op_timeout_ms);
+  creq.mutable_options()->set_tcp_streams(args.tcp_streams > 0 ? args.tcp_streams
+                                                                : options_.tcp_streams);
+  creq.mutable_options()->set_algorithm(args.algorithm);
   v1::CreateJobResponse cresp;
   auto rpc = RpcContext(absl::Seconds(10));
   absl::Status s = FromGrpcStatus(coordinator_->CreateJob(rpc.get(), creq, &cresp));
@@ -118,6 +126,8 @@ absl::StatusOr<std::shared_ptr<Session>> Daemon::OpenSession(const OpenSessionAr
   co.rank = jresp.rank();
   co.world_size = jresp.world_size();
   co.socket_buffer_bytes = options_.socket_buffer_bytes;
+  // Every rank must use the job's stream count, whoever created the job.
+  co.streams = std::max(1, jresp.options().tcp_streams());
   co.deadline = std::max(deadline, absl::Now() + absl::Seconds(5));
   for (const auto& m : jresp.members()) {
     co.peers.push_back(HostPort{m.data_endpoint().host(), m.data_endpoint().port()});

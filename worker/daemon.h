@@ -33,6 +33,7 @@ struct DaemonOptions {
   absl::Duration connect_timeout = absl::Seconds(30);
   RingOptions ring;
   int socket_buffer_bytes = 4 << 20;
+  int tcp_streams = 2;  // default TCP connections per rank pair for jobs this daemon creates
 };
 
 struct OpenSessionArgs {
@@ -42,6 +43,8 @@ struct OpenSessionArgs {
   absl::Duration timeout = absl::Seconds(60);
   int64_t heartbeat_timeout_ms = 0;
   int64_t op_timeout_ms = 0;
+  int tcp_streams = 0;    // 0: DaemonOptions::tcp_streams
+  std::string algorithm;  // job-wide forced algorithm; "" = cost model
   std::string client_name;
 };
 

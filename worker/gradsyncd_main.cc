@@ -33,6 +33,8 @@ ABSL_FLAG(int64_t, session_lease_ms, 120000,
 ABSL_FLAG(int64_t, segment_bytes, 1 << 20, "largest pipelined ring message");
 ABSL_FLAG(int32_t, max_inflight, 4, "ring segments in flight per direction");
 ABSL_FLAG(int32_t, socket_buffer_bytes, 4 << 20, "SO_SNDBUF/SO_RCVBUF of data sockets");
+ABSL_FLAG(int32_t, tcp_streams, 2,
+          "TCP connections per pair of ranks for jobs this daemon creates (a job's value wins)");
 ABSL_FLAG(std::string, port_file, "",
           "if set, write the data-plane port here once serving (for tests and scripts)");
 ABSL_FLAG(int32_t, v, 0, "log verbosity: 0 info, 1 debug");
@@ -89,10 +91,11 @@ int main(int argc, char** argv) {
   opts.ring.segment_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_segment_bytes));
   opts.ring.max_inflight = absl::GetFlag(FLAGS_max_inflight);
   opts.socket_buffer_bytes = absl::GetFlag(FLAGS_socket_buffer_bytes);
+  opts.tcp_streams = absl::GetFlag(FLAGS_tcp_streams);
   if (opts.heartbeat_interval <= absl::ZeroDuration() || opts.ring.segment_bytes < 4096 ||
-      opts.ring.max_inflight < 1) {
+      opts.ring.max_inflight < 1 || opts.tcp_streams < 1 || opts.tcp_streams > 16) {
     GS_LOG(ERROR) << "invalid flags: --heartbeat_interval_ms must be > 0, --segment_bytes >= "
-                     "4096, --max_inflight >= 1";
+                     "4096, --max_inflight >= 1, --tcp_streams in [1, 16]";
     return 2;
   }
   auto daemon = gradsync::Daemon::Start(opts);

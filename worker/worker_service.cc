@@ -26,6 +26,8 @@ grpc::Status WorkerService::OpenSession(grpc::ServerContext* ctx,
   a.timeout = std::min(timeout, UntilDeadline(ctx));
   a.heartbeat_timeout_ms = req->options().heartbeat_timeout_ms();
   a.op_timeout_ms = req->options().op_timeout_ms();
+  a.tcp_streams = req->options().tcp_streams();
+  a.algorithm = req->options().algorithm();
   a.client_name = req->client_name();
   auto s = daemon_->OpenSession(a);
   if (!s.ok()) return ToGrpcStatus(s.status());
