@@ -10,13 +10,6 @@
 
 namespace gradsync {
 
-const char* CollectiveName(CollectiveKind k) {
-  switch (k) {
-    case CollectiveKind::kAllreduce: return "allreduce";
-  }
-  return "collective";
-}
-
 std::string OpSignature::Describe() const {
   return absl::StrCat(CollectiveName(kind), " '", name, "' ", DTypeName(dtype), "[", count, "] ",
                       ReduceOpName(op));

@@ -13,8 +13,7 @@
 
 namespace gradsync {
 
-enum class CollectiveKind : uint8_t { kAllreduce = 1 };
-const char* CollectiveName(CollectiveKind k);
+// CollectiveKind and CollectiveName live in common/types.h.
 
 inline constexpr size_t kMaxOpNameBytes = 256;
 

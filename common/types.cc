@@ -42,6 +42,44 @@ const char* ReduceOpName(ReduceOp op) {
   return "invalid-op";
 }
 
+const char* CollectiveName(CollectiveKind k) {
+  switch (k) {
+    case CollectiveKind::kAllreduce: return "allreduce";
+    case CollectiveKind::kReduceScatter: return "reduce_scatter";
+    case CollectiveKind::kAllgather: return "allgather";
+    case CollectiveKind::kBroadcast: return "broadcast";
+    case CollectiveKind::kReduce: return "reduce";
+    case CollectiveKind::kAlltoall: return "alltoall";
+    case CollectiveKind::kBarrier: return "barrier";
+  }
+  return "invalid-collective";
+}
+
+bool IsValidCollective(int v) { return v >= 1 && v <= 7; }
+
+absl::StatusOr<CollectiveKind> ParseCollective(absl::string_view name) {
+  std::string n = absl::AsciiStrToLower(name);
+  for (CollectiveKind k : kAllCollectives) {
+    if (n == CollectiveName(k)) return k;
+  }
+  if (n == "reducescatter") return CollectiveKind::kReduceScatter;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown collective '", name,
+      "' (expected allreduce, reduce_scatter, allgather, broadcast, reduce, alltoall or barrier)"));
+}
+
+bool IsBlockedCollective(CollectiveKind k) {
+  return k == CollectiveKind::kReduceScatter || k == CollectiveKind::kAllgather ||
+         k == CollectiveKind::kAlltoall;
+}
+bool IsRootedCollective(CollectiveKind k) {
+  return k == CollectiveKind::kBroadcast || k == CollectiveKind::kReduce;
+}
+bool IsReducingCollective(CollectiveKind k) {
+  return k == CollectiveKind::kAllreduce || k == CollectiveKind::kReduceScatter ||
+         k == CollectiveKind::kReduce;
+}
+
 bool IsValidDType(int v) { return v >= 1 && v <= 7; }
 bool IsValidReduceOp(int v) { return v >= 1 && v <= 5; }
 

@@ -31,6 +31,22 @@ enum class ReduceOp : uint8_t {
   kProd = 5,
 };
 
+// Values match gradsync.v1.CollectiveType. Buffer layouts: docs/collectives.md.
+enum class CollectiveKind : uint8_t {
+  kAllreduce = 1,
+  kReduceScatter = 2,
+  kAllgather = 3,
+  kBroadcast = 4,
+  kReduce = 5,
+  kAlltoall = 6,
+  kBarrier = 7,
+};
+
+inline constexpr CollectiveKind kAllCollectives[] = {
+    CollectiveKind::kAllreduce, CollectiveKind::kReduceScatter, CollectiveKind::kAllgather,
+    CollectiveKind::kBroadcast, CollectiveKind::kReduce,        CollectiveKind::kAlltoall,
+    CollectiveKind::kBarrier};
+
 inline constexpr DType kAllDTypes[] = {DType::kF32, DType::kF64, DType::kF16, DType::kBF16,
                                        DType::kI32, DType::kI64, DType::kU8};
 inline constexpr ReduceOp kAllReduceOps[] = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMin,
@@ -42,6 +58,17 @@ size_t DTypeSize(DType t);
 const char* DTypeName(DType t);
 // "sum", "avg", "min", "max", "prod".
 const char* ReduceOpName(ReduceOp op);
+
+// "allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "alltoall", "barrier".
+const char* CollectiveName(CollectiveKind k);
+bool IsValidCollective(int v);
+absl::StatusOr<CollectiveKind> ParseCollective(absl::string_view name);
+// Whether the buffer holds world_size blocks of `count` (reduce_scatter, allgather, alltoall).
+bool IsBlockedCollective(CollectiveKind k);
+// Whether the op has a root rank (broadcast, reduce).
+bool IsRootedCollective(CollectiveKind k);
+// Whether the reduce op matters (allreduce, reduce_scatter, reduce).
+bool IsReducingCollective(CollectiveKind k);
 
 bool IsValidDType(int v);
 bool IsValidReduceOp(int v);
