@@ -201,41 +201,80 @@ absl::Status Session::FreeBuffer(std::unique_ptr<Buffer> buffer) {
 absl::StatusOr<OpHandle> Session::AllreduceAsync(const Buffer& buffer, size_t offset_bytes,
                                                  size_t count, DType dtype, ReduceOp op,
                                                  absl::string_view name, absl::Duration timeout) {
+  CollectiveSpec spec;
+  spec.kind = CollectiveKind::kAllreduce;
+  spec.buffer = &buffer;
+  spec.offset_bytes = offset_bytes;
+  spec.count = count;
+  spec.dtype = dtype;
+  spec.op = op;
+  spec.name = std::string(name);
+  spec.timeout = timeout;
+  return SubmitAsync(spec);
+}
+
+absl::StatusOr<OpHandle> Session::SubmitAsync(const CollectiveSpec& spec) {
   RETURN_IF_ERROR(CheckOpen());
-  const std::string what = absl::StrCat("allreduce '", name, "'");
+  const int kind_value = static_cast<int>(spec.kind);
+  if (!IsValidCollective(kind_value)) {
+    return absl::InvalidArgumentError(absl::StrCat("invalid collective value ", kind_value,
+                                                   " (expected 1..7)"));
+  }
+  const std::string what = absl::StrCat(CollectiveName(spec.kind), " '", spec.name, "'");
+  const DType dtype = spec.dtype;
+  const size_t count = spec.count;
+  const size_t offset_bytes = spec.offset_bytes;
+  const absl::Duration timeout = spec.timeout;
   const int dtype_value = static_cast<int>(dtype);
   if (!IsValidDType(dtype_value)) {
     return absl::InvalidArgumentError(absl::StrCat(
         what, ": invalid dtype value ", dtype_value, " (expected 1..7: f32 f64 f16 bf16 i32 i64 u8)"));
   }
-  const int op_value = static_cast<int>(op);
+  const int op_value = static_cast<int>(spec.op);
   if (!IsValidReduceOp(op_value)) {
     return absl::InvalidArgumentError(absl::StrCat(
         what, ": invalid reduce op value ", op_value, " (expected 1..5: sum avg min max prod)"));
   }
-  if (buffer.session_id() != id_) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": buffer ", buffer.id(),
-                                                   " belongs to session ", buffer.session_id(),
-                                                   ", not to session ", id_));
+  if (IsRootedCollective(spec.kind) && (spec.root < 0 || spec.root >= world_size_)) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": root ", spec.root,
+                                                   " out of range for world size ", world_size_));
   }
-  const size_t esize = DTypeSize(dtype);
-  const size_t size = buffer.size();
-  if (offset_bytes % esize != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, ": offset_bytes ", offset_bytes, " is not a multiple of the ",
-                     DTypeName(dtype), " element size ", esize));
-  }
-  if (offset_bytes >= size) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": offset_bytes ", offset_bytes,
-                                                   " is past the end of buffer ", buffer.id(),
-                                                   " (", size, " bytes)"));
-  }
-  const size_t max_count = (size - offset_bytes) / esize;  // no overflow: divides, never multiplies
-  if (count > max_count) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, ": count ", count, " x ", esize, "-byte ", DTypeName(dtype), " at offset_bytes ",
-        offset_bytes, " does not fit in buffer ", buffer.id(), " (", size, " bytes; at most ",
-        max_count, " elements fit)"));
+  uint64_t buffer_id = 0;
+  if (spec.kind == CollectiveKind::kBarrier && spec.buffer == nullptr) {
+    if (count != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": a barrier without a buffer has count 0"));
+    }
+  } else {
+    if (spec.buffer == nullptr) return absl::InvalidArgumentError(what + ": no buffer");
+    const Buffer& buffer = *spec.buffer;
+    if (buffer.session_id() != id_) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": buffer ", buffer.id(),
+                                                     " belongs to session ", buffer.session_id(),
+                                                     ", not to session ", id_));
+    }
+    buffer_id = buffer.id();
+    const size_t esize = DTypeSize(dtype);
+    const size_t size = buffer.size();
+    if (offset_bytes % esize != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": offset_bytes ", offset_bytes, " is not a multiple of the ",
+                       DTypeName(dtype), " element size ", esize));
+    }
+    if (offset_bytes >= size && count > 0) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": offset_bytes ", offset_bytes,
+                                                     " is past the end of buffer ", buffer.id(),
+                                                     " (", size, " bytes)"));
+    }
+    const size_t blocks = IsBlockedCollective(spec.kind) ? static_cast<size_t>(world_size_) : 1;
+    // No overflow: divides, never multiplies.
+    const size_t max_count = offset_bytes >= size ? 0 : (size - offset_bytes) / esize / blocks;
+    if (count > max_count) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": count ", count, blocks > 1 ? absl::StrCat(" x ", blocks, " blocks") : "",
+          " x ", esize, "-byte ", DTypeName(dtype), " at offset_bytes ", offset_bytes,
+          " does not fit in buffer ", buffer.id(), " (", size, " bytes; at most ", max_count,
+          " elements", blocks > 1 ? " per block" : "", " fit)"));
+    }
   }
   if (timeout < absl::ZeroDuration() || timeout == absl::InfiniteDuration()) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": timeout must be finite and >= 0, got ",
@@ -243,15 +282,26 @@ absl::StatusOr<OpHandle> Session::AllreduceAsync(const Buffer& buffer, size_t of
   }
 
   internal::SubmitArgs args;
-  args.buffer_id = buffer.id();
+  args.kind = spec.kind;
+  args.root = spec.root;
+  args.algorithm = spec.algorithm;
+  args.buffer_id = buffer_id;
   args.offset_bytes = offset_bytes;
   args.count = count;
   args.dtype = dtype;
-  args.reduce_op = op;
-  args.name = name;
+  args.reduce_op = spec.op;
+  args.name = spec.name;
   args.timeout_ms = CeilMillis(timeout);
   ASSIGN_OR_RETURN(internal::SubmitTicket ticket, ops_->Submit(args));
-  return OpHandle{ticket.op_id, ticket.sequence, std::string(name)};
+  return OpHandle{ticket.op_id, ticket.sequence, spec.name};
+}
+
+absl::StatusOr<OpResult> Session::Run(const CollectiveSpec& spec) {
+  ASSIGN_OR_RETURN(OpHandle handle, SubmitAsync(spec));
+  absl::Duration op_timeout = spec.timeout;
+  if (op_timeout <= absl::ZeroDuration()) op_timeout = default_op_timeout_;
+  if (op_timeout <= absl::ZeroDuration()) op_timeout = kDefaultOpWait;
+  return Wait(handle, op_timeout + kRpcMargin);
 }
 
 absl::StatusOr<OpResult> Session::Wait(const OpHandle& op, absl::Duration timeout) {

@@ -131,6 +131,24 @@ class Buffer {
 // A submitted op. Copyable; valid for the session that returned it. Only
 // op_id matters to Wait/Poll (the C API builds handles from it alone);
 // sequence and name make error messages precise.
+// One collective, for Session::SubmitAsync/Run. Buffer layouts
+// (docs/collectives.md): allreduce, broadcast and reduce use `count`
+// elements; reduce_scatter, allgather and alltoall use world_size blocks of
+// `count` elements each (rank r's own block is block r); barrier uses none
+// (buffer may be null, count 0).
+struct CollectiveSpec {
+  CollectiveKind kind = CollectiveKind::kAllreduce;
+  const Buffer* buffer = nullptr;
+  size_t offset_bytes = 0;
+  size_t count = 0;
+  DType dtype = DType::kF32;
+  ReduceOp op = ReduceOp::kSum;  // allreduce, reduce_scatter, reduce
+  int root = 0;                  // broadcast, reduce
+  std::string name;              // identifies the op across ranks
+  std::string algorithm;         // "" = the job's choice or the cost model
+  absl::Duration timeout = absl::ZeroDuration();  // zero = the job's default
+};
+
 struct OpHandle {
   uint64_t op_id = 0;
   // Position in the session's op stream, from 1 (0 = unknown).
@@ -188,6 +206,13 @@ class Session {
   absl::StatusOr<OpHandle> AllreduceAsync(const Buffer& buffer, size_t offset_bytes, size_t count,
                                           DType dtype, ReduceOp op, absl::string_view name,
                                           absl::Duration timeout = absl::ZeroDuration());
+
+  // Submits any collective (see CollectiveSpec) and returns at once. The
+  // same local checks as AllreduceAsync, for the collective's layout; plus
+  // root in [0, world_size) for rooted ones.
+  absl::StatusOr<OpHandle> SubmitAsync(const CollectiveSpec& spec);
+  // SubmitAsync + Wait (as Allreduce).
+  absl::StatusOr<OpResult> Run(const CollectiveSpec& spec);
 
   // Waits up to `timeout` for `op` (negative = 0 = poll once;
   // absl::InfiniteDuration() waits until the op ends, which the op's own

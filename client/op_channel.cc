@@ -32,7 +32,9 @@ class GrpcOpChannel final : public OpChannel {
   absl::StatusOr<SubmitTicket> Submit(const SubmitArgs& args) override {
     v1::SubmitRequest req;
     req.set_session_id(session_id_);
-    req.set_collective(v1::COLLECTIVE_TYPE_ALLREDUCE);
+    req.set_collective(static_cast<v1::CollectiveType>(static_cast<int>(args.kind)));
+    req.set_root(args.root);
+    req.set_algorithm(std::string(args.algorithm));
     req.set_name(std::string(args.name));
     // common/types.h values match the proto enums numerically.
     req.set_dtype(static_cast<v1::DataType>(static_cast<int>(args.dtype)));

@@ -46,6 +46,9 @@ struct WorkerConnection {
 
 // A fully validated collective (Session checked the buffer range).
 struct SubmitArgs {
+  CollectiveKind kind = CollectiveKind::kAllreduce;
+  int root = 0;
+  absl::string_view algorithm;
   uint64_t buffer_id = 0;
   uint64_t offset_bytes = 0;
   uint64_t count = 0;
