@@ -1,4 +1,4 @@
-// gradsync: the command-line tool. Subcommands: demo.
+// gradsync: the command-line tool. Commands: demo, bench. See docs/cli.md.
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -6,14 +6,34 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
+#include "cli/bench.h"
 #include "cli/demo.h"
 
-ABSL_FLAG(int32_t, ranks, 4, "demo: number of ranks (gradsyncd processes)");
-ABSL_FLAG(std::string, max_bytes, "64M", "demo: largest allreduce (K/M/G suffixes)");
-ABSL_FLAG(int32_t, iters, 3, "demo: timed iterations per size");
-ABSL_FLAG(int32_t, warmup, 1, "demo: untimed iterations per size");
+ABSL_FLAG(int32_t, ranks, 4, "demo/bench: ranks of the embedded local cluster (one gradsyncd each)");
+ABSL_FLAG(std::string, max_bytes, "64M", "largest message (K/M/G suffixes)");
+ABSL_FLAG(std::string, min_bytes, "8", "bench: smallest message (K/M/G suffixes)");
+ABSL_FLAG(std::string, step_factor, "2", "bench: multiply the size by this between rows");
+ABSL_FLAG(int32_t, iters, -1, "timed iterations per size (demo: 3, bench: 20)");
+ABSL_FLAG(int32_t, warmup, -1, "untimed iterations per size (demo: 1, bench: 5)");
 ABSL_FLAG(int64_t, timeout_ms, 60000, "deadline of each collective");
-ABSL_FLAG(bool, keep_logs, false, "keep the local cluster's logs even when all is well");
+ABSL_FLAG(bool, keep_logs, false, "demo: keep the local cluster's logs even when all is well");
+ABSL_FLAG(std::string, op, "allreduce",
+          "bench: allreduce|reduce_scatter|allgather|broadcast|reduce|alltoall|barrier");
+ABSL_FLAG(std::string, dtype, "f32", "bench: f32|f64|f16|bf16|i32|i64|u8");
+ABSL_FLAG(std::string, redop, "sum", "bench: sum|avg|min|max|prod");
+ABSL_FLAG(std::string, algo, "auto", "bench: auto (cost model) or ring|rhd|rd|tree|pairwise");
+ABSL_FLAG(int32_t, root, 0, "bench: root rank of broadcast/reduce");
+ABSL_FLAG(bool, check, false, "bench: check results (one checked op per size) and count #wrong");
+ABSL_FLAG(std::string, csv, "", "bench: also write the table as CSV to this file");
+ABSL_FLAG(int32_t, tcp_streams, 0, "bench: TCP connections per rank pair (0: daemon default)");
+ABSL_FLAG(bool, limits, true, "bench: measure and print link/memory limits before the table");
+ABSL_FLAG(std::string, coordinator, "",
+          "bench: use an existing cluster (run one bench per rank, each next to its gradsyncd)");
+ABSL_FLAG(std::string, daemon, "unix:/run/gradsync/gradsyncd.sock",
+          "bench with --coordinator: the local gradsyncd");
+ABSL_FLAG(int32_t, world_size, 0, "bench with --coordinator: ranks in the bench job");
+ABSL_FLAG(std::string, job, "", "bench with --coordinator: job id shared by all bench processes");
 
 namespace {
 constexpr char kUsage[] =
@@ -21,7 +41,14 @@ constexpr char kUsage[] =
     "commands:\n"
     "  demo    start a local cluster (1 coordinator + --ranks daemons) on loopback, run\n"
     "          allreduces over several sizes and dtypes, check every result, print a table;\n"
-    "          exits 0 only if every check passed\n";
+    "          exits 0 only if every check passed\n"
+    "  bench   nccl-tests style table for one collective over a range of sizes, next to the\n"
+    "          link limits measured in the same run (--op, --min_bytes, --max_bytes, ...)\n";
+
+int Fail(const char* cmd, const std::string& msg) {
+  std::fprintf(stderr, "gradsync %s: %s\n", cmd, msg.c_str());
+  return 2;
+}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -32,18 +59,16 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string cmd = args[1];
+  auto max_bytes = gradsync::ParseBytes(absl::GetFlag(FLAGS_max_bytes));
+  if (!max_bytes.ok()) return Fail(cmd.c_str(), "--max_bytes: " + std::string(max_bytes.status().message()));
+  const int iters = absl::GetFlag(FLAGS_iters);
+  const int warmup = absl::GetFlag(FLAGS_warmup);
   if (cmd == "demo") {
     gradsync::DemoOptions o;
     o.ranks = absl::GetFlag(FLAGS_ranks);
-    auto max_bytes = gradsync::ParseBytes(absl::GetFlag(FLAGS_max_bytes));
-    if (!max_bytes.ok()) {
-      std::fprintf(stderr, "gradsync demo: --max_bytes: %s\n",
-                   std::string(max_bytes.status().message()).c_str());
-      return 2;
-    }
     o.max_bytes = *max_bytes;
-    o.iters = absl::GetFlag(FLAGS_iters);
-    o.warmup = absl::GetFlag(FLAGS_warmup);
+    if (iters >= 0) o.iters = iters;
+    if (warmup >= 0) o.warmup = warmup;
     o.timeout_ms = absl::GetFlag(FLAGS_timeout_ms);
     o.keep_logs = absl::GetFlag(FLAGS_keep_logs);
     auto failures = gradsync::RunDemo(o);
@@ -52,6 +77,47 @@ int main(int argc, char** argv) {
       return 1;
     }
     return *failures == 0 ? 0 : 1;
+  }
+  if (cmd == "bench") {
+    gradsync::BenchOptions o;
+    auto op = gradsync::ParseCollective(absl::GetFlag(FLAGS_op));
+    if (!op.ok()) return Fail("bench", "--op: " + std::string(op.status().message()));
+    auto dtype = gradsync::ParseDType(absl::GetFlag(FLAGS_dtype));
+    if (!dtype.ok()) return Fail("bench", "--dtype: " + std::string(dtype.status().message()));
+    auto redop = gradsync::ParseReduceOp(absl::GetFlag(FLAGS_redop));
+    if (!redop.ok()) return Fail("bench", "--redop: " + std::string(redop.status().message()));
+    auto min_bytes = gradsync::ParseBytes(absl::GetFlag(FLAGS_min_bytes));
+    if (!min_bytes.ok()) return Fail("bench", "--min_bytes: " + std::string(min_bytes.status().message()));
+    double step = 0;
+    if (!absl::SimpleAtod(absl::GetFlag(FLAGS_step_factor), &step)) {
+      return Fail("bench", "--step_factor: not a number");
+    }
+    o.op = *op;
+    o.dtype = *dtype;
+    o.redop = *redop;
+    o.min_bytes = *min_bytes;
+    o.max_bytes = *max_bytes;
+    o.step_factor = step;
+    o.ranks = absl::GetFlag(FLAGS_ranks);
+    o.algo = absl::GetFlag(FLAGS_algo);
+    o.root = absl::GetFlag(FLAGS_root);
+    if (iters >= 0) o.iters = iters;
+    if (warmup >= 0) o.warmup = warmup;
+    o.check = absl::GetFlag(FLAGS_check);
+    o.csv = absl::GetFlag(FLAGS_csv);
+    o.tcp_streams = absl::GetFlag(FLAGS_tcp_streams);
+    o.limits = absl::GetFlag(FLAGS_limits);
+    o.timeout_ms = absl::GetFlag(FLAGS_timeout_ms);
+    o.coordinator = absl::GetFlag(FLAGS_coordinator);
+    o.daemon = absl::GetFlag(FLAGS_daemon);
+    o.world_size = absl::GetFlag(FLAGS_world_size);
+    o.job = absl::GetFlag(FLAGS_job);
+    auto wrong = gradsync::RunBench(o);
+    if (!wrong.ok()) {
+      std::fprintf(stderr, "gradsync bench: %s\n", std::string(wrong.status().message()).c_str());
+      return 1;
+    }
+    return *wrong == 0 ? 0 : 1;
   }
   std::fprintf(stderr, "gradsync: unknown command '%s'\n%s", cmd.c_str(), kUsage);
   return 2;

@@ -51,10 +51,10 @@ std::string FindBinary(const std::string& name) {
   if (n > 0) {
     exe[n] = '\0';
     std::string dir = std::filesystem::path(exe).parent_path().string();
-    dirs = {dir, dir + "/../server", dir + "/../worker", dir + "/../../server",
-            dir + "/../../worker"};
+    dirs = {dir, dir + "/../server", dir + "/../worker", dir + "/../bench",
+            dir + "/../../server", dir + "/../../worker", dir + "/../../bench"};
   }
-  for (const char* rel : {"server", "worker"}) {  // Bazel runfiles (tests)
+  for (const char* rel : {"server", "worker", "bench"}) {  // Bazel runfiles (tests)
     dirs.push_back(rel);
   }
   if (const char* env = std::getenv("GRADSYNC_BIN_DIR")) dirs.insert(dirs.begin(), env);
@@ -129,7 +129,8 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
 
   const std::string coord_port_file = c->work_dir_ + "/coordinator.port";
   const std::string coord_log = c->work_dir_ + "/coordinator.log";
-  std::vector<std::string> cargs = {"--listen=127.0.0.1:0", "--port_file=" + coord_port_file};
+  std::vector<std::string> cargs = {"--listen=127.0.0.1:0", "--port_file=" + coord_port_file,
+                                    "--metrics_listen=127.0.0.1:0"};
   cargs.insert(cargs.end(), options.coordinator_flags.begin(), options.coordinator_flags.end());
   auto cpid = Spawn(coord_bin, cargs, coord_log);
   if (!cpid.ok()) return cpid.status();

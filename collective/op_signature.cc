@@ -11,11 +11,17 @@
 namespace gradsync {
 
 std::string OpSignature::Describe() const {
-  return absl::StrCat(CollectiveName(kind), " '", name, "' ", DTypeName(dtype), "[", count, "] ",
-                      ReduceOpName(op));
+  std::string out = absl::StrCat(CollectiveName(kind), " '", name, "'");
+  if (kind != CollectiveKind::kBarrier) {
+    absl::StrAppend(&out, " ", DTypeName(dtype), "[", count, "]");
+  }
+  if (IsReducingCollective(kind)) absl::StrAppend(&out, " ", ReduceOpName(op));
+  if (IsRootedCollective(kind)) absl::StrAppend(&out, " root ", root);
+  return out;
 }
 
 namespace {
+// The encoded form: this header, then the name bytes (at most kMaxOpNameBytes).
 struct PackedSignature {
   uint64_t seq;
   uint64_t count;
@@ -24,13 +30,22 @@ struct PackedSignature {
   uint8_t op;
   uint8_t pad;
   uint32_t name_len;
+  int32_t root;
+  uint32_t reserved;  // 0
 };
-static_assert(sizeof(PackedSignature) == 24, "packed signature layout");
+static_assert(sizeof(PackedSignature) == 32, "packed signature layout");
 }  // namespace
 
 std::string OpSignature::Encode() const {
-  PackedSignature p{seq, count, static_cast<uint8_t>(kind), static_cast<uint8_t>(dtype),
-                    static_cast<uint8_t>(op), 0, static_cast<uint32_t>(name.size())};
+  PackedSignature p{seq,
+                    count,
+                    static_cast<uint8_t>(kind),
+                    static_cast<uint8_t>(dtype),
+                    static_cast<uint8_t>(op),
+                    0,
+                    static_cast<uint32_t>(name.size()),
+                    root,
+                    0};
   std::string out(sizeof(p), '\0');
   std::memcpy(out.data(), &p, sizeof(p));
   out += name;
@@ -41,8 +56,8 @@ absl::StatusOr<OpSignature> OpSignature::Decode(const std::string& bytes) {
   PackedSignature p;
   if (bytes.size() < sizeof(p)) return absl::DataLossError("short op signature");
   std::memcpy(&p, bytes.data(), sizeof(p));
-  if (bytes.size() != sizeof(p) + p.name_len || !IsValidDType(p.dtype) ||
-      !IsValidReduceOp(p.op) || p.kind != static_cast<uint8_t>(CollectiveKind::kAllreduce)) {
+  if (p.name_len > kMaxOpNameBytes || bytes.size() != sizeof(p) + p.name_len ||
+      !IsValidDType(p.dtype) || !IsValidReduceOp(p.op) || !IsValidCollective(p.kind)) {
     return absl::DataLossError("malformed op signature");
   }
   OpSignature s;
@@ -51,13 +66,14 @@ absl::StatusOr<OpSignature> OpSignature::Decode(const std::string& bytes) {
   s.kind = static_cast<CollectiveKind>(p.kind);
   s.dtype = static_cast<DType>(p.dtype);
   s.op = static_cast<ReduceOp>(p.op);
+  s.root = p.root;
   s.name = bytes.substr(sizeof(p));
   return s;
 }
 
 bool OpSignature::operator==(const OpSignature& o) const {
   return seq == o.seq && kind == o.kind && dtype == o.dtype && op == o.op && count == o.count &&
-         name == o.name;
+         root == o.root && name == o.name;
 }
 
 absl::Status CheckSignatures(transport::Context& ctx, const OpSignature& mine,

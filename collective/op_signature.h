@@ -23,9 +23,13 @@ struct OpSignature {
   DType dtype = DType::kF32;
   ReduceOp op = ReduceOp::kSum;
   uint64_t count = 0;
+  int32_t root = 0;  // broadcast and reduce; 0 for the others
   std::string name;
 
-  // e.g. "allreduce 'layer1.grad' f32[1024] sum"
+  // e.g. "allreduce 'layer1.grad' f32[1024] sum", "broadcast 'w' f32[10] root 2",
+  // "reduce 'g' f32[10] sum root 3", "allgather 'p' bf16[512]", "barrier 'step'".
+  // The reduce op is shown only for reducing collectives, the root only for
+  // rooted ones, dtype and count for all but barrier.
   std::string Describe() const;
   std::string Encode() const;
   static absl::StatusOr<OpSignature> Decode(const std::string& bytes);

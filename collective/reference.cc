@@ -6,6 +6,23 @@
 #include "kernels/cpu_reduce.h"
 
 namespace gradsync::testing {
+namespace {
+
+void Store(DType t, double v, char* p) {
+  switch (t) {
+    case DType::kF32: { float f = static_cast<float>(v); std::memcpy(p, &f, 4); break; }
+    case DType::kF64: std::memcpy(p, &v, 8); break;
+    case DType::kF16: { uint16_t h = FloatToHalf(static_cast<float>(v)); std::memcpy(p, &h, 2); break; }
+    case DType::kBF16: { uint16_t h = FloatToBFloat16(static_cast<float>(v)); std::memcpy(p, &h, 2); break; }
+    default: break;
+  }
+}
+
+bool IsFloat(DType t) {
+  return t == DType::kF32 || t == DType::kF64 || t == DType::kF16 || t == DType::kBF16;
+}
+
+}  // namespace
 
 std::vector<char> RandomData(DType t, size_t count, int rank, uint32_t seed) {
   std::mt19937 rng(seed * 977 + rank);
@@ -15,16 +32,40 @@ std::vector<char> RandomData(DType t, size_t count, int rank, uint32_t seed) {
     char* p = out.data() + i * DTypeSize(t);
     const double v = real(rng);
     switch (t) {
-      case DType::kF32: { float f = static_cast<float>(v); std::memcpy(p, &f, 4); break; }
-      case DType::kF64: std::memcpy(p, &v, 8); break;
-      case DType::kF16: { uint16_t h = FloatToHalf(static_cast<float>(v)); std::memcpy(p, &h, 2); break; }
-      case DType::kBF16: { uint16_t h = FloatToBFloat16(static_cast<float>(v)); std::memcpy(p, &h, 2); break; }
       case DType::kI32: { int32_t x = static_cast<int32_t>(rng()); std::memcpy(p, &x, 4); break; }
       case DType::kI64: { int64_t x = (static_cast<int64_t>(rng()) << 32) | rng(); std::memcpy(p, &x, 8); break; }
       case DType::kU8: { uint8_t x = static_cast<uint8_t>(rng()); std::memcpy(p, &x, 1); break; }
+      default: Store(t, v, p); break;
     }
   }
   return out;
+}
+
+std::vector<char> IntegerValuedData(DType t, size_t count, int rank, uint32_t seed, ReduceOp op) {
+  if (!IsFloat(t)) return RandomData(t, count, rank, seed);
+  std::mt19937 rng(seed * 7919 + rank);
+  std::vector<char> out(count * DTypeSize(t));
+  static constexpr int kProdValues[] = {-2, -1, 1, 2};
+  for (size_t i = 0; i < count; ++i) {
+    const int v = op == ReduceOp::kProd ? kProdValues[rng() % 4] : static_cast<int>(rng() % 9) - 4;
+    Store(t, v, out.data() + i * DTypeSize(t));
+  }
+  return out;
+}
+
+std::vector<char> RingOrderReduce(const std::vector<std::vector<char>>& in, DType t, ReduceOp op,
+                                  size_t begin, size_t count, int first) {
+  const int n = static_cast<int>(in.size());
+  const size_t es = DTypeSize(t);
+  std::vector<char> acc(in[first].begin() + begin * es, in[first].begin() + (begin + count) * es);
+  for (int k = 1; k < n; ++k) {
+    const int r = (first + k) % n;
+    std::vector<char> local(in[r].begin() + begin * es, in[r].begin() + (begin + count) * es);
+    ReduceInto(t, op, local.data(), acc.data(), count);
+    acc.swap(local);
+  }
+  if (op == ReduceOp::kAvg && n > 1) DivideBy(t, acc.data(), count, n);
+  return acc;
 }
 
 std::vector<char> RingOrderReference(const std::vector<std::vector<char>>& in, DType t,
@@ -36,15 +77,8 @@ std::vector<char> RingOrderReference(const std::vector<std::vector<char>>& in, D
   for (int c = 0; c < n; ++c) {
     const size_t b = count * c / n, e = count * (c + 1) / n;
     if (e == b) continue;
-    std::vector<char> acc(in[c].begin() + b * es, in[c].begin() + e * es);
-    for (int k = 1; k < n; ++k) {
-      const int r = (c + k) % n;
-      std::vector<char> local(in[r].begin() + b * es, in[r].begin() + e * es);
-      ReduceInto(t, op, local.data(), acc.data(), e - b);
-      acc.swap(local);
-    }
-    if (op == ReduceOp::kAvg) DivideBy(t, acc.data(), e - b, n);
-    std::memcpy(out.data() + b * es, acc.data(), acc.size());
+    const std::vector<char> chunk = RingOrderReduce(in, t, op, b, e - b, c);
+    std::memcpy(out.data() + b * es, chunk.data(), chunk.size());
   }
   return out;
 }

@@ -1,5 +1,5 @@
-// Test helpers: deterministic inputs and the allreduce reference computed in
-// the ring's own reduction order (so float results can be compared bit-exact).
+// Test helpers: deterministic inputs and reduction references computed in the
+// algorithms' own orders (so float results can be compared bit-exact).
 #ifndef GRADSYNC_COLLECTIVE_REFERENCE_H_
 #define GRADSYNC_COLLECTIVE_REFERENCE_H_
 
@@ -13,9 +13,21 @@ namespace gradsync::testing {
 // Pseudo-random values for `rank` (floats in [-3, 3), full-range integers).
 std::vector<char> RandomData(DType t, size_t count, int rank, uint32_t seed);
 
-// The ring allreduce result: chunk c = [c*count/n, (c+1)*count/n) accumulates
-// ranks c, c+1, ..., c+n-1 (mod n), each step dst = that rank's element,
-// src = the running value; avg divides once at the end.
+// Values that every reduction order over at most 8 ranks combines to the same
+// bits: floats are small integers (in [-4, 4] for sum/avg/min/max, in
+// {-2, -1, 1, 2} for prod), so every partial sum and product is exact even in
+// f16/bf16; integer types are full-range (wrapping sum and prod are
+// associative and commutative).
+std::vector<char> IntegerValuedData(DType t, size_t count, int rank, uint32_t seed, ReduceOp op);
+
+// Elements [begin, begin+count) of every rank reduced in ring order from rank
+// `first`: acc = x_first, then acc = x_r OP acc (x_r the first operand) for
+// r = first+1, first+2, ... (mod n); avg divides by n once at the end.
+std::vector<char> RingOrderReduce(const std::vector<std::vector<char>>& inputs, DType t,
+                                  ReduceOp op, size_t begin, size_t count, int first);
+
+// The ring allreduce result: chunk c = [c*count/n, (c+1)*count/n) is
+// RingOrderReduce from rank c.
 std::vector<char> RingOrderReference(const std::vector<std::vector<char>>& inputs, DType t,
                                      ReduceOp op, size_t count);
 

@@ -9,54 +9,15 @@
 
 #include "collective/op_signature.h"
 #include "collective/reference.h"
+#include "collective/test_cluster.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu_reduce.h"
-#include "transport/tcp_context.h"
-#include "transport/tcp_listener.h"
 
 namespace gradsync {
 namespace {
 
-using transport::TcpContext;
-using transport::TcpContextOptions;
-using transport::TcpListener;
-
-struct Cluster {
-  std::vector<std::unique_ptr<TcpListener>> listeners;
-  std::vector<std::unique_ptr<TcpContext>> contexts;
-};
-
-Cluster MakeCluster(int world, const std::string& job) {
-  Cluster c;
-  std::vector<HostPort> addrs;
-  for (int r = 0; r < world; ++r) {
-    transport::ListenerOptions lo;
-    lo.listen = {"127.0.0.1", 0};
-    auto l = TcpListener::Start(lo);
-    EXPECT_TRUE(l.ok()) << l.status();
-    addrs.push_back({"127.0.0.1", (*l)->port()});
-    c.listeners.push_back(std::move(*l));
-  }
-  c.contexts.resize(world);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < world; ++r) {
-    threads.emplace_back([&, r] {
-      TcpContextOptions o;
-      o.job_id = job;
-      o.epoch = 1;
-      o.rank = r;
-      o.world_size = world;
-      o.peers = addrs;
-      o.deadline = absl::Now() + absl::Seconds(10);
-      auto ctx = TcpContext::Connect(o, c.listeners[r].get());
-      ASSERT_TRUE(ctx.ok()) << ctx.status();
-      c.contexts[r] = std::move(*ctx);
-    });
-  }
-  for (auto& t : threads) t.join();
-  return c;
-}
-
+using testing::Cluster;
+using testing::MakeCluster;
 using testing::RandomData;
 using testing::RingOrderReference;
 

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "cli/local_cluster.h"
+#include "cli/expected.h"
 #include "collective/reference.h"
 #include "gtest/gtest.h"
 #include "tests/cluster_util.h"
@@ -52,7 +53,14 @@ void CheckAllreduce(std::vector<testing::RankHandle>& job, DType t, ReduceOp op,
       return;
     }
     std::memcpy((*buf)->data(), in[r].data(), in[r].size());
-    auto res = s.Allreduce(**buf, 0, count, t, op, absl::StrCat("t", seed));
+    client::CollectiveSpec spec;  // ring: the reference follows its reduction order
+    spec.buffer = buf->get();
+    spec.count = count;
+    spec.dtype = t;
+    spec.op = op;
+    spec.name = absl::StrCat("t", seed);
+    spec.algorithm = "ring";
+    auto res = s.Run(spec);
     if (!res.ok()) {
       errors[r] = std::string(res.status().message());
     } else if (std::memcmp((*buf)->data(), want.data(), want.size()) != 0) {
@@ -103,6 +111,85 @@ TEST_F(AllreduceIntegration, ConcurrentJobsOnTheSameDaemonsKeepTheirDataApart) {
   });
   ta.join();
   tb.join();
+}
+
+// Every collective with the cost model's choice and with every algorithm that
+// implements it, through the daemons. Inputs are integer-valued, so every
+// reduction order gives the same bits (cli/expected.h).
+TEST_F(AllreduceIntegration, EveryCollectiveAndAlgorithmThroughTheDaemons) {
+  const std::vector<std::pair<CollectiveKind, std::vector<std::string>>> table = {
+      {CollectiveKind::kAllreduce, {"", "ring", "rhd", "rd", "tree"}},
+      {CollectiveKind::kReduceScatter, {"", "ring", "rhd"}},
+      {CollectiveKind::kAllgather, {"", "ring", "rhd", "rd"}},
+      {CollectiveKind::kBroadcast, {"", "ring", "tree"}},
+      {CollectiveKind::kReduce, {"", "ring", "tree"}},
+      {CollectiveKind::kAlltoall, {"", "pairwise"}},
+      {CollectiveKind::kBarrier, {"", "rd", "tree", "pairwise"}},
+  };
+  for (int world : {3, 4}) {
+    std::vector<int> daemons = world == 3 ? std::vector<int>{7, 2, 5} : testing::FirstN(4);
+    auto job = OpenJob(*cluster_, absl::StrCat("every-", world), daemons);
+    ASSERT_TRUE(job.ok()) << job.status();
+    for (const auto& [kind, algos] : table) {
+      for (const std::string& algo : algos) {
+        for (uint64_t count : {uint64_t{0}, uint64_t{1}, uint64_t{1023}, uint64_t{65537}}) {
+          if (kind == CollectiveKind::kBarrier && count > 0) continue;
+          const int root = world - 1;
+          std::vector<std::string> errors(world);
+          OnEveryRank(world, [&](int r) {
+            auto& s = *(*job)[r].session;
+            const uint64_t elems = BufferElements(kind, world, count);
+            auto buf = s.AllocateBuffer(std::max<uint64_t>(1, elems * 4));
+            if (!buf.ok()) return void(errors[r] = std::string(buf.status().message()));
+            char* data = static_cast<char*>((*buf)->data());
+            FillInput(kind, DType::kF32, r, world, count, data);
+            client::CollectiveSpec spec;
+            spec.kind = kind;
+            spec.buffer = buf->get();
+            spec.count = count;
+            spec.op = ReduceOp::kSum;
+            spec.root = root;
+            spec.algorithm = algo;
+            spec.name = absl::StrCat(CollectiveName(kind), ".", algo, ".", count);
+            auto res = s.Run(spec);
+            if (!res.ok()) return void(errors[r] = std::string(res.status().message()));
+            if (!algo.empty() && res->algorithm != algo) {
+              errors[r] = absl::StrCat("ran ", res->algorithm, " instead of ", algo);
+            }
+            const uint64_t wrong =
+                CountWrong(kind, DType::kF32, ReduceOp::kSum, root, r, world, count, data);
+            if (wrong > 0) errors[r] = absl::StrCat(wrong, " wrong elements");
+            (void)s.FreeBuffer(std::move(*buf));
+          });
+          for (int r = 0; r < world; ++r) {
+            EXPECT_EQ(errors[r], "") << CollectiveName(kind) << " algo '" << algo << "' world "
+                                     << world << " count " << count << " rank " << r;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_F(AllreduceIntegration, ForcingAnAlgorithmThatCannotRunTheCollectiveIsRefused) {
+  auto job = OpenJob(*cluster_, "bad-algo", {0, 1});
+  ASSERT_TRUE(job.ok()) << job.status();
+  auto& s = *(*job)[0].session;
+  auto buf = s.AllocateBuffer(64);
+  ASSERT_TRUE(buf.ok());
+  client::CollectiveSpec spec;
+  spec.kind = CollectiveKind::kAllreduce;
+  spec.buffer = buf->get();
+  spec.count = 4;
+  spec.algorithm = "pairwise";
+  spec.name = "g";
+  auto h = s.SubmitAsync(spec);
+  EXPECT_TRUE(absl::IsInvalidArgument(h.status())) << h.status();
+  EXPECT_NE(h.status().message().find("'pairwise' does not implement allreduce"), std::string::npos)
+      << h.status();
+  spec.algorithm = "fastest";
+  h = s.SubmitAsync(spec);
+  EXPECT_TRUE(absl::IsInvalidArgument(h.status())) << h.status();
 }
 
 TEST_F(AllreduceIntegration, AsyncOpsCompleteInSubmissionOrder) {

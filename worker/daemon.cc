@@ -10,6 +10,7 @@
 #include "common/grpc_status.h"
 #include "common/logging.h"
 #include "transport/tcp_context.h"
+#include "worker/link_probe.h"
 
 namespace gradsync {
 namespace {
@@ -119,6 +120,13 @@ absl::StatusOr<std::shared_ptr<Session>> Daemon::OpenSession(const OpenSessionAr
   info.epoch = jresp.epoch();
   const int64_t op_ms = jresp.options().op_timeout_ms();
   if (op_ms > 0) info.default_op_timeout = absl::Milliseconds(op_ms);
+  info.job_algorithm = jresp.options().algorithm();
+  if (!info.job_algorithm.empty() && info.job_algorithm != "auto" &&
+      !ParseAlgorithm(info.job_algorithm).ok()) {
+    LeaveJob(info);
+    return absl::InvalidArgumentError(absl::StrCat("job '", args.job_id, "': ",
+                                                   ParseAlgorithm(info.job_algorithm).status().message()));
+  }
 
   transport::TcpContextOptions co;
   co.job_id = args.job_id;
@@ -137,6 +145,14 @@ absl::StatusOr<std::shared_ptr<Session>> Daemon::OpenSession(const OpenSessionAr
     LeaveJob(info);
     return ctx.status();
   }
+  // Measure the links (and agree on the figures) before the first op.
+  auto link = ProbeLinks(**ctx, co.deadline);
+  if (!link.ok()) {
+    LeaveJob(info);
+    return absl::Status(link.status().code(),
+                        absl::StrCat("job '", args.job_id, "' link probe: ", link.status().message()));
+  }
+  info.link = *link;
   auto session = std::make_shared<Session>(info, std::move(*ctx), options_.ring);
   {
     absl::MutexLock l(&mu_);
@@ -149,7 +165,10 @@ absl::StatusOr<std::shared_ptr<Session>> Daemon::OpenSession(const OpenSessionAr
   }
   GS_LOG(INFO) << "session " << session_id << " (" << args.client_name << "): job '"
                << args.job_id << "' epoch " << info.epoch << " rank " << info.rank << " of "
-               << info.world_size;
+               << info.world_size << "; links: alpha " << info.link.alpha_us << " us, "
+               << (info.link.beta_us_per_byte > 0 ? 1e-3 / info.link.beta_us_per_byte : 0)
+               << " GB/s, reduce " << (info.link.reduce_us_per_byte > 0 ? 1e-3 / info.link.reduce_us_per_byte : 0)
+               << " GB/s";
   return session;
 }
 

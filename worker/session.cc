@@ -83,6 +83,26 @@ absl::Status Session::FreeBuffer(uint64_t id) {
 }
 
 absl::StatusOr<uint64_t> Session::Submit(const SubmitArgs& a) {
+  const std::string what = absl::StrCat(CollectiveName(a.kind), " '", a.name, "'");
+  std::optional<Algorithm> forced;
+  const std::string& algo_name = !a.algorithm.empty() && a.algorithm != "auto"
+                                     ? a.algorithm
+                                     : info_.job_algorithm;
+  if (!algo_name.empty() && algo_name != "auto") {
+    auto algo = ParseAlgorithm(algo_name);
+    if (!algo.ok()) return absl::InvalidArgumentError(absl::StrCat(what, ": ", algo.status().message()));
+    if (!Implements(*algo, a.kind)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": algorithm '", algo_name, "' does not implement ", CollectiveName(a.kind),
+          " (", ImplementingAlgorithms(a.kind), " do)"));
+    }
+    forced = *algo;
+  }
+  if (IsRootedCollective(a.kind) && (a.root < 0 || a.root >= info_.world_size)) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": root ", a.root,
+                                                   " out of range for world size ",
+                                                   info_.world_size));
+  }
   if (a.name.size() > kMaxOpNameBytes) {
     return absl::InvalidArgumentError(absl::StrCat("op name is ", a.name.size(),
                                                    " bytes; the limit is ", kMaxOpNameBytes));
@@ -91,7 +111,11 @@ absl::StatusOr<uint64_t> Session::Submit(const SubmitArgs& a) {
   if (a.count > (uint64_t{1} << 40) / esize) {
     return absl::InvalidArgumentError(absl::StrCat("count ", a.count, " is too large"));
   }
-  const uint64_t bytes = a.count * esize;
+  const uint64_t blocks = IsBlockedCollective(a.kind) ? static_cast<uint64_t>(info_.world_size) : 1;
+  if (a.count > (uint64_t{1} << 40) / esize / blocks) {
+    return absl::InvalidArgumentError(absl::StrCat("count ", a.count, " is too large"));
+  }
+  const uint64_t bytes = a.count * esize * blocks;
   if (a.timeout < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("negative op timeout");
   }
@@ -103,14 +127,20 @@ absl::StatusOr<uint64_t> Session::Submit(const SubmitArgs& a) {
         absl::StrCat("job '", info_.job_id, "' epoch ", info_.epoch,
                      " is no longer usable (open a new session): ", epoch_error_.message()));
   }
+  const bool no_buffer = a.kind == CollectiveKind::kBarrier && a.buffer_id == 0;
+  if (no_buffer && a.count != 0) {
+    return absl::InvalidArgumentError(what + ": a barrier without a buffer must have count 0");
+  }
   auto it = buffers_.find(a.buffer_id);
-  if (it == buffers_.end()) {
+  if (!no_buffer && it == buffers_.end()) {
     return absl::NotFoundError(absl::StrCat("buffer ", a.buffer_id, " does not exist in session ",
                                             info_.session_id));
   }
-  if (a.offset_bytes > it->second->size() || bytes > it->second->size() - a.offset_bytes) {
+  if (!no_buffer &&
+      (a.offset_bytes > it->second->size() || bytes > it->second->size() - a.offset_bytes)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        DTypeName(a.dtype), "[", a.count, "] (", bytes, " bytes) at offset ", a.offset_bytes,
+        what, ": ", DTypeName(a.dtype), "[", a.count, "]", blocks > 1 ? absl::StrCat(" x ", blocks, " blocks") : "",
+        " (", bytes, " bytes) at offset ", a.offset_bytes,
         " does not fit in buffer ", a.buffer_id, " of ", it->second->size(), " bytes"));
   }
   if (a.offset_bytes % esize != 0) {
@@ -130,7 +160,9 @@ absl::StatusOr<uint64_t> Session::Submit(const SubmitArgs& a) {
   op->sig.op = a.op;
   op->sig.count = a.count;
   op->sig.name = a.name;
-  op->buffer = it->second;
+  op->sig.root = IsRootedCollective(a.kind) ? a.root : 0;
+  op->forced = forced;
+  if (!no_buffer) op->buffer = it->second;
   op->offset = a.offset_bytes;
   op->submitted = absl::Now();
   op->deadline =
@@ -199,7 +231,7 @@ void Session::ExecutorLoop() {
     const absl::Time end = absl::Now();
     absl::MutexLock l(&mu_);
     op->outcome.status = s;
-    op->outcome.algorithm = "ring";
+
     op->outcome.queued_time = start - op->submitted;
     op->outcome.run_time = end - start;
     op->outcome.done = true;
@@ -220,8 +252,28 @@ absl::Status Session::RunOp(Op& op) {
   }
   absl::Status s = CheckSignatures(*ctx_, op.sig, op.deadline);
   if (s.ok()) {
-    s = RingAllreduce(*ctx_, op.buffer->data() + op.offset, op.sig.count, op.sig.dtype, op.sig.op,
-                      op.seq, op.deadline, ring_options_, &scratch_);
+    // The same inputs on every rank (signature, job options, agreed link
+    // parameters), so every rank picks the same algorithm.
+    const size_t bytes =
+        CollectiveBufferBytes(op.sig.kind, op.sig.count, op.sig.dtype, info_.world_size);
+    const Algorithm algo = op.forced.has_value()
+                               ? *op.forced
+                               : ChooseAlgorithm(op.sig.kind, bytes, info_.world_size, info_.link);
+    {
+      absl::MutexLock l(&mu_);
+      op.outcome.algorithm = AlgorithmName(algo);
+    }
+    CollectiveCall call;
+    call.kind = op.sig.kind;
+    call.data = op.buffer != nullptr ? op.buffer->data() + op.offset : nullptr;
+    call.count = op.sig.count;
+    call.dtype = op.sig.dtype;
+    call.op = op.sig.op;
+    call.root = op.sig.root;
+    call.seq = op.seq;
+    call.deadline = op.deadline;
+    call.ring = ring_options_;
+    s = RunCollective(*ctx_, call, algo, &scratch_);
   }
   if (s.ok()) return s;
   if (absl::IsInvalidArgument(s)) {  // signature mismatch: the streams are intact

@@ -15,6 +15,7 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -24,6 +25,9 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "collective/algorithm.h"
+#include "collective/collectives.h"
+#include "collective/cost_model.h"
 #include "collective/op_signature.h"
 #include "collective/ring_allreduce.h"
 #include "common/types.h"
@@ -40,6 +44,8 @@ struct SessionInfo {
   int world_size = 1;
   int64_t epoch = 0;
   absl::Duration default_op_timeout = absl::Seconds(60);
+  std::string job_algorithm;  // forced for every op of the job; "" = cost model
+  LinkParams link;            // measured when the epoch formed, equal on every rank
 };
 
 struct SubmitArgs {
@@ -48,8 +54,10 @@ struct SubmitArgs {
   DType dtype = DType::kF32;
   ReduceOp op = ReduceOp::kSum;
   uint64_t count = 0;
-  uint64_t buffer_id = 0;
+  uint64_t buffer_id = 0;  // 0 with count 0: no buffer (barrier)
   uint64_t offset_bytes = 0;
+  int root = 0;
+  std::string algorithm;  // "" or "auto": the job's, else the cost model's choice
   absl::Duration timeout = absl::ZeroDuration();  // zero: the job default
 };
 
@@ -98,8 +106,9 @@ class Session {
   struct Op {
     uint64_t seq = 0;
     OpSignature sig;
-    std::shared_ptr<ShmSegment> buffer;
+    std::shared_ptr<ShmSegment> buffer;  // null for a buffer-less barrier
     uint64_t offset = 0;
+    std::optional<Algorithm> forced;
     absl::Time submitted;
     absl::Time deadline;
     OpOutcome outcome;

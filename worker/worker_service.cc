@@ -63,9 +63,9 @@ grpc::Status WorkerService::Submit(grpc::ServerContext*, const v1::SubmitRequest
                                    v1::SubmitResponse* resp) {
   auto s = daemon_->FindSession(req->session_id());
   if (!s.ok()) return ToGrpcStatus(s.status());
-  if (req->collective() != v1::COLLECTIVE_TYPE_ALLREDUCE) {
-    return ToGrpcStatus(absl::UnimplementedError(
-        absl::StrCat("collective type ", req->collective(), " is not supported (allreduce is)")));
+  if (!IsValidCollective(req->collective())) {
+    return ToGrpcStatus(absl::InvalidArgumentError(
+        absl::StrCat("invalid collective type ", req->collective(), " for op '", req->name(), "'")));
   }
   if (!IsValidDType(req->dtype())) {
     return ToGrpcStatus(absl::InvalidArgumentError(
@@ -76,7 +76,9 @@ grpc::Status WorkerService::Submit(grpc::ServerContext*, const v1::SubmitRequest
         absl::StrCat("invalid reduce op ", req->reduce_op(), " for op '", req->name(), "'")));
   }
   SubmitArgs a;
-  a.kind = CollectiveKind::kAllreduce;
+  a.kind = static_cast<CollectiveKind>(req->collective());
+  a.root = req->root();
+  a.algorithm = req->algorithm();
   a.name = req->name();
   a.dtype = static_cast<DType>(req->dtype());
   a.op = static_cast<ReduceOp>(req->reduce_op());

@@ -1,0 +1,336 @@
+#include "cli/bench.h"
+
+#include <signal.h>
+#include <stdio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstdio>
+#include <fstream>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "cli/expected.h"
+#include "cli/local_cluster.h"
+#include "client/client.h"
+
+namespace gradsync {
+namespace {
+
+class Barrier {
+ public:
+  explicit Barrier(int n) : n_(n) {}
+  void Wait() {
+    std::unique_lock<std::mutex> l(mu_);
+    const uint64_t gen = gen_;
+    if (++waiting_ == n_) {
+      waiting_ = 0;
+      ++gen_;
+      cv_.notify_all();
+    } else {
+      cv_.wait(l, [&] { return gen_ != gen; });
+    }
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  const int n_;
+  int waiting_ = 0;
+  uint64_t gen_ = 0;
+};
+
+struct Row {
+  uint64_t bytes = 0;
+  uint64_t count = 0;  // per rank (per block for blocked collectives)
+  std::string algo;
+  double time_us = 0;
+  uint64_t wrong = 0;
+  std::string error;
+};
+
+// Runs `cmd` (bounded by `timeout`), returns its lines that look like
+// "name,key=value,...".
+std::vector<std::string> ResultLines(const std::string& cmd) {
+  std::vector<std::string> out;
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (p == nullptr) return out;
+  char line[1024];
+  while (std::fgets(line, sizeof(line), p) != nullptr) {
+    std::string s(line);
+    while (!s.empty() && (s.back() == '\n' || s.back() == '\r')) s.pop_back();
+    if (s.find(",") != std::string::npos && s.find("=") != std::string::npos &&
+        s.find(' ') == std::string::npos) {
+      out.push_back(s);
+    }
+  }
+  ::pclose(p);
+  return out;
+}
+
+std::string Field(const std::string& line, const std::string& key) {
+  for (absl::string_view kv : absl::StrSplit(line, ',')) {
+    std::pair<std::string, std::string> p = absl::StrSplit(kv, absl::MaxSplits('=', 1));
+    if (p.first == key) return p.second;
+  }
+  return "";
+}
+
+void PrintLimits(int n, uint64_t bytes, int streams) {
+  const std::string ring = FindBinary("gradsync-ring-limit");
+  const std::string membw = FindBinary("gradsync-membw");
+  std::printf("# limits measured in this run (same host, same moment):\n");
+  if (::access(ring.c_str(), X_OK) != 0) {
+    std::printf("#   gradsync-ring-limit not found: TCP limits not measured\n");
+  } else {
+    for (int s : {1, std::max(1, streams)}) {
+      auto lines = ResultLines(absl::StrCat("timeout 120 ", ring,
+                                            " --single_stream_throughput --streams=", s,
+                                            " --min_bytes=", bytes, " --max_bytes=", bytes,
+                                            " --iters=3 --warmup=1 2>/dev/null"));
+      for (const auto& l : lines) {
+        if (l.rfind("tcp_link,", 0) != 0 || Field(l, "streams") != absl::StrCat(s)) continue;
+        std::printf("#   loopback TCP one-way throughput, %s stream(s), %s bytes: %s GB/s\n",
+                    Field(l, "streams").c_str(), Field(l, "bytes").c_str(), Field(l, "gbps").c_str());
+      }
+      if (s == std::max(1, streams)) break;
+    }
+    if (n > 1) {
+      auto lines = ResultLines(absl::StrCat("timeout 300 ", ring, " --ranks=", n, " --streams=",
+                                            std::max(1, streams), " --min_bytes=", bytes,
+                                            " --max_bytes=", bytes, " --iters=3 --warmup=1 2>/dev/null"));
+      for (const auto& l : lines) {
+        std::printf("#   plain TCP ring of %d processes (%d stream(s)), %s bytes, no reduction: "
+                    "busbw %s GB/s\n", n, std::max(1, streams), Field(l, "bytes").c_str(),
+                    Field(l, "busbw_gbps").c_str());
+      }
+    }
+  }
+  if (::access(membw.c_str(), X_OK) != 0) {
+    std::printf("#   gradsync-membw not found: memory bandwidth not measured\n");
+  } else {
+    auto lines = ResultLines(absl::StrCat("timeout 60 ", membw, " --min_bytes=", bytes,
+                                          " --max_bytes=", bytes, " 2>/dev/null"));
+    for (const auto& l : lines) {
+      std::printf("#   memory bandwidth, %s over %s bytes: %s GB/s\n", Field(l, "op").c_str(),
+                  Field(l, "bytes").c_str(), Field(l, "gbps").c_str());
+    }
+  }
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+double BusBandwidthFactor(CollectiveKind kind, int n) {
+  if (n <= 1) return 1.0;
+  switch (kind) {
+    case CollectiveKind::kAllreduce: return 2.0 * (n - 1) / n;
+    case CollectiveKind::kReduceScatter:
+    case CollectiveKind::kAllgather:
+    case CollectiveKind::kAlltoall: return static_cast<double>(n - 1) / n;
+    case CollectiveKind::kBroadcast:
+    case CollectiveKind::kReduce: return 1.0;
+    case CollectiveKind::kBarrier: return 0.0;
+  }
+  return 1.0;
+}
+
+absl::StatusOr<uint64_t> RunBench(const BenchOptions& o) {
+  const bool external = !o.coordinator.empty();
+  const int n = external ? o.world_size : o.ranks;
+  if (n < 1 || n > 64) return absl::InvalidArgumentError(absl::StrCat("rank count ", n, " out of range [1, 64]"));
+  if (o.step_factor <= 1.0) return absl::InvalidArgumentError("--step_factor must be > 1");
+  if (o.min_bytes > o.max_bytes) return absl::InvalidArgumentError("--min_bytes > --max_bytes");
+  if (o.iters < 1 || o.warmup < 0) return absl::InvalidArgumentError("--iters >= 1, --warmup >= 0");
+  if (IsRootedCollective(o.op) && (o.root < 0 || o.root >= n)) {
+    return absl::InvalidArgumentError(absl::StrCat("--root ", o.root, " out of range"));
+  }
+  const size_t es = DTypeSize(o.dtype);
+  const uint64_t unit = es * (IsBlockedCollective(o.op) ? n : 1);
+  std::vector<uint64_t> sizes;
+  if (o.op == CollectiveKind::kBarrier) {
+    sizes.push_back(0);
+  } else {
+    for (double b = static_cast<double>(std::max<uint64_t>(o.min_bytes, unit));
+         b <= static_cast<double>(o.max_bytes) + 0.5; b *= o.step_factor) {
+      const uint64_t bytes = static_cast<uint64_t>(b) / unit * unit;
+      if (sizes.empty() || sizes.back() != bytes) sizes.push_back(bytes);
+    }
+  }
+  if (sizes.empty()) return absl::InvalidArgumentError("no sizes in [--min_bytes, --max_bytes]");
+
+  std::unique_ptr<LocalCluster> cluster;
+  int local_ranks = n;
+  if (external) {
+    local_ranks = 1;
+  } else {
+    LocalClusterOptions co;
+    co.daemons = n;
+    auto c = LocalCluster::Start(co);
+    if (!c.ok()) return c.status();
+    cluster = std::move(*c);
+  }
+  const std::string job = o.job.empty() ? absl::StrCat("bench-", ::getpid()) : o.job;
+  std::printf("# gradsync bench: %s, %d ranks (%s), dtype %s, redop %s, algo %s, %d warm-up + %d "
+              "timed iterations per size\n", CollectiveName(o.op), n,
+              external ? absl::StrCat("existing cluster, coordinator ", o.coordinator).c_str()
+                       : "embedded local cluster on loopback",
+              DTypeName(o.dtype), ReduceOpName(o.redop), o.algo.c_str(), o.warmup, o.iters);
+  std::printf("# bytes = whole buffer per rank; algbw = bytes / time; busbw = algbw * %.3f "
+              "(nccl-tests definition for %s on %d ranks)\n",
+              BusBandwidthFactor(o.op, n), CollectiveName(o.op), n);
+  if (o.limits && !external) PrintLimits(n, sizes.back(), o.tcp_streams > 0 ? o.tcp_streams : 2);
+
+  const uint64_t max_bytes = std::max<uint64_t>(sizes.back(), es * (IsBlockedCollective(o.op) ? n : 1));
+  std::vector<std::unique_ptr<client::Client>> clients(local_ranks);
+  std::vector<std::unique_ptr<client::Session>> sessions(local_ranks);
+  std::vector<std::unique_ptr<client::Buffer>> buffers(local_ranks);
+  std::vector<absl::Status> setup(local_ranks);
+  {
+    std::vector<std::thread> threads;
+    for (int r = 0; r < local_ranks; ++r) {
+      threads.emplace_back([&, r] {
+        auto c = client::Client::Connect(external ? o.daemon : cluster->daemon_target(r));
+        if (!c.ok()) return void(setup[r] = c.status());
+        clients[r] = std::move(*c);
+        client::SessionOptions so;
+        so.job_id = job;
+        so.world_size = n;
+        so.rank = external ? -1 : r;
+        so.timeout = absl::Seconds(external ? 300 : 30);
+        so.op_timeout_ms = o.timeout_ms;
+        so.tcp_streams = o.tcp_streams;
+        auto s = clients[r]->OpenSession(so);
+        if (!s.ok()) return void(setup[r] = s.status());
+        sessions[r] = std::move(*s);
+        auto b = sessions[r]->AllocateBuffer(max_bytes);
+        if (!b.ok()) return void(setup[r] = b.status());
+        buffers[r] = std::move(*b);
+      });
+    }
+    for (auto& t : threads) t.join();
+  }
+  for (int r = 0; r < local_ranks; ++r) {
+    if (!setup[r].ok()) return setup[r];
+  }
+  const bool print = !external || sessions[0]->rank() == 0;
+  if (print) {
+    std::printf("%12s %12s %5s %6s %9s %12s %11s %11s %7s\n", "bytes", "count", "type", "redop",
+                "algo", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong");
+  }
+  std::FILE* csv = nullptr;
+  if (!o.csv.empty() && print) {
+    csv = std::fopen(o.csv.c_str(), "w");
+    if (csv == nullptr) return absl::InvalidArgumentError(absl::StrCat("cannot write --csv ", o.csv));
+    std::fprintf(csv, "op,ranks,bytes,count,dtype,redop,algo,time_us,algbw_gbps,busbw_gbps,wrong\n");
+  }
+
+  Barrier barrier(local_ranks);
+  uint64_t total_wrong = 0;
+  const absl::Time start = absl::Now();
+  for (size_t si = 0; si < sizes.size(); ++si) {
+    const uint64_t bytes = sizes[si];
+    const uint64_t count = bytes / unit;
+    std::vector<Row> rows(local_ranks);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < local_ranks; ++r) {
+      threads.emplace_back([&, r] {
+        Row& row = rows[r];
+        client::Session& s = *sessions[r];
+        const int rank = s.rank();
+        client::CollectiveSpec spec;
+        spec.kind = o.op;
+        spec.buffer = o.op == CollectiveKind::kBarrier ? nullptr : buffers[r].get();
+        spec.count = count;
+        spec.dtype = o.dtype;
+        spec.op = o.redop;
+        spec.root = o.root;
+        spec.algorithm = o.algo == "auto" ? "" : o.algo;
+        spec.name = absl::StrCat("bench.", CollectiveName(o.op), ".", bytes);
+        spec.timeout = absl::Milliseconds(o.timeout_ms);
+        char* data = static_cast<char*>(buffers[r]->data());
+        auto run_batch = [&](int k) -> absl::Status {
+          std::vector<client::OpHandle> hs;
+          for (int i = 0; i < k; ++i) {
+            auto h = s.SubmitAsync(spec);
+            if (!h.ok()) return h.status();
+            hs.push_back(*h);
+          }
+          for (auto& h : hs) {
+            auto res = s.Wait(h, absl::Milliseconds(o.timeout_ms) + absl::Seconds(5));
+            if (!res.ok()) return res.status();
+            row.algo = res->algorithm;
+          }
+          return absl::OkStatus();
+        };
+        absl::Status st;
+        if (o.check) {
+          FillInput(o.op, o.dtype, rank, n, count, data);
+          barrier.Wait();
+          st = run_batch(1);
+          if (st.ok()) row.wrong = CountWrong(o.op, o.dtype, o.redop, o.root, rank, n, count, data);
+        }
+        if (st.ok() && o.warmup > 0) {
+          barrier.Wait();
+          st = run_batch(o.warmup);
+        }
+        barrier.Wait();
+        const absl::Time t0 = absl::Now();
+        if (st.ok()) st = run_batch(o.iters);
+        row.time_us = absl::ToDoubleMicroseconds(absl::Now() - t0) / o.iters;
+        if (!st.ok()) row.error = std::string(st.message());
+        barrier.Wait();
+      });
+    }
+    for (auto& t : threads) t.join();
+    Row agg = rows[0];
+    for (const Row& row : rows) {
+      agg.time_us = std::max(agg.time_us, row.time_us);
+      if (agg.error.empty()) agg.error = row.error;
+      agg.wrong = std::max(agg.wrong, row.wrong);
+    }
+    for (const Row& row : rows) total_wrong += row.wrong;
+    const double algbw = agg.time_us > 0 ? bytes / agg.time_us / 1e3 : 0;
+    const double busbw = algbw * BusBandwidthFactor(o.op, n);
+    if (print) {
+      std::printf("%12llu %12llu %5s %6s %9s %12.1f %11.3f %11.3f %7s\n",
+                  static_cast<unsigned long long>(bytes), static_cast<unsigned long long>(count),
+                  DTypeName(o.dtype), ReduceOpName(o.redop), agg.algo.empty() ? "-" : agg.algo.c_str(),
+                  agg.time_us, algbw, busbw,
+                  o.check ? absl::StrCat(agg.wrong).c_str() : "-");
+      if (csv != nullptr) {
+        std::fprintf(csv, "%s,%d,%llu,%llu,%s,%s,%s,%.3f,%.6f,%.6f,%llu\n", CollectiveName(o.op), n,
+                     static_cast<unsigned long long>(bytes), static_cast<unsigned long long>(count),
+                     DTypeName(o.dtype), ReduceOpName(o.redop), agg.algo.c_str(), agg.time_us,
+                     algbw, busbw, static_cast<unsigned long long>(agg.wrong));
+      }
+      if (absl::Now() - start > absl::Seconds(2)) {
+        std::fprintf(stderr, "[bench] %zu/%zu sizes done, %s elapsed\n", si + 1, sizes.size(),
+                     absl::FormatDuration(absl::Trunc(absl::Now() - start, absl::Seconds(1))).c_str());
+      }
+      std::fflush(stdout);
+    }
+    if (!agg.error.empty()) {
+      if (print) std::printf("# FAILED at %llu bytes: %s\n", static_cast<unsigned long long>(bytes), agg.error.c_str());
+      if (csv != nullptr) std::fclose(csv);
+      return absl::InternalError(agg.error);
+    }
+  }
+  if (csv != nullptr) std::fclose(csv);
+  for (auto& s : sessions) (void)s->Close();
+  if (cluster != nullptr) {
+    absl::Status stopped = cluster->StopAll();
+    if (!stopped.ok()) std::printf("# %s\n", std::string(stopped.message()).c_str());
+  }
+  if (o.check && print) std::printf("# %s: %llu wrong elements\n", total_wrong == 0 ? "OK" : "FAILED",
+                                    static_cast<unsigned long long>(total_wrong));
+  return total_wrong;
+}
+
+}  // namespace gradsync

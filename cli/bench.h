@@ -1,0 +1,45 @@
+// `gradsync bench`: nccl-tests for gradsync. See docs/bench.md.
+#ifndef GRADSYNC_CLI_BENCH_H_
+#define GRADSYNC_CLI_BENCH_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/types.h"
+
+namespace gradsync {
+
+struct BenchOptions {
+  CollectiveKind op = CollectiveKind::kAllreduce;
+  int ranks = 4;               // embedded local cluster size
+  std::string coordinator;     // non-empty: use an existing cluster (one bench process per rank)
+  std::string daemon = "unix:/run/gradsync/gradsyncd.sock";  // with --coordinator
+  int world_size = 0;          // with --coordinator: ranks of the bench job
+  std::string job;             // with --coordinator: job id shared by the bench processes
+  uint64_t min_bytes = 8;
+  uint64_t max_bytes = 64ull << 20;
+  double step_factor = 2;
+  DType dtype = DType::kF32;
+  ReduceOp redop = ReduceOp::kSum;
+  std::string algo = "auto";
+  int root = 0;
+  int warmup = 5;
+  int iters = 20;
+  bool check = false;
+  std::string csv;
+  int tcp_streams = 0;         // 0: gradsyncd's default
+  bool limits = true;          // measure and print the link limits first
+  int64_t timeout_ms = 120000;
+};
+
+// Runs the benchmark; prints the table to stdout. Returns the total number of
+// wrong elements (with --check) plus failed sizes.
+absl::StatusOr<uint64_t> RunBench(const BenchOptions& options);
+
+// busbw / algbw for `kind` on n ranks (nccl-tests definitions).
+double BusBandwidthFactor(CollectiveKind kind, int n);
+
+}  // namespace gradsync
+
+#endif  // GRADSYNC_CLI_BENCH_H_

@@ -1,0 +1,61 @@
+#include "collective/algorithm.h"
+
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace gradsync {
+
+const char* AlgorithmName(Algorithm a) {
+  switch (a) {
+    case Algorithm::kRing: return "ring";
+    case Algorithm::kRecursiveHalvingDoubling: return "rhd";
+    case Algorithm::kRecursiveDoubling: return "rd";
+    case Algorithm::kBinomialTree: return "tree";
+    case Algorithm::kPairwise: return "pairwise";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<Algorithm> ParseAlgorithm(absl::string_view name) {
+  const std::string lower = absl::AsciiStrToLower(name);
+  std::vector<std::string> names;
+  for (Algorithm a : kAllAlgorithms) {
+    if (lower == AlgorithmName(a)) return a;
+    names.push_back(AlgorithmName(a));
+  }
+  return absl::InvalidArgumentError(absl::StrCat("unknown algorithm '", name, "' (choose one of ",
+                                                 absl::StrJoin(names, ", "), ")"));
+}
+
+bool Implements(Algorithm a, CollectiveKind k) {
+  switch (k) {
+    case CollectiveKind::kAllreduce:
+      return a == Algorithm::kRing || a == Algorithm::kRecursiveHalvingDoubling ||
+             a == Algorithm::kRecursiveDoubling || a == Algorithm::kBinomialTree;
+    case CollectiveKind::kReduceScatter:
+      return a == Algorithm::kRing || a == Algorithm::kRecursiveHalvingDoubling;
+    case CollectiveKind::kAllgather:
+      return a == Algorithm::kRing || a == Algorithm::kRecursiveHalvingDoubling ||
+             a == Algorithm::kRecursiveDoubling;
+    case CollectiveKind::kBroadcast:
+    case CollectiveKind::kReduce: return a == Algorithm::kRing || a == Algorithm::kBinomialTree;
+    case CollectiveKind::kAlltoall: return a == Algorithm::kPairwise;
+    case CollectiveKind::kBarrier:
+      return a == Algorithm::kRecursiveDoubling || a == Algorithm::kBinomialTree ||
+             a == Algorithm::kPairwise;
+  }
+  return false;
+}
+
+std::string ImplementingAlgorithms(CollectiveKind k) {
+  std::vector<std::string> names;
+  for (Algorithm a : kAllAlgorithms) {
+    if (Implements(a, k)) names.push_back(AlgorithmName(a));
+  }
+  return absl::StrJoin(names, ", ");
+}
+
+}  // namespace gradsync

@@ -1,0 +1,49 @@
+// The collective algorithms, their names, and which collective each implements.
+//
+// The table in Implements() is the single source of truth: RunCollective
+// (collectives.h) refuses other pairs, and the cost model (cost_model.h) never
+// predicts or chooses them.
+#ifndef GRADSYNC_COLLECTIVE_ALGORITHM_H_
+#define GRADSYNC_COLLECTIVE_ALGORITHM_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "common/types.h"
+
+namespace gradsync {
+
+enum class Algorithm : uint8_t {
+  kRing = 0,                      // "ring"
+  kRecursiveHalvingDoubling = 1,  // "rhd" (Rabenseifner)
+  kRecursiveDoubling = 2,         // "rd"
+  kBinomialTree = 3,              // "tree"
+  kPairwise = 4,                  // "pairwise"
+};
+inline constexpr Algorithm kAllAlgorithms[] = {
+    Algorithm::kRing, Algorithm::kRecursiveHalvingDoubling, Algorithm::kRecursiveDoubling,
+    Algorithm::kBinomialTree, Algorithm::kPairwise};
+
+// "ring", "rhd", "rd", "tree", "pairwise".
+const char* AlgorithmName(Algorithm a);
+// Parses the names above (case-insensitive); InvalidArgument lists the choices.
+absl::StatusOr<Algorithm> ParseAlgorithm(absl::string_view name);
+
+// Which algorithm implements which collective:
+//
+//   collective       ring  rhd  rd  tree  pairwise
+//   allreduce         x     x    x   x
+//   reduce_scatter    x     x
+//   allgather         x     x    x
+//   broadcast         x              x
+//   reduce            x              x
+//   alltoall                             x
+//   barrier                      x   x      x
+bool Implements(Algorithm a, CollectiveKind k);
+// e.g. "ring, rhd, rd, tree" (for error messages).
+std::string ImplementingAlgorithms(CollectiveKind k);
+
+}  // namespace gradsync
+
+#endif  // GRADSYNC_COLLECTIVE_ALGORITHM_H_

@@ -1,0 +1,110 @@
+#include "collective/collectives.h"
+
+#include "absl/strings/str_cat.h"
+#include "collective/algorithms.h"
+
+namespace gradsync {
+
+size_t CollectiveBufferBytes(CollectiveKind kind, size_t count, DType dtype, int world) {
+  const size_t block = count * DTypeSize(dtype);
+  switch (kind) {
+    case CollectiveKind::kAllreduce:
+    case CollectiveKind::kBroadcast:
+    case CollectiveKind::kReduce: return block;
+    case CollectiveKind::kReduceScatter:
+    case CollectiveKind::kAllgather:
+    case CollectiveKind::kAlltoall: return static_cast<size_t>(world < 1 ? 1 : world) * block;
+    case CollectiveKind::kBarrier: return 0;
+  }
+  return 0;
+}
+
+absl::Status RunCollective(transport::Context& ctx, const CollectiveCall& call, Algorithm algo,
+                           std::vector<char>* scratch) {
+  const CollectiveKind kind = call.kind;
+  if (!IsValidCollective(static_cast<int>(kind))) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown collective ", static_cast<int>(kind)));
+  }
+  if (!Implements(algo, kind)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "algorithm '", AlgorithmName(algo), "' does not implement ", CollectiveName(kind),
+        " (algorithms for ", CollectiveName(kind), ": ", ImplementingAlgorithms(kind), ")"));
+  }
+  if (kind != CollectiveKind::kBarrier) {
+    if (!IsValidDType(static_cast<int>(call.dtype))) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(CollectiveName(kind), ": invalid dtype ", static_cast<int>(call.dtype)));
+    }
+    if (IsReducingCollective(kind) && !IsValidReduceOp(static_cast<int>(call.op))) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(CollectiveName(kind), ": invalid reduce op ", static_cast<int>(call.op)));
+    }
+    if (call.data == nullptr && call.count > 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(CollectiveName(kind), " of ", call.count, " elements: null buffer"));
+    }
+  }
+  if (IsRootedCollective(kind) && (call.root < 0 || call.root >= ctx.size())) {
+    return absl::InvalidArgumentError(absl::StrCat(CollectiveName(kind), ": root ", call.root,
+                                                   " out of range for world size ", ctx.size()));
+  }
+  using A = Algorithm;
+  switch (kind) {
+    case CollectiveKind::kAllreduce:
+      switch (algo) {
+        case A::kRing:
+          return RingAllreduce(ctx, call.data, call.count, call.dtype, call.op, call.seq,
+                               call.deadline, call.ring, scratch);
+        case A::kRecursiveHalvingDoubling: return internal::RhdAllreduce(ctx, call, scratch);
+        case A::kRecursiveDoubling: return internal::RdAllreduce(ctx, call, scratch);
+        case A::kBinomialTree: return internal::TreeAllreduce(ctx, call, scratch);
+        default: break;
+      }
+      break;
+    case CollectiveKind::kReduceScatter:
+      switch (algo) {
+        case A::kRing: return internal::RingReduceScatter(ctx, call, scratch);
+        case A::kRecursiveHalvingDoubling: return internal::RhdReduceScatter(ctx, call, scratch);
+        default: break;
+      }
+      break;
+    case CollectiveKind::kAllgather:
+      switch (algo) {
+        case A::kRing: return internal::RingAllgather(ctx, call, scratch);
+        case A::kRecursiveHalvingDoubling: return internal::RhdAllgather(ctx, call, scratch);
+        case A::kRecursiveDoubling: return internal::RdAllgather(ctx, call, scratch);
+        default: break;
+      }
+      break;
+    case CollectiveKind::kBroadcast:
+      switch (algo) {
+        case A::kRing: return internal::RingBroadcast(ctx, call, scratch);
+        case A::kBinomialTree: return internal::TreeBroadcast(ctx, call, scratch);
+        default: break;
+      }
+      break;
+    case CollectiveKind::kReduce:
+      switch (algo) {
+        case A::kRing: return internal::RingReduce(ctx, call, scratch);
+        case A::kBinomialTree: return internal::TreeReduce(ctx, call, scratch);
+        default: break;
+      }
+      break;
+    case CollectiveKind::kAlltoall:
+      if (algo == A::kPairwise) return internal::PairwiseAlltoall(ctx, call, scratch);
+      break;
+    case CollectiveKind::kBarrier:
+      switch (algo) {
+        case A::kRecursiveDoubling: return internal::DisseminationBarrier(ctx, call);
+        case A::kBinomialTree: return internal::TreeBarrier(ctx, call);
+        case A::kPairwise: return internal::PairwiseBarrier(ctx, call);
+        default: break;
+      }
+      break;
+  }
+  // Unreachable while Implements() matches the switch above.
+  return absl::InternalError(
+      absl::StrCat("no implementation of ", AlgorithmName(algo), " ", CollectiveName(kind)));
+}
+
+}  // namespace gradsync

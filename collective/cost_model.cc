@@ -1,0 +1,154 @@
+#include "collective/cost_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace gradsync {
+namespace {
+
+int CeilLog2(int n) {
+  int k = 0;
+  while ((1 << k) < n) ++k;
+  return k;
+}
+
+int FloorLog2(int n) {
+  int k = 0;
+  while ((2 << k) <= n) ++k;
+  return k;
+}
+
+// Pieces of a pipelined chain (ring broadcast/reduce) with the default
+// RingOptions: RingSegmentBytes = clamp(B/4, 64 KiB, 1 MiB).
+double ChainSegments(double b) {
+  const double seg = std::clamp(b / 4, 64.0 * 1024, 1024.0 * 1024);
+  return std::max(1.0, std::ceil(b / seg));
+}
+
+}  // namespace
+
+double PredictMicros(CollectiveKind kind, Algorithm algo, size_t bytes, int world,
+                     const LinkParams& link) {
+  if (!Implements(algo, kind)) return std::numeric_limits<double>::infinity();
+  if (world <= 1) return 0;
+  if (bytes == 0 && kind != CollectiveKind::kBarrier) return 0;  // returns at once
+  const double a = link.alpha_us, be = link.beta_us_per_byte, g = link.reduce_us_per_byte;
+  const double n = world, B = static_cast<double>(bytes);
+  const double L = CeilLog2(world);
+  const int lp = FloorLog2(world);
+  const double l = lp, p = static_cast<double>(1 << lp);
+  const bool folded = (1 << lp) != world;  // non-power of two: fold in and out
+  using A = Algorithm;
+  switch (kind) {
+    case CollectiveKind::kAllreduce:
+      switch (algo) {
+        case A::kRing:  // 2(n-1) steps of B/n: 2(n-1)a + 2(n-1)/n B b + (n-1)/n B g
+          return 2 * (n - 1) * a + 2 * (n - 1) / n * B * be + (n - 1) / n * B * g;
+        case A::kRecursiveHalvingDoubling: {
+          // 2l a + 2(p-1)/p B b + (p-1)/p B g; folding adds 2a + 2B b + B g
+          double t = 2 * l * a + 2 * (p - 1) / p * B * be + (p - 1) / p * B * g;
+          if (folded) t += 2 * a + 2 * B * be + B * g;
+          return t;
+        }
+        case A::kRecursiveDoubling: {
+          // l (a + B b + B g); folding adds 2a + 2B b + B g
+          double t = l * (a + B * be + B * g);
+          if (folded) t += 2 * a + 2 * B * be + B * g;
+          return t;
+        }
+        case A::kBinomialTree:  // reduce + broadcast: L(a + B b + B g) + L(a + B b)
+          return L * (a + B * be + B * g) + L * (a + B * be);
+        default: break;
+      }
+      break;
+    case CollectiveKind::kReduceScatter:
+      switch (algo) {
+        case A::kRing:  // (n-1) a + (n-1)/n B (b + g)
+          return (n - 1) * a + (n - 1) / n * B * (be + g);
+        case A::kRecursiveHalvingDoubling: {
+          // l a + (p-1)/p B (b + g); folding adds a + B (b + g) + a + (B/n) b
+          double t = l * a + (p - 1) / p * B * (be + g);
+          if (folded) t += 2 * a + B * (be + g) + B / n * be;
+          return t;
+        }
+        default: break;
+      }
+      break;
+    case CollectiveKind::kAllgather:
+      switch (algo) {
+        case A::kRing:  // (n-1) a + (n-1)/n B b
+          return (n - 1) * a + (n - 1) / n * B * be;
+        case A::kRecursiveHalvingDoubling: {
+          // l a + (p-1)/p B b; folding adds a + (B/n) b (one block in) and
+          // 2a + (n-1)/n B b (every other block out, as two messages)
+          double t = l * a + (p - 1) / p * B * be;
+          if (folded) t += 3 * a + B / n * be + (n - 1) / n * B * be;
+          return t;
+        }
+        case A::kRecursiveDoubling:  // Bruck: L a + (n-1)/n B b, no folding
+          return L * a + (n - 1) / n * B * be;
+        default: break;
+      }
+      break;
+    case CollectiveKind::kBroadcast:
+      switch (algo) {
+        case A::kRing: {  // chain of S pieces: (n-2+S)(a + (B/S) b)
+          const double s = ChainSegments(B);
+          return (n - 2 + s) * (a + B / s * be);
+        }
+        case A::kBinomialTree:  // L (a + B b)
+          return L * (a + B * be);
+        default: break;
+      }
+      break;
+    case CollectiveKind::kReduce:
+      switch (algo) {
+        case A::kRing: {  // chain of S pieces: (n-2+S)(a + (B/S)(b + g))
+          const double s = ChainSegments(B);
+          return (n - 2 + s) * (a + B / s * (be + g));
+        }
+        case A::kBinomialTree:  // L (a + B b + B g)
+          return L * (a + B * (be + g));
+        default: break;
+      }
+      break;
+    case CollectiveKind::kAlltoall:
+      if (algo == A::kPairwise) return (n - 1) * (a + B / n * be);  // n-1 steps of one block
+      break;
+    case CollectiveKind::kBarrier:
+      switch (algo) {
+        case A::kRecursiveDoubling: return L * a;  // dissemination
+        case A::kBinomialTree: return 2 * L * a;   // up and down the tree
+        case A::kPairwise: return (n - 1) * a;     // n-1 messages injected one after another
+        default: break;
+      }
+      break;
+  }
+  return std::numeric_limits<double>::infinity();
+}
+
+std::vector<std::pair<Algorithm, double>> RankAlgorithms(CollectiveKind kind, size_t bytes,
+                                                         int world, const LinkParams& link) {
+  std::vector<std::pair<Algorithm, double>> out;
+  for (Algorithm a : kAllAlgorithms) {
+    if (Implements(a, kind)) out.emplace_back(a, PredictMicros(kind, a, bytes, world, link));
+  }
+  std::stable_sort(out.begin(), out.end(),
+                   [](const auto& x, const auto& y) { return x.second < y.second; });
+  return out;
+}
+
+Algorithm ChooseAlgorithm(CollectiveKind kind, size_t bytes, int world, const LinkParams& link) {
+  const auto ranked = RankAlgorithms(kind, bytes, world, link);
+  if (ranked.empty()) return Algorithm::kRing;  // no such kind; RunCollective will refuse it
+  const double limit = ranked.front().second * (1 + kTieFraction);
+  for (Algorithm a : kAllAlgorithms) {
+    for (const auto& [algo, micros] : ranked) {
+      if (algo == a && micros <= limit) return a;
+    }
+  }
+  return ranked.front().first;
+}
+
+}  // namespace gradsync

@@ -1,0 +1,55 @@
+// The alpha-beta-gamma cost model and the algorithm choice (pure, no I/O).
+//
+// Like NCCL's tuning.cc, the choice of algorithm lives here and only here:
+// callers ask ChooseAlgorithm and log RankAlgorithms to explain it.
+//
+// Model (Hockney; Thakur, Rabenseifner & Gropp 2005): sending a message of m
+// bytes costs alpha + m*beta; reducing m bytes locally costs m*gamma. A rank
+// sends and receives at the same time (full duplex) and talks to one peer per
+// step. `bytes` is the op's buffer on one rank (CollectiveBufferBytes in
+// collectives.h): count*elem for allreduce/broadcast/reduce, n*count*elem for
+// reduce_scatter/allgather/alltoall, 0 for barrier. The formulas, with
+// n = world, L = ceil(log2 n), p = the largest power of two <= n,
+// l = log2 p, B = bytes, are in cost_model.cc.
+#ifndef GRADSYNC_COLLECTIVE_COST_MODEL_H_
+#define GRADSYNC_COLLECTIVE_COST_MODEL_H_
+
+#include <cstddef>
+#include <utility>
+#include <vector>
+
+#include "collective/algorithm.h"
+#include "common/types.h"
+
+namespace gradsync {
+
+struct LinkParams {
+  double alpha_us = 50.0;            // latency per message
+  double beta_us_per_byte = 1e-4;    // inverse bandwidth (1e-4 = 10 GB/s)
+  double reduce_us_per_byte = 1e-4;  // local reduction cost (gamma)
+};
+
+// Predicted microseconds of `kind` with `algo` on `world` ranks, for a buffer
+// of `bytes` per rank. +infinity when `algo` does not implement `kind`
+// (algorithm.h). 0 for a world of one.
+double PredictMicros(CollectiveKind kind, Algorithm algo, size_t bytes, int world,
+                     const LinkParams& link);
+
+// Every algorithm that implements `kind` with its prediction, cheapest first
+// (ties in kAllAlgorithms order).
+std::vector<std::pair<Algorithm, double>> RankAlgorithms(CollectiveKind kind, size_t bytes,
+                                                         int world, const LinkParams& link);
+
+// Predictions closer than this fraction of the cheapest count as a tie: the
+// model cannot tell them apart, so the choice goes by kAllAlgorithms order
+// (ring first: fixed neighbours, fully pipelined, the most exercised path).
+inline constexpr double kTieFraction = 0.02;
+
+// The algorithm to run: among the implementing algorithms predicted within
+// kTieFraction of the cheapest, the first in kAllAlgorithms order. Always one
+// that implements `kind`.
+Algorithm ChooseAlgorithm(CollectiveKind kind, size_t bytes, int world, const LinkParams& link);
+
+}  // namespace gradsync
+
+#endif  // GRADSYNC_COLLECTIVE_COST_MODEL_H_

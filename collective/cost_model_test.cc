@@ -1,0 +1,159 @@
+#include "collective/cost_model.h"
+
+#include <cmath>
+
+#include "collective/algorithm.h"
+#include "gtest/gtest.h"
+
+namespace gradsync {
+namespace {
+
+LinkParams Link() {
+  LinkParams l;
+  l.alpha_us = 50;            // 50 us per message
+  l.beta_us_per_byte = 1e-4;  // 10 GB/s
+  l.reduce_us_per_byte = 1e-4;
+  return l;
+}
+
+constexpr size_t kSizes[] = {0, 1, 8, 4096, 1 << 20, 256u << 20};
+
+TEST(Algorithm, NamesRoundTripAndParseIsCaseInsensitive) {
+  for (Algorithm a : kAllAlgorithms) {
+    auto parsed = ParseAlgorithm(AlgorithmName(a));
+    ASSERT_TRUE(parsed.ok()) << parsed.status();
+    EXPECT_EQ(*parsed, a);
+  }
+  EXPECT_EQ(*ParseAlgorithm("RHD"), Algorithm::kRecursiveHalvingDoubling);
+  auto bad = ParseAlgorithm("butterfly");
+  EXPECT_TRUE(absl::IsInvalidArgument(bad.status()));
+  EXPECT_EQ(bad.status().message(),
+            "unknown algorithm 'butterfly' (choose one of ring, rhd, rd, tree, pairwise)");
+}
+
+TEST(Algorithm, EveryCollectiveHasAnAlgorithm) {
+  for (CollectiveKind k : kAllCollectives) EXPECT_FALSE(ImplementingAlgorithms(k).empty());
+  EXPECT_EQ(ImplementingAlgorithms(CollectiveKind::kAllreduce), "ring, rhd, rd, tree");
+  EXPECT_EQ(ImplementingAlgorithms(CollectiveKind::kAlltoall), "pairwise");
+}
+
+TEST(CostModel, ImplementedPairsAreFiniteAndOthersInfinite) {
+  for (CollectiveKind k : kAllCollectives) {
+    for (Algorithm a : kAllAlgorithms) {
+      for (int world = 1; world <= 17; ++world) {
+        for (size_t bytes : kSizes) {
+          const double t = PredictMicros(k, a, bytes, world, Link());
+          if (Implements(a, k)) {
+            EXPECT_TRUE(std::isfinite(t) && t >= 0)
+                << AlgorithmName(a) << " " << CollectiveName(k) << " world " << world;
+          } else {
+            EXPECT_TRUE(std::isinf(t));
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(CostModel, PredictionsGrowWithBytes) {
+  for (CollectiveKind k : kAllCollectives) {
+    for (Algorithm a : kAllAlgorithms) {
+      if (!Implements(a, k)) continue;
+      for (int world : {2, 3, 8, 13}) {
+        double last = 0;
+        for (size_t bytes : kSizes) {
+          const double t = PredictMicros(k, a, bytes, world, Link());
+          EXPECT_GE(t, last) << AlgorithmName(a) << " " << CollectiveName(k) << " " << bytes;
+          last = t;
+        }
+      }
+    }
+  }
+}
+
+TEST(CostModel, UnimplementedPairsAreNeverChosenNorRanked) {
+  for (CollectiveKind k : kAllCollectives) {
+    for (int world = 1; world <= 17; ++world) {
+      for (size_t bytes : kSizes) {
+        EXPECT_TRUE(Implements(ChooseAlgorithm(k, bytes, world, Link()), k));
+        const auto ranked = RankAlgorithms(k, bytes, world, Link());
+        size_t implemented = 0;
+        for (Algorithm a : kAllAlgorithms) implemented += Implements(a, k) ? 1 : 0;
+        EXPECT_EQ(ranked.size(), implemented);
+        for (size_t i = 0; i < ranked.size(); ++i) {
+          EXPECT_TRUE(Implements(ranked[i].first, k));
+          if (i > 0) {
+            EXPECT_LE(ranked[i - 1].second, ranked[i].second);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(CostModel, SmallMessagesGoToLatencyOptimalAlgorithms) {
+  for (int world = 2; world <= 16; ++world) {
+    const Algorithm ar = ChooseAlgorithm(CollectiveKind::kAllreduce, 8, world, Link());
+    EXPECT_TRUE(ar == Algorithm::kRecursiveDoubling || ar == Algorithm::kBinomialTree)
+        << "world " << world << ": " << AlgorithmName(ar);
+    // Every choice is the cheapest (up to the tie margin, where the order of
+    // kAllAlgorithms decides: at 3 ranks a ring allgather takes as many
+    // steps as recursive doubling).
+    for (CollectiveKind k : kAllCollectives) {
+      const double best = RankAlgorithms(k, 8, world, Link()).front().second;
+      const Algorithm chosen = ChooseAlgorithm(k, 8, world, Link());
+      EXPECT_LE(PredictMicros(k, chosen, 8, world, Link()), best * (1 + kTieFraction));
+    }
+  }
+  for (int world : {8, 16}) {
+    const Algorithm ag = ChooseAlgorithm(CollectiveKind::kAllgather, 8, world, Link());
+    EXPECT_TRUE(ag == Algorithm::kRecursiveDoubling || ag == Algorithm::kRecursiveHalvingDoubling)
+        << AlgorithmName(ag);
+    EXPECT_EQ(ChooseAlgorithm(CollectiveKind::kAllreduce, 8, world, Link()),
+              Algorithm::kRecursiveDoubling);
+    EXPECT_EQ(ChooseAlgorithm(CollectiveKind::kBroadcast, 8, world, Link()),
+              Algorithm::kBinomialTree);
+    EXPECT_EQ(ChooseAlgorithm(CollectiveKind::kReduce, 8, world, Link()), Algorithm::kBinomialTree);
+    EXPECT_EQ(ChooseAlgorithm(CollectiveKind::kBarrier, 0, world, Link()),
+              Algorithm::kRecursiveDoubling);
+    EXPECT_EQ(ChooseAlgorithm(CollectiveKind::kReduceScatter, 8 * world, world, Link()),
+              Algorithm::kRecursiveHalvingDoubling);
+  }
+  // Non-powers of two: Bruck's allgather needs no folding.
+  EXPECT_EQ(ChooseAlgorithm(CollectiveKind::kAllgather, 8, 7, Link()),
+            Algorithm::kRecursiveDoubling);
+}
+
+TEST(CostModel, LargeAllreduceGoesToRing) {
+  for (int world = 2; world <= 16; ++world) {
+    EXPECT_EQ(ChooseAlgorithm(CollectiveKind::kAllreduce, 256u << 20, world, Link()),
+              Algorithm::kRing)
+        << "world " << world;
+    EXPECT_EQ(ChooseAlgorithm(CollectiveKind::kReduceScatter, 256u << 20, world, Link()),
+              Algorithm::kRing)
+        << "world " << world;
+  }
+}
+
+TEST(CostModel, MidSizesOnPowersOfTwoGoToHalvingDoubling) {
+  EXPECT_EQ(ChooseAlgorithm(CollectiveKind::kAllreduce, 1 << 20, 8, Link()),
+            Algorithm::kRecursiveHalvingDoubling);
+}
+
+TEST(CostModel, NonPowersOfTwoPayForFolding) {
+  for (Algorithm a : {Algorithm::kRecursiveHalvingDoubling, Algorithm::kRecursiveDoubling}) {
+    EXPECT_GT(PredictMicros(CollectiveKind::kAllreduce, a, 1 << 20, 7, Link()),
+              PredictMicros(CollectiveKind::kAllreduce, a, 1 << 20, 8, Link()))
+        << AlgorithmName(a);
+  }
+}
+
+TEST(CostModel, OneRankCostsNothing) {
+  for (CollectiveKind k : kAllCollectives) {
+    for (const auto& [a, t] : RankAlgorithms(k, 1 << 20, 1, Link()))
+      EXPECT_EQ(t, 0) << AlgorithmName(a);
+  }
+}
+
+}  // namespace
+}  // namespace gradsync

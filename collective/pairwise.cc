@@ -1,0 +1,61 @@
+// Pairwise exchange: alltoall and a one-round barrier.
+//
+// alltoall, ring-ordered: in step s = 1 .. n-1 rank r sends its block r+s to
+// rank r+s and receives block r from rank r-s (mod n), so every step is a
+// permutation and no rank receives from two peers at once. Works for every n.
+// A block received in step s may still be due to leave in step n-s, so the
+// buffer is first copied to scratch and every send reads the copy; receives
+// land in place. Block r stays where it is. The tag offset of a message is
+// where it lands: block (sender's rank) of the receiver.
+//
+// barrier: one round in which every rank sends an empty message to every
+// other rank and waits for one from each: n-1 messages each way, one
+// latency.
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "collective/algorithms.h"
+#include "collective/exchange.h"
+#include "common/status_macros.h"
+
+namespace gradsync::internal {
+
+absl::Status PairwiseAlltoall(transport::Context& ctx, const CollectiveCall& call,
+                              std::vector<char>* scratch) {
+  const int n = ctx.size();
+  const int me = ctx.rank();
+  if (n == 1 || call.count == 0) return absl::OkStatus();
+  const size_t block = call.count * DTypeSize(call.dtype);
+  const size_t bytes = static_cast<size_t>(n) * block;
+  if (scratch->size() < bytes) scratch->resize(bytes);
+  std::memcpy(scratch->data(), call.data, bytes);
+  ASSIGN_OR_RETURN(auto data_mr, ctx.RegisterMemory(call.data, bytes));
+  ASSIGN_OR_RETURN(auto copy_mr, ctx.RegisterMemory(scratch->data(), bytes));
+  for (int s = 1; s < n; ++s) {
+    const int to = (me + s) % n;
+    const int from = (me - s + n) % n;
+    Exchange ex(ctx, call.seq, call.dtype, static_cast<uint32_t>(s), call.ring.segment_bytes);
+    ex.Recv(from, *data_mr, from * block, call.count, from * block);
+    ex.Send(to, *copy_mr, to * block, call.count, me * block);
+    RETURN_IF_ERROR(
+        ex.Run(call.deadline, absl::StrCat("pairwise alltoall step ", s, " of ", n - 1)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PairwiseBarrier(transport::Context& ctx, const CollectiveCall& call) {
+  const int n = ctx.size();
+  if (n == 1) return absl::OkStatus();
+  char token = 0;
+  ASSIGN_OR_RETURN(auto mr, ctx.RegisterMemory(&token, 0));
+  Exchange ex = Exchange::Control(ctx, call.seq, 0);
+  for (int p = 0; p < n; ++p) {
+    if (p == ctx.rank()) continue;
+    ex.Recv(p, *mr, 0, 0, 0);
+    ex.Send(p, *mr, 0, 0, 0);
+  }
+  return ex.Run(call.deadline, "pairwise barrier");
+}
+
+}  // namespace gradsync::internal
