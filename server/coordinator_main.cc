@@ -1,8 +1,15 @@
 // gradsync-coordinator: the control-plane server (jobs, rendezvous, heartbeats,
 // epochs, events) on gRPC, with the standard gRPC health service.
 //
-//   gradsync-coordinator --listen=0.0.0.0:7070 [--port_file=PATH]
+//   gradsync-coordinator [--config=/etc/gradsync/gradsync-coordinator.conf]
+//       [--listen=0.0.0.0:7070] [--port_file=PATH] [--metrics_listen=0.0.0.0:9470]
 //       [--heartbeat_timeout_ms=3000] [--op_timeout_ms=60000] [--v=0|1]
+//
+// --config: a `key = value` file of these flags (common/config_file.h);
+// flags given on the command line win. Prometheus metrics are served at
+// http://<metrics_listen>/metrics (docs/metrics.md). Under systemd
+// (Type=notify) it reports READY once serving, STOPPING on SIGTERM, and pings
+// the watchdog when WatchdogSec= is set. See docs/operations.md.
 //
 // SIGTERM/SIGINT: health goes NOT_SERVING, blocked rendezvous calls fail with
 // UNAVAILABLE, the server drains for up to 2 s, exit 0.
@@ -24,7 +31,11 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "common/config_file.h"
 #include "common/logging.h"
+#include "common/metrics.h"
+#include "common/sd_notify.h"
+#include "server/coordinator_metrics.h"
 #include "server/coordinator_service.h"
 
 ABSL_FLAG(std::string, listen, "0.0.0.0:7070",
@@ -35,7 +46,13 @@ ABSL_FLAG(std::string, port_file, "",
 ABSL_FLAG(int64_t, heartbeat_timeout_ms, 3000,
           "default heartbeat timeout of new jobs: a member silent for longer is declared dead");
 ABSL_FLAG(int64_t, op_timeout_ms, 60000, "default deadline of one collective of new jobs");
+ABSL_FLAG(std::string, metrics_listen, "0.0.0.0:9470",
+          "Prometheus metrics endpoint (http://ADDRESS/metrics), IPv4:port or [IPv6]:port; "
+          "port 0 picks a free port; empty: no metrics endpoint");
 ABSL_FLAG(int, v, 0, "log verbosity: 0 info, 1 debug");
+ABSL_FLAG(std::string, config, "",
+          "a `key = value` file setting any of these flags (keys without dashes); flags given "
+          "on the command line win");
 
 namespace gradsync {
 namespace {
@@ -83,10 +100,35 @@ int Run() {
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
+  // Metrics: registered here, served by the MetricsServer; both outlive the
+  // coordinator server (declared before it).
+  MetricsRegistry metrics;
+  if (absl::Status s = metrics.AddProcessMetrics(); !s.ok()) {
+    GS_LOG(ERROR) << "metrics: " << s.ToString();
+    return 1;
+  }
+  absl::StatusOr<std::unique_ptr<CoordinatorMetrics>> coordinator_metrics =
+      CoordinatorMetrics::Create(metrics);
+  if (!coordinator_metrics.ok()) {
+    GS_LOG(ERROR) << "metrics: " << coordinator_metrics.status().ToString();
+    return 1;
+  }
+  std::unique_ptr<MetricsServer> metrics_server;
+  if (const std::string address = absl::GetFlag(FLAGS_metrics_listen); !address.empty()) {
+    absl::StatusOr<std::unique_ptr<MetricsServer>> started = MetricsServer::Start(address, metrics);
+    if (!started.ok()) {
+      GS_LOG(ERROR) << "--metrics_listen: " << started.status().message();
+      return 1;
+    }
+    metrics_server = *std::move(started);
+  }
+
   CoordinatorServerOptions options;
   options.listen_address = absl::GetFlag(FLAGS_listen);
   options.registry.default_heartbeat_timeout_ms = heartbeat_ms;
   options.registry.default_op_timeout_ms = op_ms;
+  options.registry.observer = coordinator_metrics->get();
+  options.rpc_observer = coordinator_metrics->get();
   absl::StatusOr<std::unique_ptr<CoordinatorServer>> server =
       CoordinatorServer::Start(std::move(options));
   if (!server.ok()) {
@@ -100,16 +142,40 @@ int Run() {
       return 1;
     }
   }
-  GS_LOG(INFO) << "gradsync-coordinator serving on " << (*server)->address()
-               << " (heartbeat timeout " << heartbeat_ms << " ms, op timeout " << op_ms
-               << " ms, pid " << getpid() << ")";
+  const std::string serving =
+      absl::StrCat("serving gRPC on ", (*server)->address(), ", metrics ",
+                   metrics_server ? absl::StrCat("on http://", metrics_server->address(), "/metrics")
+                                  : std::string("off"));
+  GS_LOG(INFO) << "gradsync-coordinator " << serving << " (heartbeat timeout " << heartbeat_ms
+               << " ms, op timeout " << op_ms << " ms, version " << kGradsyncVersion << ", pid "
+               << getpid() << ")";
+
+  // systemd (Type=notify): ready now; the watchdog pings only while the
+  // registry's mutex can be taken (a deadlocked coordinator gets restarted).
+  if (absl::Status s = NotifyReady(serving); !s.ok()) {
+    GS_LOG(WARNING) << s.message();
+  }
+  JobRegistry& registry = (*server)->registry();
+  absl::StatusOr<std::unique_ptr<SystemdWatchdog>> watchdog = SystemdWatchdog::Start([&registry] {
+    registry.JobCount();
+    return true;
+  });
+  if (!watchdog.ok()) {
+    GS_LOG(WARNING) << watchdog.status().message() << "; no watchdog pings";
+  }
 
   int sig = 0;
   while (sigwait(&signals, &sig) != 0) {
   }
   GS_LOG(INFO) << "received " << (sig == SIGTERM ? "SIGTERM" : "SIGINT")
                << ", shutting down (grace " << absl::FormatDuration(kShutdownGrace) << ")";
+  if (absl::Status s = NotifyStopping("draining"); !s.ok()) {
+    GS_LOG(WARNING) << s.message();
+  }
+  // systemd disarms the watchdog once the unit is stopping.
+  if (watchdog.ok()) (*watchdog)->Stop();
   (*server)->Shutdown(kShutdownGrace);
+  metrics_server.reset();
   GS_LOG(INFO) << "stopped";
   return 0;
 }
@@ -120,11 +186,20 @@ int Run() {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "gradsync control plane: jobs, rendezvous, heartbeats, epochs.\n"
-      "  gradsync-coordinator --listen=0.0.0.0:7070 [--port_file=PATH]");
+      "  gradsync-coordinator [--config=FILE] [--listen=0.0.0.0:7070] [--port_file=PATH]\n"
+      "      [--metrics_listen=0.0.0.0:9470]");
   std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
   if (positional.size() > 1) {
     std::fprintf(stderr, "gradsync-coordinator: unexpected argument '%s'\n", positional[1]);
     return 1;
+  }
+  // The config file fills in the flags not given on the command line.
+  if (const std::string config = absl::GetFlag(FLAGS_config); !config.empty()) {
+    if (absl::Status s = gradsync::ApplyConfigFile(config, argc, argv); !s.ok()) {
+      std::fprintf(stderr, "gradsync-coordinator: --config: %s\n",
+                   std::string(s.message()).c_str());
+      return 1;
+    }
   }
   gradsync::SetLogTag("gradsync-coordinator");
   gradsync::SetMinLogLevel(absl::GetFlag(FLAGS_v) >= 1 ? gradsync::LogLevel::kDebug

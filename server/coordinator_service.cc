@@ -31,15 +31,51 @@ grpc::Status Reply(absl::StatusOr<T> result, T* response) {
 
 }  // namespace
 
+const char* CoordinatorRpcName(CoordinatorRpc rpc) {
+  switch (rpc) {
+    case CoordinatorRpc::kCreateJob:
+      return "CreateJob";
+    case CoordinatorRpc::kJoinJob:
+      return "JoinJob";
+    case CoordinatorRpc::kHeartbeat:
+      return "Heartbeat";
+    case CoordinatorRpc::kLeaveJob:
+      return "LeaveJob";
+    case CoordinatorRpc::kGetJobStatus:
+      return "GetJobStatus";
+    case CoordinatorRpc::kListJobs:
+      return "ListJobs";
+  }
+  return "unknown";
+}
+
+class CoordinatorService::Timer {
+ public:
+  Timer(RpcObserver* observer, CoordinatorRpc rpc)
+      : observer_(observer), rpc_(rpc), start_(observer ? absl::Now() : absl::InfinitePast()) {}
+  ~Timer() {
+    if (observer_ != nullptr) observer_->OnRpcDone(rpc_, absl::Now() - start_);
+  }
+  Timer(const Timer&) = delete;
+  Timer& operator=(const Timer&) = delete;
+
+ private:
+  RpcObserver* const observer_;
+  const CoordinatorRpc rpc_;
+  const absl::Time start_;
+};
+
 grpc::Status CoordinatorService::CreateJob(grpc::ServerContext*,
                                            const v1::CreateJobRequest* request,
                                            v1::CreateJobResponse* response) {
+  Timer timer(rpc_observer_, CoordinatorRpc::kCreateJob);
   return Reply(registry_->CreateJob(*request), response);
 }
 
 grpc::Status CoordinatorService::JoinJob(grpc::ServerContext* ctx,
                                          const v1::JoinJobRequest* request,
                                          v1::JoinJobResponse* response) {
+  Timer timer(rpc_observer_, CoordinatorRpc::kJoinJob);
   JobRegistry::WaitControl wait;
   wait.deadline = RpcDeadline(*ctx);
   wait.is_cancelled = [ctx] { return ctx->IsCancelled(); };
@@ -51,22 +87,26 @@ grpc::Status CoordinatorService::JoinJob(grpc::ServerContext* ctx,
 grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext*,
                                            const v1::HeartbeatRequest* request,
                                            v1::HeartbeatResponse* response) {
+  Timer timer(rpc_observer_, CoordinatorRpc::kHeartbeat);
   return Reply(registry_->Heartbeat(*request), response);
 }
 
 grpc::Status CoordinatorService::LeaveJob(grpc::ServerContext*, const v1::LeaveJobRequest* request,
                                           v1::LeaveJobResponse*) {
+  Timer timer(rpc_observer_, CoordinatorRpc::kLeaveJob);
   return ToGrpcStatus(registry_->LeaveJob(*request));
 }
 
 grpc::Status CoordinatorService::GetJobStatus(grpc::ServerContext*,
                                               const v1::GetJobStatusRequest* request,
                                               v1::JobStatus* response) {
+  Timer timer(rpc_observer_, CoordinatorRpc::kGetJobStatus);
   return Reply(registry_->GetJobStatus(request->job_id()), response);
 }
 
 grpc::Status CoordinatorService::ListJobs(grpc::ServerContext*, const v1::ListJobsRequest*,
                                           v1::ListJobsResponse* response) {
+  Timer timer(rpc_observer_, CoordinatorRpc::kListJobs);
   *response = registry_->ListJobs();
   return grpc::Status::OK;
 }
@@ -104,7 +144,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     CoordinatorServerOptions options) {
   std::unique_ptr<CoordinatorServer> s(new CoordinatorServer());
   s->registry_ = std::make_unique<JobRegistry>(std::move(options.registry));
-  s->service_ = std::make_unique<CoordinatorService>(s->registry_.get());
+  s->service_ = std::make_unique<CoordinatorService>(s->registry_.get(), options.rpc_observer);
 
   grpc::EnableDefaultHealthCheckService(true);  // process-wide; before building
   grpc::ServerBuilder builder;

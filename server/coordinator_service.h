@@ -21,6 +21,23 @@
 
 namespace gradsync {
 
+// The unary methods of gradsync.v1.Coordinator (WatchJob streams for as long
+// as the watcher wants, so it has no meaningful latency).
+enum class CoordinatorRpc { kCreateJob, kJoinJob, kHeartbeat, kLeaveJob, kGetJobStatus, kListJobs };
+inline constexpr CoordinatorRpc kAllCoordinatorRpcs[] = {
+    CoordinatorRpc::kCreateJob,    CoordinatorRpc::kJoinJob,  CoordinatorRpc::kHeartbeat,
+    CoordinatorRpc::kLeaveJob,     CoordinatorRpc::kGetJobStatus, CoordinatorRpc::kListJobs};
+// "CreateJob", "JoinJob", ... (the gRPC method name).
+const char* CoordinatorRpcName(CoordinatorRpc rpc);
+
+// Told how long each unary call took (metrics). Called on gRPC threads after
+// the handler's work; must be thread-safe and cheap.
+class RpcObserver {
+ public:
+  virtual ~RpcObserver() = default;
+  virtual void OnRpcDone(CoordinatorRpc rpc, absl::Duration elapsed) = 0;
+};
+
 // Synchronous-API service. JoinJob blocks one server thread per waiting
 // joiner until the rendezvous completes, its deadline (min of timeout_ms and
 // the RPC deadline) passes, the call is cancelled, or the registry shuts down.
@@ -28,7 +45,9 @@ namespace gradsync {
 // owned and must outlive the service.
 class CoordinatorService final : public v1::Coordinator::Service {
  public:
-  explicit CoordinatorService(JobRegistry* registry) : registry_(registry) {}
+  // `rpc_observer` (may be null) is not owned and must outlive the service.
+  explicit CoordinatorService(JobRegistry* registry, RpcObserver* rpc_observer = nullptr)
+      : registry_(registry), rpc_observer_(rpc_observer) {}
 
   grpc::Status CreateJob(grpc::ServerContext* ctx, const v1::CreateJobRequest* request,
                          v1::CreateJobResponse* response) override;
@@ -46,13 +65,21 @@ class CoordinatorService final : public v1::Coordinator::Service {
                         grpc::ServerWriter<v1::JobEvent>* writer) override;
 
  private:
+  // Times one unary call for the RpcObserver.
+  class Timer;
+
   JobRegistry* const registry_;
+  RpcObserver* const rpc_observer_;
 };
 
 struct CoordinatorServerOptions {
   // gRPC listen address; port 0 picks a free port (see CoordinatorServer::port).
   std::string listen_address = "127.0.0.1:0";
+  // registry.observer receives the state machine's events (metrics).
   JobRegistry::Options registry;
+  // Receives each unary call's latency; not owned, must outlive the server.
+  // See CoordinatorMetrics for both observers on Prometheus.
+  RpcObserver* rpc_observer = nullptr;
 };
 
 // A running coordinator: registry + service + grpc::Server (+ health service,

@@ -63,6 +63,18 @@ std::string FormatRanks(const std::vector<int>& ranks) {
 
 std::string Seconds(int64_t ms) { return absl::StrFormat("%.1f s", ms / 1000.0); }
 
+// Used when Options::observer is null.
+JobRegistryObserver& NoopObserver() {
+  static JobRegistryObserver* const noop = new JobRegistryObserver();
+  return *noop;
+}
+
+JobRegistryObserver::JoinResult ToJoinResult(const absl::Status& s) {
+  if (s.ok()) return JobRegistryObserver::JoinResult::kOk;
+  if (absl::IsDeadlineExceeded(s)) return JobRegistryObserver::JoinResult::kTimeout;
+  return JobRegistryObserver::JoinResult::kError;
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------
@@ -208,6 +220,21 @@ JobRegistry::~JobRegistry() {
 
 absl::Time JobRegistry::Now() const { return options_.now ? options_.now() : absl::Now(); }
 
+JobRegistryObserver& JobRegistry::observer() const {
+  return options_.observer != nullptr ? *options_.observer : NoopObserver();
+}
+
+void JobRegistry::SetStateLocked(Job& job, v1::JobState state) {
+  if (job.state == state) return;
+  observer().OnJobStateChanged(job.state, state);
+  job.state = state;
+}
+
+size_t JobRegistry::JobCount() {
+  absl::MutexLock lock(&mu_);
+  return jobs_.size();
+}
+
 JobRegistry::Job* JobRegistry::FindJobLocked(absl::string_view job_id) {
   auto it = jobs_.find(job_id);
   return it == jobs_.end() ? nullptr : it->second.get();
@@ -327,6 +354,7 @@ absl::StatusOr<v1::CreateJobResponse> JobRegistry::CreateJob(const v1::CreateJob
   GS_LOG(INFO) << "created job '" << job->id << "' (world size " << job->world_size
                << ", heartbeat timeout " << options.heartbeat_timeout_ms() << " ms, op timeout "
                << options.op_timeout_ms() << " ms)";
+  observer().OnJobStateChanged(v1::JOB_STATE_UNSPECIFIED, job->state);
   jobs_.emplace(job->id, std::move(job));
   response.set_created(true);
   *response.mutable_options() = options;
@@ -339,8 +367,13 @@ absl::StatusOr<v1::CreateJobResponse> JobRegistry::CreateJob(const v1::CreateJob
 void JobRegistry::StartNewEpochLocked(Job& job) {
   GS_LOG(INFO) << "job '" << job.id << "': epoch " << job.epoch << " was aborted ("
                << job.abort_reason << "); forming epoch " << job.epoch + 1;
+  int alive = 0;
+  for (const auto& m : job.members) {
+    if (m.has_value() && m->alive && !m->left) ++alive;
+  }
+  if (alive > 0) observer().OnAliveMembersChanged(-alive);
   ++job.epoch;
-  job.state = v1::JOB_STATE_FORMING;
+  SetStateLocked(job, v1::JOB_STATE_FORMING);
   job.members.assign(job.world_size, std::nullopt);
   job.rank_of.clear();
   job.abort_reason.clear();
@@ -365,7 +398,7 @@ void JobRegistry::CompleteRendezvousLocked(Job& job) {
     *out->mutable_data_endpoint() = m.endpoint;
     out->set_alive(true);
   }
-  job.state = v1::JOB_STATE_RUNNING;
+  SetStateLocked(job, v1::JOB_STATE_RUNNING);
   job.rendezvous->response = std::move(response);
   job.rendezvous->complete = true;
   GS_LOG(INFO) << "job '" << job.id << "' epoch " << job.epoch << ": all " << job.world_size
@@ -381,6 +414,7 @@ void JobRegistry::RemoveFormingMemberLocked(Job& job, int rank, const std::strin
   GS_LOG(INFO) << "job '" << job.id << "' epoch " << job.epoch << ": " << message;
   job.rank_of.erase(m.member_id);
   job.members[rank].reset();
+  observer().OnAliveMembersChanged(-1);
   EmitLocked(job, v1::JobEvent::KIND_MEMBER_LEFT, rank, message);
   changed_.SignalAll();  // wakes this member's other JoinJob calls, if any
 }
@@ -418,12 +452,14 @@ absl::StatusOr<v1::JoinJobResponse> JobRegistry::JoinJob(const v1::JoinJobReques
   const int64_t waited_ms = std::max<int64_t>(0, absl::ToInt64Milliseconds(deadline - start));
   const std::string& member_id = request.member_id();
   if (member_id.empty() || member_id.size() > kMaxMemberIdLength) {
+    observer().OnJoinFinished(JobRegistryObserver::JoinResult::kError);
     return absl::InvalidArgumentError(
         absl::StrCat("join of job '", request.job_id(), "': member_id must be 1..",
                      kMaxMemberIdLength, " characters (got ", member_id.size(), ")"));
   }
   if (request.data_endpoint().port() < 0 || request.data_endpoint().port() > 65535 ||
       request.data_endpoint().host().size() > 255) {
+    observer().OnJoinFinished(JobRegistryObserver::JoinResult::kError);
     return absl::InvalidArgumentError(absl::StrCat(
         "join of job '", request.job_id(), "' by member '", member_id, "': bad data endpoint '",
         absl::CHexEscape(FormatEndpoint(request.data_endpoint())), "'"));
@@ -432,6 +468,7 @@ absl::StatusOr<v1::JoinJobResponse> JobRegistry::JoinJob(const v1::JoinJobReques
   int rank = -1;
   absl::StatusOr<std::shared_ptr<const v1::JoinJobResponse>> done =
       JoinAndWait(request, wait, deadline, waited_ms, &rank);
+  observer().OnJoinFinished(ToJoinResult(done.status()));
   if (!done.ok()) return done.status();
   // The response is immutable and can be large: copy it without the lock.
   v1::JoinJobResponse response = **done;
@@ -511,6 +548,7 @@ absl::StatusOr<std::shared_ptr<const v1::JoinJobResponse>> JobRegistry::JoinAndW
     m.serial = next_member_serial_++;
     job->members[rank] = std::move(m);
     job->rank_of[member_id] = rank;
+    observer().OnAliveMembersChanged(+1);
     const std::string message =
         absl::StrCat(DescribeMember(rank, member_id, &request.data_endpoint()), " joined (",
                      job->JoinedCount(), " of ", job->world_size, ")");
@@ -562,6 +600,7 @@ absl::StatusOr<std::shared_ptr<const v1::JoinJobResponse>> JobRegistry::JoinAndW
 // Heartbeat, LeaveJob, death detection
 
 absl::StatusOr<v1::HeartbeatResponse> JobRegistry::Heartbeat(const v1::HeartbeatRequest& request) {
+  observer().OnHeartbeat();
   absl::MutexLock lock(&mu_);
   if (shutdown_) return absl::UnavailableError("coordinator is shutting down");
   Job* job = FindJobLocked(request.job_id());
@@ -580,8 +619,10 @@ absl::StatusOr<v1::HeartbeatResponse> JobRegistry::Heartbeat(const v1::Heartbeat
   return response;
 }
 
-void JobRegistry::AbortLocked(Job& job, int rank, const std::string& reason) {
-  job.state = v1::JOB_STATE_ABORTED;
+void JobRegistry::AbortLocked(Job& job, int rank, const std::string& reason,
+                              JobRegistryObserver::AbortCause cause) {
+  SetStateLocked(job, v1::JOB_STATE_ABORTED);
+  observer().OnEpochAborted(cause);
   job.abort_reason = reason;
   GS_LOG(WARNING) << "job '" << job.id << "' epoch " << job.epoch << " aborted: " << reason;
   EmitLocked(job, v1::JobEvent::KIND_EPOCH_ABORTED, rank, reason);
@@ -596,6 +637,7 @@ bool JobRegistry::MaybeDeleteLocked(Job& job) {
       absl::StrCat("job '", job.id, "' deleted: no member of epoch ", job.epoch, " is left");
   GS_LOG(INFO) << message;
   EmitLocked(job, v1::JobEvent::KIND_JOB_DELETED, -1, message);
+  observer().OnJobStateChanged(job.state, v1::JOB_STATE_UNSPECIFIED);
   jobs_.erase(jobs_.find(job.id));
   return true;
 }
@@ -613,10 +655,13 @@ absl::Status JobRegistry::LeaveJob(const v1::LeaveJobRequest& request) {
     return absl::OkStatus();
   }
   m->left = true;
+  observer().OnAliveMembersChanged(-1);
   const std::string message = absl::StrCat(DescribeMember(rank, m->member_id, nullptr), " left the job");
   GS_LOG(INFO) << "job '" << job->id << "' epoch " << job->epoch << ": " << message;
   EmitLocked(*job, v1::JobEvent::KIND_MEMBER_LEFT, rank, message);
-  if (job->state == v1::JOB_STATE_RUNNING) AbortLocked(*job, rank, message);
+  if (job->state == v1::JOB_STATE_RUNNING) {
+    AbortLocked(*job, rank, message, JobRegistryObserver::AbortCause::kMemberLeft);
+  }
   MaybeDeleteLocked(*job);
   return absl::OkStatus();
 }
@@ -641,13 +686,17 @@ void JobRegistry::CheckLivenessLocked(absl::Time now) {
       if (age_ms <= timeout_ms) continue;
       m.alive = false;
       someone_died = true;
+      observer().OnAliveMembersChanged(-1);
+      observer().OnMemberDead();
       job.dead_ranks.push_back(rank);
       const std::string reason =
           absl::StrCat(DescribeMember(rank, m.member_id, nullptr), " missed heartbeats for ",
                        Seconds(age_ms), " (timeout ", Seconds(timeout_ms), ")");
       GS_LOG(WARNING) << "job '" << job.id << "' epoch " << job.epoch << ": " << reason;
       EmitLocked(job, v1::JobEvent::KIND_MEMBER_DEAD, rank, reason);
-      if (job.state == v1::JOB_STATE_RUNNING) AbortLocked(job, rank, reason);
+      if (job.state == v1::JOB_STATE_RUNNING) {
+        AbortLocked(job, rank, reason, JobRegistryObserver::AbortCause::kMemberDead);
+      }
     }
     if (someone_died) MaybeDeleteLocked(job);
   }

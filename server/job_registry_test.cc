@@ -1,6 +1,7 @@
 #include "server/job_registry.h"
 
 #include <atomic>
+#include <map>
 #include <string>
 #include <thread>
 #include <vector>
@@ -33,15 +34,98 @@ class FakeClock {
   absl::Time now_ = absl::FromUnixSeconds(1700000000);
 };
 
+// Keeps the totals a metrics implementation would keep.
+class CountingObserver : public JobRegistryObserver {
+ public:
+  void OnJobStateChanged(v1::JobState from, v1::JobState to) override {
+    absl::MutexLock lock(&mu_);
+    --jobs_[from];
+    ++jobs_[to];
+  }
+  void OnAliveMembersChanged(int delta) override {
+    absl::MutexLock lock(&mu_);
+    alive_ += delta;
+  }
+  void OnJoinFinished(JoinResult result) override {
+    absl::MutexLock lock(&mu_);
+    ++joins_[static_cast<int>(result)];
+  }
+  void OnHeartbeat() override {
+    absl::MutexLock lock(&mu_);
+    ++heartbeats_;
+  }
+  void OnMemberDead() override {
+    absl::MutexLock lock(&mu_);
+    ++dead_;
+  }
+  void OnEpochAborted(AbortCause cause) override {
+    absl::MutexLock lock(&mu_);
+    ++aborts_[static_cast<int>(cause)];
+  }
+
+  int jobs(v1::JobState state) {
+    absl::MutexLock lock(&mu_);
+    return jobs_[state];
+  }
+  int alive() {
+    absl::MutexLock lock(&mu_);
+    return alive_;
+  }
+  int joins(JoinResult r) {
+    absl::MutexLock lock(&mu_);
+    return joins_[static_cast<int>(r)];
+  }
+  int heartbeats() {
+    absl::MutexLock lock(&mu_);
+    return heartbeats_;
+  }
+  int dead() {
+    absl::MutexLock lock(&mu_);
+    return dead_;
+  }
+  int aborts(AbortCause c) {
+    absl::MutexLock lock(&mu_);
+    return aborts_[static_cast<int>(c)];
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::map<v1::JobState, int> jobs_ ABSL_GUARDED_BY(mu_);
+  int alive_ ABSL_GUARDED_BY(mu_) = 0;
+  int joins_[3] ABSL_GUARDED_BY(mu_) = {};
+  int heartbeats_ ABSL_GUARDED_BY(mu_) = 0;
+  int dead_ ABSL_GUARDED_BY(mu_) = 0;
+  int aborts_[2] ABSL_GUARDED_BY(mu_) = {};
+};
+
 class JobRegistryTest : public ::testing::Test {
  protected:
-  JobRegistryTest() : registry_(MakeOptions(&clock_)) {}
+  JobRegistryTest() : registry_(MakeOptions(&clock_, &observer_)) {}
 
-  static JobRegistry::Options MakeOptions(FakeClock* clock) {
+  static JobRegistry::Options MakeOptions(FakeClock* clock, JobRegistryObserver* observer) {
     JobRegistry::Options o;
     o.start_liveness_thread = false;  // tests call CheckLiveness() themselves
     o.now = [clock] { return clock->Now(); };
+    o.observer = observer;
     return o;
+  }
+
+  // After every test: the observer's running totals agree with a recount of
+  // the registry's state (jobs by state, alive members).
+  void TearDown() override {
+    std::map<v1::JobState, int> jobs;
+    int alive = 0;
+    const v1::ListJobsResponse all = registry_.ListJobs();
+    for (const v1::JobStatus& job : all.jobs()) {
+      ++jobs[job.state()];
+      for (const v1::Member& m : job.members()) alive += m.alive() ? 1 : 0;
+    }
+    for (v1::JobState state :
+         {v1::JOB_STATE_FORMING, v1::JOB_STATE_RUNNING, v1::JOB_STATE_ABORTED}) {
+      EXPECT_EQ(observer_.jobs(state), jobs[state]) << v1::JobState_Name(state);
+    }
+    EXPECT_EQ(alive, observer_.alive());
+    EXPECT_EQ(registry_.JobCount(), static_cast<size_t>(all.jobs_size()));
   }
 
   void Create(const std::string& id, int world_size, int64_t heartbeat_timeout_ms = 0) {
@@ -118,6 +202,7 @@ class JobRegistryTest : public ::testing::Test {
   }
 
   FakeClock clock_;
+  CountingObserver observer_;
   JobRegistry registry_;
 };
 
@@ -471,6 +556,66 @@ TEST_F(JobRegistryTest, ShutdownWakesJoinersAndEndsWatches) {
     end = (*watch)->Next(absl::Milliseconds(100)).status().code();
   }
   EXPECT_EQ(end, absl::StatusCode::kUnavailable);
+}
+
+TEST_F(JobRegistryTest, ObserverSeesTheLifecycle) {
+  using R = JobRegistryObserver::JoinResult;
+  using C = JobRegistryObserver::AbortCause;
+  Create("j", 2, /*heartbeat_timeout_ms=*/1000);
+  EXPECT_EQ(observer_.jobs(v1::JOB_STATE_FORMING), 1);
+  auto replies = JoinAll("j", {"a", "b"});
+  ASSERT_TRUE(replies[0].ok() && replies[1].ok());
+  EXPECT_EQ(observer_.jobs(v1::JOB_STATE_FORMING), 0);
+  EXPECT_EQ(observer_.jobs(v1::JOB_STATE_RUNNING), 1);
+  EXPECT_EQ(observer_.alive(), 2);
+  EXPECT_EQ(observer_.joins(R::kOk), 2);
+  ASSERT_TRUE(Join("j", "a", -1, 5000).ok());  // idempotent retry
+  EXPECT_EQ(observer_.joins(R::kOk), 3);
+  EXPECT_EQ(observer_.alive(), 2);
+
+  // "b" keeps beating, "a" goes silent and is declared dead.
+  const int64_t epoch = replies[1]->epoch();
+  clock_.Advance(absl::Milliseconds(600));
+  ASSERT_TRUE(Beat("j", replies[1]->rank(), epoch, "b").ok());
+  clock_.Advance(absl::Milliseconds(600));
+  registry_.CheckLiveness();
+  EXPECT_EQ(observer_.heartbeats(), 1);
+  EXPECT_EQ(observer_.dead(), 1);
+  EXPECT_EQ(observer_.aborts(C::kMemberDead), 1);
+  EXPECT_EQ(observer_.jobs(v1::JOB_STATE_RUNNING), 0);
+  EXPECT_EQ(observer_.jobs(v1::JOB_STATE_ABORTED), 1);
+  EXPECT_EQ(observer_.alive(), 1);
+
+  // A rejoin starts epoch 2 (the survivor no longer counts), then a leave
+  // aborts it.
+  std::thread first([&] { EXPECT_TRUE(Join("j", "c", -1, 6000).ok()); });
+  AwaitJoined("j", 1);
+  EXPECT_EQ(observer_.jobs(v1::JOB_STATE_FORMING), 1);
+  EXPECT_EQ(observer_.jobs(v1::JOB_STATE_ABORTED), 0);
+  EXPECT_EQ(observer_.alive(), 1);
+  auto d = Join("j", "d", -1, 6001);
+  first.join();
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(observer_.alive(), 2);
+  ASSERT_TRUE(Leave("j", d->rank(), d->epoch(), "d").ok());
+  EXPECT_EQ(observer_.aborts(C::kMemberLeft), 1);
+  EXPECT_EQ(observer_.alive(), 1);
+  EXPECT_EQ(observer_.jobs(v1::JOB_STATE_ABORTED), 1);
+  ASSERT_TRUE(Leave("j", 1 - d->rank(), d->epoch(), "c").ok());
+  EXPECT_EQ(observer_.alive(), 0);
+  EXPECT_EQ(observer_.jobs(v1::JOB_STATE_ABORTED), 0);  // deleted
+  EXPECT_EQ(registry_.JobCount(), 0u);
+
+  // Timeouts and errors.
+  Create("k", 2);
+  EXPECT_EQ(Join("k", "x", -1, 5000, /*timeout_ms=*/50).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(observer_.joins(R::kTimeout), 1);
+  EXPECT_EQ(observer_.alive(), 0);  // the timed-out member was removed
+  EXPECT_EQ(Join("nope", "x", -1, 5000).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(Join("k", "", -1, 5000).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(observer_.joins(R::kError), 2);
+  EXPECT_EQ(observer_.jobs(v1::JOB_STATE_FORMING), 1);
 }
 
 TEST(JobRegistryThreadTest, BackgroundThreadDetectsDeathWithRealClock) {
