@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -91,6 +92,13 @@ class Session {
   // finished op has been reported it is forgotten (NotFound afterwards).
   absl::StatusOr<OpOutcome> Wait(uint64_t op_id, absl::Duration timeout);
 
+  // Called on the executor thread, without locks held, each time an op
+  // finishes. If it returns true the outcome was delivered elsewhere (e.g. a
+  // shared-memory completion queue) and the op is forgotten (Wait then says
+  // NotFound). At most one listener; set it before submitting ops.
+  using CompletionListener = std::function<bool(uint64_t op_id, const OpOutcome& outcome)>;
+  void SetCompletionListener(CompletionListener listener);
+
   // Fails the epoch from outside (coordinator said so, daemon stopping).
   void AbortEpoch(const absl::Status& reason);
   // Stops the executor (aborting a running op), frees the buffers. Idempotent.
@@ -131,6 +139,7 @@ class Session {
   absl::Status epoch_error_ ABSL_GUARDED_BY(mu_);
   bool closing_ ABSL_GUARDED_BY(mu_) = false;
   absl::Time last_used_ ABSL_GUARDED_BY(mu_);
+  CompletionListener listener_ ABSL_GUARDED_BY(mu_);
   std::thread executor_;
   std::once_flag close_once_;
 };
