@@ -189,6 +189,11 @@ absl::StatusOr<OpOutcome> Session::Wait(uint64_t op_id, absl::Duration timeout) 
   return out;
 }
 
+void Session::SetCompletionListener(CompletionListener listener) {
+  absl::MutexLock l(&mu_);
+  listener_ = std::move(listener);
+}
+
 void Session::AbortEpoch(const absl::Status& reason) {
   {
     absl::MutexLock l(&mu_);
@@ -229,13 +234,22 @@ void Session::ExecutorLoop() {
     const absl::Time start = absl::Now();
     absl::Status s = RunOp(*op);
     const absl::Time end = absl::Now();
-    absl::MutexLock l(&mu_);
-    op->outcome.status = s;
-
-    op->outcome.queued_time = start - op->submitted;
-    op->outcome.run_time = end - start;
-    op->outcome.done = true;
-    if (!s.ok() && !absl::IsInvalidArgument(s) && epoch_error_.ok()) epoch_error_ = s;
+    CompletionListener listener;
+    OpOutcome outcome;
+    {
+      absl::MutexLock l(&mu_);
+      op->outcome.status = s;
+      op->outcome.queued_time = start - op->submitted;
+      op->outcome.run_time = end - start;
+      op->outcome.done = true;
+      if (!s.ok() && !absl::IsInvalidArgument(s) && epoch_error_.ok()) epoch_error_ = s;
+      listener = listener_;
+      outcome = op->outcome;
+    }
+    if (listener && listener(op->seq, outcome)) {
+      absl::MutexLock l(&mu_);
+      ops_.erase(op->seq);
+    }
   }
 }
 
