@@ -170,22 +170,30 @@ absl::StatusOr<uint64_t> RunBench(const BenchOptions& o) {
   if (external) {
     local_ranks = 1;
   } else {
+    if (o.ranks_per_daemon < 1 || n % o.ranks_per_daemon != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("--ranks_per_daemon ", o.ranks_per_daemon,
+                                                     " must divide --ranks ", n));
+    }
     LocalClusterOptions co;
-    co.daemons = n;
+    co.daemons = n / o.ranks_per_daemon;
     auto c = LocalCluster::Start(co);
     if (!c.ok()) return c.status();
     cluster = std::move(*c);
   }
   const std::string job = o.job.empty() ? absl::StrCat("bench-", ::getpid()) : o.job;
-  std::printf("# gradsync bench: %s, %d ranks (%s), dtype %s, redop %s, algo %s, %d warm-up + %d "
+  std::printf("# gradsync bench: %s, %d ranks (%s, %d per daemon), dtype %s, redop %s, algo %s, %d warm-up + %d "
               "timed iterations per size\n", CollectiveName(o.op), n,
               external ? absl::StrCat("existing cluster, coordinator ", o.coordinator).c_str()
                        : "embedded local cluster on loopback",
+              external ? 1 : o.ranks_per_daemon,
               DTypeName(o.dtype), ReduceOpName(o.redop), o.algo.c_str(), o.warmup, o.iters);
   std::printf("# bytes = whole buffer per rank; algbw = bytes / time; busbw = algbw * %.3f "
               "(nccl-tests definition for %s on %d ranks)\n",
               BusBandwidthFactor(o.op, n), CollectiveName(o.op), n);
-  if (o.limits && !external) PrintLimits(n, sizes.back(), o.tcp_streams > 0 ? o.tcp_streams : 2);
+  if (o.limits && !external) {
+    PrintLimits(o.ranks_per_daemon > 1 ? n / o.ranks_per_daemon : n, sizes.back(),
+                o.tcp_streams > 0 ? o.tcp_streams : 2);
+  }
 
   const uint64_t max_bytes = std::max<uint64_t>(sizes.back(), es * (IsBlockedCollective(o.op) ? n : 1));
   std::vector<std::unique_ptr<client::Client>> clients(local_ranks);
@@ -196,7 +204,8 @@ absl::StatusOr<uint64_t> RunBench(const BenchOptions& o) {
     std::vector<std::thread> threads;
     for (int r = 0; r < local_ranks; ++r) {
       threads.emplace_back([&, r] {
-        auto c = client::Client::Connect(external ? o.daemon : cluster->daemon_target(r));
+        auto c = client::Client::Connect(external ? o.daemon
+                                                  : cluster->daemon_target(r / o.ranks_per_daemon));
         if (!c.ok()) return void(setup[r] = c.status());
         clients[r] = std::move(*c);
         client::SessionOptions so;

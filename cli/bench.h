@@ -13,6 +13,7 @@ namespace gradsync {
 struct BenchOptions {
   CollectiveKind op = CollectiveKind::kAllreduce;
   int ranks = 4;               // embedded local cluster size
+  int ranks_per_daemon = 1;    // embedded: clients sharing one gradsyncd (the node path)
   std::string coordinator;     // non-empty: use an existing cluster (one bench process per rank)
   std::string daemon = "unix:/run/gradsync/gradsyncd.sock";  // with --coordinator
   int world_size = 0;          // with --coordinator: ranks of the bench job

@@ -12,6 +12,8 @@
 
 ABSL_FLAG(int32_t, ranks, 4, "demo/bench: ranks of the embedded local cluster (one gradsyncd each)");
 ABSL_FLAG(std::string, max_bytes, "64M", "largest message (K/M/G suffixes)");
+ABSL_FLAG(int32_t, ranks_per_daemon, 1,
+          "bench: clients sharing one gradsyncd (> 1 exercises the hierarchical node path)");
 ABSL_FLAG(std::string, min_bytes, "8", "bench: smallest message (K/M/G suffixes)");
 ABSL_FLAG(std::string, step_factor, "2", "bench: multiply the size by this between rows");
 ABSL_FLAG(int32_t, iters, -1, "timed iterations per size (demo: 3, bench: 20)");
@@ -99,6 +101,7 @@ int main(int argc, char** argv) {
     o.max_bytes = *max_bytes;
     o.step_factor = step;
     o.ranks = absl::GetFlag(FLAGS_ranks);
+    o.ranks_per_daemon = absl::GetFlag(FLAGS_ranks_per_daemon);
     o.algo = absl::GetFlag(FLAGS_algo);
     o.root = absl::GetFlag(FLAGS_root);
     if (iters >= 0) o.iters = iters;

@@ -151,4 +151,8 @@ Algorithm ChooseAlgorithm(CollectiveKind kind, size_t bytes, int world, const Li
   return ranked.front().first;
 }
 
+bool PreferHierarchical(CollectiveKind kind, const Topology& topology) {
+  return kind == CollectiveKind::kAllreduce && topology.nodes < topology.world;
+}
+
 }  // namespace gradsync

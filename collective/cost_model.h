@@ -50,6 +50,19 @@ inline constexpr double kTieFraction = 0.02;
 // that implements `kind`.
 Algorithm ChooseAlgorithm(CollectiveKind kind, size_t bytes, int world, const LinkParams& link);
 
+// Where the ranks of a job live: `nodes` distinct daemons for `world` ranks.
+struct Topology {
+  int world = 1;
+  int nodes = 1;
+};
+
+// Whether the hierarchical path ("hier", worker/job_group.h) beats any flat
+// algorithm: when ranks share a daemon, their reduction happens in shared
+// memory (no bytes on the network, no per-rank messages) and only one rank per
+// daemon crosses the network, with world/nodes times fewer ranks in the
+// network stage: cheaper in every alpha-beta term. Implemented for allreduce.
+bool PreferHierarchical(CollectiveKind kind, const Topology& topology);
+
 }  // namespace gradsync
 
 #endif  // GRADSYNC_COLLECTIVE_COST_MODEL_H_

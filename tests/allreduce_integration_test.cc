@@ -171,6 +171,80 @@ TEST_F(AllreduceIntegration, EveryCollectiveAndAlgorithmThroughTheDaemons) {
   }
 }
 
+// Several ranks per daemon: allreduce takes the hierarchical path (local
+// reduction in shared memory, one rank per daemon on the network) and must
+// give the same bits as any flat algorithm (integer-valued inputs).
+TEST_F(AllreduceIntegration, RanksSharingADaemonUseTheHierarchicalPath) {
+  const std::vector<std::vector<int>> layouts = {{6, 6, 6, 6}, {0, 0, 1, 1}, {2, 1, 2, 1, 2}};
+  int job_no = 0;
+  for (const auto& daemons : layouts) {
+    const int world = static_cast<int>(daemons.size());
+    auto job = OpenJob(*cluster_, absl::StrCat("hier-", job_no++), daemons);
+    ASSERT_TRUE(job.ok()) << job.status();
+    struct Case { DType t; ReduceOp op; std::string algo; CollectiveKind kind; };
+    const std::vector<Case> cases = {
+        {DType::kF32, ReduceOp::kSum, "", CollectiveKind::kAllreduce},
+        {DType::kF32, ReduceOp::kAvg, "", CollectiveKind::kAllreduce},
+        {DType::kI32, ReduceOp::kMax, "hier", CollectiveKind::kAllreduce},
+        {DType::kBF16, ReduceOp::kSum, "ring", CollectiveKind::kAllreduce},
+        {DType::kF32, ReduceOp::kSum, "", CollectiveKind::kReduceScatter},
+    };
+    for (const Case& c : cases) {
+      for (uint64_t count : {uint64_t{0}, uint64_t{1}, uint64_t{1023}, uint64_t{100003}}) {
+        std::vector<std::string> errors(world);
+        OnEveryRank(world, [&](int r) {
+          auto& s = *(*job)[r].session;
+          const uint64_t elems = BufferElements(c.kind, world, count);
+          auto buf = s.AllocateBuffer(std::max<uint64_t>(1, elems * DTypeSize(c.t)));
+          if (!buf.ok()) return void(errors[r] = std::string(buf.status().message()));
+          char* data = static_cast<char*>((*buf)->data());
+          FillInput(c.kind, c.t, r, world, count, data);
+          client::CollectiveSpec spec;
+          spec.kind = c.kind;
+          spec.buffer = buf->get();
+          spec.count = count;
+          spec.dtype = c.t;
+          spec.op = c.op;
+          spec.algorithm = c.algo;
+          spec.name = absl::StrCat("h.", count);
+          auto res = s.Run(spec);
+          if (!res.ok()) return void(errors[r] = std::string(res.status().message()));
+          const std::string want_algo =
+              !c.algo.empty() ? c.algo : (c.kind == CollectiveKind::kAllreduce ? "hier" : "");
+          if (!want_algo.empty() && res->algorithm != want_algo) {
+            errors[r] = absl::StrCat("ran ", res->algorithm, " instead of ", want_algo);
+          }
+          const uint64_t wrong = CountWrong(c.kind, c.t, c.op, 0, r, world, count, data);
+          if (wrong > 0) errors[r] = absl::StrCat(wrong, " wrong elements");
+          (void)s.FreeBuffer(std::move(*buf));
+        });
+        for (int r = 0; r < world; ++r) {
+          EXPECT_EQ(errors[r], "") << "layout " << job_no - 1 << " " << DTypeName(c.t) << " "
+                                   << ReduceOpName(c.op) << " algo '" << c.algo << "' "
+                                   << CollectiveName(c.kind) << " count " << count << " rank " << r;
+        }
+      }
+    }
+  }
+}
+
+TEST_F(AllreduceIntegration, HierarchicalNeedsRanksThatShareADaemon) {
+  auto job = OpenJob(*cluster_, "no-hier", {3, 4});
+  ASSERT_TRUE(job.ok()) << job.status();
+  auto& s = *(*job)[0].session;
+  auto buf = s.AllocateBuffer(64);
+  ASSERT_TRUE(buf.ok());
+  client::CollectiveSpec spec;
+  spec.buffer = buf->get();
+  spec.count = 4;
+  spec.algorithm = "hier";
+  spec.name = "g";
+  auto h = s.SubmitAsync(spec);
+  EXPECT_TRUE(absl::IsInvalidArgument(h.status())) << h.status();
+  EXPECT_NE(h.status().message().find("needs ranks that share a daemon"), std::string::npos)
+      << h.status();
+}
+
 TEST_F(AllreduceIntegration, ForcingAnAlgorithmThatCannotRunTheCollectiveIsRefused) {
   auto job = OpenJob(*cluster_, "bad-algo", {0, 1});
   ASSERT_TRUE(job.ok()) << job.status();

@@ -153,7 +153,36 @@ absl::StatusOr<std::shared_ptr<Session>> Daemon::OpenSession(const OpenSessionAr
                         absl::StrCat("job '", args.job_id, "' link probe: ", link.status().message()));
   }
   info.link = *link;
-  auto session = std::make_shared<Session>(info, std::move(*ctx), options_.ring);
+  // Topology: ranks with the same data endpoint share a daemon.
+  std::vector<HostPort> node_endpoints;
+  GroupLayout layout;
+  layout.world_size = info.world_size;
+  const HostPort mine{options_.advertise_host, listener_->port()};
+  for (int r = 0; r < static_cast<int>(co.peers.size()); ++r) {
+    const HostPort& hp = co.peers[r];
+    auto it = std::find_if(node_endpoints.begin(), node_endpoints.end(), [&](const HostPort& e) {
+      return e.host == hp.host && e.port == hp.port;
+    });
+    if (it == node_endpoints.end()) node_endpoints.push_back(hp);
+    if (hp.host == mine.host && hp.port == mine.port) layout.local_ranks.push_back(r);
+  }
+  layout.nodes = static_cast<int>(node_endpoints.size());
+  for (int i = 0; i < layout.nodes; ++i) {
+    if (node_endpoints[i].host == mine.host && node_endpoints[i].port == mine.port) {
+      layout.node_index = i;
+    }
+  }
+  std::shared_ptr<JobGroup> group;
+  if (layout.nodes < info.world_size) {
+    auto g = GetOrCreateGroup(args.job_id, static_cast<uint64_t>(info.epoch), layout,
+                              node_endpoints, co.streams, info.link, co.deadline);
+    if (!g.ok()) {
+      LeaveJob(info);
+      return g.status();
+    }
+    group = *g;
+  }
+  auto session = std::make_shared<Session>(info, std::move(*ctx), options_.ring, group);
   {
     absl::MutexLock l(&mu_);
     if (shut_down_) {
@@ -197,6 +226,69 @@ absl::Status Daemon::CloseSession(const std::string& id) {
   LeaveJob(s->info());
   GS_LOG(INFO) << "session " << id << " closed";
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<JobGroup>> Daemon::GetOrCreateGroup(
+    const std::string& job_id, uint64_t epoch, const GroupLayout& layout,
+    const std::vector<HostPort>& node_endpoints, int streams, const LinkParams& link,
+    absl::Time deadline) {
+  const std::string key = absl::StrCat(job_id, "#", epoch);
+  std::shared_ptr<GroupEntry> entry;
+  bool create = false;
+  {
+    absl::MutexLock l(&mu_);
+    for (auto it = groups_.begin(); it != groups_.end();) {  // drop finished groups
+      if (it->second->ready.HasBeenNotified() && it->second->group.expired()) {
+        it = groups_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    auto it = groups_.find(key);
+    if (it == groups_.end()) {
+      entry = std::make_shared<GroupEntry>();
+      groups_[key] = entry;
+      create = true;
+    } else {
+      entry = it->second;
+    }
+  }
+  if (!create) {
+    if (!entry->ready.WaitForNotificationWithDeadline(deadline)) {
+      return absl::DeadlineExceededError(absl::StrCat("job '", job_id,
+                                                      "': this daemon's rank group did not form"));
+    }
+    if (!entry->status.ok()) return entry->status;
+    auto g = entry->group.lock();
+    if (g == nullptr) return absl::AbortedError(absl::StrCat("job '", job_id, "': rank group closed"));
+    return g;
+  }
+  std::unique_ptr<transport::Context> node_ctx;
+  if (layout.nodes > 1) {
+    transport::TcpContextOptions co;
+    co.job_id = job_id + "/nodes";  // job ids have no '/': never collides with a job
+    co.epoch = epoch;
+    co.rank = layout.node_index;
+    co.world_size = layout.nodes;
+    co.peers = node_endpoints;
+    co.deadline = deadline;
+    co.socket_buffer_bytes = options_.socket_buffer_bytes;
+    co.streams = streams;
+    auto ctx = transport::TcpContext::Connect(co, listener_.get());
+    if (!ctx.ok()) {
+      entry->status = ctx.status();
+      entry->ready.Notify();
+      return ctx.status();
+    }
+    node_ctx = std::move(*ctx);
+  }
+  auto group = std::make_shared<JobGroup>(layout, std::move(node_ctx), link, options_.ring);
+  entry->group = group;
+  entry->ready.Notify();
+  GS_LOG(INFO) << "job '" << job_id << "' epoch " << epoch << ": " << layout.local_ranks.size()
+               << " rank(s) on this daemon, node " << layout.node_index << " of " << layout.nodes
+               << " (hierarchical allreduce)";
+  return group;
 }
 
 void Daemon::LeaveJob(const SessionInfo& info) {

@@ -19,6 +19,7 @@
 #include "common/net.h"
 #include "proto/coordinator.grpc.pb.h"
 #include "transport/tcp_listener.h"
+#include "worker/job_group.h"
 #include "worker/session.h"
 
 namespace gradsync {
@@ -70,6 +71,12 @@ class Daemon {
  private:
   explicit Daemon(const DaemonOptions& options);
   void HeartbeatLoop();
+  // This daemon's JobGroup for (job, epoch): created (and connected to the
+  // other daemons' groups) by the first local session, shared by the rest.
+  absl::StatusOr<std::shared_ptr<JobGroup>> GetOrCreateGroup(
+      const std::string& job_id, uint64_t epoch, const GroupLayout& layout,
+      const std::vector<HostPort>& node_endpoints, int streams, const LinkParams& link,
+      absl::Time deadline);
   void LeaveJob(const SessionInfo& info);
 
   DaemonOptions options_;
@@ -80,6 +87,12 @@ class Daemon {
   mutable absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+  struct GroupEntry {
+    absl::Notification ready;
+    absl::Status status;
+    std::weak_ptr<JobGroup> group;
+  };
+  std::map<std::string, std::shared_ptr<GroupEntry>> groups_ ABSL_GUARDED_BY(mu_);
 
   absl::Notification stop_;
   std::thread heartbeat_thread_;

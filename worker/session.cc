@@ -25,8 +25,11 @@ constexpr size_t kMaxUnreportedOps = 4096;
 }  // namespace
 
 Session::Session(SessionInfo info, std::unique_ptr<transport::Context> ctx,
-                 RingOptions ring_options)
-    : info_(std::move(info)), ctx_(std::move(ctx)), ring_options_(ring_options) {
+                 RingOptions ring_options, std::shared_ptr<JobGroup> group)
+    : info_(std::move(info)),
+      ctx_(std::move(ctx)),
+      ring_options_(ring_options),
+      group_(std::move(group)) {
   last_used_ = absl::Now();
   executor_ = std::thread([this] { ExecutorLoop(); });
 }
@@ -85,10 +88,23 @@ absl::Status Session::FreeBuffer(uint64_t id) {
 absl::StatusOr<uint64_t> Session::Submit(const SubmitArgs& a) {
   const std::string what = absl::StrCat(CollectiveName(a.kind), " '", a.name, "'");
   std::optional<Algorithm> forced;
+  bool hier = false;
   const std::string& algo_name = !a.algorithm.empty() && a.algorithm != "auto"
                                      ? a.algorithm
                                      : info_.job_algorithm;
-  if (!algo_name.empty() && algo_name != "auto") {
+  if (algo_name == "hier") {
+    if (a.kind != CollectiveKind::kAllreduce) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": algorithm 'hier' does not implement ", CollectiveName(a.kind),
+          " (hierarchical: allreduce only)"));
+    }
+    if (group_ == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": algorithm 'hier' needs ranks that share a daemon; job '", info_.job_id,
+          "' has one rank per daemon"));
+    }
+    hier = true;
+  } else if (!algo_name.empty() && algo_name != "auto") {
     auto algo = ParseAlgorithm(algo_name);
     if (!algo.ok()) return absl::InvalidArgumentError(absl::StrCat(what, ": ", algo.status().message()));
     if (!Implements(*algo, a.kind)) {
@@ -162,6 +178,7 @@ absl::StatusOr<uint64_t> Session::Submit(const SubmitArgs& a) {
   op->sig.name = a.name;
   op->sig.root = IsRootedCollective(a.kind) ? a.root : 0;
   op->forced = forced;
+  op->hier = hier;
   if (!no_buffer) op->buffer = it->second;
   op->offset = a.offset_bytes;
   op->submitted = absl::Now();
@@ -200,6 +217,7 @@ void Session::AbortEpoch(const absl::Status& reason) {
     if (epoch_error_.ok()) epoch_error_ = reason;
   }
   ctx_->Abort(reason);
+  if (group_ != nullptr) group_->Abort(reason);
 }
 
 void Session::Close() {
@@ -209,7 +227,10 @@ void Session::Close() {
       closing_ = true;
       if (epoch_error_.ok()) epoch_error_ = absl::CancelledError("session closed");
     }
-    ctx_->Abort(absl::CancelledError(absl::StrCat("rank ", info_.rank, " closed its session")));
+    const absl::Status why =
+        absl::CancelledError(absl::StrCat("rank ", info_.rank, " closed its session"));
+    ctx_->Abort(why);
+    if (group_ != nullptr) group_->Abort(why);
     if (executor_.joinable()) executor_.join();
     absl::MutexLock l(&mu_);
     buffers_.clear();
@@ -270,12 +291,16 @@ absl::Status Session::RunOp(Op& op) {
     // parameters), so every rank picks the same algorithm.
     const size_t bytes =
         CollectiveBufferBytes(op.sig.kind, op.sig.count, op.sig.dtype, info_.world_size);
+    const bool hier =
+        op.hier || (!op.forced.has_value() && group_ != nullptr &&
+                    PreferHierarchical(op.sig.kind, Topology{info_.world_size,
+                                                             group_->layout().nodes}));
     const Algorithm algo = op.forced.has_value()
                                ? *op.forced
                                : ChooseAlgorithm(op.sig.kind, bytes, info_.world_size, info_.link);
     {
       absl::MutexLock l(&mu_);
-      op.outcome.algorithm = AlgorithmName(algo);
+      op.outcome.algorithm = hier ? "hier" : AlgorithmName(algo);
     }
     CollectiveCall call;
     call.kind = op.sig.kind;
@@ -287,7 +312,9 @@ absl::Status Session::RunOp(Op& op) {
     call.seq = op.seq;
     call.deadline = op.deadline;
     call.ring = ring_options_;
-    s = RunCollective(*ctx_, call, algo, &scratch_);
+    s = hier ? group_->HierAllreduce(info_.rank, op.seq, static_cast<char*>(call.data), call.count,
+                                     call.dtype, call.op, call.deadline)
+             : RunCollective(*ctx_, call, algo, &scratch_);
   }
   if (s.ok()) return s;
   if (absl::IsInvalidArgument(s)) {  // signature mismatch: the streams are intact

@@ -33,6 +33,7 @@
 #include "collective/ring_allreduce.h"
 #include "common/types.h"
 #include "transport/transport.h"
+#include "worker/job_group.h"
 #include "worker/shm_segment.h"
 
 namespace gradsync {
@@ -78,7 +79,10 @@ struct BufferInfo {
 
 class Session {
  public:
-  Session(SessionInfo info, std::unique_ptr<transport::Context> ctx, RingOptions ring_options);
+  // `group`: this daemon's ranks of the job when ranks share daemons (enables
+  // the hierarchical path), else null.
+  Session(SessionInfo info, std::unique_ptr<transport::Context> ctx, RingOptions ring_options,
+          std::shared_ptr<JobGroup> group = nullptr);
   ~Session();  // Close()
 
   const SessionInfo& info() const { return info_; }
@@ -117,6 +121,7 @@ class Session {
     std::shared_ptr<ShmSegment> buffer;  // null for a buffer-less barrier
     uint64_t offset = 0;
     std::optional<Algorithm> forced;
+    bool hier = false;  // forced "hier"
     absl::Time submitted;
     absl::Time deadline;
     OpOutcome outcome;
@@ -128,6 +133,7 @@ class Session {
   const SessionInfo info_;
   std::unique_ptr<transport::Context> ctx_;
   const RingOptions ring_options_;
+  const std::shared_ptr<JobGroup> group_;
   std::vector<char> scratch_;  // executor thread only
 
   mutable absl::Mutex mu_;

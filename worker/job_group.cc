@@ -1,0 +1,132 @@
+#include "worker/job_group.h"
+
+#include <algorithm>
+#include <cstring>
+#include <functional>
+
+#include "absl/strings/str_cat.h"
+#include "collective/collectives.h"
+#include "kernels/cpu_reduce.h"
+
+namespace gradsync {
+
+JobGroup::JobGroup(GroupLayout layout, std::unique_ptr<transport::Context> node_ctx,
+                   LinkParams link, RingOptions ring)
+    : layout_(std::move(layout)), node_ctx_(std::move(node_ctx)), link_(link), ring_(ring) {}
+
+int JobGroup::LocalIndex(int rank) const {
+  auto it = std::find(layout_.local_ranks.begin(), layout_.local_ranks.end(), rank);
+  return it == layout_.local_ranks.end() ? -1 : static_cast<int>(it - layout_.local_ranks.begin());
+}
+
+void JobGroup::Abort(const absl::Status& reason) {
+  {
+    absl::MutexLock l(&mu_);
+    if (broken_.ok()) broken_ = reason;
+  }
+  if (node_ctx_ != nullptr) node_ctx_->Abort(reason);
+}
+
+absl::Status JobGroup::WaitFor(Slot& slot, const std::function<bool()>& cond, absl::Time deadline,
+                               const std::string& what) {
+  auto ready = [&]() { return cond() || !slot.status.ok() || !broken_.ok(); };
+  while (!ready()) {
+    if (mu_.AwaitWithDeadline(absl::Condition(&ready), deadline)) break;
+    if (absl::Now() >= deadline) {
+      if (slot.status.ok()) slot.status = absl::DeadlineExceededError(what);
+      break;
+    }
+  }
+  if (!broken_.ok()) return broken_;
+  return slot.status;
+}
+
+absl::Status JobGroup::HierAllreduce(int rank, uint64_t seq, char* data, size_t count,
+                                     DType dtype, ReduceOp op, absl::Time deadline) {
+  const int local = static_cast<int>(layout_.local_ranks.size());
+  const int idx = LocalIndex(rank);
+  if (idx < 0) return absl::InternalError(absl::StrCat("rank ", rank, " is not local"));
+  const size_t es = DTypeSize(dtype);
+  const ReduceOp combine = op == ReduceOp::kAvg ? ReduceOp::kSum : op;
+  absl::MutexLock l(&mu_);
+  if (!broken_.ok()) return broken_;
+  Slot& slot = slots_[seq];
+  if (slot.buffers.empty()) slot.buffers.assign(local, nullptr);
+  slot.buffers[idx] = data;
+  ++slot.arrived;
+  absl::Status s = WaitFor(
+      slot, [&] { return slot.arrived == local; }, deadline,
+      absl::StrCat("hierarchical op ", seq, " timed out at rank ", rank,
+                   ": not every rank on this daemon submitted it"));
+  // Stage B: reduce my slice across the local buffers into the leader's.
+  if (s.ok() && local > 1) {
+    const size_t b = count * idx / local, e = count * (idx + 1) / local;
+    char* const dst = slot.buffers[0];
+    std::vector<char*> bufs = slot.buffers;
+    mu_.Unlock();
+    for (int j = 1; j < local; ++j) ReduceInto(dtype, combine, dst + b * es, bufs[j] + b * es, e - b);
+    mu_.Lock();
+  }
+  ++slot.reduced;
+  if (s.ok()) {
+    s = WaitFor(slot, [&] { return slot.reduced == local; }, deadline,
+                absl::StrCat("hierarchical op ", seq, " timed out at rank ", rank,
+                             " in the local reduction"));
+  }
+  // Stage C: the leader crosses the network and finalizes avg.
+  if (idx == 0) {
+    if (s.ok()) {
+      mu_.Unlock();
+      absl::Status net = absl::OkStatus();
+      if (node_ctx_ != nullptr && layout_.nodes > 1) {
+        CollectiveCall call;
+        call.kind = CollectiveKind::kAllreduce;
+        call.data = data;
+        call.count = count;
+        call.dtype = dtype;
+        call.op = combine;
+        call.seq = seq;
+        call.deadline = deadline;
+        call.ring = ring_;
+        const Algorithm algo = ChooseAlgorithm(CollectiveKind::kAllreduce, count * es,
+                                               layout_.nodes, link_);
+        net = RunCollective(*node_ctx_, call, algo, &scratch_);
+        if (!net.ok()) {
+          net = absl::Status(net.code(), absl::StrCat("between daemons (node ", layout_.node_index,
+                                                      " of ", layout_.nodes, "): ", net.message()));
+          (void)node_ctx_->Fail(net);
+        }
+      }
+      if (net.ok() && op == ReduceOp::kAvg) DivideBy(dtype, data, count, layout_.world_size);
+      mu_.Lock();
+      if (!net.ok()) {
+        if (slot.status.ok()) slot.status = net;
+        if (broken_.ok()) broken_ = net;
+      }
+      s = net;
+    }
+    slot.leader_done = true;
+  } else if (s.ok()) {
+    s = WaitFor(slot, [&] { return slot.leader_done; }, deadline,
+                absl::StrCat("hierarchical op ", seq, " timed out at rank ", rank,
+                             " waiting for the exchange between daemons"));
+  }
+  // Stage D: copy the result out.
+  if (s.ok() && idx != 0) {
+    const char* src = slot.buffers[0];
+    mu_.Unlock();
+    std::memcpy(data, src, count * es);
+    mu_.Lock();
+  }
+  ++slot.copied;
+  if (s.ok()) {
+    s = WaitFor(slot, [&] { return slot.copied == local; }, deadline,
+                absl::StrCat("hierarchical op ", seq, " timed out at rank ", rank,
+                             " waiting for the local copies"));
+  }
+  if (!s.ok() && slot.status.ok()) slot.status = s;
+  if (++slot.left == local) slots_.erase(seq);
+  return s;
+}
+
+}  // namespace gradsync

@@ -1,0 +1,91 @@
+// The ranks of one job epoch that live on this daemon, for hierarchical
+// collectives ("hier"): their buffers are all mapped in this process, so they
+// are reduced in place in memory, only one rank per daemon (the node leader)
+// talks to the other daemons, and the result is copied back to every local
+// buffer. One daemon per node, however many GPUs (clients) it serves.
+//
+// Hierarchical allreduce of op `seq`, on every local rank's executor thread:
+//   A. every local rank arrives with its buffer (bounded by the op deadline);
+//   B. local rank i reduces slice i of the buffer across all local buffers
+//      into the leader's buffer, in local-rank order (so in parallel on
+//      several cores);
+//   C. the leader runs the allreduce across daemons on its buffer (node
+//      context, one rank per daemon; skipped with one daemon), then divides
+//      once by the world size for avg;
+//   D. every other local rank copies the leader's buffer into its own;
+//   E. all leave together (the leader's buffer is read until the last copy).
+// Every element is reduced in a fixed order (local ranks ascending within a
+// daemon, then the node-level algorithm's order), so every rank gets the same
+// bits. Any failure or deadline fails the op on every local rank; a failure
+// of the node context breaks the group (later hier ops fail at once).
+#ifndef GRADSYNC_WORKER_JOB_GROUP_H_
+#define GRADSYNC_WORKER_JOB_GROUP_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "collective/cost_model.h"
+#include "collective/ring_allreduce.h"
+#include "common/types.h"
+#include "transport/transport.h"
+
+namespace gradsync {
+
+struct GroupLayout {
+  int world_size = 1;
+  int nodes = 1;                 // distinct daemons in the job
+  int node_index = 0;            // this daemon's index among them
+  std::vector<int> local_ranks;  // ranks on this daemon, ascending
+};
+
+class JobGroup {
+ public:
+  // `node_ctx` connects the node leaders (null when nodes == 1).
+  JobGroup(GroupLayout layout, std::unique_ptr<transport::Context> node_ctx, LinkParams link,
+           RingOptions ring);
+
+  const GroupLayout& layout() const { return layout_; }
+  int LocalIndex(int rank) const;
+
+  // Runs stage A-E for the local rank `rank`. `data` is its buffer.
+  absl::Status HierAllreduce(int rank, uint64_t seq, char* data, size_t count, DType dtype,
+                             ReduceOp op, absl::Time deadline);
+
+  // Fails every pending and future hierarchical op (session closed, epoch aborted).
+  void Abort(const absl::Status& reason);
+
+ private:
+  struct Slot {
+    std::vector<char*> buffers;
+    int arrived = 0;
+    int reduced = 0;     // stage B done
+    bool leader_done = false;  // stage C done
+    int copied = 0;      // stage D done
+    int left = 0;
+    absl::Status status;
+  };
+  // Waits until cond or failure or deadline; returns the slot's/group's error.
+  absl::Status WaitFor(Slot& slot, const std::function<bool()>& cond, absl::Time deadline,
+                       const std::string& what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const GroupLayout layout_;
+  std::unique_ptr<transport::Context> node_ctx_;  // leader thread only
+  const LinkParams link_;
+  const RingOptions ring_;
+  std::vector<char> scratch_;  // leader only
+
+  absl::Mutex mu_;
+  std::map<uint64_t, Slot> slots_ ABSL_GUARDED_BY(mu_);
+  absl::Status broken_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace gradsync
+
+#endif  // GRADSYNC_WORKER_JOB_GROUP_H_
