@@ -120,13 +120,20 @@ absl::Status CheckSignatures(transport::Context& ctx, const OpSignature& mine,
     }
     if (!s.ok()) return s;
   }
+  std::vector<std::string> by_rank(n);
+  for (int p = 0; p < n; ++p) {
+    by_rank[p] = p == me ? encoded : std::string(inbox.data() + kCap * p, recvs[p].bytes);
+  }
+  return CompareSignatures(mine.seq, by_rank);
+}
+
+absl::Status CompareSignatures(uint64_t seq, const std::vector<std::string>& encoded_by_rank) {
   // Group ranks by signature; every rank computes the same message.
   std::map<std::string, std::vector<int>> groups;
-  for (int p = 0; p < n; ++p) {
-    std::string sig = p == me ? encoded : std::string(inbox.data() + kCap * p, recvs[p].bytes);
-    groups[sig].push_back(p);
+  for (int p = 0; p < static_cast<int>(encoded_by_rank.size()); ++p) {
+    groups[encoded_by_rank[p]].push_back(p);
   }
-  if (groups.size() == 1) return absl::OkStatus();
+  if (groups.size() <= 1) return absl::OkStatus();
   std::vector<std::pair<std::string, std::vector<int>>> ordered(groups.begin(), groups.end());
   std::stable_sort(ordered.begin(), ordered.end(), [](const auto& a, const auto& b) {
     if (a.second.size() != b.second.size()) return a.second.size() < b.second.size();
@@ -139,7 +146,7 @@ absl::Status CheckSignatures(transport::Context& ctx, const OpSignature& mine,
                                  " submitted ",
                                  decoded.ok() ? decoded->Describe() : "a malformed signature"));
   }
-  return absl::InvalidArgumentError(absl::StrCat("op ", mine.seq, " does not match across ranks: ",
+  return absl::InvalidArgumentError(absl::StrCat("op ", seq, " does not match across ranks: ",
                                                  absl::StrJoin(parts, ", ")));
 }
 

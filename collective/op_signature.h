@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -42,6 +43,10 @@ struct OpSignature {
 // "op 5 does not match across ranks: rank 2 submitted allreduce 'g' f32[1000]
 // sum, ranks 0,1,3 submitted allreduce 'g' f32[1024] sum". Transport errors
 // and the deadline come back as they are.
+// The check itself, given every rank's encoded signature (index = rank):
+// OK if all are equal, else the InvalidArgument described above.
+absl::Status CompareSignatures(uint64_t seq, const std::vector<std::string>& encoded_by_rank);
+
 absl::Status CheckSignatures(transport::Context& ctx, const OpSignature& mine,
                              absl::Time deadline);
 

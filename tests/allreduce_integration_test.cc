@@ -228,6 +228,24 @@ TEST_F(AllreduceIntegration, RanksSharingADaemonUseTheHierarchicalPath) {
   }
 }
 
+TEST_F(AllreduceIntegration, MismatchAmongRanksOfOneDaemonNamesTheRanks) {
+  auto job = OpenJob(*cluster_, "local-mismatch", {5, 5, 5});
+  ASSERT_TRUE(job.ok()) << job.status();
+  std::vector<absl::Status> st(3);
+  OnEveryRank(3, [&](int r) {
+    auto& s = *(*job)[r].session;
+    auto buf = s.AllocateBuffer(64 * sizeof(float));
+    ASSERT_TRUE(buf.ok());
+    st[r] = s.Allreduce(**buf, 0, r == 1 ? 60 : 64, DType::kF32, ReduceOp::kSum, "w").status();
+  });
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_TRUE(absl::IsInvalidArgument(st[r])) << st[r];
+    EXPECT_EQ(st[r].message(),
+              "op 1 does not match across ranks: rank 1 submitted allreduce 'w' f32[60] sum, "
+              "ranks 0,2 submitted allreduce 'w' f32[64] sum");
+  }
+}
+
 TEST_F(AllreduceIntegration, HierarchicalNeedsRanksThatShareADaemon) {
   auto job = OpenJob(*cluster_, "no-hier", {3, 4});
   ASSERT_TRUE(job.ok()) << job.status();

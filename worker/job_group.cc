@@ -5,6 +5,8 @@
 #include <functional>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "collective/op_signature.h"
 #include "collective/collectives.h"
 #include "kernels/cpu_reduce.h"
 
@@ -39,6 +41,42 @@ absl::Status JobGroup::WaitFor(Slot& slot, const std::function<bool()>& cond, ab
   }
   if (!broken_.ok()) return broken_;
   return slot.status;
+}
+
+absl::Status JobGroup::CheckLocalSignatures(int rank, uint64_t seq, const std::string& encoded,
+                                            absl::Time deadline) {
+  const int local = static_cast<int>(layout_.local_ranks.size());
+  const int idx = LocalIndex(rank);
+  if (idx < 0) return absl::InternalError(absl::StrCat("rank ", rank, " is not local"));
+  absl::MutexLock l(&mu_);
+  if (!broken_.ok()) return broken_;
+  SigSlot& slot = sig_slots_[seq];
+  if (slot.encoded.empty()) slot.encoded.assign(local, std::string());
+  slot.encoded[idx] = encoded;
+  ++slot.arrived;
+  auto ready = [&]() { return slot.arrived == local || !broken_.ok(); };
+  absl::Status s;
+  if (!mu_.AwaitWithDeadline(absl::Condition(&ready), deadline)) {
+    std::vector<int> missing;
+    for (int i = 0; i < local; ++i) {
+      if (slot.encoded[i].empty()) missing.push_back(layout_.local_ranks[i]);
+    }
+    s = absl::DeadlineExceededError(absl::StrCat("timed out at rank ", rank,
+                                                 " waiting for rank(s) ", absl::StrJoin(missing, ","),
+                                                 " to submit op ", seq));
+  } else if (!broken_.ok()) {
+    s = broken_;
+  } else {
+    if (!slot.compared) {
+      slot.result = CompareSignatures(seq, slot.encoded);  // index = rank when nodes == 1
+      slot.compared = true;
+    }
+    s = slot.result;
+  }
+  if (++slot.left == local || !s.ok()) {
+    if (slot.left == local) sig_slots_.erase(seq);
+  }
+  return s;
 }
 
 absl::Status JobGroup::HierAllreduce(int rank, uint64_t seq, char* data, size_t count,

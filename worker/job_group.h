@@ -58,6 +58,13 @@ class JobGroup {
   absl::Status HierAllreduce(int rank, uint64_t seq, char* data, size_t count, DType dtype,
                              ReduceOp op, absl::Time deadline);
 
+  // When every rank of the job is on this daemon (nodes == 1): the op
+  // signature check done in memory instead of over the network. Every local
+  // rank calls it with its encoded signature; all get the same result
+  // (collective/op_signature.h CompareSignatures).
+  absl::Status CheckLocalSignatures(int rank, uint64_t seq, const std::string& encoded,
+                                    absl::Time deadline);
+
   // Fails every pending and future hierarchical op (session closed, epoch aborted).
   void Abort(const absl::Status& reason);
 
@@ -83,6 +90,14 @@ class JobGroup {
 
   absl::Mutex mu_;
   std::map<uint64_t, Slot> slots_ ABSL_GUARDED_BY(mu_);
+  struct SigSlot {
+    std::vector<std::string> encoded;
+    int arrived = 0;
+    int left = 0;
+    bool compared = false;
+    absl::Status result;
+  };
+  std::map<uint64_t, SigSlot> sig_slots_ ABSL_GUARDED_BY(mu_);
   absl::Status broken_ ABSL_GUARDED_BY(mu_);
 };
 
