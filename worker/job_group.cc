@@ -79,6 +79,33 @@ absl::Status JobGroup::CheckLocalSignatures(int rank, uint64_t seq, const std::s
   return s;
 }
 
+absl::Status JobGroup::CrossDaemons(uint64_t seq, char* data, size_t count, DType dtype,
+                                    ReduceOp op, absl::Time deadline) {
+  const ReduceOp combine = op == ReduceOp::kAvg ? ReduceOp::kSum : op;
+  absl::Status net = absl::OkStatus();
+  if (node_ctx_ != nullptr && layout_.nodes > 1) {
+    CollectiveCall call;
+    call.kind = CollectiveKind::kAllreduce;
+    call.data = data;
+    call.count = count;
+    call.dtype = dtype;
+    call.op = combine;
+    call.seq = seq;
+    call.deadline = deadline;
+    call.ring = ring_;
+    const Algorithm algo = ChooseAlgorithm(CollectiveKind::kAllreduce, count * DTypeSize(dtype),
+                                           layout_.nodes, link_);
+    net = RunCollective(*node_ctx_, call, algo, &scratch_);
+    if (!net.ok()) {
+      net = absl::Status(net.code(), absl::StrCat("between daemons (node ", layout_.node_index,
+                                                  " of ", layout_.nodes, "): ", net.message()));
+      (void)node_ctx_->Fail(net);
+    }
+  }
+  if (net.ok() && op == ReduceOp::kAvg) DivideBy(dtype, data, count, layout_.world_size);
+  return net;
+}
+
 absl::Status JobGroup::HierAllreduce(int rank, uint64_t seq, char* data, size_t count,
                                      DType dtype, ReduceOp op, absl::Time deadline) {
   const int local = static_cast<int>(layout_.local_ranks.size());
@@ -92,6 +119,30 @@ absl::Status JobGroup::HierAllreduce(int rank, uint64_t seq, char* data, size_t 
   if (slot.buffers.empty()) slot.buffers.assign(local, nullptr);
   slot.buffers[idx] = data;
   ++slot.arrived;
+  if (count * es <= kSmallBytes) {
+    absl::Status s;
+    if (slot.arrived < local) {
+      s = WaitFor(slot, [&] { return slot.done; }, deadline,
+                  absl::StrCat("hierarchical op ", seq, " timed out at rank ", rank,
+                               ": not every rank on this daemon submitted it"));
+    } else {
+      std::vector<char*> bufs = slot.buffers;
+      mu_.Unlock();
+      for (int j = 1; j < local; ++j) ReduceInto(dtype, combine, bufs[0], bufs[j], count);
+      s = CrossDaemons(seq, bufs[0], count, dtype, op, deadline);
+      if (s.ok()) {
+        for (int j = 1; j < local; ++j) std::memcpy(bufs[j], bufs[0], count * es);
+      }
+      mu_.Lock();
+      if (!s.ok()) {
+        if (slot.status.ok()) slot.status = s;
+        if (broken_.ok() && !absl::IsDeadlineExceeded(s)) broken_ = s;
+      }
+      slot.done = true;
+    }
+    if (++slot.left == local) slots_.erase(seq);
+    return s;
+  }
   absl::Status s = WaitFor(
       slot, [&] { return slot.arrived == local; }, deadline,
       absl::StrCat("hierarchical op ", seq, " timed out at rank ", rank,
@@ -115,27 +166,7 @@ absl::Status JobGroup::HierAllreduce(int rank, uint64_t seq, char* data, size_t 
   if (idx == 0) {
     if (s.ok()) {
       mu_.Unlock();
-      absl::Status net = absl::OkStatus();
-      if (node_ctx_ != nullptr && layout_.nodes > 1) {
-        CollectiveCall call;
-        call.kind = CollectiveKind::kAllreduce;
-        call.data = data;
-        call.count = count;
-        call.dtype = dtype;
-        call.op = combine;
-        call.seq = seq;
-        call.deadline = deadline;
-        call.ring = ring_;
-        const Algorithm algo = ChooseAlgorithm(CollectiveKind::kAllreduce, count * es,
-                                               layout_.nodes, link_);
-        net = RunCollective(*node_ctx_, call, algo, &scratch_);
-        if (!net.ok()) {
-          net = absl::Status(net.code(), absl::StrCat("between daemons (node ", layout_.node_index,
-                                                      " of ", layout_.nodes, "): ", net.message()));
-          (void)node_ctx_->Fail(net);
-        }
-      }
-      if (net.ok() && op == ReduceOp::kAvg) DivideBy(dtype, data, count, layout_.world_size);
+      absl::Status net = CrossDaemons(seq, data, count, dtype, op, deadline);
       mu_.Lock();
       if (!net.ok()) {
         if (slot.status.ok()) slot.status = net;

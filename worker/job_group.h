@@ -14,6 +14,8 @@
 //      once by the world size for avg;
 //   D. every other local rank copies the leader's buffer into its own;
 //   E. all leave together (the leader's buffer is read until the last copy).
+// Small messages (<= kSmallBytes) skip the stages: the last local rank to
+// arrive does B-D alone and wakes the others once (fewer thread hand-offs).
 // Every element is reduced in a fixed order (local ranks ascending within a
 // daemon, then the node-level algorithm's order), so every rank gets the same
 // bits. Any failure or deadline fails the op on every local rank; a failure
@@ -47,6 +49,8 @@ struct GroupLayout {
 
 class JobGroup {
  public:
+  static constexpr size_t kSmallBytes = 256 << 10;
+
   // `node_ctx` connects the node leaders (null when nodes == 1).
   JobGroup(GroupLayout layout, std::unique_ptr<transport::Context> node_ctx, LinkParams link,
            RingOptions ring);
@@ -76,8 +80,12 @@ class JobGroup {
     bool leader_done = false;  // stage C done
     int copied = 0;      // stage D done
     int left = 0;
+    bool done = false;  // small-message path: the last arriver did everything
     absl::Status status;
   };
+  // The network stage and avg on the leader's buffer (any one thread).
+  absl::Status CrossDaemons(uint64_t seq, char* data, size_t count, DType dtype, ReduceOp op,
+                            absl::Time deadline);
   // Waits until cond or failure or deadline; returns the slot's/group's error.
   absl::Status WaitFor(Slot& slot, const std::function<bool()>& cond, absl::Time deadline,
                        const std::string& what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
