@@ -106,6 +106,62 @@ def binary_of_config(path):
 
 
 # ---------------------------------------------------------------------------
+# systemd units: the policy (systemd-analyze checks the syntax)
+
+def parse_unit(path):
+    """{(section, key): [values]} of a unit file."""
+    out, section = {}, None
+    for line in open(path):
+        line = line.strip()
+        if not line or line[0] in "#;":
+            continue
+        if line.startswith("[") and line.endswith("]"):
+            section = line[1:-1]
+        elif "=" in line:
+            k, v = line.split("=", 1)
+            out.setdefault((section, k.strip()), []).append(v.strip())
+    return out
+
+
+def check_unit(path, where):
+    name = os.path.basename(path)[: -len(".service")]
+    u = parse_unit(path)
+
+    def get(key):
+        values = u.get(("Service", key))
+        return values[-1] if values else None
+
+    want = {
+        "Type": "notify", "Restart": "on-failure", "NoNewPrivileges": "yes",
+        "ProtectSystem": "strict", "ProtectHome": "yes", "PrivateTmp": "yes",
+        "CapabilityBoundingSet": "", "AmbientCapabilities": "",
+    }
+    for key, value in want.items():
+        if get(key) != value:
+            problem(where, f"{key}={value} expected, found {get(key)!r}")
+    if not get("WatchdogSec"):
+        problem(where, "no WatchdogSec= (the binaries ping the watchdog)")
+    exec_start = get("ExecStart") or ""
+    if exec_start != f"/usr/bin/{name} --config=/etc/gradsync/{name}.conf":
+        problem(where, f"ExecStart={exec_start!r}, expected /usr/bin/{name} "
+                       f"--config=/etc/gradsync/{name}.conf")
+    if get("User") in ("root", "0"):
+        problem(where, "must not run as root")
+    if not get("User") and get("DynamicUser") != "yes":
+        problem(where, "needs User= or DynamicUser=yes")
+    if ("Install", "WantedBy") not in u:
+        problem(where, "no [Install] WantedBy=")
+    if name == "gradsyncd":
+        # Buffers are POSIX shm in the host's /dev/shm, shared with clients;
+        # the client socket is in /run/gradsync.
+        for key in ("PrivateDevices", "PrivateIPC", "RemoveIPC", "DynamicUser"):
+            if get(key) == "yes":
+                problem(where, f"{key}=yes would cut gradsyncd off from its clients' shared memory")
+        if get("RuntimeDirectory") != "gradsync":
+            problem(where, "RuntimeDirectory=gradsync expected (the client socket's directory)")
+
+
+# ---------------------------------------------------------------------------
 # Kubernetes
 
 def check_meta(doc, where):
@@ -339,6 +395,31 @@ def check_k8s(deploy_dir, flags_by_binary):
 
 
 # ---------------------------------------------------------------------------
+# Prometheus example configs (promtool checks them too, where it can)
+
+def check_prometheus(deploy_dir):
+    files = sorted(glob.glob(os.path.join(deploy_dir, "prometheus", "*.yml")))
+    for path in files:
+        where = os.path.relpath(path, os.path.dirname(deploy_dir))
+        try:
+            doc = yaml.safe_load(open(path))
+        except yaml.YAMLError as e:
+            problem(where, f"YAML does not parse: {e}")
+            continue
+        jobs = [c.get("job_name") for c in doc.get("scrape_configs") or []]
+        if not jobs or len(set(jobs)) != len(jobs):
+            problem(where, f"scrape job names must exist and be unique: {jobs}")
+        for c in doc.get("scrape_configs") or []:
+            for r in c.get("relabel_configs") or []:
+                if "regex" in r:
+                    try:
+                        re.compile(str(r["regex"]))
+                    except re.error as e:
+                        problem(where, f"job {c.get('job_name')}: bad regex {r['regex']!r}: {e}")
+    return len(files)
+
+
+# ---------------------------------------------------------------------------
 # Dockerfile
 
 def dockerfile_runtime_packages(path):
@@ -381,14 +462,27 @@ def apt_closure(packages):
     return {l.strip() for l in out.stdout.split("\n") if l and not l.startswith(" ")}
 
 
-def package_of(lib):
-    for candidate in (lib, os.path.realpath(lib)):
-        for path in (candidate, re.sub(r"^/usr/lib/", "/lib/", candidate),
-                     re.sub(r"^/lib/", "/usr/lib/", candidate)):
-            out = subprocess.run(["dpkg", "-S", path], capture_output=True, text=True)
-            if out.returncode == 0:
-                return out.stdout.split(":")[0].strip()
-    return None
+def packages_of(libs):
+    """{lib: Debian package or None}, with one dpkg -S call. dpkg knows a
+    file by the path its package installed, which may differ from ldd's
+    (usr-merge: /lib vs /usr/lib; symlinks to the real file)."""
+    candidates = {}
+    for lib in libs:
+        paths = []
+        for c in (lib, os.path.realpath(lib)):
+            for p in (c, re.sub(r"^/usr/lib/", "/lib/", c), re.sub(r"^/lib/", "/usr/lib/", c)):
+                if p not in paths:
+                    paths.append(p)
+        candidates[lib] = paths
+    all_paths = sorted({p for paths in candidates.values() for p in paths})
+    out = subprocess.run(["dpkg", "-S"] + all_paths, capture_output=True, text=True)
+    owner = {}
+    for line in out.stdout.split("\n"):
+        if ": " in line:
+            pkgs, path = line.split(": ", 1)
+            owner[path.strip()] = pkgs.split(",")[0].strip()
+    return {lib: next((owner[p] for p in paths if p in owner), None)
+            for lib, paths in candidates.items()}
 
 
 def check_dockerfile(deploy_dir, binaries):
@@ -422,8 +516,9 @@ def check_dockerfile(deploy_dir, binaries):
                 libs.add(m.group(1))
             elif "not found" in line:
                 problem("Dockerfile", f"{b}: {line.strip()}")
+    owners = packages_of(sorted(libs))
     for lib in sorted(libs):
-        pkg = package_of(lib)
+        pkg = owners[lib]
         if pkg is None:
             problem("Dockerfile", f"{lib} (needed by the binaries) belongs to no Debian package")
         elif pkg.split(":")[0] not in closure:
@@ -454,10 +549,20 @@ def main():
         with open(path) as f:
             flags_by_binary[name] = {l.strip() for l in f if l.strip()}
 
+    units = sorted(glob.glob(os.path.join(deploy_dir, "systemd", "*.service")))
+    for path in units:
+        check_unit(path, os.path.relpath(path, os.path.dirname(deploy_dir)))
+        name = os.path.basename(path)[: -len(".service")]
+        if not os.path.exists(os.path.join(deploy_dir, "config", f"{name}.conf")):
+            problem(os.path.relpath(path, os.path.dirname(deploy_dir)),
+                    f"no config/{name}.conf for its --config")
+    print(f"systemd units: {len(units)} checked against the policy (notify, watchdog, "
+          f"restart, sandbox, no capabilities, --config)")
+
     configs = sorted(glob.glob(os.path.join(deploy_dir, "config", "*.conf")))
     for path in configs:
         with open(path) as f:
-            check_config(f.read(), os.path.join("config", os.path.basename(path)),
+            check_config(f.read(), os.path.relpath(path, os.path.dirname(deploy_dir)),
                          binary_of_config(path), flags_by_binary.get(binary_of_config(path)))
     checked = [b for b in (binary_of_config(p) for p in configs) if b in flags_by_binary]
     print(f"config files: {len(configs)} parsed; keys checked against the flags of "
@@ -468,6 +573,7 @@ def main():
     else:
         n = check_k8s(deploy_dir, flags_by_binary)
         print(f"k8s: {n} objects checked (python3-yaml + the checks in this file)")
+        print(f"prometheus: {check_prometheus(deploy_dir)} example configs parsed")
 
     print(f"Dockerfile: {check_dockerfile(deploy_dir, args.binary)}")
 

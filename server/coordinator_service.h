@@ -25,8 +25,8 @@ namespace gradsync {
 // as the watcher wants, so it has no meaningful latency).
 enum class CoordinatorRpc { kCreateJob, kJoinJob, kHeartbeat, kLeaveJob, kGetJobStatus, kListJobs };
 inline constexpr CoordinatorRpc kAllCoordinatorRpcs[] = {
-    CoordinatorRpc::kCreateJob,    CoordinatorRpc::kJoinJob,  CoordinatorRpc::kHeartbeat,
-    CoordinatorRpc::kLeaveJob,     CoordinatorRpc::kGetJobStatus, CoordinatorRpc::kListJobs};
+    CoordinatorRpc::kCreateJob, CoordinatorRpc::kJoinJob,      CoordinatorRpc::kHeartbeat,
+    CoordinatorRpc::kLeaveJob,  CoordinatorRpc::kGetJobStatus, CoordinatorRpc::kListJobs};
 // "CreateJob", "JoinJob", ... (the gRPC method name).
 const char* CoordinatorRpcName(CoordinatorRpc rpc);
 
