@@ -9,6 +9,7 @@
 #include "absl/strings/numbers.h"
 #include "cli/bench.h"
 #include "cli/demo.h"
+#include "cli/status.h"
 
 ABSL_FLAG(int32_t, ranks, 4, "demo/bench: ranks of the embedded local cluster (one gradsyncd each)");
 ABSL_FLAG(std::string, max_bytes, "64M", "largest message (K/M/G suffixes)");
@@ -45,7 +46,9 @@ constexpr char kUsage[] =
     "          allreduces over several sizes and dtypes, check every result, print a table;\n"
     "          exits 0 only if every check passed\n"
     "  bench   nccl-tests style table for one collective over a range of sizes, next to the\n"
-    "          link limits measured in the same run (--op, --min_bytes, --max_bytes, ...)\n";
+    "          link limits measured in the same run (--op, --min_bytes, --max_bytes, ...)\n"
+    "  status  ask the coordinator (--coordinator, default 127.0.0.1:7070) and every daemon\n"
+    "          what each rank of each job (--job) is doing, and who an op is waiting for\n";
 
 int Fail(const char* cmd, const std::string& msg) {
   std::fprintf(stderr, "gradsync %s: %s\n", cmd, msg.c_str());
@@ -121,6 +124,18 @@ int main(int argc, char** argv) {
       return 1;
     }
     return *wrong == 0 ? 0 : 1;
+  }
+  if (cmd == "status") {
+    gradsync::StatusOptions o;
+    const std::string coordinator = absl::GetFlag(FLAGS_coordinator);
+    if (!coordinator.empty()) o.coordinator = coordinator;
+    o.job = absl::GetFlag(FLAGS_job);
+    auto hanging = gradsync::RunStatus(o);
+    if (!hanging.ok()) {
+      std::fprintf(stderr, "gradsync status: %s\n", std::string(hanging.status().message()).c_str());
+      return 1;
+    }
+    return 0;
   }
   std::fprintf(stderr, "gradsync: unknown command '%s'\n%s", cmd.c_str(), kUsage);
   return 2;

@@ -148,6 +148,8 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
         "--listen=" + c->daemon_target(i).substr(0),
         "--coordinator=" + c->coordinator_address_,
         "--data_listen=127.0.0.1:0",
+        "--metrics_listen=127.0.0.1:0",
+        "--status_listen=127.0.0.1:0",
         absl::StrCat("--node_id=local", i),
         "--port_file=" + port_file,
     };
@@ -173,6 +175,28 @@ std::string LocalCluster::daemon_target(int i) const {
 
 std::string LocalCluster::daemon_log(int i) const {
   return absl::StrCat(work_dir_, "/daemon", i, ".log");
+}
+
+namespace {
+int PortLine(const std::string& path, int line_no) {
+  std::ifstream f(path);
+  std::string line;
+  for (int i = 0; i <= line_no; ++i) {
+    if (!std::getline(f, line)) return 0;
+  }
+  int port = 0;
+  return absl::SimpleAtoi(absl::StripAsciiWhitespace(line), &port) ? port : 0;
+}
+}  // namespace
+
+int LocalCluster::daemon_data_port(int i) const {
+  return PortLine(absl::StrCat(work_dir_, "/daemon", i, ".port"), 0);
+}
+int LocalCluster::daemon_metrics_port(int i) const {
+  return PortLine(absl::StrCat(work_dir_, "/daemon", i, ".port"), 1);
+}
+int LocalCluster::coordinator_metrics_port() const {
+  return PortLine(work_dir_ + "/coordinator.port", 1);
 }
 
 void LocalCluster::SignalDaemon(int i, int sig) {

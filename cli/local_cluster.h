@@ -40,6 +40,11 @@ class LocalCluster {
   int size() const { return static_cast<int>(daemons_.size()); }
   const std::string& work_dir() const { return work_dir_; }
   std::string daemon_log(int i) const;
+  // Ports daemon i reported in its port file (data plane, metrics HTTP).
+  int daemon_data_port(int i) const;
+  int daemon_metrics_port(int i) const;
+  // The coordinator's metrics port (0 if unknown).
+  int coordinator_metrics_port() const;
 
   // Sends `sig` to daemon i (e.g. SIGKILL to simulate a node failure).
   void SignalDaemon(int i, int sig);

@@ -17,6 +17,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/op_channel.h"
+#include "client/shm_op_channel.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 
@@ -111,7 +112,7 @@ Buffer::~Buffer() {
 Session::Session(std::shared_ptr<internal::WorkerConnection> conn, std::string id, int rank,
                  int world_size, int64_t epoch, absl::Duration default_op_timeout)
     : conn_(std::move(conn)),
-      ops_(internal::NewGrpcOpChannel(conn_, id)),
+      ops_(internal::NewSessionOpChannel(conn_, id, default_op_timeout)),
       id_(std::move(id)),
       rank_(rank),
       world_size_(world_size),

@@ -16,12 +16,24 @@
 // O_RDWR + mmap MAP_SHARED) and the daemon reads and writes the same pages.
 // gRPC carries sessions, buffer set-up and errors.
 //
-// Per-op path. AllreduceAsync/Wait/Poll go through an internal OpChannel
-// (client/op_channel.h) that today issues Worker.Submit / Worker.Wait RPCs.
-// It is meant to move to a shared-memory submission ring with an
-// eventfd/futex doorbell (microseconds per tiny op instead of gRPC round
-// trips); nothing in this header depends on how ops travel, so that change
-// will not touch this API.
+// Per-op path. SubmitAsync/Wait/Poll go through an internal OpChannel
+// (client/op_channel.h). When a session opens, the client asks the daemon for
+// the session's shared-memory op queue (ipc/op_queue.h): a submission and a
+// completion ring with futex doorbells, so a tiny op costs microseconds
+// instead of two gRPC round trips. A daemon without it (older gradsyncd) is
+// served with Worker.Submit / Worker.Wait RPCs instead (logged once).
+// Differences a caller can see on the queue:
+//   - OpHandle::op_id counts 1, 2, 3, ... per session, and
+//     OpHandle::sequence is 0 (the daemon's sequence is not known yet);
+//   - what the daemon refuses (an unknown buffer, an algorithm that cannot
+//     run the collective, an epoch that failed) comes back as the op's error
+//     from Wait/Poll, not from SubmitAsync (local argument checks still fail
+//     SubmitAsync at once);
+//   - a daemon that stops answering (no heartbeat for 3 s) fails waits with
+//     kUnavailable "gradsyncd at T stopped answering (no heartbeat for 3 s)".
+// Environment: GRADSYNC_OP_CHANNEL=grpc makes new sessions use the RPCs even
+// when the daemon has the queue (for comparisons and debugging); unset or any
+// other value: the queue when available.
 //
 // Errors. Every fallible call returns absl::Status / absl::StatusOr; codes
 // follow google.rpc.Code (the same numbers as gRPC):

@@ -1,6 +1,7 @@
 #include "client/client.h"
 
 #include <dirent.h>
+#include <stdlib.h>
 #include <sys/stat.h>
 
 #include <set>
@@ -368,6 +369,37 @@ TEST_F(ClientTest, ConcurrentSubmittersGetDistinctSequences) {
   EXPECT_EQ(*all.begin(), 1u);
   EXPECT_EQ(*all.rbegin(), static_cast<uint64_t>(kThreads * kOpsPerThread));
   for (const auto& b : bufs) EXPECT_EQ(*b->as<int64_t>(), int64_t{1} << kOpsPerThread);
+}
+
+TEST_F(ClientTest, FallsBackToSubmitAndWaitRpcsWhenTheDaemonHasNoOpQueue) {
+  // SetUp's session asked for an op queue, got UNIMPLEMENTED, and uses RPCs.
+  EXPECT_EQ(fake_->open_op_queue_calls(), 1);
+  std::unique_ptr<Buffer> buf = Alloc(4);
+  ASSERT_NE(buf, nullptr);
+  *buf->as<int32_t>() = 21;
+  const int64_t before = fake_->rpc_count();
+  auto op = session_->AllreduceAsync(*buf, 0, 1, DType::kI32, ReduceOp::kSum, "g");
+  ASSERT_TRUE(op.ok()) << op.status();
+  EXPECT_EQ(op->sequence, 1u);  // the daemon's sequence: only the RPC path knows it at once
+  EXPECT_EQ(fake_->rpc_count(), before + 1);  // Worker.Submit
+  ASSERT_TRUE(session_->Wait(*op, absl::Seconds(5)).ok());
+  EXPECT_GE(fake_->rpc_count(), before + 2);  // and Worker.Wait
+  EXPECT_EQ(*buf->as<int32_t>(), 42);
+}
+
+TEST_F(ClientTest, GrpcOpChannelCanBeForcedFromTheEnvironment) {
+  ASSERT_EQ(setenv("GRADSYNC_OP_CHANNEL", "grpc", 1), 0);
+  SessionOptions options;
+  options.job_id = "job-forced";
+  auto session = client_->OpenSession(options);
+  unsetenv("GRADSYNC_OP_CHANNEL");
+  ASSERT_TRUE(session.ok()) << session.status();
+  EXPECT_EQ(fake_->open_op_queue_calls(), 1);  // only SetUp's session asked
+  auto buf = (*session)->AllocateBuffer(8);
+  ASSERT_TRUE(buf.ok());
+  *(*buf)->as<int64_t>() = 5;
+  ASSERT_TRUE((*session)->Allreduce(**buf, 0, 1, DType::kI64, ReduceOp::kSum, "g").ok());
+  EXPECT_EQ(*(*buf)->as<int64_t>(), 10);
 }
 
 TEST_F(ClientTest, DaemonGoingAwayIsAnErrorNotAHang) {

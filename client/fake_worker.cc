@@ -340,6 +340,13 @@ grpc::Status FakeWorker::CloseSession(grpc::ServerContext*, const v1::CloseSessi
   return grpc::Status::OK;
 }
 
+grpc::Status FakeWorker::OpenOpQueue(grpc::ServerContext*, const v1::OpenOpQueueRequest*,
+                                     v1::OpenOpQueueResponse*) {
+  ++rpc_count_;
+  ++open_op_queue_calls_;
+  return Error(grpc::UNIMPLEMENTED, "the fake worker has no shared-memory op queue");
+}
+
 }  // namespace testing
 }  // namespace client
 }  // namespace gradsync

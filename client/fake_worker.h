@@ -78,6 +78,11 @@ class FakeWorker final : public v1::Worker::Service {
                     v1::WaitResponse* resp) override;
   grpc::Status CloseSession(grpc::ServerContext* ctx, const v1::CloseSessionRequest* req,
                             v1::CloseSessionResponse* resp) override;
+  // Like a daemon that predates the shared-memory op queue: UNIMPLEMENTED,
+  // so clients fall back to Submit/Wait RPCs (counted in open_op_queue_calls).
+  grpc::Status OpenOpQueue(grpc::ServerContext* ctx, const v1::OpenOpQueueRequest* req,
+                           v1::OpenOpQueueResponse* resp) override;
+  int64_t open_op_queue_calls() const { return open_op_queue_calls_.load(); }
 
  private:
   class Segment;
@@ -96,6 +101,7 @@ class FakeWorker final : public v1::Worker::Service {
   std::unique_ptr<grpc::Server> server_;
   std::thread executor_;
   std::atomic<int64_t> rpc_count_{0};
+  std::atomic<int64_t> open_op_queue_calls_{0};
 
   mutable absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

@@ -3,11 +3,11 @@
 // OpChannel is the per-op path between a Session and gradsyncd: submit one
 // collective, wait for its completion. Session validates arguments and turns
 // outcomes into its public results; it knows nothing else about how ops
-// travel. Today the only implementation sends Worker.Submit / Worker.Wait
-// RPCs (GrpcOpChannel). The planned one writes fixed-size op descriptors into
-// a shared-memory submission ring and rings an eventfd/futex doorbell, with
-// completions in a second ring; it will slot in behind this interface without
-// touching client.h.
+// travel. Two implementations: GrpcOpChannel (here) sends Worker.Submit /
+// Worker.Wait RPCs; the shared-memory one (client/shm_op_channel.h) writes
+// fixed-size op descriptors into the session's submission ring and rings a
+// futex doorbell, with completions in a second ring. NewSessionOpChannel
+// (shm_op_channel.h) picks one when a session opens.
 #ifndef GRADSYNC_CLIENT_OP_CHANNEL_H_
 #define GRADSYNC_CLIENT_OP_CHANNEL_H_
 
@@ -60,7 +60,7 @@ struct SubmitArgs {
 
 struct SubmitTicket {
   uint64_t op_id = 0;
-  uint64_t sequence = 0;
+  uint64_t sequence = 0;  // 0 = not known at submission (the queue)
 };
 
 struct WaitOutcome {
@@ -75,7 +75,9 @@ class OpChannel {
  public:
   virtual ~OpChannel() = default;
 
-  // Queues an op; returns once the daemon has accepted it.
+  // Queues an op. gRPC: returns once the daemon has accepted it (its
+  // refusal is the error). Queue: returns once the op is in the ring; a
+  // refusal by the daemon is then the op's error in Wait.
   virtual absl::StatusOr<SubmitTicket> Submit(const SubmitArgs& args) = 0;
 
   // Waits until the op ends or `deadline` passes (a past deadline polls).

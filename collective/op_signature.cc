@@ -77,7 +77,7 @@ bool OpSignature::operator==(const OpSignature& o) const {
 }
 
 absl::Status CheckSignatures(transport::Context& ctx, const OpSignature& mine,
-                             absl::Time deadline) {
+                             absl::Time deadline, const std::function<void(int rank)>& on_arrival) {
   const int n = ctx.size();
   const int me = ctx.rank();
   if (n == 1) return absl::OkStatus();
@@ -107,8 +107,20 @@ absl::Status CheckSignatures(transport::Context& ctx, const OpSignature& mine,
     }
     return true;
   };
+  std::vector<bool> reported(n, false);
+  auto report = [&] {
+    if (!on_arrival) return;
+    for (int p = 0; p < n; ++p) {
+      if (p != me && recvs[p].done && !reported[p]) {
+        reported[p] = true;
+        on_arrival(p);
+      }
+    }
+  };
+  report();
   while (!all_done()) {
     absl::Status s = ctx.Progress(deadline);
+    report();
     if (absl::IsDeadlineExceeded(s)) {
       std::vector<int> missing;
       for (int p = 0; p < n; ++p) {

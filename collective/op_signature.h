@@ -3,6 +3,7 @@
 #define GRADSYNC_COLLECTIVE_OP_SIGNATURE_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -47,8 +48,11 @@ struct OpSignature {
 // OK if all are equal, else the InvalidArgument described above.
 absl::Status CompareSignatures(uint64_t seq, const std::vector<std::string>& encoded_by_rank);
 
+// `on_arrival(rank)`, if set, is called (on this thread) as each peer's
+// signature arrives: the straggler signal for status and metrics.
 absl::Status CheckSignatures(transport::Context& ctx, const OpSignature& mine,
-                             absl::Time deadline);
+                             absl::Time deadline,
+                             const std::function<void(int rank)>& on_arrival = nullptr);
 
 }  // namespace gradsync
 

@@ -265,6 +265,8 @@ absl::Status ValidateLabels(const prometheus::Labels& labels) {
             "label name '", key, "' is reserved (Prometheus sets it itself)"));
       }
     }
+    // Not forbidden: "peer_daemon" (a peer gradsyncd's data endpoint): one
+    // value per node of the cluster, like a node label.
     for (absl::string_view unbounded :
          {"job_id", "member", "member_id", "rank", "host", "address", "peer"}) {
       if (key == unbounded) {

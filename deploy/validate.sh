@@ -102,9 +102,9 @@ for pair in "gradsync-coordinator:$coordinator" "gradsyncd:$gradsyncd"; do
   binary_args+=(--binary "$bin")
 done
 
-# Flags the deploy files use that the binaries do not have yet (the lead is
-# wiring them into gradsyncd); reported as PENDING, not as failures.
-pending_args=(--pending "gradsyncd=config")
+# Flags the deploy files use that the binaries do not have yet; reported as
+# PENDING, not as failures. (None at the moment.)
+pending_args=()
 
 # --- config files, k8s manifests, Dockerfile (python3 + python3-yaml) -----
 python=/usr/bin/python3
@@ -152,6 +152,22 @@ if command -v promtool >/dev/null; then
   done
 else
   skip "prometheus/*.yml: promtool not found (apt-get install prometheus)"
+fi
+
+# --- Grafana dashboard ----------------------------------------------------
+if [[ -n "${python:-}" ]]; then
+  for f in "$DEPLOY_DIR"/grafana/*.json; do
+    name=grafana/$(basename "$f")
+    if out=$("$python" "$DEPLOY_DIR/grafana/check_dashboard.py" "$f" "$DEPLOY_DIR/../docs/metrics.md" \
+             "$(command -v promtool || true)" 2>&1); then
+      pass "$name: $(tail -1 <<<"$out")"
+    else
+      fail "$name:"
+      echo "$out" | sed 's/^/      /'
+    fi
+  done
+else
+  skip "grafana/*.json: no python3"
 fi
 
 echo "validate.sh: $failed failed, $skipped skipped"

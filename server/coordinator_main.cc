@@ -59,11 +59,11 @@ namespace {
 
 constexpr absl::Duration kShutdownGrace = absl::Seconds(2);
 
-// Writes "<port>\n" to `path` via a temporary file and rename(2), so readers
-// never see a partial file.
-absl::Status WritePortFile(const std::string& path, int port) {
+// Writes "<port>\n<metrics port>\n" to `path` via a temporary file and
+// rename(2), so readers never see a partial file.
+absl::Status WritePortFile(const std::string& path, int port, int metrics_port) {
   const std::string tmp = absl::StrCat(path, ".tmp.", getpid());
-  const std::string content = absl::StrCat(port, "\n");
+  const std::string content = absl::StrCat(port, "\n", metrics_port, "\n");
   const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) {
     return absl::UnavailableError(absl::StrCat("open ", tmp, ": ", std::strerror(errno)));
@@ -136,7 +136,7 @@ int Run() {
     return 1;
   }
   if (const std::string path = absl::GetFlag(FLAGS_port_file); !path.empty()) {
-    if (absl::Status s = WritePortFile(path, (*server)->port()); !s.ok()) {
+    if (absl::Status s = WritePortFile(path, (*server)->port(), metrics_server ? metrics_server->port() : 0); !s.ok()) {
       GS_LOG(ERROR) << "cannot write --port_file: " << s.ToString();
       (*server)->Shutdown(absl::ZeroDuration());
       return 1;

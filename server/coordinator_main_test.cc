@@ -21,6 +21,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/metrics.h"
@@ -123,9 +124,13 @@ TEST(CoordinatorMain, ConfigFileNotifyWatchdogAndMetrics) {
       << "'" << ready << "'\n" << ReadFile(log);
   const int metrics_port = MetricsPortFromStatus(ready);
   ASSERT_GT(metrics_port, 0) << ready;
-  int grpc_port = 0;
-  ASSERT_TRUE(absl::SimpleAtoi(absl::StripSuffix(ReadFile(port_file), "\n"), &grpc_port))
-      << "port file written before READY";
+  int grpc_port = 0, port_file_metrics = 0;
+  const std::vector<std::string> port_lines =
+      absl::StrSplit(absl::StripSuffix(ReadFile(port_file), "\n"), '\n');
+  ASSERT_EQ(port_lines.size(), 2u) << "port file written before READY";
+  ASSERT_TRUE(absl::SimpleAtoi(port_lines[0], &grpc_port));
+  ASSERT_TRUE(absl::SimpleAtoi(port_lines[1], &port_file_metrics));
+  EXPECT_EQ(port_file_metrics, metrics_port);
 
   auto stub = v1::Coordinator::NewStub(grpc::CreateChannel(
       absl::StrCat("127.0.0.1:", grpc_port), grpc::InsecureChannelCredentials()));

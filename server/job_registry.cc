@@ -140,6 +140,7 @@ namespace {
 struct MemberState {
   std::string member_id;
   v1::Endpoint endpoint;
+  std::string status_endpoint;
   bool alive = true;   // false once declared dead
   bool left = false;   // LeaveJob after the rendezvous completed
   absl::Time last_heartbeat;
@@ -271,6 +272,7 @@ v1::JobStatus JobRegistry::StatusLocked(const Job& job, absl::Time now) const {
     out->set_rank(rank);
     out->set_member_id(m.member_id);
     *out->mutable_data_endpoint() = m.endpoint;
+    out->set_status_endpoint(m.status_endpoint);
     out->set_alive(m.alive && !m.left);
     out->set_last_heartbeat_age_ms(std::max<int64_t>(0, absl::ToInt64Milliseconds(now - m.last_heartbeat)));
   }
@@ -396,6 +398,7 @@ void JobRegistry::CompleteRendezvousLocked(Job& job) {
     out->set_rank(rank);
     out->set_member_id(m.member_id);
     *out->mutable_data_endpoint() = m.endpoint;
+    out->set_status_endpoint(m.status_endpoint);
     out->set_alive(true);
   }
   SetStateLocked(job, v1::JOB_STATE_RUNNING);
@@ -525,6 +528,7 @@ absl::StatusOr<std::shared_ptr<const v1::JoinJobResponse>> JobRegistry::JoinAndW
     }
     MemberState& m = *job->members[rank];
     m.endpoint = request.data_endpoint();  // a retry may come from a restarted listener
+    m.status_endpoint = request.status_endpoint().substr(0, 300);
     ++m.waiting_joins;
     GS_LOG(DEBUG) << "job '" << job->id << "' epoch " << job->epoch << ": member '" << member_id
                   << "' retries its join (rank " << rank << ")";
@@ -543,6 +547,7 @@ absl::StatusOr<std::shared_ptr<const v1::JoinJobResponse>> JobRegistry::JoinAndW
     MemberState m;
     m.member_id = member_id;
     m.endpoint = request.data_endpoint();
+    m.status_endpoint = request.status_endpoint().substr(0, 300);
     m.last_heartbeat = Now();
     m.waiting_joins = 1;
     m.serial = next_member_serial_++;

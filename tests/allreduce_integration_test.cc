@@ -257,7 +257,8 @@ TEST_F(AllreduceIntegration, HierarchicalNeedsRanksThatShareADaemon) {
   spec.count = 4;
   spec.algorithm = "hier";
   spec.name = "g";
-  auto h = s.SubmitAsync(spec);
+  // The daemon refuses it; over the op queue the refusal is the op's result.
+  auto h = s.Run(spec);
   EXPECT_TRUE(absl::IsInvalidArgument(h.status())) << h.status();
   EXPECT_NE(h.status().message().find("needs ranks that share a daemon"), std::string::npos)
       << h.status();
@@ -275,13 +276,14 @@ TEST_F(AllreduceIntegration, ForcingAnAlgorithmThatCannotRunTheCollectiveIsRefus
   spec.count = 4;
   spec.algorithm = "pairwise";
   spec.name = "g";
-  auto h = s.SubmitAsync(spec);
+  auto h = s.Run(spec);
   EXPECT_TRUE(absl::IsInvalidArgument(h.status())) << h.status();
   EXPECT_NE(h.status().message().find("'pairwise' does not implement allreduce"), std::string::npos)
       << h.status();
   spec.algorithm = "fastest";
-  h = s.SubmitAsync(spec);
+  h = s.Run(spec);
   EXPECT_TRUE(absl::IsInvalidArgument(h.status())) << h.status();
+  EXPECT_NE(h.status().message().find("fastest"), std::string::npos) << h.status();
 }
 
 TEST_F(AllreduceIntegration, AsyncOpsCompleteInSubmissionOrder) {

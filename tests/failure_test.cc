@@ -128,8 +128,9 @@ TEST(Failure, DaemonKilledMidOpFailsEveryOtherRankNamingItAndSurvivorsServeNewJo
   // The old job's sessions are unusable, with the reason; new jobs work.
   auto b = (*ranks)[0].session->AllocateBuffer(64);
   ASSERT_TRUE(b.ok());
-  auto again = (*ranks)[0].session->AllreduceAsync(**b, 0, 16, DType::kF32, ReduceOp::kSum, "x");
+  auto again = (*ranks)[0].session->Allreduce(**b, 0, 16, DType::kF32, ReduceOp::kSum, "x");
   EXPECT_TRUE(absl::IsFailedPrecondition(again.status())) << again.status();
+  EXPECT_NE(again.status().message().find("open a new session"), std::string::npos) << again.status();
   ExpectWorkingAllreduce(*cluster, "after-kill", {0, 1, 3});
 }
 

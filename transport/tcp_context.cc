@@ -187,6 +187,7 @@ bool TcpContext::DoSend(Peer& p, bool* completed) {
     }
     s.done += static_cast<size_t>(w);
     bytes_sent_ += static_cast<size_t>(w);
+    p.sent += static_cast<size_t>(w);
     if (s.done == kHeaderBytes + s.len) {
       s.req->bytes = s.len;
       s.req->done = true;
@@ -215,6 +216,7 @@ bool TcpContext::DoRecv(Peer& p, bool* completed) {
         return false;
       }
       p.in_header_got += static_cast<size_t>(r);
+      p.received += static_cast<size_t>(r);
       if (p.in_header_got < kHeaderBytes) continue;
       const FrameHeader& h = p.in_header;
       absl::Status s = ValidateFrameHeader(h);
@@ -268,6 +270,7 @@ bool TcpContext::DoRecv(Peer& p, bool* completed) {
       }
       p.in_payload_got += static_cast<size_t>(r);
       bytes_received_ += static_cast<size_t>(r);
+      p.received += static_cast<size_t>(r);
     }
     rv.req->bytes = h.length;
     rv.req->done = true;
@@ -355,6 +358,22 @@ absl::Status TcpContext::Fail(const absl::Status& reason) {
     BroadcastAbort(std::string(health().message()));
   }
   return health();
+}
+
+uint64_t TcpContext::BytesSentTo(int peer) const {
+  uint64_t total = 0;
+  for (const Peer& p : peers_) {
+    if (p.rank == peer) total += p.sent;
+  }
+  return total;
+}
+
+uint64_t TcpContext::BytesReceivedFrom(int peer) const {
+  uint64_t total = 0;
+  for (const Peer& p : peers_) {
+    if (p.rank == peer) total += p.received;
+  }
+  return total;
 }
 
 absl::Status TcpContext::health() const {

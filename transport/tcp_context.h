@@ -59,6 +59,8 @@ class TcpContext : public Context {
   void Abort(const absl::Status& reason) override;
   absl::Status Fail(const absl::Status& reason) override;
   absl::Status health() const override;
+  uint64_t BytesSentTo(int peer) const override;
+  uint64_t BytesReceivedFrom(int peer) const override;
 
   // Bytes moved since creation (for metrics and the link probe).
   uint64_t bytes_sent() const { return bytes_sent_; }
@@ -87,6 +89,8 @@ class TcpContext : public Context {
     FrameHeader in_header;
     size_t in_header_got = 0;
     size_t in_payload_got = 0;
+    uint64_t sent = 0;
+    uint64_t received = 0;
   };
 
   TcpContext(const TcpContextOptions& options);

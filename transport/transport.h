@@ -96,6 +96,11 @@ class Context {
 
   // OK, or the error the context failed with.
   virtual absl::Status health() const = 0;
+
+  // Payload and header bytes moved to / from `peer` since creation (driving
+  // thread only; for metrics).
+  virtual uint64_t BytesSentTo(int peer) const { (void)peer; return 0; }
+  virtual uint64_t BytesReceivedFrom(int peer) const { (void)peer; return 0; }
 };
 
 }  // namespace gradsync::transport

@@ -106,6 +106,10 @@ absl::StatusOr<std::shared_ptr<Session>> Daemon::OpenSession(const OpenSessionAr
   jreq.mutable_data_endpoint()->set_host(options_.advertise_host);
   jreq.mutable_data_endpoint()->set_port(listener_->port());
   jreq.set_timeout_ms(absl::ToInt64Milliseconds(deadline - absl::Now()));
+  {
+    absl::MutexLock l(&mu_);
+    jreq.set_status_endpoint(status_endpoint_);
+  }
   v1::JoinJobResponse jresp;
   rpc = RpcContext(deadline - absl::Now() + absl::Seconds(2));
   s = FromGrpcStatus(coordinator_->JoinJob(rpc.get(), jreq, &jresp));
@@ -153,6 +157,8 @@ absl::StatusOr<std::shared_ptr<Session>> Daemon::OpenSession(const OpenSessionAr
                         absl::StrCat("job '", args.job_id, "' link probe: ", link.status().message()));
   }
   info.link = *link;
+  if (options_.observer != nullptr) options_.observer->OnLinkProbe(info.link);
+  for (const HostPort& hp : co.peers) info.peer_daemons.push_back(hp.ToString());
   // Topology: ranks with the same data endpoint share a daemon.
   std::vector<HostPort> node_endpoints;
   GroupLayout layout;
@@ -182,7 +188,8 @@ absl::StatusOr<std::shared_ptr<Session>> Daemon::OpenSession(const OpenSessionAr
     }
     group = *g;
   }
-  auto session = std::make_shared<Session>(info, std::move(*ctx), options_.ring, group);
+  auto session =
+      std::make_shared<Session>(info, std::move(*ctx), options_.ring, group, options_.observer);
   {
     absl::MutexLock l(&mu_);
     if (shut_down_) {
@@ -199,6 +206,22 @@ absl::StatusOr<std::shared_ptr<Session>> Daemon::OpenSession(const OpenSessionAr
                << " GB/s, reduce " << (info.link.reduce_us_per_byte > 0 ? 1e-3 / info.link.reduce_us_per_byte : 0)
                << " GB/s";
   return session;
+}
+
+void Daemon::SetStatusEndpoint(const std::string& endpoint) {
+  absl::MutexLock l(&mu_);
+  status_endpoint_ = endpoint;
+}
+
+std::vector<SessionStatus> Daemon::Status() const {
+  std::vector<std::shared_ptr<Session>> sessions;
+  {
+    absl::MutexLock l(&mu_);
+    for (const auto& [id, s] : sessions_) sessions.push_back(s);
+  }
+  std::vector<SessionStatus> out;
+  for (const auto& s : sessions) out.push_back(s->Status());
+  return out;
 }
 
 absl::StatusOr<std::shared_ptr<Session>> Daemon::FindSession(const std::string& id) {
@@ -344,6 +367,7 @@ void Daemon::HeartbeatLoop() {
         s->AbortEpoch(absl::AbortedError(
             absl::StrCat("job '", info.job_id, "' no longer exists at the coordinator")));
       } else if (!st.ok()) {
+        if (options_.observer != nullptr) options_.observer->OnHeartbeatFailed();
         GS_LOG(WARNING) << "heartbeat for job '" << info.job_id << "' rank " << info.rank << ": "
                         << st.error_message();
       } else if (resp.state() == v1::JOB_STATE_ABORTED || resp.epoch() != info.epoch) {

@@ -19,6 +19,7 @@
 #include "common/net.h"
 #include "proto/coordinator.grpc.pb.h"
 #include "transport/tcp_listener.h"
+#include "worker/daemon_observer.h"
 #include "worker/job_group.h"
 #include "worker/session.h"
 
@@ -35,6 +36,7 @@ struct DaemonOptions {
   RingOptions ring;
   int socket_buffer_bytes = 4 << 20;
   int tcp_streams = 2;  // default TCP connections per rank pair for jobs this daemon creates
+  DaemonObserver* observer = nullptr;  // metrics; not owned, outlives the daemon
 };
 
 struct OpenSessionArgs {
@@ -65,8 +67,13 @@ class Daemon {
   void Shutdown(const absl::Status& reason = absl::UnavailableError("daemon shutting down"));
 
   int data_port() const { return listener_->port(); }
+  const std::string& advertise_host() const { return options_.advertise_host; }
   const std::string& node_id() const { return options_.node_id; }
+  // The status service's address, sent to the coordinator with every join.
+  void SetStatusEndpoint(const std::string& endpoint);
   size_t session_count() const;
+  // Every session's status (for `gradsync status`).
+  std::vector<SessionStatus> Status() const;
 
  private:
   explicit Daemon(const DaemonOptions& options);
@@ -83,6 +90,7 @@ class Daemon {
   std::unique_ptr<transport::TcpListener> listener_;
   std::unique_ptr<gradsync::v1::Coordinator::Stub> coordinator_;
   std::atomic<uint64_t> next_session_{1};
+  std::string status_endpoint_ ABSL_GUARDED_BY(mu_);
 
   mutable absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);

@@ -7,15 +7,21 @@
 #include <cstdio>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/config_file.h"
 #include "common/logging.h"
+#include "common/metrics.h"
 #include "common/net.h"
+#include "common/sd_notify.h"
+#include "worker/daemon_metrics.h"
 #include "worker/daemon.h"
 #include "worker/shm_segment.h"
+#include "worker/status_service.h"
 #include "worker/worker_service.h"
 
 ABSL_FLAG(std::string, listen, "unix:/run/gradsync/gradsyncd.sock",
@@ -36,8 +42,14 @@ ABSL_FLAG(int32_t, socket_buffer_bytes, 4 << 20, "SO_SNDBUF/SO_RCVBUF of data so
 ABSL_FLAG(int32_t, tcp_streams, 2,
           "TCP connections per pair of ranks for jobs this daemon creates (a job's value wins)");
 ABSL_FLAG(std::string, port_file, "",
-          "if set, write the data-plane port here once serving (for tests and scripts)");
+          "if set, write the data-plane port and the metrics port (one per line) here once serving");
 ABSL_FLAG(int32_t, v, 0, "log verbosity: 0 info, 1 debug");
+ABSL_FLAG(std::string, status_listen, "0.0.0.0:7072",
+          "TCP address of the read-only status service used by `gradsync status` (empty = off)");
+ABSL_FLAG(std::string, metrics_listen, "0.0.0.0:9471",
+          "Prometheus /metrics HTTP address (empty = off; port 0 = any free port)");
+ABSL_FLAG(std::string, config, "",
+          "config file of `flag = value` lines (docs/operations.md); command-line flags win");
 
 namespace {
 
@@ -61,7 +73,17 @@ absl::Status PrepareUnixSocket(const std::string& listen) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
+  std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
+  if (positional.size() > 1) {
+    std::fprintf(stderr, "gradsyncd: unexpected argument '%s'\n", positional[1]);
+    return 2;
+  }
+  if (const std::string config = absl::GetFlag(FLAGS_config); !config.empty()) {
+    if (absl::Status s = gradsync::ApplyConfigFile(config, argc, argv); !s.ok()) {
+      std::fprintf(stderr, "gradsyncd: --config: %s\n", std::string(s.message()).c_str());
+      return 2;
+    }
+  }
   gradsync::SetLogTag("gradsyncd");
   if (absl::GetFlag(FLAGS_v) > 0) gradsync::SetMinLogLevel(gradsync::LogLevel::kDebug);
 
@@ -76,7 +98,29 @@ int main(int argc, char** argv) {
   int swept = gradsync::SweepStaleSegments();
   if (swept > 0) GS_LOG(INFO) << "removed " << swept << " stale shared-memory segments";
 
+  // Metrics: registered before the daemon starts, served over HTTP.
+  gradsync::MetricsRegistry metrics;
+  if (absl::Status s = metrics.AddProcessMetrics(); !s.ok()) {
+    GS_LOG(ERROR) << "metrics: " << s.message();
+    return 1;
+  }
+  auto daemon_metrics = gradsync::DaemonMetrics::Create(metrics);
+  if (!daemon_metrics.ok()) {
+    GS_LOG(ERROR) << "metrics: " << daemon_metrics.status().message();
+    return 1;
+  }
+  std::unique_ptr<gradsync::MetricsServer> metrics_server;
+  if (const std::string address = absl::GetFlag(FLAGS_metrics_listen); !address.empty()) {
+    auto started = gradsync::MetricsServer::Start(address, metrics);
+    if (!started.ok()) {
+      GS_LOG(ERROR) << "--metrics_listen: " << started.status().message();
+      return 1;
+    }
+    metrics_server = std::move(*started);
+  }
+
   gradsync::DaemonOptions opts;
+  opts.observer = daemon_metrics->get();
   opts.coordinator = absl::GetFlag(FLAGS_coordinator);
   auto data_listen = gradsync::ParseHostPort(absl::GetFlag(FLAGS_data_listen));
   if (!data_listen.ok()) {
@@ -111,6 +155,31 @@ int main(int argc, char** argv) {
     return 2;
   }
   grpc::EnableDefaultHealthCheckService(true);
+  // The status service (TCP, read-only), registered with the coordinator.
+  gradsync::StatusService status_service(daemon->get());
+  std::unique_ptr<grpc::Server> status_server;
+  int status_port = 0;
+  if (const std::string address = absl::GetFlag(FLAGS_status_listen); !address.empty()) {
+    auto hp = gradsync::ParseHostPort(address);
+    if (!hp.ok()) {
+      GS_LOG(ERROR) << "--status_listen: " << hp.status().message();
+      return 2;
+    }
+    grpc::ServerBuilder sb;
+    sb.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+    sb.AddListeningPort(address, grpc::InsecureServerCredentials(), &status_port);
+    sb.RegisterService(&status_service);
+    status_server = sb.BuildAndStart();
+    if (status_server == nullptr || status_port == 0) {
+      GS_LOG(ERROR) << "cannot serve status on " << address;
+      return 1;
+    }
+    const std::string host = (hp->host == "0.0.0.0" || hp->host == "::")
+                                 ? opts.advertise_host
+                                 : hp->host;
+    (*daemon)->SetStatusEndpoint(gradsync::HostPort{host.empty() ? (*daemon)->advertise_host() : host,
+                                                    status_port}.ToString());
+  }
   gradsync::WorkerService service(daemon->get());
   grpc::ServerBuilder builder;
   builder.AddListeningPort(listen, grpc::InsecureServerCredentials());
@@ -126,20 +195,38 @@ int main(int argc, char** argv) {
     const std::string tmp = port_file + ".tmp";
     FILE* f = std::fopen(tmp.c_str(), "w");
     if (f != nullptr) {
-      std::fprintf(f, "%d\n", (*daemon)->data_port());
+      std::fprintf(f, "%d\n%d\n", (*daemon)->data_port(),
+                   metrics_server ? metrics_server->port() : 0);
       std::fclose(f);
       std::rename(tmp.c_str(), port_file.c_str());
     }
   }
-  GS_LOG(INFO) << "serving clients on " << listen << " (node " << (*daemon)->node_id() << ")";
+  const std::string serving = absl::StrCat(
+      "serving clients on ", listen, ", data plane on port ", (*daemon)->data_port(), ", metrics ",
+      metrics_server ? absl::StrCat("on http://", metrics_server->address(), "/metrics")
+                     : std::string("off"));
+  GS_LOG(INFO) << serving << " (node " << (*daemon)->node_id() << ")";
+  if (absl::Status s = gradsync::NotifyReady(serving); !s.ok()) GS_LOG(WARNING) << s.message();
+  gradsync::Daemon* core = daemon->get();
+  auto watchdog = gradsync::SystemdWatchdog::Start([core] {
+    core->session_count();  // takes the daemon's lock: a deadlocked daemon stops pinging
+    return true;
+  });
+  if (!watchdog.ok()) GS_LOG(WARNING) << watchdog.status().message() << "; no watchdog pings";
 
   int sig = 0;
   sigwait(&stop_signals, &sig);
   GS_LOG(INFO) << "received " << (sig == SIGTERM ? "SIGTERM" : "SIGINT") << ", shutting down";
   server->GetHealthCheckService()->SetServingStatus(false);
+  if (absl::Status s = gradsync::NotifyStopping("draining"); !s.ok()) GS_LOG(WARNING) << s.message();
+  if (watchdog.ok() && *watchdog != nullptr) (*watchdog)->Stop();
   (*daemon)->Shutdown(absl::UnavailableError("daemon shutting down"));
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   server->Wait();
+  if (status_server != nullptr) {
+    status_server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(500));
+    status_server->Wait();
+  }
   GS_LOG(INFO) << "stopped";
   return 0;
 }

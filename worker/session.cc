@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <random>
 
@@ -25,16 +26,50 @@ constexpr size_t kMaxUnreportedOps = 4096;
 }  // namespace
 
 Session::Session(SessionInfo info, std::unique_ptr<transport::Context> ctx,
-                 RingOptions ring_options, std::shared_ptr<JobGroup> group)
+                 RingOptions ring_options, std::shared_ptr<JobGroup> group,
+                 DaemonObserver* observer)
     : info_(std::move(info)),
       ctx_(std::move(ctx)),
       ring_options_(ring_options),
-      group_(std::move(group)) {
+      group_(std::move(group)),
+      observer_(observer),
+      peer_sent_(info_.world_size, 0),
+      peer_received_(info_.world_size, 0) {
+  if (observer_ != nullptr) observer_->OnSessionOpened();
   last_used_ = absl::Now();
   executor_ = std::thread([this] { ExecutorLoop(); });
 }
 
-Session::~Session() { Close(); }
+Session::~Session() {
+  Close();
+  if (observer_ != nullptr) observer_->OnSessionClosed();
+}
+
+SessionStatus Session::Status() const {
+  SessionStatus st;
+  st.info = info_;
+  absl::MutexLock l(&mu_);
+  st.health = epoch_error_;
+  st.queued = static_cast<int>(queue_.size());
+  st.last_completed_seq = last_completed_seq_;
+  st.last_completed = last_completed_;
+  st.last_completed_at = last_completed_at_;
+  if (current_seq_ != 0) {
+    st.has_current = true;
+    st.current_seq = current_seq_;
+    st.current = current_desc_;
+    st.phase = current_phase_;
+    st.current_since = current_since_;
+    st.arrived = current_arrived_;
+    std::sort(st.arrived.begin(), st.arrived.end());
+    if (current_phase_ == "negotiating") {
+      for (int r = 0; r < info_.world_size; ++r) {
+        if (!std::binary_search(st.arrived.begin(), st.arrived.end(), r)) st.missing.push_back(r);
+      }
+    }
+  }
+  return st;
+}
 
 void Session::Touch() {
   absl::MutexLock l(&mu_);
@@ -52,6 +87,11 @@ bool Session::has_pending_ops() const {
     if (!op->outcome.done) return true;
   }
   return false;
+}
+
+bool Session::closed() const {
+  absl::MutexLock l(&mu_);
+  return closing_;
 }
 
 absl::Status Session::health() const {
@@ -186,6 +226,7 @@ absl::StatusOr<uint64_t> Session::Submit(const SubmitArgs& a) {
       op->submitted + (a.timeout > absl::ZeroDuration() ? a.timeout : info_.default_op_timeout);
   ops_[op->seq] = op;
   queue_.push_back(op);
+  if (observer_ != nullptr) observer_->OnOpQueued();
   return op->seq;
 }
 
@@ -253,19 +294,62 @@ void Session::ExecutorLoop() {
       queue_.pop_front();
     }
     const absl::Time start = absl::Now();
+    {
+      absl::MutexLock l(&mu_);
+      current_seq_ = op->seq;
+      current_desc_ = absl::StrCat(op->sig.Describe(), " (op ", op->seq, ")");
+      current_phase_ = "negotiating";
+      current_since_ = start;
+      current_arrived_ = {info_.rank};
+    }
+    arrival_wait_ = absl::ZeroDuration();
     absl::Status s = RunOp(*op);
     const absl::Time end = absl::Now();
     CompletionListener listener;
     OpOutcome outcome;
+    bool newly_failed = false;
     {
       absl::MutexLock l(&mu_);
       op->outcome.status = s;
       op->outcome.queued_time = start - op->submitted;
       op->outcome.run_time = end - start;
       op->outcome.done = true;
-      if (!s.ok() && !absl::IsInvalidArgument(s) && epoch_error_.ok()) epoch_error_ = s;
+      newly_failed = !s.ok() && !absl::IsInvalidArgument(s) && epoch_error_.ok();
+      if (newly_failed) epoch_error_ = s;
+      last_completed_seq_ = op->seq;
+      last_completed_ = absl::StrCat(op->sig.Describe(), " (op ", op->seq, "): ",
+                                     s.ok() ? "OK" : absl::StatusCodeToString(s.code()));
+      last_completed_at_ = end;
+      current_seq_ = 0;
       listener = listener_;
       outcome = op->outcome;
+    }
+    if (observer_ != nullptr) {
+      OpRecord rec;
+      rec.kind = op->sig.kind;
+      rec.algorithm = outcome.algorithm;
+      rec.code = s.code();
+      rec.bytes = CollectiveBufferBytes(op->sig.kind, op->sig.count, op->sig.dtype, info_.world_size);
+      rec.world = info_.world_size;
+      rec.queued = outcome.queued_time;
+      rec.run = outcome.run_time;
+      rec.arrival_wait = arrival_wait_;
+      observer_->OnOpDone(rec);
+      for (int p = 0; p < info_.world_size; ++p) {
+        if (p == info_.rank) continue;
+        const uint64_t sent = ctx_->BytesSentTo(p), recv = ctx_->BytesReceivedFrom(p);
+        if (sent != peer_sent_[p] || recv != peer_received_[p]) {
+          const std::string peer = p < static_cast<int>(info_.peer_daemons.size())
+                                       ? info_.peer_daemons[p]
+                                       : absl::StrCat("rank", p);
+          observer_->OnPeerBytes(peer, sent - peer_sent_[p], recv - peer_received_[p]);
+          peer_sent_[p] = sent;
+          peer_received_[p] = recv;
+        }
+      }
+      if (!s.ok() && !absl::IsInvalidArgument(s) && newly_failed) {
+        observer_->OnEpochFailed(EpochFailureCause(s));
+      }
     }
     if (listener && listener(op->seq, outcome)) {
       absl::MutexLock l(&mu_);
@@ -286,9 +370,14 @@ absl::Status Session::RunOp(Op& op) {
                                                  ": the epoch failed earlier: ", pre.message()));
   }
   // With every rank on this daemon, compare signatures in memory.
+  const absl::Time negotiate_start = absl::Now();
   absl::Status s = group_ != nullptr && group_->layout().nodes == 1
                        ? group_->CheckLocalSignatures(info_.rank, op.seq, op.sig.Encode(), op.deadline)
-                       : CheckSignatures(*ctx_, op.sig, op.deadline);
+                       : CheckSignatures(*ctx_, op.sig, op.deadline, [this](int rank) {
+                           absl::MutexLock l(&mu_);
+                           current_arrived_.push_back(rank);
+                         });
+  arrival_wait_ = absl::Now() - negotiate_start;
   if (s.ok()) {
     // The same inputs on every rank (signature, job options, agreed link
     // parameters), so every rank picks the same algorithm.
@@ -304,6 +393,9 @@ absl::Status Session::RunOp(Op& op) {
     {
       absl::MutexLock l(&mu_);
       op.outcome.algorithm = hier ? "hier" : AlgorithmName(algo);
+      current_phase_ = absl::StrCat("running ", op.outcome.algorithm);
+      current_arrived_.clear();
+      for (int r = 0; r < info_.world_size; ++r) current_arrived_.push_back(r);
     }
     CollectiveCall call;
     call.kind = op.sig.kind;

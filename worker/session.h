@@ -33,6 +33,7 @@
 #include "collective/ring_allreduce.h"
 #include "common/types.h"
 #include "transport/transport.h"
+#include "worker/daemon_observer.h"
 #include "worker/job_group.h"
 #include "worker/shm_segment.h"
 
@@ -48,6 +49,25 @@ struct SessionInfo {
   absl::Duration default_op_timeout = absl::Seconds(60);
   std::string job_algorithm;  // forced for every op of the job; "" = cost model
   LinkParams link;            // measured when the epoch formed, equal on every rank
+  std::vector<std::string> peer_daemons;  // data endpoint of each rank ("host:port")
+};
+
+// What a session is doing, for `gradsync status` (answers "which rank is
+// hanging my job?").
+struct SessionStatus {
+  SessionInfo info;
+  absl::Status health;
+  int queued = 0;  // ops waiting behind the current one
+  uint64_t last_completed_seq = 0;
+  std::string last_completed;  // e.g. "allreduce 'g' f32[10] sum (op 4): OK"
+  absl::Time last_completed_at = absl::InfinitePast();
+  bool has_current = false;
+  uint64_t current_seq = 0;
+  std::string current;          // description of the running op
+  std::string phase;            // "negotiating" (waiting for ranks) or "running <algo>"
+  absl::Time current_since;     // when this rank started the op
+  std::vector<int> arrived;     // ranks known to have submitted the current op (incl. self)
+  std::vector<int> missing;     // ranks not yet heard from (negotiating phase)
 };
 
 struct SubmitArgs {
@@ -82,7 +102,7 @@ class Session {
   // `group`: this daemon's ranks of the job when ranks share daemons (enables
   // the hierarchical path), else null.
   Session(SessionInfo info, std::unique_ptr<transport::Context> ctx, RingOptions ring_options,
-          std::shared_ptr<JobGroup> group = nullptr);
+          std::shared_ptr<JobGroup> group = nullptr, DaemonObserver* observer = nullptr);
   ~Session();  // Close()
 
   const SessionInfo& info() const { return info_; }
@@ -108,8 +128,12 @@ class Session {
   // Stops the executor (aborting a running op), frees the buffers. Idempotent.
   void Close();
 
+  SessionStatus Status() const;
+
   // OK while the epoch is usable.
   absl::Status health() const;
+  // True once Close() has begun (client, lease or daemon shutdown).
+  bool closed() const;
   bool has_pending_ops() const;
   absl::Time last_used() const;
   void Touch();
@@ -146,6 +170,18 @@ class Session {
   bool closing_ ABSL_GUARDED_BY(mu_) = false;
   absl::Time last_used_ ABSL_GUARDED_BY(mu_);
   CompletionListener listener_ ABSL_GUARDED_BY(mu_);
+  DaemonObserver* const observer_;
+  std::vector<uint64_t> peer_sent_, peer_received_;  // executor thread only
+  // Status of the op in progress (guarded by mu_).
+  uint64_t current_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  std::string current_desc_ ABSL_GUARDED_BY(mu_);
+  std::string current_phase_ ABSL_GUARDED_BY(mu_);
+  absl::Time current_since_ ABSL_GUARDED_BY(mu_);
+  std::vector<int> current_arrived_ ABSL_GUARDED_BY(mu_);
+  uint64_t last_completed_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  std::string last_completed_ ABSL_GUARDED_BY(mu_);
+  absl::Time last_completed_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  absl::Duration arrival_wait_;  // executor thread only: of the last op
   std::thread executor_;
   std::once_flag close_once_;
 };

@@ -12,6 +12,53 @@ absl::Duration UntilDeadline(grpc::ServerContext* ctx) {
   return absl::FromChrono(ctx->deadline()) - absl::Now();
 }
 
+// A Session as the op queue server sees it.
+class SessionBackend final : public OpQueueBackend {
+ public:
+  explicit SessionBackend(std::shared_ptr<Session> session) : session_(std::move(session)) {}
+
+  const std::string& session_id() const override { return session_->info().session_id; }
+
+  absl::StatusOr<uint64_t> Submit(const ipc::OpDescriptor& op) override {
+    SubmitArgs a;
+    a.kind = op.collective;
+    a.name = op.name;
+    a.dtype = op.dtype;
+    a.op = op.reduce_op;
+    a.count = op.count;
+    a.buffer_id = op.buffer_id;
+    a.offset_bytes = op.offset_bytes;
+    a.root = op.root;
+    a.algorithm = op.algorithm;
+    a.timeout = absl::Milliseconds(op.timeout_ms);
+    return session_->Submit(a);
+  }
+
+  void SetCompletionListener(Listener listener) override {
+    if (!listener) {
+      session_->SetCompletionListener(nullptr);
+      return;
+    }
+    session_->SetCompletionListener(
+        [listener = std::move(listener)](uint64_t op_id, const OpOutcome& outcome) {
+          ipc::OpCompletion c;
+          c.op_id = op_id;
+          c.status = outcome.status;
+          c.algorithm = outcome.algorithm;
+          c.queued_us = absl::ToInt64Microseconds(outcome.queued_time);
+          c.run_us = absl::ToInt64Microseconds(outcome.run_time);
+          return listener(op_id, c);
+        });
+  }
+
+  void Touch() override { session_->Touch(); }
+  bool closed() const override { return session_->closed(); }
+  absl::Status health() const override { return session_->health(); }
+
+ private:
+  const std::shared_ptr<Session> session_;
+};
+
 }  // namespace
 
 grpc::Status WorkerService::OpenSession(grpc::ServerContext* ctx,
@@ -116,7 +163,24 @@ grpc::Status WorkerService::Wait(grpc::ServerContext* ctx, const v1::WaitRequest
 grpc::Status WorkerService::CloseSession(grpc::ServerContext*,
                                          const v1::CloseSessionRequest* req,
                                          v1::CloseSessionResponse*) {
-  return ToGrpcStatus(daemon_->CloseSession(req->session_id()));
+  absl::Status s = daemon_->CloseSession(req->session_id());
+  // The poller would notice within its poll interval; stop it now.
+  queues_.CloseSession(req->session_id(),
+                       absl::FailedPreconditionError(absl::StrCat(
+                           "session ", req->session_id(), " was closed by its client")));
+  return ToGrpcStatus(s);
+}
+
+grpc::Status WorkerService::OpenOpQueue(grpc::ServerContext*, const v1::OpenOpQueueRequest* req,
+                                        v1::OpenOpQueueResponse* resp) {
+  auto s = daemon_->FindSession(req->session_id());
+  if (!s.ok()) return ToGrpcStatus(s.status());
+  auto info = queues_.Open(std::make_shared<SessionBackend>(*s), req->capacity());
+  if (!info.ok()) return ToGrpcStatus(info.status());
+  resp->set_shm_name(info->shm_name);
+  resp->set_size_bytes(info->size_bytes);
+  resp->set_capacity(info->capacity);
+  return grpc::Status::OK;
 }
 
 }  // namespace gradsync

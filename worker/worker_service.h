@@ -1,15 +1,21 @@
-// gRPC edge of gradsyncd: gradsync.v1.Worker over the daemon core.
+// gRPC edge of gradsyncd: gradsync.v1.Worker over the daemon core. It also
+// owns the sessions' shared-memory op queues (worker/op_queue_server.h): the
+// queues live as long as this service, and stop when their session closes.
 #ifndef GRADSYNC_WORKER_WORKER_SERVICE_H_
 #define GRADSYNC_WORKER_WORKER_SERVICE_H_
 
 #include "proto/worker.grpc.pb.h"
 #include "worker/daemon.h"
+#include "worker/op_queue_server.h"
 
 namespace gradsync {
 
 class WorkerService final : public v1::Worker::Service {
  public:
-  explicit WorkerService(Daemon* daemon) : daemon_(daemon) {}
+  explicit WorkerService(Daemon* daemon, OpQueueServerOptions queue_options = {})
+      : daemon_(daemon), queues_(std::move(queue_options)) {}
+  // Stops every op queue (each tells its client the daemon is shutting down).
+  ~WorkerService() override = default;
 
   grpc::Status OpenSession(grpc::ServerContext* ctx, const v1::OpenSessionRequest* req,
                            v1::OpenSessionResponse* resp) override;
@@ -23,9 +29,12 @@ class WorkerService final : public v1::Worker::Service {
                     v1::WaitResponse* resp) override;
   grpc::Status CloseSession(grpc::ServerContext* ctx, const v1::CloseSessionRequest* req,
                             v1::CloseSessionResponse* resp) override;
+  grpc::Status OpenOpQueue(grpc::ServerContext* ctx, const v1::OpenOpQueueRequest* req,
+                           v1::OpenOpQueueResponse* resp) override;
 
  private:
   Daemon* daemon_;
+  OpQueueServer queues_;
 };
 
 }  // namespace gradsync

@@ -1,0 +1,26 @@
+// `gradsync status`: jobs, ranks, epochs, each rank's last completed op, and
+// for an op that is waiting: which ranks have arrived, which have not, for
+// how long. The answer to "which rank is hanging my job?".
+#ifndef GRADSYNC_CLI_STATUS_H_
+#define GRADSYNC_CLI_STATUS_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace gradsync {
+
+struct StatusOptions {
+  std::string coordinator = "127.0.0.1:7070";
+  std::string job;  // "" = every job
+  absl::Duration timeout = absl::Seconds(5);
+};
+
+// Prints the report to stdout. Returns the number of ranks found hanging
+// (blocking an op of their job for longer than a second).
+absl::StatusOr<int> RunStatus(const StatusOptions& options);
+
+}  // namespace gradsync
+
+#endif  // GRADSYNC_CLI_STATUS_H_

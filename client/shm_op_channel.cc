@@ -1,0 +1,328 @@
+#include "client/shm_op_channel.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <map>
+#include <set>
+#include <utility>
+
+#include <grpcpp/client_context.h>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "ipc/op_queue.h"
+
+namespace gradsync {
+namespace client {
+namespace internal {
+namespace {
+
+// "3 s", "0.3 s".
+std::string Seconds(absl::Duration d) { return absl::StrCat(absl::ToDoubleSeconds(d), " s"); }
+
+class ShmOpChannel final : public OpChannel {
+ public:
+  ShmOpChannel(std::unique_ptr<ipc::SharedMemory> mem, ipc::ClientEnd end, std::string target,
+               std::string session_id, ShmOpChannelOptions options)
+      : mem_(std::move(mem)),
+        end_(end),
+        target_(std::move(target)),
+        session_id_(std::move(session_id)),
+        options_(options) {
+    last_heartbeat_ = end_.daemon_heartbeat();
+    last_heartbeat_change_ = absl::Now();
+  }
+
+  absl::StatusOr<SubmitTicket> Submit(const SubmitArgs& args) override {
+    ipc::OpDescriptor op;
+    op.collective = args.kind;
+    op.dtype = args.dtype;
+    op.reduce_op = args.reduce_op;
+    op.root = args.root;
+    op.buffer_id = args.buffer_id;
+    op.offset_bytes = args.offset_bytes;
+    op.count = args.count;
+    op.timeout_ms = args.timeout_ms;
+    op.algorithm = std::string(args.algorithm);
+    op.name = std::string(args.name);
+
+    absl::MutexLock submit_lock(&submit_mu_);  // one producer at a time
+    op.token = next_token_;
+    ipc::SubmissionEntry entry;
+    RETURN_IF_ERROR(ipc::EncodeSubmission(op, &entry));
+    {
+      absl::MutexLock l(&mu_);
+      RETURN_IF_ERROR(CheckUsableLocked());
+      if (pending_.size() >= kMaxUnreportedOps) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            pending_.size(), " ops are queued or unreported; Wait for some before submitting more"));
+      }
+      pending_.insert(op.token);
+    }
+    absl::Status pushed = Push(entry, args.timeout_ms);
+    if (!pushed.ok()) {
+      absl::MutexLock l(&mu_);
+      pending_.erase(op.token);
+      return pushed;
+    }
+    ++next_token_;
+    end_.submission_bell().Ring();
+    end_.BumpHeartbeat();
+    return SubmitTicket{op.token, 0};
+  }
+
+  absl::StatusOr<WaitOutcome> Wait(uint64_t op_id, absl::Time deadline) override {
+    mu_.Lock();
+    absl::StatusOr<WaitOutcome> result = WaitLocked(op_id, deadline);
+    mu_.Unlock();
+    return result;
+  }
+
+ private:
+  // Writes `entry` into the submission ring, waiting for room if it is full.
+  absl::Status Push(const ipc::SubmissionEntry& entry, int64_t timeout_ms)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(submit_mu_) {
+    const absl::Duration bound =
+        timeout_ms > 0 ? absl::Milliseconds(timeout_ms) : options_.default_op_timeout;
+    const absl::Time deadline = absl::Now() + bound;
+    bool wanted = false;
+    absl::Status result;
+    while (true) {
+      absl::StatusOr<bool> pushed = end_.PushSubmission(entry);
+      if (!pushed.ok()) {
+        absl::MutexLock l(&mu_);
+        result = Break(pushed.status());
+        break;
+      }
+      if (*pushed) break;
+      // Full: ask the daemon to ring the completion bell when it takes one,
+      // then look again before sleeping (it may have taken one meanwhile).
+      ipc::Doorbell bell = end_.completion_bell();
+      const uint32_t snapshot = bell.Snapshot();
+      if (!wanted) {
+        end_.SetSpaceWanted(true);
+        wanted = true;
+        continue;
+      }
+      {
+        absl::MutexLock l(&mu_);
+        // Read completions meanwhile: a daemon with many undelivered
+        // completions stops taking submissions until they are read.
+        DrainLocked();
+        result = CheckUsableLocked();
+        if (!result.ok()) break;
+      }
+      const absl::Time now = absl::Now();
+      if (now >= deadline) {
+        result = absl::DeadlineExceededError(absl::StrCat(
+            "op '", absl::string_view(entry.name, entry.name_len), "': the submission queue of session ",
+            session_id_, " stayed full (", end_.capacity(), " entries) for ",
+            absl::FormatDuration(bound), "; gradsyncd at ", target_, " is not taking ops"));
+        break;
+      }
+      end_.BumpHeartbeat();
+      if (!end_.SubmissionFull()) continue;
+      bell.Wait(snapshot, std::min(options_.max_sleep, deadline - now));
+    }
+    if (wanted) end_.SetSpaceWanted(false);
+    return result;
+  }
+
+  absl::StatusOr<WaitOutcome> WaitLocked(uint64_t op_id, absl::Time deadline)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    bool spun = false;  // spin once per Wait, before its first sleep
+    while (true) {
+      DrainLocked();
+      auto it = done_.find(op_id);
+      if (it != done_.end()) {
+        ipc::OpCompletion c = std::move(it->second);
+        done_.erase(it);
+        pending_.erase(op_id);
+        if (!c.status.ok()) return c.status;
+        WaitOutcome out;
+        out.done = true;
+        out.algorithm = std::move(c.algorithm);
+        out.queued_us = c.queued_us;
+        out.run_us = c.run_us;
+        return out;
+      }
+      if (pending_.count(op_id) == 0) {
+        return absl::NotFoundError(absl::StrCat("op ", op_id, " is not pending in session ",
+                                                session_id_,
+                                                " (already reported, or never submitted)"));
+      }
+      RETURN_IF_ERROR(CheckUsableLocked());
+      const absl::Time now = absl::Now();
+      if (now >= deadline) return WaitOutcome{};
+      end_.BumpHeartbeat();
+      const absl::Time slice_end = std::min(deadline, now + options_.max_sleep);
+      if (sleeper_) {
+        // Another thread sleeps on the doorbell and wakes us when it drains.
+        cv_.WaitWithDeadline(&mu_, slice_end);
+        continue;
+      }
+      sleeper_ = true;
+      ipc::Doorbell bell = end_.completion_bell();
+      const uint32_t snapshot = bell.Snapshot();
+      if (DrainLocked()) {  // arrived between the drain above and the snapshot
+        sleeper_ = false;
+        continue;
+      }
+      mu_.Unlock();
+      bool rang = false;
+      if (!spun) {
+        spun = true;
+        rang = bell.Spin(snapshot, std::min(options_.spin, slice_end - now));
+      }
+      if (!rang) bell.Wait(snapshot, slice_end - absl::Now());
+      mu_.Lock();
+      sleeper_ = false;
+      cv_.SignalAll();  // someone else may take over the sleeping
+    }
+  }
+
+  // Moves every completion in the ring into done_. True if there were any.
+  bool DrainLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!broken_.ok()) return false;
+    bool any = false;
+    ipc::CompletionEntry entry;
+    while (true) {
+      absl::StatusOr<bool> got = end_.PopCompletion(&entry);
+      if (!got.ok()) {
+        Break(got.status()).IgnoreError();  // sticky in broken_; callers see it next
+        break;
+      }
+      if (!*got) break;
+      absl::StatusOr<ipc::OpCompletion> c = ipc::DecodeCompletion(entry);
+      if (!c.ok()) {
+        Break(c.status()).IgnoreError();
+        break;
+      }
+      any = true;
+      const uint64_t token = c->token;
+      done_[token] = *std::move(c);
+    }
+    if (any) {
+      // The daemon keeps completions that did not fit; tell it there is room.
+      if (end_.overflow()) end_.submission_bell().Ring();
+      cv_.SignalAll();
+    }
+    return any;
+  }
+
+  absl::Status Break(const absl::Status& cause) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (broken_.ok()) {
+      broken_ = absl::DataLossError(absl::StrCat("op queue of session ", session_id_, " (",
+                                                 mem_->name(), ") is corrupted: ", cause.message()));
+      GS_LOG(ERROR) << broken_.message();
+    }
+    return broken_;
+  }
+
+  // OK while the daemon serves the queue and is alive.
+  absl::Status CheckUsableLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!broken_.ok()) return broken_;
+    absl::Status closed = end_.closed_status();
+    if (!closed.ok()) return closed;
+    const absl::Time now = absl::Now();
+    const uint64_t hb = end_.daemon_heartbeat();
+    if (hb != last_heartbeat_) {
+      last_heartbeat_ = hb;
+      last_heartbeat_change_ = now;
+    } else if (now - last_heartbeat_change_ > options_.heartbeat_timeout) {
+      broken_ = absl::UnavailableError(absl::StrCat("gradsyncd at ", target_,
+                                                    " stopped answering (no heartbeat for ",
+                                                    Seconds(options_.heartbeat_timeout), ")"));
+      return broken_;
+    }
+    return absl::OkStatus();
+  }
+
+  const std::unique_ptr<ipc::SharedMemory> mem_;
+  // Its submission side is used under submit_mu_, its completion side under mu_.
+  ipc::ClientEnd end_;
+  const std::string target_;
+  const std::string session_id_;
+  const ShmOpChannelOptions options_;
+
+  absl::Mutex submit_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  uint64_t next_token_ ABSL_GUARDED_BY(submit_mu_) = 1;
+
+  absl::Mutex mu_;
+  absl::CondVar cv_;
+  bool sleeper_ ABSL_GUARDED_BY(mu_) = false;  // a thread sleeps on the completion bell
+  std::set<uint64_t> pending_ ABSL_GUARDED_BY(mu_);  // submitted, not yet reported
+  std::map<uint64_t, ipc::OpCompletion> done_ ABSL_GUARDED_BY(mu_);  // arrived, not yet reported
+  absl::Status broken_ ABSL_GUARDED_BY(mu_);  // sticky: dead daemon or corrupted queue
+  uint64_t last_heartbeat_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time last_heartbeat_change_ ABSL_GUARDED_BY(mu_);
+};
+
+std::atomic<bool> g_logged_no_op_queue{false};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<OpChannel>> NewShmOpChannel(std::unique_ptr<ipc::SharedMemory> mem,
+                                                           std::string target,
+                                                           std::string session_id,
+                                                           ShmOpChannelOptions options) {
+  ASSIGN_OR_RETURN(ipc::ClientEnd end, ipc::ClientEnd::Attach(mem->data(), mem->size()));
+  return std::unique_ptr<OpChannel>(new ShmOpChannel(std::move(mem), end, std::move(target),
+                                                     std::move(session_id), options));
+}
+
+std::unique_ptr<OpChannel> NewSessionOpChannel(const std::shared_ptr<WorkerConnection>& conn,
+                                               const std::string& session_id,
+                                               absl::Duration default_op_timeout) {
+  // The one place this environment variable is read (documented in client.h).
+  const char* forced = std::getenv("GRADSYNC_OP_CHANNEL");
+  if (forced != nullptr && std::string(forced) == "grpc") {
+    return NewGrpcOpChannel(conn, session_id);
+  }
+  v1::OpenOpQueueRequest req;
+  req.set_session_id(session_id);
+  req.set_capacity(0);  // the daemon's default
+  grpc::ClientContext ctx;
+  const absl::Time deadline = absl::Now() + kRpcTimeout;
+  ctx.set_deadline(absl::ToChronoTime(deadline));
+  v1::OpenOpQueueResponse resp;
+  grpc::Status s = conn->stub->OpenOpQueue(&ctx, req, &resp);
+  if (s.error_code() == grpc::StatusCode::UNIMPLEMENTED) {
+    if (!g_logged_no_op_queue.exchange(true)) {
+      GS_LOG(INFO) << "gradsyncd at " << conn->target
+                   << " has no shared-memory op queue (an older daemon): ops go over gRPC "
+                      "Submit/Wait, about 1 ms each";
+    }
+    return NewGrpcOpChannel(conn, session_id);
+  }
+  absl::Status error = RpcError(s, *conn, "OpenOpQueue", deadline, kRpcTimeout);
+  if (error.ok()) {
+    absl::StatusOr<std::unique_ptr<ipc::SharedMemory>> mem =
+        ipc::SharedMemory::Open(resp.shm_name(), resp.size_bytes());
+    if (mem.ok()) {
+      absl::StatusOr<std::unique_ptr<OpChannel>> channel = NewShmOpChannel(
+          *std::move(mem), conn->target, session_id,
+          [&] {
+            ShmOpChannelOptions o;
+            if (default_op_timeout > absl::ZeroDuration()) o.default_op_timeout = default_op_timeout;
+            return o;
+          }());
+      if (channel.ok()) return *std::move(channel);
+      error = channel.status();
+    } else {
+      error = mem.status();
+    }
+  }
+  GS_LOG(WARNING) << "session " << session_id << ": cannot use the shared-memory op queue of "
+                  << "gradsyncd at " << conn->target << " (" << error
+                  << "); ops go over gRPC Submit/Wait";
+  return NewGrpcOpChannel(conn, session_id);
+}
+
+}  // namespace internal
+}  // namespace client
+}  // namespace gradsync

@@ -1,0 +1,456 @@
+#include "ipc/op_queue.h"
+
+#include <linux/futex.h>
+#include <sched.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstring>
+#include <new>
+
+#include "absl/strings/str_cat.h"
+
+namespace gradsync {
+namespace ipc {
+namespace {
+
+constexpr size_t RoundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+constexpr size_t kHeaderBytes = RoundUp(sizeof(OpQueueHeader), 64);
+
+struct Layout {
+  uint64_t submission_offset;
+  uint64_t completion_offset;
+  uint64_t total_bytes;
+};
+
+Layout LayoutFor(uint32_t capacity) {
+  Layout l;
+  l.submission_offset = kHeaderBytes;
+  l.completion_offset =
+      RoundUp(l.submission_offset + uint64_t{capacity} * sizeof(SubmissionEntry), 64);
+  l.total_bytes = RoundUp(l.completion_offset + uint64_t{capacity} * sizeof(CompletionEntry), 4096);
+  return l;
+}
+
+bool IsPowerOfTwo(uint32_t v) { return v != 0 && (v & (v - 1)) == 0; }
+
+bool ValidCapacity(uint32_t c) {
+  return IsPowerOfTwo(c) && c >= kMinQueueCapacity && c <= kMaxQueueCapacity;
+}
+
+absl::StatusCode CodeFromWire(int32_t code) {
+  if (code < 0 || code > static_cast<int32_t>(absl::StatusCode::kUnauthenticated)) {
+    return absl::StatusCode::kUnknown;
+  }
+  return static_cast<absl::StatusCode>(code);
+}
+
+uint32_t* FutexAddress(std::atomic<uint32_t>* word) {
+  // std::atomic<uint32_t> is a standard-layout wrapper of one uint32_t
+  // (static_asserts in the header).
+  return reinterpret_cast<uint32_t*>(word);
+}
+
+// Cuts `msg` to `limit` bytes; if it had to, the end says so (without
+// splitting a UTF-8 sequence).
+std::string FitMessage(absl::string_view msg, size_t limit, bool* truncated) {
+  *truncated = false;
+  if (msg.size() <= limit) return std::string(msg);
+  *truncated = true;
+  const std::string suffix = absl::StrCat(" ... [truncated from ", msg.size(), " bytes]");
+  size_t keep = limit > suffix.size() ? limit - suffix.size() : 0;
+  while (keep > 0 && (static_cast<unsigned char>(msg[keep]) & 0xC0) == 0x80) --keep;
+  return absl::StrCat(msg.substr(0, keep), suffix);
+}
+
+}  // namespace
+
+size_t OpQueueBytes(uint32_t capacity) { return LayoutFor(capacity).total_bytes; }
+
+absl::StatusOr<uint32_t> NormalizeCapacity(uint32_t requested) {
+  if (requested == 0) return kDefaultQueueCapacity;
+  if (requested < kMinQueueCapacity || requested > kMaxQueueCapacity) {
+    return absl::InvalidArgumentError(absl::StrCat("op queue capacity ", requested,
+                                                   " is outside [", kMinQueueCapacity, ", ",
+                                                   kMaxQueueCapacity, "] (0 = default ",
+                                                   kDefaultQueueCapacity, ")"));
+  }
+  uint32_t c = 1;
+  while (c < requested) c <<= 1;
+  return c;
+}
+
+// ---------------------------------------------------------------- futex
+
+void FutexWait(std::atomic<uint32_t>* word, uint32_t expected, absl::Duration timeout) {
+  timeout = std::max(timeout, absl::ZeroDuration());
+  if (timeout == absl::InfiniteDuration()) timeout = absl::Seconds(1);  // never unbounded
+  const int64_t ns = absl::ToInt64Nanoseconds(timeout);
+  struct timespec ts;
+  ts.tv_sec = static_cast<time_t>(ns / 1000000000);
+  ts.tv_nsec = static_cast<long>(ns % 1000000000);
+  // Shared futex: no FUTEX_PRIVATE_FLAG (the word is in a MAP_SHARED mapping).
+  ::syscall(SYS_futex, FutexAddress(word), FUTEX_WAIT, expected, &ts, nullptr, 0);
+}
+
+int FutexWake(std::atomic<uint32_t>* word, int count) {
+  const long woken = ::syscall(SYS_futex, FutexAddress(word), FUTEX_WAKE, count, nullptr, nullptr, 0);
+  return woken < 0 ? 0 : static_cast<int>(woken);
+}
+
+void Doorbell::Ring() {
+  w_->seq.fetch_add(1, std::memory_order_seq_cst);
+  if (w_->waiters.load(std::memory_order_seq_cst) != 0) FutexWake(&w_->seq, INT_MAX);
+}
+
+void Doorbell::Wait(uint32_t snapshot, absl::Duration timeout) {
+  w_->waiters.fetch_add(1, std::memory_order_seq_cst);
+  FutexWait(&w_->seq, snapshot, timeout);
+  w_->waiters.fetch_sub(1, std::memory_order_seq_cst);
+}
+
+bool Doorbell::Spin(uint32_t snapshot, absl::Duration limit) const {
+  if (limit <= absl::ZeroDuration()) return w_->seq.load(std::memory_order_seq_cst) != snapshot;
+  const absl::Time end = absl::Now() + limit;
+  while (true) {
+    if (w_->seq.load(std::memory_order_seq_cst) != snapshot) return true;
+    if (absl::Now() >= end) return false;
+    ::sched_yield();
+  }
+}
+
+// ---------------------------------------------------------------- entries
+
+absl::Status EncodeSubmission(const OpDescriptor& op, SubmissionEntry* out) {
+  if (op.name.size() > kMaxOpNameChars) {
+    return absl::InvalidArgumentError(absl::StrCat("op name is ", op.name.size(),
+                                                   " bytes; the limit is ", kMaxOpNameChars));
+  }
+  if (op.algorithm.size() > kMaxAlgorithmChars) {
+    return absl::InvalidArgumentError(absl::StrCat("algorithm name '", op.algorithm, "' is ",
+                                                   op.algorithm.size(),
+                                                   " characters; the limit is ", kMaxAlgorithmChars));
+  }
+  if (op.token == 0) return absl::InvalidArgumentError("op token must be >= 1");
+  if (op.timeout_ms < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("negative op timeout ", op.timeout_ms, " ms"));
+  }
+  std::memset(out, 0, sizeof(*out));
+  out->token = op.token;
+  out->buffer_id = op.buffer_id;
+  out->offset_bytes = op.offset_bytes;
+  out->count = op.count;
+  out->timeout_ms = op.timeout_ms;
+  out->root = op.root;
+  out->collective = static_cast<uint8_t>(op.collective);
+  out->dtype = static_cast<uint8_t>(op.dtype);
+  out->reduce_op = static_cast<uint8_t>(op.reduce_op);
+  out->algorithm_len = static_cast<uint8_t>(op.algorithm.size());
+  out->name_len = static_cast<uint16_t>(op.name.size());
+  std::memcpy(out->algorithm, op.algorithm.data(), op.algorithm.size());
+  std::memcpy(out->name, op.name.data(), op.name.size());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<OpDescriptor> DecodeSubmission(const SubmissionEntry& e) {
+  // Checked in this order so every message can name the op once its name is known.
+  if (e.name_len > kMaxOpNameChars) {
+    return absl::InvalidArgumentError(absl::StrCat("submission entry (token ", e.token,
+                                                   "): op name length ", e.name_len,
+                                                   " exceeds the limit of ", kMaxOpNameChars));
+  }
+  const std::string name(e.name, e.name_len);
+  const std::string what = absl::StrCat("submission entry (token ", e.token, ", op '", name, "')");
+  if (e.algorithm_len > kMaxAlgorithmChars) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": algorithm name length ",
+                                                   e.algorithm_len, " exceeds the limit of ",
+                                                   kMaxAlgorithmChars));
+  }
+  if (e.token == 0) return absl::InvalidArgumentError(what + ": token 0 (tokens start at 1)");
+  if (!IsValidCollective(e.collective)) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": invalid collective type ",
+                                                   e.collective));
+  }
+  if (!IsValidDType(e.dtype)) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": invalid dtype ", e.dtype));
+  }
+  if (!IsValidReduceOp(e.reduce_op)) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": invalid reduce op ", e.reduce_op));
+  }
+  if (e.timeout_ms < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": negative timeout_ms ", e.timeout_ms));
+  }
+  if (e.count > kMaxEntryCount) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": count ", e.count, " is too large"));
+  }
+  OpDescriptor op;
+  op.token = e.token;
+  op.collective = static_cast<CollectiveKind>(e.collective);
+  op.dtype = static_cast<DType>(e.dtype);
+  op.reduce_op = static_cast<ReduceOp>(e.reduce_op);
+  op.root = e.root;
+  op.buffer_id = e.buffer_id;
+  op.offset_bytes = e.offset_bytes;
+  op.count = e.count;
+  op.timeout_ms = e.timeout_ms;
+  op.algorithm.assign(e.algorithm, e.algorithm_len);
+  op.name = name;
+  return op;
+}
+
+void EncodeCompletion(const OpCompletion& c, CompletionEntry* out) {
+  std::memset(out, 0, sizeof(*out));
+  out->token = c.token;
+  out->op_id = c.op_id;
+  out->queued_us = c.queued_us;
+  out->run_us = c.run_us;
+  out->code = static_cast<int32_t>(c.status.code());
+  const size_t alen = std::min(c.algorithm.size(), kMaxAlgorithmChars);
+  out->algorithm_len = static_cast<uint8_t>(alen);
+  std::memcpy(out->algorithm, c.algorithm.data(), alen);
+  if (!c.status.ok()) {
+    bool truncated = false;
+    const std::string msg = FitMessage(c.status.message(), kMaxErrorMessageBytes, &truncated);
+    out->message_len = static_cast<uint16_t>(msg.size());
+    out->truncated = truncated ? 1 : 0;
+    std::memcpy(out->message, msg.data(), msg.size());
+  }
+}
+
+absl::StatusOr<OpCompletion> DecodeCompletion(const CompletionEntry& e) {
+  if (e.message_len > kMaxErrorMessageBytes || e.algorithm_len > kMaxAlgorithmChars) {
+    return absl::DataLossError(absl::StrCat("completion entry (token ", e.token,
+                                            ") has message length ", e.message_len,
+                                            " and algorithm length ", e.algorithm_len,
+                                            "; the limits are ", kMaxErrorMessageBytes, " and ",
+                                            kMaxAlgorithmChars));
+  }
+  OpCompletion c;
+  c.token = e.token;
+  c.op_id = e.op_id;
+  c.queued_us = e.queued_us;
+  c.run_us = e.run_us;
+  c.algorithm.assign(e.algorithm, e.algorithm_len);
+  if (e.code != 0) {
+    c.status = absl::Status(CodeFromWire(e.code), absl::string_view(e.message, e.message_len));
+  }
+  return c;
+}
+
+// ---------------------------------------------------------------- DaemonEnd
+
+DaemonEnd::DaemonEnd(OpQueueHeader* h, char* base, uint32_t capacity)
+    : h_(h), base_(base), capacity_(capacity) {
+  const Layout l = LayoutFor(capacity);
+  sq_offset_ = l.submission_offset;
+  cq_offset_ = l.completion_offset;
+}
+
+absl::StatusOr<DaemonEnd> DaemonEnd::Format(void* mem, size_t size, uint32_t capacity) {
+  if (!ValidCapacity(capacity)) {
+    return absl::InvalidArgumentError(absl::StrCat("op queue capacity ", capacity,
+                                                   " is not a power of two in [",
+                                                   kMinQueueCapacity, ", ", kMaxQueueCapacity, "]"));
+  }
+  const Layout l = LayoutFor(capacity);
+  if (mem == nullptr || size < l.total_bytes || reinterpret_cast<uintptr_t>(mem) % 64 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("op queue of capacity ", capacity, " needs ",
+                                                   l.total_bytes, " bytes, 64-byte aligned; got ",
+                                                   size));
+  }
+  std::memset(mem, 0, l.total_bytes);
+  auto* h = new (mem) OpQueueHeader();
+  OpQueueFixedHeader& f = h->fixed;
+  f.version = kOpQueueVersion;
+  f.capacity = capacity;
+  f.header_bytes = static_cast<uint32_t>(kHeaderBytes);
+  f.submission_entry_bytes = sizeof(SubmissionEntry);
+  f.completion_entry_bytes = sizeof(CompletionEntry);
+  f.submission_offset = l.submission_offset;
+  f.completion_offset = l.completion_offset;
+  f.total_bytes = l.total_bytes;
+  std::atomic_thread_fence(std::memory_order_release);
+  f.magic = kOpQueueMagic;
+  return DaemonEnd(h, static_cast<char*>(mem), capacity);
+}
+
+absl::Status DaemonEnd::CheckHeader() const {
+  OpQueueFixedHeader snapshot;  // a copy: the client may be writing it
+  std::memcpy(&snapshot, &h_->fixed, sizeof(snapshot));
+  const Layout l = LayoutFor(capacity_);
+  if (snapshot.magic != kOpQueueMagic || snapshot.version != kOpQueueVersion ||
+      snapshot.capacity != capacity_ || snapshot.header_bytes != kHeaderBytes ||
+      snapshot.submission_entry_bytes != sizeof(SubmissionEntry) ||
+      snapshot.completion_entry_bytes != sizeof(CompletionEntry) ||
+      snapshot.submission_offset != l.submission_offset ||
+      snapshot.completion_offset != l.completion_offset || snapshot.total_bytes != l.total_bytes) {
+    return absl::DataLossError(absl::StrCat(
+        "op queue header was overwritten: magic 0x", absl::Hex(snapshot.magic), " version ",
+        snapshot.version, " capacity ", snapshot.capacity, " (expected magic 0x",
+        absl::Hex(kOpQueueMagic), " version ", kOpQueueVersion, " capacity ", capacity_, ")"));
+  }
+  return absl::OkStatus();
+}
+
+SubmissionEntry* DaemonEnd::sq_slot(uint64_t i) const {
+  return reinterpret_cast<SubmissionEntry*>(base_ + sq_offset_) + (i & (capacity_ - 1));
+}
+
+CompletionEntry* DaemonEnd::cq_slot(uint64_t i) const {
+  return reinterpret_cast<CompletionEntry*>(base_ + cq_offset_) + (i & (capacity_ - 1));
+}
+
+uint64_t DaemonEnd::PendingSubmissions() const {
+  const uint64_t n = h_->sq_tail.load(std::memory_order_acquire) - sq_head_;
+  return n > capacity_ ? 0 : n;
+}
+
+absl::StatusOr<bool> DaemonEnd::PopSubmission(SubmissionEntry* out) {
+  const uint64_t tail = h_->sq_tail.load(std::memory_order_acquire);
+  const uint64_t n = tail - sq_head_;
+  if (n > capacity_) {
+    return absl::DataLossError(absl::StrCat("submission ring tail ", tail,
+                                            " is impossible: head ", sq_head_, ", capacity ",
+                                            capacity_));
+  }
+  if (n == 0) return false;
+  std::memcpy(out, sq_slot(sq_head_), sizeof(*out));
+  ++sq_head_;
+  // seq_cst: pairs with the client's store to sq_space_wanted (see NotifySpaceIfWanted).
+  h_->sq_head.store(sq_head_, std::memory_order_seq_cst);
+  return true;
+}
+
+void DaemonEnd::NotifySpaceIfWanted() {
+  if (h_->sq_space_wanted.load(std::memory_order_seq_cst) != 0) completion_bell().Ring();
+}
+
+void DaemonEnd::SetOverflow(bool overflow) {
+  h_->cq_overflow.store(overflow ? 1 : 0, std::memory_order_release);
+}
+
+absl::StatusOr<bool> DaemonEnd::PushCompletion(const CompletionEntry& entry) {
+  const uint64_t head = h_->cq_head.load(std::memory_order_acquire);
+  const uint64_t used = cq_tail_ - head;
+  if (used > capacity_) {
+    return absl::DataLossError(absl::StrCat("completion ring head ", head,
+                                            " is impossible: tail ", cq_tail_, ", capacity ",
+                                            capacity_));
+  }
+  if (used == capacity_) return false;
+  std::memcpy(cq_slot(cq_tail_), &entry, sizeof(entry));
+  ++cq_tail_;
+  h_->cq_tail.store(cq_tail_, std::memory_order_release);
+  return true;
+}
+
+void DaemonEnd::Close(const absl::Status& reason) {
+  const absl::Status r = reason.ok() ? absl::UnavailableError("op queue closed") : reason;
+  bool truncated = false;
+  const std::string msg = FitMessage(r.message(), kMaxErrorMessageBytes, &truncated);
+  h_->close_code = static_cast<int32_t>(r.code());
+  h_->close_message_len = static_cast<uint32_t>(msg.size());
+  std::memcpy(h_->close_message, msg.data(), msg.size());
+  h_->closed.store(1, std::memory_order_release);
+  completion_bell().Ring();  // sleepers in Wait and in a full-ring Submit wake up
+}
+
+// ---------------------------------------------------------------- ClientEnd
+
+ClientEnd::ClientEnd(OpQueueHeader* h, char* base, uint32_t capacity)
+    : h_(h), base_(base), capacity_(capacity) {
+  const Layout l = LayoutFor(capacity);
+  sq_offset_ = l.submission_offset;
+  cq_offset_ = l.completion_offset;
+  sq_tail_ = h->sq_tail.load(std::memory_order_acquire);
+  cq_head_ = h->cq_head.load(std::memory_order_acquire);
+}
+
+absl::StatusOr<ClientEnd> ClientEnd::Attach(void* mem, size_t size) {
+  if (mem == nullptr || size < kHeaderBytes || reinterpret_cast<uintptr_t>(mem) % 64 != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("op queue segment of ", size, " bytes is too small for its header"));
+  }
+  auto* h = static_cast<OpQueueHeader*>(mem);
+  OpQueueFixedHeader fixed;
+  std::memcpy(&fixed, &h->fixed, sizeof(fixed));
+  std::atomic_thread_fence(std::memory_order_acquire);
+  if (fixed.magic != kOpQueueMagic || fixed.version != kOpQueueVersion) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "op queue segment has magic 0x", absl::Hex(fixed.magic), " version ", fixed.version,
+        "; expected magic 0x", absl::Hex(kOpQueueMagic), " version ", kOpQueueVersion));
+  }
+  if (!ValidCapacity(fixed.capacity)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("op queue segment has an invalid capacity ", fixed.capacity));
+  }
+  const Layout l = LayoutFor(fixed.capacity);
+  if (fixed.header_bytes != kHeaderBytes ||
+      fixed.submission_entry_bytes != sizeof(SubmissionEntry) ||
+      fixed.completion_entry_bytes != sizeof(CompletionEntry) ||
+      fixed.submission_offset != l.submission_offset ||
+      fixed.completion_offset != l.completion_offset || fixed.total_bytes != l.total_bytes ||
+      size < l.total_bytes) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "op queue segment layout does not match this client (capacity ", fixed.capacity,
+        ", ", fixed.total_bytes, " bytes, mapped ", size, ")"));
+  }
+  return ClientEnd(h, static_cast<char*>(mem), fixed.capacity);
+}
+
+SubmissionEntry* ClientEnd::sq_slot(uint64_t i) const {
+  return reinterpret_cast<SubmissionEntry*>(base_ + sq_offset_) + (i & (capacity_ - 1));
+}
+
+CompletionEntry* ClientEnd::cq_slot(uint64_t i) const {
+  return reinterpret_cast<CompletionEntry*>(base_ + cq_offset_) + (i & (capacity_ - 1));
+}
+
+bool ClientEnd::SubmissionFull() const {
+  const uint64_t head = h_->sq_head.load(std::memory_order_seq_cst);
+  return sq_tail_ - head >= capacity_;
+}
+
+absl::StatusOr<bool> ClientEnd::PushSubmission(const SubmissionEntry& entry) {
+  const uint64_t head = h_->sq_head.load(std::memory_order_seq_cst);
+  const uint64_t used = sq_tail_ - head;
+  if (used > capacity_) {
+    return absl::DataLossError(absl::StrCat("submission ring head ", head,
+                                            " is impossible: tail ", sq_tail_, ", capacity ",
+                                            capacity_));
+  }
+  if (used == capacity_) return false;
+  std::memcpy(sq_slot(sq_tail_), &entry, sizeof(entry));
+  ++sq_tail_;
+  h_->sq_tail.store(sq_tail_, std::memory_order_release);
+  return true;
+}
+
+absl::StatusOr<bool> ClientEnd::PopCompletion(CompletionEntry* out) {
+  const uint64_t tail = h_->cq_tail.load(std::memory_order_acquire);
+  const uint64_t n = tail - cq_head_;
+  if (n > capacity_) {
+    return absl::DataLossError(absl::StrCat("completion ring tail ", tail,
+                                            " is impossible: head ", cq_head_, ", capacity ",
+                                            capacity_));
+  }
+  if (n == 0) return false;
+  std::memcpy(out, cq_slot(cq_head_), sizeof(*out));
+  ++cq_head_;
+  h_->cq_head.store(cq_head_, std::memory_order_release);
+  return true;
+}
+
+absl::Status ClientEnd::closed_status() const {
+  if (h_->closed.load(std::memory_order_acquire) == 0) return absl::OkStatus();
+  const size_t len = std::min<size_t>(h_->close_message_len, kMaxErrorMessageBytes);
+  absl::StatusCode code = CodeFromWire(h_->close_code);
+  if (code == absl::StatusCode::kOk) code = absl::StatusCode::kUnavailable;
+  return absl::Status(code, std::string(h_->close_message, len));
+}
+
+}  // namespace ipc
+}  // namespace gradsync

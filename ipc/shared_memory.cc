@@ -1,0 +1,103 @@
+#include "ipc/shared_memory.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace gradsync {
+namespace ipc {
+namespace {
+
+std::string ErrnoText(int err) { return absl::StrCat(std::strerror(err), " (errno ", err, ")"); }
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<SharedMemory>> SharedMemory::Create(const std::string& name,
+                                                                   size_t size) {
+  if (size == 0) return absl::InvalidArgumentError("shared memory of 0 bytes");
+  const int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    const int err = errno;
+    return absl::Status(absl::ErrnoToStatusCode(err),
+                        absl::StrCat("shm_open(", name, ", O_CREAT|O_EXCL): ", ErrnoText(err)));
+  }
+  if (::ftruncate(fd, static_cast<off_t>(size)) != 0) {
+    const int err = errno;
+    ::close(fd);
+    ::shm_unlink(name.c_str());
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot size shared memory ", name, " to ", size, " bytes: ", ErrnoText(err)));
+  }
+  void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  const int err = errno;
+  ::close(fd);
+  if (p == MAP_FAILED) {
+    ::shm_unlink(name.c_str());
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot map ", size, " bytes of shared memory ", name, ": ", ErrnoText(err)));
+  }
+  return std::unique_ptr<SharedMemory>(new SharedMemory(name, p, size, /*owner=*/true));
+}
+
+absl::StatusOr<std::unique_ptr<SharedMemory>> SharedMemory::Open(const std::string& name,
+                                                                 size_t size) {
+  if (size == 0) return absl::InvalidArgumentError("shared memory of 0 bytes");
+  const int fd = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0);
+  if (fd < 0) {
+    const int err = errno;
+    return absl::Status(absl::ErrnoToStatusCode(err),
+                        absl::StrCat("cannot open shared-memory segment '", name,
+                                     "': ", ErrnoText(err)));
+  }
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return absl::InternalError(absl::StrCat("fstat of '", name, "': ", ErrnoText(err)));
+  }
+  if (static_cast<uint64_t>(st.st_size) < size) {
+    ::close(fd);
+    return absl::FailedPreconditionError(absl::StrCat(
+        "shared-memory segment '", name, "' has ", st.st_size, " bytes, expected ", size));
+  }
+  void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  const int err = errno;
+  ::close(fd);
+  if (p == MAP_FAILED) {
+    return absl::Status(absl::ErrnoToStatusCode(err),
+                        absl::StrCat("cannot map shared-memory segment '", name, "' (", size,
+                                     " bytes): ", ErrnoText(err)));
+  }
+  return std::unique_ptr<SharedMemory>(new SharedMemory(name, p, size, /*owner=*/false));
+}
+
+absl::StatusOr<std::unique_ptr<SharedMemory>> SharedMemory::Anonymous(size_t size) {
+  if (size == 0) return absl::InvalidArgumentError("shared memory of 0 bytes");
+  void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) {
+    const int err = errno;
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot map ", size, " bytes of anonymous shared memory: ", ErrnoText(err)));
+  }
+  return std::unique_ptr<SharedMemory>(new SharedMemory("", p, size, /*owner=*/false));
+}
+
+void SharedMemory::Unlink() {
+  if (!unlink_on_close_) return;
+  unlink_on_close_ = false;
+  ::shm_unlink(name_.c_str());
+}
+
+SharedMemory::~SharedMemory() {
+  ::munmap(data_, size_);
+  Unlink();
+}
+
+}  // namespace ipc
+}  // namespace gradsync

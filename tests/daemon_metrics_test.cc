@@ -1,0 +1,76 @@
+// gradsyncd's /metrics reflect the traffic of real allreduces.
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "cli/local_cluster.h"
+#include "common/metrics_testing.h"
+#include "gtest/gtest.h"
+#include "tests/cluster_util.h"
+
+namespace gradsync {
+namespace {
+
+using testing::OnEveryRank;
+using testing::OpenJob;
+
+double Sample(int port, const std::string& series) {
+  auto text = HttpGet("127.0.0.1", port, "/metrics");
+  if (!text.ok()) return -1;
+  auto v = FindSample(*text, series);
+  return v.ok() ? *v : -1;
+}
+
+TEST(DaemonMetrics, OpsBytesLatencyAndPeersAreExported) {
+  LocalClusterOptions o;
+  o.daemons = 3;
+  auto cluster = LocalCluster::Start(o);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const int port0 = (*cluster)->daemon_metrics_port(0);
+  ASSERT_GT(port0, 0);
+  EXPECT_EQ(Sample(port0, "gradsync_daemon_sessions"), 0);
+  auto job = OpenJob(**cluster, "metrics", {0, 1, 2});
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(Sample(port0, "gradsync_daemon_sessions"), 1);
+  const size_t count = 1 << 18;  // 1 MiB of f32
+  OnEveryRank(3, [&](int r) {
+    auto& s = *(*job)[r].session;
+    auto b = s.AllocateBuffer(count * 4);
+    ASSERT_TRUE(b.ok());
+    for (int i = 0; i < 5; ++i) {
+      client::CollectiveSpec spec;
+      spec.buffer = b->get();
+      spec.count = count;
+      spec.algorithm = "ring";
+      spec.name = "m";
+      ASSERT_TRUE(s.Run(spec).ok());
+    }
+    // A refused op (bad algorithm) never reaches the daemon's queue; a
+    // mismatched one fails with invalid_argument on every rank.
+    client::CollectiveSpec bad;
+    bad.buffer = b->get();
+    bad.count = r == 1 ? 10 : 11;
+    bad.name = "mismatch";
+    EXPECT_FALSE(s.Run(bad).ok());
+  });
+  const std::string ok_series =
+      "gradsync_daemon_ops_total{algorithm=\"ring\",collective=\"allreduce\",status=\"ok\"}";
+  EXPECT_EQ(Sample(port0, ok_series), 5);
+  // The mismatch fails in the signature check, before an algorithm is chosen.
+  EXPECT_EQ(Sample(port0, "gradsync_daemon_ops_total{algorithm=\"none\",collective=\"allreduce\","
+                          "status=\"invalid_argument\"}"),
+            1);
+  EXPECT_EQ(Sample(port0, "gradsync_daemon_op_bytes_total{collective=\"allreduce\"}"), 5.0 * count * 4);
+  EXPECT_EQ(Sample(port0, "gradsync_daemon_op_seconds_count{collective=\"allreduce\",size=\"le_1m\"}"), 5);
+  EXPECT_EQ(Sample(port0, "gradsync_daemon_queue_depth"), 0);
+  EXPECT_GT(Sample(port0, "gradsync_daemon_link_bandwidth_bytes"), 0);
+  // Ring over 3 ranks: each rank sends 2*(2/3) of 1 MiB per op to its right neighbour.
+  const std::string right = absl::StrCat("127.0.0.1:", (*cluster)->daemon_data_port(1));
+  const double sent = Sample(port0, absl::StrCat("gradsync_daemon_peer_sent_bytes_total{peer_daemon=\"",
+                                                 right, "\"}"));
+  EXPECT_GE(sent, 5 * 2.0 * count * 4 * 2 / 3) << right;
+  EXPECT_EQ(Sample(port0, "gradsync_daemon_arrival_wait_seconds_count"), 5);
+}
+
+}  // namespace
+}  // namespace gradsync

@@ -1,0 +1,337 @@
+// The shared-memory op queue against real processes: a gradsync-coordinator
+// and gradsyncd daemons on loopback, the test being every rank's client.
+// Ops travel through the queue (Worker.OpenOpQueue), not Submit/Wait RPCs.
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "cli/expected.h"
+#include "cli/local_cluster.h"
+#include "gtest/gtest.h"
+#include "proto/worker.grpc.pb.h"
+#include "tests/cluster_util.h"
+
+namespace gradsync {
+namespace {
+
+using testing::OnEveryRank;
+using testing::OpenJob;
+
+// Op queue segments of daemon `i` that still exist in /dev/shm. The names
+// come from the daemon's log ("op queue /gradsync.<pid>.<nonce>-q<n>"), not
+// from the pid: concurrent test runs have their own pid namespaces but share
+// /dev/shm.
+std::vector<std::string> QueueSegments(const LocalCluster& cluster, int i) {
+  std::vector<std::string> out;
+  std::ifstream log(cluster.daemon_log(i));
+  std::string line;
+  const std::string marker = "op queue /";
+  while (std::getline(log, line)) {
+    const size_t at = line.find(marker);
+    if (at == std::string::npos) continue;
+    const size_t start = at + marker.size() - 1;
+    const std::string name = line.substr(start, line.find(' ', start) - start);
+    struct stat st;
+    if (::stat(("/dev/shm" + name).c_str(), &st) == 0 &&
+        std::find(out.begin(), out.end(), name) == out.end()) {
+      out.push_back(name);
+    }
+  }
+  return out;
+}
+
+std::unique_ptr<LocalCluster> StartCluster(int daemons, std::vector<std::string> flags = {}) {
+  LocalClusterOptions o;
+  o.daemons = daemons;
+  o.daemon_flags = std::move(flags);
+  auto c = LocalCluster::Start(o);
+  EXPECT_TRUE(c.ok()) << c.status();
+  return c.ok() ? std::move(*c) : nullptr;
+}
+
+class OpQueueIntegration : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { cluster_ = StartCluster(2).release(); }
+  static void TearDownTestSuite() {
+    if (cluster_ != nullptr) {
+      EXPECT_TRUE(cluster_->StopAll().ok());
+      delete cluster_;
+      cluster_ = nullptr;
+    }
+  }
+  void SetUp() override { ASSERT_NE(cluster_, nullptr); }
+  static LocalCluster* cluster_;
+};
+LocalCluster* OpQueueIntegration::cluster_ = nullptr;
+
+TEST_F(OpQueueIntegration, CollectivesThroughTheQueueGiveCorrectResults) {
+  auto job = OpenJob(*cluster_, "q-collectives", {0, 1});
+  ASSERT_TRUE(job.ok()) << job.status();
+  // Each session has its queue segment on its daemon.
+  EXPECT_EQ(QueueSegments(*cluster_, 0).size(), 1u);
+  EXPECT_EQ(QueueSegments(*cluster_, 1).size(), 1u);
+  const CollectiveKind kinds[] = {CollectiveKind::kAllreduce, CollectiveKind::kBroadcast,
+                                  CollectiveKind::kAllgather, CollectiveKind::kReduceScatter,
+                                  CollectiveKind::kReduce, CollectiveKind::kBarrier};
+  for (CollectiveKind kind : kinds) {
+    for (uint64_t count : {uint64_t{1}, uint64_t{1000}, uint64_t{65537}}) {
+      if (kind == CollectiveKind::kBarrier && count > 1) continue;
+      const uint64_t n = kind == CollectiveKind::kBarrier ? 0 : count;
+      std::vector<std::string> errors(2);
+      OnEveryRank(2, [&](int r) {
+        auto& s = *(*job)[r].session;
+        auto buf = s.AllocateBuffer(std::max<uint64_t>(1, BufferElements(kind, 2, n) * 4));
+        if (!buf.ok()) return void(errors[r] = std::string(buf.status().message()));
+        char* data = static_cast<char*>((*buf)->data());
+        FillInput(kind, DType::kF32, r, 2, n, data);
+        client::CollectiveSpec spec;
+        spec.kind = kind;
+        spec.buffer = buf->get();
+        spec.count = n;
+        spec.root = 1;
+        spec.name = absl::StrCat(CollectiveName(kind), ".", n);
+        auto res = s.Run(spec);
+        if (!res.ok()) return void(errors[r] = std::string(res.status().message()));
+        if (res->algorithm.empty()) errors[r] = "no algorithm reported";
+        const uint64_t wrong = CountWrong(kind, DType::kF32, ReduceOp::kSum, 1, r, 2, n, data);
+        if (wrong > 0) errors[r] = absl::StrCat(wrong, " wrong elements");
+        (void)s.FreeBuffer(std::move(*buf));
+      });
+      for (int r = 0; r < 2; ++r) {
+        EXPECT_EQ(errors[r], "") << CollectiveName(kind) << " count " << n << " rank " << r;
+      }
+    }
+  }
+  // Closing the session unlinks its queue at once.
+  for (auto& r : *job) EXPECT_TRUE(r.session->Close().ok());
+  EXPECT_TRUE(QueueSegments(*cluster_, 0).empty());
+  EXPECT_TRUE(QueueSegments(*cluster_, 1).empty());
+}
+
+TEST_F(OpQueueIntegration, ManyAsyncOpsBeyondTheRingCapacityCompleteInOrder) {
+  auto job = OpenJob(*cluster_, "q-async", {0, 1});
+  ASSERT_TRUE(job.ok()) << job.status();
+  constexpr int kOps = 1000;  // the rings hold 256: submissions and completions both wrap
+  std::vector<std::string> errors(2);
+  OnEveryRank(2, [&](int r) {
+    auto& s = *(*job)[r].session;
+    auto buf = s.AllocateBuffer(kOps * sizeof(int64_t));
+    if (!buf.ok()) return void(errors[r] = std::string(buf.status().message()));
+    int64_t* x = (*buf)->as<int64_t>();
+    for (int i = 0; i < kOps; ++i) x[i] = i + r;
+    std::vector<client::OpHandle> handles;
+    for (int i = 0; i < kOps; ++i) {
+      auto h = s.AllreduceAsync(**buf, i * sizeof(int64_t), 1, DType::kI64, ReduceOp::kSum,
+                                absl::StrCat("e", i));
+      if (!h.ok()) return void(errors[r] = absl::StrCat("submit ", i, ": ", h.status().message()));
+      handles.push_back(*h);
+    }
+    // The last one first: once it is done, every earlier one must be too
+    // (ops run in submission order), and their completions were kept.
+    auto last = s.Wait(handles.back(), absl::Seconds(60));
+    if (!last.ok()) return void(errors[r] = std::string(last.status().message()));
+    for (int i = 0; i < kOps - 1; ++i) {
+      auto done = s.Poll(handles[i]);
+      if (!done.ok() || !*done) {
+        return void(errors[r] = absl::StrCat("op ", i, " not done after op ", kOps - 1, ": ",
+                                             done.ok() ? "running" : done.status().ToString()));
+      }
+    }
+    for (int i = 0; i < kOps; ++i) {
+      if (x[i] != 2 * i + 1) return void(errors[r] = absl::StrCat("element ", i, " = ", x[i]));
+    }
+  });
+  EXPECT_EQ(errors[0], "");
+  EXPECT_EQ(errors[1], "");
+}
+
+TEST_F(OpQueueIntegration, MismatchArrivesWithItsCodeAndMessageAndTheJobStaysUsable) {
+  auto job = OpenJob(*cluster_, "q-mismatch", {0, 1}, /*op_timeout_ms=*/10000);
+  ASSERT_TRUE(job.ok()) << job.status();
+  std::vector<absl::Status> st(2);
+  std::vector<absl::Status> again(2);
+  OnEveryRank(2, [&](int r) {
+    auto& s = *(*job)[r].session;
+    auto b = s.AllocateBuffer(64 * sizeof(float));
+    ASSERT_TRUE(b.ok());
+    st[r] = s.Allreduce(**b, 0, r == 1 ? 60 : 64, DType::kF32, ReduceOp::kSum, "w").status();
+    for (int i = 0; i < 64; ++i) (*b)->as<float>()[i] = 1.0f;
+    again[r] = s.Allreduce(**b, 0, 64, DType::kF32, ReduceOp::kSum, "w").status();
+    if (again[r].ok() && (*b)->as<float>()[63] != 2.0f) again[r] = absl::InternalError("wrong sum");
+  });
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE(absl::IsInvalidArgument(st[r])) << st[r];
+    EXPECT_NE(st[r].message().find("op 1 does not match across ranks"), std::string::npos) << st[r];
+    EXPECT_NE(st[r].message().find("rank 1 submitted allreduce 'w' f32[60] sum"), std::string::npos)
+        << st[r];
+    EXPECT_NE(st[r].message().find("rank 0 submitted allreduce 'w' f32[64] sum"), std::string::npos)
+        << st[r];
+    EXPECT_TRUE(again[r].ok()) << again[r];
+  }
+}
+
+TEST_F(OpQueueIntegration, DaemonRefusalsArriveAsTheOpsError) {
+  auto job = OpenJob(*cluster_, "q-refused", {0, 1});
+  ASSERT_TRUE(job.ok()) << job.status();
+  auto& s = *(*job)[0].session;
+  auto buf = s.AllocateBuffer(64);
+  ASSERT_TRUE(buf.ok());
+  client::CollectiveSpec spec;
+  spec.buffer = buf->get();
+  spec.count = 4;
+  spec.algorithm = "pairwise";  // does not implement allreduce: the daemon refuses it
+  spec.name = "g";
+  auto res = s.Run(spec);
+  EXPECT_TRUE(absl::IsInvalidArgument(res.status())) << res.status();
+  EXPECT_NE(res.status().message().find("'pairwise' does not implement allreduce"),
+            std::string::npos)
+      << res.status();
+}
+
+TEST_F(OpQueueIntegration, ForcedGrpcChannelStillWorks) {
+  ASSERT_EQ(::setenv("GRADSYNC_OP_CHANNEL", "grpc", 1), 0);
+  auto job = OpenJob(*cluster_, "q-grpc", {0, 1});
+  ::unsetenv("GRADSYNC_OP_CHANNEL");
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_TRUE(QueueSegments(*cluster_, 0).empty());
+  std::vector<std::string> errors(2);
+  OnEveryRank(2, [&](int r) {
+    auto& s = *(*job)[r].session;
+    auto b = s.AllocateBuffer(sizeof(double));
+    if (!b.ok()) return void(errors[r] = std::string(b.status().message()));
+    *(*b)->as<double>() = 1.5;
+    auto res = s.Allreduce(**b, 0, 1, DType::kF64, ReduceOp::kSum, "g");
+    if (!res.ok()) return void(errors[r] = std::string(res.status().message()));
+    if (*(*b)->as<double>() != 3.0) errors[r] = "wrong sum";
+  });
+  EXPECT_EQ(errors[0], "");
+  EXPECT_EQ(errors[1], "");
+}
+
+TEST_F(OpQueueIntegration, RpcSubmitAndWaitStillWorkOnASessionWithAQueue) {
+  auto job = OpenJob(*cluster_, "q-mixed", {0});
+  ASSERT_TRUE(job.ok()) << job.status();
+  auto& s = *(*job)[0].session;
+  ASSERT_EQ(QueueSegments(*cluster_, 0).size(), 1u);
+  auto buf = s.AllocateBuffer(2 * sizeof(int32_t));
+  ASSERT_TRUE(buf.ok());
+  (*buf)->as<int32_t>()[0] = 7;
+  (*buf)->as<int32_t>()[1] = 9;
+  // An op through the queue, then one through raw Worker RPCs, on one session.
+  ASSERT_TRUE(s.Allreduce(**buf, 0, 1, DType::kI32, ReduceOp::kSum, "via-queue").ok());
+  auto channel = grpc::CreateChannel(cluster_->daemon_target(0), grpc::InsecureChannelCredentials());
+  auto stub = v1::Worker::NewStub(channel);
+  v1::SubmitRequest sreq;
+  sreq.set_session_id(s.id());
+  sreq.set_collective(v1::COLLECTIVE_TYPE_ALLREDUCE);
+  sreq.set_name("via-rpc");
+  sreq.set_dtype(static_cast<v1::DataType>(DType::kI32));
+  sreq.set_reduce_op(static_cast<v1::ReduceOp>(ReduceOp::kMax));
+  sreq.set_count(1);
+  sreq.set_buffer_id((*buf)->id());
+  sreq.set_offset_bytes(sizeof(int32_t));
+  v1::SubmitResponse sresp;
+  grpc::ClientContext sctx;
+  ASSERT_TRUE(stub->Submit(&sctx, sreq, &sresp).ok());
+  EXPECT_GE(sresp.sequence(), 2u);
+  v1::WaitRequest wreq;
+  wreq.set_session_id(s.id());
+  wreq.set_op_id(sresp.op_id());
+  wreq.set_timeout_ms(10000);
+  v1::WaitResponse wresp;
+  grpc::ClientContext wctx;
+  grpc::Status ws = stub->Wait(&wctx, wreq, &wresp);
+  ASSERT_TRUE(ws.ok()) << ws.error_message();
+  EXPECT_TRUE(wresp.done());
+  EXPECT_EQ((*buf)->as<int32_t>()[1], 9);
+  // And the queue keeps working after it.
+  ASSERT_TRUE(s.Allreduce(**buf, 0, 1, DType::kI32, ReduceOp::kSum, "again").ok());
+  EXPECT_EQ((*buf)->as<int32_t>()[0], 7);
+}
+
+TEST(OpQueueFailure, WaitOnADaemonThatWasKilledFailsWithUnavailableWithinSeconds) {
+  auto cluster = StartCluster(2);
+  ASSERT_NE(cluster, nullptr);
+  auto job = OpenJob(*cluster, "q-kill", {0, 1}, /*op_timeout_ms=*/60000);
+  ASSERT_TRUE(job.ok()) << job.status();
+  auto& s = *(*job)[0].session;
+  auto b = s.AllocateBuffer(16);
+  ASSERT_TRUE(b.ok());
+  // Rank 1 never submits, so rank 0's op stays pending until its daemon dies.
+  auto op = s.AllreduceAsync(**b, 0, 4, DType::kF32, ReduceOp::kSum, "stuck");
+  ASSERT_TRUE(op.ok()) << op.status();
+  absl::Time killed_at;
+  std::thread killer([&] {
+    absl::SleepFor(absl::Milliseconds(300));
+    killed_at = absl::Now();
+    cluster->SignalDaemon(0, SIGKILL);
+  });
+  auto res = s.Wait(*op, absl::Seconds(30));
+  const absl::Time failed_at = absl::Now();
+  killer.join();
+  EXPECT_TRUE(absl::IsUnavailable(res.status())) << res.status();
+  EXPECT_EQ(res.status().message(),
+            absl::StrCat("gradsyncd at ", cluster->daemon_target(0),
+                         " stopped answering (no heartbeat for 3 s)"));
+  EXPECT_LT(failed_at - killed_at, absl::Seconds(5));
+  EXPECT_GE(failed_at - killed_at, absl::Seconds(2));
+  // What the killed daemon left behind (a new daemon would sweep it after a minute).
+  for (const std::string& name : QueueSegments(*cluster, 0)) ::shm_unlink(name.c_str());
+  ::shm_unlink((*b)->shm_name().c_str());
+}
+
+TEST(OpQueueFailure, DaemonStoppingClosesTheQueueWithItsReasonAndUnlinksIt) {
+  auto cluster = StartCluster(1);
+  ASSERT_NE(cluster, nullptr);
+  auto job = OpenJob(*cluster, "q-stop", {0});
+  ASSERT_TRUE(job.ok()) << job.status();
+  auto& s = *(*job)[0].session;
+  auto b = s.AllocateBuffer(8);
+  ASSERT_TRUE(b.ok());
+  ASSERT_TRUE(s.Allreduce(**b, 0, 1, DType::kI64, ReduceOp::kSum, "before").ok());
+  ASSERT_EQ(QueueSegments(*cluster, 0).size(), 1u);
+  EXPECT_TRUE(cluster->StopAll().ok());  // SIGTERM: graceful
+  EXPECT_TRUE(QueueSegments(*cluster, 0).empty());
+  auto res = s.Allreduce(**b, 0, 1, DType::kI64, ReduceOp::kSum, "after");
+  EXPECT_TRUE(absl::IsUnavailable(res.status())) << res.status();
+  EXPECT_NE(res.status().message().find("daemon shutting down"), std::string::npos) << res.status();
+}
+
+TEST(OpQueueLease, QueueTrafficKeepsTheSessionAndAnIdleOneIsReaped) {
+  auto cluster = StartCluster(1, {"--session_lease_ms=1000"});
+  ASSERT_NE(cluster, nullptr);
+  auto job = OpenJob(*cluster, "q-lease", {0});
+  ASSERT_TRUE(job.ok()) << job.status();
+  auto& s = *(*job)[0].session;
+  auto b = s.AllocateBuffer(8);
+  ASSERT_TRUE(b.ok());
+  // 2.5 s of ops and no RPC at all: the queue counts as use.
+  const absl::Time until = absl::Now() + absl::Milliseconds(2500);
+  int ops = 0;
+  while (absl::Now() < until) {
+    auto res = s.Allreduce(**b, 0, 1, DType::kI64, ReduceOp::kSum, "tick");
+    ASSERT_TRUE(res.ok()) << "after " << ops << " ops: " << res.status();
+    ++ops;
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  // Idle past the lease: the daemon closes the session and its queue.
+  absl::SleepFor(absl::Milliseconds(2500));
+  EXPECT_TRUE(QueueSegments(*cluster, 0).empty());
+  auto res = s.Allreduce(**b, 0, 1, DType::kI64, ReduceOp::kSum, "late");
+  EXPECT_TRUE(absl::IsFailedPrecondition(res.status())) << res.status();
+  EXPECT_NE(res.status().message().find("is closed"), std::string::npos) << res.status();
+}
+
+}  // namespace
+}  // namespace gradsync

@@ -1,0 +1,197 @@
+#include "worker/daemon_metrics.h"
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+
+namespace gradsync {
+namespace {
+
+std::string Key(const std::string& name, const prometheus::Labels& labels) {
+  std::string k = name;
+  for (const auto& [l, v] : labels) absl::StrAppend(&k, "|", l, "=", v);
+  return k;
+}
+
+std::string CodeName(absl::StatusCode code) {
+  std::string s = absl::StatusCodeToString(code);
+  return absl::AsciiStrToLower(s);
+}
+
+}  // namespace
+
+std::string EpochFailureCause(const absl::Status& s) {
+  const absl::string_view m = s.message();
+  if (absl::IsDeadlineExceeded(s)) return "timeout";
+  if (absl::IsDataLoss(s)) return "protocol";
+  if (m.find("aborted by the coordinator") != absl::string_view::npos) return "coordinator";
+  if (m.find("aborted by rank") != absl::string_view::npos) return "peer_abort";
+  if (m.find("lost") != absl::string_view::npos) return "peer_lost";
+  if (absl::IsCancelled(s)) return "closed";
+  return "other";
+}
+
+const char* DaemonMetrics::SizeClass(uint64_t bytes) {
+  if (bytes <= (4u << 10)) return "le_4k";
+  if (bytes <= (64u << 10)) return "le_64k";
+  if (bytes <= (1u << 20)) return "le_1m";
+  if (bytes <= (16u << 20)) return "le_16m";
+  if (bytes <= (256u << 20)) return "le_256m";
+  return "gt_256m";
+}
+
+absl::StatusOr<std::unique_ptr<DaemonMetrics>> DaemonMetrics::Create(MetricsRegistry& registry) {
+  std::unique_ptr<DaemonMetrics> m(new DaemonMetrics(registry));
+  auto q = registry.AddGauge("gradsync_daemon_queue_depth",
+                             "Ops submitted to this daemon and not finished yet");
+  if (!q.ok()) return q.status();
+  m->queue_depth_ = *q;
+  auto s = registry.AddGauge("gradsync_daemon_sessions", "Open client sessions");
+  if (!s.ok()) return s.status();
+  m->sessions_ = *s;
+  auto h = registry.AddCounter("gradsync_daemon_heartbeat_failures_total",
+                               "Heartbeats to the coordinator that failed");
+  if (!h.ok()) return h.status();
+  m->heartbeat_failures_ = *h;
+  auto w = registry.AddHistogram(
+      "gradsync_daemon_arrival_wait_seconds",
+      "Per op: how long this rank waited for the last rank to submit (straggler signal)",
+      LatencyBuckets());
+  if (!w.ok()) return w.status();
+  m->arrival_wait_ = *w;
+  auto lat = registry.AddGauge("gradsync_daemon_link_latency_seconds",
+                               "Per-message latency measured by the last link probe");
+  if (!lat.ok()) return lat.status();
+  m->link_latency_ = *lat;
+  auto bw = registry.AddGauge("gradsync_daemon_link_bandwidth_bytes",
+                              "Link bandwidth (bytes per second) measured by the last link probe");
+  if (!bw.ok()) return bw.status();
+  m->link_bandwidth_ = *bw;
+  auto rb = registry.AddGauge("gradsync_daemon_reduce_bandwidth_bytes",
+                              "Local reduction speed (bytes per second) measured by the last probe");
+  if (!rb.ok()) return rb.status();
+  m->reduce_bandwidth_ = *rb;
+  // Series that exist from start-up, so dashboards show 0 rather than nothing.
+  m->Counter("gradsync_daemon_ops_total", "Collectives finished, by type, algorithm and status",
+             {{"collective", "allreduce"}, {"algorithm", "ring"}, {"status", "ok"}});
+  m->Counter("gradsync_daemon_epoch_failures_total", "Job epochs that failed here, by cause",
+             {{"cause", "peer_lost"}});
+  return m;
+}
+
+prometheus::Counter* DaemonMetrics::Counter(const std::string& name, const std::string& help,
+                                            const prometheus::Labels& labels) {
+  const std::string key = Key(name, labels);
+  absl::MutexLock l(&mu_);
+  auto it = counters_.find(key);
+  if (it != counters_.end()) return it->second;
+  auto c = registry_.AddCounter(name, help, labels);
+  if (!c.ok()) {
+    GS_LOG(WARNING) << "metric " << name << ": " << c.status().message();
+    return nullptr;
+  }
+  counters_[key] = *c;
+  return *c;
+}
+
+prometheus::Histogram* DaemonMetrics::Histogram(
+    const std::string& name, const std::string& help,
+    const prometheus::Histogram::BucketBoundaries& buckets, const prometheus::Labels& labels) {
+  const std::string key = Key(name, labels);
+  absl::MutexLock l(&mu_);
+  auto it = histograms_.find(key);
+  if (it != histograms_.end()) return it->second;
+  auto h = registry_.AddHistogram(name, help, buckets, labels);
+  if (!h.ok()) {
+    GS_LOG(WARNING) << "metric " << name << ": " << h.status().message();
+    return nullptr;
+  }
+  histograms_[key] = *h;
+  return *h;
+}
+
+void DaemonMetrics::OnOpQueued() { queue_depth_->Increment(); }
+
+void DaemonMetrics::OnOpDone(const OpRecord& op) {
+  queue_depth_->Decrement();
+  const std::string kind = CollectiveName(op.kind);
+  const std::string algo = op.algorithm.empty() ? "none" : op.algorithm;
+  if (auto* c = Counter("gradsync_daemon_ops_total",
+                        "Collectives finished, by type, algorithm and status",
+                        {{"collective", kind}, {"algorithm", algo}, {"status", CodeName(op.code)}})) {
+    c->Increment();
+  }
+  if (op.code != absl::StatusCode::kOk) return;
+  if (auto* h = Histogram("gradsync_daemon_op_seconds",
+                          "Time from start to completion of successful collectives",
+                          LatencyBuckets(), {{"collective", kind}, {"size", SizeClass(op.bytes)}})) {
+    h->Observe(absl::ToDoubleSeconds(op.run));
+  }
+  if (auto* h = Histogram("gradsync_daemon_op_queue_seconds",
+                          "Time successful collectives waited in the session queue",
+                          LatencyBuckets(), {{"collective", kind}})) {
+    h->Observe(absl::ToDoubleSeconds(op.queued));
+  }
+  if (auto* c = Counter("gradsync_daemon_op_bytes_total",
+                        "Buffer bytes of successful collectives on this daemon's ranks",
+                        {{"collective", kind}})) {
+    c->Increment(static_cast<double>(op.bytes));
+  }
+  arrival_wait_->Observe(absl::ToDoubleSeconds(op.arrival_wait));
+  // Achieved bus bandwidth (nccl-tests definition), as a histogram of bytes/s.
+  double factor = 1.0;
+  const double n = op.world;
+  switch (op.kind) {
+    case CollectiveKind::kAllreduce: factor = n > 1 ? 2 * (n - 1) / n : 1; break;
+    case CollectiveKind::kReduceScatter:
+    case CollectiveKind::kAllgather:
+    case CollectiveKind::kAlltoall: factor = n > 1 ? (n - 1) / n : 1; break;
+    default: break;
+  }
+  const double secs = absl::ToDoubleSeconds(op.run);
+  if (op.bytes >= (64u << 10) && secs > 0 && op.kind != CollectiveKind::kBarrier) {
+    static const prometheus::Histogram::BucketBoundaries kBw = {
+        1e7, 3e7, 1e8, 3e8, 1e9, 2e9, 4e9, 8e9, 16e9, 32e9, 64e9, 128e9};
+    if (auto* h = Histogram("gradsync_daemon_busbw_bytes",
+                            "Achieved bus bandwidth (bytes per second, nccl-tests definition) of "
+                            "collectives of at least 64 KiB",
+                            kBw, {{"collective", kind}})) {
+      h->Observe(op.bytes * factor / secs);
+    }
+  }
+}
+
+void DaemonMetrics::OnSessionOpened() { sessions_->Increment(); }
+void DaemonMetrics::OnSessionClosed() { sessions_->Decrement(); }
+
+void DaemonMetrics::OnPeerBytes(const std::string& peer, uint64_t sent, uint64_t received) {
+  if (sent > 0) {
+    if (auto* c = Counter("gradsync_daemon_peer_sent_bytes_total",
+                          "Data-plane bytes sent to each peer daemon", {{"peer_daemon", peer}})) {
+      c->Increment(static_cast<double>(sent));
+    }
+  }
+  if (received > 0) {
+    if (auto* c = Counter("gradsync_daemon_peer_received_bytes_total",
+                          "Data-plane bytes received from each peer daemon", {{"peer_daemon", peer}})) {
+      c->Increment(static_cast<double>(received));
+    }
+  }
+}
+
+void DaemonMetrics::OnEpochFailed(const std::string& cause) {
+  if (auto* c = Counter("gradsync_daemon_epoch_failures_total",
+                        "Job epochs that failed here, by cause", {{"cause", cause}})) {
+    c->Increment();
+  }
+}
+
+void DaemonMetrics::OnHeartbeatFailed() { heartbeat_failures_->Increment(); }
+
+void DaemonMetrics::OnLinkProbe(const LinkParams& link) {
+  link_latency_->Set(link.alpha_us * 1e-6);
+  if (link.beta_us_per_byte > 0) link_bandwidth_->Set(1e6 / link.beta_us_per_byte);
+  if (link.reduce_us_per_byte > 0) reduce_bandwidth_->Set(1e6 / link.reduce_us_per_byte);
+}
+
+}  // namespace gradsync

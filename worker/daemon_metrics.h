@@ -1,0 +1,59 @@
+// gradsyncd's Prometheus metrics (listed in docs/metrics.md).
+#ifndef GRADSYNC_WORKER_DAEMON_METRICS_H_
+#define GRADSYNC_WORKER_DAEMON_METRICS_H_
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "common/metrics.h"
+#include "worker/daemon_observer.h"
+
+namespace gradsync {
+
+class DaemonMetrics final : public DaemonObserver {
+ public:
+  // Registers every metric in `registry` (which must outlive this object).
+  static absl::StatusOr<std::unique_ptr<DaemonMetrics>> Create(MetricsRegistry& registry);
+
+  void OnOpQueued() override;
+  void OnOpDone(const OpRecord& op) override;
+  void OnSessionOpened() override;
+  void OnSessionClosed() override;
+  void OnPeerBytes(const std::string& peer, uint64_t sent, uint64_t received) override;
+  void OnEpochFailed(const std::string& cause) override;
+  void OnHeartbeatFailed() override;
+  void OnLinkProbe(const LinkParams& link) override;
+
+  // Size classes used as the `size` label (bounded): "le_4k", "le_64k",
+  // "le_1m", "le_16m", "le_256m", "gt_256m".
+  static const char* SizeClass(uint64_t bytes);
+
+ private:
+  explicit DaemonMetrics(MetricsRegistry& registry) : registry_(registry) {}
+  prometheus::Counter* Counter(const std::string& name, const std::string& help,
+                               const prometheus::Labels& labels);
+  prometheus::Histogram* Histogram(const std::string& name, const std::string& help,
+                                   const prometheus::Histogram::BucketBoundaries& buckets,
+                                   const prometheus::Labels& labels);
+
+  MetricsRegistry& registry_;
+  absl::Mutex mu_;
+  std::map<std::string, prometheus::Counter*> counters_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, prometheus::Histogram*> histograms_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, prometheus::Gauge*> gauges_ ABSL_GUARDED_BY(mu_);
+  prometheus::Gauge* queue_depth_ = nullptr;
+  prometheus::Gauge* sessions_ = nullptr;
+  prometheus::Counter* heartbeat_failures_ = nullptr;
+  prometheus::Histogram* arrival_wait_ = nullptr;
+  prometheus::Gauge* link_latency_ = nullptr;
+  prometheus::Gauge* link_bandwidth_ = nullptr;
+  prometheus::Gauge* reduce_bandwidth_ = nullptr;
+};
+
+}  // namespace gradsync
+
+#endif  // GRADSYNC_WORKER_DAEMON_METRICS_H_

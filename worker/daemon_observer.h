@@ -1,0 +1,52 @@
+// What gradsyncd reports about itself, as events; worker/daemon_metrics.h
+// turns them into Prometheus metrics. Kept free of Prometheus so the core
+// stays testable (tests may pass a recording observer or none).
+// Thread-safety: implementations are called from many threads at once.
+#ifndef GRADSYNC_WORKER_DAEMON_OBSERVER_H_
+#define GRADSYNC_WORKER_DAEMON_OBSERVER_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "collective/cost_model.h"
+#include "common/types.h"
+
+namespace gradsync {
+
+struct OpRecord {
+  CollectiveKind kind = CollectiveKind::kAllreduce;
+  std::string algorithm;  // "ring", "hier", ... ("" if it never ran)
+  absl::StatusCode code = absl::StatusCode::kOk;
+  uint64_t bytes = 0;  // the op's buffer on this rank
+  int world = 1;
+  absl::Duration queued;        // submission to start
+  absl::Duration run;           // start to completion
+  absl::Duration arrival_wait;  // waiting for the last rank to submit (signature check)
+};
+
+class DaemonObserver {
+ public:
+  virtual ~DaemonObserver() = default;
+  virtual void OnOpQueued() {}
+  virtual void OnOpDone(const OpRecord& op) { (void)op; }
+  virtual void OnSessionOpened() {}
+  virtual void OnSessionClosed() {}
+  // Bytes moved to/from one peer daemon ("host:port") since the last call.
+  virtual void OnPeerBytes(const std::string& peer, uint64_t sent, uint64_t received) {
+    (void)peer; (void)sent; (void)received;
+  }
+  // An epoch failed (cause: "peer_lost", "protocol", "timeout", "peer_abort",
+  // "coordinator", "closed", "other").
+  virtual void OnEpochFailed(const std::string& cause) { (void)cause; }
+  virtual void OnHeartbeatFailed() {}
+  virtual void OnLinkProbe(const LinkParams& link) { (void)link; }
+};
+
+// Classifies an epoch-breaking error for OnEpochFailed.
+std::string EpochFailureCause(const absl::Status& s);
+
+}  // namespace gradsync
+
+#endif  // GRADSYNC_WORKER_DAEMON_OBSERVER_H_

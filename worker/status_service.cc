@@ -1,0 +1,42 @@
+#include "worker/status_service.h"
+
+#include "common/metrics.h"
+
+namespace gradsync {
+
+grpc::Status StatusService::GetStatus(grpc::ServerContext*, const v1::GetDaemonStatusRequest* req,
+                                      v1::DaemonStatusResponse* resp) {
+  resp->set_node_id(daemon_->node_id());
+  resp->set_version(kGradsyncVersion);
+  resp->set_data_port(daemon_->data_port());
+  const absl::Time now = absl::Now();
+  for (const SessionStatus& st : daemon_->Status()) {
+    if (!req->job_id().empty() && st.info.job_id != req->job_id()) continue;
+    v1::SessionState* s = resp->add_sessions();
+    s->set_session_id(st.info.session_id);
+    s->set_job_id(st.info.job_id);
+    s->set_rank(st.info.rank);
+    s->set_world_size(st.info.world_size);
+    s->set_epoch(st.info.epoch);
+    s->set_member_id(st.info.member_id);
+    if (!st.health.ok()) s->set_error(std::string(st.health.message()));
+    s->set_queued_ops(st.queued);
+    s->set_last_completed_seq(st.last_completed_seq);
+    s->set_last_completed(st.last_completed);
+    s->set_last_completed_age_ms(st.last_completed_seq == 0
+                                     ? -1
+                                     : absl::ToInt64Milliseconds(now - st.last_completed_at));
+    s->set_has_current(st.has_current);
+    if (st.has_current) {
+      s->set_current_seq(st.current_seq);
+      s->set_current_op(st.current);
+      s->set_phase(st.phase);
+      s->set_current_age_ms(absl::ToInt64Milliseconds(now - st.current_since));
+      for (int r : st.arrived) s->add_arrived_ranks(r);
+      for (int r : st.missing) s->add_missing_ranks(r);
+    }
+  }
+  return grpc::Status::OK;
+}
+
+}  // namespace gradsync

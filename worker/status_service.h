@@ -1,0 +1,23 @@
+// gradsync.v1.DaemonStatus: what this daemon's sessions are doing, read-only,
+// for `gradsync status`. Served on TCP (gradsyncd --status_listen).
+#ifndef GRADSYNC_WORKER_STATUS_SERVICE_H_
+#define GRADSYNC_WORKER_STATUS_SERVICE_H_
+
+#include "proto/status.grpc.pb.h"
+#include "worker/daemon.h"
+
+namespace gradsync {
+
+class StatusService final : public v1::DaemonStatus::Service {
+ public:
+  explicit StatusService(Daemon* daemon) : daemon_(daemon) {}
+  grpc::Status GetStatus(grpc::ServerContext* ctx, const v1::GetDaemonStatusRequest* req,
+                         v1::DaemonStatusResponse* resp) override;
+
+ private:
+  Daemon* daemon_;
+};
+
+}  // namespace gradsync
+
+#endif  // GRADSYNC_WORKER_STATUS_SERVICE_H_
