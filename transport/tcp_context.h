@@ -36,6 +36,9 @@ struct TcpContextOptions {
   // i % streams (control messages on stream 0), so one flow's window is not
   // the ceiling; each stream keeps its own order.
   int streams = 1;
+  // Microseconds Progress() polls without blocking (yielding the CPU) before
+  // it sleeps in poll(2). 0 = sleep at once.
+  int spin_us = 0;
 };
 
 class TcpContext : public Context {
@@ -108,6 +111,7 @@ class TcpContext : public Context {
   const int rank_;
   const int size_;
   const int streams_;
+  const absl::Duration spin_;
   std::vector<Peer> peers_;  // connection (rank, stream) at rank * streams_ + stream
   UniqueFd wake_fd_;         // eventfd signalled by Abort()
 

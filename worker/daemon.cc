@@ -140,6 +140,7 @@ absl::StatusOr<std::shared_ptr<Session>> Daemon::OpenSession(const OpenSessionAr
   co.socket_buffer_bytes = options_.socket_buffer_bytes;
   // Every rank must use the job's stream count, whoever created the job.
   co.streams = std::max(1, jresp.options().tcp_streams());
+  co.spin_us = options_.spin_us;
   co.deadline = std::max(deadline, absl::Now() + absl::Seconds(5));
   for (const auto& m : jresp.members()) {
     co.peers.push_back(HostPort{m.data_endpoint().host(), m.data_endpoint().port()});
@@ -297,6 +298,7 @@ absl::StatusOr<std::shared_ptr<JobGroup>> Daemon::GetOrCreateGroup(
     co.deadline = deadline;
     co.socket_buffer_bytes = options_.socket_buffer_bytes;
     co.streams = streams;
+    co.spin_us = options_.spin_us;
     auto ctx = transport::TcpContext::Connect(co, listener_.get());
     if (!ctx.ok()) {
       entry->status = ctx.status();

@@ -36,6 +36,7 @@ struct DaemonOptions {
   RingOptions ring;
   int socket_buffer_bytes = 4 << 20;
   int tcp_streams = 2;  // default TCP connections per rank pair for jobs this daemon creates
+  int spin_us = 50;     // data-plane progress spins this long before sleeping
   DaemonObserver* observer = nullptr;  // metrics; not owned, outlives the daemon
 };
 

@@ -39,6 +39,9 @@ ABSL_FLAG(int64_t, session_lease_ms, 120000,
 ABSL_FLAG(int64_t, segment_bytes, 1 << 20, "largest pipelined ring message");
 ABSL_FLAG(int32_t, max_inflight, 4, "ring segments in flight per direction");
 ABSL_FLAG(int32_t, socket_buffer_bytes, 4 << 20, "SO_SNDBUF/SO_RCVBUF of data sockets");
+ABSL_FLAG(int32_t, spin_us, 50,
+          "microseconds the data plane polls without sleeping before it blocks (0 = never spin); "
+          "lower latency for small ops at the cost of CPU");
 ABSL_FLAG(int32_t, tcp_streams, 2,
           "TCP connections per pair of ranks for jobs this daemon creates (a job's value wins)");
 ABSL_FLAG(std::string, port_file, "",
@@ -136,6 +139,7 @@ int main(int argc, char** argv) {
   opts.ring.max_inflight = absl::GetFlag(FLAGS_max_inflight);
   opts.socket_buffer_bytes = absl::GetFlag(FLAGS_socket_buffer_bytes);
   opts.tcp_streams = absl::GetFlag(FLAGS_tcp_streams);
+  opts.spin_us = std::max(0, absl::GetFlag(FLAGS_spin_us));
   if (opts.heartbeat_interval <= absl::ZeroDuration() || opts.ring.segment_bytes < 4096 ||
       opts.ring.max_inflight < 1 || opts.tcp_streams < 1 || opts.tcp_streams > 16) {
     GS_LOG(ERROR) << "invalid flags: --heartbeat_interval_ms must be > 0, --segment_bytes >= "
