@@ -150,6 +150,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
         "--data_listen=127.0.0.1:0",
         "--metrics_listen=127.0.0.1:0",
         "--status_listen=127.0.0.1:0",
+        "--drain_timeout_ms=1000",
         absl::StrCat("--node_id=local", i),
         "--port_file=" + port_file,
     };

@@ -50,6 +50,8 @@ class LocalCluster {
   void SignalDaemon(int i, int sig);
   // True if daemon i has not exited (reaps it if it has).
   bool DaemonAlive(int i);
+  // The wait status of daemon i once DaemonAlive(i) returned false (see wait(2)).
+  int DaemonWaitStatus(int i) const { return daemons_[i].status; }
   // SIGTERM to every child, SIGKILL to any still alive after `grace`.
   // Returns an error naming children that did not exit 0 on SIGTERM.
   absl::Status StopAll(absl::Duration grace = absl::Seconds(5));

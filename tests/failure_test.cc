@@ -261,3 +261,45 @@ TEST(Failure, GarbageAndTruncatedHandshakesOnTheDataPortAreRefused) {
 
 }  // namespace
 }  // namespace gradsync
+
+namespace gradsync {
+namespace {
+
+TEST(Failure, SigtermDrainsTheRunningOpThenRefusesNewOnesAndExitsZero) {
+  auto cluster = StartCluster(2);
+  ASSERT_NE(cluster, nullptr);
+  auto ranks = OpenJob(*cluster, "drain", {0, 1});
+  ASSERT_TRUE(ranks.ok()) << ranks.status();
+  std::vector<std::unique_ptr<client::Buffer>> bufs(2);
+  for (int r = 0; r < 2; ++r) {
+    auto b = (*ranks)[r].session->AllocateBuffer(1024 * sizeof(float));
+    ASSERT_TRUE(b.ok());
+    for (int i = 0; i < 1024; ++i) (*b)->as<float>()[i] = 1.0f + r;
+    bufs[r] = std::move(*b);
+  }
+  // Rank 0 submits; its daemon gets SIGTERM before rank 1 submits.
+  auto h0 = (*ranks)[0].session->AllreduceAsync(*bufs[0], 0, 1024, DType::kF32, ReduceOp::kSum, "d");
+  ASSERT_TRUE(h0.ok());
+  absl::SleepFor(absl::Milliseconds(100));
+  cluster->SignalDaemon(0, SIGTERM);
+  absl::SleepFor(absl::Milliseconds(200));
+  EXPECT_TRUE(cluster->DaemonAlive(0)) << "daemon 0 must wait for the running op";
+  // A new op on the draining daemon is refused, naming the drain.
+  auto late = (*ranks)[0].session->Allreduce(*bufs[0], 0, 1024, DType::kF32, ReduceOp::kSum, "late");
+  EXPECT_TRUE(absl::IsUnavailable(late.status())) << late.status();
+  EXPECT_NE(late.status().message().find("draining"), std::string::npos) << late.status();
+  auto r1 = (*ranks)[1].session->Allreduce(*bufs[1], 0, 1024, DType::kF32, ReduceOp::kSum, "d");
+  EXPECT_TRUE(r1.ok()) << r1.status();
+  auto r0 = (*ranks)[0].session->Wait(*h0, absl::Seconds(10));
+  EXPECT_TRUE(r0.ok()) << r0.status();
+  EXPECT_EQ(bufs[0]->as<float>()[1023], 3.0f);
+  EXPECT_EQ(bufs[1]->as<float>()[1023], 3.0f);
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  while (cluster->DaemonAlive(0) && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(10));
+  EXPECT_FALSE(cluster->DaemonAlive(0)) << "daemon 0 did not exit after draining";
+  EXPECT_TRUE(WIFEXITED(cluster->DaemonWaitStatus(0)) && WEXITSTATUS(cluster->DaemonWaitStatus(0)) == 0)
+      << "wait status " << cluster->DaemonWaitStatus(0);
+}
+
+}  // namespace
+}  // namespace gradsync

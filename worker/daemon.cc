@@ -65,6 +65,7 @@ absl::StatusOr<std::shared_ptr<Session>> Daemon::OpenSession(const OpenSessionAr
   {
     absl::MutexLock l(&mu_);
     if (shut_down_) return absl::UnavailableError("daemon is shutting down");
+    if (draining_) return absl::UnavailableError("gradsyncd is draining for shutdown (SIGTERM)");
   }
   if (args.world_size < 1 || args.world_size > transport::kMaxWorldSize) {
     return absl::InvalidArgumentError(absl::StrCat("world_size ", args.world_size,
@@ -379,6 +380,27 @@ void Daemon::HeartbeatLoop() {
       }
     }
   }
+}
+
+int Daemon::Drain(absl::Duration timeout) {
+  const std::string why =
+      "gradsyncd is draining for shutdown (SIGTERM): no new ops; running ops finish";
+  std::vector<std::shared_ptr<Session>> sessions;
+  {
+    absl::MutexLock l(&mu_);
+    draining_ = true;
+    for (const auto& [id, s] : sessions_) sessions.push_back(s);
+  }
+  for (auto& s : sessions) s->StopAccepting(why);
+  const absl::Time deadline = absl::Now() + timeout;
+  int pending = 0;
+  while (true) {
+    pending = 0;
+    for (auto& s : sessions) pending += s->has_pending_ops() ? 1 : 0;
+    if (pending == 0 || absl::Now() >= deadline) break;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return pending;
 }
 
 void Daemon::Shutdown(const absl::Status& reason) {

@@ -64,6 +64,10 @@ class Daemon {
   absl::StatusOr<std::shared_ptr<Session>> FindSession(const std::string& id);
   // Closes the session and leaves the job. Idempotent for a known id.
   absl::Status CloseSession(const std::string& id);
+  // Graceful stop, first half: refuses new sessions and ops (Unavailable
+  // naming the drain) and waits up to `timeout` for every queued and running
+  // op to finish. Returns how many ops were still pending at the deadline.
+  int Drain(absl::Duration timeout);
   // Fails every session's epoch with `reason`, closes them, stops threads.
   void Shutdown(const absl::Status& reason = absl::UnavailableError("daemon shutting down"));
 
@@ -96,6 +100,7 @@ class Daemon {
   mutable absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+  bool draining_ ABSL_GUARDED_BY(mu_) = false;
   struct GroupEntry {
     absl::Notification ready;
     absl::Status status;

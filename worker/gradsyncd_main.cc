@@ -39,6 +39,9 @@ ABSL_FLAG(int64_t, session_lease_ms, 120000,
 ABSL_FLAG(int64_t, segment_bytes, 1 << 20, "largest pipelined ring message");
 ABSL_FLAG(int32_t, max_inflight, 4, "ring segments in flight per direction");
 ABSL_FLAG(int32_t, socket_buffer_bytes, 4 << 20, "SO_SNDBUF/SO_RCVBUF of data sockets");
+ABSL_FLAG(int64_t, drain_timeout_ms, 10000,
+          "on SIGTERM: how long running and queued ops may take to finish before the daemon "
+          "fails them and exits");
 ABSL_FLAG(int32_t, spin_us, 50,
           "microseconds the data plane polls without sleeping before it blocks (0 = never spin); "
           "lower latency for small ops at the cost of CPU");
@@ -224,6 +227,14 @@ int main(int argc, char** argv) {
   server->GetHealthCheckService()->SetServingStatus(false);
   if (absl::Status s = gradsync::NotifyStopping("draining"); !s.ok()) GS_LOG(WARNING) << s.message();
   if (watchdog.ok() && *watchdog != nullptr) (*watchdog)->Stop();
+  const absl::Duration drain = absl::Milliseconds(std::max<int64_t>(0, absl::GetFlag(FLAGS_drain_timeout_ms)));
+  const int left = (*daemon)->Drain(drain);
+  if (left > 0) {
+    GS_LOG(WARNING) << left << " session(s) still had ops after draining for "
+                    << absl::FormatDuration(drain) << "; failing them";
+  } else {
+    GS_LOG(INFO) << "drained: no op was running";
+  }
   (*daemon)->Shutdown(absl::UnavailableError("daemon shutting down"));
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   server->Wait();

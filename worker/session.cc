@@ -178,6 +178,7 @@ absl::StatusOr<uint64_t> Session::Submit(const SubmitArgs& a) {
   absl::MutexLock l(&mu_);
   last_used_ = absl::Now();
   if (closing_) return absl::FailedPreconditionError("session is closed");
+  if (!not_accepting_.empty()) return absl::UnavailableError(not_accepting_);
   if (!epoch_error_.ok()) {
     return absl::FailedPreconditionError(
         absl::StrCat("job '", info_.job_id, "' epoch ", info_.epoch,
@@ -245,6 +246,11 @@ absl::StatusOr<OpOutcome> Session::Wait(uint64_t op_id, absl::Duration timeout) 
   OpOutcome out = op->outcome;
   if (out.done) ops_.erase(op_id);
   return out;
+}
+
+void Session::StopAccepting(const std::string& reason) {
+  absl::MutexLock l(&mu_);
+  not_accepting_ = reason;
 }
 
 void Session::SetCompletionListener(CompletionListener listener) {

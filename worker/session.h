@@ -123,6 +123,10 @@ class Session {
   using CompletionListener = std::function<bool(uint64_t op_id, const OpOutcome& outcome)>;
   void SetCompletionListener(CompletionListener listener);
 
+  // Refuses new submissions with `reason` (Unavailable); queued and running
+  // ops go on (graceful drain).
+  void StopAccepting(const std::string& reason);
+
   // Fails the epoch from outside (coordinator said so, daemon stopping).
   void AbortEpoch(const absl::Status& reason);
   // Stops the executor (aborting a running op), frees the buffers. Idempotent.
@@ -168,6 +172,7 @@ class Session {
   std::map<uint64_t, std::shared_ptr<Op>> ops_ ABSL_GUARDED_BY(mu_);  // queued, running, unreported
   absl::Status epoch_error_ ABSL_GUARDED_BY(mu_);
   bool closing_ ABSL_GUARDED_BY(mu_) = false;
+  std::string not_accepting_ ABSL_GUARDED_BY(mu_);  // non-empty: draining
   absl::Time last_used_ ABSL_GUARDED_BY(mu_);
   CompletionListener listener_ ABSL_GUARDED_BY(mu_);
   DaemonObserver* const observer_;

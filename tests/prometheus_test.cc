@@ -1,0 +1,805 @@
+// The real Prometheus server (Debian's `prometheus`, run directly) scrapes a
+// running local cluster that is doing allreduces. Its HTTP API must show the
+// traffic in the byte counters and the latency histograms, see every target
+// up, and answer every PromQL query of deploy/grafana/gradsync-dashboard.json.
+//
+// Skipped when /usr/bin/prometheus is missing (scripts/install-deps.sh
+// installs it). Prometheus only has data about 5.5 s after it starts (its
+// discovery manager throttles updates to one per 5 s), so this takes ~10 s.
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "cli/local_cluster.h"
+#include "common/net.h"
+#include "gtest/gtest.h"
+#include "tests/cluster_util.h"
+
+namespace gradsync {
+namespace {
+
+constexpr char kPrometheus[] = "/usr/bin/prometheus";
+constexpr char kDashboard[] = "deploy/grafana/gradsync-dashboard.json";
+
+// ---------------------------------------------------------------------------
+// A minimal JSON reader (RFC 8259), enough for Prometheus API replies and the
+// Grafana dashboard. Numbers are doubles; objects keep their keys in order.
+
+struct Json {
+  enum class Type { kNull, kBool, kNumber, kString, kArray, kObject };
+  Type type = Type::kNull;
+  bool boolean = false;
+  double number = 0;
+  std::string str;
+  std::vector<Json> items;                            // kArray
+  std::vector<std::pair<std::string, Json>> members;  // kObject
+
+  // The member `key` of an object, or nullptr.
+  const Json* Get(absl::string_view key) const {
+    if (type != Type::kObject) return nullptr;
+    for (const auto& [k, v] : members) {
+      if (k == key) return &v;
+    }
+    return nullptr;
+  }
+  // get("a")->... without null checks: a missing key yields a null Json.
+  const Json& operator[](absl::string_view key) const {
+    static const Json* const kNull = new Json();
+    const Json* v = Get(key);
+    return v != nullptr ? *v : *kNull;
+  }
+  const Json& operator[](size_t i) const {
+    static const Json* const kNull = new Json();
+    return type == Type::kArray && i < items.size() ? items[i] : *kNull;
+  }
+};
+
+class JsonParser {
+ public:
+  static absl::StatusOr<Json> Parse(absl::string_view text) {
+    JsonParser p(text);
+    Json v;
+    if (!p.Value(v, 0)) return p.Error();
+    p.Space();
+    if (p.pos_ != text.size()) {
+      p.error_ = "trailing characters";
+      return p.Error();
+    }
+    return v;
+  }
+
+ private:
+  explicit JsonParser(absl::string_view text) : s_(text) {}
+
+  absl::Status Error() const {
+    return absl::InvalidArgumentError(absl::StrCat("JSON: ", error_, " at offset ", pos_, " in '",
+                                                   s_.substr(0, 300), "'"));
+  }
+  bool Fail(const char* what) {
+    if (error_.empty()) error_ = what;
+    return false;
+  }
+  void Space() {
+    while (pos_ < s_.size() &&
+           (s_[pos_] == ' ' || s_[pos_] == '\t' || s_[pos_] == '\n' || s_[pos_] == '\r')) {
+      ++pos_;
+    }
+  }
+  bool Literal(absl::string_view word) {
+    if (s_.substr(pos_, word.size()) != word) return Fail("bad literal");
+    pos_ += word.size();
+    return true;
+  }
+  bool Value(Json& v, int depth) {
+    if (depth > 64) return Fail("nested too deeply");
+    Space();
+    if (pos_ >= s_.size()) return Fail("unexpected end");
+    const char c = s_[pos_];
+    if (c == '{') return Object(v, depth);
+    if (c == '[') return Array(v, depth);
+    if (c == '"') {
+      v.type = Json::Type::kString;
+      return String(v.str);
+    }
+    if (c == 't' || c == 'f') {
+      v.type = Json::Type::kBool;
+      v.boolean = c == 't';
+      return Literal(c == 't' ? "true" : "false");
+    }
+    if (c == 'n') {
+      v.type = Json::Type::kNull;
+      return Literal("null");
+    }
+    return Number(v);
+  }
+  bool Object(Json& v, int depth) {
+    v.type = Json::Type::kObject;
+    ++pos_;  // '{'
+    Space();
+    if (pos_ < s_.size() && s_[pos_] == '}') {
+      ++pos_;
+      return true;
+    }
+    while (true) {
+      Space();
+      if (pos_ >= s_.size() || s_[pos_] != '"') return Fail("expected a key");
+      std::string key;
+      if (!String(key)) return false;
+      Space();
+      if (pos_ >= s_.size() || s_[pos_] != ':') return Fail("expected ':'");
+      ++pos_;
+      Json member;
+      if (!Value(member, depth + 1)) return false;
+      v.members.emplace_back(std::move(key), std::move(member));
+      Space();
+      if (pos_ < s_.size() && s_[pos_] == ',') {
+        ++pos_;
+        continue;
+      }
+      if (pos_ < s_.size() && s_[pos_] == '}') {
+        ++pos_;
+        return true;
+      }
+      return Fail("expected ',' or '}'");
+    }
+  }
+  bool Array(Json& v, int depth) {
+    v.type = Json::Type::kArray;
+    ++pos_;  // '['
+    Space();
+    if (pos_ < s_.size() && s_[pos_] == ']') {
+      ++pos_;
+      return true;
+    }
+    while (true) {
+      Json item;
+      if (!Value(item, depth + 1)) return false;
+      v.items.push_back(std::move(item));
+      Space();
+      if (pos_ < s_.size() && s_[pos_] == ',') {
+        ++pos_;
+        continue;
+      }
+      if (pos_ < s_.size() && s_[pos_] == ']') {
+        ++pos_;
+        return true;
+      }
+      return Fail("expected ',' or ']'");
+    }
+  }
+  static void AppendUtf8(std::string& out, uint32_t cp) {
+    if (cp < 0x80) {
+      out += static_cast<char>(cp);
+    } else if (cp < 0x800) {
+      out += static_cast<char>(0xC0 | (cp >> 6));
+      out += static_cast<char>(0x80 | (cp & 0x3F));
+    } else if (cp < 0x10000) {
+      out += static_cast<char>(0xE0 | (cp >> 12));
+      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+      out += static_cast<char>(0x80 | (cp & 0x3F));
+    } else {
+      out += static_cast<char>(0xF0 | (cp >> 18));
+      out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
+      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+      out += static_cast<char>(0x80 | (cp & 0x3F));
+    }
+  }
+  bool Hex4(uint32_t& out) {
+    if (pos_ + 4 > s_.size()) return Fail("short \\u escape");
+    out = 0;
+    for (int i = 0; i < 4; ++i) {
+      const char h = s_[pos_++];
+      out <<= 4;
+      if (h >= '0' && h <= '9') {
+        out |= h - '0';
+      } else if (h >= 'a' && h <= 'f') {
+        out |= h - 'a' + 10;
+      } else if (h >= 'A' && h <= 'F') {
+        out |= h - 'A' + 10;
+      } else {
+        return Fail("bad \\u escape");
+      }
+    }
+    return true;
+  }
+  bool String(std::string& out) {
+    ++pos_;  // '"'
+    while (pos_ < s_.size()) {
+      const char c = s_[pos_++];
+      if (c == '"') return true;
+      if (static_cast<unsigned char>(c) < 0x20) return Fail("control character in string");
+      if (c != '\\') {
+        out += c;
+        continue;
+      }
+      if (pos_ >= s_.size()) break;
+      const char e = s_[pos_++];
+      switch (e) {
+        case '"': out += '"'; break;
+        case '\\': out += '\\'; break;
+        case '/': out += '/'; break;
+        case 'b': out += '\b'; break;
+        case 'f': out += '\f'; break;
+        case 'n': out += '\n'; break;
+        case 'r': out += '\r'; break;
+        case 't': out += '\t'; break;
+        case 'u': {
+          uint32_t cp;
+          if (!Hex4(cp)) return false;
+          if (cp >= 0xD800 && cp < 0xDC00 && s_.substr(pos_, 2) == "\\u") {
+            pos_ += 2;
+            uint32_t low;
+            if (!Hex4(low)) return false;
+            if (low < 0xDC00 || low >= 0xE000) return Fail("bad surrogate pair");
+            cp = 0x10000 + ((cp - 0xD800) << 10) + (low - 0xDC00);
+          }
+          AppendUtf8(out, cp);
+          break;
+        }
+        default:
+          return Fail("bad escape");
+      }
+    }
+    return Fail("unterminated string");
+  }
+  bool Number(Json& v) {
+    const size_t start = pos_;
+    auto digits = [&] {
+      const size_t d = pos_;
+      while (pos_ < s_.size() && s_[pos_] >= '0' && s_[pos_] <= '9') ++pos_;
+      return pos_ > d;
+    };
+    if (pos_ < s_.size() && s_[pos_] == '-') ++pos_;
+    if (!digits()) return Fail("bad number");
+    if (pos_ < s_.size() && s_[pos_] == '.') {
+      ++pos_;
+      if (!digits()) return Fail("bad fraction");
+    }
+    if (pos_ < s_.size() && (s_[pos_] == 'e' || s_[pos_] == 'E')) {
+      ++pos_;
+      if (pos_ < s_.size() && (s_[pos_] == '+' || s_[pos_] == '-')) ++pos_;
+      if (!digits()) return Fail("bad exponent");
+    }
+    v.type = Json::Type::kNumber;
+    v.number = std::strtod(std::string(s_.substr(start, pos_ - start)).c_str(), nullptr);
+    return true;
+  }
+
+  absl::string_view s_;
+  size_t pos_ = 0;
+  std::string error_;
+};
+
+TEST(JsonParser, ParsesPrometheusRepliesAndRejectsGarbage) {
+  auto v = JsonParser::Parse(
+      R"({"status":"success","data":{"resultType":"vector","result":[{"metric":)"
+      R"({"instance":"127.0.0.1:1","q":"a\"b\\c\u00e9\ud83d\ude00"},"value":[1.5e3,"NaN"]}]}})");
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ((*v)["status"].str, "success");
+  const Json& r = (*v)["data"]["result"][0];
+  EXPECT_EQ(r["metric"]["instance"].str, "127.0.0.1:1");
+  EXPECT_EQ(r["metric"]["q"].str, "a\"b\\c\xC3\xA9\xF0\x9F\x98\x80");
+  EXPECT_EQ(r["value"][0].number, 1500);
+  EXPECT_EQ(r["value"][1].str, "NaN");
+  EXPECT_EQ((*v)["data"]["missing"].type, Json::Type::kNull);
+  for (const char* bad : {"", "{", "[1,]", "{\"a\" 1}", "\"x", "01x", "-", "1.", "tru", "[1] 2",
+                          "{\"a\":1,}", "\"\\q\""}) {
+    EXPECT_FALSE(JsonParser::Parse(bad).ok()) << bad;
+  }
+  EXPECT_TRUE(JsonParser::Parse(" [ -0.5e-2 , true , false , null , {} , [] ] ").ok());
+}
+
+// ---------------------------------------------------------------------------
+// HTTP and the Prometheus server.
+
+std::string UrlEncode(absl::string_view s) {
+  static constexpr char kHex[] = "0123456789ABCDEF";
+  std::string out;
+  for (unsigned char c : s) {
+    if ((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' ||
+        c == '_' || c == '.' || c == '~') {
+      out += static_cast<char>(c);
+    } else {
+      out += '%';
+      out += kHex[c >> 4];
+      out += kHex[c & 15];
+    }
+  }
+  return out;
+}
+
+struct HttpReply {
+  int code = 0;
+  std::string body;
+};
+
+// GET http://127.0.0.1:port<path>, HTTP/1.0. Unlike HttpGet
+// (common/metrics_testing.h) this returns the body of any status, because
+// Prometheus explains a bad query in the JSON body of a 400.
+absl::StatusOr<HttpReply> Get(int port, const std::string& path,
+                              absl::Duration timeout = absl::Seconds(10)) {
+  const absl::Time deadline = absl::Now() + timeout;
+  auto fd = TcpConnect(HostPort{"127.0.0.1", port}, deadline);
+  if (!fd.ok()) return fd.status();
+  const std::string request = absl::StrCat("GET ", path, " HTTP/1.0\r\nHost: 127.0.0.1:", port,
+                                           "\r\nConnection: close\r\n\r\n");
+  if (absl::Status s = WriteFull(fd->get(), request.data(), request.size(), deadline); !s.ok()) {
+    return s;
+  }
+  std::string reply;
+  char buf[16384];
+  while (true) {
+    struct pollfd pfd = {fd->get(), POLLIN, 0};
+    const int ready = ::poll(&pfd, 1, PollTimeoutMs(deadline));
+    if (ready == 0) return absl::DeadlineExceededError(absl::StrCat("GET ", path, ": timed out"));
+    if (ready < 0 && errno == EINTR) continue;
+    const ssize_t r = ready < 0 ? -1 : ::recv(fd->get(), buf, sizeof(buf), MSG_DONTWAIT);
+    if (r == 0) break;
+    if (r < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) continue;
+      return absl::UnavailableError(absl::StrCat("GET ", path, ": ", ErrnoString(errno)));
+    }
+    reply.append(buf, static_cast<size_t>(r));
+  }
+  const size_t eoh = reply.find("\r\n\r\n");
+  int code = 0;
+  // "HTTP/1.x NNN reason"
+  if (eoh == std::string::npos || reply.size() < 12 || !absl::StartsWith(reply, "HTTP/") ||
+      !absl::SimpleAtoi(absl::string_view(reply).substr(9, 3), &code)) {
+    return absl::InternalError(absl::StrCat("GET ", path, ": malformed reply '", reply, "'"));
+  }
+  return HttpReply{code, reply.substr(eoh + 4)};
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// A `prometheus` child process on 127.0.0.1. Killed (SIGTERM, then SIGKILL)
+// when this object goes away, and by the kernel if the test process dies
+// (PR_SET_PDEATHSIG).
+class PrometheusServer {
+ public:
+  static absl::StatusOr<std::unique_ptr<PrometheusServer>> Start(const std::string& dir,
+                                                                 const std::string& config) {
+    absl::Status last = absl::UnknownError("not started");
+    // The port is picked by binding port 0 and closing the socket, so another
+    // process may take it before Prometheus binds it: retry with a new one.
+    for (int attempt = 0; attempt < 3; ++attempt) {
+      auto listener = TcpListen(HostPort{"127.0.0.1", 0});
+      if (!listener.ok()) return listener.status();
+      auto port = LocalPort(listener->get());
+      if (!port.ok()) return port.status();
+      listener->Reset();
+      std::unique_ptr<PrometheusServer> p(new PrometheusServer());
+      p->port_ = *port;
+      p->log_ = absl::StrCat(dir, "/prometheus.log");
+      const std::vector<std::string> args = {
+          kPrometheus,
+          "--config.file=" + config,
+          "--storage.tsdb.path=" + dir + "/data",
+          absl::StrCat("--web.listen-address=127.0.0.1:", *port),
+          "--log.level=info",
+      };
+      last = p->Spawn(args);
+      if (!last.ok()) return last;
+      last = p->WaitReady(absl::Now() + absl::Seconds(20));
+      if (last.ok()) return p;
+    }
+    return last;
+  }
+
+  ~PrometheusServer() { Stop(); }
+
+  int port() const { return port_; }
+  std::string Log() const { return ReadFile(log_); }
+
+  // GET path; the reply parsed as JSON (any HTTP status).
+  absl::StatusOr<Json> GetJson(const std::string& path) const {
+    auto reply = Get(port_, path);
+    if (!reply.ok()) return reply.status();
+    auto json = JsonParser::Parse(reply->body);
+    if (!json.ok()) {
+      return absl::InternalError(absl::StrCat("GET ", path, ": HTTP ", reply->code, ", ",
+                                              json.status().message()));
+    }
+    return json;
+  }
+
+  // An instant query. The reply's "data", or an error with Prometheus's
+  // errorType and error when its status is not "success".
+  absl::StatusOr<Json> Query(const std::string& promql) const {
+    auto json = GetJson("/api/v1/query?query=" + UrlEncode(promql));
+    if (!json.ok()) return json.status();
+    if ((*json)["status"].str != "success") {
+      return absl::InvalidArgumentError(absl::StrCat("query '", promql, "': status '",
+                                                     (*json)["status"].str, "', ",
+                                                     (*json)["errorType"].str, ": ",
+                                                     (*json)["error"].str));
+    }
+    return (*json)["data"];
+  }
+
+  void Stop() {
+    if (pid_ <= 0) return;
+    ::kill(pid_, SIGTERM);
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    int status = 0;
+    while (::waitpid(pid_, &status, WNOHANG) == 0) {
+      if (absl::Now() >= deadline) {
+        ::kill(pid_, SIGKILL);
+        ::waitpid(pid_, &status, 0);
+        break;
+      }
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    pid_ = -1;
+  }
+
+ private:
+  PrometheusServer() = default;
+
+  absl::Status Spawn(const std::vector<std::string>& args) {
+    std::vector<std::string> copy = args;
+    std::vector<char*> argv;
+    for (auto& a : copy) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    const pid_t parent = ::getpid();
+    const pid_t pid = ::fork();
+    if (pid < 0) return absl::InternalError("fork: " + ErrnoString(errno));
+    if (pid == 0) {
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != parent) _exit(1);
+      int fd = ::open(log_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+      if (fd >= 0) {
+        ::dup2(fd, 1);
+        ::dup2(fd, 2);
+      }
+      ::execv(argv[0], argv.data());
+      _exit(127);
+    }
+    pid_ = pid;
+    return absl::OkStatus();
+  }
+
+  // Until /-/ready answers 200. Fails early if the process exits (e.g. the
+  // port was taken).
+  absl::Status WaitReady(absl::Time deadline) {
+    while (absl::Now() < deadline) {
+      int status = 0;
+      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = -1;
+        return absl::UnavailableError(absl::StrCat("prometheus exited (status ", status,
+                                                   ") before it was ready; log:\n", Log()));
+      }
+      auto r = Get(port_, "/-/ready", absl::Seconds(2));
+      if (r.ok() && r->code == 200) return absl::OkStatus();
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    Stop();
+    return absl::DeadlineExceededError(
+        absl::StrCat("prometheus not ready on port ", port_, "; log:\n", Log()));
+  }
+
+  pid_t pid_ = -1;
+  int port_ = 0;
+  std::string log_;
+};
+
+// The samples of an instant-vector result: labels -> value ("NaN" etc. are
+// parsed by SimpleAtod as nan/inf).
+struct Sample {
+  std::map<std::string, std::string> labels;
+  double value = 0;
+};
+
+absl::StatusOr<std::vector<Sample>> Vector(const Json& data) {
+  if (data["resultType"].str != "vector") {
+    return absl::InternalError(absl::StrCat("resultType '", data["resultType"].str, "'"));
+  }
+  std::vector<Sample> out;
+  for (const Json& r : data["result"].items) {
+    Sample s;
+    for (const auto& [k, v] : r["metric"].members) s.labels[k] = v.str;
+    const Json& value = r["value"];
+    // "value": [<unix time>, "<sample value>"]
+    if (value.items.size() != 2 || value[1].type != Json::Type::kString ||
+        !absl::SimpleAtod(value[1].str, &s.value)) {
+      return absl::InternalError("malformed sample value");
+    }
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+std::string Describe(const std::vector<Sample>& v) {
+  std::vector<std::string> parts;
+  for (const auto& s : v) {
+    std::vector<std::string> l;
+    for (const auto& [k, val] : s.labels) l.push_back(absl::StrCat(k, "=\"", val, "\""));
+    parts.push_back(absl::StrCat("{", absl::StrJoin(l, ","), "} ", s.value));
+  }
+  return parts.empty() ? "(empty)" : absl::StrJoin(parts, "; ");
+}
+
+// Every PromQL expression of the Grafana dashboard, with its panel title.
+absl::StatusOr<std::vector<std::pair<std::string, std::string>>> DashboardQueries(
+    const std::string& path) {
+  const std::string text = ReadFile(path);
+  if (text.empty()) return absl::NotFoundError(absl::StrCat("cannot read ", path));
+  auto d = JsonParser::Parse(text);
+  if (!d.ok()) return d.status();
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const Json& panel : (*d)["panels"].items) {
+    for (const Json& target : panel["targets"].items) {
+      if (target["expr"].type == Json::Type::kString) {
+        out.emplace_back(panel["title"].str, target["expr"].str);
+      }
+    }
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------
+
+TEST(Prometheus, ScrapesTheClusterAndAnswersTheDashboardQueries) {
+  if (::access(kPrometheus, X_OK) != 0) {
+    GTEST_SKIP() << kPrometheus
+                 << " not found: apt-get install prometheus (scripts/install-deps.sh does)";
+  }
+  const absl::Time t0 = absl::Now();
+  constexpr int kDaemons = 3;
+  LocalClusterOptions o;
+  o.daemons = kDaemons;
+  auto cluster = LocalCluster::Start(o);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  LocalCluster& c = **cluster;
+
+  // Scrape config: the coordinator and every daemon, 1 s interval.
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  std::string dir = absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/prometheus-XXXXXX");
+  ASSERT_NE(::mkdtemp(dir.data()), nullptr) << ErrnoString(errno);
+  const std::string coordinator_target = absl::StrCat("127.0.0.1:", c.coordinator_metrics_port());
+  ASSERT_GT(c.coordinator_metrics_port(), 0);
+  std::vector<std::string> daemon_targets;
+  for (int i = 0; i < kDaemons; ++i) {
+    ASSERT_GT(c.daemon_metrics_port(i), 0) << i;
+    daemon_targets.push_back(absl::StrCat("127.0.0.1:", c.daemon_metrics_port(i)));
+  }
+  const std::string config = dir + "/prometheus.yml";
+  {
+    std::ofstream f(config);
+    f << "global:\n"
+         "  scrape_interval: 1s\n"
+         "  evaluation_interval: 1s\n"
+         "scrape_configs:\n"
+         "  - job_name: gradsync-coordinator\n"
+         "    static_configs:\n"
+         "      - targets: [\""
+      << coordinator_target
+      << "\"]\n"
+         "  - job_name: gradsyncd\n"
+         "    static_configs:\n"
+         "      - targets: [\""
+      << absl::StrJoin(daemon_targets, "\", \"") << "\"]\n";
+    ASSERT_TRUE(f.good());
+  }
+  auto prom = PrometheusServer::Start(dir, config);
+  ASSERT_TRUE(prom.ok()) << prom.status();
+  PrometheusServer& p = **prom;
+  std::printf("prometheus ready on 127.0.0.1:%d after %.1f s\n", p.port(),
+              absl::ToDoubleSeconds(absl::Now() - t0));
+
+  // Traffic: rounds of 1 MiB f32 allreduces (ring, then the cost model's
+  // choice) on every rank, until told to stop. A short pause between rounds
+  // keeps the CPU for Prometheus and other tests.
+  auto job = testing::OpenJob(c, "prometheus", testing::FirstN(kDaemons));
+  ASSERT_TRUE(job.ok()) << job.status();
+  constexpr size_t kCount = 1 << 18;
+  std::vector<std::unique_ptr<client::Buffer>> bufs(kDaemons);
+  for (int r = 0; r < kDaemons; ++r) {
+    auto b = (*job)[r].session->AllocateBuffer(kCount * sizeof(float));
+    ASSERT_TRUE(b.ok()) << b.status();
+    bufs[r] = std::move(*b);
+    for (size_t i = 0; i < kCount; ++i) bufs[r]->as<float>()[i] = 1.0f;
+  }
+  std::atomic<bool> stop{false};
+  std::atomic<int> rounds{0};
+  absl::Mutex mu;
+  std::string traffic_error;
+  std::thread traffic([&] {
+    while (!stop.load()) {
+      testing::OnEveryRank(kDaemons, [&](int r) {
+        for (const char* algorithm : {"ring", ""}) {
+          client::CollectiveSpec spec;
+          spec.buffer = bufs[r].get();
+          spec.count = kCount;
+          spec.op = ReduceOp::kAvg;  // keeps the values at 1
+          spec.algorithm = algorithm;
+          spec.name = "grads";
+          auto result = (*job)[r].session->Run(spec);
+          if (!result.ok()) {
+            absl::MutexLock l(&mu);
+            if (traffic_error.empty()) {
+              traffic_error = absl::StrCat("rank ", r, ": ", result.status().ToString());
+            }
+          }
+        }
+      });
+      rounds.fetch_add(1);
+      {
+        absl::MutexLock l(&mu);
+        if (!traffic_error.empty()) return;
+      }
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+  });
+  struct Joiner {
+    std::atomic<bool>& stop;
+    std::thread& t;
+    ~Joiner() {
+      stop = true;
+      if (t.joinable()) t.join();
+    }
+  } joiner{stop, traffic};
+
+  // Poll Prometheus until everything shows up.
+  std::set<std::string> all_targets(daemon_targets.begin(), daemon_targets.end());
+  all_targets.insert(coordinator_target);
+  struct Check {
+    std::string query;
+    std::string last = "(not queried)";
+    bool ok = false;
+  };
+  // Each daemon's traffic, summed over its peers / sizes.
+  auto per_daemon_positive = [&](const std::vector<Sample>& v) {
+    std::set<std::string> seen;
+    for (const auto& s : v) {
+      if (s.value > 0) seen.insert(s.labels.count("instance") ? s.labels.at("instance") : "");
+    }
+    return seen == std::set<std::string>(daemon_targets.begin(), daemon_targets.end());
+  };
+  std::vector<std::pair<Check, std::function<bool(const std::vector<Sample>&)>>> checks = {
+      {{"sum by (instance) (gradsync_daemon_peer_sent_bytes_total)"}, per_daemon_positive},
+      {{"sum by (instance) (gradsync_daemon_peer_received_bytes_total)"}, per_daemon_positive},
+      {{"sum by (instance) (gradsync_daemon_op_seconds_count)"}, per_daemon_positive},
+      {{"sum(gradsync_daemon_op_seconds_count)"},
+       [](const std::vector<Sample>& v) { return v.size() == 1 && v[0].value > 0; }},
+      {{"histogram_quantile(0.5, sum by (le) (rate(gradsync_daemon_op_seconds_bucket[10s])))"},
+       [](const std::vector<Sample>& v) {
+         return v.size() == 1 && std::isfinite(v[0].value) && v[0].value > 0;
+       }},
+      {{"gradsync_coordinator_jobs{state=\"running\"}"},
+       [](const std::vector<Sample>& v) { return v.size() == 1 && v[0].value == 1; }},
+      {{"up"},
+       [&](const std::vector<Sample>& v) {
+         std::set<std::string> up;
+         for (const auto& s : v) {
+           if (s.value == 1 && s.labels.count("instance")) up.insert(s.labels.at("instance"));
+         }
+         return v.size() == all_targets.size() && up == all_targets;
+       }},
+  };
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  bool all_ok = false;
+  std::string query_error;
+  while (!all_ok && absl::Now() < deadline) {
+    {
+      absl::MutexLock l(&mu);
+      ASSERT_TRUE(traffic_error.empty()) << traffic_error;
+    }
+    all_ok = true;
+    for (auto& [check, pred] : checks) {
+      if (check.ok) continue;  // counters only grow; the job stays running
+      auto data = p.Query(check.query);
+      if (!data.ok()) {
+        query_error = data.status().ToString();
+        all_ok = false;
+        continue;
+      }
+      auto v = Vector(*data);
+      if (!v.ok()) {
+        query_error = absl::StrCat(check.query, ": ", v.status().ToString());
+        all_ok = false;
+        continue;
+      }
+      check.last = Describe(*v);
+      check.ok = pred(*v);
+      all_ok = all_ok && check.ok;
+    }
+    if (!all_ok) absl::SleepFor(absl::Milliseconds(250));
+  }
+  std::printf("prometheus showed the traffic %.1f s after the start (%d rounds of allreduces)\n",
+              absl::ToDoubleSeconds(absl::Now() - t0), rounds.load());
+  for (const auto& [check, pred] : checks) {
+    EXPECT_TRUE(check.ok) << check.query << " -> " << check.last;
+    std::printf("  %s -> %s\n", check.query.c_str(), check.last.c_str());
+  }
+  ASSERT_TRUE(all_ok) << "last query error: " << query_error << "\nprometheus log:\n" << p.Log();
+
+  // Every target is scraped by the right job (the dashboard's queries rely on
+  // the instance label only, but docs/operations.md names these jobs).
+  {
+    auto data = p.Query("count by (job) (up)");
+    ASSERT_TRUE(data.ok()) << data.status();
+    auto v = Vector(*data);
+    ASSERT_TRUE(v.ok()) << v.status();
+    std::map<std::string, double> by_job;
+    for (const auto& s : *v) by_job[s.labels["job"]] = s.value;
+    EXPECT_EQ(by_job, (std::map<std::string, double>{{"gradsync-coordinator", 1},
+                                                     {"gradsyncd", kDaemons}}))
+        << Describe(*v);
+  }
+
+  // The dashboard: its `instance` variable (label_values(gradsync_daemon_sessions,
+  // instance) in Grafana) lists the daemons, and every panel query is valid
+  // PromQL that the server evaluates against the real series.
+  {
+    auto json = p.GetJson("/api/v1/label/instance/values?match%5B%5D=gradsync_daemon_sessions");
+    ASSERT_TRUE(json.ok()) << json.status();
+    ASSERT_EQ((*json)["status"].str, "success") << (*json)["error"].str;
+    std::set<std::string> instances;
+    for (const Json& i : (*json)["data"].items) instances.insert(i.str);
+    EXPECT_EQ(instances, std::set<std::string>(daemon_targets.begin(), daemon_targets.end()));
+  }
+  auto queries = DashboardQueries(kDashboard);
+  ASSERT_TRUE(queries.ok()) << queries.status();
+  ASSERT_GE(queries->size(), 10u) << "too few queries found in " << kDashboard;
+  int with_data = 0;
+  for (const auto& [title, expr] : *queries) {
+    const std::string promql = absl::StrReplaceAll(
+        expr, {{"$__rate_interval", "10s"}, {"${instance}", ".*"}, {"$instance", ".*"}});
+    auto data = p.Query(promql);
+    EXPECT_TRUE(data.ok()) << "panel '" << title << "': " << data.status();
+    if (!data.ok()) continue;
+    auto v = Vector(*data);
+    EXPECT_TRUE(v.ok()) << "panel '" << title << "': " << promql << ": " << v.status();
+    if (!v.ok()) continue;
+    with_data += v->empty() ? 0 : 1;
+    std::printf("  panel '%s': %s -> %zu series\n", title.c_str(), promql.c_str(), v->size());
+  }
+  std::printf("dashboard: %zu queries valid, %d with data\n", queries->size(), with_data);
+
+  stop = true;
+  traffic.join();
+  {
+    absl::MutexLock l(&mu);
+    EXPECT_TRUE(traffic_error.empty()) << traffic_error;
+  }
+  for (int r = 0; r < kDaemons; ++r) {
+    EXPECT_EQ(bufs[r]->as<float>()[0], 1.0f);
+    EXPECT_EQ(bufs[r]->as<float>()[kCount - 1], 1.0f);
+  }
+  p.Stop();
+  std::printf("done in %.1f s\n", absl::ToDoubleSeconds(absl::Now() - t0));
+}
+
+}  // namespace
+}  // namespace gradsync
