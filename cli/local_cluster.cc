@@ -151,6 +151,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
         "--metrics_listen=127.0.0.1:0",
         "--status_listen=127.0.0.1:0",
         "--drain_timeout_ms=1000",
+        absl::StrCat("--timeline_dir=", c->work_dir_, "/timeline"),
         absl::StrCat("--node_id=local", i),
         "--port_file=" + port_file,
     };

@@ -422,6 +422,7 @@ absl::StatusOr<std::unique_ptr<Session>> Client::OpenSession(const SessionOption
   req.mutable_options()->set_op_timeout_ms(options.op_timeout_ms);
   req.mutable_options()->set_tcp_streams(options.tcp_streams);
   req.mutable_options()->set_algorithm(options.algorithm);
+  req.mutable_options()->set_timeline(options.timeline);
   req.set_client_name(options.client_name);
 
   grpc::ClientContext ctx;

@@ -89,6 +89,7 @@ struct SessionOptions {
   // Used if this session creates the job (0 / "": the daemon's defaults).
   int tcp_streams = 0;       // TCP connections per pair of ranks
   std::string algorithm;     // forced for every op of the job; "" = cost model
+  bool timeline = false;     // Chrome-trace timeline of every op on every rank (gradsyncd --timeline_dir)
   // Free-form name for the daemon's logs (e.g. "trainer pid 1234").
   std::string client_name;
 };

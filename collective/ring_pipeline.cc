@@ -1,5 +1,7 @@
 #include "collective/ring_pipeline.h"
 
+#include "collective/trace.h"
+
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
@@ -51,6 +53,7 @@ absl::Status RunRingPass(transport::Context& ctx, char* data, size_t data_bytes,
 
   std::vector<transport::Request> sreq(total), rreq(total);
   size_t next_send = 0, sends_done = 0, next_recv = 0, recvs_done = 0;
+  absl::Time step_start = TraceNow();  // timeline: one event per ring step
   while (recvs_done < total || sends_done < total) {
     // Post every send whose data is final here, up to the in-flight bound.
     while (next_send < total && next_send - sends_done < inflight &&
@@ -84,11 +87,18 @@ absl::Status RunRingPass(transport::Context& ctx, char* data, size_t data_bytes,
       const RingMessage m = message(recvs_done, /*send=*/false);
       if (m.reduce) {
         char* dst = data + m.range.begin * esize;
+        const absl::Time reduce_start = TraceNow();
         ReduceInto(dtype, op, dst, scratch->data() + (recvs_done % inflight) * slot_bytes,
                    m.range.count);
         if (op == ReduceOp::kAvg && m.step == n - 2) DivideBy(dtype, dst, m.range.count, n);
+        TraceEvent("reduce", "reduce", reduce_start);
       }
       ++recvs_done;
+      if (recvs_done % nseg == 0 && CurrentTracer() != nullptr) {
+        const size_t step = recvs_done / nseg;  // 1-based within the pass
+        TraceEvent(absl::StrCat(pass.label, " step ", step, "/", pass.steps), "step", step_start);
+        step_start = absl::Now();
+      }
       progressed = true;
     }
     if (progressed) continue;

@@ -92,6 +92,7 @@ absl::StatusOr<std::shared_ptr<Session>> Daemon::OpenSession(const OpenSessionAr
   creq.mutable_options()->set_tcp_streams(args.tcp_streams > 0 ? args.tcp_streams
                                                                 : options_.tcp_streams);
   creq.mutable_options()->set_algorithm(args.algorithm);
+  creq.mutable_options()->set_timeline(args.timeline);
   v1::CreateJobResponse cresp;
   auto rpc = RpcContext(absl::Seconds(10));
   absl::Status s = FromGrpcStatus(coordinator_->CreateJob(rpc.get(), creq, &cresp));
@@ -126,6 +127,10 @@ absl::StatusOr<std::shared_ptr<Session>> Daemon::OpenSession(const OpenSessionAr
   const int64_t op_ms = jresp.options().op_timeout_ms();
   if (op_ms > 0) info.default_op_timeout = absl::Milliseconds(op_ms);
   info.job_algorithm = jresp.options().algorithm();
+  if (jresp.options().timeline()) {
+    info.timeline_path = absl::StrCat(options_.timeline_dir, "/", args.job_id, ".epoch",
+                                      info.epoch, ".rank", info.rank, ".trace.json");
+  }
   if (!info.job_algorithm.empty() && info.job_algorithm != "auto" &&
       !ParseAlgorithm(info.job_algorithm).ok()) {
     LeaveJob(info);

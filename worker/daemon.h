@@ -37,6 +37,7 @@ struct DaemonOptions {
   int socket_buffer_bytes = 4 << 20;
   int tcp_streams = 2;  // default TCP connections per rank pair for jobs this daemon creates
   int spin_us = 50;     // data-plane progress spins this long before sleeping
+  std::string timeline_dir = "/var/lib/gradsync/timeline";  // for jobs with timeline on
   DaemonObserver* observer = nullptr;  // metrics; not owned, outlives the daemon
 };
 
@@ -49,6 +50,7 @@ struct OpenSessionArgs {
   int64_t op_timeout_ms = 0;
   int tcp_streams = 0;    // 0: DaemonOptions::tcp_streams
   std::string algorithm;  // job-wide forced algorithm; "" = cost model
+  bool timeline = false;  // job-wide Chrome-trace timeline
   std::string client_name;
 };
 

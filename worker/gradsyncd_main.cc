@@ -39,6 +39,8 @@ ABSL_FLAG(int64_t, session_lease_ms, 120000,
 ABSL_FLAG(int64_t, segment_bytes, 1 << 20, "largest pipelined ring message");
 ABSL_FLAG(int32_t, max_inflight, 4, "ring segments in flight per direction");
 ABSL_FLAG(int32_t, socket_buffer_bytes, 4 << 20, "SO_SNDBUF/SO_RCVBUF of data sockets");
+ABSL_FLAG(std::string, timeline_dir, "/var/lib/gradsync/timeline",
+          "where jobs with the timeline switched on get their Chrome-trace files");
 ABSL_FLAG(int64_t, drain_timeout_ms, 10000,
           "on SIGTERM: how long running and queued ops may take to finish before the daemon "
           "fails them and exits");
@@ -143,6 +145,7 @@ int main(int argc, char** argv) {
   opts.socket_buffer_bytes = absl::GetFlag(FLAGS_socket_buffer_bytes);
   opts.tcp_streams = absl::GetFlag(FLAGS_tcp_streams);
   opts.spin_us = std::max(0, absl::GetFlag(FLAGS_spin_us));
+  opts.timeline_dir = absl::GetFlag(FLAGS_timeline_dir);
   if (opts.heartbeat_interval <= absl::ZeroDuration() || opts.ring.segment_bytes < 4096 ||
       opts.ring.max_inflight < 1 || opts.tcp_streams < 1 || opts.tcp_streams > 16) {
     GS_LOG(ERROR) << "invalid flags: --heartbeat_interval_ms must be > 0, --segment_bytes >= "

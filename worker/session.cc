@@ -36,6 +36,15 @@ Session::Session(SessionInfo info, std::unique_ptr<transport::Context> ctx,
       peer_sent_(info_.world_size, 0),
       peer_received_(info_.world_size, 0) {
   if (observer_ != nullptr) observer_->OnSessionOpened();
+  if (!info_.timeline_path.empty()) {
+    auto t = Timeline::Open(info_.timeline_path, info_.rank,
+                            absl::StrCat("rank ", info_.rank, " (job ", info_.job_id, ")"));
+    if (t.ok()) {
+      timeline_ = std::move(*t);
+    } else {
+      GS_LOG(WARNING) << "job '" << info_.job_id << "': no timeline: " << t.status().message();
+    }
+  }
   last_used_ = absl::Now();
   executor_ = std::thread([this] { ExecutorLoop(); });
 }
@@ -309,7 +318,16 @@ void Session::ExecutorLoop() {
       current_arrived_ = {info_.rank};
     }
     arrival_wait_ = absl::ZeroDuration();
-    absl::Status s = RunOp(*op);
+    absl::Status s;
+    if (timeline_ != nullptr) {
+      timeline_->SetOp(op->seq, op->sig.Describe());
+      timeline_->Event("queued", "op", op->submitted, start);
+      ScopedTracer tracing(timeline_.get());
+      s = RunOp(*op);
+      timeline_->Instant(s.ok() ? "done" : "failed", absl::Now());
+    } else {
+      s = RunOp(*op);
+    }
     const absl::Time end = absl::Now();
     CompletionListener listener;
     OpOutcome outcome;
@@ -384,6 +402,8 @@ absl::Status Session::RunOp(Op& op) {
                            current_arrived_.push_back(rank);
                          });
   arrival_wait_ = absl::Now() - negotiate_start;
+  TraceEvent("negotiate", "op", negotiate_start);
+  const absl::Time run_start = TraceNow();
   if (s.ok()) {
     // The same inputs on every rank (signature, job options, agreed link
     // parameters), so every rank picks the same algorithm.
@@ -416,6 +436,7 @@ absl::Status Session::RunOp(Op& op) {
     s = hier ? group_->HierAllreduce(info_.rank, op.seq, static_cast<char*>(call.data), call.count,
                                      call.dtype, call.op, call.deadline)
              : RunCollective(*ctx_, call, algo, &scratch_);
+    TraceEvent(hier ? "hier" : AlgorithmName(algo), "op", run_start);
   }
   if (s.ok()) return s;
   if (absl::IsInvalidArgument(s)) {  // signature mismatch: the streams are intact

@@ -36,6 +36,7 @@
 #include "worker/daemon_observer.h"
 #include "worker/job_group.h"
 #include "worker/shm_segment.h"
+#include "worker/timeline.h"
 
 namespace gradsync {
 
@@ -50,6 +51,7 @@ struct SessionInfo {
   std::string job_algorithm;  // forced for every op of the job; "" = cost model
   LinkParams link;            // measured when the epoch formed, equal on every rank
   std::vector<std::string> peer_daemons;  // data endpoint of each rank ("host:port")
+  std::string timeline_path;  // non-empty: write the job's timeline for this rank here
 };
 
 // What a session is doing, for `gradsync status` (answers "which rank is
@@ -187,6 +189,7 @@ class Session {
   std::string last_completed_ ABSL_GUARDED_BY(mu_);
   absl::Time last_completed_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   absl::Duration arrival_wait_;  // executor thread only: of the last op
+  std::unique_ptr<Timeline> timeline_;  // null unless the job's timeline is on
   std::thread executor_;
   std::once_flag close_once_;
 };

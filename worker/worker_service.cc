@@ -75,6 +75,7 @@ grpc::Status WorkerService::OpenSession(grpc::ServerContext* ctx,
   a.op_timeout_ms = req->options().op_timeout_ms();
   a.tcp_streams = req->options().tcp_streams();
   a.algorithm = req->options().algorithm();
+  a.timeline = req->options().timeline();
   a.client_name = req->client_name();
   auto s = daemon_->OpenSession(a);
   if (!s.ok()) return ToGrpcStatus(s.status());
