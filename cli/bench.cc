@@ -16,6 +16,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "cli/barrier.h"
 #include "cli/expected.h"
 #include "cli/local_cluster.h"
 #include "client/client.h"
@@ -23,28 +24,6 @@
 namespace gradsync {
 namespace {
 
-class Barrier {
- public:
-  explicit Barrier(int n) : n_(n) {}
-  void Wait() {
-    std::unique_lock<std::mutex> l(mu_);
-    const uint64_t gen = gen_;
-    if (++waiting_ == n_) {
-      waiting_ = 0;
-      ++gen_;
-      cv_.notify_all();
-    } else {
-      cv_.wait(l, [&] { return gen_ != gen; });
-    }
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  const int n_;
-  int waiting_ = 0;
-  uint64_t gen_ = 0;
-};
 
 struct Row {
   uint64_t bytes = 0;

@@ -4,6 +4,7 @@
 #ifndef GRADSYNC_TESTS_CLUSTER_UTIL_H_
 #define GRADSYNC_TESTS_CLUSTER_UTIL_H_
 
+#include <cstdio>
 #include <functional>
 #include <memory>
 #include <string>
@@ -67,6 +68,18 @@ inline void OnEveryRank(int n, const std::function<void(int)>& fn) {
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r) threads.emplace_back(fn, r);
   for (auto& t : threads) t.join();
+}
+
+// Runs a shell command, returns its stdout.
+inline std::string RunCommand(const std::string& cmd) {
+  std::string out;
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (p == nullptr) return out;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+  ::pclose(p);
+  return out;
 }
 
 inline std::vector<int> FirstN(int n) {

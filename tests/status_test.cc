@@ -10,16 +10,7 @@
 namespace gradsync {
 namespace {
 
-std::string RunCommand(const std::string& cmd) {
-  std::string out;
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (p == nullptr) return out;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
-  ::pclose(p);
-  return out;
-}
+using testing::RunCommand;
 
 TEST(Status, NamesTheRankThatHasNotSubmittedTheOpOthersWaitFor) {
   LocalClusterOptions o;

@@ -200,25 +200,30 @@ bool TcpContext::DoSend(Peer& p, bool* completed) {
   return true;
 }
 
+ssize_t TcpContext::ReadSome(Peer& p, char* dst, size_t n, const char* where) {
+  while (true) {
+    const ssize_t r = ::recv(p.fd.get(), dst, n, MSG_DONTWAIT);
+    if (r > 0) {
+      p.received += static_cast<size_t>(r);
+      bytes_received_ += static_cast<size_t>(r);
+      return r;
+    }
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return kWouldBlock;
+    (void)Fail(absl::UnavailableError(absl::StrCat(
+        "rank ", rank_, ": connection to rank ", p.rank, " lost", where, ": ",
+        r == 0 ? std::string("closed by peer") : ErrnoString(errno))));
+    return kLost;
+  }
+}
+
 bool TcpContext::DoRecv(Peer& p, bool* completed) {
   while (true) {
     if (p.in_header_got < kHeaderBytes) {
-      ssize_t r = ::recv(p.fd.get(), reinterpret_cast<char*>(&p.in_header) + p.in_header_got,
-                         kHeaderBytes - p.in_header_got, MSG_DONTWAIT);
-      if (r == 0) {
-        (void)Fail(absl::UnavailableError(absl::StrCat("rank ", rank_, ": connection to rank ", p.rank,
-                                                 " lost: closed by peer")));
-        return false;
-      }
-      if (r < 0) {
-        if (errno == EAGAIN || errno == EWOULDBLOCK) return true;
-        if (errno == EINTR) continue;
-        (void)Fail(absl::UnavailableError(absl::StrCat("rank ", rank_, ": connection to rank ", p.rank,
-                                                 " lost: ", ErrnoString(errno))));
-        return false;
-      }
+      const ssize_t r = ReadSome(p, reinterpret_cast<char*>(&p.in_header) + p.in_header_got,
+                                 kHeaderBytes - p.in_header_got, "");
+      if (r < 0) return r == kWouldBlock;
       p.in_header_got += static_cast<size_t>(r);
-      p.received += static_cast<size_t>(r);
       if (p.in_header_got < kHeaderBytes) continue;
       const FrameHeader& h = p.in_header;
       absl::Status s = ValidateFrameHeader(h);
@@ -256,23 +261,10 @@ bool TcpContext::DoRecv(Peer& p, bool* completed) {
       }
     }
     while (p.in_payload_got < h.length) {
-      ssize_t r = ::recv(p.fd.get(), rv.data + p.in_payload_got, h.length - p.in_payload_got,
-                         MSG_DONTWAIT);
-      if (r == 0) {
-        (void)Fail(absl::UnavailableError(absl::StrCat("rank ", rank_, ": connection to rank ", p.rank,
-                                                 " lost mid-frame: closed by peer")));
-        return false;
-      }
-      if (r < 0) {
-        if (errno == EAGAIN || errno == EWOULDBLOCK) return true;
-        if (errno == EINTR) continue;
-        (void)Fail(absl::UnavailableError(absl::StrCat("rank ", rank_, ": connection to rank ", p.rank,
-                                                 " lost: ", ErrnoString(errno))));
-        return false;
-      }
+      const ssize_t r =
+          ReadSome(p, rv.data + p.in_payload_got, h.length - p.in_payload_got, " mid-frame");
+      if (r < 0) return r == kWouldBlock;
       p.in_payload_got += static_cast<size_t>(r);
-      bytes_received_ += static_cast<size_t>(r);
-      p.received += static_cast<size_t>(r);
     }
     rv.req->bytes = h.length;
     rv.req->done = true;

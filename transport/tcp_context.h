@@ -9,6 +9,8 @@
 #ifndef GRADSYNC_TRANSPORT_TCP_CONTEXT_H_
 #define GRADSYNC_TRANSPORT_TCP_CONTEXT_H_
 
+#include <sys/types.h>
+
 #include <atomic>
 #include <deque>
 #include <memory>
@@ -103,6 +105,11 @@ class TcpContext : public Context {
   // Return false when the peer failed the context (then `health()` says why).
   bool DoSend(Peer& p, bool* completed);
   bool DoRecv(Peer& p, bool* completed);
+  // recv() into dst: bytes read (> 0), kWouldBlock, or kLost after failing
+  // the context ("connection to rank R lost<where>: ...").
+  static constexpr ssize_t kWouldBlock = -1;
+  static constexpr ssize_t kLost = -2;
+  ssize_t ReadSome(Peer& p, char* dst, size_t n, const char* where);
   void BroadcastAbort(const std::string& reason);
 
   const std::string job_id_;
