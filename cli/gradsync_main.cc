@@ -56,8 +56,31 @@ int Fail(const char* cmd, const std::string& msg) {
 }
 }  // namespace
 
+// nccl-tests and the docs spell flags with dashes (--min-bytes); absl flags
+// use underscores. Accept both: rewrite "--a-b[=v]" to "--a_b[=v]".
+std::vector<std::string> NormalizeFlagNames(int argc, char** argv) {
+  std::vector<std::string> out;
+  for (int i = 0; i < argc; ++i) {
+    std::string a = argv[i];
+    if (i > 0 && a.size() > 2 && a[0] == '-' && a[1] == '-') {
+      const size_t end = a.find('=');
+      for (size_t j = 2; j < (end == std::string::npos ? a.size() : end); ++j) {
+        if (a[j] == '-') a[j] = '_';
+      }
+    }
+    out.push_back(a);
+  }
+  return out;
+}
+
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(kUsage);
+  std::vector<std::string> normalized = NormalizeFlagNames(argc, argv);
+  std::vector<char*> argv2;
+  for (auto& a : normalized) argv2.push_back(a.data());
+  argv2.push_back(nullptr);
+  argc = static_cast<int>(normalized.size());
+  argv = argv2.data();
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   if (args.size() < 2) {
     std::fputs(kUsage, stderr);

@@ -8,15 +8,15 @@
 
 namespace gradsync {
 
+const char* AlgorithmCodeName(uint8_t code) {
+  static const char* const kNames[] = {"ring", "rhd", "rd", "tree", "pairwise"};
+  if (code < 5) return kNames[code];
+  if (code == kHierarchicalCode) return "hier";
+  return "?";
+}
+
 const char* AlgorithmName(Algorithm a) {
-  switch (a) {
-    case Algorithm::kRing: return "ring";
-    case Algorithm::kRecursiveHalvingDoubling: return "rhd";
-    case Algorithm::kRecursiveDoubling: return "rd";
-    case Algorithm::kBinomialTree: return "tree";
-    case Algorithm::kPairwise: return "pairwise";
-  }
-  return "unknown";
+  return AlgorithmCodeName(static_cast<uint8_t>(a));
 }
 
 absl::StatusOr<Algorithm> ParseAlgorithm(absl::string_view name) {

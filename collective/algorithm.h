@@ -14,6 +14,12 @@
 
 namespace gradsync {
 
+// Algorithm codes carried in op signatures: the Algorithm enum's values, plus
+// the hierarchical path (worker/job_group.h), which is not an Algorithm.
+inline constexpr uint8_t kHierarchicalCode = 100;
+// "ring", "rhd", "rd", "tree", "pairwise", "hier", or "?" for others.
+const char* AlgorithmCodeName(uint8_t code);
+
 enum class Algorithm : uint8_t {
   kRing = 0,                      // "ring"
   kRecursiveHalvingDoubling = 1,  // "rhd" (Rabenseifner)

@@ -151,6 +151,25 @@ Algorithm ChooseAlgorithm(CollectiveKind kind, size_t bytes, int world, const Li
   return ranked.front().first;
 }
 
+LinkParams RefineFromObservation(const LinkParams& link, CollectiveKind kind, Algorithm algo,
+                                 size_t bytes, int world, double took_us) {
+  if (kind != CollectiveKind::kAllreduce || world < 2 || bytes < (1u << 20) || took_us <= 0 ||
+      (algo != Algorithm::kRing && algo != Algorithm::kRecursiveHalvingDoubling)) {
+    return link;
+  }
+  // Both move 2(n-1)/n B over the link and reduce (n-1)/n B; their latency
+  // terms are small at >= 1 MiB: T = lat + 2(n-1)/n B beta + (n-1)/n B gamma.
+  const double n = world, B = static_cast<double>(bytes);
+  const double lat = algo == Algorithm::kRing ? 2 * (n - 1) * link.alpha_us
+                                              : 2 * std::ceil(std::log2(n)) * link.alpha_us;
+  const double wire = took_us - lat - (n - 1) / n * B * link.reduce_us_per_byte;
+  if (wire <= 0) return link;
+  const double observed_beta = wire / (2 * (n - 1) / n * B);
+  LinkParams out = link;
+  out.beta_us_per_byte = 0.8 * link.beta_us_per_byte + 0.2 * observed_beta;
+  return out;
+}
+
 bool PreferHierarchical(CollectiveKind kind, const Topology& topology) {
   return kind == CollectiveKind::kAllreduce && topology.nodes < topology.world;
 }

@@ -63,6 +63,14 @@ struct Topology {
 // network stage: cheaper in every alpha-beta term. Implemented for allreduce.
 bool PreferHierarchical(CollectiveKind kind, const Topology& topology);
 
+// Refreshes the link estimate from a transfer this rank saw: a bandwidth-
+// bound op (ring or rhd allreduce of at least 1 MiB) that took `took` implies
+// an inverse bandwidth beta; the estimate moves 20% of the way towards it
+// (an EWMA, so one noisy op does not flip the choice). Other ops return `link`
+// unchanged. Ranks may drift apart: the daemon runs rank 0's choice.
+LinkParams RefineFromObservation(const LinkParams& link, CollectiveKind kind, Algorithm algo,
+                                 size_t bytes, int world, double took_us);
+
 }  // namespace gradsync
 
 #endif  // GRADSYNC_COLLECTIVE_COST_MODEL_H_

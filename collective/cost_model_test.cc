@@ -155,5 +155,27 @@ TEST(CostModel, OneRankCostsNothing) {
   }
 }
 
+TEST(CostModel, ObservedTransfersMoveTheBandwidthEstimateOneFifthOfTheWay) {
+  LinkParams link;
+  link.alpha_us = 10;
+  link.beta_us_per_byte = 1e-3;  // 1 GB/s
+  link.reduce_us_per_byte = 0;
+  const size_t B = 64 << 20;
+  const int n = 4;
+  // A ring allreduce that ran at 0.5 GB/s on the wire.
+  const double wire_us = 2.0 * (n - 1) / n * B * 2e-3;
+  const double took = 2 * (n - 1) * link.alpha_us + wire_us;
+  LinkParams out = RefineFromObservation(link, CollectiveKind::kAllreduce, Algorithm::kRing, B, n, took);
+  EXPECT_NEAR(out.beta_us_per_byte, 0.8e-3 + 0.2 * 2e-3, 1e-9);
+  EXPECT_EQ(out.alpha_us, link.alpha_us);
+  // Small, non-allreduce or latency-bound ops leave it alone.
+  EXPECT_EQ(RefineFromObservation(link, CollectiveKind::kAllreduce, Algorithm::kRing, 1024, n, took)
+                .beta_us_per_byte, link.beta_us_per_byte);
+  EXPECT_EQ(RefineFromObservation(link, CollectiveKind::kBroadcast, Algorithm::kRing, B, n, took)
+                .beta_us_per_byte, link.beta_us_per_byte);
+  EXPECT_EQ(RefineFromObservation(link, CollectiveKind::kAllreduce, Algorithm::kRecursiveDoubling, B,
+                                  n, took).beta_us_per_byte, link.beta_us_per_byte);
+}
+
 }  // namespace
 }  // namespace gradsync

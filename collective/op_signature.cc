@@ -1,5 +1,6 @@
 #include "collective/op_signature.h"
 
+#include <cstddef>
 #include <cstring>
 #include <map>
 #include <vector>
@@ -17,6 +18,7 @@ std::string OpSignature::Describe() const {
   }
   if (IsReducingCollective(kind)) absl::StrAppend(&out, " ", ReduceOpName(op));
   if (IsRootedCollective(kind)) absl::StrAppend(&out, " root ", root);
+  if (forced != kNoAlgorithm) absl::StrAppend(&out, " algo ", AlgorithmCodeName(forced));
   return out;
 }
 
@@ -28,11 +30,13 @@ struct PackedSignature {
   uint8_t kind;
   uint8_t dtype;
   uint8_t op;
-  uint8_t pad;
+  uint8_t forced;  // compared
   uint32_t name_len;
   int32_t root;
-  uint32_t reserved;  // 0
+  uint8_t proposal;  // not compared (CompareSignatures masks it)
+  uint8_t reserved[3];
 };
+constexpr size_t kProposalOffset = offsetof(PackedSignature, proposal);
 static_assert(sizeof(PackedSignature) == 32, "packed signature layout");
 }  // namespace
 
@@ -42,10 +46,11 @@ std::string OpSignature::Encode() const {
                     static_cast<uint8_t>(kind),
                     static_cast<uint8_t>(dtype),
                     static_cast<uint8_t>(op),
-                    0,
+                    forced,
                     static_cast<uint32_t>(name.size()),
                     root,
-                    0};
+                    proposal,
+                    {0, 0, 0}};
   std::string out(sizeof(p), '\0');
   std::memcpy(out.data(), &p, sizeof(p));
   out += name;
@@ -67,20 +72,31 @@ absl::StatusOr<OpSignature> OpSignature::Decode(const std::string& bytes) {
   s.dtype = static_cast<DType>(p.dtype);
   s.op = static_cast<ReduceOp>(p.op);
   s.root = p.root;
+  s.forced = p.forced;
+  s.proposal = p.proposal;
   s.name = bytes.substr(sizeof(p));
   return s;
 }
 
 bool OpSignature::operator==(const OpSignature& o) const {
   return seq == o.seq && kind == o.kind && dtype == o.dtype && op == o.op && count == o.count &&
-         root == o.root && name == o.name;
+         root == o.root && name == o.name && forced == o.forced;
+}
+
+uint8_t SignatureProposal(const std::string& encoded) {
+  if (encoded.size() < sizeof(PackedSignature)) return OpSignature::kNoAlgorithm;
+  return static_cast<uint8_t>(encoded[kProposalOffset]);
 }
 
 absl::Status CheckSignatures(transport::Context& ctx, const OpSignature& mine,
-                             absl::Time deadline, const std::function<void(int rank)>& on_arrival) {
+                             absl::Time deadline, const std::function<void(int rank)>& on_arrival,
+                             uint8_t* agreed) {
   const int n = ctx.size();
   const int me = ctx.rank();
-  if (n == 1) return absl::OkStatus();
+  if (n == 1) {
+    if (agreed != nullptr) *agreed = mine.proposal;
+    return absl::OkStatus();
+  }
   const std::string encoded = mine.Encode();
   constexpr size_t kCap = sizeof(PackedSignature) + kMaxOpNameBytes;
   std::vector<char> inbox(kCap * n);
@@ -136,14 +152,18 @@ absl::Status CheckSignatures(transport::Context& ctx, const OpSignature& mine,
   for (int p = 0; p < n; ++p) {
     by_rank[p] = p == me ? encoded : std::string(inbox.data() + kCap * p, recvs[p].bytes);
   }
-  return CompareSignatures(mine.seq, by_rank);
+  absl::Status s = CompareSignatures(mine.seq, by_rank);
+  if (s.ok() && agreed != nullptr) *agreed = SignatureProposal(by_rank[0]);
+  return s;
 }
 
 absl::Status CompareSignatures(uint64_t seq, const std::vector<std::string>& encoded_by_rank) {
   // Group ranks by signature; every rank computes the same message.
   std::map<std::string, std::vector<int>> groups;
   for (int p = 0; p < static_cast<int>(encoded_by_rank.size()); ++p) {
-    groups[encoded_by_rank[p]].push_back(p);
+    std::string key = encoded_by_rank[p];
+    if (key.size() > kProposalOffset) key[kProposalOffset] = 0;  // proposals may differ
+    groups[key].push_back(p);
   }
   if (groups.size() <= 1) return absl::OkStatus();
   std::vector<std::pair<std::string, std::vector<int>>> ordered(groups.begin(), groups.end());

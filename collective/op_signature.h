@@ -10,6 +10,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "collective/algorithm.h"
 #include "common/types.h"
 #include "transport/transport.h"
 
@@ -27,6 +28,15 @@ struct OpSignature {
   uint64_t count = 0;
   int32_t root = 0;  // broadcast and reduce; 0 for the others
   std::string name;
+  // The algorithm forced for this op (a code, see AlgorithmCode), compared
+  // like every field above: ranks forcing different algorithms is a mismatch.
+  uint8_t forced = kNoAlgorithm;
+  // This rank's proposed algorithm (its cost model's choice). NOT compared:
+  // every rank runs rank 0's proposal, so ranks whose link estimates drifted
+  // apart still agree (see CheckSignatures' `agreed`).
+  uint8_t proposal = kNoAlgorithm;
+
+  static constexpr uint8_t kNoAlgorithm = 0xff;
 
   // e.g. "allreduce 'layer1.grad' f32[1024] sum", "broadcast 'w' f32[10] root 2",
   // "reduce 'g' f32[10] sum root 3", "allgather 'p' bf16[512]", "barrier 'step'".
@@ -47,12 +57,16 @@ struct OpSignature {
 // The check itself, given every rank's encoded signature (index = rank):
 // OK if all are equal, else the InvalidArgument described above.
 absl::Status CompareSignatures(uint64_t seq, const std::vector<std::string>& encoded_by_rank);
+// The `proposal` field of an encoded signature (kNoAlgorithm if malformed).
+uint8_t SignatureProposal(const std::string& encoded);
 
 // `on_arrival(rank)`, if set, is called (on this thread) as each peer's
 // signature arrives: the straggler signal for status and metrics.
+// On success `agreed`, if set, receives rank 0's proposal.
 absl::Status CheckSignatures(transport::Context& ctx, const OpSignature& mine,
                              absl::Time deadline,
-                             const std::function<void(int rank)>& on_arrival = nullptr);
+                             const std::function<void(int rank)>& on_arrival = nullptr,
+                             uint8_t* agreed = nullptr);
 
 }  // namespace gradsync
 

@@ -57,5 +57,27 @@ TEST(OpSignature, RootTakesPartInEquality) {
   EXPECT_FALSE(Sig(CollectiveKind::kBroadcast, 1) == Sig(CollectiveKind::kBroadcast, 2));
 }
 
+TEST(OpSignature, ProposalsMayDifferButForcedAlgorithmsMustMatch) {
+  OpSignature a;
+  a.seq = 3;
+  a.name = "g";
+  a.count = 8;
+  OpSignature b = a;
+  a.proposal = static_cast<uint8_t>(Algorithm::kRing);
+  b.proposal = static_cast<uint8_t>(Algorithm::kRecursiveDoubling);
+  EXPECT_TRUE(CompareSignatures(3, {a.Encode(), b.Encode()}).ok());
+  EXPECT_EQ(SignatureProposal(b.Encode()), static_cast<uint8_t>(Algorithm::kRecursiveDoubling));
+  b.forced = static_cast<uint8_t>(Algorithm::kBinomialTree);
+  absl::Status s = CompareSignatures(3, {a.Encode(), b.Encode()});
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  EXPECT_EQ(s.message(),
+            "op 3 does not match across ranks: rank 0 submitted allreduce 'g' f32[8] sum, "
+            "rank 1 submitted allreduce 'g' f32[8] sum algo tree");
+  auto round = OpSignature::Decode(b.Encode());
+  ASSERT_TRUE(round.ok());
+  EXPECT_EQ(round->forced, b.forced);
+  EXPECT_EQ(round->proposal, b.proposal);
+}
+
 }  // namespace
 }  // namespace gradsync

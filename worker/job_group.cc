@@ -44,7 +44,7 @@ absl::Status JobGroup::WaitFor(Slot& slot, const std::function<bool()>& cond, ab
 }
 
 absl::Status JobGroup::CheckLocalSignatures(int rank, uint64_t seq, const std::string& encoded,
-                                            absl::Time deadline) {
+                                            absl::Time deadline, uint8_t* agreed) {
   const int local = static_cast<int>(layout_.local_ranks.size());
   const int idx = LocalIndex(rank);
   if (idx < 0) return absl::InternalError(absl::StrCat("rank ", rank, " is not local"));
@@ -72,6 +72,7 @@ absl::Status JobGroup::CheckLocalSignatures(int rank, uint64_t seq, const std::s
       slot.compared = true;
     }
     s = slot.result;
+    if (s.ok()) *agreed = SignatureProposal(slot.encoded[0]);  // index = rank (nodes == 1)
   }
   if (++slot.left == local || !s.ok()) {
     if (slot.left == local) sig_slots_.erase(seq);

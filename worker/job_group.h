@@ -66,8 +66,9 @@ class JobGroup {
   // signature check done in memory instead of over the network. Every local
   // rank calls it with its encoded signature; all get the same result
   // (collective/op_signature.h CompareSignatures).
+  // `agreed` receives rank 0's proposal on success.
   absl::Status CheckLocalSignatures(int rank, uint64_t seq, const std::string& encoded,
-                                    absl::Time deadline);
+                                    absl::Time deadline, uint8_t* agreed);
 
   // Fails every pending and future hierarchical op (session closed, epoch aborted).
   void Abort(const absl::Status& reason);

@@ -33,6 +33,7 @@ Session::Session(SessionInfo info, std::unique_ptr<transport::Context> ctx,
       ring_options_(ring_options),
       group_(std::move(group)),
       observer_(observer),
+      link_(info_.link),
       peer_sent_(info_.world_size, 0),
       peer_received_(info_.world_size, 0) {
   if (observer_ != nullptr) observer_->OnSessionOpened();
@@ -393,29 +394,60 @@ absl::Status Session::RunOp(Op& op) {
     return absl::Status(pre.code(), absl::StrCat(what, " not run at rank ", info_.rank,
                                                  ": the epoch failed earlier: ", pre.message()));
   }
+  // This rank's proposal: the forced algorithm, the hierarchical path when
+  // ranks share daemons, else the cost model on this rank's (refined) link
+  // estimate. Every rank runs rank 0's proposal.
+  const size_t bytes =
+      CollectiveBufferBytes(op.sig.kind, op.sig.count, op.sig.dtype, info_.world_size);
+  if (op.hier) {
+    op.sig.forced = kHierarchicalCode;
+  } else if (op.forced.has_value()) {
+    op.sig.forced = static_cast<uint8_t>(*op.forced);
+  }
+  if (op.sig.forced != OpSignature::kNoAlgorithm) {
+    op.sig.proposal = op.sig.forced;
+  } else if (group_ != nullptr &&
+             PreferHierarchical(op.sig.kind, Topology{info_.world_size, group_->layout().nodes})) {
+    op.sig.proposal = kHierarchicalCode;
+  } else {
+    op.sig.proposal =
+        static_cast<uint8_t>(ChooseAlgorithm(op.sig.kind, bytes, info_.world_size, link_));
+  }
   // With every rank on this daemon, compare signatures in memory.
   const absl::Time negotiate_start = absl::Now();
-  absl::Status s = group_ != nullptr && group_->layout().nodes == 1
-                       ? group_->CheckLocalSignatures(info_.rank, op.seq, op.sig.Encode(), op.deadline)
-                       : CheckSignatures(*ctx_, op.sig, op.deadline, [this](int rank) {
-                           absl::MutexLock l(&mu_);
-                           current_arrived_.push_back(rank);
-                         });
+  uint8_t agreed = OpSignature::kNoAlgorithm;
+  absl::Status s;
+  if (group_ != nullptr && group_->layout().nodes == 1) {
+    const std::string encoded = op.sig.Encode();
+    s = group_->CheckLocalSignatures(info_.rank, op.seq, encoded, op.deadline, &agreed);
+  } else {
+    s = CheckSignatures(
+        *ctx_, op.sig, op.deadline,
+        [this](int rank) {
+          absl::MutexLock l(&mu_);
+          current_arrived_.push_back(rank);
+        },
+        &agreed);
+  }
+  if (s.ok() && agreed != kHierarchicalCode && agreed >= 5) {
+    s = absl::DataLossError(absl::StrCat("rank 0 proposed unknown algorithm code ", agreed));
+  }
   arrival_wait_ = absl::Now() - negotiate_start;
   TraceEvent("negotiate", "op", negotiate_start);
   const absl::Time run_start = TraceNow();
+  const absl::Time op_run_start = absl::Now();
   if (s.ok()) {
-    // The same inputs on every rank (signature, job options, agreed link
-    // parameters), so every rank picks the same algorithm.
-    const size_t bytes =
-        CollectiveBufferBytes(op.sig.kind, op.sig.count, op.sig.dtype, info_.world_size);
-    const bool hier =
-        op.hier || (!op.forced.has_value() && group_ != nullptr &&
-                    PreferHierarchical(op.sig.kind, Topology{info_.world_size,
-                                                             group_->layout().nodes}));
-    const Algorithm algo = op.forced.has_value()
-                               ? *op.forced
-                               : ChooseAlgorithm(op.sig.kind, bytes, info_.world_size, info_.link);
+    const bool hier = agreed == kHierarchicalCode;
+    if (hier && group_ == nullptr) {
+      s = absl::FailedPreconditionError("rank 0 chose the hierarchical path; this rank has no group");
+    }
+    const Algorithm algo = hier ? Algorithm::kRing : static_cast<Algorithm>(agreed);
+    if (!s.ok()) return s;
+    if (!hier && !Implements(algo, op.sig.kind)) {
+      return absl::InvalidArgumentError(absl::StrCat("rank 0 chose '", AlgorithmName(algo),
+                                                     "', which does not implement ",
+                                                     CollectiveName(op.sig.kind)));
+    }
     {
       absl::MutexLock l(&mu_);
       op.outcome.algorithm = hier ? "hier" : AlgorithmName(algo);
@@ -437,6 +469,10 @@ absl::Status Session::RunOp(Op& op) {
                                      call.dtype, call.op, call.deadline)
              : RunCollective(*ctx_, call, algo, &scratch_);
     TraceEvent(hier ? "hier" : AlgorithmName(algo), "op", run_start);
+    if (s.ok() && !hier) {  // refine this rank's link estimate from what it just saw
+      link_ = RefineFromObservation(link_, op.sig.kind, algo, bytes, info_.world_size,
+                                    absl::ToDoubleMicroseconds(absl::Now() - op_run_start));
+    }
   }
   if (s.ok()) return s;
   if (absl::IsInvalidArgument(s)) {  // signature mismatch: the streams are intact

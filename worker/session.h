@@ -190,6 +190,7 @@ class Session {
   absl::Time last_completed_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   absl::Duration arrival_wait_;  // executor thread only: of the last op
   std::unique_ptr<Timeline> timeline_;  // null unless the job's timeline is on
+  LinkParams link_;  // executor thread only: info_.link, refined from observed transfers
   std::thread executor_;
   std::once_flag close_once_;
 };
