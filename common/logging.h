@@ -34,14 +34,24 @@ class LogMessage {
 #define GS_LOG_ERROR ::gradsync::LogLevel::kError
 #define GS_LOG_FATAL ::gradsync::LogLevel::kFatal
 
-#define GS_LOG(level)                                              \
-  if (GS_LOG_##level < ::gradsync::MinLogLevel()) {                \
-  } else                                                           \
-    ::gradsync::LogMessage(GS_LOG_##level, __FILE__, __LINE__).stream()
+namespace gradsync {
+// Turns `stream << ...` into a void expression for the ?: in GS_LOG (the glog
+// idiom), so `if (x) GS_LOG(INFO) << y; else ...` parses as written.
+struct LogVoidify {
+  void operator&(std::ostream&) {}
+};
+}  // namespace gradsync
+
+#define GS_LOG(level)                                    \
+  (GS_LOG_##level < ::gradsync::MinLogLevel())           \
+      ? (void)0                                          \
+      : ::gradsync::LogVoidify() &                       \
+            ::gradsync::LogMessage(GS_LOG_##level, __FILE__, __LINE__).stream()
 
 #define GS_CHECK(cond) \
-  if (cond) {          \
-  } else               \
-    GS_LOG(FATAL) << "Check failed: " #cond " "
+  (cond) ? (void)0     \
+         : ::gradsync::LogVoidify() & GS_LOG_STREAM_FATAL_ << "Check failed: " #cond " "
+#define GS_LOG_STREAM_FATAL_ \
+  ::gradsync::LogMessage(::gradsync::LogLevel::kFatal, __FILE__, __LINE__).stream()
 
 #endif  // GRADSYNC_COMMON_LOGGING_H_

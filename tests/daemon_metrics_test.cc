@@ -70,6 +70,17 @@ TEST(DaemonMetrics, OpsBytesLatencyAndPeersAreExported) {
                                                  right, "\"}"));
   EXPECT_GE(sent, 5 * 2.0 * count * 4 * 2 / 3) << right;
   EXPECT_EQ(Sample(port0, "gradsync_daemon_arrival_wait_seconds_count"), 5);
+  EXPECT_GT(Sample(port0, absl::StrCat("gradsync_daemon_peer_bandwidth_bytes{peer_daemon=\"",
+                                       right, "\"}")),
+            0);
+  // Per-job series: present while the job has sessions here, gone after.
+  EXPECT_EQ(Sample(port0, "gradsync_job_ops_total{gradsync_job=\"metrics\",status=\"ok\"}"), 5);
+  EXPECT_EQ(Sample(port0, "gradsync_job_ops_total{gradsync_job=\"metrics\",status=\"error\"}"), 1);
+  EXPECT_EQ(Sample(port0, "gradsync_job_bytes_total{gradsync_job=\"metrics\"}"), 5.0 * count * 4);
+  EXPECT_EQ(Sample(port0, "gradsync_job_local_ranks{gradsync_job=\"metrics\"}"), 1);
+  for (auto& r : *job) ASSERT_TRUE(r.session->Close().ok());
+  EXPECT_EQ(Sample(port0, "gradsync_job_local_ranks{gradsync_job=\"metrics\"}"), -1);
+  EXPECT_EQ(Sample(port0, "gradsync_daemon_sessions"), 0);
 }
 
 }  // namespace

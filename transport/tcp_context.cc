@@ -1,6 +1,8 @@
 #include "transport/tcp_context.h"
 
 #include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <sched.h>
 #include <sys/eventfd.h>
@@ -368,6 +370,19 @@ uint64_t TcpContext::BytesSentTo(int peer) const {
   uint64_t total = 0;
   for (const Peer& p : peers_) {
     if (p.rank == peer) total += p.sent;
+  }
+  return total;
+}
+
+uint64_t TcpContext::Retransmits(int peer) const {
+  uint64_t total = 0;
+  for (const Peer& p : peers_) {
+    if (p.rank != peer || !p.fd.valid()) continue;
+    struct tcp_info info;
+    socklen_t len = sizeof(info);
+    if (::getsockopt(p.fd.get(), IPPROTO_TCP, TCP_INFO, &info, &len) == 0) {
+      total += info.tcpi_total_retrans;
+    }
   }
   return total;
 }

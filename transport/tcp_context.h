@@ -66,6 +66,7 @@ class TcpContext : public Context {
   absl::Status health() const override;
   uint64_t BytesSentTo(int peer) const override;
   uint64_t BytesReceivedFrom(int peer) const override;
+  uint64_t Retransmits(int peer) const override;
 
   // Bytes moved since creation (for metrics and the link probe).
   uint64_t bytes_sent() const { return bytes_sent_; }

@@ -101,6 +101,8 @@ class Context {
   // thread only; for metrics).
   virtual uint64_t BytesSentTo(int peer) const { (void)peer; return 0; }
   virtual uint64_t BytesReceivedFrom(int peer) const { (void)peer; return 0; }
+  // Retransmitted segments on the connections to `peer` (TCP_INFO), 0 if unknown.
+  virtual uint64_t Retransmits(int peer) const { (void)peer; return 0; }
 };
 
 }  // namespace gradsync::transport

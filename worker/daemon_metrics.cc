@@ -20,6 +20,89 @@ std::string CodeName(absl::StatusCode code) {
 
 }  // namespace
 
+// Per-job series (label `gradsync_job`). They exist only while the job has a
+// session on this daemon, so their number is bounded by the live jobs; they
+// are built at scrape time from plain counters.
+class DaemonMetrics::JobCollector : public prometheus::Collectable {
+ public:
+  struct Job {
+    int sessions = 0;
+    double ops_ok = 0, ops_failed = 0, op_seconds = 0, bytes = 0, arrival_wait = 0;
+  };
+  void Opened(const std::string& job) {
+    absl::MutexLock l(&mu_);
+    ++jobs_[job].sessions;
+  }
+  void Closed(const std::string& job) {
+    absl::MutexLock l(&mu_);
+    auto it = jobs_.find(job);
+    if (it != jobs_.end() && --it->second.sessions <= 0) jobs_.erase(it);
+  }
+  void Op(const OpRecord& op) {
+    absl::MutexLock l(&mu_);
+    auto it = jobs_.find(op.job_id);
+    if (it == jobs_.end()) return;
+    Job& j = it->second;
+    if (op.code == absl::StatusCode::kOk) {
+      j.ops_ok += 1;
+      j.op_seconds += absl::ToDoubleSeconds(op.run);
+      j.bytes += static_cast<double>(op.bytes);
+      j.arrival_wait += absl::ToDoubleSeconds(op.arrival_wait);
+    } else {
+      j.ops_failed += 1;
+    }
+  }
+  std::vector<prometheus::MetricFamily> Collect() const override {
+    absl::MutexLock l(&mu_);
+    auto family = [](const char* name, const char* help, prometheus::MetricType type) {
+      prometheus::MetricFamily f;
+      f.name = name;
+      f.help = help;
+      f.type = type;
+      return f;
+    };
+    auto ops = family("gradsync_job_ops_total",
+                      "Collectives of the job finished on this daemon's ranks, by status",
+                      prometheus::MetricType::Counter);
+    auto secs = family("gradsync_job_op_seconds_total",
+                       "Summed run time of the job's successful collectives on this daemon",
+                       prometheus::MetricType::Counter);
+    auto bytes = family("gradsync_job_bytes_total",
+                        "Buffer bytes of the job's successful collectives on this daemon",
+                        prometheus::MetricType::Counter);
+    auto wait = family("gradsync_job_arrival_wait_seconds_total",
+                       "Summed time this daemon's ranks of the job waited for the last rank "
+                       "to submit (straggler signal per job)",
+                       prometheus::MetricType::Counter);
+    auto ranks = family("gradsync_job_local_ranks", "Ranks of the job on this daemon",
+                        prometheus::MetricType::Gauge);
+    for (const auto& [job, j] : jobs_) {
+      auto point = [&](prometheus::MetricFamily& f, double v, const char* status = nullptr) {
+        prometheus::ClientMetric m;
+        m.label.push_back({"gradsync_job", job});
+        if (status != nullptr) m.label.push_back({"status", status});
+        if (f.type == prometheus::MetricType::Gauge) {
+          m.gauge.value = v;
+        } else {
+          m.counter.value = v;
+        }
+        f.metric.push_back(std::move(m));
+      };
+      point(ops, j.ops_ok, "ok");
+      point(ops, j.ops_failed, "error");
+      point(secs, j.op_seconds);
+      point(bytes, j.bytes);
+      point(wait, j.arrival_wait);
+      point(ranks, j.sessions);
+    }
+    return {ops, secs, bytes, wait, ranks};
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  std::map<std::string, Job> jobs_ ABSL_GUARDED_BY(mu_);
+};
+
 std::string EpochFailureCause(const absl::Status& s) {
   const absl::string_view m = s.message();
   if (absl::IsDeadlineExceeded(s)) return "timeout";
@@ -76,6 +159,8 @@ absl::StatusOr<std::unique_ptr<DaemonMetrics>> DaemonMetrics::Create(MetricsRegi
              {{"collective", "allreduce"}, {"algorithm", "ring"}, {"status", "ok"}});
   m->Counter("gradsync_daemon_epoch_failures_total", "Job epochs that failed here, by cause",
              {{"cause", "peer_lost"}});
+  m->jobs_ = std::make_shared<JobCollector>();
+  registry.AddCollectable(m->jobs_);
   return m;
 }
 
@@ -114,6 +199,7 @@ void DaemonMetrics::OnOpQueued() { queue_depth_->Increment(); }
 
 void DaemonMetrics::OnOpDone(const OpRecord& op) {
   queue_depth_->Decrement();
+  jobs_->Op(op);
   const std::string kind = CollectiveName(op.kind);
   const std::string algo = op.algorithm.empty() ? "none" : op.algorithm;
   if (auto* c = Counter("gradsync_daemon_ops_total",
@@ -161,8 +247,42 @@ void DaemonMetrics::OnOpDone(const OpRecord& op) {
   }
 }
 
-void DaemonMetrics::OnSessionOpened() { sessions_->Increment(); }
-void DaemonMetrics::OnSessionClosed() { sessions_->Decrement(); }
+void DaemonMetrics::OnSessionOpened(const std::string& job_id) {
+  sessions_->Increment();
+  jobs_->Opened(job_id);
+}
+void DaemonMetrics::OnSessionClosed(const std::string& job_id) {
+  sessions_->Decrement();
+  jobs_->Closed(job_id);
+}
+
+void DaemonMetrics::OnPeerRetransmits(const std::string& peer, uint64_t retransmits) {
+  if (auto* c = Counter("gradsync_daemon_peer_retransmits_total",
+                        "TCP segments retransmitted on the connections to each peer daemon",
+                        {{"peer_daemon", peer}})) {
+    c->Increment(static_cast<double>(retransmits));
+  }
+}
+
+void DaemonMetrics::OnPeerBandwidth(const std::string& peer, double bytes_per_second) {
+  prometheus::Gauge* g = nullptr;
+  {
+    absl::MutexLock l(&mu_);
+    auto it = peer_bandwidth_.find(peer);
+    if (it != peer_bandwidth_.end()) g = it->second;
+  }
+  if (g == nullptr) {
+    auto made = registry_.AddGauge(
+        "gradsync_daemon_peer_bandwidth_bytes",
+        "Bytes/s sent to each peer daemon during the last op that sent it at least 1 MiB",
+        {{"peer_daemon", peer}});
+    if (!made.ok()) return;
+    g = *made;
+    absl::MutexLock l(&mu_);
+    peer_bandwidth_[peer] = g;
+  }
+  g->Set(bytes_per_second);
+}
 
 void DaemonMetrics::OnPeerBytes(const std::string& peer, uint64_t sent, uint64_t received) {
   if (sent > 0) {

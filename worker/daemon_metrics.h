@@ -21,9 +21,11 @@ class DaemonMetrics final : public DaemonObserver {
 
   void OnOpQueued() override;
   void OnOpDone(const OpRecord& op) override;
-  void OnSessionOpened() override;
-  void OnSessionClosed() override;
+  void OnSessionOpened(const std::string& job_id) override;
+  void OnSessionClosed(const std::string& job_id) override;
   void OnPeerBytes(const std::string& peer, uint64_t sent, uint64_t received) override;
+  void OnPeerRetransmits(const std::string& peer, uint64_t retransmits) override;
+  void OnPeerBandwidth(const std::string& peer, double bytes_per_second) override;
   void OnEpochFailed(const std::string& cause) override;
   void OnHeartbeatFailed() override;
   void OnLinkProbe(const LinkParams& link) override;
@@ -34,6 +36,7 @@ class DaemonMetrics final : public DaemonObserver {
 
  private:
   explicit DaemonMetrics(MetricsRegistry& registry) : registry_(registry) {}
+  class JobCollector;
   prometheus::Counter* Counter(const std::string& name, const std::string& help,
                                const prometheus::Labels& labels);
   prometheus::Histogram* Histogram(const std::string& name, const std::string& help,
@@ -52,6 +55,8 @@ class DaemonMetrics final : public DaemonObserver {
   prometheus::Gauge* link_latency_ = nullptr;
   prometheus::Gauge* link_bandwidth_ = nullptr;
   prometheus::Gauge* reduce_bandwidth_ = nullptr;
+  std::map<std::string, prometheus::Gauge*> peer_bandwidth_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<JobCollector> jobs_;  // per-job series, only for jobs with a session here
 };
 
 }  // namespace gradsync

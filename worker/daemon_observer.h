@@ -16,6 +16,7 @@
 namespace gradsync {
 
 struct OpRecord {
+  std::string job_id;
   CollectiveKind kind = CollectiveKind::kAllreduce;
   std::string algorithm;  // "ring", "hier", ... ("" if it never ran)
   absl::StatusCode code = absl::StatusCode::kOk;
@@ -31,11 +32,20 @@ class DaemonObserver {
   virtual ~DaemonObserver() = default;
   virtual void OnOpQueued() {}
   virtual void OnOpDone(const OpRecord& op) { (void)op; }
-  virtual void OnSessionOpened() {}
-  virtual void OnSessionClosed() {}
+  virtual void OnSessionOpened(const std::string& job_id) { (void)job_id; }
+  virtual void OnSessionClosed(const std::string& job_id) { (void)job_id; }
   // Bytes moved to/from one peer daemon ("host:port") since the last call.
   virtual void OnPeerBytes(const std::string& peer, uint64_t sent, uint64_t received) {
     (void)peer; (void)sent; (void)received;
+  }
+  // TCP retransmissions on the connections to a peer daemon since the last call.
+  virtual void OnPeerRetransmits(const std::string& peer, uint64_t retransmits) {
+    (void)peer; (void)retransmits;
+  }
+  // Bytes/s this rank sent to a peer daemon during the last op that sent it
+  // at least 1 MiB (achieved per-link bandwidth).
+  virtual void OnPeerBandwidth(const std::string& peer, double bytes_per_second) {
+    (void)peer; (void)bytes_per_second;
   }
   // An epoch failed (cause: "peer_lost", "protocol", "timeout", "peer_abort",
   // "coordinator", "closed", "other").

@@ -33,10 +33,11 @@ Session::Session(SessionInfo info, std::unique_ptr<transport::Context> ctx,
       ring_options_(ring_options),
       group_(std::move(group)),
       observer_(observer),
-      link_(info_.link),
       peer_sent_(info_.world_size, 0),
-      peer_received_(info_.world_size, 0) {
-  if (observer_ != nullptr) observer_->OnSessionOpened();
+      peer_received_(info_.world_size, 0),
+      peer_retrans_(info_.world_size, 0),
+      link_(info_.link) {
+  if (observer_ != nullptr) observer_->OnSessionOpened(info_.job_id);
   if (!info_.timeline_path.empty()) {
     auto t = Timeline::Open(info_.timeline_path, info_.rank,
                             absl::StrCat("rank ", info_.rank, " (job ", info_.job_id, ")"));
@@ -52,7 +53,7 @@ Session::Session(SessionInfo info, std::unique_ptr<transport::Context> ctx,
 
 Session::~Session() {
   Close();
-  if (observer_ != nullptr) observer_->OnSessionClosed();
+  if (observer_ != nullptr) observer_->OnSessionClosed(info_.job_id);
 }
 
 SessionStatus Session::Status() const {
@@ -351,6 +352,7 @@ void Session::ExecutorLoop() {
     }
     if (observer_ != nullptr) {
       OpRecord rec;
+      rec.job_id = info_.job_id;
       rec.kind = op->sig.kind;
       rec.algorithm = outcome.algorithm;
       rec.code = s.code();
@@ -363,13 +365,22 @@ void Session::ExecutorLoop() {
       for (int p = 0; p < info_.world_size; ++p) {
         if (p == info_.rank) continue;
         const uint64_t sent = ctx_->BytesSentTo(p), recv = ctx_->BytesReceivedFrom(p);
+        const std::string peer = p < static_cast<int>(info_.peer_daemons.size())
+                                     ? info_.peer_daemons[p]
+                                     : absl::StrCat("rank", p);
         if (sent != peer_sent_[p] || recv != peer_received_[p]) {
-          const std::string peer = p < static_cast<int>(info_.peer_daemons.size())
-                                       ? info_.peer_daemons[p]
-                                       : absl::StrCat("rank", p);
           observer_->OnPeerBytes(peer, sent - peer_sent_[p], recv - peer_received_[p]);
+          const double secs = absl::ToDoubleSeconds(outcome.run_time);
+          if (sent - peer_sent_[p] >= (1u << 20) && secs > 0) {
+            observer_->OnPeerBandwidth(peer, (sent - peer_sent_[p]) / secs);
+          }
           peer_sent_[p] = sent;
           peer_received_[p] = recv;
+        }
+        const uint64_t retrans = ctx_->Retransmits(p);
+        if (retrans > peer_retrans_[p]) {
+          observer_->OnPeerRetransmits(peer, retrans - peer_retrans_[p]);
+          peer_retrans_[p] = retrans;
         }
       }
       if (!s.ok() && !absl::IsInvalidArgument(s) && newly_failed) {

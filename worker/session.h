@@ -178,7 +178,7 @@ class Session {
   absl::Time last_used_ ABSL_GUARDED_BY(mu_);
   CompletionListener listener_ ABSL_GUARDED_BY(mu_);
   DaemonObserver* const observer_;
-  std::vector<uint64_t> peer_sent_, peer_received_;  // executor thread only
+  std::vector<uint64_t> peer_sent_, peer_received_, peer_retrans_;  // executor thread only
   // Status of the op in progress (guarded by mu_).
   uint64_t current_seq_ ABSL_GUARDED_BY(mu_) = 0;
   std::string current_desc_ ABSL_GUARDED_BY(mu_);

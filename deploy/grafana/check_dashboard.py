@@ -19,6 +19,8 @@ def main(dashboard, metrics_md, promtool):
         g = p.get("gridPos", {})
         if not all(k in g for k in ("h", "w", "x", "y")) or g.get("x", 0) + g.get("w", 0) > 24:
             errors.append(f"panel {p.get('title')}: bad gridPos {g}")
+        if p.get("type") == "row":
+            continue
         if not p.get("targets"):
             errors.append(f"panel {p.get('title')}: no targets")
         for t in p.get("targets", []):
@@ -32,7 +34,7 @@ def main(dashboard, metrics_md, promtool):
     if promtool:
         rules = {"groups": [{"name": "dashboard", "rules": []}]}
         for i, (title, e) in enumerate(exprs):
-            e = e.replace("$__rate_interval", "5m").replace("$instance", ".*")
+            e = e.replace("$__rate_interval", "5m").replace("$instance", ".*").replace("$job", ".*")
             rules["groups"][0]["rules"].append({"record": f"dashboard:expr{i}", "expr": e})
         with tempfile.NamedTemporaryFile("w", suffix=".yml", delete=False) as f:
             json.dump(rules, f)  # JSON is YAML
