@@ -303,3 +303,34 @@ TEST(Failure, SigtermDrainsTheRunningOpThenRefusesNewOnesAndExitsZero) {
 
 }  // namespace
 }  // namespace gradsync
+
+namespace gradsync {
+namespace {
+
+// The first rank to finish the job's last op closes its session at once (as a
+// training process that exits): the others must still complete that op.
+TEST(Failure, RankLeavingRightAfterTheLastOpDoesNotFailTheOthersLastOp) {
+  auto cluster = StartCluster(3);
+  ASSERT_NE(cluster, nullptr);
+  for (int round = 0; round < 8; ++round) {
+    auto ranks = OpenJob(*cluster, absl::StrCat("last-op-", round), {0, 1, 2});
+    ASSERT_TRUE(ranks.ok()) << ranks.status();
+    std::vector<absl::Status> st(3);
+    OnEveryRank(3, [&](int r) {
+      auto& s = *(*ranks)[r].session;
+      auto b = s.AllocateBuffer(4 << 20);
+      ASSERT_TRUE(b.ok());
+      client::CollectiveSpec spec;
+      spec.buffer = b->get();
+      spec.count = (4 << 20) / 4;
+      spec.algorithm = round % 2 == 0 ? "ring" : "rhd";
+      spec.name = "last";
+      st[r] = s.Run(spec).status();
+      (void)s.Close();  // leave at once, like a process exiting
+    });
+    for (int r = 0; r < 3; ++r) EXPECT_TRUE(st[r].ok()) << "round " << round << " rank " << r << ": " << st[r];
+  }
+}
+
+}  // namespace
+}  // namespace gradsync

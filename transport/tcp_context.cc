@@ -141,6 +141,7 @@ absl::Status TcpContext::PostSend(int peer, const MemoryRegion& mr, size_t offse
   }
   req->done = false;
   Peer& p = Conn(peer, tag);
+  if (p.closed) return Fail(ClosedPeerError(peer));
   p.sends.push_back(SendItem{MakeHeader(FrameType::kData, tag, static_cast<uint32_t>(len)),
                              mr.data() + offset, len, 0, req});
   if (p.sends.size() == 1) {  // eager: most small messages leave right here
@@ -162,6 +163,7 @@ absl::Status TcpContext::PostRecv(int peer, const MemoryRegion& mr, size_t offse
                                                    ") outside region of ", mr.size(), " bytes"));
   }
   req->done = false;
+  if (Conn(peer, tag).closed) return Fail(ClosedPeerError(peer));
   Conn(peer, tag).recvs.push_back(RecvItem{mr.data() + offset, capacity, exact, tag, req});
   return absl::OkStatus();
 }
@@ -202,9 +204,10 @@ bool TcpContext::DoSend(Peer& p, bool* completed) {
   return true;
 }
 
-ssize_t TcpContext::ReadSome(Peer& p, char* dst, size_t n, const char* where) {
+ssize_t TcpContext::ReadSome(Peer& p, char* dst, size_t n, const char* where, bool eof_ok) {
   while (true) {
     const ssize_t r = ::recv(p.fd.get(), dst, n, MSG_DONTWAIT);
+    if (r == 0 && eof_ok) return kClosed;
     if (r > 0) {
       p.received += static_cast<size_t>(r);
       bytes_received_ += static_cast<size_t>(r);
@@ -222,8 +225,14 @@ ssize_t TcpContext::ReadSome(Peer& p, char* dst, size_t n, const char* where) {
 bool TcpContext::DoRecv(Peer& p, bool* completed) {
   while (true) {
     if (p.in_header_got < kHeaderBytes) {
+      // At a frame boundary with nothing expected, EOF is an orderly close.
+      const bool idle = p.in_header_got == 0 && p.recvs.empty();
       const ssize_t r = ReadSome(p, reinterpret_cast<char*>(&p.in_header) + p.in_header_got,
-                                 kHeaderBytes - p.in_header_got, "");
+                                 kHeaderBytes - p.in_header_got, "", idle);
+      if (r == kClosed) {
+        p.closed = true;
+        return true;
+      }
       if (r < 0) return r == kWouldBlock;
       p.in_header_got += static_cast<size_t>(r);
       if (p.in_header_got < kHeaderBytes) continue;
@@ -300,7 +309,7 @@ absl::Status TcpContext::Progress(absl::Time deadline) {
     pfds.push_back({wake_fd_.get(), POLLIN, 0});
     owners.push_back(nullptr);
     for (Peer& p : peers_) {
-      if (p.rank == rank_ || !p.fd.valid()) continue;
+      if (p.rank == rank_ || !p.fd.valid() || p.closed) continue;
       short events = 0;
       if (!p.sends.empty()) events |= POLLOUT;
       const bool header_parked = p.in_header_got == kHeaderBytes && p.recvs.empty();
@@ -372,6 +381,11 @@ uint64_t TcpContext::BytesSentTo(int peer) const {
     if (p.rank == peer) total += p.sent;
   }
   return total;
+}
+
+absl::Status TcpContext::ClosedPeerError(int peer) {
+  return absl::UnavailableError(absl::StrCat("rank ", rank_, ": connection to rank ", peer,
+                                             " lost: closed by peer (it left or stopped)"));
 }
 
 uint64_t TcpContext::Retransmits(int peer) const {

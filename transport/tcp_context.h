@@ -97,6 +97,10 @@ class TcpContext : public Context {
     size_t in_payload_got = 0;
     uint64_t sent = 0;
     uint64_t received = 0;
+    // The peer closed the connection at a frame boundary while nothing was
+    // expected from it (e.g. it finished the job and left). Not an error
+    // until something is posted to or from it.
+    bool closed = false;
   };
 
   TcpContext(const TcpContextOptions& options);
@@ -110,7 +114,9 @@ class TcpContext : public Context {
   // the context ("connection to rank R lost<where>: ...").
   static constexpr ssize_t kWouldBlock = -1;
   static constexpr ssize_t kLost = -2;
-  ssize_t ReadSome(Peer& p, char* dst, size_t n, const char* where);
+  static constexpr ssize_t kClosed = -3;  // orderly EOF and eof_ok
+  ssize_t ReadSome(Peer& p, char* dst, size_t n, const char* where, bool eof_ok = false);
+  absl::Status ClosedPeerError(int peer);
   void BroadcastAbort(const std::string& reason);
 
   const std::string job_id_;

@@ -147,6 +147,21 @@ TEST(TcpContext, TruncatedFrameThenCloseIsALostPeer) {
   EXPECT_NE(s.message().find("connection to rank 0 lost mid-frame"), std::string::npos) << s;
 }
 
+TEST(TcpContext, OrderlyCloseOfAnIdlePeerFailsOnlyWhenItIsNeededAgain) {
+  Pair p = Connect();
+  p.raw.Reset();  // the peer finished and left: FIN at a frame boundary
+  // Nothing is expected from it: progress is not an error (just no completion).
+  EXPECT_TRUE(absl::IsDeadlineExceeded(p.ctx->Progress(absl::Now() + absl::Milliseconds(100))));
+  EXPECT_TRUE(p.ctx->health().ok());
+  // Expecting something from it now fails at once, naming it.
+  std::vector<char> buf(16);
+  auto mr = p.ctx->RegisterMemory(buf.data(), buf.size());
+  Request req;
+  absl::Status s = p.ctx->PostRecv(0, **mr, 0, 16, true, MessageTag{3, 0, 1, 0}, &req);
+  EXPECT_TRUE(absl::IsUnavailable(s)) << s;
+  EXPECT_NE(s.message().find("connection to rank 0 lost: closed by peer"), std::string::npos) << s;
+}
+
 TEST(TcpContext, AbortFrameCarriesThePeersReason) {
   Pair p = Connect();
   const std::string why = "rank 0: connection to rank 5 lost";

@@ -378,6 +378,12 @@ void Daemon::HeartbeatLoop() {
         if (options_.observer != nullptr) options_.observer->OnHeartbeatFailed();
         GS_LOG(WARNING) << "heartbeat for job '" << info.job_id << "' rank " << info.rank << ": "
                         << st.error_message();
+      } else if (resp.state() == v1::JOB_STATE_ABORTED && resp.epoch() == info.epoch &&
+                 resp.dead_ranks().empty()) {
+        // A member left gracefully (e.g. it finished): don't interrupt an op
+        // that may still complete without it; refuse the next ones.
+        s->EndEpoch(absl::FailedPreconditionError(absl::StrCat(
+            "job '", info.job_id, "' epoch ", info.epoch, " ended: ", resp.abort_reason())));
       } else if (resp.state() == v1::JOB_STATE_ABORTED || resp.epoch() != info.epoch) {
         s->AbortEpoch(absl::AbortedError(absl::StrCat(
             "job '", info.job_id, "' epoch ", info.epoch, " aborted by the coordinator: ",

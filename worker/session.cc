@@ -269,6 +269,11 @@ void Session::SetCompletionListener(CompletionListener listener) {
   listener_ = std::move(listener);
 }
 
+void Session::EndEpoch(const absl::Status& reason) {
+  absl::MutexLock l(&mu_);
+  if (epoch_error_.ok()) epoch_error_ = reason;
+}
+
 void Session::AbortEpoch(const absl::Status& reason) {
   {
     absl::MutexLock l(&mu_);

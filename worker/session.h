@@ -129,6 +129,11 @@ class Session {
   // ops go on (graceful drain).
   void StopAccepting(const std::string& reason);
 
+  // The epoch ended gracefully (a member left): later ops fail with `reason`
+  // (FailedPrecondition), but the running op is not interrupted; if it still
+  // needs the member that left, the closed connection fails it at once.
+  void EndEpoch(const absl::Status& reason);
+
   // Fails the epoch from outside (coordinator said so, daemon stopping).
   void AbortEpoch(const absl::Status& reason);
   // Stops the executor (aborting a running op), frees the buffers. Idempotent.
