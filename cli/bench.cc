@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <condition_variable>
+#include <deque>
 #include <cstdio>
 #include <fstream>
 #include <mutex>
@@ -243,17 +244,23 @@ absl::StatusOr<uint64_t> RunBench(const BenchOptions& o) {
         spec.name = absl::StrCat("bench.", CollectiveName(o.op), ".", bytes);
         spec.timeout = absl::Milliseconds(o.timeout_ms);
         char* data = static_cast<char*>(buffers[r]->data());
+        // Ops go out back to back, at most kWindow unreported at a time (the
+        // daemon keeps at most 4096 per session).
+        constexpr int kWindow = 1024;
         auto run_batch = [&](int k) -> absl::Status {
-          std::vector<client::OpHandle> hs;
-          for (int i = 0; i < k; ++i) {
-            auto h = s.SubmitAsync(spec);
-            if (!h.ok()) return h.status();
-            hs.push_back(*h);
-          }
-          for (auto& h : hs) {
-            auto res = s.Wait(h, absl::Milliseconds(o.timeout_ms) + absl::Seconds(5));
+          std::deque<client::OpHandle> hs;
+          for (int i = 0; i < k || !hs.empty();) {
+            if (i < k && static_cast<int>(hs.size()) < kWindow) {
+              auto h = s.SubmitAsync(spec);
+              if (!h.ok()) return h.status();
+              hs.push_back(*h);
+              ++i;
+              continue;
+            }
+            auto res = s.Wait(hs.front(), absl::Milliseconds(o.timeout_ms) + absl::Seconds(5));
             if (!res.ok()) return res.status();
             row.algo = res->algorithm;
+            hs.pop_front();
           }
           return absl::OkStatus();
         };

@@ -32,11 +32,13 @@ ABSL_FLAG(std::string, csv, "", "bench: also write the table as CSV to this file
 ABSL_FLAG(int32_t, tcp_streams, 0, "bench: TCP connections per rank pair (0: daemon default)");
 ABSL_FLAG(bool, limits, true, "bench: measure and print link/memory limits before the table");
 ABSL_FLAG(std::string, coordinator, "",
-          "bench: use an existing cluster (run one bench per rank, each next to its gradsyncd)");
+          "status: the coordinator to ask (default 127.0.0.1:7070); bench: use an existing "
+          "cluster (run one bench per rank, each next to its gradsyncd)");
 ABSL_FLAG(std::string, daemon, "unix:/run/gradsync/gradsyncd.sock",
           "bench with --coordinator: the local gradsyncd");
 ABSL_FLAG(int32_t, world_size, 0, "bench with --coordinator: ranks in the bench job");
-ABSL_FLAG(std::string, job, "", "bench with --coordinator: job id shared by all bench processes");
+ABSL_FLAG(std::string, job, "",
+          "status: only this job; bench with --coordinator: job id shared by all bench processes");
 
 namespace {
 constexpr char kUsage[] =
