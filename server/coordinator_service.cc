@@ -81,7 +81,34 @@ grpc::Status CoordinatorService::JoinJob(grpc::ServerContext* ctx,
   wait.is_cancelled = [ctx] { return ctx->IsCancelled(); };
   GS_LOG(DEBUG) << "JoinJob job='" << request->job_id() << "' member='" << request->member_id()
                 << "' rank=" << request->requested_rank() << " from " << ctx->peer();
-  return Reply(registry_->JoinJob(*request, wait), response);
+  absl::StatusOr<v1::JoinJobResponse> joined = registry_->JoinJob(*request, wait);
+  if (joined.ok() && joined->options().ps_shards() > 0) {
+    // The epoch's parameter-server shards: chosen once, the same for every rank.
+    auto shards = shards_.AssignForJob(request->job_id(), joined->epoch(),
+                                       joined->options().ps_shards());
+    if (!shards.ok()) return ToGrpcStatus(shards.status());
+    shards_.ForgetJob(request->job_id(), joined->epoch());
+    for (size_t i = 0; i < shards->ids.size(); ++i) {
+      joined->add_ps_shard_ids(shards->ids[i]);
+      *joined->add_ps_shards() = shards->endpoints[i];
+    }
+  }
+  return Reply(std::move(joined), response);
+}
+
+grpc::Status CoordinatorService::RegisterShard(grpc::ServerContext*,
+                                               const v1::RegisterShardRequest* request,
+                                               v1::RegisterShardResponse* response) {
+  absl::Status s = shards_.Register(request->shard_id(), request->endpoint());
+  if (!s.ok()) return ToGrpcStatus(s);
+  response->set_heartbeat_interval_ms(1000);
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorService::ListShards(grpc::ServerContext*, const v1::ListShardsRequest*,
+                                            v1::ListShardsResponse* response) {
+  for (auto& st : shards_.List()) *response->add_shards() = std::move(st);
+  return grpc::Status::OK;
 }
 
 grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext*,

@@ -18,6 +18,7 @@
 #include "absl/time/time.h"
 #include "proto/coordinator.grpc.pb.h"
 #include "server/job_registry.h"
+#include "server/shard_registry.h"
 
 namespace gradsync {
 
@@ -63,6 +64,10 @@ class CoordinatorService final : public v1::Coordinator::Service {
                         v1::ListJobsResponse* response) override;
   grpc::Status WatchJob(grpc::ServerContext* ctx, const v1::WatchJobRequest* request,
                         grpc::ServerWriter<v1::JobEvent>* writer) override;
+  grpc::Status RegisterShard(grpc::ServerContext* ctx, const v1::RegisterShardRequest* request,
+                             v1::RegisterShardResponse* response) override;
+  grpc::Status ListShards(grpc::ServerContext* ctx, const v1::ListShardsRequest* request,
+                          v1::ListShardsResponse* response) override;
 
  private:
   // Times one unary call for the RpcObserver.
@@ -70,6 +75,7 @@ class CoordinatorService final : public v1::Coordinator::Service {
 
   JobRegistry* const registry_;
   RpcObserver* const rpc_observer_;
+  ShardRegistry shards_;
 };
 
 struct CoordinatorServerOptions {
