@@ -156,6 +156,7 @@ absl::StatusOr<uint64_t> RunBench(const BenchOptions& o) {
     }
     LocalClusterOptions co;
     co.daemons = n / o.ranks_per_daemon;
+    co.ps_shards = o.ps_shards;
     auto c = LocalCluster::Start(co);
     if (!c.ok()) return c.status();
     cluster = std::move(*c);
@@ -195,6 +196,7 @@ absl::StatusOr<uint64_t> RunBench(const BenchOptions& o) {
         so.timeout = absl::Seconds(external ? 300 : 30);
         so.op_timeout_ms = o.timeout_ms;
         so.tcp_streams = o.tcp_streams;
+        so.ps_shards = o.ps_shards;
         auto s = clients[r]->OpenSession(so);
         if (!s.ok()) return void(setup[r] = s.status());
         sessions[r] = std::move(*s);

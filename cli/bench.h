@@ -30,6 +30,7 @@ struct BenchOptions {
   bool check = false;
   std::string csv;
   int tcp_streams = 0;         // 0: gradsyncd's default
+  int ps_shards = 0;           // parameter-server shards (embedded: started; the job uses them)
   bool limits = true;          // measure and print the link limits first
   int64_t timeout_ms = 120000;
 };

@@ -29,6 +29,7 @@ struct Case {
   DType dtype;
   ReduceOp op;
   uint64_t count;
+  std::string algo = "";  // "" = the cost model's choice
 };
 
 // A reusable barrier for the rank threads.
@@ -104,6 +105,10 @@ absl::StatusOr<int> RunDemo(const DemoOptions& o) {
   cases.push_back({DType::kI64, ReduceOp::kMin, mid / 8});
   cases.push_back({DType::kU8, ReduceOp::kSum, mid});
   cases.push_back({DType::kF32, ReduceOp::kProd, 7});
+  if (o.ps_shards > 0) {  // a parameter-server round through gradsync-ps shards
+    cases.push_back({DType::kF32, ReduceOp::kSum, std::min<uint64_t>(o.max_bytes, 16 << 20) / 4, "ps"});
+    cases.push_back({DType::kBF16, ReduceOp::kAvg, mid / 2, "ps"});
+  }
 
   sigset_t stop;
   sigemptyset(&stop);
@@ -114,6 +119,7 @@ absl::StatusOr<int> RunDemo(const DemoOptions& o) {
 
   LocalClusterOptions co;
   co.daemons = o.ranks;
+  co.ps_shards = o.ps_shards;
   co.keep_logs = o.keep_logs;
   auto started = LocalCluster::Start(co);
   if (!started.ok()) return started.status();
@@ -182,6 +188,7 @@ absl::StatusOr<int> RunDemo(const DemoOptions& o) {
         so.timeout = absl::Seconds(30);
         so.op_timeout_ms = o.timeout_ms;
         so.client_name = absl::StrCat("demo-rank", r);
+        so.ps_shards = o.ps_shards;
         auto s = cl->OpenSession(so);
         if (!s.ok()) return s.status();
         session = std::move(*s);
@@ -204,9 +211,15 @@ absl::StatusOr<int> RunDemo(const DemoOptions& o) {
           FillInput(CollectiveKind::kAllreduce, c.dtype, r, n, c.count, data);
           barrier.Wait();
           const absl::Time t0 = absl::Now();
-          auto res = session->Allreduce(*buf, 0, c.count, c.dtype, c.op,
-                                        absl::StrCat("demo.", DTypeName(c.dtype), ".", c.count),
-                                        absl::Milliseconds(o.timeout_ms));
+          client::CollectiveSpec spec;
+          spec.buffer = buf.get();
+          spec.count = c.count;
+          spec.dtype = c.dtype;
+          spec.op = c.op;
+          spec.algorithm = c.algo;
+          spec.name = absl::StrCat("demo.", DTypeName(c.dtype), ".", c.count);
+          spec.timeout = absl::Milliseconds(o.timeout_ms);
+          auto res = session->Run(spec);
           const double us = absl::ToDoubleMicroseconds(absl::Now() - t0);
           if (!res.ok()) {
             errors[ci][r] = std::string(res.status().message());

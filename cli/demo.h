@@ -17,6 +17,7 @@ struct DemoOptions {
   int iters = 3;
   int64_t timeout_ms = 60000;
   bool keep_logs = false;
+  int ps_shards = 2;  // gradsync-ps shards for the parameter-server rows
 };
 
 // Runs the demo, printing the table to stdout. Returns the number of failed

@@ -25,11 +25,14 @@ ABSL_FLAG(std::string, op, "allreduce",
           "bench: allreduce|reduce_scatter|allgather|broadcast|reduce|alltoall|barrier");
 ABSL_FLAG(std::string, dtype, "f32", "bench: f32|f64|f16|bf16|i32|i64|u8");
 ABSL_FLAG(std::string, redop, "sum", "bench: sum|avg|min|max|prod");
-ABSL_FLAG(std::string, algo, "auto", "bench: auto (cost model) or ring|rhd|rd|tree|pairwise");
+ABSL_FLAG(std::string, algo, "auto",
+          "bench: auto (cost model) or ring|rhd|rd|tree|pairwise|hier|ps (ps needs --ps_shards)");
 ABSL_FLAG(int32_t, root, 0, "bench: root rank of broadcast/reduce");
 ABSL_FLAG(bool, check, false, "bench: check results (one checked op per size) and count #wrong");
 ABSL_FLAG(std::string, csv, "", "bench: also write the table as CSV to this file");
 ABSL_FLAG(int32_t, tcp_streams, 0, "bench: TCP connections per rank pair (0: daemon default)");
+ABSL_FLAG(int32_t, ps_shards, 0,
+          "bench/demo: parameter-server shards (gradsync-ps) to start and use (--algo ps)");
 ABSL_FLAG(bool, limits, true, "bench: measure and print link/memory limits before the table");
 ABSL_FLAG(std::string, coordinator, "",
           "status: the coordinator to ask (default 127.0.0.1:7070); bench: use an existing "
@@ -101,6 +104,7 @@ int main(int argc, char** argv) {
     if (warmup >= 0) o.warmup = warmup;
     o.timeout_ms = absl::GetFlag(FLAGS_timeout_ms);
     o.keep_logs = absl::GetFlag(FLAGS_keep_logs);
+    o.ps_shards = absl::GetFlag(FLAGS_ps_shards) > 0 ? absl::GetFlag(FLAGS_ps_shards) : o.ps_shards;
     auto failures = gradsync::RunDemo(o);
     if (!failures.ok()) {
       std::fprintf(stderr, "gradsync demo: %s\n", std::string(failures.status().message()).c_str());
@@ -137,6 +141,7 @@ int main(int argc, char** argv) {
     o.check = absl::GetFlag(FLAGS_check);
     o.csv = absl::GetFlag(FLAGS_csv);
     o.tcp_streams = absl::GetFlag(FLAGS_tcp_streams);
+    o.ps_shards = absl::GetFlag(FLAGS_ps_shards);
     o.limits = absl::GetFlag(FLAGS_limits);
     o.timeout_ms = absl::GetFlag(FLAGS_timeout_ms);
     o.coordinator = absl::GetFlag(FLAGS_coordinator);

@@ -51,10 +51,17 @@ std::string FindBinary(const std::string& name) {
   if (n > 0) {
     exe[n] = '\0';
     std::string dir = std::filesystem::path(exe).parent_path().string();
-    dirs = {dir, dir + "/../server", dir + "/../worker", dir + "/../bench",
-            dir + "/../../server", dir + "/../../worker", dir + "/../../bench"};
+    dirs = {dir,
+            dir + "/../server",
+            dir + "/../worker",
+            dir + "/../bench",
+            dir + "/../ps",
+            dir + "/../../server",
+            dir + "/../../worker",
+            dir + "/../../bench",
+            dir + "/../../ps"};
   }
-  for (const char* rel : {"server", "worker", "bench"}) {  // Bazel runfiles (tests)
+  for (const char* rel : {"server", "worker", "bench", "ps"}) {  // Bazel runfiles (tests)
     dirs.push_back(rel);
   }
   if (const char* env = std::getenv("GRADSYNC_BIN_DIR")) dirs.insert(dirs.begin(), env);
@@ -160,6 +167,30 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
     if (!pid.ok()) return pid.status();
     c->daemons_.push_back(Child{*pid, absl::StrCat("gradsyncd #", i)});
   }
+  // Parameter-server shards: registered with the coordinator before any job
+  // forms (WaitForShards below).
+  const std::string ps_bin = options.ps_bin.empty() ? FindBinary("gradsync-ps") : options.ps_bin;
+  for (int i = 0; i < options.ps_shards; ++i) {
+    std::vector<std::string> args = {
+        "--listen=127.0.0.1:0",
+        absl::StrCat("--port_file=", c->work_dir_, "/ps", i, ".port"),
+        "--coordinator=" + c->coordinator_address_,
+        absl::StrCat("--shard_id=ps", i),
+        "--metrics_listen=127.0.0.1:0",
+    };
+    auto pid = Spawn(ps_bin, args, absl::StrCat(c->work_dir_, "/ps", i, ".log"));
+    if (!pid.ok()) return pid.status();
+    c->shards_.push_back(Child{*pid, absl::StrCat("gradsync-ps #", i)});
+  }
+  for (int i = 0; i < options.ps_shards; ++i) {
+    auto port = WaitForPortFile(absl::StrCat(c->work_dir_, "/ps", i, ".port"), c->shards_[i].pid,
+                                c->shards_[i].name, absl::StrCat(c->work_dir_, "/ps", i, ".log"),
+                                deadline);
+    if (!port.ok()) {
+      c->keep_logs_ = true;
+      return port.status();
+    }
+  }
   for (int i = 0; i < options.daemons; ++i) {
     auto port = WaitForPortFile(absl::StrCat(c->work_dir_, "/daemon", i, ".port"),
                                 c->daemons_[i].pid, c->daemons_[i].name, c->daemon_log(i), deadline);
@@ -201,6 +232,10 @@ int LocalCluster::coordinator_metrics_port() const {
   return PortLine(work_dir_ + "/coordinator.port", 1);
 }
 
+void LocalCluster::SignalShard(int i, int sig) {
+  if (!shards_[i].exited) ::kill(shards_[i].pid, sig);
+}
+
 void LocalCluster::SignalDaemon(int i, int sig) {
   if (!daemons_[i].exited) ::kill(daemons_[i].pid, sig);
 }
@@ -215,6 +250,7 @@ bool LocalCluster::DaemonAlive(int i) {
 absl::Status LocalCluster::StopAll(absl::Duration grace) {
   std::vector<Child*> all;
   for (auto& d : daemons_) all.push_back(&d);
+  for (auto& s : shards_) all.push_back(&s);
   if (coordinator_.pid > 0) all.push_back(&coordinator_);
   std::vector<Child*> signalled;
   for (Child* ch : all) {

@@ -19,6 +19,8 @@ namespace gradsync {
 
 struct LocalClusterOptions {
   int daemons = 4;
+  int ps_shards = 0;             // gradsync-ps processes (registered with the coordinator)
+  std::string ps_bin;            // empty: FindBinary("gradsync-ps")
   std::string coordinator_bin;  // empty: FindBinary("gradsync-coordinator")
   std::string daemon_bin;       // empty: FindBinary("gradsyncd")
   std::vector<std::string> coordinator_flags;
@@ -37,6 +39,9 @@ class LocalCluster {
   // gRPC target of daemon i ("unix-abstract:...").
   std::string daemon_target(int i) const;
   pid_t daemon_pid(int i) const { return daemons_[i].pid; }
+  int ps_shards() const { return static_cast<int>(shards_.size()); }
+  // Sends `sig` to PS shard i.
+  void SignalShard(int i, int sig);
   int size() const { return static_cast<int>(daemons_.size()); }
   const std::string& work_dir() const { return work_dir_; }
   std::string daemon_log(int i) const;
@@ -75,6 +80,7 @@ class LocalCluster {
   std::string coordinator_address_;
   Child coordinator_;
   std::vector<Child> daemons_;
+  std::vector<Child> shards_;
 };
 
 // Looks for a gradsync binary next to the running executable, in the Bazel

@@ -423,6 +423,7 @@ absl::StatusOr<std::unique_ptr<Session>> Client::OpenSession(const SessionOption
   req.mutable_options()->set_tcp_streams(options.tcp_streams);
   req.mutable_options()->set_algorithm(options.algorithm);
   req.mutable_options()->set_timeline(options.timeline);
+  req.mutable_options()->set_ps_shards(options.ps_shards);
   req.set_client_name(options.client_name);
 
   grpc::ClientContext ctx;

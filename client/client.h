@@ -90,6 +90,7 @@ struct SessionOptions {
   int tcp_streams = 0;       // TCP connections per pair of ranks
   std::string algorithm;     // forced for every op of the job; "" = cost model
   bool timeline = false;     // Chrome-trace timeline of every op on every rank (gradsyncd --timeline_dir)
+  int ps_shards = 0;         // parameter-server shards (gradsync-ps) for algorithm "ps"
   // Free-form name for the daemon's logs (e.g. "trainer pid 1234").
   std::string client_name;
 };

@@ -12,6 +12,7 @@ const char* AlgorithmCodeName(uint8_t code) {
   static const char* const kNames[] = {"ring", "rhd", "rd", "tree", "pairwise"};
   if (code < 5) return kNames[code];
   if (code == kHierarchicalCode) return "hier";
+  if (code == kParameterServerCode) return "ps";
   return "?";
 }
 

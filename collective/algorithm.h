@@ -17,6 +17,8 @@ namespace gradsync {
 // Algorithm codes carried in op signatures: the Algorithm enum's values, plus
 // the hierarchical path (worker/job_group.h), which is not an Algorithm.
 inline constexpr uint8_t kHierarchicalCode = 100;
+// ... and the parameter-server path (ps/worker_client.h), also not an Algorithm.
+inline constexpr uint8_t kParameterServerCode = 101;
 // "ring", "rhd", "rd", "tree", "pairwise", "hier", or "?" for others.
 const char* AlgorithmCodeName(uint8_t code);
 

@@ -170,6 +170,21 @@ LinkParams RefineFromObservation(const LinkParams& link, CollectiveKind kind, Al
   return out;
 }
 
+double PredictParameterServerMicros(size_t bytes, int world, int shards, const LinkParams& link) {
+  if (shards <= 0 || world <= 0) return std::numeric_limits<double>::infinity();
+  const double B = static_cast<double>(bytes);
+  const double per_shard = static_cast<double>(world) * B / shards;
+  return 2 * link.alpha_us + std::max(B, per_shard) * link.beta_us_per_byte +
+         per_shard * link.reduce_us_per_byte;
+}
+
+bool PreferParameterServer(size_t bytes, int world, int shards, const LinkParams& link) {
+  if (shards <= 0 || world <= 1) return false;
+  const Algorithm best = ChooseAlgorithm(CollectiveKind::kAllreduce, bytes, world, link);
+  const double flat = PredictMicros(CollectiveKind::kAllreduce, best, bytes, world, link);
+  return PredictParameterServerMicros(bytes, world, shards, link) < flat * (1 - kTieFraction);
+}
+
 bool PreferHierarchical(CollectiveKind kind, const Topology& topology) {
   return kind == CollectiveKind::kAllreduce && topology.nodes < topology.world;
 }

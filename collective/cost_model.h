@@ -63,6 +63,16 @@ struct Topology {
 // network stage: cheaper in every alpha-beta term. Implemented for allreduce.
 bool PreferHierarchical(CollectiveKind kind, const Topology& topology);
 
+// Parameter-server allreduce (gradsync-ps) with `shards` shards on links like
+// the workers': every worker pushes B bytes and pulls B bytes at once (full
+// duplex), every shard takes in world*B/shards bytes and reduces them:
+//   2a + max(B, world*B/shards) b + world*B/shards g
+// versus ring's 2(n-1)a + 2(n-1)/n B b + (n-1)/n B g: with enough shards PS
+// moves half the bytes per worker.
+double PredictParameterServerMicros(size_t bytes, int world, int shards, const LinkParams& link);
+// Whether PS beats the best flat algorithm for this allreduce.
+bool PreferParameterServer(size_t bytes, int world, int shards, const LinkParams& link);
+
 // Refreshes the link estimate from a transfer this rank saw: a bandwidth-
 // bound op (ring or rhd allreduce of at least 1 MiB) that took `took` implies
 // an inverse bandwidth beta; the estimate moves 20% of the way towards it

@@ -5,6 +5,7 @@
 #include <poll.h>
 #include <sys/socket.h>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "transport/wire.h"
@@ -25,6 +26,30 @@ std::string PeerName(const struct sockaddr_storage& ss) {
     port = ntohs(a->sin6_port);
   }
   return absl::StrCat(buf, ":", port);
+}
+
+// The hello checks that come before reading the job id: magic, version, job
+// id length (ValidateHello on a copy whose ranks are known to be fine).
+absl::Status ValidateHelloFraming(const Hello& h) {
+  Hello framing = h;
+  framing.world_size = 2;
+  framing.src_rank = 0;
+  framing.dst_rank = 1;
+  return ValidateHello(framing);
+}
+
+// The rank checks of a routed hello: dst_rank names something outside the
+// job (e.g. a parameter-server shard), so it is only bounded.
+absl::Status ValidateRoutedRanks(const Hello& h) {
+  if (h.world_size < 1 || h.world_size > kMaxWorldSize) {
+    return absl::InvalidArgumentError(absl::StrCat("bad world size ", h.world_size));
+  }
+  if (h.src_rank < 0 || h.src_rank >= h.world_size || h.dst_rank < 0 ||
+      h.dst_rank >= kMaxWorldSize) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "bad ranks src=", h.src_rank, " dst=", h.dst_rank, " for world size ", h.world_size));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -112,14 +137,19 @@ void TcpListener::ReapLocked() {
 
 void TcpListener::DoHandshake(UniqueFd fd, std::string peer, Handshake* self) {
   const absl::Time deadline = absl::Now() + options_.handshake_timeout;
-  Hello hello;
+  const bool routing = !options_.route_prefix.empty() && options_.route != nullptr;
+  Hello hello{};
   absl::Status s = ReadFull(fd.get(), &hello, sizeof(hello), deadline);
   std::string job_id;
-  if (s.ok()) s = ValidateHello(hello);
+  // Without routing the whole hello is checked before the job id is read (as
+  // always); with routing the rank checks depend on the job id.
+  if (s.ok()) s = routing ? ValidateHelloFraming(hello) : ValidateHello(hello);
   if (s.ok()) {
     job_id.resize(hello.job_id_len);
     s = ReadFull(fd.get(), job_id.data(), job_id.size(), deadline);
   }
+  const bool routed = routing && s.ok() && absl::StartsWith(job_id, options_.route_prefix);
+  if (routing && s.ok()) s = routed ? ValidateRoutedRanks(hello) : ValidateHello(hello);
   if (!s.ok()) {
     GS_LOG(WARNING) << "data plane: rejected connection from " << peer << ": " << s.message();
     if (hello.magic == kHelloMagic) {  // a real peer speaking another version: tell it why
@@ -136,6 +166,16 @@ void TcpListener::DoHandshake(UniqueFd fd, std::string peer, Handshake* self) {
   }
   GS_LOG(DEBUG) << "data plane: " << peer << " is job '" << job_id << "' epoch " << hello.epoch
                 << " rank " << hello.src_rank << " -> " << hello.dst_rank;
+  if (routed) {
+    {
+      absl::MutexLock l(&mu_);
+      ++stats_.routed;
+    }
+    options_.route(RoutedConnection{std::move(fd), hello, std::move(job_id), std::move(peer)});
+    absl::MutexLock l(&mu_);
+    self->done = true;
+    return;
+  }
   absl::MutexLock l(&mu_);
   parked_[Key{job_id, hello.epoch, hello.src_rank, hello.dst_rank, hello.stream}] =
       Parked{std::move(fd), absl::Now()};

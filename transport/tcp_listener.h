@@ -3,11 +3,16 @@
 // number of handshake threads, so garbage or a silent client can't block
 // anyone) and parks well-formed connections until the job's context claims
 // them. Parked connections nobody claims are closed after `park_timeout`.
+//
+// Optionally (ListenerOptions::route_prefix / route) connections whose job id
+// starts with a prefix are handed to a callback instead of being parked: the
+// parameter server (ps/) takes its "ps/<job>" connections this way.
 #ifndef GRADSYNC_TRANSPORT_TCP_LISTENER_H_
 #define GRADSYNC_TRANSPORT_TCP_LISTENER_H_
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <list>
 #include <map>
 #include <memory>
@@ -20,20 +25,44 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/net.h"
+#include "transport/wire.h"
 
 namespace gradsync::transport {
+
+// A handshaken connection handed to ListenerOptions::route.
+struct RoutedConnection {
+  UniqueFd fd;         // blocking; the HelloAck has not been sent yet
+  Hello hello;         // validated (see ListenerOptions::route)
+  std::string job_id;  // the full job id, prefix included
+  std::string peer;    // "host:port" of the connector
+};
 
 struct ListenerOptions {
   HostPort listen{"0.0.0.0", 0};
   absl::Duration handshake_timeout = absl::Seconds(5);
   absl::Duration park_timeout = absl::Seconds(60);
   int max_pending_handshakes = 64;
+
+  // Optional routing. When `route_prefix` is non-empty and `route` is set,
+  // every well-formed connection whose job id starts with `route_prefix` is
+  // passed to `route` instead of being parked (Claim never sees it); all
+  // other connections behave exactly as without routing. For routed
+  // connections dst_rank is not a rank of the job, so the hello check is
+  // magic, version, job id length, 1 <= world_size <= kMaxWorldSize,
+  // 0 <= src_rank < world_size and 0 <= dst_rank < kMaxWorldSize.
+  // `route` runs on the handshake thread, owns the connection from then on
+  // (it answers the HelloAck), must return promptly (it holds one of the
+  // max_pending_handshakes slots) and must stay callable until the listener
+  // is destroyed (the destructor waits for running calls).
+  std::string route_prefix;
+  std::function<void(RoutedConnection)> route;
 };
 
 struct ListenerStats {
   uint64_t accepted = 0;
   uint64_t rejected = 0;  // bad handshakes (garbage, truncated, wrong version)
   uint64_t expired = 0;   // parked but never claimed
+  uint64_t routed = 0;    // handed to ListenerOptions::route
 };
 
 class TcpListener {

@@ -93,6 +93,7 @@ absl::StatusOr<std::shared_ptr<Session>> Daemon::OpenSession(const OpenSessionAr
                                                                 : options_.tcp_streams);
   creq.mutable_options()->set_algorithm(args.algorithm);
   creq.mutable_options()->set_timeline(args.timeline);
+  creq.mutable_options()->set_ps_shards(args.ps_shards);
   v1::CreateJobResponse cresp;
   auto rpc = RpcContext(absl::Seconds(10));
   absl::Status s = FromGrpcStatus(coordinator_->CreateJob(rpc.get(), creq, &cresp));
@@ -127,6 +128,8 @@ absl::StatusOr<std::shared_ptr<Session>> Daemon::OpenSession(const OpenSessionAr
   const int64_t op_ms = jresp.options().op_timeout_ms();
   if (op_ms > 0) info.default_op_timeout = absl::Milliseconds(op_ms);
   info.job_algorithm = jresp.options().algorithm();
+  for (const auto& e : jresp.ps_shards()) info.ps_shards.push_back(HostPort{e.host(), e.port()});
+  info.ps_partition_bytes = options_.ps_partition_bytes;
   if (jresp.options().timeline()) {
     info.timeline_path = absl::StrCat(options_.timeline_dir, "/", args.job_id, ".epoch",
                                       info.epoch, ".rank", info.rank, ".trace.json");

@@ -38,6 +38,7 @@ struct DaemonOptions {
   int tcp_streams = 2;  // default TCP connections per rank pair for jobs this daemon creates
   int spin_us = 50;     // data-plane progress spins this long before sleeping
   std::string timeline_dir = "/var/lib/gradsync/timeline";  // for jobs with timeline on
+  uint64_t ps_partition_bytes = 1 << 20;  // parameter-server partition size
   DaemonObserver* observer = nullptr;  // metrics; not owned, outlives the daemon
 };
 
@@ -51,6 +52,7 @@ struct OpenSessionArgs {
   int tcp_streams = 0;    // 0: DaemonOptions::tcp_streams
   std::string algorithm;  // job-wide forced algorithm; "" = cost model
   bool timeline = false;  // job-wide Chrome-trace timeline
+  int ps_shards = 0;      // parameter-server shards the job uses (if it creates it)
   std::string client_name;
 };
 

@@ -41,6 +41,8 @@ ABSL_FLAG(int32_t, max_inflight, 4, "ring segments in flight per direction");
 ABSL_FLAG(int32_t, socket_buffer_bytes, 4 << 20, "SO_SNDBUF/SO_RCVBUF of data sockets");
 ABSL_FLAG(std::string, timeline_dir, "/var/lib/gradsync/timeline",
           "where jobs with the timeline switched on get their Chrome-trace files");
+ABSL_FLAG(int64_t, ps_partition_bytes, 1 << 20,
+          "partition size of parameter-server allreduces (algo ps)");
 ABSL_FLAG(int64_t, drain_timeout_ms, 10000,
           "on SIGTERM: how long running and queued ops may take to finish before the daemon "
           "fails them and exits");
@@ -146,6 +148,7 @@ int main(int argc, char** argv) {
   opts.tcp_streams = absl::GetFlag(FLAGS_tcp_streams);
   opts.spin_us = std::max(0, absl::GetFlag(FLAGS_spin_us));
   opts.timeline_dir = absl::GetFlag(FLAGS_timeline_dir);
+  opts.ps_partition_bytes = static_cast<uint64_t>(std::max<int64_t>(4096, absl::GetFlag(FLAGS_ps_partition_bytes)));
   if (opts.heartbeat_interval <= absl::ZeroDuration() || opts.ring.segment_bytes < 4096 ||
       opts.ring.max_inflight < 1 || opts.tcp_streams < 1 || opts.tcp_streams > 16) {
     GS_LOG(ERROR) << "invalid flags: --heartbeat_interval_ms must be > 0, --segment_bytes >= "

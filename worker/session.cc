@@ -38,6 +38,19 @@ Session::Session(SessionInfo info, std::unique_ptr<transport::Context> ctx,
       peer_retrans_(info_.world_size, 0),
       link_(info_.link) {
   if (observer_ != nullptr) observer_->OnSessionOpened(info_.job_id);
+  if (!info_.ps_shards.empty()) {
+    ps::PsWorkerOptions po;
+    po.job_id = info_.job_id;
+    po.epoch = static_cast<uint64_t>(info_.epoch);
+    po.shards = info_.ps_shards;
+    auto w = ps::PsWorker::Create(po);
+    if (w.ok()) {
+      ps_ = std::move(*w);
+    } else {
+      GS_LOG(WARNING) << "job '" << info_.job_id << "': no parameter-server path: "
+                      << w.status().message();
+    }
+  }
   if (!info_.timeline_path.empty()) {
     auto t = Timeline::Open(info_.timeline_path, info_.rank,
                             absl::StrCat("rank ", info_.rank, " (job ", info_.job_id, ")"));
@@ -140,10 +153,23 @@ absl::StatusOr<uint64_t> Session::Submit(const SubmitArgs& a) {
   const std::string what = absl::StrCat(CollectiveName(a.kind), " '", a.name, "'");
   std::optional<Algorithm> forced;
   bool hier = false;
+  bool use_ps = false;
   const std::string& algo_name = !a.algorithm.empty() && a.algorithm != "auto"
                                      ? a.algorithm
                                      : info_.job_algorithm;
-  if (algo_name == "hier") {
+  if (algo_name == "ps") {
+    if (a.kind != CollectiveKind::kAllreduce) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": algorithm 'ps' does not implement ", CollectiveName(a.kind),
+          " (parameter server: allreduce only)"));
+    }
+    if (ps_ == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": algorithm 'ps' needs parameter-server shards; job '", info_.job_id,
+          "' has none (create it with ps_shards > 0 and start gradsync-ps)"));
+    }
+    use_ps = true;
+  } else if (algo_name == "hier") {
     if (a.kind != CollectiveKind::kAllreduce) {
       return absl::InvalidArgumentError(absl::StrCat(
           what, ": algorithm 'hier' does not implement ", CollectiveName(a.kind),
@@ -231,6 +257,7 @@ absl::StatusOr<uint64_t> Session::Submit(const SubmitArgs& a) {
   op->sig.root = IsRootedCollective(a.kind) ? a.root : 0;
   op->forced = forced;
   op->hier = hier;
+  op->ps = use_ps;
   if (!no_buffer) op->buffer = it->second;
   op->offset = a.offset_bytes;
   op->submitted = absl::Now();
@@ -281,6 +308,7 @@ void Session::AbortEpoch(const absl::Status& reason) {
   }
   ctx_->Abort(reason);
   if (group_ != nullptr) group_->Abort(reason);
+  if (ps_ != nullptr) ps_->Abort(reason);
 }
 
 void Session::Close() {
@@ -294,6 +322,7 @@ void Session::Close() {
         absl::CancelledError(absl::StrCat("rank ", info_.rank, " closed its session"));
     ctx_->Abort(why);
     if (group_ != nullptr) group_->Abort(why);
+    if (ps_ != nullptr) ps_->Abort(why);
     if (executor_.joinable()) executor_.join();
     absl::MutexLock l(&mu_);
     buffers_.clear();
@@ -417,6 +446,8 @@ absl::Status Session::RunOp(Op& op) {
       CollectiveBufferBytes(op.sig.kind, op.sig.count, op.sig.dtype, info_.world_size);
   if (op.hier) {
     op.sig.forced = kHierarchicalCode;
+  } else if (op.ps) {
+    op.sig.forced = kParameterServerCode;
   } else if (op.forced.has_value()) {
     op.sig.forced = static_cast<uint8_t>(*op.forced);
   }
@@ -425,6 +456,9 @@ absl::Status Session::RunOp(Op& op) {
   } else if (group_ != nullptr &&
              PreferHierarchical(op.sig.kind, Topology{info_.world_size, group_->layout().nodes})) {
     op.sig.proposal = kHierarchicalCode;
+  } else if (ps_ != nullptr && op.sig.kind == CollectiveKind::kAllreduce &&
+             PreferParameterServer(bytes, info_.world_size, ps_->shards(), link_)) {
+    op.sig.proposal = kParameterServerCode;
   } else {
     op.sig.proposal =
         static_cast<uint8_t>(ChooseAlgorithm(op.sig.kind, bytes, info_.world_size, link_));
@@ -445,7 +479,7 @@ absl::Status Session::RunOp(Op& op) {
         },
         &agreed);
   }
-  if (s.ok() && agreed != kHierarchicalCode && agreed >= 5) {
+  if (s.ok() && agreed != kHierarchicalCode && agreed != kParameterServerCode && agreed >= 5) {
     s = absl::DataLossError(absl::StrCat("rank 0 proposed unknown algorithm code ", agreed));
   }
   arrival_wait_ = absl::Now() - negotiate_start;
@@ -454,19 +488,23 @@ absl::Status Session::RunOp(Op& op) {
   const absl::Time op_run_start = absl::Now();
   if (s.ok()) {
     const bool hier = agreed == kHierarchicalCode;
+    const bool use_ps = agreed == kParameterServerCode;
     if (hier && group_ == nullptr) {
       s = absl::FailedPreconditionError("rank 0 chose the hierarchical path; this rank has no group");
     }
-    const Algorithm algo = hier ? Algorithm::kRing : static_cast<Algorithm>(agreed);
+    if (use_ps && ps_ == nullptr) {
+      s = absl::FailedPreconditionError("rank 0 chose the parameter server; this rank has no shards");
+    }
+    const Algorithm algo = (hier || use_ps) ? Algorithm::kRing : static_cast<Algorithm>(agreed);
     if (!s.ok()) return s;
-    if (!hier && !Implements(algo, op.sig.kind)) {
+    if (!hier && !use_ps && !Implements(algo, op.sig.kind)) {
       return absl::InvalidArgumentError(absl::StrCat("rank 0 chose '", AlgorithmName(algo),
                                                      "', which does not implement ",
                                                      CollectiveName(op.sig.kind)));
     }
     {
       absl::MutexLock l(&mu_);
-      op.outcome.algorithm = hier ? "hier" : AlgorithmName(algo);
+      op.outcome.algorithm = AlgorithmCodeName(agreed);
       current_phase_ = absl::StrCat("running ", op.outcome.algorithm);
       current_arrived_.clear();
       for (int r = 0; r < info_.world_size; ++r) current_arrived_.push_back(r);
@@ -481,11 +519,17 @@ absl::Status Session::RunOp(Op& op) {
     call.seq = op.seq;
     call.deadline = op.deadline;
     call.ring = ring_options_;
-    s = hier ? group_->HierAllreduce(info_.rank, op.seq, static_cast<char*>(call.data), call.count,
-                                     call.dtype, call.op, call.deadline)
-             : RunCollective(*ctx_, call, algo, &scratch_);
-    TraceEvent(hier ? "hier" : AlgorithmName(algo), "op", run_start);
-    if (s.ok() && !hier) {  // refine this rank's link estimate from what it just saw
+    if (hier) {
+      s = group_->HierAllreduce(info_.rank, op.seq, static_cast<char*>(call.data), call.count,
+                                call.dtype, call.op, call.deadline);
+    } else if (use_ps) {
+      s = ps_->PushPull(op.seq, call.data, call.count, call.dtype, call.op, info_.world_size,
+                        info_.rank, info_.ps_partition_bytes, slicer_, call.deadline);
+    } else {
+      s = RunCollective(*ctx_, call, algo, &scratch_);
+    }
+    TraceEvent(AlgorithmCodeName(agreed), "op", run_start);
+    if (s.ok() && !hier && !use_ps) {  // refine this rank's link estimate from what it just saw
       link_ = RefineFromObservation(link_, op.sig.kind, algo, bytes, info_.world_size,
                                     absl::ToDoubleMicroseconds(absl::Now() - op_run_start));
     }

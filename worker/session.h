@@ -33,6 +33,8 @@
 #include "collective/ring_allreduce.h"
 #include "common/types.h"
 #include "transport/transport.h"
+#include "ps/slicer.h"
+#include "ps/worker_client.h"
 #include "worker/daemon_observer.h"
 #include "worker/job_group.h"
 #include "worker/shm_segment.h"
@@ -52,6 +54,8 @@ struct SessionInfo {
   LinkParams link;            // measured when the epoch formed, equal on every rank
   std::vector<std::string> peer_daemons;  // data endpoint of each rank ("host:port")
   std::string timeline_path;  // non-empty: write the job's timeline for this rank here
+  std::vector<HostPort> ps_shards;  // the epoch's gradsync-ps shards (algo "ps")
+  uint64_t ps_partition_bytes = 1 << 20;
 };
 
 // What a session is doing, for `gradsync status` (answers "which rank is
@@ -157,6 +161,7 @@ class Session {
     uint64_t offset = 0;
     std::optional<Algorithm> forced;
     bool hier = false;  // forced "hier"
+    bool ps = false;    // forced "ps"
     absl::Time submitted;
     absl::Time deadline;
     OpOutcome outcome;
@@ -196,6 +201,8 @@ class Session {
   absl::Duration arrival_wait_;  // executor thread only: of the last op
   std::unique_ptr<Timeline> timeline_;  // null unless the job's timeline is on
   LinkParams link_;  // executor thread only: info_.link, refined from observed transfers
+  std::unique_ptr<ps::PsWorker> ps_;  // null unless the job has PS shards
+  ps::BalancedSlicer slicer_;
   std::thread executor_;
   std::once_flag close_once_;
 };

@@ -76,6 +76,7 @@ grpc::Status WorkerService::OpenSession(grpc::ServerContext* ctx,
   a.tcp_streams = req->options().tcp_streams();
   a.algorithm = req->options().algorithm();
   a.timeline = req->options().timeline();
+  a.ps_shards = req->options().ps_shards();
   a.client_name = req->client_name();
   auto s = daemon_->OpenSession(a);
   if (!s.ok()) return ToGrpcStatus(s.status());

@@ -1,0 +1,318 @@
+// gradsync-ps: one parameter-server shard. Worker daemons connect to it (one
+// TCP connection per worker and job), push partitions and get their sums back;
+// see ps/README.md.
+//
+//   gradsync-ps [--listen=0.0.0.0:7073] [--threads=4] [--step_timeout_ms=30000]
+//       [--max_memory_mb=8192] [--port_file=PATH] [--v=0|1]
+//
+// SIGTERM/SIGINT: connected workers get "ps shard K: shutting down"
+// (Unavailable), running steps fail, exit 0.
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "common/logging.h"
+#include "common/net.h"
+#include "absl/synchronization/notification.h"
+#include "common/config_file.h"
+#include "common/metrics.h"
+#include "common/sd_notify.h"
+#include "proto/coordinator.grpc.pb.h"
+#include "ps/shard.h"
+
+#include <grpcpp/grpcpp.h>
+#include <thread>
+
+ABSL_FLAG(std::string, listen, "0.0.0.0:7073",
+          "data-plane listen address host:port; port 0 picks a free port (see --port_file)");
+ABSL_FLAG(int, threads, 4, "aggregation threads (partition p is reduced on thread p % threads)");
+ABSL_FLAG(int64_t, step_timeout_ms, 30000,
+          "a step whose pushes are not all in this long after it started fails on every worker, "
+          "naming the missing ranks");
+ABSL_FLAG(int64_t, max_memory_mb, 8192,
+          "staging memory bound: a step reserves workers x its bytes on this shard");
+ABSL_FLAG(std::string, port_file, "",
+          "if set, the bound port number and a newline are written here (atomically) once "
+          "listening");
+ABSL_FLAG(int, v, 0, "log verbosity: 0 info, 1 debug");
+ABSL_FLAG(std::string, coordinator, "",
+          "gradsync-coordinator to register with (host:port); empty = do not register");
+ABSL_FLAG(std::string, shard_id, "", "this shard's name at the coordinator (default: host:port)");
+ABSL_FLAG(std::string, advertise_host, "",
+          "host workers use to reach this shard (default: the --listen host, or the hostname "
+          "when that is a wildcard)");
+ABSL_FLAG(std::string, metrics_listen, "0.0.0.0:9472",
+          "Prometheus /metrics HTTP address (empty = off; port 0 = any free port)");
+ABSL_FLAG(std::string, config, "",
+          "config file of `flag = value` lines (docs/operations.md); command-line flags win");
+
+namespace gradsync::ps {
+namespace {
+
+// Writes "<port>\n<metrics port>\n" to `path` via a temporary file and rename(2).
+absl::Status WritePortFile(const std::string& path, int port, int metrics_port) {
+  const std::string tmp = absl::StrCat(path, ".tmp.", getpid());
+  const std::string content = absl::StrCat(port, "\n", metrics_port, "\n");
+  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return absl::UnavailableError(absl::StrCat("open ", tmp, ": ", ErrnoString(errno)));
+  const bool written =
+      write(fd, content.data(), content.size()) == static_cast<ssize_t>(content.size());
+  const int e = errno;
+  if (close(fd) != 0 || !written) {
+    unlink(tmp.c_str());
+    return absl::UnavailableError(
+        absl::StrCat("write ", tmp, ": ", ErrnoString(written ? errno : e)));
+  }
+  if (rename(tmp.c_str(), path.c_str()) != 0) {
+    const int e2 = errno;
+    unlink(tmp.c_str());
+    return absl::UnavailableError(
+        absl::StrCat("rename ", tmp, " -> ", path, ": ", ErrnoString(e2)));
+  }
+  return absl::OkStatus();
+}
+
+std::string HostName() {
+  char buf[256] = {0};
+  if (::gethostname(buf, sizeof(buf) - 1) != 0) return "localhost";
+  return buf;
+}
+
+// Keeps this shard registered at the coordinator (RegisterShard is also the
+// heartbeat).
+class Registrar {
+ public:
+  Registrar(const std::string& coordinator, std::string id, std::string host, int port)
+      : stub_(v1::Coordinator::NewStub(
+            grpc::CreateChannel(coordinator, grpc::InsecureChannelCredentials()))),
+        id_(std::move(id)),
+        host_(std::move(host)),
+        port_(port) {}
+  ~Registrar() { Stop(); }
+  absl::Status RegisterOnce() {
+    v1::RegisterShardRequest req;
+    req.set_shard_id(id_);
+    req.mutable_endpoint()->set_host(host_);
+    req.mutable_endpoint()->set_port(port_);
+    v1::RegisterShardResponse resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+    grpc::Status s = stub_->RegisterShard(&ctx, req, &resp);
+    if (!s.ok()) return absl::UnavailableError(s.error_message());
+    if (resp.heartbeat_interval_ms() > 0) interval_ = absl::Milliseconds(resp.heartbeat_interval_ms());
+    return absl::OkStatus();
+  }
+  void Start() {
+    thread_ = std::thread([this] {
+      while (!stop_.WaitForNotificationWithTimeout(interval_)) {
+        if (absl::Status s = RegisterOnce(); !s.ok()) {
+          GS_LOG(WARNING) << "re-registering with the coordinator: " << s.message();
+        }
+      }
+    });
+  }
+  void Stop() {
+    if (!stop_.HasBeenNotified()) stop_.Notify();
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  std::unique_ptr<v1::Coordinator::Stub> stub_;
+  const std::string id_, host_;
+  const int port_;
+  absl::Duration interval_ = absl::Seconds(1);
+  absl::Notification stop_;
+  std::thread thread_;
+};
+
+// gradsync_ps_* metrics from PsShard::stats() at scrape time (docs/metrics.md).
+class ShardCollector : public prometheus::Collectable {
+ public:
+  explicit ShardCollector(PsShard* shard) : shard_(shard) {}
+  std::vector<prometheus::MetricFamily> Collect() const override {
+    const PsShardStats st = shard_->stats();
+    std::vector<prometheus::MetricFamily> out;
+    auto add = [&](const char* name, const char* help, prometheus::MetricType type, double v) {
+      prometheus::MetricFamily f;
+      f.name = name;
+      f.help = help;
+      f.type = type;
+      prometheus::ClientMetric m;
+      if (type == prometheus::MetricType::Gauge) {
+        m.gauge.value = v;
+      } else {
+        m.counter.value = v;
+      }
+      f.metric.push_back(m);
+      out.push_back(std::move(f));
+    };
+    using T = prometheus::MetricType;
+    add("gradsync_ps_steps_total", "Steps this shard completed", T::Counter, st.steps_completed);
+    add("gradsync_ps_steps_failed_total", "Steps that failed on this shard", T::Counter,
+        st.steps_failed);
+    add("gradsync_ps_pushed_bytes_total", "Partition bytes workers pushed here", T::Counter,
+        st.bytes_pushed);
+    add("gradsync_ps_pulled_bytes_total", "Result bytes sent to workers", T::Counter,
+        st.bytes_pulled);
+    add("gradsync_ps_pushes_refused_total", "Pushes discarded (stale, refused or failed step)",
+        T::Counter, st.pushes_refused);
+    add("gradsync_ps_connections_total", "Worker connections accepted", T::Counter, st.connections);
+    add("gradsync_ps_jobs", "Jobs with state on this shard", T::Gauge, st.jobs);
+    add("gradsync_ps_reserved_bytes", "Staging memory reserved by running steps", T::Gauge,
+        st.reserved_bytes);
+    return out;
+  }
+
+ private:
+  PsShard* shard_;
+};
+
+// Flags -> options, validated once.
+absl::StatusOr<PsShardOptions> OptionsFromFlags() {
+  PsShardOptions o;
+  absl::StatusOr<HostPort> listen = ParseHostPort(absl::GetFlag(FLAGS_listen));
+  if (!listen.ok())
+    return absl::InvalidArgumentError(absl::StrCat("--listen: ", listen.status().message()));
+  o.listen = *listen;
+  o.threads = absl::GetFlag(FLAGS_threads);
+  if (o.threads < 1 || o.threads > 256)
+    return absl::InvalidArgumentError("--threads must be 1..256");
+  const int64_t timeout_ms = absl::GetFlag(FLAGS_step_timeout_ms);
+  if (timeout_ms <= 0) return absl::InvalidArgumentError("--step_timeout_ms must be > 0");
+  o.step_timeout = absl::Milliseconds(timeout_ms);
+  const int64_t mem_mb = absl::GetFlag(FLAGS_max_memory_mb);
+  if (mem_mb <= 0) return absl::InvalidArgumentError("--max_memory_mb must be > 0");
+  o.max_memory_bytes = static_cast<uint64_t>(mem_mb) << 20;
+  return o;
+}
+
+int Run() {
+  absl::StatusOr<PsShardOptions> options = OptionsFromFlags();
+  if (!options.ok()) {
+    GS_LOG(ERROR) << options.status().message();
+    return 1;
+  }
+  // Block the shutdown signals in every thread; this thread takes them with sigwait.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  absl::StatusOr<std::unique_ptr<PsShard>> shard = PsShard::Start(*options);
+  if (!shard.ok()) {
+    GS_LOG(ERROR) << "cannot start: " << shard.status();
+    return 1;
+  }
+  // Metrics: the shard's counters, read at scrape time.
+  MetricsRegistry metrics;
+  if (absl::Status s = metrics.AddProcessMetrics(); !s.ok()) {
+    GS_LOG(ERROR) << "metrics: " << s.message();
+    return 1;
+  }
+  metrics.AddCollectable(std::make_shared<ShardCollector>(shard->get()));
+  std::unique_ptr<MetricsServer> metrics_server;
+  if (const std::string address = absl::GetFlag(FLAGS_metrics_listen); !address.empty()) {
+    auto started = MetricsServer::Start(address, metrics);
+    if (!started.ok()) {
+      GS_LOG(ERROR) << "--metrics_listen: " << started.status().message();
+      return 1;
+    }
+    metrics_server = std::move(*started);
+  }
+  // Registration: once before we report ready (so a job can use us at once),
+  // then every heartbeat interval on a thread.
+  std::string host = absl::GetFlag(FLAGS_advertise_host);
+  if (host.empty()) {
+    host = (options->listen.host == "0.0.0.0" || options->listen.host == "::") ? HostName()
+                                                                             : options->listen.host;
+  }
+  const std::string shard_id = absl::GetFlag(FLAGS_shard_id).empty()
+                                   ? absl::StrCat(host, ":", (*shard)->port())
+                                   : absl::GetFlag(FLAGS_shard_id);
+  std::unique_ptr<Registrar> registrar;
+  if (const std::string coord = absl::GetFlag(FLAGS_coordinator); !coord.empty()) {
+    registrar = std::make_unique<Registrar>(coord, shard_id, host, (*shard)->port());
+    if (absl::Status s = registrar->RegisterOnce(); !s.ok()) {
+      GS_LOG(ERROR) << "cannot register with the coordinator " << coord << ": " << s.message();
+      return 1;
+    }
+    registrar->Start();
+  }
+  if (const std::string path = absl::GetFlag(FLAGS_port_file); !path.empty()) {
+    if (absl::Status s = WritePortFile(path, (*shard)->port(),
+                                       metrics_server ? metrics_server->port() : 0);
+        !s.ok()) {
+      GS_LOG(ERROR) << "cannot write --port_file: " << s;
+      return 1;
+    }
+  }
+  GS_LOG(INFO) << "gradsync-ps listening on " << options->listen.host << ":" << (*shard)->port()
+               << " (" << options->threads << " aggregation threads, step timeout "
+               << absl::FormatDuration(options->step_timeout) << ", pid " << getpid() << ")";
+
+  const std::string serving =
+      absl::StrCat("shard '", shard_id, "' serving on ", host, ":", (*shard)->port(), ", metrics ",
+                   metrics_server ? absl::StrCat("on http://", metrics_server->address(), "/metrics")
+                                  : std::string("off"));
+  if (absl::Status s = NotifyReady(serving); !s.ok()) GS_LOG(WARNING) << s.message();
+  auto watchdog = SystemdWatchdog::Start([&shard] {
+    (*shard)->stats();  // takes the shard's locks: a deadlocked shard stops pinging
+    return true;
+  });
+  if (!watchdog.ok()) GS_LOG(WARNING) << watchdog.status().message() << "; no watchdog pings";
+
+  int sig = 0;
+  while (sigwait(&signals, &sig) != 0) {
+  }
+  GS_LOG(INFO) << "received " << (sig == SIGTERM ? "SIGTERM" : "SIGINT") << ", shutting down";
+  if (absl::Status s = NotifyStopping("stopping"); !s.ok()) GS_LOG(WARNING) << s.message();
+  if (watchdog.ok() && *watchdog != nullptr) (*watchdog)->Stop();
+  if (registrar != nullptr) registrar->Stop();
+  (*shard)->Shutdown();
+  const PsShardStats st = (*shard)->stats();
+  GS_LOG(INFO) << "stopped: " << st.steps_completed << " steps completed, " << st.steps_failed
+               << " failed, " << st.bytes_pushed << " bytes pushed, " << st.bytes_pulled
+               << " bytes pulled";
+  return 0;
+}
+
+}  // namespace
+}  // namespace gradsync::ps
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "gradsync parameter-server shard.\n"
+      "  gradsync-ps [--listen=0.0.0.0:7073] [--threads=4] [--step_timeout_ms=30000]\n"
+      "      [--max_memory_mb=8192] [--coordinator=HOST:PORT] [--shard_id=ID]\n"
+      "      [--metrics_listen=0.0.0.0:9472] [--config=FILE] [--port_file=PATH] [--v=0|1]");
+  std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
+  if (positional.size() > 1) {
+    std::fprintf(stderr, "gradsync-ps: unexpected argument '%s'\n", positional[1]);
+    return 1;
+  }
+  if (const std::string config = absl::GetFlag(FLAGS_config); !config.empty()) {
+    if (absl::Status s = gradsync::ApplyConfigFile(config, argc, argv); !s.ok()) {
+      std::fprintf(stderr, "gradsync-ps: --config: %s\n", std::string(s.message()).c_str());
+      return 1;
+    }
+  }
+  gradsync::SetLogTag("gradsync-ps");
+  gradsync::SetMinLogLevel(absl::GetFlag(FLAGS_v) >= 1 ? gradsync::LogLevel::kDebug
+                                                       : gradsync::LogLevel::kInfo);
+  return gradsync::ps::Run();
+}

@@ -1,0 +1,115 @@
+#include "ps/ps_testing.h"
+
+#include <cstring>
+#include <random>
+#include <thread>
+
+#include "gtest/gtest.h"
+#include "kernels/cpu_reduce.h"
+
+namespace gradsync::ps::testing {
+
+std::vector<char> RandomData(DType t, size_t count, int rank, uint32_t seed) {
+  std::mt19937 rng(seed * 977 + rank);
+  std::uniform_real_distribution<double> real(-3.0, 3.0);
+  const size_t es = DTypeSize(t);
+  std::vector<char> out(count * es);
+  for (size_t i = 0; i < count; ++i) {
+    char* p = out.data() + i * es;
+    switch (t) {
+      case DType::kF32: {
+        float v = static_cast<float>(real(rng));
+        std::memcpy(p, &v, 4);
+        break;
+      }
+      case DType::kF64: {
+        double v = real(rng);
+        std::memcpy(p, &v, 8);
+        break;
+      }
+      case DType::kF16: {
+        uint16_t v = FloatToHalf(static_cast<float>(real(rng)));
+        std::memcpy(p, &v, 2);
+        break;
+      }
+      case DType::kBF16: {
+        uint16_t v = FloatToBFloat16(static_cast<float>(real(rng)));
+        std::memcpy(p, &v, 2);
+        break;
+      }
+      case DType::kI32: {
+        int32_t v = static_cast<int32_t>(rng());
+        std::memcpy(p, &v, 4);
+        break;
+      }
+      case DType::kI64: {
+        int64_t v = (static_cast<int64_t>(rng()) << 32) | rng();
+        std::memcpy(p, &v, 8);
+        break;
+      }
+      case DType::kU8: {
+        uint8_t v = static_cast<uint8_t>(rng());
+        std::memcpy(p, &v, 1);
+        break;
+      }
+    }
+  }
+  return out;
+}
+
+std::vector<char> RankOrderReference(const std::vector<std::vector<char>>& inputs, DType t,
+                                     ReduceOp op, size_t count) {
+  std::vector<char> acc = inputs[0];
+  for (size_t r = 1; r < inputs.size(); ++r) ReduceInto(t, op, acc.data(), inputs[r].data(), count);
+  if (op == ReduceOp::kAvg && inputs.size() > 1) {
+    DivideBy(t, acc.data(), count, static_cast<int64_t>(inputs.size()));
+  }
+  return acc;
+}
+
+std::vector<std::unique_ptr<PsShard>> StartShards(int n, PsShardOptions options) {
+  std::vector<std::unique_ptr<PsShard>> out;
+  options.listen = {"127.0.0.1", 0};
+  for (int i = 0; i < n; ++i) {
+    auto s = PsShard::Start(options);
+    EXPECT_TRUE(s.ok()) << s.status();
+    if (s.ok()) out.push_back(std::move(*s));
+  }
+  return out;
+}
+
+std::vector<HostPort> Addresses(const std::vector<std::unique_ptr<PsShard>>& shards) {
+  std::vector<HostPort> out;
+  for (const auto& s : shards) out.push_back({"127.0.0.1", s->port()});
+  return out;
+}
+
+std::vector<std::unique_ptr<PsWorker>> MakeWorkers(int n, const std::string& job,
+                                                   const std::vector<HostPort>& shards,
+                                                   int max_inflight) {
+  std::vector<std::unique_ptr<PsWorker>> out;
+  for (int r = 0; r < n; ++r) {
+    PsWorkerOptions o;
+    o.job_id = job;
+    o.epoch = 1;
+    o.shards = shards;
+    o.max_inflight = max_inflight;
+    auto w = PsWorker::Create(o);
+    EXPECT_TRUE(w.ok()) << w.status();
+    if (w.ok()) out.push_back(std::move(*w));
+  }
+  return out;
+}
+
+std::vector<absl::Status> RunRanks(const std::vector<int>& ranks,
+                                   const std::function<absl::Status(int)>& fn) {
+  std::vector<absl::Status> st(ranks.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    threads.emplace_back([&, i] { st[i] = fn(ranks[i]); });
+  }
+  for (auto& t : threads) t.join();
+  return st;
+}
+
+}  // namespace gradsync::ps::testing

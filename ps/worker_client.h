@@ -1,0 +1,125 @@
+// The worker-daemon side of the parameter-server data path.
+//
+// A PsWorker connects one worker rank of one job to the job's K shards (one
+// TCP connection per shard, made on first use) and runs synchronous steps:
+// PushPull cuts the tensor with the Slicer, sends each shard a step header,
+// pushes every partition to its shard and receives every partition's reduced
+// result straight into the caller's buffer.
+//
+// Pipelining: one thread (the caller's) drives all K connections with
+// non-blocking sockets and poll(2): pushes and results interleave, so
+// partition 0's result arrives while partition 7 is still being pushed. At
+// most `max_inflight` partitions per shard are pushed and not yet pulled back.
+//
+// Result: each partition's bytes are the shard's rank-order reduction (see
+// ps/shard.h), the same on every worker.
+//
+// Errors (the step is then failed on every worker of the job):
+//   * Unavailable "ps shard 1 (127.0.0.1:5000) lost while pulling partition 7
+//     of step 3: closed by peer" when a shard connection breaks (also
+//     "...while pushing partition 7..." / "...cannot connect...");
+//   * DeadlineExceeded "ps shard 1 (127.0.0.1:5000): step 3 timed out waiting
+//     for partition 7 (...)" at `deadline`;
+//   * errors the shard reports (a rank that never pushed, mismatched step
+//     headers, a refused stale step, ...) verbatim, with the shard's code;
+//   * InvalidArgument for bad arguments or a slicer that breaks its contract;
+//   * the Abort() reason.
+// After an error the PsWorker tells every shard it can reach (ABORT frame for
+// the step) and closes its connections; the next PushPull reconnects.
+//
+// Thread-safety: PushPull from one thread at a time; Abort and stats from any.
+#ifndef GRADSYNC_PS_WORKER_CLIENT_H_
+#define GRADSYNC_PS_WORKER_CLIENT_H_
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/net.h"
+#include "common/types.h"
+#include "ps/slicer.h"
+
+namespace gradsync::ps {
+
+struct PsWorkerOptions {
+  // The job's id ([A-Za-z0-9._-], at most kMaxJobIdBytes = 125 bytes); the
+  // connections use the data-plane job id "ps/<job_id>".
+  std::string job_id;
+  uint64_t epoch = 0;
+  // Shard k's address; every worker of the job lists the same shards in the
+  // same order.
+  std::vector<HostPort> shards;
+  // Partitions pushed to one shard and not yet pulled back (>= 1).
+  int max_inflight = 8;
+  int socket_buffer_bytes = 4 << 20;
+};
+
+struct PsWorkerStats {
+  uint64_t steps = 0;  // PushPull calls that succeeded
+  uint64_t steps_failed = 0;
+  uint64_t bytes_pushed = 0;  // partition payload bytes
+  uint64_t bytes_pulled = 0;
+  uint64_t connects = 0;  // shard connections made
+};
+
+class PsWorker {
+ public:
+  // Checks the options (InvalidArgument); connects nothing yet.
+  static absl::StatusOr<std::unique_ptr<PsWorker>> Create(PsWorkerOptions options);
+  ~PsWorker();
+
+  // One synchronous step: data[0, count) of `dtype` is reduced with `op`
+  // across the job's `world` workers (this one is `rank`) and replaced by
+  // the result. Steps must increase from call to call. `partition_bytes` and
+  // `slicer` cut the tensor (every worker must pass the same). count == 0
+  // returns OK at once. `world` and `rank` name this worker in the
+  // connections: a call with other values than the previous one reconnects.
+  absl::Status PushPull(uint64_t step, void* data, size_t count, DType dtype, ReduceOp op,
+                        int world, int rank, uint64_t partition_bytes, const Slicer& slicer,
+                        absl::Time deadline);
+
+  // Fails the running PushPull (it returns promptly) and every later one with
+  // `reason`. Any thread.
+  void Abort(const absl::Status& reason);
+
+  PsWorkerStats stats() const;
+  int shards() const { return static_cast<int>(options_.shards.size()); }
+
+ private:
+  class Run;  // one PushPull's state (worker_client.cc)
+  explicit PsWorker(PsWorkerOptions options, std::string ps_job_id);
+  std::string ShardName(int k) const;
+  absl::Status Connect(int k, uint64_t step, absl::Time deadline);
+  // Tells reachable shards that `step` failed, closes every connection.
+  void Disconnect(uint64_t step, const absl::Status& why, const std::vector<bool>& can_abort);
+
+  const PsWorkerOptions options_;
+  const std::string ps_job_id_;
+  const uint64_t job_tag_;
+  std::vector<UniqueFd> links_;  // by shard; invalid: not connected
+  int world_ = -1;
+  int rank_ = -1;
+  UniqueFd wake_fd_;  // eventfd, signalled by Abort()
+
+  mutable absl::Mutex mu_;
+  absl::Status aborted_ ABSL_GUARDED_BY(mu_);
+  std::atomic<bool> is_aborted_{false};
+
+  std::atomic<uint64_t> steps_{0};
+  std::atomic<uint64_t> steps_failed_{0};
+  std::atomic<uint64_t> bytes_pushed_{0};
+  std::atomic<uint64_t> bytes_pulled_{0};
+  std::atomic<uint64_t> connects_{0};
+};
+
+}  // namespace gradsync::ps
+
+#endif  // GRADSYNC_PS_WORKER_CLIENT_H_

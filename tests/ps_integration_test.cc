@@ -1,0 +1,213 @@
+// Parameter-server allreduce through real processes: 4 gradsyncd, 2
+// gradsync-ps shards registered with the coordinator, jobs with ps_shards.
+#include <csignal>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "cli/expected.h"
+#include "cli/local_cluster.h"
+#include "collective/reference.h"
+#include "gtest/gtest.h"
+#include "kernels/cpu_reduce.h"
+#include "tests/cluster_util.h"
+
+namespace gradsync {
+namespace {
+
+using testing::OnEveryRank;
+
+absl::StatusOr<std::vector<testing::RankHandle>> OpenPsJob(LocalCluster& cluster,
+                                                          const std::string& job, int world,
+                                                          int shards) {
+  std::vector<testing::RankHandle> ranks(world);
+  std::vector<absl::Status> st(world);
+  OnEveryRank(world, [&](int r) {
+    auto c = client::Client::Connect(cluster.daemon_target(r));
+    if (!c.ok()) return void(st[r] = c.status());
+    ranks[r].client = std::move(*c);
+    client::SessionOptions so;
+    so.job_id = job;
+    so.world_size = world;
+    so.rank = r;
+    so.ps_shards = shards;
+    so.op_timeout_ms = 20000;
+    auto s = ranks[r].client->OpenSession(so);
+    if (!s.ok()) return void(st[r] = s.status());
+    ranks[r].session = std::move(*s);
+  });
+  for (int r = 0; r < world; ++r) {
+    if (!st[r].ok()) return st[r];
+  }
+  return ranks;
+}
+
+// Rank-order reduction: acc = x_0; acc = acc OP x_r for r = 1.. (the shard's order).
+std::vector<char> RankOrder(const std::vector<std::vector<char>>& in, DType t, ReduceOp op,
+                            size_t count) {
+  std::vector<char> acc = in[0];
+  const ReduceOp combine = op == ReduceOp::kAvg ? ReduceOp::kSum : op;
+  for (size_t r = 1; r < in.size(); ++r) ReduceInto(t, combine, acc.data(), in[r].data(), count);
+  if (op == ReduceOp::kAvg) DivideBy(t, acc.data(), count, static_cast<int64_t>(in.size()));
+  return acc;
+}
+
+class PsIntegration : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    LocalClusterOptions o;
+    o.daemons = 4;
+    o.ps_shards = 2;
+    auto c = LocalCluster::Start(o);
+    ASSERT_TRUE(c.ok()) << c.status();
+    cluster_ = std::move(*c);
+  }
+  std::unique_ptr<LocalCluster> cluster_;
+};
+
+TEST_F(PsIntegration, BitExactRankOrderSumsForAwkwardSizesAndDtypes) {
+  auto job = OpenPsJob(*cluster_, "ps-exact", 4, 2);
+  ASSERT_TRUE(job.ok()) << job.status();
+  uint32_t seed = 1;
+  for (auto [t, op] : std::vector<std::pair<DType, ReduceOp>>{
+           {DType::kF32, ReduceOp::kSum}, {DType::kBF16, ReduceOp::kAvg}, {DType::kI32, ReduceOp::kMax}}) {
+    for (size_t count : {0ul, 1ul, 7ul, 1023ul, 1000003ul}) {
+      std::vector<std::vector<char>> in(4);
+      for (int r = 0; r < 4; ++r) in[r] = testing::RandomData(t, count, r, seed);
+      ++seed;
+      const std::vector<char> want = RankOrder(in, t, op, count);
+      std::vector<std::string> errors(4);
+      OnEveryRank(4, [&](int r) {
+        auto& s = *(*job)[r].session;
+        auto b = s.AllocateBuffer(std::max<size_t>(1, in[r].size()));
+        if (!b.ok()) return void(errors[r] = std::string(b.status().message()));
+        std::memcpy((*b)->data(), in[r].data(), in[r].size());
+        client::CollectiveSpec spec;
+        spec.buffer = b->get();
+        spec.count = count;
+        spec.dtype = t;
+        spec.op = op;
+        spec.algorithm = "ps";
+        spec.name = "ps";
+        auto res = s.Run(spec);
+        if (!res.ok()) return void(errors[r] = std::string(res.status().message()));
+        if (res->algorithm != "ps") errors[r] = "ran " + res->algorithm;
+        if (std::memcmp((*b)->data(), want.data(), want.size()) != 0) errors[r] = "wrong result";
+        (void)s.FreeBuffer(std::move(*b));
+      });
+      for (int r = 0; r < 4; ++r) {
+        EXPECT_EQ(errors[r], "") << DTypeName(t) << " " << ReduceOpName(op) << " count " << count
+                                 << " rank " << r;
+      }
+    }
+  }
+}
+
+TEST_F(PsIntegration, TwoJobsShareTheShardsConcurrently) {
+  auto a = OpenPsJob(*cluster_, "ps-a", 2, 2);
+  ASSERT_TRUE(a.ok()) << a.status();
+  std::vector<testing::RankHandle> b_ranks(2);
+  {
+    // Job b runs on daemons 2 and 3.
+    std::vector<absl::Status> st(2);
+    OnEveryRank(2, [&](int r) {
+      auto c = client::Client::Connect(cluster_->daemon_target(2 + r));
+      ASSERT_TRUE(c.ok());
+      b_ranks[r].client = std::move(*c);
+      client::SessionOptions so;
+      so.job_id = "ps-b";
+      so.world_size = 2;
+      so.rank = r;
+      so.ps_shards = 2;
+      auto s = b_ranks[r].client->OpenSession(so);
+      ASSERT_TRUE(s.ok()) << s.status();
+      b_ranks[r].session = std::move(*s);
+    });
+  }
+  auto run = [](std::vector<testing::RankHandle>& job, DType t, ReduceOp op, std::vector<std::string>* errors) {
+    OnEveryRank(2, [&](int r) {
+      auto& s = *job[r].session;
+      const uint64_t count = 300007;
+      auto b = s.AllocateBuffer(count * DTypeSize(t));
+      ASSERT_TRUE(b.ok());
+      for (int step = 0; step < 5; ++step) {
+        FillInput(CollectiveKind::kAllreduce, t, r, 2, count, static_cast<char*>((*b)->data()));
+        client::CollectiveSpec spec;
+        spec.buffer = b->get();
+        spec.count = count;
+        spec.dtype = t;
+        spec.op = op;
+        spec.algorithm = "ps";
+        spec.name = "shared";
+        auto res = s.Run(spec);
+        if (!res.ok()) return void((*errors)[r] = std::string(res.status().message()));
+        const uint64_t wrong = CountWrong(CollectiveKind::kAllreduce, t, op, 0, r, 2, count,
+                                          static_cast<char*>((*b)->data()));
+        if (wrong) return void((*errors)[r] = absl::StrCat(wrong, " wrong at step ", step));
+      }
+    });
+  };
+  std::vector<std::string> ea(2), eb(2);
+  std::thread ta([&] { run(*a, DType::kF32, ReduceOp::kSum, &ea); });
+  std::thread tb([&] { run(b_ranks, DType::kI64, ReduceOp::kMin, &eb); });
+  ta.join();
+  tb.join();
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(ea[r], "") << "job a rank " << r;
+    EXPECT_EQ(eb[r], "") << "job b rank " << r;
+  }
+}
+
+TEST_F(PsIntegration, KilledShardFailsEveryWorkerNamingTheShard) {
+  auto job = OpenPsJob(*cluster_, "ps-kill", 4, 2);
+  ASSERT_TRUE(job.ok()) << job.status();
+  std::vector<absl::Status> st(4);
+  std::atomic<int> started{0};
+  std::thread killer([&] {
+    while (started < 4) absl::SleepFor(absl::Milliseconds(5));
+    absl::SleepFor(absl::Milliseconds(200));
+    cluster_->SignalShard(1, SIGKILL);
+  });
+  OnEveryRank(4, [&](int r) {
+    auto& s = *(*job)[r].session;
+    const uint64_t count = 4 << 20;
+    auto b = s.AllocateBuffer(count * 4);
+    ASSERT_TRUE(b.ok());
+    ++started;
+    for (int i = 0; i < 500; ++i) {
+      client::CollectiveSpec spec;
+      spec.buffer = b->get();
+      spec.count = count;
+      spec.algorithm = "ps";
+      spec.name = "k";
+      auto res = s.Run(spec);
+      if (!res.ok()) return void(st[r] = res.status());
+    }
+  });
+  killer.join();
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_FALSE(st[r].ok()) << "rank " << r;
+    EXPECT_NE(st[r].message().find("ps shard"), std::string::npos) << "rank " << r << ": " << st[r];
+  }
+}
+
+TEST_F(PsIntegration, ForcingPsWithoutShardsIsRefused) {
+  auto job = testing::OpenJob(*cluster_, "no-ps", {0, 1});
+  ASSERT_TRUE(job.ok()) << job.status();
+  auto& s = *(*job)[0].session;
+  auto b = s.AllocateBuffer(64);
+  ASSERT_TRUE(b.ok());
+  client::CollectiveSpec spec;
+  spec.buffer = b->get();
+  spec.count = 4;
+  spec.algorithm = "ps";
+  spec.name = "x";
+  auto res = s.Run(spec);
+  EXPECT_TRUE(absl::IsInvalidArgument(res.status())) << res.status();
+  EXPECT_NE(res.status().message().find("needs parameter-server shards"), std::string::npos)
+      << res.status();
+}
+
+}  // namespace
+}  // namespace gradsync
