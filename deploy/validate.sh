@@ -17,11 +17,12 @@
 set -uo pipefail
 
 DEPLOY_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
-coordinator="" gradsyncd=""
+coordinator="" gradsyncd="" ps=""
 while (($#)); do
   case "$1" in
     --coordinator) coordinator=$(realpath "$2"); shift 2 ;;
     --gradsyncd) gradsyncd=$(realpath "$2"); shift 2 ;;
+    --ps) ps=$(realpath "$2"); shift 2 ;;
     *) echo "validate.sh: unknown argument '$1'" >&2; exit 2 ;;
   esac
 done
@@ -86,7 +87,7 @@ fi
 
 # --- flags of the real binaries --------------------------------------------
 flag_args=() binary_args=()
-for pair in "gradsync-coordinator:$coordinator" "gradsyncd:$gradsyncd"; do
+for pair in "gradsync-coordinator:$coordinator" "gradsyncd:$gradsyncd" "gradsync-ps:$ps"; do
   name=${pair%%:*} bin=${pair#*:}
   [[ -z "$bin" ]] && continue
   if [[ ! -x "$bin" ]]; then
