@@ -26,6 +26,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/logging.h"
+#include "common/port_file.h"
 #include "common/net.h"
 #include "absl/synchronization/notification.h"
 #include "common/config_file.h"
@@ -63,28 +64,6 @@ ABSL_FLAG(std::string, config, "",
 namespace gradsync::ps {
 namespace {
 
-// Writes "<port>\n<metrics port>\n" to `path` via a temporary file and rename(2).
-absl::Status WritePortFile(const std::string& path, int port, int metrics_port) {
-  const std::string tmp = absl::StrCat(path, ".tmp.", getpid());
-  const std::string content = absl::StrCat(port, "\n", metrics_port, "\n");
-  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return absl::UnavailableError(absl::StrCat("open ", tmp, ": ", ErrnoString(errno)));
-  const bool written =
-      write(fd, content.data(), content.size()) == static_cast<ssize_t>(content.size());
-  const int e = errno;
-  if (close(fd) != 0 || !written) {
-    unlink(tmp.c_str());
-    return absl::UnavailableError(
-        absl::StrCat("write ", tmp, ": ", ErrnoString(written ? errno : e)));
-  }
-  if (rename(tmp.c_str(), path.c_str()) != 0) {
-    const int e2 = errno;
-    unlink(tmp.c_str());
-    return absl::UnavailableError(
-        absl::StrCat("rename ", tmp, " -> ", path, ": ", ErrnoString(e2)));
-  }
-  return absl::OkStatus();
-}
 
 std::string HostName() {
   char buf[256] = {0};
@@ -254,8 +233,7 @@ int Run() {
     registrar->Start();
   }
   if (const std::string path = absl::GetFlag(FLAGS_port_file); !path.empty()) {
-    if (absl::Status s = WritePortFile(path, (*shard)->port(),
-                                       metrics_server ? metrics_server->port() : 0);
+    if (absl::Status s = WritePortFile(path, {(*shard)->port(), metrics_server ? metrics_server->port() : 0});
         !s.ok()) {
       GS_LOG(ERROR) << "cannot write --port_file: " << s;
       return 1;

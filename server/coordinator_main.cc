@@ -33,6 +33,7 @@
 #include "absl/time/time.h"
 #include "common/config_file.h"
 #include "common/logging.h"
+#include "common/port_file.h"
 #include "common/metrics.h"
 #include "common/sd_notify.h"
 #include "server/coordinator_metrics.h"
@@ -58,30 +59,6 @@ namespace gradsync {
 namespace {
 
 constexpr absl::Duration kShutdownGrace = absl::Seconds(2);
-
-// Writes "<port>\n<metrics port>\n" to `path` via a temporary file and
-// rename(2), so readers never see a partial file.
-absl::Status WritePortFile(const std::string& path, int port, int metrics_port) {
-  const std::string tmp = absl::StrCat(path, ".tmp.", getpid());
-  const std::string content = absl::StrCat(port, "\n", metrics_port, "\n");
-  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    return absl::UnavailableError(absl::StrCat("open ", tmp, ": ", std::strerror(errno)));
-  }
-  const bool written = write(fd, content.data(), content.size()) ==
-                       static_cast<ssize_t>(content.size());
-  const int e = errno;
-  if (close(fd) != 0 || !written) {
-    unlink(tmp.c_str());
-    return absl::UnavailableError(absl::StrCat("write ", tmp, ": ", std::strerror(written ? errno : e)));
-  }
-  if (rename(tmp.c_str(), path.c_str()) != 0) {
-    const int e = errno;
-    unlink(tmp.c_str());
-    return absl::UnavailableError(absl::StrCat("rename ", tmp, " -> ", path, ": ", std::strerror(e)));
-  }
-  return absl::OkStatus();
-}
 
 int Run() {
   const int64_t heartbeat_ms = absl::GetFlag(FLAGS_heartbeat_timeout_ms);
@@ -136,7 +113,7 @@ int Run() {
     return 1;
   }
   if (const std::string path = absl::GetFlag(FLAGS_port_file); !path.empty()) {
-    if (absl::Status s = WritePortFile(path, (*server)->port(), metrics_server ? metrics_server->port() : 0); !s.ok()) {
+    if (absl::Status s = WritePortFile(path, {(*server)->port(), metrics_server ? metrics_server->port() : 0}); !s.ok()) {
       GS_LOG(ERROR) << "cannot write --port_file: " << s.ToString();
       (*server)->Shutdown(absl::ZeroDuration());
       return 1;

@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/config_file.h"
 #include "common/logging.h"
+#include "common/port_file.h"
 #include "common/metrics.h"
 #include "common/net.h"
 #include "common/sd_notify.h"
@@ -205,13 +206,11 @@ int main(int argc, char** argv) {
   server->GetHealthCheckService()->SetServingStatus(true);
   const std::string port_file = absl::GetFlag(FLAGS_port_file);
   if (!port_file.empty()) {
-    const std::string tmp = port_file + ".tmp";
-    FILE* f = std::fopen(tmp.c_str(), "w");
-    if (f != nullptr) {
-      std::fprintf(f, "%d\n%d\n", (*daemon)->data_port(),
-                   metrics_server ? metrics_server->port() : 0);
-      std::fclose(f);
-      std::rename(tmp.c_str(), port_file.c_str());
+    if (absl::Status s = gradsync::WritePortFile(
+            port_file, {(*daemon)->data_port(), metrics_server ? metrics_server->port() : 0});
+        !s.ok()) {
+      GS_LOG(ERROR) << "cannot write --port_file: " << s.message();
+      return 1;
     }
   }
   const std::string serving = absl::StrCat(
