@@ -49,11 +49,11 @@ void WatchStopSignals(sigset_t set) {
   if (sigwait(&set, &sig) != 0) return;
   std::fprintf(stderr, "\ngradsync demo: %s, stopping the local cluster\n",
                sig == SIGINT ? "interrupted" : "terminated");
-  {
-    std::lock_guard<std::mutex> l(g_cluster_mu);
-    if (g_cluster != nullptr) {
-      (void)g_cluster->StopAll(absl::Seconds(3));
-    }
+  // Exit while still holding the lock: the main thread, whose ops now fail,
+  // must not get to report and return its own status first.
+  std::lock_guard<std::mutex> l(g_cluster_mu);
+  if (g_cluster != nullptr) {
+    (void)g_cluster->StopAll(absl::Seconds(3));
   }
   std::fflush(stdout);
   _exit(128 + sig);
