@@ -28,13 +28,14 @@ TcpContext::TcpContext(const TcpContextOptions& options)
       rank_(options.rank),
       size_(options.world_size),
       streams_(std::max(1, options.streams)),
+      active_streams_(streams_),
       spin_(absl::Microseconds(std::max(0, options.spin_us))),
       peers_(static_cast<size_t>(options.world_size) * std::max(1, options.streams)) {
   for (size_t i = 0; i < peers_.size(); ++i) peers_[i].rank = static_cast<int>(i / streams_);
 }
 
 TcpContext::Peer& TcpContext::Conn(int peer, const MessageTag& tag) {
-  const int stream = tag.slot == kControlSlot ? 0 : static_cast<int>(tag.slot % streams_);
+  const int stream = tag.slot == kControlSlot ? 0 : static_cast<int>(tag.slot % active_streams_);
   return peers_[static_cast<size_t>(peer) * streams_ + stream];
 }
 

@@ -67,6 +67,8 @@ class TcpContext : public Context {
   uint64_t BytesSentTo(int peer) const override;
   uint64_t BytesReceivedFrom(int peer) const override;
   uint64_t Retransmits(int peer) const override;
+  int streams() const override { return streams_; }
+  void UseStreams(int n) override { active_streams_ = n < 1 ? 1 : (n > streams_ ? streams_ : n); }
 
   // Bytes moved since creation (for metrics and the link probe).
   uint64_t bytes_sent() const { return bytes_sent_; }
@@ -125,6 +127,7 @@ class TcpContext : public Context {
   const int rank_;
   const int size_;
   const int streams_;
+  int active_streams_;  // driving thread only
   const absl::Duration spin_;
   std::vector<Peer> peers_;  // connection (rank, stream) at rank * streams_ + stream
   UniqueFd wake_fd_;         // eventfd signalled by Abort()

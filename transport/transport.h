@@ -101,6 +101,12 @@ class Context {
   // thread only; for metrics).
   virtual uint64_t BytesSentTo(int peer) const { (void)peer; return 0; }
   virtual uint64_t BytesReceivedFrom(int peer) const { (void)peer; return 0; }
+  // Connections per peer, and how many of them messages are spread over
+  // (message i uses connection i % in-use; control messages connection 0).
+  // Every rank must switch at the same point, between ops.
+  virtual int streams() const { return 1; }
+  virtual void UseStreams(int n) { (void)n; }
+
   // Retransmitted segments on the connections to `peer` (TCP_INFO), 0 if unknown.
   virtual uint64_t Retransmits(int peer) const { (void)peer; return 0; }
 };

@@ -166,7 +166,7 @@ absl::StatusOr<std::shared_ptr<Session>> Daemon::OpenSession(const OpenSessionAr
     return absl::Status(link.status().code(),
                         absl::StrCat("job '", args.job_id, "' link probe: ", link.status().message()));
   }
-  info.link = *link;
+  info.link = link->link;
   if (options_.observer != nullptr) options_.observer->OnLinkProbe(info.link);
   for (const HostPort& hp : co.peers) info.peer_daemons.push_back(hp.ToString());
   // Topology: ranks with the same data endpoint share a daemon.
@@ -191,7 +191,7 @@ absl::StatusOr<std::shared_ptr<Session>> Daemon::OpenSession(const OpenSessionAr
   std::shared_ptr<JobGroup> group;
   if (layout.nodes < info.world_size) {
     auto g = GetOrCreateGroup(args.job_id, static_cast<uint64_t>(info.epoch), layout,
-                              node_endpoints, co.streams, info.link, co.deadline);
+                              node_endpoints, link->streams, info.link, co.deadline);
     if (!g.ok()) {
       LeaveJob(info);
       return g.status();
@@ -214,7 +214,11 @@ absl::StatusOr<std::shared_ptr<Session>> Daemon::OpenSession(const OpenSessionAr
                << info.world_size << "; links: alpha " << info.link.alpha_us << " us, "
                << (info.link.beta_us_per_byte > 0 ? 1e-3 / info.link.beta_us_per_byte : 0)
                << " GB/s, reduce " << (info.link.reduce_us_per_byte > 0 ? 1e-3 / info.link.reduce_us_per_byte : 0)
-               << " GB/s";
+               << " GB/s; TCP streams in use " << link->streams << " of " << co.streams
+               << (link->one_stream_gbps > 0
+                       ? absl::StrCat(" (probe: 1 stream ", link->one_stream_gbps, " GB/s, ",
+                                      co.streams, " streams ", link->all_streams_gbps, " GB/s)")
+                       : std::string());
   return session;
 }
 

@@ -31,10 +31,42 @@ absl::StatusOr<absl::Duration> RingRounds(transport::Context& ctx, std::vector<c
   return (absl::Now() - t0) / rounds;
 }
 
+// One ring exchange of `bytes` cut into `parts` messages whose slots are
+// i * stride (stride = streams puts every message on connection 0).
+absl::StatusOr<absl::Duration> RingBulk(transport::Context& ctx, std::vector<char>& buf,
+                                        size_t bytes, int parts, int stride, uint64_t seq,
+                                        absl::Time deadline) {
+  const int n = ctx.size(), me = ctx.rank();
+  const int right = (me + 1) % n, left = (me - 1 + n) % n;
+  auto mr = ctx.RegisterMemory(buf.data(), buf.size());
+  if (!mr.ok()) return mr.status();
+  const size_t part = bytes / parts;
+  std::vector<transport::Request> s(parts), r(parts);
+  const absl::Time t0 = absl::Now();
+  for (int i = 0; i < parts; ++i) {
+    const transport::MessageTag tag{seq, static_cast<uint32_t>(i * stride), 0, i * part};
+    absl::Status st = ctx.PostRecv(left, **mr, bytes + i * part, part, true, tag, &r[i]);
+    if (st.ok()) st = ctx.PostSend(right, **mr, i * part, part, tag, &s[i]);
+    if (!st.ok()) return st;
+  }
+  auto done = [&] {
+    for (int i = 0; i < parts; ++i) {
+      if (!s[i].done || !r[i].done) return false;
+    }
+    return true;
+  };
+  while (!done()) {
+    absl::Status st = ctx.Progress(deadline);
+    if (!st.ok()) return st;
+  }
+  return absl::Now() - t0;
+}
+
 }  // namespace
 
-absl::StatusOr<LinkParams> ProbeLinks(transport::Context& ctx, absl::Time deadline) {
-  LinkParams p;
+absl::StatusOr<ProbeResult> ProbeLinks(transport::Context& ctx, absl::Time deadline) {
+  ProbeResult result;
+  LinkParams& p = result.link;
   // Local reduction speed: f32 sum over 1 MiB.
   {
     std::vector<float> a(1 << 18, 1.0f), b(1 << 18, 2.0f);
@@ -43,7 +75,7 @@ absl::StatusOr<LinkParams> ProbeLinks(transport::Context& ctx, absl::Time deadli
     for (int i = 0; i < 4; ++i) ReduceInto(DType::kF32, ReduceOp::kSum, a.data(), b.data(), a.size());
     p.reduce_us_per_byte = absl::ToDoubleMicroseconds(absl::Now() - t0) / 4 / (a.size() * 4.0);
   }
-  if (ctx.size() == 1) return p;
+  if (ctx.size() == 1) return result;
   constexpr size_t kBig = 1 << 20;
   std::vector<char> buf(2 * kBig);
   auto small = RingRounds(ctx, buf, 8, 16, kProbeSeq, deadline);
@@ -53,16 +85,37 @@ absl::StatusOr<LinkParams> ProbeLinks(transport::Context& ctx, absl::Time deadli
   p.alpha_us = absl::ToDoubleMicroseconds(*small);
   p.beta_us_per_byte =
       std::max(1e-6, (absl::ToDoubleMicroseconds(*big) - p.alpha_us) / static_cast<double>(kBig));
+  // One connection against all of them, for the stream count.
+  const int streams = ctx.streams();
+  double one_us = 0, all_us = 0;
+  if (streams > 1) {
+    constexpr size_t kBulk = 4 << 20;
+    std::vector<char> bulk(2 * kBulk);
+    auto one = RingBulk(ctx, bulk, kBulk, 4 * streams, streams, kProbeSeq + 3, deadline);
+    if (!one.ok()) return one.status();
+    auto all = RingBulk(ctx, bulk, kBulk, 4 * streams, 1, kProbeSeq + 4, deadline);
+    if (!all.ok()) return all.status();
+    one_us = absl::ToDoubleMicroseconds(*one);
+    all_us = absl::ToDoubleMicroseconds(*all);
+  }
   // Agree: the maximum of each over every rank (the slowest link rules a ring).
-  double v[3] = {p.alpha_us, p.beta_us_per_byte, p.reduce_us_per_byte};
+  double v[5] = {p.alpha_us, p.beta_us_per_byte, p.reduce_us_per_byte, one_us, all_us};
   std::vector<char> scratch;
-  absl::Status st = RingAllreduce(ctx, v, 3, DType::kF64, ReduceOp::kMax, kProbeSeq + 2, deadline,
+  absl::Status st = RingAllreduce(ctx, v, 5, DType::kF64, ReduceOp::kMax, kProbeSeq + 2, deadline,
                                   RingOptions{}, &scratch);
   if (!st.ok()) return st;
   p.alpha_us = v[0];
   p.beta_us_per_byte = v[1];
   p.reduce_us_per_byte = v[2];
-  return p;
+  if (streams > 1 && v[3] > 0 && v[4] > 0) {
+    result.one_stream_gbps = (4 << 20) / v[3] / 1e3;
+    result.all_streams_gbps = (4 << 20) / v[4] / 1e3;
+    result.streams = v[4] < 0.9 * v[3] ? streams : 1;
+  } else {
+    result.streams = streams;
+  }
+  ctx.UseStreams(result.streams);
+  return result;
 }
 
 }  // namespace gradsync

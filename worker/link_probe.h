@@ -15,9 +15,19 @@ namespace gradsync {
 // Reserved op sequence numbers of the probe (client ops start at 1).
 inline constexpr uint64_t kProbeSeq = 1ull << 62;
 
-// Every rank of `ctx` must call this at the same point. World size 1 returns
-// LocalOnly params (no links).
-absl::StatusOr<LinkParams> ProbeLinks(transport::Context& ctx, absl::Time deadline);
+struct ProbeResult {
+  LinkParams link;
+  // Connections per peer worth using: when the context has several, the
+  // probe moves 4 MiB once over one and once spread over all, and keeps all
+  // only if that was at least 10% faster (the agreed, slowest-rank figures).
+  // Already applied to the context (Context::UseStreams).
+  int streams = 1;
+  double one_stream_gbps = 0, all_streams_gbps = 0;
+};
+
+// Every rank of `ctx` must call this at the same point. World size 1 measures
+// only the local reduction speed.
+absl::StatusOr<ProbeResult> ProbeLinks(transport::Context& ctx, absl::Time deadline);
 
 }  // namespace gradsync
 

@@ -505,6 +505,10 @@ absl::Status Session::RunOp(Op& op) {
     {
       absl::MutexLock l(&mu_);
       op.outcome.algorithm = AlgorithmCodeName(agreed);
+      GS_LOG(DEBUG) << "job '" << info_.job_id << "' rank " << info_.rank << " " << what
+                    << ": algorithm " << op.outcome.algorithm << " (rank 0's proposal; this rank "
+                    << "proposed " << AlgorithmCodeName(op.sig.proposal)
+                    << (op.sig.forced != OpSignature::kNoAlgorithm ? ", forced" : "") << ")";
       current_phase_ = absl::StrCat("running ", op.outcome.algorithm);
       current_arrived_.clear();
       for (int r = 0; r < info_.world_size; ++r) current_arrived_.push_back(r);
