@@ -8,7 +8,7 @@ PACKAGES=(
   bazel-bootstrap g++ pkg-config
   protobuf-compiler protobuf-compiler-grpc libprotobuf-dev libgrpc++-dev libgrpc-dev
   libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev prometheus-cpp-dev
-  libibverbs-dev libsystemd-dev zlib1g-dev systemd python3-yaml
+  libibverbs-dev libsystemd-dev zlib1g-dev systemd python3 python3-yaml procps
   # The Prometheus server (//tests:prometheus_test) and promtool (deploy/validate.sh).
   prometheus
 )
