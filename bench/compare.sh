@@ -24,11 +24,16 @@
 # The key points (--key_ranks ranks at --key_bytes, and the 8-byte latency at --key_ranks)
 # run --repeat times in all; the report shows the median over the repetitions.
 #
+# Load: before each batch (one size of one path) it waits for idle CPUs; a batch during which
+# other processes used more than --max_foreign % of the CPUs is run again (--retries).
+#
 # Writes into --out DIR: results.txt (every result line, `name,key=value,...`, tagged with
-# rep= and, where the tool printed it, median_us/min_us/max_us; a `load` line per batch),
-# log.txt (everything the tools printed, `uptime` and the CPU share others used), bin/ (the
-# binaries measured, copied so a concurrent rebuild cannot swap them mid-run) and report.md
-# (bench/compare_report.py results.txt). Only 127.0.0.1 is used.
+# rep= and try= and, where the tool printed it, median_us/min_us/max_us; a `load` line per
+# batch), discarded.txt (the same for batches that were run again), log.txt (everything the
+# tools printed, `uptime` and the CPU share others used), bin/ (the binaries measured, copied
+# so a concurrent rebuild cannot swap them mid-run) and report.md (bench/compare_report.py
+# results.txt). Only 127.0.0.1 is used.
+#
 set -uo pipefail
 
 usage() {
@@ -200,6 +205,7 @@ chmod u+w "$OUT/bin/"*
 mpicc -O2 -o "$OUT/bin/mpi_allreduce" "$ROOT/bench/peers/mpi_allreduce.c" >>"$LOG" 2>&1 \
   || { say "mpicc failed"; exit 1; }
 GS="$OUT/bin/gradsync"
+export GRADSYNC_BIN_DIR="$OUT/bin"   # gradsync bench starts the gradsyncd and coordinator copied here
 RING="$OUT/bin/gradsync-ring-limit"
 MEMBW="$OUT/bin/gradsync-membw"
 MPI="$OUT/bin/mpi_allreduce"
