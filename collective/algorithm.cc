@@ -9,8 +9,9 @@
 namespace gradsync {
 
 const char* AlgorithmCodeName(uint8_t code) {
-  static const char* const kNames[] = {"ring", "rhd", "rd", "tree", "pairwise"};
-  if (code < 5) return kNames[code];
+  static const char* const kNames[] = {"ring", "rhd", "rd", "tree", "pairwise", "oneshot"};
+  static_assert(sizeof(kNames) / sizeof(kNames[0]) == kAlgorithmCount, "a name per algorithm");
+  if (code < kAlgorithmCount) return kNames[code];
   if (code == kHierarchicalCode) return "hier";
   if (code == kParameterServerCode) return "ps";
   return "?";
@@ -35,7 +36,8 @@ bool Implements(Algorithm a, CollectiveKind k) {
   switch (k) {
     case CollectiveKind::kAllreduce:
       return a == Algorithm::kRing || a == Algorithm::kRecursiveHalvingDoubling ||
-             a == Algorithm::kRecursiveDoubling || a == Algorithm::kBinomialTree;
+             a == Algorithm::kRecursiveDoubling || a == Algorithm::kBinomialTree ||
+             a == Algorithm::kOneShot;
     case CollectiveKind::kReduceScatter:
       return a == Algorithm::kRing || a == Algorithm::kRecursiveHalvingDoubling;
     case CollectiveKind::kAllgather:
@@ -46,7 +48,7 @@ bool Implements(Algorithm a, CollectiveKind k) {
     case CollectiveKind::kAlltoall: return a == Algorithm::kPairwise;
     case CollectiveKind::kBarrier:
       return a == Algorithm::kRecursiveDoubling || a == Algorithm::kBinomialTree ||
-             a == Algorithm::kPairwise;
+             a == Algorithm::kPairwise || a == Algorithm::kOneShot;
   }
   return false;
 }

@@ -6,6 +6,7 @@
 #ifndef GRADSYNC_COLLECTIVE_ALGORITHM_H_
 #define GRADSYNC_COLLECTIVE_ALGORITHM_H_
 
+#include <cstddef>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -19,7 +20,7 @@ namespace gradsync {
 inline constexpr uint8_t kHierarchicalCode = 100;
 // ... and the parameter-server path (ps/worker_client.h), also not an Algorithm.
 inline constexpr uint8_t kParameterServerCode = 101;
-// "ring", "rhd", "rd", "tree", "pairwise", "hier", or "?" for others.
+// "ring", "rhd", "rd", "tree", "pairwise", "oneshot", "hier", "ps", or "?" for others.
 const char* AlgorithmCodeName(uint8_t code);
 
 enum class Algorithm : uint8_t {
@@ -28,26 +29,36 @@ enum class Algorithm : uint8_t {
   kRecursiveDoubling = 2,         // "rd"
   kBinomialTree = 3,              // "tree"
   kPairwise = 4,                  // "pairwise"
+  kOneShot = 5,                   // "oneshot"
 };
+inline constexpr int kAlgorithmCount = 6;
 inline constexpr Algorithm kAllAlgorithms[] = {
     Algorithm::kRing, Algorithm::kRecursiveHalvingDoubling, Algorithm::kRecursiveDoubling,
-    Algorithm::kBinomialTree, Algorithm::kPairwise};
+    Algorithm::kBinomialTree, Algorithm::kPairwise, Algorithm::kOneShot};
 
-// "ring", "rhd", "rd", "tree", "pairwise".
+// oneshot sends a rank's whole buffer to every peer in one round (for
+// allreduce: then reduces the n contributions locally, in rank order). In the
+// daemon its data rides on the op's signature exchange, so the op costs one
+// round trip in all. The buffer per rank is capped so a peer's message always
+// fits the receive posted for it: larger ops are refused with InvalidArgument
+// and the cost model never picks it above the cap.
+inline constexpr size_t kOneShotMaxBytes = 64 << 10;
+
+// "ring", "rhd", "rd", "tree", "pairwise", "oneshot".
 const char* AlgorithmName(Algorithm a);
 // Parses the names above (case-insensitive); InvalidArgument lists the choices.
 absl::StatusOr<Algorithm> ParseAlgorithm(absl::string_view name);
 
 // Which algorithm implements which collective:
 //
-//   collective       ring  rhd  rd  tree  pairwise
-//   allreduce         x     x    x   x
+//   collective       ring  rhd  rd  tree  pairwise  oneshot
+//   allreduce         x     x    x   x               x (<= kOneShotMaxBytes)
 //   reduce_scatter    x     x
 //   allgather         x     x    x
 //   broadcast         x              x
 //   reduce            x              x
 //   alltoall                             x
-//   barrier                      x   x      x
+//   barrier                      x   x      x          x
 bool Implements(Algorithm a, CollectiveKind k);
 // e.g. "ring, rhd, rd, tree" (for error messages).
 std::string ImplementingAlgorithms(CollectiveKind k);

@@ -49,6 +49,10 @@ absl::Status PairwiseAlltoall(transport::Context& ctx, const CollectiveCall& cal
                               std::vector<char>* scratch);
 absl::Status PairwiseBarrier(transport::Context& ctx, const CollectiveCall& call);
 
+// oneshot.cc (barrier: PairwiseBarrier, the same single round)
+absl::Status OneShotAllreduce(transport::Context& ctx, const CollectiveCall& call,
+                              std::vector<char>* scratch);
+
 }  // namespace gradsync::internal
 
 #endif  // GRADSYNC_COLLECTIVE_ALGORITHMS_H_

@@ -48,6 +48,13 @@ absl::Status RunCollective(transport::Context& ctx, const CollectiveCall& call, 
     return absl::InvalidArgumentError(absl::StrCat(CollectiveName(kind), ": root ", call.root,
                                                    " out of range for world size ", ctx.size()));
   }
+  if (algo == Algorithm::kOneShot &&
+      CollectiveBufferBytes(kind, call.count, call.dtype, ctx.size()) > kOneShotMaxBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "oneshot ", CollectiveName(kind), " of ",
+        CollectiveBufferBytes(kind, call.count, call.dtype, ctx.size()),
+        " bytes: oneshot carries at most ", kOneShotMaxBytes, " bytes per rank"));
+  }
   using A = Algorithm;
   switch (kind) {
     case CollectiveKind::kAllreduce:
@@ -58,6 +65,7 @@ absl::Status RunCollective(transport::Context& ctx, const CollectiveCall& call, 
         case A::kRecursiveHalvingDoubling: return internal::RhdAllreduce(ctx, call, scratch);
         case A::kRecursiveDoubling: return internal::RdAllreduce(ctx, call, scratch);
         case A::kBinomialTree: return internal::TreeAllreduce(ctx, call, scratch);
+        case A::kOneShot: return internal::OneShotAllreduce(ctx, call, scratch);
         default: break;
       }
       break;
@@ -97,7 +105,8 @@ absl::Status RunCollective(transport::Context& ctx, const CollectiveCall& call, 
       switch (algo) {
         case A::kRecursiveDoubling: return internal::DisseminationBarrier(ctx, call);
         case A::kBinomialTree: return internal::TreeBarrier(ctx, call);
-        case A::kPairwise: return internal::PairwiseBarrier(ctx, call);
+        case A::kPairwise:
+        case A::kOneShot: return internal::PairwiseBarrier(ctx, call);
         default: break;
       }
       break;

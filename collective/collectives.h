@@ -93,6 +93,15 @@ size_t CollectiveBufferBytes(CollectiveKind kind, size_t count, DType dtype, int
 absl::Status RunCollective(transport::Context& ctx, const CollectiveCall& call, Algorithm algo,
                            std::vector<char>* scratch);
 
+// oneshot's local step (oneshot.cc), shared with the daemon's fused signature
+// exchange: `data` holds this rank's `count` elements on entry and, on
+// return, (x0 OP x1 OP ... OP x_{n-1}) combined left to right in rank order,
+// where x_me is `data` and x_p (p != me) is `peers[p]` (peers.size() = n;
+// peers[me] is ignored); avg sums, then divides once by n. `scratch` keeps
+// this rank's contribution while `data` accumulates.
+void ReduceInRankOrder(DType dtype, ReduceOp op, void* data, size_t count, int me,
+                       const std::vector<const char*>& peers, std::vector<char>* scratch);
+
 }  // namespace gradsync
 
 #endif  // GRADSYNC_COLLECTIVE_COLLECTIVES_H_

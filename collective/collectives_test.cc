@@ -18,11 +18,13 @@
 //   * reduce_scatter + allgather == allreduce: integer-valued inputs (the
 //     algorithms reduce in different orders).
 #include "collective/collectives.h"
+#include "kernels/cpu_reduce.h"
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <memory>
 #include <string>
@@ -198,6 +200,10 @@ void Sweep(CollectiveKind kind, const std::vector<DType>& dtypes, const std::vec
     for (int n : worlds) {
       for (size_t count : counts) {
         for (DType t : dtypes) {
+          if (algo == Algorithm::kOneShot &&
+              CollectiveBufferBytes(kind, count, t, n) > kOneShotMaxBytes) {
+            continue;  // refused (see OneShotRefusesBuffersAboveItsCap)
+          }
           for (ReduceOp op : IsReducingCollective(kind) ? ops : sum_only) {
             Case c;
             c.kind = kind;
@@ -397,6 +403,53 @@ TEST(Collectives, BarrierWaitsForTheLastRankToEnter) {
   }
 }
 
+TEST(Collectives, OneShotRefusesBuffersAboveItsCap) {
+  World& w = Worlds::Get(2);
+  std::vector<char> buf(kOneShotMaxBytes + 4);
+  CollectiveCall call;
+  call.data = buf.data();
+  call.count = buf.size() / 4;
+  call.seq = ++w.seq;
+  absl::Status s = RunCollective(*w.cluster.contexts[0], call, Algorithm::kOneShot, &w.scratch[0]);
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  EXPECT_EQ(s.message(), "oneshot allreduce of 65540 bytes: oneshot carries at most 65536 bytes per rank");
+}
+
+// oneshot combines left to right in rank order, (x0 OP x1) OP x2 ..., on every
+// rank: random floats (NaN, signed zeros included) give identical bits
+// everywhere, equal to that fold.
+TEST(Collectives, OneShotFoldsInRankOrderOnEveryRank) {
+  for (int n : {2, 3, 5}) {
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kAvg}) {
+      World& w = Worlds::Get(n);
+      const uint64_t seq = ++w.seq;
+      const size_t count = 1029;
+      std::vector<std::vector<char>> in(n), bufs(n);
+      for (int r = 0; r < n; ++r) {
+        in[r] = RandomData(DType::kF32, count, r, static_cast<uint32_t>(seq));
+        float* f = reinterpret_cast<float*>(in[r].data());
+        f[r] = r % 2 ? -0.0f : 0.0f;  // signed zeros meet
+        if (r == 1) f[7] = std::numeric_limits<float>::quiet_NaN();
+        bufs[r] = in[r];
+      }
+      Case c;
+      c.algo = Algorithm::kOneShot;
+      c.op = op;
+      c.count = count;
+      const std::vector<absl::Status> st = RunEverywhere(w, c, seq, bufs);
+      std::vector<char> want = in[0];
+      const ReduceOp combine = op == ReduceOp::kAvg ? ReduceOp::kSum : op;
+      for (int r = 1; r < n; ++r) ReduceInto(DType::kF32, combine, want.data(), in[r].data(), count);
+      if (op == ReduceOp::kAvg) DivideBy(DType::kF32, want.data(), count, n);
+      for (int r = 0; r < n; ++r) {
+        ASSERT_TRUE(st[r].ok()) << st[r];
+        EXPECT_EQ(std::memcmp(bufs[r].data(), want.data(), want.size()), 0)
+            << "n " << n << " " << ReduceOpName(op) << " rank " << r;
+      }
+    }
+  }
+}
+
 TEST(Collectives, RefusesUnimplementedPairsAndBadRootsBeforeMovingData) {
   const int n = 4;
   World& w = Worlds::Get(n);
@@ -410,7 +463,7 @@ TEST(Collectives, RefusesUnimplementedPairsAndBadRootsBeforeMovingData) {
   EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
   EXPECT_EQ(s.message(),
             "algorithm 'pairwise' does not implement allreduce (algorithms for allreduce: ring, "
-            "rhd, rd, tree)");
+            "rhd, rd, tree, oneshot)");
   call.kind = CollectiveKind::kBroadcast;
   call.root = 4;
   s = RunCollective(*w.cluster.contexts[0], call, Algorithm::kBinomialTree, &w.scratch[0]);

@@ -59,6 +59,9 @@ double PredictMicros(CollectiveKind kind, Algorithm algo, size_t bytes, int worl
         }
         case A::kBinomialTree:  // reduce + broadcast: L(a + B b + B g) + L(a + B b)
           return L * (a + B * be + B * g) + L * (a + B * be);
+        case A::kOneShot:  // rides on the signature round: (n-1) B (b + g), no latency term
+          if (bytes > kOneShotMaxBytes) break;
+          return (n - 1) * B * (be + g);
         default: break;
       }
       break;
@@ -121,6 +124,7 @@ double PredictMicros(CollectiveKind kind, Algorithm algo, size_t bytes, int worl
         case A::kRecursiveDoubling: return L * a;  // dissemination
         case A::kBinomialTree: return 2 * L * a;   // up and down the tree
         case A::kPairwise: return (n - 1) * a;     // n-1 messages injected one after another
+        case A::kOneShot: return 0;                // the signature round is the barrier
         default: break;
       }
       break;
@@ -139,8 +143,14 @@ std::vector<std::pair<Algorithm, double>> RankAlgorithms(CollectiveKind kind, si
   return out;
 }
 
-Algorithm ChooseAlgorithm(CollectiveKind kind, size_t bytes, int world, const LinkParams& link) {
-  const auto ranked = RankAlgorithms(kind, bytes, world, link);
+Algorithm ChooseAlgorithm(CollectiveKind kind, size_t bytes, int world, const LinkParams& link,
+                          bool allow_oneshot) {
+  auto ranked = RankAlgorithms(kind, bytes, world, link);
+  if (!allow_oneshot) {
+    ranked.erase(std::remove_if(ranked.begin(), ranked.end(),
+                                [](const auto& x) { return x.first == Algorithm::kOneShot; }),
+                 ranked.end());
+  }
   if (ranked.empty()) return Algorithm::kRing;  // no such kind; RunCollective will refuse it
   const double limit = ranked.front().second * (1 + kTieFraction);
   for (Algorithm a : kAllAlgorithms) {

@@ -47,8 +47,16 @@ inline constexpr double kTieFraction = 0.02;
 
 // The algorithm to run: among the implementing algorithms predicted within
 // kTieFraction of the cheapest, the first in kAllAlgorithms order. Always one
-// that implements `kind`.
-Algorithm ChooseAlgorithm(CollectiveKind kind, size_t bytes, int world, const LinkParams& link);
+// that implements `kind`. Predictions leave out the signature round that
+// every op starts with (collective/op_signature.h): oneshot's data rides on
+// it, so oneshot has no latency term of its own.
+//
+// `allow_oneshot` = false leaves oneshot out. The daemon decides whether an
+// op runs oneshot before the signature round, from inputs equal on every rank
+// (the signature and the link measured when the job formed); ops that do not
+// take it then choose among the others with this rank's refined link.
+Algorithm ChooseAlgorithm(CollectiveKind kind, size_t bytes, int world, const LinkParams& link,
+                          bool allow_oneshot = true);
 
 // Where the ranks of a job live: `nodes` distinct daemons for `world` ranks.
 struct Topology {

@@ -28,12 +28,13 @@ TEST(Algorithm, NamesRoundTripAndParseIsCaseInsensitive) {
   auto bad = ParseAlgorithm("butterfly");
   EXPECT_TRUE(absl::IsInvalidArgument(bad.status()));
   EXPECT_EQ(bad.status().message(),
-            "unknown algorithm 'butterfly' (choose one of ring, rhd, rd, tree, pairwise)");
+            "unknown algorithm 'butterfly' (choose one of ring, rhd, rd, tree, pairwise, oneshot)");
 }
 
 TEST(Algorithm, EveryCollectiveHasAnAlgorithm) {
   for (CollectiveKind k : kAllCollectives) EXPECT_FALSE(ImplementingAlgorithms(k).empty());
-  EXPECT_EQ(ImplementingAlgorithms(CollectiveKind::kAllreduce), "ring, rhd, rd, tree");
+  EXPECT_EQ(ImplementingAlgorithms(CollectiveKind::kAllreduce), "ring, rhd, rd, tree, oneshot");
+  EXPECT_EQ(ImplementingAlgorithms(CollectiveKind::kBarrier), "rd, tree, pairwise, oneshot");
   EXPECT_EQ(ImplementingAlgorithms(CollectiveKind::kAlltoall), "pairwise");
 }
 
@@ -43,9 +44,12 @@ TEST(CostModel, ImplementedPairsAreFiniteAndOthersInfinite) {
       for (int world = 1; world <= 17; ++world) {
         for (size_t bytes : kSizes) {
           const double t = PredictMicros(k, a, bytes, world, Link());
-          if (Implements(a, k)) {
+          if (Implements(a, k) && !(a == Algorithm::kOneShot && k == CollectiveKind::kAllreduce &&
+                                     bytes > kOneShotMaxBytes)) {
             EXPECT_TRUE(std::isfinite(t) && t >= 0)
                 << AlgorithmName(a) << " " << CollectiveName(k) << " world " << world;
+          } else if (Implements(a, k)) {  // oneshot above its cap (a world of one is free)
+            EXPECT_TRUE(std::isinf(t) || world == 1);
           } else {
             EXPECT_TRUE(std::isinf(t));
           }
@@ -93,7 +97,13 @@ TEST(CostModel, UnimplementedPairsAreNeverChosenNorRanked) {
 
 TEST(CostModel, SmallMessagesGoToLatencyOptimalAlgorithms) {
   for (int world = 2; world <= 16; ++world) {
-    const Algorithm ar = ChooseAlgorithm(CollectiveKind::kAllreduce, 8, world, Link());
+    // oneshot rides on the signature round: nothing beats it for 8 bytes.
+    EXPECT_EQ(ChooseAlgorithm(CollectiveKind::kAllreduce, 8, world, Link()), Algorithm::kOneShot)
+        << "world " << world;
+    EXPECT_EQ(ChooseAlgorithm(CollectiveKind::kBarrier, 0, world, Link()), Algorithm::kOneShot);
+    // Without it, a latency-optimal algorithm with log2(n) steps.
+    const Algorithm ar = ChooseAlgorithm(CollectiveKind::kAllreduce, 8, world, Link(),
+                                         /*allow_oneshot=*/false);
     EXPECT_TRUE(ar == Algorithm::kRecursiveDoubling || ar == Algorithm::kBinomialTree)
         << "world " << world << ": " << AlgorithmName(ar);
     // Every choice is the cheapest (up to the tie margin, where the order of
@@ -109,12 +119,12 @@ TEST(CostModel, SmallMessagesGoToLatencyOptimalAlgorithms) {
     const Algorithm ag = ChooseAlgorithm(CollectiveKind::kAllgather, 8, world, Link());
     EXPECT_TRUE(ag == Algorithm::kRecursiveDoubling || ag == Algorithm::kRecursiveHalvingDoubling)
         << AlgorithmName(ag);
-    EXPECT_EQ(ChooseAlgorithm(CollectiveKind::kAllreduce, 8, world, Link()),
+    EXPECT_EQ(ChooseAlgorithm(CollectiveKind::kAllreduce, 8, world, Link(), false),
               Algorithm::kRecursiveDoubling);
     EXPECT_EQ(ChooseAlgorithm(CollectiveKind::kBroadcast, 8, world, Link()),
               Algorithm::kBinomialTree);
     EXPECT_EQ(ChooseAlgorithm(CollectiveKind::kReduce, 8, world, Link()), Algorithm::kBinomialTree);
-    EXPECT_EQ(ChooseAlgorithm(CollectiveKind::kBarrier, 0, world, Link()),
+    EXPECT_EQ(ChooseAlgorithm(CollectiveKind::kBarrier, 0, world, Link(), false),
               Algorithm::kRecursiveDoubling);
     EXPECT_EQ(ChooseAlgorithm(CollectiveKind::kReduceScatter, 8 * world, world, Link()),
               Algorithm::kRecursiveHalvingDoubling);
@@ -122,6 +132,24 @@ TEST(CostModel, SmallMessagesGoToLatencyOptimalAlgorithms) {
   // Non-powers of two: Bruck's allgather needs no folding.
   EXPECT_EQ(ChooseAlgorithm(CollectiveKind::kAllgather, 8, 7, Link()),
             Algorithm::kRecursiveDoubling);
+}
+
+TEST(CostModel, OneShotUntilItsBytesOutweighTheStepsItSaves) {
+  // oneshot: (n-1) B (b+g); rd: log2(n) (a + B (b+g)). At 4 ranks with a =
+  // 50 us and b+g = 2e-4 us/B they cross at B = 2a / (b+g) = 500 KB, beyond the
+  // cap: oneshot up to kOneShotMaxBytes, never above.
+  EXPECT_EQ(ChooseAlgorithm(CollectiveKind::kAllreduce, kOneShotMaxBytes, 4, Link()),
+            Algorithm::kOneShot);
+  EXPECT_NE(ChooseAlgorithm(CollectiveKind::kAllreduce, kOneShotMaxBytes + 4, 4, Link()),
+            Algorithm::kOneShot);
+  EXPECT_TRUE(std::isinf(PredictMicros(CollectiveKind::kAllreduce, Algorithm::kOneShot,
+                                       kOneShotMaxBytes + 4, 4, Link())));
+  // A slower link per byte moves the crossover below the cap: at 16 ranks and
+  // b+g = 2e-3 us/B, 15 B (b+g) > 4 (a + B (b+g)) from B = 200/22e-3 ~ 9 KB.
+  LinkParams slow = Link();
+  slow.beta_us_per_byte = 1.9e-3;
+  EXPECT_EQ(ChooseAlgorithm(CollectiveKind::kAllreduce, 4096, 16, slow), Algorithm::kOneShot);
+  EXPECT_NE(ChooseAlgorithm(CollectiveKind::kAllreduce, 16384, 16, slow), Algorithm::kOneShot);
 }
 
 TEST(CostModel, LargeAllreduceGoesToRing) {

@@ -88,20 +88,46 @@ uint8_t SignatureProposal(const std::string& encoded) {
   return static_cast<uint8_t>(encoded[kProposalOffset]);
 }
 
+namespace {
+// Length of the encoded signature at the start of a message (the rest is eager
+// data); the whole message if it is too short to say, so that the comparison
+// reports it as malformed.
+size_t EncodedLength(const char* msg, size_t len) {
+  if (len < sizeof(PackedSignature)) return len;
+  PackedSignature p;
+  std::memcpy(&p, msg, sizeof(p));
+  if (p.name_len > kMaxOpNameBytes || sizeof(p) + p.name_len > len) return len;
+  return sizeof(p) + p.name_len;
+}
+}  // namespace
+
 absl::Status CheckSignatures(transport::Context& ctx, const OpSignature& mine,
                              absl::Time deadline, const std::function<void(int rank)>& on_arrival,
-                             uint8_t* agreed) {
+                             uint8_t* agreed, EagerData* eager, std::vector<char>* inbox) {
   const int n = ctx.size();
   const int me = ctx.rank();
+  if (eager != nullptr) {
+    if (eager->bytes > kOneShotMaxBytes || inbox == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "op ", mine.seq, ": ", eager->bytes, " bytes cannot ride with the signature (at most ",
+          kOneShotMaxBytes, ", with an inbox)"));
+    }
+    eager->received.assign(n, nullptr);
+  }
   if (n == 1) {
     if (agreed != nullptr) *agreed = mine.proposal;
     return absl::OkStatus();
   }
-  const std::string encoded = mine.Encode();
-  constexpr size_t kCap = sizeof(PackedSignature) + kMaxOpNameBytes;
-  std::vector<char> inbox(kCap * n);
-  std::string outbox = encoded;
-  auto in_mr = ctx.RegisterMemory(inbox.data(), inbox.size());
+  std::string outbox = mine.Encode();
+  const size_t sig_len = outbox.size();
+  if (eager != nullptr && eager->bytes > 0) {
+    outbox.append(static_cast<const char*>(eager->data), eager->bytes);
+  }
+  constexpr size_t kCap = sizeof(PackedSignature) + kMaxOpNameBytes + kOneShotMaxBytes;
+  std::vector<char> local_inbox;
+  std::vector<char>& in = inbox != nullptr ? *inbox : local_inbox;
+  if (in.size() < kCap * n) in.resize(kCap * n);
+  auto in_mr = ctx.RegisterMemory(in.data(), kCap * n);
   if (!in_mr.ok()) return in_mr.status();
   auto out_mr = ctx.RegisterMemory(outbox.data(), outbox.size());
   if (!out_mr.ok()) return out_mr.status();
@@ -149,12 +175,34 @@ absl::Status CheckSignatures(transport::Context& ctx, const OpSignature& mine,
     if (!s.ok()) return s;
   }
   std::vector<std::string> by_rank(n);
+  std::vector<size_t> data_len(n, 0);
   for (int p = 0; p < n; ++p) {
-    by_rank[p] = p == me ? encoded : std::string(inbox.data() + kCap * p, recvs[p].bytes);
+    if (p == me) {
+      by_rank[p] = outbox.substr(0, sig_len);
+      continue;
+    }
+    const char* msg = in.data() + kCap * p;
+    const size_t len = EncodedLength(msg, recvs[p].bytes);
+    by_rank[p] = std::string(msg, len);
+    data_len[p] = recvs[p].bytes - len;
   }
   absl::Status s = CompareSignatures(mine.seq, by_rank);
-  if (s.ok() && agreed != nullptr) *agreed = SignatureProposal(by_rank[0]);
-  return s;
+  if (!s.ok()) return s;
+  // Equal signatures: every rank decided the same way whether data rides
+  // along, unless the ranks disagree on something outside the signature.
+  const size_t want = eager != nullptr ? eager->bytes : 0;
+  for (int p = 0; p < n; ++p) {
+    if (p == me) continue;
+    if (data_len[p] != want) {
+      return absl::InternalError(absl::StrCat(
+          "op ", mine.seq, " (", mine.Describe(), "): rank ", p, " sent ", data_len[p],
+          " bytes of data with its signature; rank ", me, " expected ", want,
+          " (the ranks disagree on whether the op runs oneshot)"));
+    }
+    if (eager != nullptr) eager->received[p] = in.data() + kCap * p + (recvs[p].bytes - want);
+  }
+  if (agreed != nullptr) *agreed = SignatureProposal(by_rank[0]);
+  return absl::OkStatus();
 }
 
 absl::Status CompareSignatures(uint64_t seq, const std::vector<std::string>& encoded_by_rank) {

@@ -60,13 +60,30 @@ absl::Status CompareSignatures(uint64_t seq, const std::vector<std::string>& enc
 // The `proposal` field of an encoded signature (kNoAlgorithm if malformed).
 uint8_t SignatureProposal(const std::string& encoded);
 
+// Data that rides with the signatures (oneshot): this rank sends `bytes`
+// bytes from `data` right after its signature, in the same message, and on
+// success `received[p]` points at rank p's `bytes` bytes (p != me; null for
+// me), inside CheckSignatures' `inbox`. Every receive has room for a
+// signature plus kOneShotMaxBytes, so a peer that sent data when this rank did
+// not (or the reverse) is still read whole: a signature mismatch stays an
+// InvalidArgument with the streams intact.
+struct EagerData {
+  const void* data = nullptr;
+  size_t bytes = 0;  // <= kOneShotMaxBytes
+  std::vector<const char*> received;  // out
+};
+
 // `on_arrival(rank)`, if set, is called (on this thread) as each peer's
 // signature arrives: the straggler signal for status and metrics.
 // On success `agreed`, if set, receives rank 0's proposal.
+// `eager`: data to exchange with the signatures (see EagerData); when null, a
+// peer that sent data is an error. `inbox`: receive memory reused across ops
+// (grown as needed); required with `eager`, whose pointers point into it.
 absl::Status CheckSignatures(transport::Context& ctx, const OpSignature& mine,
                              absl::Time deadline,
                              const std::function<void(int rank)>& on_arrival = nullptr,
-                             uint8_t* agreed = nullptr);
+                             uint8_t* agreed = nullptr, EagerData* eager = nullptr,
+                             std::vector<char>* inbox = nullptr);
 
 }  // namespace gradsync
 

@@ -1,5 +1,10 @@
 #include "collective/op_signature.h"
 
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "collective/test_cluster.h"
 #include "gtest/gtest.h"
 
 namespace gradsync {
@@ -77,6 +82,93 @@ TEST(OpSignature, ProposalsMayDifferButForcedAlgorithmsMustMatch) {
   ASSERT_TRUE(round.ok());
   EXPECT_EQ(round->forced, b.forced);
   EXPECT_EQ(round->proposal, b.proposal);
+}
+
+// oneshot's data rides with the signatures; a rank that carried data while
+// another did not (their ops differ in size across the oneshot cap, say) is
+// still a clean mismatch, and the next exchange on the same streams works.
+TEST(CheckSignatures, EagerDataArrivesAndAMismatchLeavesTheStreamsAligned) {
+  constexpr int kWorld = 3;
+  testing::Cluster c = testing::MakeCluster(kWorld, "sig-eager");
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  std::vector<std::vector<char>> inboxes(kWorld);
+  // Op 1: every rank sends 12 bytes with its signature.
+  std::vector<absl::Status> st = testing::RunOnRanks(kWorld, [&](int r) -> absl::Status {
+    OpSignature sig;
+    sig.seq = 1;
+    sig.name = "g";
+    sig.count = 3;
+    const std::vector<int32_t> mine = {r, 10 * r, 100 * r};
+    EagerData eager;
+    eager.data = mine.data();
+    eager.bytes = 12;
+    absl::Status s = CheckSignatures(*c.contexts[r], sig, deadline, nullptr, nullptr, &eager,
+                                     &inboxes[r]);
+    if (!s.ok()) return s;
+    for (int p = 0; p < kWorld; ++p) {
+      if (p == r) {
+        if (eager.received[p] != nullptr) return absl::InternalError("own slot set");
+        continue;
+      }
+      int32_t got[3];
+      std::memcpy(got, eager.received[p], sizeof(got));
+      if (got[0] != p || got[1] != 10 * p || got[2] != 100 * p) {
+        return absl::InternalError(absl::StrCat("rank ", r, ": wrong data from rank ", p));
+      }
+    }
+    return absl::OkStatus();
+  });
+  for (int r = 0; r < kWorld; ++r) ASSERT_TRUE(st[r].ok()) << "rank " << r << ": " << st[r];
+  // Op 2: rank 1 submitted a bigger op and carries no data; ranks 0 and 2
+  // carry 8 bytes.
+  st = testing::RunOnRanks(kWorld, [&](int r) -> absl::Status {
+    OpSignature sig;
+    sig.seq = 2;
+    sig.name = "g";
+    sig.count = r == 1 ? 70000 : 2;
+    const int64_t mine = r;
+    EagerData eager;
+    eager.data = &mine;
+    eager.bytes = 8;
+    return CheckSignatures(*c.contexts[r], sig, deadline, nullptr, nullptr,
+                           r == 1 ? nullptr : &eager, &inboxes[r]);
+  });
+  for (int r = 0; r < kWorld; ++r) {
+    EXPECT_TRUE(absl::IsInvalidArgument(st[r])) << st[r];
+    EXPECT_EQ(st[r].message(),
+              "op 2 does not match across ranks: rank 1 submitted allreduce 'g' f32[70000] sum, "
+              "ranks 0,2 submitted allreduce 'g' f32[2] sum");
+  }
+  // Op 3: plain signatures again, on the same streams.
+  st = testing::RunOnRanks(kWorld, [&](int r) -> absl::Status {
+    OpSignature sig;
+    sig.seq = 3;
+    sig.name = "after";
+    uint8_t agreed = 0;
+    sig.proposal = static_cast<uint8_t>(10 + r);
+    absl::Status s = CheckSignatures(*c.contexts[r], sig, deadline, nullptr, &agreed);
+    if (s.ok() && agreed != 10) return absl::InternalError("rank 0's proposal should win");
+    return s;
+  });
+  for (int r = 0; r < kWorld; ++r) EXPECT_TRUE(st[r].ok()) << "rank " << r << ": " << st[r];
+  // Equal signatures but one rank carrying no data: named, not misread.
+  st = testing::RunOnRanks(kWorld, [&](int r) -> absl::Status {
+    OpSignature sig;
+    sig.seq = 4;
+    sig.name = "g";
+    sig.count = 1;
+    const float mine = 1;
+    EagerData eager;
+    eager.data = &mine;
+    eager.bytes = 4;
+    return CheckSignatures(*c.contexts[r], sig, deadline, nullptr, nullptr,
+                           r == 2 ? nullptr : &eager, &inboxes[r]);
+  });
+  EXPECT_TRUE(absl::IsInternal(st[0])) << st[0];
+  EXPECT_EQ(st[0].message(),
+            "op 4 (allreduce 'g' f32[1] sum): rank 2 sent 0 bytes of data with its signature; "
+            "rank 0 expected 4 (the ranks disagree on whether the op runs oneshot)");
+  EXPECT_TRUE(absl::IsInternal(st[2])) << st[2];
 }
 
 }  // namespace

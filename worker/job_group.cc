@@ -44,39 +44,75 @@ absl::Status JobGroup::WaitFor(Slot& slot, const std::function<bool()>& cond, ab
 }
 
 absl::Status JobGroup::CheckLocalSignatures(int rank, uint64_t seq, const std::string& encoded,
-                                            absl::Time deadline, uint8_t* agreed) {
+                                            absl::Time deadline, uint8_t* agreed,
+                                            LocalAllreduce* small) {
   const int local = static_cast<int>(layout_.local_ranks.size());
   const int idx = LocalIndex(rank);
   if (idx < 0) return absl::InternalError(absl::StrCat("rank ", rank, " is not local"));
   absl::MutexLock l(&mu_);
   if (!broken_.ok()) return broken_;
   SigSlot& slot = sig_slots_[seq];
-  if (slot.encoded.empty()) slot.encoded.assign(local, std::string());
+  if (slot.encoded.empty()) {
+    slot.encoded.assign(local, std::string());
+    slot.small.assign(local, nullptr);
+  }
   slot.encoded[idx] = encoded;
+  slot.small[idx] = small;
   ++slot.arrived;
-  auto ready = [&]() { return slot.arrived == local || !broken_.ok(); };
   absl::Status s;
-  if (!mu_.AwaitWithDeadline(absl::Condition(&ready), deadline)) {
-    std::vector<int> missing;
-    for (int i = 0; i < local; ++i) {
-      if (slot.encoded[i].empty()) missing.push_back(layout_.local_ranks[i]);
+  if (slot.arrived == local) {
+    // The last to arrive decides for everyone, and does a small op alone.
+    slot.result = CompareSignatures(seq, slot.encoded);  // index = rank when nodes == 1
+    if (slot.result.ok()) {
+      slot.agreed = SignatureProposal(slot.encoded[0]);
+      const bool all_small =
+          std::all_of(slot.small.begin(), slot.small.end(), [](auto* p) { return p != nullptr; });
+      if (all_small && slot.agreed == kHierarchicalCode && layout_.nodes == 1) {
+        const LocalAllreduce a = *slot.small[0];
+        std::vector<char*> bufs(local);
+        for (int j = 0; j < local; ++j) bufs[j] = slot.small[j]->data;
+        slot.running = true;  // the waiters stay (and keep their buffers) until it is done
+        mu_.Unlock();
+        const size_t bytes = a.count * DTypeSize(a.dtype);
+        if (bytes > 0) {
+          const ReduceOp combine = a.op == ReduceOp::kAvg ? ReduceOp::kSum : a.op;
+          for (int j = 1; j < local; ++j) ReduceInto(a.dtype, combine, bufs[0], bufs[j], a.count);
+          if (a.op == ReduceOp::kAvg) DivideBy(a.dtype, bufs[0], a.count, layout_.world_size);
+          for (int j = 1; j < local; ++j) std::memcpy(bufs[j], bufs[0], bytes);
+        }
+        mu_.Lock();
+        slot.small_done = true;
+      }
     }
-    s = absl::DeadlineExceededError(absl::StrCat("timed out at rank ", rank,
-                                                 " waiting for rank(s) ", absl::StrJoin(missing, ","),
-                                                 " to submit op ", seq));
-  } else if (!broken_.ok()) {
-    s = broken_;
+    slot.compared = true;
   } else {
-    if (!slot.compared) {
-      slot.result = CompareSignatures(seq, slot.encoded);  // index = rank when nodes == 1
-      slot.compared = true;
+    auto ready = [&]() { return slot.compared || !broken_.ok(); };
+    auto finished = [&]() { return slot.compared; };
+    (void)mu_.AwaitWithDeadline(absl::Condition(&ready), deadline);
+    if (slot.running) {  // never leave while the last arriver writes into this rank's buffer
+      mu_.Await(absl::Condition(&finished));  // a local reduction of <= kSmallBytes per rank
     }
+    if (!slot.compared && broken_.ok()) {
+      slot.small[idx] = nullptr;
+      std::vector<int> missing;
+      for (int i = 0; i < local; ++i) {
+        if (slot.encoded[i].empty()) missing.push_back(layout_.local_ranks[i]);
+      }
+      s = absl::DeadlineExceededError(absl::StrCat("timed out at rank ", rank,
+                                                   " waiting for rank(s) ",
+                                                   absl::StrJoin(missing, ","), " to submit op ",
+                                                   seq));
+    }
+  }
+  if (s.ok() && !slot.compared) s = broken_;
+  if (s.ok()) {
     s = slot.result;
-    if (s.ok()) *agreed = SignatureProposal(slot.encoded[0]);  // index = rank (nodes == 1)
+    if (s.ok()) {
+      *agreed = slot.agreed;
+      if (small != nullptr) small->done = slot.small_done;
+    }
   }
-  if (++slot.left == local || !s.ok()) {
-    if (slot.left == local) sig_slots_.erase(seq);
-  }
+  if (++slot.left == local) sig_slots_.erase(seq);
   return s;
 }
 

@@ -67,8 +67,22 @@ class JobGroup {
   // rank calls it with its encoded signature; all get the same result
   // (collective/op_signature.h CompareSignatures).
   // `agreed` receives rank 0's proposal on success.
+  //
+  // `small`: a hierarchical allreduce of at most kSmallBytes, done in this
+  // same rendezvous when every rank passes one and rank 0 proposed "hier": the
+  // last rank to arrive reduces every buffer in rank order, divides for avg
+  // and copies the result to all, then wakes the others once; `small->done`
+  // says it happened (else the caller runs HierAllreduce as usual).
+  struct LocalAllreduce {
+    char* data = nullptr;
+    size_t count = 0;
+    DType dtype = DType::kF32;
+    ReduceOp op = ReduceOp::kSum;
+    bool done = false;  // out
+  };
   absl::Status CheckLocalSignatures(int rank, uint64_t seq, const std::string& encoded,
-                                    absl::Time deadline, uint8_t* agreed);
+                                    absl::Time deadline, uint8_t* agreed,
+                                    LocalAllreduce* small = nullptr);
 
   // Fails every pending and future hierarchical op (session closed, epoch aborted).
   void Abort(const absl::Status& reason);
@@ -101,9 +115,13 @@ class JobGroup {
   std::map<uint64_t, Slot> slots_ ABSL_GUARDED_BY(mu_);
   struct SigSlot {
     std::vector<std::string> encoded;
+    std::vector<LocalAllreduce*> small;  // by local index; null: none passed
     int arrived = 0;
     int left = 0;
-    bool compared = false;
+    bool compared = false;  // result, agreed and small_done are final
+    bool small_done = false;
+    bool running = false;  // the last arriver is doing the small op
+    uint8_t agreed = 0;
     absl::Status result;
   };
   std::map<uint64_t, SigSlot> sig_slots_ ABSL_GUARDED_BY(mu_);

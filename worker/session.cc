@@ -76,12 +76,18 @@ SessionStatus Session::Status() const {
   st.health = epoch_error_;
   st.queued = static_cast<int>(queue_.size());
   st.last_completed_seq = last_completed_seq_;
-  st.last_completed = last_completed_;
+  if (last_completed_seq_ != 0) {
+    st.last_completed = absl::StrCat(last_completed_sig_.Describe(), " (op ", last_completed_seq_,
+                                     "): ",
+                                     last_completed_code_ == absl::StatusCode::kOk
+                                         ? "OK"
+                                         : absl::StatusCodeToString(last_completed_code_));
+  }
   st.last_completed_at = last_completed_at_;
   if (current_seq_ != 0) {
     st.has_current = true;
     st.current_seq = current_seq_;
-    st.current = current_desc_;
+    st.current = absl::StrCat(current_sig_.Describe(), " (op ", current_seq_, ")");
     st.phase = current_phase_;
     st.current_since = current_since_;
     st.arrived = current_arrived_;
@@ -209,6 +215,11 @@ absl::StatusOr<uint64_t> Session::Submit(const SubmitArgs& a) {
     return absl::InvalidArgumentError(absl::StrCat("count ", a.count, " is too large"));
   }
   const uint64_t bytes = a.count * esize * blocks;
+  if (forced == Algorithm::kOneShot && bytes > kOneShotMaxBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": algorithm 'oneshot' carries at most ", kOneShotMaxBytes,
+        " bytes per rank; this op has ", bytes, " (use auto, or rd/rhd/ring)"));
+  }
   if (a.timeout < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("negative op timeout");
   }
@@ -348,7 +359,7 @@ void Session::ExecutorLoop() {
     {
       absl::MutexLock l(&mu_);
       current_seq_ = op->seq;
-      current_desc_ = absl::StrCat(op->sig.Describe(), " (op ", op->seq, ")");
+      current_sig_ = op->sig;  // described only when someone asks (Status)
       current_phase_ = "negotiating";
       current_since_ = start;
       current_arrived_ = {info_.rank};
@@ -377,55 +388,72 @@ void Session::ExecutorLoop() {
       newly_failed = !s.ok() && !absl::IsInvalidArgument(s) && epoch_error_.ok();
       if (newly_failed) epoch_error_ = s;
       last_completed_seq_ = op->seq;
-      last_completed_ = absl::StrCat(op->sig.Describe(), " (op ", op->seq, "): ",
-                                     s.ok() ? "OK" : absl::StatusCodeToString(s.code()));
+      last_completed_sig_ = op->sig;
+      last_completed_code_ = s.code();
       last_completed_at_ = end;
       current_seq_ = 0;
       listener = listener_;
       outcome = op->outcome;
     }
-    if (observer_ != nullptr) {
-      OpRecord rec;
-      rec.job_id = info_.job_id;
-      rec.kind = op->sig.kind;
-      rec.algorithm = outcome.algorithm;
-      rec.code = s.code();
-      rec.bytes = CollectiveBufferBytes(op->sig.kind, op->sig.count, op->sig.dtype, info_.world_size);
-      rec.world = info_.world_size;
-      rec.queued = outcome.queued_time;
-      rec.run = outcome.run_time;
-      rec.arrival_wait = arrival_wait_;
-      observer_->OnOpDone(rec);
-      for (int p = 0; p < info_.world_size; ++p) {
-        if (p == info_.rank) continue;
-        const uint64_t sent = ctx_->BytesSentTo(p), recv = ctx_->BytesReceivedFrom(p);
-        const std::string peer = p < static_cast<int>(info_.peer_daemons.size())
-                                     ? info_.peer_daemons[p]
-                                     : absl::StrCat("rank", p);
-        if (sent != peer_sent_[p] || recv != peer_received_[p]) {
-          observer_->OnPeerBytes(peer, sent - peer_sent_[p], recv - peer_received_[p]);
-          const double secs = absl::ToDoubleSeconds(outcome.run_time);
-          if (sent - peer_sent_[p] >= (1u << 20) && secs > 0) {
-            observer_->OnPeerBandwidth(peer, (sent - peer_sent_[p]) / secs);
-          }
-          peer_sent_[p] = sent;
-          peer_received_[p] = recv;
-        }
-        const uint64_t retrans = ctx_->Retransmits(p);
-        if (retrans > peer_retrans_[p]) {
-          observer_->OnPeerRetransmits(peer, retrans - peer_retrans_[p]);
-          peer_retrans_[p] = retrans;
-        }
-      }
-      if (!s.ok() && !absl::IsInvalidArgument(s) && newly_failed) {
-        observer_->OnEpochFailed(EpochFailureCause(s));
-      }
-    }
+    // The client first; the bookkeeping below overlaps with its next op.
     if (listener && listener(op->seq, outcome)) {
       absl::MutexLock l(&mu_);
       ops_.erase(op->seq);
     }
+    if (observer_ != nullptr) Account(*op, outcome, newly_failed, end);
   }
+}
+
+void Session::Account(const Op& op, const OpOutcome& outcome, bool newly_failed, absl::Time end) {
+  const absl::Status& s = outcome.status;
+  OpRecord rec;
+  rec.job_id = info_.job_id;
+  rec.kind = op.sig.kind;
+  rec.algorithm = outcome.algorithm;
+  rec.code = s.code();
+  rec.bytes = CollectiveBufferBytes(op.sig.kind, op.sig.count, op.sig.dtype, info_.world_size);
+  rec.world = info_.world_size;
+  rec.queued = outcome.queued_time;
+  rec.run = outcome.run_time;
+  rec.arrival_wait = arrival_wait_;
+  observer_->OnOpDone(rec);
+  // Retransmit counters cost a getsockopt(TCP_INFO) per connection: at most once a second.
+  const bool sample_retrans = end >= next_retrans_sample_;
+  if (sample_retrans) next_retrans_sample_ = end + absl::Seconds(1);
+  for (int p = 0; p < info_.world_size; ++p) {
+    if (p == info_.rank) continue;
+    const uint64_t sent = ctx_->BytesSentTo(p), recv = ctx_->BytesReceivedFrom(p);
+    if (sent != peer_sent_[p] || recv != peer_received_[p]) {
+      const std::string& peer = PeerName(p);
+      observer_->OnPeerBytes(peer, sent - peer_sent_[p], recv - peer_received_[p]);
+      const double secs = absl::ToDoubleSeconds(outcome.run_time);
+      if (sent - peer_sent_[p] >= (1u << 20) && secs > 0) {
+        observer_->OnPeerBandwidth(peer, (sent - peer_sent_[p]) / secs);
+      }
+      peer_sent_[p] = sent;
+      peer_received_[p] = recv;
+    }
+    if (!sample_retrans) continue;
+    const uint64_t retrans = ctx_->Retransmits(p);
+    if (retrans > peer_retrans_[p]) {
+      observer_->OnPeerRetransmits(PeerName(p), retrans - peer_retrans_[p]);
+      peer_retrans_[p] = retrans;
+    }
+  }
+  if (!s.ok() && !absl::IsInvalidArgument(s) && newly_failed) {
+    observer_->OnEpochFailed(EpochFailureCause(s));
+  }
+}
+
+const std::string& Session::PeerName(int p) {
+  if (peer_names_.empty()) {
+    for (int r = 0; r < info_.world_size; ++r) {
+      peer_names_.push_back(r < static_cast<int>(info_.peer_daemons.size())
+                                ? info_.peer_daemons[r]
+                                : absl::StrCat("rank", r));
+    }
+  }
+  return peer_names_[p];
 }
 
 absl::Status Session::RunOp(Op& op) {
@@ -441,7 +469,10 @@ absl::Status Session::RunOp(Op& op) {
   }
   // This rank's proposal: the forced algorithm, the hierarchical path when
   // ranks share daemons, else the cost model on this rank's (refined) link
-  // estimate. Every rank runs rank 0's proposal.
+  // estimate. Every rank runs rank 0's proposal. Whether the op runs oneshot
+  // (its data rides on the signature exchange) must be decided before that
+  // exchange, by every rank alike: from the signature and the link measured
+  // when the job formed, which are equal on every rank.
   const size_t bytes =
       CollectiveBufferBytes(op.sig.kind, op.sig.count, op.sig.dtype, info_.world_size);
   if (op.hier) {
@@ -451,36 +482,75 @@ absl::Status Session::RunOp(Op& op) {
   } else if (op.forced.has_value()) {
     op.sig.forced = static_cast<uint8_t>(*op.forced);
   }
+  const bool local_check = group_ != nullptr && group_->layout().nodes == 1;
+  constexpr uint8_t kOneShotCode = static_cast<uint8_t>(Algorithm::kOneShot);
+  bool fused = false;
   if (op.sig.forced != OpSignature::kNoAlgorithm) {
     op.sig.proposal = op.sig.forced;
+    fused = op.sig.forced == kOneShotCode && !local_check;
   } else if (group_ != nullptr &&
              PreferHierarchical(op.sig.kind, Topology{info_.world_size, group_->layout().nodes})) {
     op.sig.proposal = kHierarchicalCode;
+  } else if (!local_check &&
+             ChooseAlgorithm(op.sig.kind, bytes, info_.world_size, info_.link) == Algorithm::kOneShot) {
+    op.sig.proposal = kOneShotCode;
+    fused = true;
   } else if (ps_ != nullptr && op.sig.kind == CollectiveKind::kAllreduce &&
              PreferParameterServer(bytes, info_.world_size, ps_->shards(), link_)) {
     op.sig.proposal = kParameterServerCode;
   } else {
-    op.sig.proposal =
-        static_cast<uint8_t>(ChooseAlgorithm(op.sig.kind, bytes, info_.world_size, link_));
+    op.sig.proposal = static_cast<uint8_t>(ChooseAlgorithm(op.sig.kind, bytes, info_.world_size,
+                                                           link_, /*allow_oneshot=*/local_check));
   }
-  // With every rank on this daemon, compare signatures in memory.
+  char* const data = op.buffer != nullptr ? op.buffer->data() + op.offset : nullptr;
+  // With every rank on this daemon, compare signatures in memory; a small
+  // hierarchical allreduce is done in the same rendezvous.
   const absl::Time negotiate_start = absl::Now();
   uint8_t agreed = OpSignature::kNoAlgorithm;
   absl::Status s;
-  if (group_ != nullptr && group_->layout().nodes == 1) {
+  bool done = false;
+  if (local_check) {
     const std::string encoded = op.sig.Encode();
-    s = group_->CheckLocalSignatures(info_.rank, op.seq, encoded, op.deadline, &agreed);
+    JobGroup::LocalAllreduce small;
+    const bool small_hier = op.sig.proposal == kHierarchicalCode &&
+                            op.sig.kind == CollectiveKind::kAllreduce &&
+                            bytes <= JobGroup::kSmallBytes;
+    if (small_hier) small = {data, op.sig.count, op.sig.dtype, op.sig.op};
+    s = group_->CheckLocalSignatures(info_.rank, op.seq, encoded, op.deadline, &agreed,
+                                     small_hier ? &small : nullptr);
+    // A barrier needs nothing more than that rendezvous of every rank.
+    done = small.done || (s.ok() && op.sig.kind == CollectiveKind::kBarrier && agreed == kOneShotCode);
   } else {
+    EagerData eager;
+    if (fused && op.sig.kind == CollectiveKind::kAllreduce) {
+      eager.data = data;
+      eager.bytes = bytes;
+    }
     s = CheckSignatures(
         *ctx_, op.sig, op.deadline,
         [this](int rank) {
           absl::MutexLock l(&mu_);
           current_arrived_.push_back(rank);
         },
-        &agreed);
+        &agreed, fused ? &eager : nullptr, &sig_inbox_);
+    if (s.ok() && fused) {
+      if (op.sig.kind == CollectiveKind::kAllreduce) {
+        ReduceInRankOrder(op.sig.dtype, op.sig.op, data, op.sig.count, info_.rank, eager.received,
+                          &scratch_);
+      }
+      done = true;
+    }
   }
-  if (s.ok() && agreed != kHierarchicalCode && agreed != kParameterServerCode && agreed >= 5) {
+  if (s.ok() && agreed != kHierarchicalCode && agreed != kParameterServerCode &&
+      agreed >= kAlgorithmCount) {
     s = absl::DataLossError(absl::StrCat("rank 0 proposed unknown algorithm code ", agreed));
+  }
+  if (s.ok() && done) {
+    arrival_wait_ = absl::Now() - negotiate_start;
+    TraceEvent(AlgorithmCodeName(agreed), "op", negotiate_start);
+    absl::MutexLock l(&mu_);
+    op.outcome.algorithm = AlgorithmCodeName(agreed);
+    return s;
   }
   arrival_wait_ = absl::Now() - negotiate_start;
   TraceEvent("negotiate", "op", negotiate_start);
@@ -515,7 +585,7 @@ absl::Status Session::RunOp(Op& op) {
     }
     CollectiveCall call;
     call.kind = op.sig.kind;
-    call.data = op.buffer != nullptr ? op.buffer->data() + op.offset : nullptr;
+    call.data = data;
     call.count = op.sig.count;
     call.dtype = op.sig.dtype;
     call.op = op.sig.op;

@@ -169,12 +169,16 @@ class Session {
 
   void ExecutorLoop();
   absl::Status RunOp(Op& op);
+  // Metrics for a finished op (executor thread, after the client was told).
+  void Account(const Op& op, const OpOutcome& outcome, bool newly_failed, absl::Time end);
+  const std::string& PeerName(int rank);  // executor thread only
 
   const SessionInfo info_;
   std::unique_ptr<transport::Context> ctx_;
   const RingOptions ring_options_;
   const std::shared_ptr<JobGroup> group_;
-  std::vector<char> scratch_;  // executor thread only
+  std::vector<char> scratch_;    // executor thread only
+  std::vector<char> sig_inbox_;  // executor thread only: CheckSignatures' receive memory
 
   mutable absl::Mutex mu_;
   std::map<uint64_t, std::shared_ptr<ShmSegment>> buffers_ ABSL_GUARDED_BY(mu_);
@@ -189,14 +193,17 @@ class Session {
   CompletionListener listener_ ABSL_GUARDED_BY(mu_);
   DaemonObserver* const observer_;
   std::vector<uint64_t> peer_sent_, peer_received_, peer_retrans_;  // executor thread only
+  std::vector<std::string> peer_names_;                              // executor thread only
+  absl::Time next_retrans_sample_ = absl::InfinitePast();            // executor thread only
   // Status of the op in progress (guarded by mu_).
   uint64_t current_seq_ ABSL_GUARDED_BY(mu_) = 0;
-  std::string current_desc_ ABSL_GUARDED_BY(mu_);
+  OpSignature current_sig_ ABSL_GUARDED_BY(mu_);
   std::string current_phase_ ABSL_GUARDED_BY(mu_);
   absl::Time current_since_ ABSL_GUARDED_BY(mu_);
   std::vector<int> current_arrived_ ABSL_GUARDED_BY(mu_);
   uint64_t last_completed_seq_ ABSL_GUARDED_BY(mu_) = 0;
-  std::string last_completed_ ABSL_GUARDED_BY(mu_);
+  OpSignature last_completed_sig_ ABSL_GUARDED_BY(mu_);
+  absl::StatusCode last_completed_code_ ABSL_GUARDED_BY(mu_) = absl::StatusCode::kOk;
   absl::Time last_completed_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   absl::Duration arrival_wait_;  // executor thread only: of the last op
   std::unique_ptr<Timeline> timeline_;  // null unless the job's timeline is on
