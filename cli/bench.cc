@@ -31,8 +31,11 @@ struct Row {
   uint64_t count = 0;  // per rank (per block for blocked collectives)
   std::string algo;
   double time_us = 0;
+  std::vector<double> op_us;  // --blocking: each iteration's time
+  std::vector<double> queued_us, run_us;  // --blocking: the daemon's split of each op
   uint64_t wrong = 0;
   std::string error;
+  std::string split;  // --blocking: the daemon's queued/running medians
 };
 
 // Runs `cmd` (bounded by `timeout`), returns its lines that look like
@@ -168,6 +171,10 @@ absl::StatusOr<uint64_t> RunBench(const BenchOptions& o) {
                        : "embedded local cluster on loopback",
               external ? 1 : o.ranks_per_daemon,
               DTypeName(o.dtype), ReduceOpName(o.redop), o.algo.c_str(), o.warmup, o.iters);
+  std::printf("# time = %s\n", o.blocking
+                  ? "median over the iterations of the slowest rank's submit + wait, each op alone "
+                    "(ranks released together)"
+                  : "elapsed time of --iters ops submitted back to back (the slowest rank) / iters");
   std::printf("# bytes = whole buffer per rank; algbw = bytes / time; busbw = algbw * %.3f "
               "(nccl-tests definition for %s on %d ranks)\n",
               BusBandwidthFactor(o.op, n), CollectiveName(o.op), n);
@@ -262,6 +269,10 @@ absl::StatusOr<uint64_t> RunBench(const BenchOptions& o) {
             auto res = s.Wait(hs.front(), absl::Milliseconds(o.timeout_ms) + absl::Seconds(5));
             if (!res.ok()) return res.status();
             row.algo = res->algorithm;
+            if (o.blocking) {
+              row.queued_us.push_back(absl::ToDoubleMicroseconds(res->queued_time));
+              row.run_us.push_back(absl::ToDoubleMicroseconds(res->run_time));
+            }
             hs.pop_front();
           }
           return absl::OkStatus();
@@ -277,16 +288,53 @@ absl::StatusOr<uint64_t> RunBench(const BenchOptions& o) {
           barrier.Wait();
           st = run_batch(o.warmup);
         }
-        barrier.Wait();
-        const absl::Time t0 = absl::Now();
-        if (st.ok()) st = run_batch(o.iters);
-        row.time_us = absl::ToDoubleMicroseconds(absl::Now() - t0) / o.iters;
+        if (o.blocking) {
+          for (int i = 0; i < o.iters; ++i) {
+            barrier.Wait();  // every rank, even after a failure: the others wait here too
+            const absl::Time t0 = absl::Now();
+            if (st.ok()) st = run_batch(1);
+            row.op_us.push_back(absl::ToDoubleMicroseconds(absl::Now() - t0));
+          }
+        } else {
+          barrier.Wait();
+          const absl::Time t0 = absl::Now();
+          if (st.ok()) st = run_batch(o.iters);
+          row.time_us = absl::ToDoubleMicroseconds(absl::Now() - t0) / o.iters;
+        }
         if (!st.ok()) row.error = std::string(st.message());
         barrier.Wait();
       });
     }
     for (auto& t : threads) t.join();
     Row agg = rows[0];
+    if (o.blocking) {  // per iteration the slowest rank, then the median
+      std::vector<double> slowest(o.iters, 0);
+      for (const Row& row : rows) {
+        for (size_t i = 0; i < row.op_us.size() && i < slowest.size(); ++i) {
+          slowest[i] = std::max(slowest[i], row.op_us[i]);
+        }
+      }
+      std::sort(slowest.begin(), slowest.end());
+      agg.time_us = slowest.empty() ? 0
+                    : slowest.size() % 2 ? slowest[slowest.size() / 2]
+                                         : (slowest[slowest.size() / 2 - 1] + slowest[slowest.size() / 2]) / 2;
+      for (Row& row : rows) row.time_us = agg.time_us;
+      // Where the time went, as the daemons saw it (all ranks' ops pooled).
+      std::vector<double> queued, run;
+      for (const Row& row : rows) {
+        queued.insert(queued.end(), row.queued_us.begin(), row.queued_us.end());
+        run.insert(run.end(), row.run_us.begin(), row.run_us.end());
+      }
+      auto median = [](std::vector<double> v) {
+        if (v.empty()) return 0.0;
+        std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+        return v[v.size() / 2];
+      };
+      agg.split = absl::StrFormat("# %llu bytes: daemon-side medians over all ranks' ops: %.1f us "
+                                  "queued (submission to start), %.1f us running",
+                                  static_cast<unsigned long long>(bytes), median(queued),
+                                  median(run));
+    }
     for (const Row& row : rows) {
       agg.time_us = std::max(agg.time_us, row.time_us);
       if (agg.error.empty()) agg.error = row.error;
@@ -307,6 +355,7 @@ absl::StatusOr<uint64_t> RunBench(const BenchOptions& o) {
                      DTypeName(o.dtype), ReduceOpName(o.redop), agg.algo.c_str(), agg.time_us,
                      algbw, busbw, static_cast<unsigned long long>(agg.wrong));
       }
+      if (!agg.split.empty()) std::printf("%s\n", agg.split.c_str());
       if (absl::Now() - start > absl::Seconds(2)) {
         std::fprintf(stderr, "[bench] %zu/%zu sizes done, %s elapsed\n", si + 1, sizes.size(),
                      absl::FormatDuration(absl::Trunc(absl::Now() - start, absl::Seconds(1))).c_str());

@@ -28,6 +28,11 @@ struct BenchOptions {
   int warmup = 5;
   int iters = 20;
   bool check = false;
+  // Time every op alone (all local ranks released together, submit + wait),
+  // and report the median over iterations of the slowest rank's time: how
+  // MPI and Gloo benchmarks time an op. Default: --iters ops back to back,
+  // elapsed / iters (a throughput figure for small ops).
+  bool blocking = false;
   std::string csv;
   int tcp_streams = 0;         // 0: gradsyncd's default
   int ps_shards = 0;           // parameter-server shards (embedded: started; the job uses them)

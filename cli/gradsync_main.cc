@@ -30,6 +30,10 @@ ABSL_FLAG(std::string, algo, "auto",
 ABSL_FLAG(int32_t, root, 0, "bench: root rank of broadcast/reduce");
 ABSL_FLAG(bool, check, false, "bench: check results (one checked op per size) and count #wrong");
 ABSL_FLAG(std::string, csv, "", "bench: also write the table as CSV to this file");
+ABSL_FLAG(bool, blocking, false,
+          "bench: time each op alone (ranks start together, submit + wait) and report the median "
+          "over --iters of the slowest rank, as MPI/Gloo benchmarks do; default: --iters ops back "
+          "to back, elapsed / iters");
 ABSL_FLAG(int32_t, tcp_streams, 0, "bench: TCP connections per rank pair (0: daemon default)");
 ABSL_FLAG(int32_t, ps_shards, 0,
           "bench/demo: parameter-server shards (gradsync-ps) to start and use (--algo ps)");
@@ -139,6 +143,7 @@ int main(int argc, char** argv) {
     if (iters >= 0) o.iters = iters;
     if (warmup >= 0) o.warmup = warmup;
     o.check = absl::GetFlag(FLAGS_check);
+    o.blocking = absl::GetFlag(FLAGS_blocking);
     o.csv = absl::GetFlag(FLAGS_csv);
     o.tcp_streams = absl::GetFlag(FLAGS_tcp_streams);
     o.ps_shards = absl::GetFlag(FLAGS_ps_shards);

@@ -4,6 +4,8 @@
 #include <cstring>
 #include <functional>
 
+#include <sched.h>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "collective/op_signature.h"
@@ -85,7 +87,14 @@ absl::Status JobGroup::CheckLocalSignatures(int rank, uint64_t seq, const std::s
       }
     }
     slot.compared = true;
+    slot.decided.store(true, std::memory_order_release);
   } else {
+    // Poll briefly before sleeping (the slot stays put until this rank leaves).
+    const std::atomic<bool>& decided = slot.decided;
+    mu_.Unlock();
+    const absl::Time spin_end = std::min(deadline, absl::Now() + kSpin);
+    while (!decided.load(std::memory_order_acquire) && absl::Now() < spin_end) sched_yield();
+    mu_.Lock();
     auto ready = [&]() { return slot.compared || !broken_.ok(); };
     auto finished = [&]() { return slot.compared; };
     (void)mu_.AwaitWithDeadline(absl::Condition(&ready), deadline);

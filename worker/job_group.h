@@ -23,6 +23,7 @@
 #ifndef GRADSYNC_WORKER_JOB_GROUP_H_
 #define GRADSYNC_WORKER_JOB_GROUP_H_
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -50,6 +51,10 @@ struct GroupLayout {
 class JobGroup {
  public:
   static constexpr size_t kSmallBytes = 256 << 10;
+  // How long a local rank waiting for the others polls (yielding the CPU)
+  // before it sleeps: the last arriver usually comes within microseconds,
+  // and a futex wake-up costs tens of them on a virtual CPU.
+  static constexpr absl::Duration kSpin = absl::Microseconds(30);
 
   // `node_ctx` connects the node leaders (null when nodes == 1).
   JobGroup(GroupLayout layout, std::unique_ptr<transport::Context> node_ctx, LinkParams link,
@@ -119,6 +124,7 @@ class JobGroup {
     int arrived = 0;
     int left = 0;
     bool compared = false;  // result, agreed and small_done are final
+    std::atomic<bool> decided{false};  // = compared, readable without mu_ (waiters spin on it)
     bool small_done = false;
     bool running = false;  // the last arriver is doing the small op
     uint8_t agreed = 0;

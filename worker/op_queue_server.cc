@@ -43,13 +43,14 @@ class OpQueueServer::Queue : public std::enable_shared_from_this<Queue> {
   const std::string& name() const { return mem_->name(); }
   bool finished() const { return finished_.load(); }
 
-  // Registers the completion listener and starts the poller.
+  // Registers the completion listener and the feed, and starts the poller.
   void Start() {
     std::weak_ptr<Queue> weak = weak_from_this();
     backend_->SetCompletionListener([weak](uint64_t op_id, const ipc::OpCompletion& outcome) {
       std::shared_ptr<Queue> q = weak.lock();
       return q != nullptr && q->OnCompletion(op_id, outcome);
     });
+    fed_ = backend_->SetSubmissionFeed(std::make_shared<Feed>(weak, options_.spin));
     thread_ = std::thread([this] { Run(); });
   }
 
@@ -61,6 +62,7 @@ class OpQueueServer::Queue : public std::enable_shared_from_this<Queue> {
     }
     stop_.store(true);
     end_.submission_bell().Ring();
+    WakePoller();
   }
 
   void Join() {
@@ -68,6 +70,64 @@ class OpQueueServer::Queue : public std::enable_shared_from_this<Queue> {
   }
 
  private:
+  // The queue as its session's SubmissionFeed. Holds the queue only while a
+  // call runs, so a closed queue goes away even if the session keeps the feed.
+  class Feed final : public SubmissionFeed {
+   public:
+    Feed(std::weak_ptr<Queue> q, absl::Duration spin) : q_(std::move(q)), spin_(spin) {}
+    uint32_t Snapshot() override {
+      auto q = q_.lock();
+      return q != nullptr ? q->end_.submission_bell().Snapshot() : 0;
+    }
+    void Pump() override {
+      if (auto q = q_.lock()) q->PumpFromFeed();
+    }
+    bool Spin(uint32_t snapshot, absl::Duration limit) override {
+      auto q = q_.lock();
+      return q == nullptr || q->end_.submission_bell().Spin(snapshot, limit);
+    }
+    void Wait(uint32_t snapshot, absl::Duration timeout) override {
+      if (auto q = q_.lock()) q->end_.submission_bell().Wait(snapshot, timeout);
+    }
+    void Wake() override {
+      if (auto q = q_.lock()) q->end_.submission_bell().Ring();
+    }
+    absl::Duration spin() const override { return spin_; }
+
+   private:
+    const std::weak_ptr<Queue> q_;
+    const absl::Duration spin_;
+  };
+
+  // The executor's side of the feed: takes what is waiting now.
+  void PumpFromFeed() {
+    if (stop_.load()) return;
+    bool progress = false;
+    bool ring = false;
+    absl::Status s;
+    {
+      absl::MutexLock l(&mu_);
+      if (closed_ || !fatal_.ok()) return;
+      s = PumpLocked(&progress, &ring);
+      if (!s.ok()) fatal_ = s;  // the poller closes the queue with it
+    }
+    if (ring) end_.completion_bell().Ring();
+    if (!s.ok()) WakePoller();
+  }
+
+  void WakePoller() {
+    absl::MutexLock l(&wake_mu_);
+    wake_ = true;
+  }
+
+  // The poller's sleep while the executor takes submissions: until a
+  // Stop()/error or `timeout`.
+  void SleepPoller(absl::Duration timeout) {
+    absl::MutexLock l(&wake_mu_);
+    wake_mu_.AwaitWithTimeout(absl::Condition(&wake_), timeout);
+    wake_ = false;
+  }
+
   void Run() {
     uint64_t client_heartbeat = end_.client_heartbeat();
     absl::Time next_tick = absl::InfinitePast();
@@ -118,7 +178,9 @@ class OpQueueServer::Queue : public std::enable_shared_from_this<Queue> {
         reason = s;
         break;
       }
-      if (progress) {
+      if (fed_) {
+        SleepPoller(std::clamp(next_tick - absl::Now(), absl::Milliseconds(1), options_.poll_interval));
+      } else if (progress) {
         last_active = now;
       } else if (!bell.Spin(snapshot, last_active + options_.spin - now)) {
         bell.Wait(snapshot, std::clamp(next_tick - now, absl::Milliseconds(1),
@@ -131,6 +193,7 @@ class OpQueueServer::Queue : public std::enable_shared_from_this<Queue> {
       end_.Close(reason);
     }
     mem_->Unlink();
+    if (fed_) backend_->SetSubmissionFeed(nullptr);
     backend_->SetCompletionListener(nullptr);
     GS_LOG(INFO) << "session " << session_id() << ": op queue " << name()
                  << " closed: " << reason.message();
@@ -226,7 +289,10 @@ class OpQueueServer::Queue : public std::enable_shared_from_this<Queue> {
       if (backpressured_) wake_poller = true;  // room for more outstanding ops now
     }
     if (ring) end_.completion_bell().Ring();
-    if (wake_poller) end_.submission_bell().Ring();
+    if (wake_poller) {
+      end_.submission_bell().Ring();
+      if (fed_) WakePoller();
+    }
     return true;
   }
 
@@ -245,6 +311,9 @@ class OpQueueServer::Queue : public std::enable_shared_from_this<Queue> {
   absl::Status stop_reason_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> stop_{false};
   std::atomic<bool> finished_{false};
+  bool fed_ = false;  // the session's executor takes the submissions (set before Run starts)
+  absl::Mutex wake_mu_;
+  bool wake_ ABSL_GUARDED_BY(wake_mu_) = false;
   std::thread thread_;
 };
 

@@ -2,12 +2,16 @@
 // segment and one poller thread per session that asked for one
 // (Worker.OpenOpQueue).
 //
-// The poller waits on the submission doorbell (futex, at most
-// `poll_interval`, ~100 ms; after activity it first spins briefly, see
-// OpQueueServerOptions::spin), copies each entry out of shared memory,
-// validates it, and hands it to the session (OpQueueBackend::Submit). An
-// entry the session refuses is answered at once with an error completion.
-// Every poll_interval it also bumps the daemon heartbeat (clients call the
+// Submissions: the session's executor takes them itself while it is idle
+// (the queue is its SubmissionFeed: it polls the submission doorbell, spinning
+// briefly after activity (OpQueueServerOptions::spin), then sleeping on the
+// futex), so an op goes from the client to the thread that runs it with no
+// hand-off in between. A backend that takes no feed leaves it to the poller,
+// which then waits on the doorbell itself. Either way each entry is copied
+// out of shared memory, validated and handed to the session
+// (OpQueueBackend::Submit); an entry the session refuses is answered at once
+// with an error completion.
+// Every poll_interval the poller also takes what is waiting, bumps the daemon heartbeat (clients call the
 // daemon dead when it stops), checks the header, counts a moving client
 // heartbeat as use of the session (Touch: the lease does not reap a session
 // whose client is blocked in a long wait), and notices that the session was
@@ -43,6 +47,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "ipc/op_queue.h"
+#include "worker/submission_feed.h"
 
 namespace gradsync {
 
@@ -63,6 +68,13 @@ class OpQueueBackend {
   virtual absl::StatusOr<uint64_t> Submit(const ipc::OpDescriptor& op) = 0;
   // Replaces the listener (nullptr removes it).
   virtual void SetCompletionListener(Listener listener) = 0;
+  // Offers the queue as a feed the session's executor polls itself (nullptr
+  // withdraws it). Returns false if the backend does not take feeds; the
+  // poller then takes every submission itself.
+  virtual bool SetSubmissionFeed(std::shared_ptr<SubmissionFeed> feed) {
+    (void)feed;
+    return false;
+  }
   // Marks the session as used now (its lease starts over).
   virtual void Touch() = 0;
   // True once the session is closing or closed.

@@ -277,6 +277,16 @@ absl::StatusOr<uint64_t> Session::Submit(const SubmitArgs& a) {
   ops_[op->seq] = op;
   queue_.push_back(op);
   if (observer_ != nullptr) observer_->OnOpQueued();
+  if (waiting_on_feed_ && feed_ != nullptr) {
+    // Submitted over gRPC while the executor sleeps on the feed's doorbell.
+    // Ring it outside mu_ (a feed's Pump takes its own lock, then ours).
+    std::shared_ptr<SubmissionFeed> feed = feed_;
+    const uint64_t seq = op->seq;
+    mu_.Unlock();
+    feed->Wake();
+    mu_.Lock();
+    return seq;
+  }
   return op->seq;
 }
 
@@ -307,6 +317,25 @@ void Session::SetCompletionListener(CompletionListener listener) {
   listener_ = std::move(listener);
 }
 
+void Session::SetSubmissionFeed(std::shared_ptr<SubmissionFeed> feed) {
+  std::shared_ptr<SubmissionFeed> old;
+  {
+    absl::MutexLock l(&mu_);
+    old = std::move(feed_);
+    feed_ = std::move(feed);
+  }
+  if (old != nullptr) old->Wake();  // an executor sleeping on it looks again
+}
+
+void Session::WakeExecutor() {
+  std::shared_ptr<SubmissionFeed> feed;
+  {
+    absl::MutexLock l(&mu_);
+    if (waiting_on_feed_) feed = feed_;
+  }
+  if (feed != nullptr) feed->Wake();
+}
+
 void Session::EndEpoch(const absl::Status& reason) {
   absl::MutexLock l(&mu_);
   if (epoch_error_.ok()) epoch_error_ = reason;
@@ -329,6 +358,7 @@ void Session::Close() {
       closing_ = true;
       if (epoch_error_.ok()) epoch_error_ = absl::CancelledError("session closed");
     }
+    WakeExecutor();
     const absl::Status why =
         absl::CancelledError(absl::StrCat("rank ", info_.rank, " closed its session"));
     ctx_->Abort(why);
@@ -341,19 +371,44 @@ void Session::Close() {
 }
 
 void Session::ExecutorLoop() {
+  absl::Time last_active = absl::Now();
   while (true) {
     std::shared_ptr<Op> op;
+    std::shared_ptr<SubmissionFeed> feed;
+    uint32_t snapshot = 0;
+    {
+      absl::MutexLock l(&mu_);
+      if (queue_.empty() && !closing_ && feed_ != nullptr) feed = feed_;
+    }
+    if (feed != nullptr) {
+      // Idle with a feed: take its submissions here; spin a little after
+      // activity, then sleep on its doorbell (Submit and Close ring it).
+      snapshot = feed->Snapshot();
+      feed->Pump();
+    }
     {
       absl::MutexLock l(&mu_);
       auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return closing_ || !queue_.empty();
+        return closing_ || !queue_.empty() || feed_ != nullptr;
       };
       mu_.Await(absl::Condition(&ready));
-      if (queue_.empty()) {
+      if (!queue_.empty()) {
+        op = queue_.front();
+        queue_.pop_front();
+      } else if (closing_) {
         return;  // closing with nothing queued
+      } else if (feed == nullptr || feed != feed_) {
+        continue;  // a feed appeared or changed: look at it
+      } else {
+        waiting_on_feed_ = true;
       }
-      op = queue_.front();
-      queue_.pop_front();
+    }
+    if (op == nullptr) {
+      const absl::Duration spin = last_active + feed->spin() - absl::Now();
+      if (!feed->Spin(snapshot, spin)) feed->Wait(snapshot, absl::Milliseconds(100));
+      absl::MutexLock l(&mu_);
+      waiting_on_feed_ = false;
+      continue;
     }
     const absl::Time start = absl::Now();
     {
@@ -400,6 +455,7 @@ void Session::ExecutorLoop() {
       absl::MutexLock l(&mu_);
       ops_.erase(op->seq);
     }
+    last_active = absl::Now();
     if (observer_ != nullptr) Account(*op, outcome, newly_failed, end);
   }
 }

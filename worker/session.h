@@ -38,6 +38,7 @@
 #include "worker/daemon_observer.h"
 #include "worker/job_group.h"
 #include "worker/shm_segment.h"
+#include "worker/submission_feed.h"
 #include "worker/timeline.h"
 
 namespace gradsync {
@@ -129,6 +130,12 @@ class Session {
   using CompletionListener = std::function<bool(uint64_t op_id, const OpOutcome& outcome)>;
   void SetCompletionListener(CompletionListener listener);
 
+  // While idle, the executor polls `feed` for submissions itself (the
+  // shared-memory op queue) instead of sleeping until Submit wakes it: no
+  // thread hand-off between the client's submission and its op running.
+  // nullptr withdraws it.
+  void SetSubmissionFeed(std::shared_ptr<SubmissionFeed> feed);
+
   // Refuses new submissions with `reason` (Unavailable); queued and running
   // ops go on (graceful drain).
   void StopAccepting(const std::string& reason);
@@ -169,6 +176,8 @@ class Session {
 
   void ExecutorLoop();
   absl::Status RunOp(Op& op);
+  // Rings the feed if the executor sleeps on it (no locks held).
+  void WakeExecutor();
   // Metrics for a finished op (executor thread, after the client was told).
   void Account(const Op& op, const OpOutcome& outcome, bool newly_failed, absl::Time end);
   const std::string& PeerName(int rank);  // executor thread only
@@ -191,6 +200,8 @@ class Session {
   std::string not_accepting_ ABSL_GUARDED_BY(mu_);  // non-empty: draining
   absl::Time last_used_ ABSL_GUARDED_BY(mu_);
   CompletionListener listener_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<SubmissionFeed> feed_ ABSL_GUARDED_BY(mu_);
+  bool waiting_on_feed_ ABSL_GUARDED_BY(mu_) = false;  // the executor sleeps on feed_
   DaemonObserver* const observer_;
   std::vector<uint64_t> peer_sent_, peer_received_, peer_retrans_;  // executor thread only
   std::vector<std::string> peer_names_;                              // executor thread only

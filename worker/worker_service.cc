@@ -51,6 +51,11 @@ class SessionBackend final : public OpQueueBackend {
         });
   }
 
+  bool SetSubmissionFeed(std::shared_ptr<SubmissionFeed> feed) override {
+    session_->SetSubmissionFeed(std::move(feed));
+    return true;
+  }
+
   void Touch() override { session_->Touch(); }
   bool closed() const override { return session_->closed(); }
   absl::Status health() const override { return session_->health(); }
