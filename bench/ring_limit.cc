@@ -70,6 +70,7 @@
 #include <string>
 #include <vector>
 
+#include "common/process.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -763,6 +764,7 @@ int main(int argc, char** argv) {
       "and prints `ring_limit,ranks=N,streams=S,bytes=B,time_us=T,busbw_gbps=G` per size; "
       "with --single_stream_throughput, one-way throughput `tcp_link,streams=S,...,gbps=G`.");
   std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
+  gradsync::InitProcess();
   if (rest.size() > 1) {
     std::fprintf(stderr, "gradsync-ring-limit: unexpected argument '%s'\n", rest[1]);
     return 2;

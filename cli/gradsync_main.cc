@@ -3,6 +3,7 @@
 #include <string>
 #include <vector>
 
+#include "common/process.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -91,6 +92,7 @@ int main(int argc, char** argv) {
   argc = static_cast<int>(normalized.size());
   argv = argv2.data();
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+  gradsync::InitProcess();
   if (args.size() < 2) {
     std::fputs(kUsage, stderr);
     return 2;

@@ -10,6 +10,7 @@
 #include <grpcpp/client_context.h>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/logging.h"
@@ -309,6 +310,11 @@ std::unique_ptr<OpChannel> NewSessionOpChannel(const std::shared_ptr<WorkerConne
           [&] {
             ShmOpChannelOptions o;
             if (default_op_timeout > absl::ZeroDuration()) o.default_op_timeout = default_op_timeout;
+            // Documented in client.h, read only here.
+            if (const char* spin = std::getenv("GRADSYNC_WAIT_SPIN_US")) {
+              int us = 0;
+              if (absl::SimpleAtoi(spin, &us) && us >= 0) o.spin = absl::Microseconds(us);
+            }
             return o;
           }());
       if (channel.ok()) return *std::move(channel);

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "common/process.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -279,6 +280,7 @@ int main(int argc, char** argv) {
       "      [--max_memory_mb=8192] [--coordinator=HOST:PORT] [--shard_id=ID]\n"
       "      [--metrics_listen=0.0.0.0:9472] [--config=FILE] [--port_file=PATH] [--v=0|1]");
   std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
+  gradsync::InitProcess();
   if (positional.size() > 1) {
     std::fprintf(stderr, "gradsync-ps: unexpected argument '%s'\n", positional[1]);
     return 1;

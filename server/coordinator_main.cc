@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "common/process.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -166,6 +167,7 @@ int main(int argc, char** argv) {
       "  gradsync-coordinator [--config=FILE] [--listen=0.0.0.0:7070] [--port_file=PATH]\n"
       "      [--metrics_listen=0.0.0.0:9470]");
   std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
+  gradsync::InitProcess();
   if (positional.size() > 1) {
     std::fprintf(stderr, "gradsync-coordinator: unexpected argument '%s'\n", positional[1]);
     return 1;

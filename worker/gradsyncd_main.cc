@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/process.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/match.h"
@@ -85,6 +86,7 @@ absl::Status PrepareUnixSocket(const std::string& listen) {
 
 int main(int argc, char** argv) {
   std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
+  gradsync::InitProcess();
   if (positional.size() > 1) {
     std::fprintf(stderr, "gradsyncd: unexpected argument '%s'\n", positional[1]);
     return 2;

@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "common/process.h"
 #include "common/status_macros.h"
 #include "ipc/shared_memory.h"
 
@@ -52,6 +53,7 @@ class OpQueueServer::Queue : public std::enable_shared_from_this<Queue> {
     });
     fed_ = backend_->SetSubmissionFeed(std::make_shared<Feed>(weak, options_.spin));
     thread_ = std::thread([this] { Run(); });
+    NameThread(thread_, "gs-opqueue");
   }
 
   // Asks the poller to close the queue with `reason` and end.

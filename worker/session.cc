@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "common/process.h"
 
 namespace gradsync {
 namespace {
@@ -62,6 +63,7 @@ Session::Session(SessionInfo info, std::unique_ptr<transport::Context> ctx,
   }
   last_used_ = absl::Now();
   executor_ = std::thread([this] { ExecutorLoop(); });
+  NameThread(executor_, absl::StrCat("gs-exec-r", info_.rank).c_str());
 }
 
 Session::~Session() {

@@ -1,0 +1,20 @@
+// Process-wide settings every gradsync binary applies at start-up.
+#ifndef GRADSYNC_COMMON_PROCESS_H_
+#define GRADSYNC_COMMON_PROCESS_H_
+
+#include <thread>
+
+namespace gradsync {
+
+// Turns off absl::Mutex's deadlock-cycle detection. Debian's Abseil is built
+// without NDEBUG, so every Lock records the lock graph (GraphCycles showed up
+// in per-op profiles of the daemon). Unit tests keep it on and catch lock-order
+// cycles there; the binaries run without the bookkeeping.
+void InitProcess();
+
+// Names a thread for top/perf/gdb (at most 15 characters are kept).
+void NameThread(std::thread& t, const char* name);
+
+}  // namespace gradsync
+
+#endif  // GRADSYNC_COMMON_PROCESS_H_
