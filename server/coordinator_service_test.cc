@@ -268,11 +268,18 @@ TEST_F(CoordinatorServiceTest, MissedHeartbeatsAbortAndWatchSeesEventsInOrder) {
   std::unique_ptr<grpc::ClientReader<JobEvent>> reader = stub_->WatchJob(&wctx, wreq);
   std::vector<JobEvent> events;
   std::promise<grpc::Status> watch_done;
+  std::promise<void> got_snapshot;
   std::thread watcher([&] {
     JobEvent ev;
-    while (reader->Read(&ev)) events.push_back(ev);
+    while (reader->Read(&ev)) {
+      events.push_back(ev);
+      if (events.size() == 1) got_snapshot.set_value();
+    }
+    if (events.empty()) got_snapshot.set_value();
     watch_done.set_value(reader->Finish());
   });
+  // The stream starts with a snapshot; joins before it would be folded into it.
+  ASSERT_EQ(got_snapshot.get_future().wait_for(std::chrono::seconds(5)), std::future_status::ready);
 
   std::atomic<bool> stop{false};
   v1::HeartbeatResponse last_hb;
