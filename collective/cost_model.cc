@@ -180,6 +180,34 @@ LinkParams RefineFromObservation(const LinkParams& link, CollectiveKind kind, Al
   return out;
 }
 
+LinkParams RefineAlphaFromObservation(const LinkParams& link, CollectiveKind kind, Algorithm algo,
+                                      size_t bytes, int world, double took_us) {
+  if (kind != CollectiveKind::kAllreduce || world < 2 || bytes > kOneShotMaxBytes || took_us <= 0) {
+    return link;
+  }
+  const double n = world, B = static_cast<double>(bytes);
+  const double per_byte = link.beta_us_per_byte + link.reduce_us_per_byte;
+  double alpha = 0;
+  if (algo == Algorithm::kOneShot) {
+    alpha = took_us - (n - 1) * B * per_byte;
+  } else if (algo == Algorithm::kRecursiveDoubling) {
+    const int lp = FloorLog2(world);
+    const bool folded = (1 << lp) != world;
+    double rounds = 1 + lp, bytes_terms = lp * B * per_byte;
+    if (folded) {
+      rounds += 2;
+      bytes_terms += 2 * B * link.beta_us_per_byte + B * link.reduce_us_per_byte;
+    }
+    alpha = (took_us - bytes_terms) / rounds;
+  } else {
+    return link;
+  }
+  if (alpha <= 0) return link;
+  LinkParams out = link;
+  out.alpha_us = 0.8 * link.alpha_us + 0.2 * alpha;
+  return out;
+}
+
 double PredictParameterServerMicros(size_t bytes, int world, int shards, const LinkParams& link) {
   if (shards <= 0 || world <= 0) return std::numeric_limits<double>::infinity();
   const double B = static_cast<double>(bytes);

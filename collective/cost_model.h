@@ -77,6 +77,16 @@ bool PreferHierarchical(CollectiveKind kind, const Topology& topology);
 //   2a + max(B, world*B/shards) b + world*B/shards g
 // versus ring's 2(n-1)a + 2(n-1)/n B b + (n-1)/n B g: with enough shards PS
 // moves half the bytes per worker.
+// Refreshes the latency estimate from a latency-bound op: a oneshot allreduce
+// (one round: took = a + (n-1) B (b + g)) or an rd allreduce of at most
+// kOneShotMaxBytes (its signature round plus its steps: took = a + l (a + B
+// (b + g)), folding adds 2a + 2B b + B g) implies an alpha; the estimate moves
+// 20% of the way towards it. An op's time includes waiting for the slowest
+// rank, so callers pass the fastest of several (stragglers only add). Other
+// ops return `link` unchanged.
+LinkParams RefineAlphaFromObservation(const LinkParams& link, CollectiveKind kind, Algorithm algo,
+                                      size_t bytes, int world, double took_us);
+
 double PredictParameterServerMicros(size_t bytes, int world, int shards, const LinkParams& link);
 // Whether PS beats the best flat algorithm for this allreduce.
 bool PreferParameterServer(size_t bytes, int world, int shards, const LinkParams& link);

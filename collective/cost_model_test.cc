@@ -205,5 +205,33 @@ TEST(CostModel, ObservedTransfersMoveTheBandwidthEstimateOneFifthOfTheWay) {
                                   n, took).beta_us_per_byte, link.beta_us_per_byte);
 }
 
+TEST(CostModel, FastestSmallOpsMoveTheLatencyEstimateOneFifthOfTheWay) {
+  LinkParams link;
+  link.alpha_us = 50;
+  link.beta_us_per_byte = 1e-3;
+  link.reduce_us_per_byte = 1e-4;
+  // oneshot of 8 bytes on 4 ranks that took 20 us: alpha = 20 - 3*8*1.1e-3.
+  LinkParams out = RefineAlphaFromObservation(link, CollectiveKind::kAllreduce,
+                                              Algorithm::kOneShot, 8, 4, 20);
+  EXPECT_NEAR(out.alpha_us, 0.8 * 50 + 0.2 * (20 - 3 * 8 * 1.1e-3), 1e-9);
+  EXPECT_EQ(out.beta_us_per_byte, link.beta_us_per_byte);
+  // rd on 4 ranks: signature round + 2 steps = 3 alphas.
+  out = RefineAlphaFromObservation(link, CollectiveKind::kAllreduce,
+                                   Algorithm::kRecursiveDoubling, 1024, 4, 90);
+  EXPECT_NEAR(out.alpha_us, 0.8 * 50 + 0.2 * (90 - 2 * 1024 * 1.1e-3) / 3, 1e-9);
+  // rd on 6 ranks folds: 1 + 2 + 2 rounds.
+  out = RefineAlphaFromObservation(link, CollectiveKind::kAllreduce,
+                                   Algorithm::kRecursiveDoubling, 8, 6, 100);
+  EXPECT_NEAR(out.alpha_us,
+              0.8 * 50 + 0.2 * (100 - 2 * 8 * 1.1e-3 - 2 * 8 * 1e-3 - 8 * 1e-4) / 5, 1e-9);
+  // Bandwidth-bound, other algorithms, other collectives: unchanged.
+  EXPECT_EQ(RefineAlphaFromObservation(link, CollectiveKind::kAllreduce, Algorithm::kRing, 8, 4, 20)
+                .alpha_us, 50);
+  EXPECT_EQ(RefineAlphaFromObservation(link, CollectiveKind::kAllreduce, Algorithm::kOneShot,
+                                       kOneShotMaxBytes + 4, 4, 20).alpha_us, 50);
+  EXPECT_EQ(RefineAlphaFromObservation(link, CollectiveKind::kBroadcast, Algorithm::kBinomialTree,
+                                       8, 4, 20).alpha_us, 50);
+}
+
 }  // namespace
 }  // namespace gradsync

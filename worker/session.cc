@@ -514,6 +514,29 @@ const std::string& Session::PeerName(int p) {
   return peer_names_[p];
 }
 
+void Session::ObserveSmallOp(CollectiveKind kind, Algorithm algo, size_t bytes,
+                             absl::Duration took) {
+  if (kind != CollectiveKind::kAllreduce || bytes > kOneShotMaxBytes ||
+      (algo != Algorithm::kOneShot && algo != Algorithm::kRecursiveDoubling)) {
+    return;
+  }
+  // The fastest of a window: waiting for a straggler only ever adds time.
+  const double us = absl::ToDoubleMicroseconds(took);
+  if (alpha_window_count_ == 0 || us < alpha_window_best_us_) {
+    alpha_window_best_us_ = us;
+    alpha_window_algo_ = algo;
+    alpha_window_bytes_ = bytes;
+  }
+  if (++alpha_window_count_ < kAlphaWindow) return;
+  const double before = link_.alpha_us;
+  link_ = RefineAlphaFromObservation(link_, kind, alpha_window_algo_, alpha_window_bytes_,
+                                     info_.world_size, alpha_window_best_us_);
+  GS_LOG(DEBUG) << "job '" << info_.job_id << "' rank " << info_.rank << ": latency estimate "
+                << before << " -> " << link_.alpha_us << " us (fastest of " << kAlphaWindow
+                << " small ops: " << alpha_window_best_us_ << " us)";
+  alpha_window_count_ = 0;
+}
+
 absl::Status Session::RunOp(Op& op) {
   const std::string what = absl::StrCat(op.sig.Describe(), " (op ", op.seq, ")");
   absl::Status pre;
@@ -606,6 +629,7 @@ absl::Status Session::RunOp(Op& op) {
   if (s.ok() && done) {
     arrival_wait_ = absl::Now() - negotiate_start;
     TraceEvent(AlgorithmCodeName(agreed), "op", negotiate_start);
+    if (fused) ObserveSmallOp(op.sig.kind, Algorithm::kOneShot, bytes, arrival_wait_);
     absl::MutexLock l(&mu_);
     op.outcome.algorithm = AlgorithmCodeName(agreed);
     return s;
@@ -664,6 +688,7 @@ absl::Status Session::RunOp(Op& op) {
     if (s.ok() && !hier && !use_ps) {  // refine this rank's link estimate from what it just saw
       link_ = RefineFromObservation(link_, op.sig.kind, algo, bytes, info_.world_size,
                                     absl::ToDoubleMicroseconds(absl::Now() - op_run_start));
+      ObserveSmallOp(op.sig.kind, algo, bytes, absl::Now() - negotiate_start);
     }
   }
   if (s.ok()) return s;

@@ -178,6 +178,10 @@ class Session {
   absl::Status RunOp(Op& op);
   // Rings the feed if the executor sleeps on it (no locks held).
   void WakeExecutor();
+  // Refreshes link_'s latency from the fastest of every kAlphaWindow small
+  // allreduces (executor thread).
+  void ObserveSmallOp(CollectiveKind kind, Algorithm algo, size_t bytes, absl::Duration took);
+  static constexpr int kAlphaWindow = 32;
   // Metrics for a finished op (executor thread, after the client was told).
   void Account(const Op& op, const OpOutcome& outcome, bool newly_failed, absl::Time end);
   const std::string& PeerName(int rank);  // executor thread only
@@ -219,6 +223,10 @@ class Session {
   absl::Duration arrival_wait_;  // executor thread only: of the last op
   std::unique_ptr<Timeline> timeline_;  // null unless the job's timeline is on
   LinkParams link_;  // executor thread only: info_.link, refined from observed transfers
+  int alpha_window_count_ = 0;  // executor thread only: ObserveSmallOp's window
+  double alpha_window_best_us_ = 0;
+  Algorithm alpha_window_algo_ = Algorithm::kOneShot;
+  size_t alpha_window_bytes_ = 0;
   std::unique_ptr<ps::PsWorker> ps_;  // null unless the job has PS shards
   ps::BalancedSlicer slicer_;
   std::thread executor_;
