@@ -3,7 +3,7 @@
 # back on this host, and written up as markdown tables with ratios from the same run.
 #
 #   bench/compare.sh                                 # the default matrix (see docs/performance.md)
-#   bench/compare.sh --ranks 4 --sizes 1M,64M --paths net --repeat 1 --lat_shots 5
+#   bench/compare.sh --ranks 4 --sizes 1M,64M --paths net --repeat 1
 #
 # Two paths (--paths net,node):
 #   net   one gradsyncd per rank (`gradsync bench --ranks N`), TCP over loopback. Beside it:
@@ -19,8 +19,8 @@
 #     --lat_iters iterations, slowest rank);
 #   - gradsync is measured twice: `--iters N` back to back (N ops submitted, then all
 #     waited for; time / N: a throughput figure, ops overlap in the pipeline), and
-#     one-shot: `--iters 1` (one op after a barrier, submit + wait), repeated --lat_shots
-#     times in fresh runs; the median of those shots is what compares with the peers.
+#     `--blocking --iters N` (each op alone after a barrier, submit + wait, slowest rank,
+#     median over the iterations): timed like the peers, and what compares with them.
 # The key points (--key_ranks ranks at --key_bytes, and the 8-byte latency at --key_ranks)
 # run --repeat times in all; the report shows the median over the repetitions.
 #
@@ -51,7 +51,6 @@ Flags:
                       default applies: up to 2 streams, 1 or 2 as the link probe finds)
   --latency / --no_latency   8-byte latency runs (default on)
   --lat_iters I       iterations of the 8-byte runs (default 1000)
-  --lat_shots K       one-shot gradsync 8-byte runs per configuration (default 15)
   --key_ranks N       (default 4)   --key_bytes B (default 64M)
   --repeat R          runs of the key points in all, including the sweep (default 3)
   --out DIR           (default /tmp/gradsync-compare-YYYYmmdd-HHMMSS)
@@ -76,7 +75,6 @@ STREAMS=2
 GS_STREAMS=0
 LATENCY=1
 LAT_ITERS=1000
-LAT_SHOTS=15
 KEY_RANKS=4
 KEY_BYTES="64M"
 REPEAT=3
@@ -105,7 +103,6 @@ while [[ $# -gt 0 ]]; do
     --latency) LATENCY=1; shift ;;
     --no_latency) LATENCY=0; shift ;;
     --lat_iters) need_value "$@"; LAT_ITERS="$2"; shift 2 ;;
-    --lat_shots) need_value "$@"; LAT_SHOTS="$2"; shift 2 ;;
     --key_ranks) need_value "$@"; KEY_RANKS="$2"; shift 2 ;;
     --key_bytes) need_value "$@"; KEY_BYTES="$2"; shift 2 ;;
     --repeat) need_value "$@"; REPEAT="$2"; shift 2 ;;
@@ -129,7 +126,7 @@ to_bytes() {
   [[ "$t" =~ ^[0-9]+$ ]] || { echo "compare.sh: bad size '$1'" >&2; exit 2; }
   echo $((t * m))
 }
-for v in "$STREAMS" "$GS_STREAMS" "$LAT_ITERS" "$LAT_SHOTS" "$KEY_RANKS" "$REPEAT" "$TIMEOUT" "$FEW_FROM" "$QUIET_WAIT" "$MAX_FOREIGN" "$RETRIES"; do
+for v in "$STREAMS" "$GS_STREAMS" "$LAT_ITERS" "$KEY_RANKS" "$REPEAT" "$TIMEOUT" "$FEW_FROM" "$QUIET_WAIT" "$MAX_FOREIGN" "$RETRIES"; do
   [[ "$v" =~ ^[0-9]+$ ]] || { echo "compare.sh: '$v' is not a number" >&2; exit 2; }
 done
 IFS=',' read -r -a RANK_LIST <<<"$RANKS"
@@ -227,7 +224,7 @@ fi
   fi
   echo "binaries,gradsyncd_sha256=$(sha256sum "$OUT/bin/gradsyncd" | cut -c1-16),gradsync_sha256=$(sha256sum "$OUT/bin/gradsync" | cut -c1-16)"
   echo "versions,mpi=$(mpirun --version 2>/dev/null | head -1 | awk '{print $NF}'),torch=$(/usr/bin/python3 -c 'import torch;print(torch.__version__)' 2>/dev/null)"
-  echo "config,ranks=${RANKS//,/+},sizes=${SIZES//,/+},few_sizes=${FEW_SIZES//,/+},streams=$STREAMS,gs_tcp_streams=$GS_STREAMS,lat_iters=$LAT_ITERS,lat_shots=$LAT_SHOTS,repeat=$REPEAT,key_ranks=$KEY_RANKS,key_bytes=$KEY_B"
+  echo "config,ranks=${RANKS//,/+},sizes=${SIZES//,/+},few_sizes=${FEW_SIZES//,/+},streams=$STREAMS,gs_tcp_streams=$GS_STREAMS,lat_iters=$LAT_ITERS,repeat=$REPEAT,key_ranks=$KEY_RANKS,key_bytes=$KEY_B"
 } >>"$RES"
 
 # ---------------------------------------------------------------------------
@@ -306,12 +303,13 @@ batch_end() {
 }
 
 # gradsync bench: one size, result line built from its --csv.
-gs_run() {  # path(net|node) ranks bytes algo(auto|ring) iters warmup timing(b2b|oneshot) [shot]
+gs_run() {  # path(net|node) ranks bytes algo(auto|ring) iters warmup timing(b2b|blocking) [shot]
   local path=$1 n=$2 b=$3 algo=$4 it=$5 wu=$6 timing=$7 shot=${8:-0}
   local rpd=1; [[ $path == node ]] && rpd=$n
   rm -f "$TMP/gs.csv"
   local streams=()
   ((GS_STREAMS > 0)) && streams=(--tcp_streams "$GS_STREAMS")
+  [[ $timing == blocking ]] && streams+=(--blocking)
   bounded "$GS" bench --ranks "$n" --ranks_per_daemon "$rpd" --min_bytes "$b" --max_bytes "$b" \
     --iters "$it" --warmup "$wu" --algo "$algo" "${streams[@]}" --limits=false --csv "$TMP/gs.csv"
   local rc=$?
@@ -357,11 +355,11 @@ node_size() {  # ranks bytes
   mpi_run vader "$n" "$b" "$it" "$wu"
   membw_run "$b" "$it" "$wu"
 }
-# 8-byte latency of one path: gradsync back to back and one-shot, then the peers.
+# 8-byte latency of one path: gradsync back to back and each op alone (--blocking), then the peers.
 latency() {  # path ranks
   local path=$1 n=$2 k
   gs_run "$path" "$n" 8 auto "$LAT_ITERS" 50 b2b
-  for ((k = 1; k <= LAT_SHOTS; ++k)); do gs_run "$path" "$n" 8 auto 1 5 oneshot "$k"; done
+  gs_run "$path" "$n" 8 auto "$LAT_ITERS" 50 blocking
   if [[ $path == net ]]; then
     ring_run "$n" 8 "$LAT_ITERS" 50
     ring_run "$n" 8 "$LAT_ITERS" 50 50   # spinning 50 us first, like gradsyncd --spin_us

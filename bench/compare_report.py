@@ -97,8 +97,10 @@ def main():
         times[key][rep].append(float(kv["time_us"]))
         if "median_us" in kv:
             medians[key][rep].append(float(kv["median_us"]))
+        elif name == "gradsync" and kv["timing"] == "blocking":
+            medians[key][rep].append(float(kv["time_us"]))  # bench --blocking prints the median
 
-    def t(prog, n, b):  # median over reps of each rep's time (mean of shots for oneshot)
+    def t(prog, n, b):  # median over reps of each rep's time (for --blocking runs: its median)
         reps = times.get((prog, n, b))
         if not reps:
             return None
@@ -107,11 +109,8 @@ def main():
     def nreps(prog, n, b):
         return len(times.get((prog, n, b), {}))
 
-    def med(prog, n, b):  # median of per-iteration times (peers), median of shots (gradsync oneshot)
-        if prog.endswith("_oneshot"):
-            pool = [x for v in times.get((prog, n, b), {}).values() for x in v]
-        else:
-            pool = [statistics.median(v) for v in medians.get((prog, n, b), {}).values()]
+    def med(prog, n, b):  # median over reps of each rep's per-iteration median
+        pool = [statistics.median(v) for v in medians.get((prog, n, b), {}).values()]
         return statistics.median(pool) if pool else None
 
     out = []
@@ -205,21 +204,21 @@ def main():
                     fratio(ratio(tm, tg)), fnum(mb, 1), fnum(bound), fratio(ratio(bound, tg)),
                     nreps("gs_node_auto_b2b", n, b), others("node:ranks=%d:bytes=%d" % (n, b))))
         lat = [("gs_net_auto_b2b", "gradsync net, %s ops back to back, time / ops"),
-               ("gs_net_auto_oneshot", "gradsync net, one-shot (`--iters 1`, submit + wait), %s runs"),
+               ("gs_net_auto_blocking", "gradsync net, each op alone (`--blocking`), %s ops"),
                ("ring_limit", "ring limit (blocking poll)"),
                ("ring_limit_spin", "ring limit (spin 50 µs, then poll)"),
                ("gloo", "Gloo (blocking ops)"),
                ("mpi_tcp", "Open MPI tcp (blocking ops)"),
                ("gs_node_auto_b2b", "gradsync node (hier), %s ops back to back, time / ops"),
-               ("gs_node_auto_oneshot", "gradsync node (hier), one-shot, %s runs"),
+               ("gs_node_auto_blocking", "gradsync node (hier), each op alone (`--blocking`), %s ops"),
                ("mpi_vader", "Open MPI vader (blocking ops)")]
         if any((prog, n, 8) in times for prog, _ in lat):
             p("")
             p("### 8-byte allreduce latency, %d ranks" % n)
             p("")
-            p("Peers: every op after a barrier, timed alone; mean and median over the iterations "
-              "(slowest rank). gradsync one-shot: one op per run after a barrier; mean and median over "
-              "the runs. gradsync back to back: only a mean exists (total / ops). Others' CPU share "
+            p("Peers and gradsync `--blocking`: every op after a barrier, timed alone; the slowest "
+              "rank's time per iteration, mean and median over the iterations (gradsync prints only "
+              "the median). gradsync back to back: only a mean exists (total / ops). Others' CPU share "
               "during these batches: net %s, node %s (max over repetitions)." % (
                   others("latency:net:ranks=%d" % n), others("latency:node:ranks=%d" % n)))
             p("")
@@ -230,13 +229,11 @@ def main():
                 if key not in times:
                     continue
                 if "%s" in label:
-                    if prog.endswith("_oneshot"):
-                        label = label % sum(len(x) for x in times[key].values())
-                    else:
-                        iters = {kv.get("iters") for nm, kv in rows if nm == "gradsync"
-                                 and kv.get("bytes") == "8" and kv.get("ranks") == str(n)
-                                 and kv.get("timing") == "b2b"}
-                        label = label % "/".join(sorted(i for i in iters if i))
+                    timing = prog.rsplit("_", 1)[1]
+                    iters = {kv.get("iters") for nm, kv in rows if nm == "gradsync"
+                             and kv.get("bytes") == "8" and kv.get("ranks") == str(n)
+                             and kv.get("timing") == timing}
+                    label = label % "/".join(sorted(i for i in iters if i))
                 ref = "mpi_vader" if "node" in prog or prog == "mpi_vader" else "mpi_tcp"
                 md = med(prog, n, 8)
                 if prog.endswith("_b2b"):
@@ -244,8 +241,8 @@ def main():
                     cmp_s = fratio(cmp_) + " (mean)" if cmp_ else "–"
                 else:
                     cmp_s = fratio(ratio(md, med(ref, n, 8)))
-                p("| %s | %s | %s | %d | %s |" % (label, fnum(t(prog, n, 8)), fnum(md),
-                                                  nreps(prog, n, 8), cmp_s))
+                mean = "–" if prog.endswith("_blocking") else fnum(t(prog, n, 8))
+                p("| %s | %s | %s | %d | %s |" % (label, mean, fnum(md), nreps(prog, n, 8), cmp_s))
 
     # Key points, per repetition.
     n, b = key_ranks, key_bytes
@@ -253,8 +250,8 @@ def main():
     p("### Key points, each repetition (%d ranks)" % n)
     p("")
     p("| rep | gradsync net %s busbw | gradsync ring busbw | ring limit busbw | Gloo busbw | MPI tcp busbw "
-      "| gradsync node time µs | MPI vader time µs | gradsync net 8 B one-shot median µs | MPI tcp 8 B "
-      "median µs | gradsync node 8 B one-shot median µs | MPI vader 8 B median µs |" % fbytes(b))
+      "| gradsync node time µs | MPI vader time µs | gradsync net 8 B median µs | MPI tcp 8 B "
+      "median µs | gradsync node 8 B median µs | MPI vader 8 B median µs |" % fbytes(b))
     p("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     reps = sorted({r for k, v in times.items() if k[1] == n for r in v})
 
@@ -263,10 +260,7 @@ def main():
         return statistics.mean(v) if v else None
 
     def rm(prog, rep):
-        if prog.endswith("_oneshot"):
-            v = times.get((prog, n, 8), {}).get(rep)
-        else:
-            v = medians.get((prog, n, 8), {}).get(rep)
+        v = medians.get((prog, n, 8), {}).get(rep)
         return statistics.median(v) if v else None
 
     for rep in reps:
@@ -275,8 +269,8 @@ def main():
             fnum(busbw(b, rt("gs_net_ring_b2b", b, rep), n)),
             fnum(busbw(b, rt("ring_limit", b, rep), n)), fnum(busbw(b, rt("gloo", b, rep), n)),
             fnum(busbw(b, rt("mpi_tcp", b, rep), n)), fnum(rt("gs_node_auto_b2b", b, rep)),
-            fnum(rt("mpi_vader", b, rep)), fnum(rm("gs_net_auto_oneshot", rep)),
-            fnum(rm("mpi_tcp", rep)), fnum(rm("gs_node_auto_oneshot", rep)),
+            fnum(rt("mpi_vader", b, rep)), fnum(rm("gs_net_auto_blocking", rep)),
+            fnum(rm("mpi_tcp", rep)), fnum(rm("gs_node_auto_blocking", rep)),
             fnum(rm("mpi_vader", rep))))
 
     # Verdict on the targets (medians over repetitions).
@@ -314,17 +308,17 @@ def main():
           "(per repetition: %s) | %s%s |" % (
               bg, bl, r * 100, ", ".join("%.0f%%" % (x * 100) for x in pr), verdict(r >= 0.85),
               "" if r >= 0.85 else ", by %.0f points" % ((0.85 - r) * 100)))
-    gl, ml = med("gs_net_auto_oneshot", n, 8), med("mpi_tcp", n, 8)
+    gl, ml = med("gs_net_auto_blocking", n, 8), med("mpi_tcp", n, 8)
     if gl and ml:
-        p("| net 8 B latency ≤ MPI tcp | gradsync one-shot median %.1f µs, MPI tcp median %.1f µs: %.2f× | %s |" % (
+        p("| net 8 B latency ≤ MPI tcp | gradsync median %.1f µs (`--blocking`), MPI tcp median %.1f µs: %.2f× | %s |" % (
             gl, ml, gl / ml, verdict(gl <= ml)))
     tg, tm = t("gs_node_auto_b2b", n, b), t("mpi_vader", n, b)
     if tg and tm:
         p("| node %s ≥ 2× faster than MPI vader | gradsync %.0f µs, MPI vader %.0f µs: %.2f× faster | %s |" % (
             fbytes(b), tg, tm, tm / tg, verdict(tm / tg >= 2)))
-    gl, ml = med("gs_node_auto_oneshot", n, 8), med("mpi_vader", n, 8)
+    gl, ml = med("gs_node_auto_blocking", n, 8), med("mpi_vader", n, 8)
     if gl and ml:
-        p("| node 8 B latency within 2× of MPI vader | gradsync one-shot median %.1f µs, MPI vader median "
+        p("| node 8 B latency within 2× of MPI vader | gradsync median %.1f µs (`--blocking`), MPI vader median "
           "%.1f µs: %.1f× | %s |" % (gl, ml, gl / ml, verdict(gl <= 2 * ml)))
     print("\n".join(out))
 
