@@ -73,6 +73,7 @@ absl::Status JobGroup::CheckLocalSignatures(int rank, uint64_t seq, const std::s
         const LocalAllreduce a = *slot.small[0];
         std::vector<char*> bufs(local);
         for (int j = 0; j < local; ++j) bufs[j] = slot.small[j]->data;
+        const std::vector<LocalAllreduce*> ops = slot.small;
         slot.running = true;  // the waiters stay (and keep their buffers) until it is done
         mu_.Unlock();
         const size_t bytes = a.count * DTypeSize(a.dtype);
@@ -82,6 +83,10 @@ absl::Status JobGroup::CheckLocalSignatures(int rank, uint64_t seq, const std::s
           if (a.op == ReduceOp::kAvg) DivideBy(a.dtype, bufs[0], a.count, layout_.world_size);
           for (int j = 1; j < local; ++j) std::memcpy(bufs[j], bufs[0], bytes);
         }
+        // Every rank's waiter stays until `decided`, so its LocalAllreduce lives.
+        for (int j = 0; j < local; ++j) {
+          if (ops[j]->complete) ops[j]->complete();
+        }
         mu_.Lock();
         slot.small_done = true;
       }
@@ -89,7 +94,8 @@ absl::Status JobGroup::CheckLocalSignatures(int rank, uint64_t seq, const std::s
     slot.compared = true;
     slot.decided.store(true, std::memory_order_release);
   } else {
-    // Poll briefly before sleeping (the slot stays put until this rank leaves).
+    // Poll briefly before sleeping (the slot stays put until this rank leaves):
+    // this executor is back for its client's next op sooner.
     const std::atomic<bool>& decided = slot.decided;
     mu_.Unlock();
     const absl::Time spin_end = std::min(deadline, absl::Now() + kSpin);

@@ -25,6 +25,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -75,14 +76,16 @@ class JobGroup {
   //
   // `small`: a hierarchical allreduce of at most kSmallBytes, done in this
   // same rendezvous when every rank passes one and rank 0 proposed "hier": the
-  // last rank to arrive reduces every buffer in rank order, divides for avg
-  // and copies the result to all, then wakes the others once; `small->done`
-  // says it happened (else the caller runs HierAllreduce as usual).
+  // last rank to arrive reduces every buffer in rank order, divides for avg,
+  // copies the result to all and calls every rank's `complete` (tells its
+  // client) before it wakes the others;
+  // `small->done` says it happened (else the caller runs HierAllreduce).
   struct LocalAllreduce {
     char* data = nullptr;
     size_t count = 0;
     DType dtype = DType::kF32;
     ReduceOp op = ReduceOp::kSum;
+    std::function<void()> complete;  // may be empty; runs on the last arriver's thread
     bool done = false;  // out
   };
   absl::Status CheckLocalSignatures(int rank, uint64_t seq, const std::string& encoded,

@@ -28,12 +28,16 @@ using ::testing::HasSubstr;
 class FakeBackend final : public OpQueueBackend {
  public:
   FakeBackend() : executor_([this] { Run(); }) {}
-  ~FakeBackend() override {
+  ~FakeBackend() override { Stop(); }
+  // Stops the executor. TearDown calls it first: a listener call in flight
+  // may hold the last reference to the queue, and so to this backend, and
+  // must not destroy it on the executor's own thread.
+  void Stop() {
     {
       absl::MutexLock l(&mu_);
       stopping_ = true;
     }
-    executor_.join();
+    if (executor_.joinable()) executor_.join();
   }
 
   const std::string& session_id() const override { return id_; }
@@ -168,6 +172,7 @@ class OpQueueServerTest : public ::testing::Test {
     client_ = std::make_unique<ipc::ClientEnd>(*end);
   }
   void TearDown() override {
+    if (backend_ != nullptr) backend_->Stop();
     server_.reset();  // stops the pollers before the backend goes
     backend_.reset();
     if (!info_.shm_name.empty()) {

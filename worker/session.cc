@@ -420,6 +420,7 @@ void Session::ExecutorLoop() {
       current_phase_ = "negotiating";
       current_since_ = start;
       current_arrived_ = {info_.rank};
+      op->started = start;
     }
     arrival_wait_ = absl::ZeroDuration();
     absl::Status s;
@@ -433,33 +434,43 @@ void Session::ExecutorLoop() {
       s = RunOp(*op);
     }
     const absl::Time end = absl::Now();
-    CompletionListener listener;
-    OpOutcome outcome;
     bool newly_failed = false;
-    {
-      absl::MutexLock l(&mu_);
-      op->outcome.status = s;
-      op->outcome.queued_time = start - op->submitted;
-      op->outcome.run_time = end - start;
-      op->outcome.done = true;
-      newly_failed = !s.ok() && !absl::IsInvalidArgument(s) && epoch_error_.ok();
-      if (newly_failed) epoch_error_ = s;
-      last_completed_seq_ = op->seq;
-      last_completed_sig_ = op->sig;
-      last_completed_code_ = s.code();
-      last_completed_at_ = end;
-      current_seq_ = 0;
-      listener = listener_;
-      outcome = op->outcome;
-    }
-    // The client first; the bookkeeping below overlaps with its next op.
-    if (listener && listener(op->seq, outcome)) {
-      absl::MutexLock l(&mu_);
-      ops_.erase(op->seq);
-    }
+    OpOutcome outcome;
+    Finish(*op, s, end, &newly_failed, &outcome);  // no-op if another rank's thread did it
     last_active = absl::Now();
     if (observer_ != nullptr) Account(*op, outcome, newly_failed, end);
   }
+}
+
+bool Session::Finish(Op& op, const absl::Status& s, absl::Time end, bool* newly_failed,
+                     OpOutcome* outcome) {
+  CompletionListener listener;
+  {
+    absl::MutexLock l(&mu_);
+    if (op.outcome.done) {  // completed early (JobGroup::LocalAllreduce::complete)
+      *outcome = op.outcome;
+      return false;
+    }
+    op.outcome.status = s;
+    op.outcome.queued_time = op.started - op.submitted;
+    op.outcome.run_time = end - op.started;
+    op.outcome.done = true;
+    *newly_failed = !s.ok() && !absl::IsInvalidArgument(s) && epoch_error_.ok();
+    if (*newly_failed) epoch_error_ = s;
+    last_completed_seq_ = op.seq;
+    last_completed_sig_ = op.sig;
+    last_completed_code_ = s.code();
+    last_completed_at_ = end;
+    if (current_seq_ == op.seq) current_seq_ = 0;
+    listener = listener_;
+    *outcome = op.outcome;
+  }
+  // The client first; metrics come after, overlapping with its next op.
+  if (listener && listener(op.seq, *outcome)) {
+    absl::MutexLock l(&mu_);
+    ops_.erase(op.seq);
+  }
+  return true;
 }
 
 void Session::Account(const Op& op, const OpOutcome& outcome, bool newly_failed, absl::Time end) {
@@ -596,7 +607,20 @@ absl::Status Session::RunOp(Op& op) {
     const bool small_hier = op.sig.proposal == kHierarchicalCode &&
                             op.sig.kind == CollectiveKind::kAllreduce &&
                             bytes <= JobGroup::kSmallBytes;
-    if (small_hier) small = {data, op.sig.count, op.sig.dtype, op.sig.op};
+    if (small_hier) {
+      small = {data, op.sig.count, op.sig.dtype, op.sig.op};
+      // The last rank to arrive tells this rank's client right after the
+      // reduction, from its own thread: one wake-up less on the way back.
+      small.complete = [this, &op] {
+        {
+          absl::MutexLock l(&mu_);
+          op.outcome.algorithm = AlgorithmCodeName(kHierarchicalCode);
+        }
+        bool newly_failed = false;
+        OpOutcome outcome;
+        Finish(op, absl::OkStatus(), absl::Now(), &newly_failed, &outcome);
+      };
+    }
     s = group_->CheckLocalSignatures(info_.rank, op.seq, encoded, op.deadline, &agreed,
                                      small_hier ? &small : nullptr);
     // A barrier needs nothing more than that rendezvous of every rank.

@@ -170,8 +170,9 @@ class Session {
     bool hier = false;  // forced "hier"
     bool ps = false;    // forced "ps"
     absl::Time submitted;
+    absl::Time started;  // set under mu_ when the executor takes it
     absl::Time deadline;
-    OpOutcome outcome;
+    OpOutcome outcome;   // guarded by mu_
   };
 
   void ExecutorLoop();
@@ -182,6 +183,11 @@ class Session {
   // allreduces (executor thread).
   void ObserveSmallOp(CollectiveKind kind, Algorithm algo, size_t bytes, absl::Duration took);
   static constexpr int kAlphaWindow = 32;
+  // Records the outcome and tells the client (the completion listener), once:
+  // false if the op was already finished (by another local rank's thread,
+  // for a small hierarchical op); `outcome` then receives what was posted.
+  bool Finish(Op& op, const absl::Status& s, absl::Time end, bool* newly_failed,
+              OpOutcome* outcome);
   // Metrics for a finished op (executor thread, after the client was told).
   void Account(const Op& op, const OpOutcome& outcome, bool newly_failed, absl::Time end);
   const std::string& PeerName(int rank);  // executor thread only
