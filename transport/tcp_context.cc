@@ -209,6 +209,7 @@ ssize_t TcpContext::ReadSome(Peer& p, char* dst, size_t n, const char* where, bo
   while (true) {
     const ssize_t r = ::recv(p.fd.get(), dst, n, MSG_DONTWAIT);
     if (r == 0 && eof_ok) return kClosed;
+    p.maybe_more = r == static_cast<ssize_t>(n);
     if (r > 0) {
       p.received += static_cast<size_t>(r);
       bytes_received_ += static_cast<size_t>(r);
@@ -223,13 +224,33 @@ ssize_t TcpContext::ReadSome(Peer& p, char* dst, size_t n, const char* where, bo
   }
 }
 
+ssize_t TcpContext::Take(Peer& p, char* dst, size_t n, const char* where, bool eof_ok,
+                         bool direct) {
+  if (p.stage_begin == p.stage_end) {
+    if (!p.maybe_more) {
+      p.maybe_more = true;  // once poll() reports the socket readable again
+      return kWouldBlock;
+    }
+    if (direct && n >= kStageBytes / 2) return ReadSome(p, dst, n, where, eof_ok);
+    if (p.stage == nullptr) p.stage.reset(new char[kStageBytes]);
+    const ssize_t r = ReadSome(p, p.stage.get(), kStageBytes, where, eof_ok);
+    if (r <= 0) return r;
+    p.stage_begin = 0;
+    p.stage_end = static_cast<size_t>(r);
+  }
+  const size_t k = std::min(n, p.stage_end - p.stage_begin);
+  std::memcpy(dst, p.stage.get() + p.stage_begin, k);
+  p.stage_begin += k;
+  return static_cast<ssize_t>(k);
+}
+
 bool TcpContext::DoRecv(Peer& p, bool* completed) {
   while (true) {
     if (p.in_header_got < kHeaderBytes) {
       // At a frame boundary with nothing expected, EOF is an orderly close.
       const bool idle = p.in_header_got == 0 && p.recvs.empty();
-      const ssize_t r = ReadSome(p, reinterpret_cast<char*>(&p.in_header) + p.in_header_got,
-                                 kHeaderBytes - p.in_header_got, "", idle);
+      const ssize_t r = Take(p, reinterpret_cast<char*>(&p.in_header) + p.in_header_got,
+                             kHeaderBytes - p.in_header_got, "", idle, /*direct=*/false);
       if (r == kClosed) {
         p.closed = true;
         return true;
@@ -250,7 +271,11 @@ bool TcpContext::DoRecv(Peer& p, bool* completed) {
       }
       if (h.type == static_cast<uint8_t>(FrameType::kAbort)) {
         std::string msg(h.length, '\0');
-        (void)ReadFull(p.fd.get(), msg.data(), msg.size(), absl::Now() + absl::Seconds(1));
+        const size_t staged = std::min<size_t>(msg.size(), p.stage_end - p.stage_begin);
+        if (staged > 0) std::memcpy(msg.data(), p.stage.get() + p.stage_begin, staged);
+        p.stage_begin += staged;
+        (void)ReadFull(p.fd.get(), msg.data() + staged, msg.size() - staged,
+                       absl::Now() + absl::Seconds(1));
         (void)Fail(absl::AbortedError(absl::StrCat("aborted by rank ", p.rank, ": ", msg)));
         return false;
       }
@@ -273,8 +298,8 @@ bool TcpContext::DoRecv(Peer& p, bool* completed) {
       }
     }
     while (p.in_payload_got < h.length) {
-      const ssize_t r =
-          ReadSome(p, rv.data + p.in_payload_got, h.length - p.in_payload_got, " mid-frame");
+      const ssize_t r = Take(p, rv.data + p.in_payload_got, h.length - p.in_payload_got,
+                             " mid-frame", /*eof_ok=*/false, /*direct=*/true);
       if (r < 0) return r == kWouldBlock;
       p.in_payload_got += static_cast<size_t>(r);
     }
@@ -288,10 +313,8 @@ bool TcpContext::DoRecv(Peer& p, bool* completed) {
 }
 
 absl::Status TcpContext::Progress(absl::Time deadline) {
-  std::vector<struct pollfd> pfds;
-  std::vector<Peer*> owners;
-  pfds.reserve(size_ + 1);
-  owners.reserve(size_ + 1);
+  std::vector<::pollfd>& pfds = pfds_;
+  std::vector<Peer*>& owners = owners_;
   while (true) {
     if (failed_) return Fail(health());
     // A header that arrived before its receive was posted is already here:
@@ -299,8 +322,8 @@ absl::Status TcpContext::Progress(absl::Time deadline) {
     // would never report it.
     bool completed_early = false;
     for (Peer& p : peers_) {
-      if (p.rank != rank_ && p.in_header_got == kHeaderBytes && !p.recvs.empty() &&
-          !DoRecv(p, &completed_early)) {
+      const bool staged = p.in_header_got == kHeaderBytes || p.stage_begin != p.stage_end;
+      if (p.rank != rank_ && staged && !p.recvs.empty() && !DoRecv(p, &completed_early)) {
         return health();
       }
     }
@@ -347,7 +370,10 @@ absl::Status TcpContext::Progress(absl::Time deadline) {
       if ((ev & (POLLOUT | POLLERR | POLLHUP)) && !p.sends.empty() && !DoSend(p, &completed)) {
         return health();
       }
-      if ((ev & (POLLIN | POLLERR | POLLHUP)) && !DoRecv(p, &completed)) return health();
+      if (ev & (POLLIN | POLLERR | POLLHUP)) {
+        p.maybe_more = true;
+        if (!DoRecv(p, &completed)) return health();
+      }
     }
     if (completed) return absl::OkStatus();
   }

@@ -9,6 +9,7 @@
 #ifndef GRADSYNC_TRANSPORT_TCP_CONTEXT_H_
 #define GRADSYNC_TRANSPORT_TCP_CONTEXT_H_
 
+#include <poll.h>
 #include <sys/types.h>
 
 #include <atomic>
@@ -99,6 +100,14 @@ class TcpContext : public Context {
     size_t in_payload_got = 0;
     uint64_t sent = 0;
     uint64_t received = 0;
+    // Receive staging: one recv() takes a small frame's header and payload
+    // (and whatever follows) at once, instead of a recv() each. Payloads of
+    // kStageBytes/2 or more are read straight into their destination.
+    std::unique_ptr<char[]> stage;  // kStageBytes, allocated on first use
+    size_t stage_begin = 0, stage_end = 0;
+    // The last recv() filled all it asked for: the socket may hold more.
+    // After a short read the next bytes wait for poll() to report them.
+    bool maybe_more = true;
     // The peer closed the connection at a frame boundary while nothing was
     // expected from it (e.g. it finished the job and left). Not an error
     // until something is posted to or from it.
@@ -106,6 +115,8 @@ class TcpContext : public Context {
   };
 
   TcpContext(const TcpContextOptions& options);
+  std::vector<::pollfd> pfds_;  // Progress' poll set (reused)
+  std::vector<Peer*> owners_;
   // The connection that carries messages with this tag to/from `peer`.
   Peer& Conn(int peer, const MessageTag& tag);
   FrameHeader MakeHeader(FrameType type, const MessageTag& tag, uint32_t length) const;
@@ -118,6 +129,12 @@ class TcpContext : public Context {
   static constexpr ssize_t kLost = -2;
   static constexpr ssize_t kClosed = -3;  // orderly EOF and eof_ok
   ssize_t ReadSome(Peer& p, char* dst, size_t n, const char* where, bool eof_ok = false);
+  // Copies up to n staged bytes to dst, else refills the stage (or, for
+  // `direct` reads of n >= kStageBytes/2, reads into dst): bytes copied (> 0),
+  // or ReadSome's kWouldBlock/kLost/kClosed. kWouldBlock without a system call
+  // when the last read was short.
+  ssize_t Take(Peer& p, char* dst, size_t n, const char* where, bool eof_ok, bool direct);
+  static constexpr size_t kStageBytes = 16 << 10;
   absl::Status ClosedPeerError(int peer);
   void BroadcastAbort(const std::string& reason);
 
