@@ -33,7 +33,11 @@
 //     kUnavailable "gradsyncd at T stopped answering (no heartbeat for 3 s)".
 // Environment: GRADSYNC_OP_CHANNEL=grpc makes new sessions use the RPCs even
 // when the daemon has the queue (for comparisons and debugging); unset or any
-// other value: the queue when available.
+// other value: the queue when available. GRADSYNC_WAIT_SPIN_US=N: how long a
+// Wait on the queue polls the completion ring (yielding the CPU) before it
+// sleeps on the futex (default 100; 0 = never poll). Polling saves a futex
+// wake-up per small op (tens of microseconds on a virtual CPU) and costs CPU
+// while the op runs.
 //
 // Errors. Every fallible call returns absl::Status / absl::StatusOr; codes
 // follow google.rpc.Code (the same numbers as gRPC):

@@ -118,13 +118,13 @@ TEST_F(AllreduceIntegration, ConcurrentJobsOnTheSameDaemonsKeepTheirDataApart) {
 // reduction order gives the same bits (cli/expected.h).
 TEST_F(AllreduceIntegration, EveryCollectiveAndAlgorithmThroughTheDaemons) {
   const std::vector<std::pair<CollectiveKind, std::vector<std::string>>> table = {
-      {CollectiveKind::kAllreduce, {"", "ring", "rhd", "rd", "tree"}},
+      {CollectiveKind::kAllreduce, {"", "ring", "rhd", "rd", "tree", "oneshot"}},
       {CollectiveKind::kReduceScatter, {"", "ring", "rhd"}},
       {CollectiveKind::kAllgather, {"", "ring", "rhd", "rd"}},
       {CollectiveKind::kBroadcast, {"", "ring", "tree"}},
       {CollectiveKind::kReduce, {"", "ring", "tree"}},
       {CollectiveKind::kAlltoall, {"", "pairwise"}},
-      {CollectiveKind::kBarrier, {"", "rd", "tree", "pairwise"}},
+      {CollectiveKind::kBarrier, {"", "rd", "tree", "pairwise", "oneshot"}},
   };
   for (int world : {3, 4}) {
     std::vector<int> daemons = world == 3 ? std::vector<int>{7, 2, 5} : testing::FirstN(4);
@@ -152,6 +152,17 @@ TEST_F(AllreduceIntegration, EveryCollectiveAndAlgorithmThroughTheDaemons) {
             spec.algorithm = algo;
             spec.name = absl::StrCat(CollectiveName(kind), ".", algo, ".", count);
             auto res = s.Run(spec);
+            if (algo == "oneshot" && elems * 4 > 65536) {  // above oneshot's cap: refused
+              const std::string want = absl::StrCat(
+                  "algorithm 'oneshot' carries at most 65536 bytes per rank; this op has ",
+                  elems * 4);
+              if (res.ok() || !absl::IsInvalidArgument(res.status()) ||
+                  res.status().message().find(want) == std::string::npos) {
+                errors[r] = absl::StrCat("expected a refusal containing \"", want, "\", got ",
+                                         res.status().ToString());
+              }
+              return;
+            }
             if (!res.ok()) return void(errors[r] = std::string(res.status().message()));
             if (!algo.empty() && res->algorithm != algo) {
               errors[r] = absl::StrCat("ran ", res->algorithm, " instead of ", algo);

@@ -56,11 +56,11 @@ TEST(Failure, MismatchedOpFailsOnEveryRankNamingTheRanksAndBothSignatures) {
   ASSERT_NE(cluster, nullptr);
   auto ranks = OpenJob(*cluster, "mismatch", testing::FirstN(4), /*op_timeout_ms=*/10000);
   ASSERT_TRUE(ranks.ok()) << ranks.status();
-  std::vector<absl::Status> st(4);
+  std::vector<absl::Status> st(4), cross(4);
   std::vector<absl::Duration> took(4);
   OnEveryRank(4, [&](int r) {
     auto& s = *(*ranks)[r].session;
-    auto b = s.AllocateBuffer(1024 * sizeof(float));
+    auto b = s.AllocateBuffer(20000 * sizeof(float));
     ASSERT_TRUE(b.ok());
     const absl::Time t0 = absl::Now();
     st[r] = s.Allreduce(**b, 0, r == 2 ? 1000 : 1024, DType::kF32, ReduceOp::kSum, "grad")
@@ -71,6 +71,14 @@ TEST(Failure, MismatchedOpFailsOnEveryRankNamingTheRanksAndBothSignatures) {
     auto again = s.Allreduce(**b, 0, 1024, DType::kF32, ReduceOp::kSum, "grad");
     EXPECT_TRUE(again.ok()) << again.status();
     EXPECT_EQ((*b)->as<float>()[1023], 8.0f);
+    // Across oneshot's cap: ranks 0, 1, 3 send their 4 KiB with the signature,
+    // rank 2's 80 KB op does not ride along. Still a clean mismatch.
+    cross[r] = s.Allreduce(**b, 0, r == 2 ? 20000 : 1024, DType::kF32, ReduceOp::kSum, "big")
+                   .status();
+    for (int i = 0; i < 1024; ++i) (*b)->as<float>()[i] = 1.0f;
+    auto third = s.Allreduce(**b, 0, 1024, DType::kF32, ReduceOp::kSum, "grad");
+    EXPECT_TRUE(third.ok()) << third.status();
+    EXPECT_EQ((*b)->as<float>()[0], 4.0f);
   });
   for (int r = 0; r < 4; ++r) {
     EXPECT_TRUE(absl::IsInvalidArgument(st[r])) << "rank " << r << ": " << st[r];
@@ -79,6 +87,9 @@ TEST(Failure, MismatchedOpFailsOnEveryRankNamingTheRanksAndBothSignatures) {
     EXPECT_NE(st[r].message().find("ranks 0,1,3 submitted allreduce 'grad' f32[1024] sum"),
               std::string::npos) << st[r];
     EXPECT_LT(took[r], absl::Seconds(10));
+    EXPECT_TRUE(absl::IsInvalidArgument(cross[r])) << "rank " << r << ": " << cross[r];
+    EXPECT_NE(cross[r].message().find("rank 2 submitted allreduce 'big' f32[20000] sum"),
+              std::string::npos) << cross[r];
   }
 }
 
