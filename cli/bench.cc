@@ -160,6 +160,7 @@ absl::StatusOr<uint64_t> RunBench(const BenchOptions& o) {
     LocalClusterOptions co;
     co.daemons = n / o.ranks_per_daemon;
     co.ps_shards = o.ps_shards;
+    co.daemon_flags = o.daemon_flags;
     auto c = LocalCluster::Start(co);
     if (!c.ok()) return c.status();
     cluster = std::move(*c);

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/types.h"
@@ -37,6 +38,7 @@ struct BenchOptions {
   int tcp_streams = 0;         // 0: gradsyncd's default
   int ps_shards = 0;           // parameter-server shards (embedded: started; the job uses them)
   bool limits = true;          // measure and print the link limits first
+  std::vector<std::string> daemon_flags;  // embedded: extra gradsyncd flags (experiments)
   int64_t timeout_ms = 120000;
 };
 

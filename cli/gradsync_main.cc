@@ -6,6 +6,7 @@
 #include "common/process.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/str_split.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
 #include "cli/bench.h"
@@ -31,6 +32,9 @@ ABSL_FLAG(std::string, algo, "auto",
 ABSL_FLAG(int32_t, root, 0, "bench: root rank of broadcast/reduce");
 ABSL_FLAG(bool, check, false, "bench: check results (one checked op per size) and count #wrong");
 ABSL_FLAG(std::string, csv, "", "bench: also write the table as CSV to this file");
+ABSL_FLAG(std::string, daemon_flags, "",
+          "bench: extra flags for the embedded cluster's gradsyncd, comma-separated (e.g. "
+          "--daemon_flags=--spin_us=0,--segment_bytes=4194304)");
 ABSL_FLAG(bool, blocking, false,
           "bench: time each op alone (ranks start together, submit + wait) and report the median "
           "over --iters of the slowest rank, as MPI/Gloo benchmarks do; default: --iters ops back "
@@ -146,6 +150,9 @@ int main(int argc, char** argv) {
     if (warmup >= 0) o.warmup = warmup;
     o.check = absl::GetFlag(FLAGS_check);
     o.blocking = absl::GetFlag(FLAGS_blocking);
+    for (absl::string_view f : absl::StrSplit(absl::GetFlag(FLAGS_daemon_flags), ',', absl::SkipEmpty())) {
+      o.daemon_flags.emplace_back(f);
+    }
     o.csv = absl::GetFlag(FLAGS_csv);
     o.tcp_streams = absl::GetFlag(FLAGS_tcp_streams);
     o.ps_shards = absl::GetFlag(FLAGS_ps_shards);
