@@ -10,25 +10,29 @@
 namespace gradsync {
 namespace {
 
-// One ring exchange of `bytes` (send right, receive left) per round; returns
-// the mean time of a round.
+// One ring exchange of `bytes` (send right, receive left) per round; the
+// first `warmup` rounds are not timed (they absorb the ranks' different start
+// times and wake every thread up); returns the median time of the others.
 absl::StatusOr<absl::Duration> RingRounds(transport::Context& ctx, std::vector<char>& buf,
-                                          size_t bytes, int rounds, uint64_t seq,
+                                          size_t bytes, int warmup, int rounds, uint64_t seq,
                                           absl::Time deadline) {
   const int n = ctx.size(), me = ctx.rank();
   const int right = (me + 1) % n, left = (me - 1 + n) % n;
   auto mr = ctx.RegisterMemory(buf.data(), buf.size());
   if (!mr.ok()) return mr.status();
-  const absl::Time t0 = absl::Now();
-  for (int i = 0; i < rounds; ++i) {
+  std::vector<absl::Duration> took;
+  for (int i = 0; i < warmup + rounds; ++i) {
+    const absl::Time t0 = absl::Now();
     transport::Request s, r;
     const transport::MessageTag tag{seq, static_cast<uint32_t>(i), 0, 0};
     absl::Status st = ctx.PostRecv(left, **mr, bytes, bytes, true, tag, &r);
     if (st.ok()) st = ctx.PostSend(right, **mr, 0, bytes, tag, &s);
     while (st.ok() && !(s.done && r.done)) st = ctx.Progress(deadline);
     if (!st.ok()) return st;
+    if (i >= warmup) took.push_back(absl::Now() - t0);
   }
-  return (absl::Now() - t0) / rounds;
+  std::sort(took.begin(), took.end());
+  return took[took.size() / 2];
 }
 
 // One ring exchange of `bytes` cut into `parts` messages whose slots are
@@ -78,9 +82,9 @@ absl::StatusOr<ProbeResult> ProbeLinks(transport::Context& ctx, absl::Time deadl
   if (ctx.size() == 1) return result;
   constexpr size_t kBig = 1 << 20;
   std::vector<char> buf(2 * kBig);
-  auto small = RingRounds(ctx, buf, 8, 16, kProbeSeq, deadline);
+  auto small = RingRounds(ctx, buf, 8, /*warmup=*/8, /*rounds=*/16, kProbeSeq, deadline);
   if (!small.ok()) return small.status();
-  auto big = RingRounds(ctx, buf, kBig, 4, kProbeSeq + 1, deadline);
+  auto big = RingRounds(ctx, buf, kBig, /*warmup=*/1, /*rounds=*/4, kProbeSeq + 1, deadline);
   if (!big.ok()) return big.status();
   p.alpha_us = absl::ToDoubleMicroseconds(*small);
   p.beta_us_per_byte =
