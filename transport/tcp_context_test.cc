@@ -93,6 +93,54 @@ TEST(TcpContext, ReceivesAWellFormedFrameStraightIntoPlace) {
   EXPECT_EQ(std::string(buf.data(), 16), "0123456789abcdef");
 }
 
+// Many frames in one write land in one recv() (the staging buffer): each is
+// matched to its own receive, including receives posted only after the bytes
+// arrived, a large payload read straight into place after a staged header,
+// and an empty frame.
+TEST(TcpContext, FramesArrivingTogetherAreSplitOntoTheirReceives) {
+  Pair p = Connect();
+  std::string wire;
+  auto add = [&](uint32_t slot, const std::string& payload) {
+    FrameHeader h = Header(3, slot, 0, static_cast<uint32_t>(payload.size()));
+    wire.append(reinterpret_cast<const char*>(&h), sizeof(h));
+    wire += payload;
+  };
+  std::vector<std::string> payloads;
+  for (uint32_t i = 0; i < 40; ++i) payloads.push_back(std::string(i % 7 + 1, static_cast<char>('a' + i % 26)));
+  payloads.push_back(std::string());                        // empty
+  payloads.push_back(std::string(200 << 10, 'L'));          // larger than the stage
+  payloads.back()[12345] = 'x';
+  payloads.push_back("tail");
+  for (uint32_t i = 0; i < payloads.size(); ++i) add(i, payloads[i]);
+  Send(p, wire.data(), wire.size());  // before any receive is posted
+  absl::SleepFor(absl::Milliseconds(50));
+  std::vector<std::vector<char>> bufs(payloads.size());
+  std::vector<Request> reqs(payloads.size());
+  std::vector<std::unique_ptr<MemoryRegion>> mrs;
+  for (uint32_t i = 0; i < payloads.size(); ++i) {
+    bufs[i].assign(payloads[i].size() + 1, '#');
+    auto mr = p.ctx->RegisterMemory(bufs[i].data(), bufs[i].size());
+    ASSERT_TRUE(mr.ok());
+    mrs.push_back(std::move(*mr));
+    // Half the receives exist before progress starts, the rest one at a time.
+    if (i < payloads.size() / 2) {
+      ASSERT_TRUE(p.ctx->PostRecv(0, *mrs[i], 0, payloads[i].size(), true,
+                                  MessageTag{3, i, 1, 0}, &reqs[i]).ok());
+    }
+  }
+  for (uint32_t i = 0; i < payloads.size(); ++i) {
+    if (i >= payloads.size() / 2) {
+      ASSERT_TRUE(p.ctx->PostRecv(0, *mrs[i], 0, payloads[i].size(), true,
+                                  MessageTag{3, i, 1, 0}, &reqs[i]).ok());
+    }
+    while (!reqs[i].done) ASSERT_TRUE(p.ctx->Progress(absl::Now() + absl::Seconds(5)).ok());
+    EXPECT_EQ(reqs[i].bytes, payloads[i].size()) << "frame " << i;
+    EXPECT_EQ(std::string(bufs[i].data(), payloads[i].size()), payloads[i]) << "frame " << i;
+    EXPECT_EQ(bufs[i].back(), '#') << "frame " << i << " overran its receive";
+  }
+  EXPECT_EQ(p.ctx->BytesReceivedFrom(0), wire.size());
+}
+
 TEST(TcpContext, GarbageFrameIsAProtocolErrorNamingThePeer) {
   Pair p = Connect();
   std::string junk(64, '\x5a');
