@@ -654,6 +654,9 @@ absl::Status Session::RunOp(Op& op) {
     arrival_wait_ = absl::Now() - negotiate_start;
     TraceEvent(AlgorithmCodeName(agreed), "op", negotiate_start);
     if (fused) ObserveSmallOp(op.sig.kind, Algorithm::kOneShot, bytes, arrival_wait_);
+    GS_LOG(DEBUG) << "job '" << info_.job_id << "' rank " << info_.rank << " " << op.sig.Describe()
+                  << " (op " << op.seq << "): algorithm " << AlgorithmCodeName(agreed)
+                  << (fused ? " (data sent with the signatures)" : " (done in the local rendezvous)");
     absl::MutexLock l(&mu_);
     op.outcome.algorithm = AlgorithmCodeName(agreed);
     return s;
