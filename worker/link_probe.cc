@@ -35,6 +35,43 @@ absl::StatusOr<absl::Duration> RingRounds(transport::Context& ctx, std::vector<c
   return took[took.size() / 2];
 }
 
+// One all-to-all round of 8-byte messages per round (every rank sends to and
+// receives from every other rank at once: the shape of the signature round
+// every op starts with); `warmup` untimed rounds first; returns the median of
+// the others.
+absl::StatusOr<absl::Duration> AllToAllRounds(transport::Context& ctx, std::vector<char>& buf,
+                                              int warmup, int rounds, uint64_t seq,
+                                              absl::Time deadline) {
+  const int n = ctx.size(), me = ctx.rank();
+  if (buf.size() < 8 * static_cast<size_t>(n + 1)) buf.resize(8 * (n + 1));
+  auto mr = ctx.RegisterMemory(buf.data(), buf.size());
+  if (!mr.ok()) return mr.status();
+  std::vector<absl::Duration> took;
+  std::vector<transport::Request> s(n), r(n);
+  for (int i = 0; i < warmup + rounds; ++i) {
+    const absl::Time t0 = absl::Now();
+    const transport::MessageTag tag{seq, static_cast<uint32_t>(i), 0, 0};
+    absl::Status st;
+    for (int p = 0; p < n && st.ok(); ++p) {
+      if (p != me) st = ctx.PostRecv(p, **mr, 8 * (p + 1), 8, true, tag, &r[p]);
+    }
+    for (int p = 0; p < n && st.ok(); ++p) {
+      if (p != me) st = ctx.PostSend(p, **mr, 0, 8, tag, &s[p]);
+    }
+    auto done = [&] {
+      for (int p = 0; p < n; ++p) {
+        if (p != me && (!s[p].done || !r[p].done)) return false;
+      }
+      return true;
+    };
+    while (st.ok() && !done()) st = ctx.Progress(deadline);
+    if (!st.ok()) return st;
+    if (i >= warmup) took.push_back(absl::Now() - t0);
+  }
+  std::sort(took.begin(), took.end());
+  return took[took.size() / 2];
+}
+
 // One ring exchange of `bytes` cut into `parts` messages whose slots are
 // i * stride (stride = streams puts every message on connection 0).
 absl::StatusOr<absl::Duration> RingBulk(transport::Context& ctx, std::vector<char>& buf,
@@ -82,7 +119,7 @@ absl::StatusOr<ProbeResult> ProbeLinks(transport::Context& ctx, absl::Time deadl
   if (ctx.size() == 1) return result;
   constexpr size_t kBig = 1 << 20;
   std::vector<char> buf(2 * kBig);
-  auto small = RingRounds(ctx, buf, 8, /*warmup=*/8, /*rounds=*/16, kProbeSeq, deadline);
+  auto small = AllToAllRounds(ctx, buf, /*warmup=*/8, /*rounds=*/16, kProbeSeq, deadline);
   if (!small.ok()) return small.status();
   auto big = RingRounds(ctx, buf, kBig, /*warmup=*/1, /*rounds=*/4, kProbeSeq + 1, deadline);
   if (!big.ok()) return big.status();
