@@ -59,9 +59,11 @@ double PredictMicros(CollectiveKind kind, Algorithm algo, size_t bytes, int worl
         }
         case A::kBinomialTree:  // reduce + broadcast: L(a + B b + B g) + L(a + B b)
           return L * (a + B * be + B * g) + L * (a + B * be);
-        case A::kOneShot:  // rides on the signature round: (n-1) B (b + g), no latency term
+        case A::kOneShot: {  // rides on the signature round: (n-1) B (b' + g), no latency term
           if (bytes > kOneShotMaxBytes) break;
-          return (n - 1) * B * (be + g);
+          const double burst = link.burst_us_per_byte > 0 ? link.burst_us_per_byte : be;
+          return (n - 1) * B * (burst + g);
+        }
         default: break;
       }
       break;
@@ -189,7 +191,8 @@ LinkParams RefineAlphaFromObservation(const LinkParams& link, CollectiveKind kin
   const double per_byte = link.beta_us_per_byte + link.reduce_us_per_byte;
   double alpha = 0;
   if (algo == Algorithm::kOneShot) {
-    alpha = took_us - (n - 1) * B * per_byte;
+    const double burst = link.burst_us_per_byte > 0 ? link.burst_us_per_byte : link.beta_us_per_byte;
+    alpha = took_us - (n - 1) * B * (burst + link.reduce_us_per_byte);
   } else if (algo == Algorithm::kRecursiveDoubling) {
     const int lp = FloorLog2(world);
     const bool folded = (1 << lp) != world;

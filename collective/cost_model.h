@@ -27,6 +27,10 @@ struct LinkParams {
   double alpha_us = 50.0;            // latency per message
   double beta_us_per_byte = 1e-4;    // inverse bandwidth (1e-4 = 10 GB/s)
   double reduce_us_per_byte = 1e-4;  // local reduction cost (gamma)
+  // Inverse bandwidth of oneshot's pattern: every rank sending a small
+  // message to every other rank at once (measured by the link probe with
+  // 16 KiB messages); 0 = unknown, use beta.
+  double burst_us_per_byte = 0;
 };
 
 // Predicted microseconds of `kind` with `algo` on `world` ranks, for a buffer

@@ -152,6 +152,17 @@ TEST(CostModel, OneShotUntilItsBytesOutweighTheStepsItSaves) {
   EXPECT_NE(ChooseAlgorithm(CollectiveKind::kAllreduce, 16384, 16, slow), Algorithm::kOneShot);
 }
 
+// oneshot's bytes cost what the probe's all-to-all bursts cost, when known.
+TEST(CostModel, OneShotUsesTheBurstBandwidthWhenMeasured) {
+  LinkParams link = Link();
+  link.beta_us_per_byte = 4e-3;  // a slow ring round: rd looks cheaper than oneshot at 64 KiB
+  EXPECT_NE(ChooseAlgorithm(CollectiveKind::kAllreduce, 64 << 10, 4, link), Algorithm::kOneShot);
+  link.burst_us_per_byte = 5e-4;  // but small all-to-all bursts move fast
+  EXPECT_DOUBLE_EQ(PredictMicros(CollectiveKind::kAllreduce, Algorithm::kOneShot, 64 << 10, 4, link),
+                   3.0 * (64 << 10) * (5e-4 + 1e-4));
+  EXPECT_EQ(ChooseAlgorithm(CollectiveKind::kAllreduce, 64 << 10, 4, link), Algorithm::kOneShot);
+}
+
 TEST(CostModel, LargeAllreduceGoesToRing) {
   for (int world = 2; world <= 16; ++world) {
     EXPECT_EQ(ChooseAlgorithm(CollectiveKind::kAllreduce, 256u << 20, world, Link()),

@@ -213,6 +213,7 @@ absl::StatusOr<std::shared_ptr<Session>> Daemon::OpenSession(const OpenSessionAr
                << args.job_id << "' epoch " << info.epoch << " rank " << info.rank << " of "
                << info.world_size << "; links: alpha " << info.link.alpha_us << " us, "
                << (info.link.beta_us_per_byte > 0 ? 1e-3 / info.link.beta_us_per_byte : 0)
+               << " GB/s, all-to-all " << (info.link.burst_us_per_byte > 0 ? 1e-3 / info.link.burst_us_per_byte : 0)
                << " GB/s, reduce " << (info.link.reduce_us_per_byte > 0 ? 1e-3 / info.link.reduce_us_per_byte : 0)
                << " GB/s; TCP streams in use " << link->streams << " of " << co.streams
                << (link->one_stream_gbps > 0

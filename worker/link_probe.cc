@@ -35,15 +35,15 @@ absl::StatusOr<absl::Duration> RingRounds(transport::Context& ctx, std::vector<c
   return took[took.size() / 2];
 }
 
-// One all-to-all round of 8-byte messages per round (every rank sends to and
+// All-to-all rounds of `bytes`-byte messages (every rank sends to and
 // receives from every other rank at once: the shape of the signature round
-// every op starts with); `warmup` untimed rounds first; returns the median of
-// the others.
+// every op starts with, and of oneshot); `warmup` untimed rounds first;
+// returns the median of the others.
 absl::StatusOr<absl::Duration> AllToAllRounds(transport::Context& ctx, std::vector<char>& buf,
-                                              int warmup, int rounds, uint64_t seq,
+                                              size_t bytes, int warmup, int rounds, uint64_t seq,
                                               absl::Time deadline) {
   const int n = ctx.size(), me = ctx.rank();
-  if (buf.size() < 8 * static_cast<size_t>(n + 1)) buf.resize(8 * (n + 1));
+  if (buf.size() < bytes * (n + 1)) buf.resize(bytes * (n + 1));
   auto mr = ctx.RegisterMemory(buf.data(), buf.size());
   if (!mr.ok()) return mr.status();
   std::vector<absl::Duration> took;
@@ -53,10 +53,10 @@ absl::StatusOr<absl::Duration> AllToAllRounds(transport::Context& ctx, std::vect
     const transport::MessageTag tag{seq, static_cast<uint32_t>(i), 0, 0};
     absl::Status st;
     for (int p = 0; p < n && st.ok(); ++p) {
-      if (p != me) st = ctx.PostRecv(p, **mr, 8 * (p + 1), 8, true, tag, &r[p]);
+      if (p != me) st = ctx.PostRecv(p, **mr, bytes * (p + 1), bytes, true, tag, &r[p]);
     }
     for (int p = 0; p < n && st.ok(); ++p) {
-      if (p != me) st = ctx.PostSend(p, **mr, 0, 8, tag, &s[p]);
+      if (p != me) st = ctx.PostSend(p, **mr, 0, bytes, tag, &s[p]);
     }
     auto done = [&] {
       for (int p = 0; p < n; ++p) {
@@ -119,13 +119,21 @@ absl::StatusOr<ProbeResult> ProbeLinks(transport::Context& ctx, absl::Time deadl
   if (ctx.size() == 1) return result;
   constexpr size_t kBig = 1 << 20;
   std::vector<char> buf(2 * kBig);
-  auto small = AllToAllRounds(ctx, buf, /*warmup=*/8, /*rounds=*/16, kProbeSeq, deadline);
+  auto small = AllToAllRounds(ctx, buf, 8, /*warmup=*/8, /*rounds=*/16, kProbeSeq, deadline);
   if (!small.ok()) return small.status();
+  constexpr size_t kBurst = 16 << 10;
+  std::vector<char> burst_buf;
+  auto burst = AllToAllRounds(ctx, burst_buf, kBurst, /*warmup=*/2, /*rounds=*/8, kProbeSeq + 5,
+                              deadline);
+  if (!burst.ok()) return burst.status();
   auto big = RingRounds(ctx, buf, kBig, /*warmup=*/1, /*rounds=*/4, kProbeSeq + 1, deadline);
   if (!big.ok()) return big.status();
   p.alpha_us = absl::ToDoubleMicroseconds(*small);
   p.beta_us_per_byte =
       std::max(1e-6, (absl::ToDoubleMicroseconds(*big) - p.alpha_us) / static_cast<double>(kBig));
+  p.burst_us_per_byte =
+      std::max(1e-6, (absl::ToDoubleMicroseconds(*burst) - p.alpha_us) /
+                         (static_cast<double>(kBurst) * (ctx.size() - 1)));
   // One connection against all of them, for the stream count.
   const int streams = ctx.streams();
   double one_us = 0, all_us = 0;
@@ -140,14 +148,16 @@ absl::StatusOr<ProbeResult> ProbeLinks(transport::Context& ctx, absl::Time deadl
     all_us = absl::ToDoubleMicroseconds(*all);
   }
   // Agree: the maximum of each over every rank (the slowest link rules a ring).
-  double v[5] = {p.alpha_us, p.beta_us_per_byte, p.reduce_us_per_byte, one_us, all_us};
+  double v[6] = {p.alpha_us, p.beta_us_per_byte, p.reduce_us_per_byte, one_us, all_us,
+                 p.burst_us_per_byte};
   std::vector<char> scratch;
-  absl::Status st = RingAllreduce(ctx, v, 5, DType::kF64, ReduceOp::kMax, kProbeSeq + 2, deadline,
+  absl::Status st = RingAllreduce(ctx, v, 6, DType::kF64, ReduceOp::kMax, kProbeSeq + 2, deadline,
                                   RingOptions{}, &scratch);
   if (!st.ok()) return st;
   p.alpha_us = v[0];
   p.beta_us_per_byte = v[1];
   p.reduce_us_per_byte = v[2];
+  p.burst_us_per_byte = v[5];
   if (streams > 1 && v[3] > 0 && v[4] > 0) {
     result.one_stream_gbps = (4 << 20) / v[3] / 1e3;
     result.all_streams_gbps = (4 << 20) / v[4] / 1e3;
