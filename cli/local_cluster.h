@@ -50,6 +50,8 @@ class LocalCluster {
   int daemon_metrics_port(int i) const;
   // The coordinator's metrics port (0 if unknown).
   int coordinator_metrics_port() const;
+  // PS shard i's Prometheus port (from its port file).
+  int ps_metrics_port(int i) const;
 
   // Sends `sig` to daemon i (e.g. SIGKILL to simulate a node failure).
   void SignalDaemon(int i, int sig);

@@ -154,6 +154,30 @@ class ShardCollector : public prometheus::Collectable {
     add("gradsync_ps_jobs", "Jobs with state on this shard", T::Gauge, st.jobs);
     add("gradsync_ps_reserved_bytes", "Staging memory reserved by running steps", T::Gauge,
         st.reserved_bytes);
+    // Per job, for the jobs with state on this shard (a bounded set: an idle
+    // job is forgotten after 5 idle minutes, PsShardOptions::idle_job_timeout). Label as in gradsyncd's
+    // per-job series.
+    auto per_job = [&](const char* name, const char* help, uint64_t PsJobStats::*field) {
+      prometheus::MetricFamily f;
+      f.name = name;
+      f.help = help;
+      f.type = T::Counter;
+      for (const PsJobStats& j : st.per_job) {
+        prometheus::ClientMetric m;
+        m.label.push_back({"gradsync_job", j.job});
+        m.counter.value = static_cast<double>(j.*field);
+        f.metric.push_back(std::move(m));
+      }
+      out.push_back(std::move(f));
+    };
+    per_job("gradsync_ps_job_steps_total", "Steps this shard completed, per job",
+            &PsJobStats::steps_completed);
+    per_job("gradsync_ps_job_steps_failed_total", "Steps that failed on this shard, per job",
+            &PsJobStats::steps_failed);
+    per_job("gradsync_ps_job_pushed_bytes_total", "Partition bytes pushed here, per job",
+            &PsJobStats::bytes_pushed);
+    per_job("gradsync_ps_job_pulled_bytes_total", "Result bytes sent to workers, per job",
+            &PsJobStats::bytes_pulled);
     return out;
   }
 

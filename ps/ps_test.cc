@@ -156,6 +156,26 @@ TEST(Ps, TwoJobsShareTheShardsConcurrently) {
   tb.join();
   EXPECT_EQ(servers[0]->stats().jobs, 2u);
   EXPECT_EQ(servers[0]->stats().steps_completed, 30u);
+  // Per job (gradsync_ps_job_*): the same partitions from 3 and 2 workers.
+  const absl::Time until = absl::Now() + absl::Seconds(5);
+  while (servers[0]->stats().bytes_pulled < servers[0]->stats().bytes_pushed &&
+         absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  const PsShardStats st = servers[0]->stats();
+  ASSERT_EQ(st.per_job.size(), 2u);
+  const PsJobStats& ja = st.per_job[0];
+  const PsJobStats& jb = st.per_job[1];
+  EXPECT_EQ(ja.job, "job-a");
+  EXPECT_EQ(jb.job, "job-b");
+  EXPECT_EQ(ja.steps_completed, 15u);
+  EXPECT_EQ(jb.steps_completed, 15u);
+  EXPECT_EQ(ja.steps_failed + jb.steps_failed, 0u);
+  EXPECT_GT(jb.bytes_pushed, 0u);
+  EXPECT_EQ(ja.bytes_pushed * 2, jb.bytes_pushed * 3);
+  EXPECT_EQ(ja.bytes_pushed + jb.bytes_pushed, st.bytes_pushed);
+  EXPECT_EQ(ja.bytes_pulled, ja.bytes_pushed);
+  EXPECT_EQ(jb.bytes_pulled, jb.bytes_pushed);
 }
 
 TEST(Ps, ShardsAreAssignedPerJobSoAServerCanBeShard0OfOneJobAndShard1OfAnother) {

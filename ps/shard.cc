@@ -155,6 +155,11 @@ struct Job {
   uint64_t last_closed ABSL_GUARDED_BY(mu) = 0;   // the newest finished step
   absl::Status last_failure ABSL_GUARDED_BY(mu);  // why it failed (OK: it completed)
   absl::Time idle_since ABSL_GUARDED_BY(mu) = absl::Now();
+  // Per-job metrics (gradsync_ps_job_*).
+  std::atomic<uint64_t> steps_completed{0};
+  std::atomic<uint64_t> steps_failed{0};
+  std::atomic<uint64_t> bytes_pushed{0};
+  std::atomic<uint64_t> bytes_pulled{0};
 };
 
 // One step of one job on this shard.
@@ -290,6 +295,7 @@ struct Conn : std::enable_shared_from_this<Conn> {
       }
       if (f.header.type == static_cast<uint8_t>(FrameType::kData)) {
         bytes_pulled->fetch_add(f.header.length, std::memory_order_relaxed);
+        job->bytes_pulled.fetch_add(f.header.length, std::memory_order_relaxed);
       }
       if (f.last) {
         Close();
@@ -424,6 +430,16 @@ class PsShard::Impl {
     s.reserved_bytes = reserved_;
     absl::MutexLock l(&mu_);
     s.jobs = jobs_.size();
+    std::map<std::string, PsJobStats> by_name;  // epochs of one job add up
+    for (const auto& [key, job] : jobs_) {
+      PsJobStats& j = by_name[job->name];
+      j.job = job->name;
+      j.steps_completed += job->steps_completed.load();
+      j.steps_failed += job->steps_failed.load();
+      j.bytes_pushed += job->bytes_pushed.load();
+      j.bytes_pulled += job->bytes_pulled.load();
+    }
+    for (auto& [name, j] : by_name) s.per_job.push_back(std::move(j));
     return s;
   }
 
@@ -798,6 +814,7 @@ class PsShard::Impl {
     ++rd.pushed_count;
     st.pushed[static_cast<size_t>(i) * st.workers + rd.rank].store(1, std::memory_order_relaxed);
     bytes_pushed_.fetch_add(h.length, std::memory_order_relaxed);
+    job.bytes_pushed.fetch_add(h.length, std::memory_order_relaxed);
     Task t;
     t.step = rd.cur;
     t.local = i;
@@ -857,6 +874,7 @@ class PsShard::Impl {
       d->sends.push_back({c, AbortFrame(job, step->step(), status)});
     d->purges.push_back(std::move(step));
     ++steps_failed_;
+    ++job.steps_failed;
     GS_LOG(WARNING) << status;
     return true;
   }
@@ -885,6 +903,7 @@ class PsShard::Impl {
     }
     reserved_.fetch_sub(step->reserved);
     ++steps_completed_;
+    ++job.steps_completed;
     return true;
   }
 

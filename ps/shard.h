@@ -66,6 +66,16 @@ struct PsShardOptions {
   absl::Duration idle_job_timeout = absl::Seconds(300);
 };
 
+// One job's counters on a shard (since the shard first saw the job, or since
+// it forgot the idle job and saw it again).
+struct PsJobStats {
+  std::string job;  // the job id, without the "ps/" prefix
+  uint64_t steps_completed = 0;
+  uint64_t steps_failed = 0;
+  uint64_t bytes_pushed = 0;
+  uint64_t bytes_pulled = 0;
+};
+
 struct PsShardStats {
   uint64_t connections = 0;          // worker connections accepted
   uint64_t connections_refused = 0;  // handshakes refused (world size / shard index mismatch)
@@ -76,6 +86,7 @@ struct PsShardStats {
   uint64_t pushes_refused = 0;  // pushes discarded (stale, refused or failed step)
   uint64_t jobs = 0;            // jobs with state here
   uint64_t reserved_bytes = 0;  // staging memory reserved by running steps
+  std::vector<PsJobStats> per_job;  // jobs with state here, by job id
 };
 
 class PsShard {

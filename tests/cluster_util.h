@@ -27,7 +27,8 @@ inline absl::StatusOr<std::vector<RankHandle>> OpenJob(LocalCluster& cluster,
                                                        const std::string& job,
                                                        const std::vector<int>& daemons,
                                                        int64_t op_timeout_ms = 30000,
-                                                       int64_t heartbeat_timeout_ms = 0) {
+                                                       int64_t heartbeat_timeout_ms = 0,
+                                                       int ps_shards = 0) {
   const int n = static_cast<int>(daemons.size());
   std::vector<RankHandle> ranks(n);
   std::vector<absl::Status> st(n);
@@ -47,6 +48,7 @@ inline absl::StatusOr<std::vector<RankHandle>> OpenJob(LocalCluster& cluster,
       so.timeout = absl::Seconds(20);
       so.op_timeout_ms = op_timeout_ms;
       so.heartbeat_timeout_ms = heartbeat_timeout_ms;
+      so.ps_shards = ps_shards;
       auto s = ranks[r].client->OpenSession(so);
       if (!s.ok()) {
         st[r] = s.status();

@@ -581,6 +581,7 @@ TEST(Prometheus, ScrapesTheClusterAndAnswersTheDashboardQueries) {
   constexpr int kDaemons = 3;
   LocalClusterOptions o;
   o.daemons = kDaemons;
+  o.ps_shards = 1;
   auto cluster = LocalCluster::Start(o);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   LocalCluster& c = **cluster;
@@ -596,6 +597,8 @@ TEST(Prometheus, ScrapesTheClusterAndAnswersTheDashboardQueries) {
     ASSERT_GT(c.daemon_metrics_port(i), 0) << i;
     daemon_targets.push_back(absl::StrCat("127.0.0.1:", c.daemon_metrics_port(i)));
   }
+  ASSERT_GT(c.ps_metrics_port(0), 0);
+  const std::string ps_target = absl::StrCat("127.0.0.1:", c.ps_metrics_port(0));
   const std::string config = dir + "/prometheus.yml";
   {
     std::ofstream f(config);
@@ -611,7 +614,12 @@ TEST(Prometheus, ScrapesTheClusterAndAnswersTheDashboardQueries) {
          "  - job_name: gradsyncd\n"
          "    static_configs:\n"
          "      - targets: [\""
-      << absl::StrJoin(daemon_targets, "\", \"") << "\"]\n";
+      << absl::StrJoin(daemon_targets, "\", \"")
+      << "\"]\n"
+         "  - job_name: gradsync-ps\n"
+         "    static_configs:\n"
+         "      - targets: [\""
+      << ps_target << "\"]\n";
     ASSERT_TRUE(f.good());
   }
   auto prom = PrometheusServer::Start(dir, config);
@@ -620,10 +628,11 @@ TEST(Prometheus, ScrapesTheClusterAndAnswersTheDashboardQueries) {
   std::printf("prometheus ready on 127.0.0.1:%d after %.1f s\n", p.port(),
               absl::ToDoubleSeconds(absl::Now() - t0));
 
-  // Traffic: rounds of 1 MiB f32 allreduces (ring, then the cost model's
-  // choice) on every rank, until told to stop. A short pause between rounds
-  // keeps the CPU for Prometheus and other tests.
-  auto job = testing::OpenJob(c, "prometheus", testing::FirstN(kDaemons));
+  // Traffic: rounds of 1 MiB f32 allreduces (ring, the cost model's choice,
+  // then the parameter server) on every rank, until told to stop. A short
+  // pause between rounds keeps the CPU for Prometheus and other tests.
+  auto job = testing::OpenJob(c, "prometheus", testing::FirstN(kDaemons), 30000, 0,
+                              /*ps_shards=*/1);
   ASSERT_TRUE(job.ok()) << job.status();
   constexpr size_t kCount = 1 << 18;
   std::vector<std::unique_ptr<client::Buffer>> bufs(kDaemons);
@@ -640,7 +649,7 @@ TEST(Prometheus, ScrapesTheClusterAndAnswersTheDashboardQueries) {
   std::thread traffic([&] {
     while (!stop.load()) {
       testing::OnEveryRank(kDaemons, [&](int r) {
-        for (const char* algorithm : {"ring", ""}) {
+        for (const char* algorithm : {"ring", "", "ps"}) {
           client::CollectiveSpec spec;
           spec.buffer = bufs[r].get();
           spec.count = kCount;
@@ -676,6 +685,7 @@ TEST(Prometheus, ScrapesTheClusterAndAnswersTheDashboardQueries) {
   // Poll Prometheus until everything shows up.
   std::set<std::string> all_targets(daemon_targets.begin(), daemon_targets.end());
   all_targets.insert(coordinator_target);
+  all_targets.insert(ps_target);
   struct Check {
     std::string query;
     std::string last = "(not queried)";
@@ -760,7 +770,8 @@ TEST(Prometheus, ScrapesTheClusterAndAnswersTheDashboardQueries) {
       by_job[it == s.labels.end() ? "" : it->second] = s.value;
     }
     EXPECT_EQ(by_job, (std::map<std::string, double>{{"gradsync-coordinator", 1},
-                                                     {"gradsyncd", kDaemons}}))
+                                                     {"gradsyncd", kDaemons},
+                                                     {"gradsync-ps", 1}}))
         << Describe(*v);
   }
 
