@@ -42,7 +42,7 @@ usage() {
 Flags:
   --ranks LIST        world sizes (default 2,4,8)
   --sizes LIST        sizes for world sizes below --few_from (default 4K,64K,1M,16M,64M,256M)
-  --few_sizes LIST    sizes for world sizes >= --few_from (default 64K,1M,16M,64M)
+  --few_sizes LIST    sizes for world sizes >= --few_from (default: the same as --sizes)
   --few_from N        (default 8)
   --paths LIST        net,node (default both)
   --ring_from B       also run gradsync --algo ring for sizes >= B (default 1M)
@@ -67,7 +67,7 @@ EOF
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 RANKS="2,4,8"
 SIZES="4K,64K,1M,16M,64M,256M"
-FEW_SIZES="64K,1M,16M,64M"
+FEW_SIZES="4K,64K,1M,16M,64M,256M"
 FEW_FROM=8
 PATHS="net,node"
 RING_FROM="1M"
