@@ -89,6 +89,11 @@ uint8_t SignatureProposal(const std::string& encoded) {
 }
 
 namespace {
+// Eager data starts at the next multiple of 16 after the signature, so the
+// reduction reads aligned elements (the inbox slots are 16-byte aligned).
+constexpr size_t kDataAlign = 16;
+size_t AlignUp(size_t x) { return (x + kDataAlign - 1) / kDataAlign * kDataAlign; }
+
 // Length of the encoded signature at the start of a message (the rest is eager
 // data); the whole message if it is too short to say, so that the comparison
 // reports it as malformed.
@@ -121,9 +126,13 @@ absl::Status CheckSignatures(transport::Context& ctx, const OpSignature& mine,
   std::string outbox = mine.Encode();
   const size_t sig_len = outbox.size();
   if (eager != nullptr && eager->bytes > 0) {
+    outbox.resize(AlignUp(sig_len), '\0');
     outbox.append(static_cast<const char*>(eager->data), eager->bytes);
   }
   constexpr size_t kCap = sizeof(PackedSignature) + kMaxOpNameBytes + kOneShotMaxBytes;
+  static_assert(kCap % kDataAlign == 0, "inbox slots stay aligned");
+  static_assert((sizeof(PackedSignature) + kMaxOpNameBytes) % kDataAlign == 0,
+                "the padded signature plus the largest payload fit a slot");
   std::vector<char> local_inbox;
   std::vector<char>& in = inbox != nullptr ? *inbox : local_inbox;
   if (in.size() < kCap * n) in.resize(kCap * n);
@@ -175,7 +184,7 @@ absl::Status CheckSignatures(transport::Context& ctx, const OpSignature& mine,
     if (!s.ok()) return s;
   }
   std::vector<std::string> by_rank(n);
-  std::vector<size_t> data_len(n, 0);
+  std::vector<size_t> data_len(n, 0), data_at(n, 0);
   for (int p = 0; p < n; ++p) {
     if (p == me) {
       by_rank[p] = outbox.substr(0, sig_len);
@@ -184,22 +193,25 @@ absl::Status CheckSignatures(transport::Context& ctx, const OpSignature& mine,
     const char* msg = in.data() + kCap * p;
     const size_t len = EncodedLength(msg, recvs[p].bytes);
     by_rank[p] = std::string(msg, len);
-    data_len[p] = recvs[p].bytes - len;
+    data_at[p] = recvs[p].bytes > len ? AlignUp(len) : len;
+    data_len[p] = recvs[p].bytes > data_at[p] ? recvs[p].bytes - data_at[p] : 0;
   }
   absl::Status s = CompareSignatures(mine.seq, by_rank);
   if (!s.ok()) return s;
   // Equal signatures: every rank decided the same way whether data rides
-  // along, unless the ranks disagree on something outside the signature.
+  // along, unless the ranks disagree on something outside the signature
+  // (their link figures, or mixed daemon versions). Every message was read
+  // whole, so the streams are intact: a clean error, and the job goes on.
   const size_t want = eager != nullptr ? eager->bytes : 0;
   for (int p = 0; p < n; ++p) {
     if (p == me) continue;
     if (data_len[p] != want) {
-      return absl::InternalError(absl::StrCat(
+      return absl::InvalidArgumentError(absl::StrCat(
           "op ", mine.seq, " (", mine.Describe(), "): rank ", p, " sent ", data_len[p],
           " bytes of data with its signature; rank ", me, " expected ", want,
           " (the ranks disagree on whether the op runs oneshot)"));
     }
-    if (eager != nullptr) eager->received[p] = in.data() + kCap * p + (recvs[p].bytes - want);
+    if (eager != nullptr) eager->received[p] = in.data() + kCap * p + data_at[p];
   }
   if (agreed != nullptr) *agreed = SignatureProposal(by_rank[0]);
   return absl::OkStatus();

@@ -61,12 +61,13 @@ absl::Status CompareSignatures(uint64_t seq, const std::vector<std::string>& enc
 uint8_t SignatureProposal(const std::string& encoded);
 
 // Data that rides with the signatures (oneshot): this rank sends `bytes`
-// bytes from `data` right after its signature, in the same message, and on
-// success `received[p]` points at rank p's `bytes` bytes (p != me; null for
-// me), inside CheckSignatures' `inbox`. Every receive has room for a
+// bytes from `data` right after its signature (padded to 16 bytes), in the
+// same message, and on success `received[p]` points at rank p's `bytes` bytes
+// (16-byte aligned; p != me; null for me), inside CheckSignatures' `inbox`. Every receive has room for a
 // signature plus kOneShotMaxBytes, so a peer that sent data when this rank did
 // not (or the reverse) is still read whole: a signature mismatch stays an
-// InvalidArgument with the streams intact.
+// InvalidArgument with the streams intact, and so does equal signatures with
+// data from some ranks only (ranks that disagree on running oneshot).
 struct EagerData {
   const void* data = nullptr;
   size_t bytes = 0;  // <= kOneShotMaxBytes

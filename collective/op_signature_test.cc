@@ -164,11 +164,36 @@ TEST(CheckSignatures, EagerDataArrivesAndAMismatchLeavesTheStreamsAligned) {
     return CheckSignatures(*c.contexts[r], sig, deadline, nullptr, nullptr,
                            r == 2 ? nullptr : &eager, &inboxes[r]);
   });
-  EXPECT_TRUE(absl::IsInternal(st[0])) << st[0];
+  EXPECT_TRUE(absl::IsInvalidArgument(st[0])) << st[0];
   EXPECT_EQ(st[0].message(),
             "op 4 (allreduce 'g' f32[1] sum): rank 2 sent 0 bytes of data with its signature; "
             "rank 0 expected 4 (the ranks disagree on whether the op runs oneshot)");
-  EXPECT_TRUE(absl::IsInternal(st[2])) << st[2];
+  EXPECT_TRUE(absl::IsInvalidArgument(st[2])) << st[2];
+  // Received data is 16-byte aligned whatever the op name's length.
+  st = testing::RunOnRanks(kWorld, [&](int r) -> absl::Status {
+    OpSignature sig;
+    sig.seq = 5;
+    sig.name = "odd";  // 32 + 3 bytes of signature
+    sig.dtype = DType::kF64;
+    sig.count = 2;
+    const double mine[2] = {1.5 * r, -2.0 * r};
+    EagerData eager;
+    eager.data = mine;
+    eager.bytes = sizeof(mine);
+    absl::Status s = CheckSignatures(*c.contexts[r], sig, deadline, nullptr, nullptr, &eager,
+                                     &inboxes[r]);
+    if (!s.ok()) return s;
+    for (int p = 0; p < kWorld; ++p) {
+      if (p == r) continue;
+      if (reinterpret_cast<uintptr_t>(eager.received[p]) % 16 != 0) {
+        return absl::InternalError(absl::StrCat("rank ", r, ": data from ", p, " not aligned"));
+      }
+      const double* d = reinterpret_cast<const double*>(eager.received[p]);
+      if (d[0] != 1.5 * p || d[1] != -2.0 * p) return absl::InternalError("wrong data");
+    }
+    return absl::OkStatus();
+  });
+  for (int r = 0; r < kWorld; ++r) EXPECT_TRUE(st[r].ok()) << "rank " << r << ": " << st[r];
 }
 
 }  // namespace

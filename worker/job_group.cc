@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "collective/op_signature.h"
+#include "common/logging.h"
 #include "collective/collectives.h"
 #include "kernels/cpu_reduce.h"
 
@@ -104,8 +105,13 @@ absl::Status JobGroup::CheckLocalSignatures(int rank, uint64_t seq, const std::s
     auto ready = [&]() { return slot.compared || !broken_.ok(); };
     auto finished = [&]() { return slot.compared; };
     (void)mu_.AwaitWithDeadline(absl::Condition(&ready), deadline);
-    if (slot.running) {  // never leave while the last arriver writes into this rank's buffer
-      mu_.Await(absl::Condition(&finished));  // a local reduction of <= kSmallBytes per rank
+    // Never leave while the last arriver writes into this rank's buffer: a
+    // local reduction of <= kSmallBytes per rank and the completions, well
+    // under a second; the bound only guards against a bug.
+    if (slot.running &&
+        !mu_.AwaitWithDeadline(absl::Condition(&finished), absl::Now() + absl::Seconds(30))) {
+      GS_LOG(ERROR) << "hierarchical op " << seq << ": rank " << rank
+                    << " waited 30 s for the last rank's local reduction";
     }
     if (!slot.compared && broken_.ok()) {
       slot.small[idx] = nullptr;

@@ -51,7 +51,10 @@ class OpQueueServer::Queue : public std::enable_shared_from_this<Queue> {
       std::shared_ptr<Queue> q = weak.lock();
       return q != nullptr && q->OnCompletion(op_id, outcome);
     });
-    fed_ = backend_->SetSubmissionFeed(std::make_shared<Feed>(weak, options_.spin));
+    fed_.store(true);  // before the session can call us through the feed
+    if (!backend_->SetSubmissionFeed(std::make_shared<Feed>(weak, options_.spin))) {
+      fed_.store(false);
+    }
     thread_ = std::thread([this] { Run(); });
     NameThread(thread_, "gs-opqueue");
   }
@@ -86,10 +89,14 @@ class OpQueueServer::Queue : public std::enable_shared_from_this<Queue> {
     }
     bool Spin(uint32_t snapshot, absl::Duration limit) override {
       auto q = q_.lock();
-      return q == nullptr || q->end_.submission_bell().Spin(snapshot, limit);
+      return q != nullptr && q->end_.submission_bell().Spin(snapshot, limit);
     }
     void Wait(uint32_t snapshot, absl::Duration timeout) override {
-      if (auto q = q_.lock()) q->end_.submission_bell().Wait(snapshot, timeout);
+      if (auto q = q_.lock()) {
+        q->end_.submission_bell().Wait(snapshot, timeout);
+      } else {  // the queue is gone; the session drops the feed in a moment
+        absl::SleepFor(std::min(timeout, absl::Milliseconds(1)));
+      }
     }
     void Wake() override {
       if (auto q = q_.lock()) q->end_.submission_bell().Ring();
@@ -167,11 +174,13 @@ class OpQueueServer::Queue : public std::enable_shared_from_this<Queue> {
       }
       bool progress = false;
       bool ring = false;
+      bool pressure = false;  // a client waits for ring space or for overflowed completions
       absl::Status s;
       {
         absl::MutexLock l(&mu_);
         s = fatal_;
         if (s.ok()) s = PumpLocked(&progress, &ring);
+        pressure = backpressured_ || !overflow_.empty();
       }
       if (ring) end_.completion_bell().Ring();
       if (!s.ok()) {
@@ -180,8 +189,13 @@ class OpQueueServer::Queue : public std::enable_shared_from_this<Queue> {
         reason = s;
         break;
       }
-      if (fed_) {
-        SleepPoller(std::clamp(next_tick - absl::Now(), absl::Milliseconds(1), options_.poll_interval));
+      if (fed_.load()) {
+        // The executor takes submissions while it is idle. While it runs a
+        // long op, a client blocked on a full ring or on overflowed
+        // completions is served here within a millisecond, not a tick.
+        SleepPoller(pressure ? absl::Milliseconds(1)
+                             : std::clamp(next_tick - absl::Now(), absl::Milliseconds(1),
+                                          options_.poll_interval));
       } else if (progress) {
         last_active = now;
       } else if (!bell.Spin(snapshot, last_active + options_.spin - now)) {
@@ -195,7 +209,7 @@ class OpQueueServer::Queue : public std::enable_shared_from_this<Queue> {
       end_.Close(reason);
     }
     mem_->Unlink();
-    if (fed_) backend_->SetSubmissionFeed(nullptr);
+    if (fed_.load()) backend_->SetSubmissionFeed(nullptr);
     backend_->SetCompletionListener(nullptr);
     GS_LOG(INFO) << "session " << session_id() << ": op queue " << name()
                  << " closed: " << reason.message();
@@ -293,7 +307,7 @@ class OpQueueServer::Queue : public std::enable_shared_from_this<Queue> {
     if (ring) end_.completion_bell().Ring();
     if (wake_poller) {
       end_.submission_bell().Ring();
-      if (fed_) WakePoller();
+      if (fed_.load()) WakePoller();
     }
     return true;
   }
@@ -313,7 +327,7 @@ class OpQueueServer::Queue : public std::enable_shared_from_this<Queue> {
   absl::Status stop_reason_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> stop_{false};
   std::atomic<bool> finished_{false};
-  bool fed_ = false;  // the session's executor takes the submissions (set before Run starts)
+  std::atomic<bool> fed_{false};  // the session's executor takes the submissions
   absl::Mutex wake_mu_;
   bool wake_ ABSL_GUARDED_BY(wake_mu_) = false;
   std::thread thread_;
