@@ -303,8 +303,8 @@ batch_end() {
 }
 
 # gradsync bench: one size, result line built from its --csv.
-gs_run() {  # path(net|node) ranks bytes algo(auto|ring) iters warmup timing(b2b|blocking) [shot]
-  local path=$1 n=$2 b=$3 algo=$4 it=$5 wu=$6 timing=$7 shot=${8:-0}
+gs_run() {  # path(net|node) ranks bytes algo(auto|ring) iters warmup timing(b2b|blocking)
+  local path=$1 n=$2 b=$3 algo=$4 it=$5 wu=$6 timing=$7
   local rpd=1; [[ $path == node ]] && rpd=$n
   rm -f "$TMP/gs.csv"
   local streams=()
@@ -315,9 +315,8 @@ gs_run() {  # path(net|node) ranks bytes algo(auto|ring) iters warmup timing(b2b
   local rc=$?
   if [[ $rc -ne 0 || ! -s "$TMP/gs.csv" ]]; then fail "gradsync_${path}_${algo}" "$n" "$b" "$rc"; return; fi
   tail -n +2 "$TMP/gs.csv" | awk -F, -v p="$path" -v a="$algo" -v t="$timing" -v it="$it" \
-    -v shot="$shot" -v rep="$REP" '{
+    -v rep="$REP" '{
       printf "gradsync,path=%s,req=%s,timing=%s,ranks=%s,bytes=%s,time_us=%s,busbw_gbps=%s,algo=%s,iters=%s", p, a, t, $2, $3, $8, $10, $7, it
-      if (shot > 0) printf ",shot=%s", shot
       printf ",rep=%s\n", rep }' >>"$BRES"
 }
 ring_run() {  # ranks bytes iters warmup [spin_us]

@@ -1,6 +1,7 @@
 #include "worker/link_probe.h"
 
 #include <algorithm>
+#include <functional>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -10,24 +11,37 @@
 namespace gradsync {
 namespace {
 
-// One ring exchange of `bytes` (send right, receive left) per round; the
-// first `warmup` rounds are not timed (they absorb the ranks' different start
-// times and wake every thread up); returns the median time of the others.
-absl::StatusOr<absl::Duration> RingRounds(transport::Context& ctx, std::vector<char>& buf,
-                                          size_t bytes, int warmup, int rounds, uint64_t seq,
-                                          absl::Time deadline) {
-  const int n = ctx.size(), me = ctx.rank();
-  const int right = (me + 1) % n, left = (me - 1 + n) % n;
-  auto mr = ctx.RegisterMemory(buf.data(), buf.size());
-  if (!mr.ok()) return mr.status();
+// Drives the context until every request in `reqs` is done.
+absl::Status Drive(transport::Context& ctx, const std::vector<transport::Request*>& reqs,
+                   absl::Time deadline) {
+  auto done = [&] {
+    for (const transport::Request* r : reqs) {
+      if (!r->done) return false;
+    }
+    return true;
+  };
+  while (!done()) {
+    absl::Status st = ctx.Progress(deadline);
+    if (!st.ok()) return st;
+  }
+  return absl::OkStatus();
+}
+
+// `warmup` untimed rounds, then `rounds` timed ones; each round posts its
+// messages with `post(i, &reqs)` and waits for them. The untimed rounds absorb
+// the ranks' different start times and wake every thread. Returns the median
+// of the timed rounds.
+using PostRound =
+    std::function<absl::Status(uint32_t round, std::vector<transport::Request*>* reqs)>;
+absl::StatusOr<absl::Duration> TimedRounds(transport::Context& ctx, int warmup, int rounds,
+                                           absl::Time deadline, const PostRound& post) {
   std::vector<absl::Duration> took;
+  std::vector<transport::Request*> reqs;
   for (int i = 0; i < warmup + rounds; ++i) {
     const absl::Time t0 = absl::Now();
-    transport::Request s, r;
-    const transport::MessageTag tag{seq, static_cast<uint32_t>(i), 0, 0};
-    absl::Status st = ctx.PostRecv(left, **mr, bytes, bytes, true, tag, &r);
-    if (st.ok()) st = ctx.PostSend(right, **mr, 0, bytes, tag, &s);
-    while (st.ok() && !(s.done && r.done)) st = ctx.Progress(deadline);
+    reqs.clear();
+    absl::Status st = post(static_cast<uint32_t>(i), &reqs);
+    if (st.ok()) st = Drive(ctx, reqs, deadline);
     if (!st.ok()) return st;
     if (i >= warmup) took.push_back(absl::Now() - t0);
   }
@@ -35,10 +49,27 @@ absl::StatusOr<absl::Duration> RingRounds(transport::Context& ctx, std::vector<c
   return took[took.size() / 2];
 }
 
+// Ring rounds: each rank sends `bytes` right and receives `bytes` from the left.
+absl::StatusOr<absl::Duration> RingRounds(transport::Context& ctx, std::vector<char>& buf,
+                                          size_t bytes, int warmup, int rounds, uint64_t seq,
+                                          absl::Time deadline) {
+  const int n = ctx.size(), me = ctx.rank();
+  const int right = (me + 1) % n, left = (me - 1 + n) % n;
+  auto mr = ctx.RegisterMemory(buf.data(), buf.size());
+  if (!mr.ok()) return mr.status();
+  transport::Request s, r;
+  return TimedRounds(ctx, warmup, rounds, deadline, [&](uint32_t i, auto* reqs) {
+    const transport::MessageTag tag{seq, i, 0, 0};
+    absl::Status st = ctx.PostRecv(left, **mr, bytes, bytes, true, tag, &r);
+    if (st.ok()) st = ctx.PostSend(right, **mr, 0, bytes, tag, &s);
+    *reqs = {&s, &r};
+    return st;
+  });
+}
+
 // All-to-all rounds of `bytes`-byte messages (every rank sends to and
 // receives from every other rank at once: the shape of the signature round
-// every op starts with, and of oneshot); `warmup` untimed rounds first;
-// returns the median of the others.
+// every op starts with, and of oneshot).
 absl::StatusOr<absl::Duration> AllToAllRounds(transport::Context& ctx, std::vector<char>& buf,
                                               size_t bytes, int warmup, int rounds, uint64_t seq,
                                               absl::Time deadline) {
@@ -46,30 +77,19 @@ absl::StatusOr<absl::Duration> AllToAllRounds(transport::Context& ctx, std::vect
   if (buf.size() < bytes * (n + 1)) buf.resize(bytes * (n + 1));
   auto mr = ctx.RegisterMemory(buf.data(), buf.size());
   if (!mr.ok()) return mr.status();
-  std::vector<absl::Duration> took;
   std::vector<transport::Request> s(n), r(n);
-  for (int i = 0; i < warmup + rounds; ++i) {
-    const absl::Time t0 = absl::Now();
-    const transport::MessageTag tag{seq, static_cast<uint32_t>(i), 0, 0};
+  return TimedRounds(ctx, warmup, rounds, deadline, [&](uint32_t i, auto* reqs) {
+    const transport::MessageTag tag{seq, i, 0, 0};
     absl::Status st;
     for (int p = 0; p < n && st.ok(); ++p) {
-      if (p != me) st = ctx.PostRecv(p, **mr, bytes * (p + 1), bytes, true, tag, &r[p]);
+      if (p == me) continue;
+      st = ctx.PostRecv(p, **mr, bytes * (p + 1), bytes, true, tag, &r[p]);
+      if (st.ok()) st = ctx.PostSend(p, **mr, 0, bytes, tag, &s[p]);
+      reqs->push_back(&r[p]);
+      reqs->push_back(&s[p]);
     }
-    for (int p = 0; p < n && st.ok(); ++p) {
-      if (p != me) st = ctx.PostSend(p, **mr, 0, bytes, tag, &s[p]);
-    }
-    auto done = [&] {
-      for (int p = 0; p < n; ++p) {
-        if (p != me && (!s[p].done || !r[p].done)) return false;
-      }
-      return true;
-    };
-    while (st.ok() && !done()) st = ctx.Progress(deadline);
-    if (!st.ok()) return st;
-    if (i >= warmup) took.push_back(absl::Now() - t0);
-  }
-  std::sort(took.begin(), took.end());
-  return took[took.size() / 2];
+    return st;
+  });
 }
 
 // One ring exchange of `bytes` cut into `parts` messages whose slots are
@@ -83,23 +103,18 @@ absl::StatusOr<absl::Duration> RingBulk(transport::Context& ctx, std::vector<cha
   if (!mr.ok()) return mr.status();
   const size_t part = bytes / parts;
   std::vector<transport::Request> s(parts), r(parts);
+  std::vector<transport::Request*> reqs;
   const absl::Time t0 = absl::Now();
   for (int i = 0; i < parts; ++i) {
     const transport::MessageTag tag{seq, static_cast<uint32_t>(i * stride), 0, i * part};
     absl::Status st = ctx.PostRecv(left, **mr, bytes + i * part, part, true, tag, &r[i]);
     if (st.ok()) st = ctx.PostSend(right, **mr, i * part, part, tag, &s[i]);
     if (!st.ok()) return st;
+    reqs.push_back(&r[i]);
+    reqs.push_back(&s[i]);
   }
-  auto done = [&] {
-    for (int i = 0; i < parts; ++i) {
-      if (!s[i].done || !r[i].done) return false;
-    }
-    return true;
-  };
-  while (!done()) {
-    absl::Status st = ctx.Progress(deadline);
-    if (!st.ok()) return st;
-  }
+  absl::Status st = Drive(ctx, reqs, deadline);
+  if (!st.ok()) return st;
   return absl::Now() - t0;
 }
 

@@ -158,6 +158,16 @@ absl::Status Session::FreeBuffer(uint64_t id) {
 }
 
 absl::StatusOr<uint64_t> Session::Submit(const SubmitArgs& a) {
+  std::shared_ptr<SubmissionFeed> wake;
+  absl::StatusOr<uint64_t> seq = Enqueue(a, &wake);
+  // Submitted over gRPC while the executor sleeps on the feed's doorbell: ring
+  // it outside mu_ (a feed's Pump takes its own lock, then ours).
+  if (wake != nullptr) wake->Wake();
+  return seq;
+}
+
+absl::StatusOr<uint64_t> Session::Enqueue(const SubmitArgs& a,
+                                          std::shared_ptr<SubmissionFeed>* wake) {
   const std::string what = absl::StrCat(CollectiveName(a.kind), " '", a.name, "'");
   std::optional<Algorithm> forced;
   bool hier = false;
@@ -279,16 +289,7 @@ absl::StatusOr<uint64_t> Session::Submit(const SubmitArgs& a) {
   ops_[op->seq] = op;
   queue_.push_back(op);
   if (observer_ != nullptr) observer_->OnOpQueued();
-  if (waiting_on_feed_ && feed_ != nullptr) {
-    // Submitted over gRPC while the executor sleeps on the feed's doorbell.
-    // Ring it outside mu_ (a feed's Pump takes its own lock, then ours).
-    std::shared_ptr<SubmissionFeed> feed = feed_;
-    const uint64_t seq = op->seq;
-    mu_.Unlock();
-    feed->Wake();
-    mu_.Lock();
-    return seq;
-  }
+  if (waiting_on_feed_) *wake = feed_;
   return op->seq;
 }
 

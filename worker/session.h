@@ -177,6 +177,9 @@ class Session {
 
   void ExecutorLoop();
   absl::Status RunOp(Op& op);
+  // Submit's work under mu_; `wake` receives the feed to ring if the executor
+  // sleeps on it.
+  absl::StatusOr<uint64_t> Enqueue(const SubmitArgs& args, std::shared_ptr<SubmissionFeed>* wake);
   // Rings the feed if the executor sleeps on it (no locks held).
   void WakeExecutor();
   // Refreshes link_'s latency from the fastest of every kAlphaWindow small
