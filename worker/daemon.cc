@@ -189,9 +189,10 @@ absl::StatusOr<std::shared_ptr<Session>> Daemon::OpenSession(const OpenSessionAr
     }
   }
   std::shared_ptr<JobGroup> group;
+  std::shared_ptr<LocalDriver> driver;
   if (layout.nodes < info.world_size) {
     auto g = GetOrCreateGroup(args.job_id, static_cast<uint64_t>(info.epoch), layout,
-                              node_endpoints, link->streams, info.link, co.deadline);
+                              node_endpoints, link->streams, info.link, co.deadline, &driver);
     if (!g.ok()) {
       LeaveJob(info);
       return g.status();
@@ -199,7 +200,8 @@ absl::StatusOr<std::shared_ptr<Session>> Daemon::OpenSession(const OpenSessionAr
     group = *g;
   }
   auto session =
-      std::make_shared<Session>(info, std::move(*ctx), options_.ring, group, options_.observer);
+      std::make_shared<Session>(info, std::move(*ctx), options_.ring, group, options_.observer,
+                                driver);
   {
     absl::MutexLock l(&mu_);
     if (shut_down_) {
@@ -269,7 +271,7 @@ absl::Status Daemon::CloseSession(const std::string& id) {
 absl::StatusOr<std::shared_ptr<JobGroup>> Daemon::GetOrCreateGroup(
     const std::string& job_id, uint64_t epoch, const GroupLayout& layout,
     const std::vector<HostPort>& node_endpoints, int streams, const LinkParams& link,
-    absl::Time deadline) {
+    absl::Time deadline, std::shared_ptr<LocalDriver>* driver) {
   const std::string key = absl::StrCat(job_id, "#", epoch);
   std::shared_ptr<GroupEntry> entry;
   bool create = false;
@@ -299,6 +301,7 @@ absl::StatusOr<std::shared_ptr<JobGroup>> Daemon::GetOrCreateGroup(
     if (!entry->status.ok()) return entry->status;
     auto g = entry->group.lock();
     if (g == nullptr) return absl::AbortedError(absl::StrCat("job '", job_id, "': rank group closed"));
+    *driver = entry->driver.lock();
     return g;
   }
   std::unique_ptr<transport::Context> node_ctx;
@@ -323,6 +326,10 @@ absl::StatusOr<std::shared_ptr<JobGroup>> Daemon::GetOrCreateGroup(
   }
   auto group = std::make_shared<JobGroup>(layout, std::move(node_ctx), link, options_.ring);
   entry->group = group;
+  if (layout.nodes == 1 && options_.local_driver) {
+    *driver = std::make_shared<LocalDriver>(job_id, layout.world_size, options_.local_driver_spin);
+    entry->driver = *driver;
+  }
   entry->ready.Notify();
   GS_LOG(INFO) << "job '" << job_id << "' epoch " << epoch << ": " << layout.local_ranks.size()
                << " rank(s) on this daemon, node " << layout.node_index << " of " << layout.nodes

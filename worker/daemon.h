@@ -21,6 +21,7 @@
 #include "transport/tcp_listener.h"
 #include "worker/daemon_observer.h"
 #include "worker/job_group.h"
+#include "worker/local_driver.h"
 #include "worker/session.h"
 
 namespace gradsync {
@@ -37,6 +38,10 @@ struct DaemonOptions {
   int socket_buffer_bytes = 4 << 20;
   int tcp_streams = 2;  // default TCP connections per rank pair for jobs this daemon creates
   int spin_us = 50;     // data-plane progress spins this long before sleeping
+  // Jobs with every rank on this daemon: one thread runs their small ops for
+  // all ranks (worker/local_driver.h); it polls this long after activity.
+  bool local_driver = true;
+  absl::Duration local_driver_spin = absl::Microseconds(50);
   std::string timeline_dir = "/var/lib/gradsync/timeline";  // for jobs with timeline on
   uint64_t ps_partition_bytes = 1 << 20;  // parameter-server partition size
   DaemonObserver* observer = nullptr;  // metrics; not owned, outlives the daemon
@@ -92,7 +97,7 @@ class Daemon {
   absl::StatusOr<std::shared_ptr<JobGroup>> GetOrCreateGroup(
       const std::string& job_id, uint64_t epoch, const GroupLayout& layout,
       const std::vector<HostPort>& node_endpoints, int streams, const LinkParams& link,
-      absl::Time deadline);
+      absl::Time deadline, std::shared_ptr<LocalDriver>* driver);
   void LeaveJob(const SessionInfo& info);
 
   DaemonOptions options_;
@@ -109,6 +114,7 @@ class Daemon {
     absl::Notification ready;
     absl::Status status;
     std::weak_ptr<JobGroup> group;
+    std::weak_ptr<LocalDriver> driver;  // null unless every rank is on this daemon
   };
   std::map<std::string, std::shared_ptr<GroupEntry>> groups_ ABSL_GUARDED_BY(mu_);
 

@@ -197,32 +197,45 @@ prometheus::Histogram* DaemonMetrics::Histogram(
 
 void DaemonMetrics::OnOpQueued() { queue_depth_->Increment(); }
 
+const DaemonMetrics::OpSeries& DaemonMetrics::SeriesFor(const OpRecord& op) {
+  const char* size = SizeClass(op.bytes);
+  auto key = std::make_tuple(static_cast<int>(op.kind), op.algorithm,
+                             static_cast<int>(op.code), size);
+  {
+    absl::MutexLock l(&mu_);
+    auto it = op_series_.find(key);
+    if (it != op_series_.end()) return it->second;  // std::map: references stay valid
+  }
+  const std::string kind = CollectiveName(op.kind);
+  const std::string algo = op.algorithm.empty() ? "none" : op.algorithm;
+  OpSeries s;
+  s.ops = Counter("gradsync_daemon_ops_total",
+                  "Collectives finished, by type, algorithm and status",
+                  {{"collective", kind}, {"algorithm", algo}, {"status", CodeName(op.code)}});
+  if (op.code == absl::StatusCode::kOk) {
+    s.run = Histogram("gradsync_daemon_op_seconds",
+                      "Time from start to completion of successful collectives",
+                      LatencyBuckets(), {{"collective", kind}, {"size", size}});
+    s.queue = Histogram("gradsync_daemon_op_queue_seconds",
+                        "Time successful collectives waited in the session queue",
+                        LatencyBuckets(), {{"collective", kind}});
+    s.bytes = Counter("gradsync_daemon_op_bytes_total",
+                      "Buffer bytes of successful collectives on this daemon's ranks",
+                      {{"collective", kind}});
+  }
+  absl::MutexLock l(&mu_);
+  return op_series_.emplace(std::move(key), s).first->second;
+}
+
 void DaemonMetrics::OnOpDone(const OpRecord& op) {
   queue_depth_->Decrement();
   jobs_->Op(op);
-  const std::string kind = CollectiveName(op.kind);
-  const std::string algo = op.algorithm.empty() ? "none" : op.algorithm;
-  if (auto* c = Counter("gradsync_daemon_ops_total",
-                        "Collectives finished, by type, algorithm and status",
-                        {{"collective", kind}, {"algorithm", algo}, {"status", CodeName(op.code)}})) {
-    c->Increment();
-  }
+  const OpSeries& series = SeriesFor(op);
+  if (series.ops != nullptr) series.ops->Increment();
   if (op.code != absl::StatusCode::kOk) return;
-  if (auto* h = Histogram("gradsync_daemon_op_seconds",
-                          "Time from start to completion of successful collectives",
-                          LatencyBuckets(), {{"collective", kind}, {"size", SizeClass(op.bytes)}})) {
-    h->Observe(absl::ToDoubleSeconds(op.run));
-  }
-  if (auto* h = Histogram("gradsync_daemon_op_queue_seconds",
-                          "Time successful collectives waited in the session queue",
-                          LatencyBuckets(), {{"collective", kind}})) {
-    h->Observe(absl::ToDoubleSeconds(op.queued));
-  }
-  if (auto* c = Counter("gradsync_daemon_op_bytes_total",
-                        "Buffer bytes of successful collectives on this daemon's ranks",
-                        {{"collective", kind}})) {
-    c->Increment(static_cast<double>(op.bytes));
-  }
+  if (series.run != nullptr) series.run->Observe(absl::ToDoubleSeconds(op.run));
+  if (series.queue != nullptr) series.queue->Observe(absl::ToDoubleSeconds(op.queued));
+  if (series.bytes != nullptr) series.bytes->Increment(static_cast<double>(op.bytes));
   arrival_wait_->Observe(absl::ToDoubleSeconds(op.arrival_wait));
   // Achieved bus bandwidth (nccl-tests definition), as a histogram of bytes/s.
   double factor = 1.0;
@@ -236,12 +249,13 @@ void DaemonMetrics::OnOpDone(const OpRecord& op) {
   }
   const double secs = absl::ToDoubleSeconds(op.run);
   if (op.bytes >= (64u << 10) && secs > 0 && op.kind != CollectiveKind::kBarrier) {
+    // Large ops only: the lookup is negligible next to them.
     static const prometheus::Histogram::BucketBoundaries kBw = {
         1e7, 3e7, 1e8, 3e8, 1e9, 2e9, 4e9, 8e9, 16e9, 32e9, 64e9, 128e9};
     if (auto* h = Histogram("gradsync_daemon_busbw_bytes",
                             "Achieved bus bandwidth (bytes per second, nccl-tests definition) of "
                             "collectives of at least 64 KiB",
-                            kBw, {{"collective", kind}})) {
+                            kBw, {{"collective", CollectiveName(op.kind)}})) {
       h->Observe(op.bytes * factor / secs);
     }
   }

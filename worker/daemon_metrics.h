@@ -5,6 +5,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <tuple>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
@@ -43,8 +44,20 @@ class DaemonMetrics final : public DaemonObserver {
                                    const prometheus::Histogram::BucketBoundaries& buckets,
                                    const prometheus::Labels& labels);
 
+  // The series one finished op touches, found once per (collective,
+  // algorithm, status, size class) and then reused: no label maps per op.
+  struct OpSeries {
+    prometheus::Counter* ops = nullptr;
+    prometheus::Histogram* run = nullptr;    // successful ops only
+    prometheus::Histogram* queue = nullptr;  // successful ops only
+    prometheus::Counter* bytes = nullptr;    // successful ops only
+  };
+  const OpSeries& SeriesFor(const OpRecord& op);
+
   MetricsRegistry& registry_;
   absl::Mutex mu_;
+  std::map<std::tuple<int, std::string, int, const char*>, OpSeries> op_series_
+      ABSL_GUARDED_BY(mu_);
   std::map<std::string, prometheus::Counter*> counters_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, prometheus::Histogram*> histograms_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, prometheus::Gauge*> gauges_ ABSL_GUARDED_BY(mu_);

@@ -54,6 +54,10 @@ ABSL_FLAG(int32_t, spin_us, 50,
 ABSL_FLAG(int32_t, queue_spin_us, 50,
           "microseconds a session's executor keeps polling its shared-memory op queue after an "
           "op before it sleeps on the futex (0 = never); saves a wake-up per small op");
+ABSL_FLAG(bool, local_driver, true,
+          "jobs whose ranks all use this daemon: one thread takes every rank's submissions and "
+          "runs small allreduces and barriers for all of them (no per-rank hand-off); off: each "
+          "rank's executor takes its own");
 ABSL_FLAG(int32_t, tcp_streams, 2,
           "TCP connections per pair of ranks for jobs this daemon creates (a job's value wins)");
 ABSL_FLAG(std::string, port_file, "",
@@ -153,6 +157,8 @@ int main(int argc, char** argv) {
   opts.socket_buffer_bytes = absl::GetFlag(FLAGS_socket_buffer_bytes);
   opts.tcp_streams = absl::GetFlag(FLAGS_tcp_streams);
   opts.spin_us = std::max(0, absl::GetFlag(FLAGS_spin_us));
+  opts.local_driver = absl::GetFlag(FLAGS_local_driver);
+  opts.local_driver_spin = absl::Microseconds(std::max(0, absl::GetFlag(FLAGS_queue_spin_us)));
   opts.timeline_dir = absl::GetFlag(FLAGS_timeline_dir);
   opts.ps_partition_bytes = static_cast<uint64_t>(std::max<int64_t>(4096, absl::GetFlag(FLAGS_ps_partition_bytes)));
   if (opts.heartbeat_interval <= absl::ZeroDuration() || opts.ring.segment_bytes < 4096 ||

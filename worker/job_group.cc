@@ -24,6 +24,16 @@ int JobGroup::LocalIndex(int rank) const {
   return it == layout_.local_ranks.end() ? -1 : static_cast<int>(it - layout_.local_ranks.begin());
 }
 
+void JobGroup::ReduceLocal(const std::vector<char*>& bufs, size_t count, DType dtype, ReduceOp op,
+                           int world_size) {
+  const size_t bytes = count * DTypeSize(dtype);
+  if (bytes == 0 || bufs.empty()) return;
+  const ReduceOp combine = op == ReduceOp::kAvg ? ReduceOp::kSum : op;
+  for (size_t j = 1; j < bufs.size(); ++j) ReduceInto(dtype, combine, bufs[0], bufs[j], count);
+  if (op == ReduceOp::kAvg) DivideBy(dtype, bufs[0], count, world_size);
+  for (size_t j = 1; j < bufs.size(); ++j) std::memcpy(bufs[j], bufs[0], bytes);
+}
+
 void JobGroup::Abort(const absl::Status& reason) {
   {
     absl::MutexLock l(&mu_);
@@ -77,13 +87,7 @@ absl::Status JobGroup::CheckLocalSignatures(int rank, uint64_t seq, const std::s
         const std::vector<LocalAllreduce*> ops = slot.small;
         slot.running = true;  // the waiters stay (and keep their buffers) until it is done
         mu_.Unlock();
-        const size_t bytes = a.count * DTypeSize(a.dtype);
-        if (bytes > 0) {
-          const ReduceOp combine = a.op == ReduceOp::kAvg ? ReduceOp::kSum : a.op;
-          for (int j = 1; j < local; ++j) ReduceInto(a.dtype, combine, bufs[0], bufs[j], a.count);
-          if (a.op == ReduceOp::kAvg) DivideBy(a.dtype, bufs[0], a.count, layout_.world_size);
-          for (int j = 1; j < local; ++j) std::memcpy(bufs[j], bufs[0], bytes);
-        }
+        ReduceLocal(bufs, a.count, a.dtype, a.op, layout_.world_size);
         // Every rank's waiter stays until `decided`, so its LocalAllreduce lives.
         for (int j = 0; j < local; ++j) {
           if (ops[j]->complete) ops[j]->complete();

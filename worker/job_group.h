@@ -62,6 +62,12 @@ class JobGroup {
            RingOptions ring);
 
   const GroupLayout& layout() const { return layout_; }
+
+  // The small local allreduce, in place: combines bufs[1..] into bufs[0] in
+  // rank order, divides by `world_size` for avg, copies the result into every
+  // other buffer. Every buffer gets the same bits.
+  static void ReduceLocal(const std::vector<char*>& bufs, size_t count, DType dtype, ReduceOp op,
+                          int world_size);
   int LocalIndex(int rank) const;
 
   // Runs stage A-E for the local rank `rank`. `data` is its buffer.

@@ -3,12 +3,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <limits>
 #include <atomic>
 #include <random>
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/process.h"
+#include "worker/local_driver.h"
 
 namespace gradsync {
 namespace {
@@ -28,7 +30,7 @@ constexpr size_t kMaxUnreportedOps = 4096;
 
 Session::Session(SessionInfo info, std::unique_ptr<transport::Context> ctx,
                  RingOptions ring_options, std::shared_ptr<JobGroup> group,
-                 DaemonObserver* observer)
+                 DaemonObserver* observer, std::shared_ptr<LocalDriver> driver)
     : info_(std::move(info)),
       ctx_(std::move(ctx)),
       ring_options_(ring_options),
@@ -37,7 +39,8 @@ Session::Session(SessionInfo info, std::unique_ptr<transport::Context> ctx,
       peer_sent_(info_.world_size, 0),
       peer_received_(info_.world_size, 0),
       peer_retrans_(info_.world_size, 0),
-      link_(info_.link) {
+      link_(info_.link),
+      driver_(std::move(driver)) {
   if (observer_ != nullptr) observer_->OnSessionOpened(info_.job_id);
   if (!info_.ps_shards.empty()) {
     ps::PsWorkerOptions po;
@@ -64,6 +67,7 @@ Session::Session(SessionInfo info, std::unique_ptr<transport::Context> ctx,
   last_used_ = absl::Now();
   executor_ = std::thread([this] { ExecutorLoop(); });
   NameThread(executor_, absl::StrCat("gs-exec-r", info_.rank).c_str());
+  if (driver_ != nullptr) driver_->Attach(this);
 }
 
 Session::~Session() {
@@ -163,6 +167,7 @@ absl::StatusOr<uint64_t> Session::Submit(const SubmitArgs& a) {
   // Submitted over gRPC while the executor sleeps on the feed's doorbell: ring
   // it outside mu_ (a feed's Pump takes its own lock, then ours).
   if (wake != nullptr) wake->Wake();
+  if (driver_ != nullptr && seq.ok()) driver_->Kick();
   return seq;
 }
 
@@ -288,6 +293,7 @@ absl::StatusOr<uint64_t> Session::Enqueue(const SubmitArgs& a,
       op->submitted + (a.timeout > absl::ZeroDuration() ? a.timeout : info_.default_op_timeout);
   ops_[op->seq] = op;
   queue_.push_back(op);
+  if (driver_ != nullptr && op->seq <= released_seq_) released_cv_.Signal();
   if (observer_ != nullptr) observer_->OnOpQueued();
   if (waiting_on_feed_) *wake = feed_;
   return op->seq;
@@ -328,6 +334,7 @@ void Session::SetSubmissionFeed(std::shared_ptr<SubmissionFeed> feed) {
     feed_ = std::move(feed);
   }
   if (old != nullptr) old->Wake();  // an executor sleeping on it looks again
+  if (driver_ != nullptr) driver_->Kick();  // the driver takes the new feed
 }
 
 void Session::WakeExecutor() {
@@ -340,8 +347,11 @@ void Session::WakeExecutor() {
 }
 
 void Session::EndEpoch(const absl::Status& reason) {
-  absl::MutexLock l(&mu_);
-  if (epoch_error_.ok()) epoch_error_ = reason;
+  {
+    absl::MutexLock l(&mu_);
+    if (epoch_error_.ok()) epoch_error_ = reason;
+  }
+  if (driver_ != nullptr) driver_->Kick();  // queued ops go to the executor, which fails them
 }
 
 void Session::AbortEpoch(const absl::Status& reason) {
@@ -349,6 +359,7 @@ void Session::AbortEpoch(const absl::Status& reason) {
     absl::MutexLock l(&mu_);
     if (epoch_error_.ok()) epoch_error_ = reason;
   }
+  if (driver_ != nullptr) driver_->Kick();
   ctx_->Abort(reason);
   if (group_ != nullptr) group_->Abort(reason);
   if (ps_ != nullptr) ps_->Abort(reason);
@@ -360,7 +371,10 @@ void Session::Close() {
       absl::MutexLock l(&mu_);
       closing_ = true;
       if (epoch_error_.ok()) epoch_error_ = absl::CancelledError("session closed");
+      released_seq_ = std::numeric_limits<uint64_t>::max();  // the executor drains the queue
+      released_cv_.SignalAll();
     }
+    if (driver_ != nullptr) driver_->Detach(this);
     WakeExecutor();
     const absl::Status why =
         absl::CancelledError(absl::StrCat("rank ", info_.rank, " closed its session"));
@@ -373,44 +387,65 @@ void Session::Close() {
   });
 }
 
+std::shared_ptr<Session::Op> Session::NextReleasedOp() {
+  // The local driver takes the submissions; this thread sleeps until it hands
+  // over an op (or the session closes).
+  absl::MutexLock l(&mu_);
+  while (!(closing_ && queue_.empty()) &&
+         (queue_.empty() || queue_.front()->seq > released_seq_)) {
+    released_cv_.WaitWithTimeout(&mu_, absl::Milliseconds(100));  // the bound: belt and braces
+  }
+  if (queue_.empty()) return nullptr;  // closing with nothing queued
+  std::shared_ptr<Op> op = queue_.front();
+  queue_.pop_front();
+  executing_ = true;
+  return op;
+}
+
+std::shared_ptr<Session::Op> Session::NextOp(absl::Time last_active) {
+  std::shared_ptr<SubmissionFeed> feed;
+  uint32_t snapshot = 0;
+  {
+    absl::MutexLock l(&mu_);
+    if (queue_.empty() && !closing_ && feed_ != nullptr) feed = feed_;
+  }
+  if (feed != nullptr) {
+    // Idle with a feed: take its submissions here; spin a little after
+    // activity, then sleep on its doorbell (Submit and Close ring it).
+    snapshot = feed->Snapshot();
+    feed->Pump();
+  }
+  {
+    absl::MutexLock l(&mu_);
+    auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return closing_ || !queue_.empty() || feed_ != nullptr;
+    };
+    mu_.Await(absl::Condition(&ready));
+    if (!queue_.empty()) {
+      std::shared_ptr<Op> op = queue_.front();
+      queue_.pop_front();
+      executing_ = true;
+      return op;
+    }
+    if (closing_ || feed == nullptr || feed != feed_) {
+      return nullptr;  // closing with nothing queued, or a feed appeared or changed: look again
+    }
+    waiting_on_feed_ = true;
+  }
+  const absl::Duration spin = last_active + feed->spin() - absl::Now();
+  if (!feed->Spin(snapshot, spin)) feed->Wait(snapshot, absl::Milliseconds(100));
+  absl::MutexLock l(&mu_);
+  waiting_on_feed_ = false;
+  return nullptr;
+}
+
 void Session::ExecutorLoop() {
   absl::Time last_active = absl::Now();
   while (true) {
-    std::shared_ptr<Op> op;
-    std::shared_ptr<SubmissionFeed> feed;
-    uint32_t snapshot = 0;
-    {
-      absl::MutexLock l(&mu_);
-      if (queue_.empty() && !closing_ && feed_ != nullptr) feed = feed_;
-    }
-    if (feed != nullptr) {
-      // Idle with a feed: take its submissions here; spin a little after
-      // activity, then sleep on its doorbell (Submit and Close ring it).
-      snapshot = feed->Snapshot();
-      feed->Pump();
-    }
-    {
-      absl::MutexLock l(&mu_);
-      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return closing_ || !queue_.empty() || feed_ != nullptr;
-      };
-      mu_.Await(absl::Condition(&ready));
-      if (!queue_.empty()) {
-        op = queue_.front();
-        queue_.pop_front();
-      } else if (closing_) {
-        return;  // closing with nothing queued
-      } else if (feed == nullptr || feed != feed_) {
-        continue;  // a feed appeared or changed: look at it
-      } else {
-        waiting_on_feed_ = true;
-      }
-    }
+    std::shared_ptr<Op> op = driver_ != nullptr ? NextReleasedOp() : NextOp(last_active);
     if (op == nullptr) {
-      const absl::Duration spin = last_active + feed->spin() - absl::Now();
-      if (!feed->Spin(snapshot, spin)) feed->Wait(snapshot, absl::Milliseconds(100));
       absl::MutexLock l(&mu_);
-      waiting_on_feed_ = false;
+      if (closing_ && queue_.empty()) return;
       continue;
     }
     const absl::Time start = absl::Now();
@@ -438,6 +473,11 @@ void Session::ExecutorLoop() {
     bool newly_failed = false;
     OpOutcome outcome;
     Finish(*op, s, end, &newly_failed, &outcome);  // no-op if another rank's thread did it
+    {
+      absl::MutexLock l(&mu_);
+      executing_ = false;
+    }
+    if (driver_ != nullptr) driver_->Kick();  // it may take the next op
     last_active = absl::Now();
     if (observer_ != nullptr) Account(*op, outcome, newly_failed, end);
   }
@@ -472,6 +512,51 @@ bool Session::Finish(Op& op, const absl::Status& s, absl::Time end, bool* newly_
     ops_.erase(op.seq);
   }
   return true;
+}
+
+bool Session::DriverMayRun(const Op& op) const {
+  if (closing_ || !epoch_error_.ok() || timeline_ != nullptr || op.ps ||
+      (op.forced.has_value())) {
+    return false;
+  }
+  switch (op.sig.kind) {
+    case CollectiveKind::kAllreduce:  // the hierarchical path, small
+      return op.buffer != nullptr &&
+             op.sig.count * DTypeSize(op.sig.dtype) <= JobGroup::kSmallBytes;
+    case CollectiveKind::kBarrier:  // auto: the rendezvous is the barrier
+      return !op.hier;
+    default:
+      return false;
+  }
+}
+
+bool Session::SameOp(const Op& a, const Op& b) {
+  return a.seq == b.seq && a.hier == b.hier && a.sig.kind == b.sig.kind &&
+         a.sig.dtype == b.sig.dtype && a.sig.op == b.sig.op && a.sig.count == b.sig.count &&
+         a.sig.root == b.sig.root && a.sig.name == b.sig.name;
+}
+
+void Session::FinishDriven(Op& op, const char* algorithm, absl::Time start, absl::Time end) {
+  {
+    absl::MutexLock l(&mu_);
+    op.started = op.submitted;  // waiting for the other ranks counts as running, as on executors
+    op.outcome.algorithm = algorithm;
+  }
+  bool newly_failed = false;
+  OpOutcome outcome;
+  Finish(op, absl::OkStatus(), end, &newly_failed, &outcome);
+  if (observer_ == nullptr) return;
+  OpRecord rec;
+  rec.job_id = info_.job_id;
+  rec.kind = op.sig.kind;
+  rec.algorithm = outcome.algorithm;
+  rec.code = outcome.status.code();
+  rec.bytes = CollectiveBufferBytes(op.sig.kind, op.sig.count, op.sig.dtype, info_.world_size);
+  rec.world = info_.world_size;
+  rec.queued = outcome.queued_time;
+  rec.run = outcome.run_time;
+  rec.arrival_wait = std::max(absl::ZeroDuration(), start - op.submitted);
+  observer_->OnOpDone(rec);
 }
 
 void Session::Account(const Op& op, const OpOutcome& outcome, bool newly_failed, absl::Time end) {

@@ -104,12 +104,18 @@ struct BufferInfo {
   uint64_t size = 0;
 };
 
+class LocalDriver;
+
 class Session {
  public:
   // `group`: this daemon's ranks of the job when ranks share daemons (enables
-  // the hierarchical path), else null.
+  // the hierarchical path), else null. `driver`: when every rank of the job
+  // is on this daemon, the thread that runs the job's small ops for all of
+  // them (worker/local_driver.h); this session's executor then runs only the
+  // ops the driver hands it. Null: the executor runs every op.
   Session(SessionInfo info, std::unique_ptr<transport::Context> ctx, RingOptions ring_options,
-          std::shared_ptr<JobGroup> group = nullptr, DaemonObserver* observer = nullptr);
+          std::shared_ptr<JobGroup> group = nullptr, DaemonObserver* observer = nullptr,
+          std::shared_ptr<LocalDriver> driver = nullptr);
   ~Session();  // Close()
 
   const SessionInfo& info() const { return info_; }
@@ -161,6 +167,7 @@ class Session {
   void Touch();
 
  private:
+  friend class LocalDriver;
   struct Op {
     uint64_t seq = 0;
     OpSignature sig;
@@ -176,6 +183,9 @@ class Session {
   };
 
   void ExecutorLoop();
+  // The executor's next op, or null to look again (closing, or idle a while).
+  std::shared_ptr<Op> NextOp(absl::Time last_active);  // takes submissions from the feed
+  std::shared_ptr<Op> NextReleasedOp();  // with a local driver: only the ops it hands over
   absl::Status RunOp(Op& op);
   // Submit's work under mu_; `wake` receives the feed to ring if the executor
   // sleeps on it.
@@ -191,6 +201,13 @@ class Session {
   // for a small hierarchical op); `outcome` then receives what was posted.
   bool Finish(Op& op, const absl::Status& s, absl::Time end, bool* newly_failed,
               OpOutcome* outcome);
+  // For the local driver (mu_ held): whether it may run `op` itself, and
+  // whether two ranks' ops are the same op.
+  bool DriverMayRun(const Op& op) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static bool SameOp(const Op& a, const Op& b);
+  // The local driver ran `op` (from `start` to `end`): completes it and
+  // records it, on the driver's thread.
+  void FinishDriven(Op& op, const char* algorithm, absl::Time start, absl::Time end);
   // Metrics for a finished op (executor thread, after the client was told).
   void Account(const Op& op, const OpOutcome& outcome, bool newly_failed, absl::Time end);
   const std::string& PeerName(int rank);  // executor thread only
@@ -236,6 +253,15 @@ class Session {
   double alpha_window_best_us_ = 0;
   Algorithm alpha_window_algo_ = Algorithm::kOneShot;
   size_t alpha_window_bytes_ = 0;
+  const std::shared_ptr<LocalDriver> driver_;  // null: this executor runs every op
+  // With a driver: the executor runs only ops with seq <= released_seq_ ...
+  uint64_t released_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  // (signalled when it rises, an op at or below it is queued, or on Close;
+  // a condition variable, not a mu_ Await: the driver locks mu_ on every
+  // look, and a waiter with a condition would make each unlock evaluate it)
+  absl::CondVar released_cv_;
+  // ... and the driver takes an op only while the executor runs none.
+  bool executing_ ABSL_GUARDED_BY(mu_) = false;
   std::unique_ptr<ps::PsWorker> ps_;  // null unless the job has PS shards
   ps::BalancedSlicer slicer_;
   std::thread executor_;
