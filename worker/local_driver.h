@@ -29,21 +29,17 @@
 #ifndef GRADSYNC_WORKER_LOCAL_DRIVER_H_
 #define GRADSYNC_WORKER_LOCAL_DRIVER_H_
 
-#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <thread>
-#include <vector>
 
-#include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "worker/submission_feed.h"
 
 namespace gradsync {
 
 class Session;
+class LocalDriverCore;  // the thread's state (local_driver.cc)
 
 class LocalDriver {
  public:
@@ -51,15 +47,19 @@ class LocalDriver {
   // before the ranks' executors take it over.
   static constexpr absl::Duration kGrace = absl::Milliseconds(2);
 
-  // `spin`: how long to keep polling after the last activity before sleeping
-  // (gradsyncd --queue_spin_us).
+  // Starts the thread. `spin`: how long it keeps polling after the last
+  // activity before sleeping (gradsyncd --queue_spin_us).
   LocalDriver(std::string job_id, int world_size, absl::Duration spin);
-  ~LocalDriver();  // stops the thread; every session must have detached
+  // Stops the thread; every session must have detached. It may run on the
+  // driver's own thread (the last session's last reference can be dropped
+  // there, e.g. with an op queue the driver was polling): the thread then
+  // finishes on its own, on state it co-owns.
+  ~LocalDriver();
 
   // A session of the job (its rank: session->info().rank). The session's
   // executor then only runs the ops the driver hands it.
   void Attach(Session* session);
-  // Blocks until the driver no longer uses `session`.
+  // Blocks until the driver no longer uses `session` (nor holds its op queue).
   void Detach(Session* session);
   // Something the driver must look at happened other than through an op
   // queue's bell: a gRPC submission, a new feed, an executor finishing an op,
@@ -69,38 +69,10 @@ class LocalDriver {
   // Ops handed to executors so far (for tests and logs).
   uint64_t released() const;
   // Ops the driver ran itself, one per rank per op.
-  uint64_t ran() const { return ran_.load(std::memory_order_relaxed); }
+  uint64_t ran() const;
 
  private:
-  // One look at every member: pumps their queues, then runs a batch or hands
-  // ops to the executors. `waiting`: an op waits for a rank.
-  bool Step(bool* waiting) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void Release(uint64_t seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void Run();
-  // Sleeps until `feed` rings after `snapshot`, Kick(), or `timeout`.
-  void Sleep(const std::shared_ptr<SubmissionFeed>& feed, uint32_t snapshot,
-             absl::Duration timeout, uint64_t changes);
-
-  const std::string job_id_;
-  const int world_;
-  const absl::Duration spin_;
-  std::atomic<uint64_t> changes_{0};  // Kick()s so far
-
-  mutable absl::Mutex mu_;  // held for a whole Step: Detach waits for it
-  std::vector<Session*> members_ ABSL_GUARDED_BY(mu_);  // by rank; null: not attached
-  std::vector<uint32_t> pumped_ ABSL_GUARDED_BY(mu_);   // by rank: bell value last pumped
-  std::vector<std::shared_ptr<SubmissionFeed>> feeds_ ABSL_GUARDED_BY(mu_);  // by rank
-  uint64_t looked_ ABSL_GUARDED_BY(mu_) = ~uint64_t{0};  // changes_ at the last full look
-  bool relook_ ABSL_GUARDED_BY(mu_) = false;  // the last step changed something: look again
-  uint64_t released_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t wait_seq_ ABSL_GUARDED_BY(mu_) = 0;  // the op waiting for a rank, since wait_since_
-  absl::Time wait_since_ ABSL_GUARDED_BY(mu_);
-  bool stop_ ABSL_GUARDED_BY(mu_) = false;
-
-  absl::Mutex sleep_mu_;
-  std::shared_ptr<SubmissionFeed> sleep_feed_ ABSL_GUARDED_BY(sleep_mu_);  // the driver sleeps on it
-  std::atomic<bool> sleeping_{false};
-  std::atomic<uint64_t> ran_{0};
+  std::shared_ptr<LocalDriverCore> core_;
   std::thread thread_;
 };
 

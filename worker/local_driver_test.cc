@@ -283,5 +283,39 @@ TEST_F(LocalDriverTest, ClosingARankFailsTheOthersOpsInsteadOfHanging) {
   }
 }
 
+// Sessions come and go in any order, with ops in flight, and the driver
+// handle may outlive them or not: no hang, no crash (run under TSan/ASan
+// builds too).
+TEST_F(LocalDriverTest, SessionsAndDriverComeAndGoInAnyOrder) {
+  TearDown();
+  for (int round = 0; round < 20; ++round) {
+    Open(/*with_driver=*/true);
+    ASSERT_EQ(sessions_.size(), static_cast<size_t>(kWorld));
+    Buffers b = Allocate(sizeof(float));
+    ASSERT_EQ(b.maps.size(), static_cast<size_t>(kWorld));
+    std::vector<uint64_t> ids(kWorld);
+    for (int r = 0; r < kWorld; ++r) {
+      b.f32(r)[0] = 1.0f;
+      auto id = sessions_[r]->Submit(Allreduce("x", b.ids[r], 1));
+      ASSERT_TRUE(id.ok());
+      ids[r] = *id;
+    }
+    for (int r = 0; r < kWorld; ++r) EXPECT_TRUE(WaitFor(r, ids[r]).status.ok());
+    // A second op that only some ranks submit, then everyone leaves.
+    for (int r = 0; r < round % kWorld; ++r) {
+      ASSERT_TRUE(sessions_[r]->Submit(Allreduce("y", b.ids[r], 1)).ok());
+    }
+    if (round % 2 == 0) driver_.reset();  // the sessions hold the last references
+    std::vector<std::thread> closers;
+    for (int r = 0; r < kWorld; ++r) {
+      const int who = (r + round) % kWorld;
+      closers.emplace_back([s = sessions_[who]] { s->Close(); });
+    }
+    for (auto& t : closers) t.join();
+    sessions_.clear();
+    driver_.reset();
+  }
+}
+
 }  // namespace
 }  // namespace gradsync

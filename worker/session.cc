@@ -514,9 +514,10 @@ bool Session::Finish(Op& op, const absl::Status& s, absl::Time end, bool* newly_
   return true;
 }
 
-bool Session::DriverMayRun(const Op& op) const {
-  if (closing_ || !epoch_error_.ok() || timeline_ != nullptr || op.ps ||
-      (op.forced.has_value())) {
+bool Session::DriverMayRun(const Op& op, absl::Time now) const {
+  // Past its deadline: the executors report the timeout, naming who was late.
+  if (closing_ || !epoch_error_.ok() || timeline_ != nullptr || op.ps || op.forced.has_value() ||
+      now >= op.deadline) {
     return false;
   }
   switch (op.sig.kind) {
@@ -539,7 +540,9 @@ bool Session::SameOp(const Op& a, const Op& b) {
 void Session::FinishDriven(Op& op, const char* algorithm, absl::Time start, absl::Time end) {
   {
     absl::MutexLock l(&mu_);
-    op.started = op.submitted;  // waiting for the other ranks counts as running, as on executors
+    // It started when it reached the head of this rank's queue; waiting for
+    // the other ranks after that counts as running, as on the executors.
+    op.started = std::max(op.submitted, last_completed_at_);
     op.outcome.algorithm = algorithm;
   }
   bool newly_failed = false;
@@ -555,7 +558,7 @@ void Session::FinishDriven(Op& op, const char* algorithm, absl::Time start, absl
   rec.world = info_.world_size;
   rec.queued = outcome.queued_time;
   rec.run = outcome.run_time;
-  rec.arrival_wait = std::max(absl::ZeroDuration(), start - op.submitted);
+  rec.arrival_wait = std::max(absl::ZeroDuration(), start - op.started);
   observer_->OnOpDone(rec);
 }
 

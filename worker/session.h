@@ -167,7 +167,7 @@ class Session {
   void Touch();
 
  private:
-  friend class LocalDriver;
+  friend class LocalDriverCore;
   struct Op {
     uint64_t seq = 0;
     OpSignature sig;
@@ -203,7 +203,7 @@ class Session {
               OpOutcome* outcome);
   // For the local driver (mu_ held): whether it may run `op` itself, and
   // whether two ranks' ops are the same op.
-  bool DriverMayRun(const Op& op) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool DriverMayRun(const Op& op, absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static bool SameOp(const Op& a, const Op& b);
   // The local driver ran `op` (from `start` to `end`): completes it and
   // records it, on the driver's thread.
