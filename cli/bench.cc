@@ -291,6 +291,7 @@ absl::StatusOr<uint64_t> RunBench(const BenchOptions& o) {
         }
         if (o.blocking) {
           for (int i = 0; i < o.iters; ++i) {
+            if (o.gap_us > 0) absl::SleepFor(absl::Microseconds(o.gap_us));
             barrier.Wait();  // every rank, even after a failure: the others wait here too
             const absl::Time t0 = absl::Now();
             if (st.ok()) st = run_batch(1);

@@ -34,6 +34,9 @@ struct BenchOptions {
   // MPI and Gloo benchmarks time an op. Default: --iters ops back to back,
   // elapsed / iters (a throughput figure for small ops).
   bool blocking = false;
+  // With blocking: every rank sleeps this long before each op's barrier
+  // (compute between a step's allreduces; the daemon's threads may sleep).
+  int gap_us = 0;
   std::string csv;
   int tcp_streams = 0;         // 0: gradsyncd's default
   int ps_shards = 0;           // parameter-server shards (embedded: started; the job uses them)

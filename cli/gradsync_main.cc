@@ -39,6 +39,9 @@ ABSL_FLAG(bool, blocking, false,
           "bench: time each op alone (ranks start together, submit + wait) and report the median "
           "over --iters of the slowest rank, as MPI/Gloo benchmarks do; default: --iters ops back "
           "to back, elapsed / iters");
+ABSL_FLAG(int32_t, gap_us, 0,
+          "bench --blocking: every rank sleeps this long before each op (the compute between a "
+          "training step's allreduces), so the daemon's threads may be asleep when it arrives");
 ABSL_FLAG(int32_t, tcp_streams, 0, "bench: TCP connections per rank pair (0: daemon default)");
 ABSL_FLAG(int32_t, ps_shards, 0,
           "bench/demo: parameter-server shards (gradsync-ps) to start and use (--algo ps)");
@@ -150,6 +153,11 @@ int main(int argc, char** argv) {
     if (warmup >= 0) o.warmup = warmup;
     o.check = absl::GetFlag(FLAGS_check);
     o.blocking = absl::GetFlag(FLAGS_blocking);
+    o.gap_us = absl::GetFlag(FLAGS_gap_us);
+    if (o.gap_us < 0 || (o.gap_us > 0 && !o.blocking)) {
+      std::fprintf(stderr, "gradsync bench: --gap_us must be >= 0 and needs --blocking\n");
+      return 2;
+    }
     for (absl::string_view f : absl::StrSplit(absl::GetFlag(FLAGS_daemon_flags), ',', absl::SkipEmpty())) {
       o.daemon_flags.emplace_back(f);
     }

@@ -39,9 +39,11 @@ struct DaemonOptions {
   int tcp_streams = 2;  // default TCP connections per rank pair for jobs this daemon creates
   int spin_us = 50;     // data-plane progress spins this long before sleeping
   // Jobs with every rank on this daemon: one thread runs their small ops for
-  // all ranks (worker/local_driver.h); it polls this long after activity.
+  // all ranks (worker/local_driver.h); it polls this long after activity
+  // (one thread per job, so longer than a per-rank executor's window: the
+  // gaps between a training step's allreduces then cost no wake-up).
   bool local_driver = true;
-  absl::Duration local_driver_spin = absl::Microseconds(50);
+  absl::Duration local_driver_spin = absl::Milliseconds(2);
   std::string timeline_dir = "/var/lib/gradsync/timeline";  // for jobs with timeline on
   uint64_t ps_partition_bytes = 1 << 20;  // parameter-server partition size
   DaemonObserver* observer = nullptr;  // metrics; not owned, outlives the daemon

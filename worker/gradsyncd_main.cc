@@ -58,6 +58,9 @@ ABSL_FLAG(bool, local_driver, true,
           "jobs whose ranks all use this daemon: one thread takes every rank's submissions and "
           "runs small allreduces and barriers for all of them (no per-rank hand-off); off: each "
           "rank's executor takes its own");
+ABSL_FLAG(int32_t, local_driver_spin_us, 2000,
+          "microseconds a job's local driver keeps polling its ranks' op queues after activity "
+          "before it sleeps (one thread per job whose ranks all use this daemon; 0 = never)");
 ABSL_FLAG(int32_t, tcp_streams, 2,
           "TCP connections per pair of ranks for jobs this daemon creates (a job's value wins)");
 ABSL_FLAG(std::string, port_file, "",
@@ -158,7 +161,7 @@ int main(int argc, char** argv) {
   opts.tcp_streams = absl::GetFlag(FLAGS_tcp_streams);
   opts.spin_us = std::max(0, absl::GetFlag(FLAGS_spin_us));
   opts.local_driver = absl::GetFlag(FLAGS_local_driver);
-  opts.local_driver_spin = absl::Microseconds(std::max(0, absl::GetFlag(FLAGS_queue_spin_us)));
+  opts.local_driver_spin = absl::Microseconds(std::max(0, absl::GetFlag(FLAGS_local_driver_spin_us)));
   opts.timeline_dir = absl::GetFlag(FLAGS_timeline_dir);
   opts.ps_partition_bytes = static_cast<uint64_t>(std::max<int64_t>(4096, absl::GetFlag(FLAGS_ps_partition_bytes)));
   if (opts.heartbeat_interval <= absl::ZeroDuration() || opts.ring.segment_bytes < 4096 ||

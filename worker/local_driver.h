@@ -48,7 +48,7 @@ class LocalDriver {
   static constexpr absl::Duration kGrace = absl::Milliseconds(2);
 
   // Starts the thread. `spin`: how long it keeps polling after the last
-  // activity before sleeping (gradsyncd --queue_spin_us).
+  // activity before sleeping (gradsyncd --local_driver_spin_us).
   LocalDriver(std::string job_id, int world_size, absl::Duration spin);
   // Stops the thread; every session must have detached. It may run on the
   // driver's own thread (the last session's last reference can be dropped

@@ -15,9 +15,12 @@
  *
  * Build: mpicc -O2 -o mpi_allreduce mpi_allreduce.c
  * Flags: --min_bytes 4K --max_bytes 64M --step_factor 4 | --sizes 8,1M,64M,
- *        --latency (also 8 bytes), --iters 10, --warmup 2, --transport LABEL. */
+ *        --latency (also 8 bytes), --iters 10, --warmup 2, --transport LABEL,
+ *        --gap_us N (every rank sleeps N us before each iteration's barrier, like
+ *        `gradsync bench --blocking --gap_us N`). */
 #include <mpi.h>
 #include <ctype.h>
+#include <unistd.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -74,6 +77,7 @@ int main(int argc, char** argv) {
   const char* min_s = "4K", *max_s = "64M", *sizes_s = "", *transport = "unknown";
   long step = 4, iters = 10, warmup = 2;
   int latency = 0;
+  long gap_us = 0;
   for (int i = 1; i < argc; ++i) {
     const char* a = argv[i];
     const char* v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -85,11 +89,14 @@ int main(int argc, char** argv) {
     else if (TAKE("--iters")) iters = strtol(v, NULL, 10);
     else if (TAKE("--warmup")) warmup = strtol(v, NULL, 10);
     else if (TAKE("--transport")) transport = v;
+    else if (TAKE("--gap_us")) gap_us = strtol(v, NULL, 10);
     else if (strcmp(a, "--latency") == 0) latency = 1;
     else Usage(rank, "unknown or incomplete flag (see the comment at the top of mpi_allreduce.c)");
 #undef TAKE
   }
-  if (iters < 1 || warmup < 0 || step < 2) Usage(rank, "need --iters >= 1, --warmup >= 0, --step_factor >= 2");
+  if (iters < 1 || warmup < 0 || step < 2 || gap_us < 0) {
+    Usage(rank, "need --iters >= 1, --warmup >= 0, --step_factor >= 2, --gap_us >= 0");
+  }
 
   uint64_t sizes[256];
   int nsizes = 0;
@@ -143,6 +150,7 @@ int main(int argc, char** argv) {
     const uint64_t count = sizes[si] / 4, bytes = count * 4;
     for (long it = 0; it < warmup + iters; ++it) {
       for (uint64_t i = 0; i < count; ++i) buf[i] = 1.0f;
+      if (gap_us > 0) usleep((useconds_t)gap_us);
       MPI_Barrier(MPI_COMM_WORLD);
       const double t0 = MPI_Wtime();
       MPI_Allreduce(MPI_IN_PLACE, buf, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
