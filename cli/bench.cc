@@ -345,7 +345,12 @@ absl::StatusOr<uint64_t> RunBench(const BenchOptions& o) {
     for (const Row& row : rows) total_wrong += row.wrong;
     const double algbw = agg.time_us > 0 ? bytes / agg.time_us / 1e3 : 0;
     const double busbw = algbw * BusBandwidthFactor(o.op, n);
-    if (print) {
+    if (print && !agg.error.empty()) {  // no figures for a size that failed
+      std::printf("%12llu %12llu %5s %6s %9s %12s %11s %11s %7s\n",
+                  static_cast<unsigned long long>(bytes), static_cast<unsigned long long>(count),
+                  DTypeName(o.dtype), ReduceOpName(o.redop), agg.algo.empty() ? "-" : agg.algo.c_str(),
+                  "-", "-", "-", "-");
+    } else if (print) {
       std::printf("%12llu %12llu %5s %6s %9s %12.1f %11.3f %11.3f %7s\n",
                   static_cast<unsigned long long>(bytes), static_cast<unsigned long long>(count),
                   DTypeName(o.dtype), ReduceOpName(o.redop), agg.algo.empty() ? "-" : agg.algo.c_str(),
