@@ -299,17 +299,26 @@ void DaemonMetrics::OnPeerBandwidth(const std::string& peer, double bytes_per_se
 }
 
 void DaemonMetrics::OnPeerBytes(const std::string& peer, uint64_t sent, uint64_t received) {
-  if (sent > 0) {
-    if (auto* c = Counter("gradsync_daemon_peer_sent_bytes_total",
-                          "Data-plane bytes sent to each peer daemon", {{"peer_daemon", peer}})) {
-      c->Increment(static_cast<double>(sent));
-    }
+  // Called after every op for every peer it moved bytes with: the two series
+  // are found once per peer.
+  std::pair<prometheus::Counter*, prometheus::Counter*> series{nullptr, nullptr};
+  {
+    absl::MutexLock l(&mu_);
+    auto it = peer_bytes_.find(peer);
+    if (it != peer_bytes_.end()) series = it->second;
   }
-  if (received > 0) {
-    if (auto* c = Counter("gradsync_daemon_peer_received_bytes_total",
-                          "Data-plane bytes received from each peer daemon", {{"peer_daemon", peer}})) {
-      c->Increment(static_cast<double>(received));
-    }
+  if (series.first == nullptr || series.second == nullptr) {
+    series.first = Counter("gradsync_daemon_peer_sent_bytes_total",
+                           "Data-plane bytes sent to each peer daemon", {{"peer_daemon", peer}});
+    series.second = Counter("gradsync_daemon_peer_received_bytes_total",
+                            "Data-plane bytes received from each peer daemon",
+                            {{"peer_daemon", peer}});
+    absl::MutexLock l(&mu_);
+    peer_bytes_[peer] = series;
+  }
+  if (sent > 0 && series.first != nullptr) series.first->Increment(static_cast<double>(sent));
+  if (received > 0 && series.second != nullptr) {
+    series.second->Increment(static_cast<double>(received));
   }
 }
 

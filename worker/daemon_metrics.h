@@ -6,6 +6,7 @@
 #include <memory>
 #include <string>
 #include <tuple>
+#include <utility>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
@@ -69,6 +70,9 @@ class DaemonMetrics final : public DaemonObserver {
   prometheus::Gauge* link_bandwidth_ = nullptr;
   prometheus::Gauge* reduce_bandwidth_ = nullptr;
   std::map<std::string, prometheus::Gauge*> peer_bandwidth_ ABSL_GUARDED_BY(mu_);
+  // peer -> its sent and received byte counters
+  std::map<std::string, std::pair<prometheus::Counter*, prometheus::Counter*>> peer_bytes_
+      ABSL_GUARDED_BY(mu_);
   std::shared_ptr<JobCollector> jobs_;  // per-job series, only for jobs with a session here
 };
 
