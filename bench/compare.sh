@@ -20,7 +20,10 @@
 #   - gradsync is measured twice: `--iters N` back to back (N ops submitted, then all
 #     waited for; time / N: a throughput figure, ops overlap in the pipeline), and
 #     `--blocking --iters N` (each op alone after a barrier, submit + wait, slowest rank,
-#     median over the iterations): timed like the peers, and what compares with them.
+#     median over the iterations): timed like the peers, and what compares with them;
+#   - with --gap_us G (default 1000), gradsync --blocking and Open MPI again with every rank
+#     sleeping G us before each op (compute between a step's allreduces): what an op costs
+#     when the threads that carry it may have gone to sleep.
 # The key points (--key_ranks ranks at --key_bytes, and the 8-byte latency at --key_ranks)
 # run --repeat times in all; the report shows the median over the repetitions.
 #
@@ -51,6 +54,8 @@ Flags:
                       default applies: up to 2 streams, 1 or 2 as the link probe finds)
   --latency / --no_latency   8-byte latency runs (default on)
   --lat_iters I       iterations of the 8-byte runs (default 1000)
+  --gap_us G          8-byte runs after G us of idle per op too, gradsync and Open MPI (default
+                      1000; 0: skip)
   --key_ranks N       (default 4)   --key_bytes B (default 64M)
   --repeat R          runs of the key points in all, including the sweep (default 3)
   --out DIR           (default /tmp/gradsync-compare-YYYYmmdd-HHMMSS)
@@ -75,6 +80,7 @@ STREAMS=2
 GS_STREAMS=0
 LATENCY=1
 LAT_ITERS=1000
+GAP_US=1000
 KEY_RANKS=4
 KEY_BYTES="64M"
 REPEAT=3
@@ -103,6 +109,7 @@ while [[ $# -gt 0 ]]; do
     --latency) LATENCY=1; shift ;;
     --no_latency) LATENCY=0; shift ;;
     --lat_iters) need_value "$@"; LAT_ITERS="$2"; shift 2 ;;
+    --gap_us) need_value "$@"; GAP_US="$2"; shift 2 ;;
     --key_ranks) need_value "$@"; KEY_RANKS="$2"; shift 2 ;;
     --key_bytes) need_value "$@"; KEY_BYTES="$2"; shift 2 ;;
     --repeat) need_value "$@"; REPEAT="$2"; shift 2 ;;
@@ -224,7 +231,7 @@ fi
   fi
   echo "binaries,gradsyncd_sha256=$(sha256sum "$OUT/bin/gradsyncd" | cut -c1-16),gradsync_sha256=$(sha256sum "$OUT/bin/gradsync" | cut -c1-16)"
   echo "versions,mpi=$(mpirun --version 2>/dev/null | head -1 | awk '{print $NF}'),torch=$(/usr/bin/python3 -c 'import torch;print(torch.__version__)' 2>/dev/null)"
-  echo "config,ranks=${RANKS//,/+},sizes=${SIZES//,/+},few_sizes=${FEW_SIZES//,/+},streams=$STREAMS,gs_tcp_streams=$GS_STREAMS,lat_iters=$LAT_ITERS,repeat=$REPEAT,key_ranks=$KEY_RANKS,key_bytes=$KEY_B"
+  echo "config,ranks=${RANKS//,/+},sizes=${SIZES//,/+},few_sizes=${FEW_SIZES//,/+},streams=$STREAMS,gs_tcp_streams=$GS_STREAMS,lat_iters=$LAT_ITERS,gap_us=$GAP_US,repeat=$REPEAT,key_ranks=$KEY_RANKS,key_bytes=$KEY_B"
 } >>"$RES"
 
 # ---------------------------------------------------------------------------
@@ -303,13 +310,14 @@ batch_end() {
 }
 
 # gradsync bench: one size, result line built from its --csv.
-gs_run() {  # path(net|node) ranks bytes algo(auto|ring) iters warmup timing(b2b|blocking)
+gs_run() {  # path(net|node) ranks bytes algo(auto|ring) iters warmup timing(b2b|blocking|gap)
   local path=$1 n=$2 b=$3 algo=$4 it=$5 wu=$6 timing=$7
   local rpd=1; [[ $path == node ]] && rpd=$n
   rm -f "$TMP/gs.csv"
   local streams=()
   ((GS_STREAMS > 0)) && streams=(--tcp_streams "$GS_STREAMS")
   [[ $timing == blocking ]] && streams+=(--blocking)
+  [[ $timing == gap ]] && streams+=(--blocking --gap_us "$GAP_US")
   bounded "$GS" bench --ranks "$n" --ranks_per_daemon "$rpd" --min_bytes "$b" --max_bytes "$b" \
     --iters "$it" --warmup "$wu" --algo "$algo" "${streams[@]}" --limits=false --csv "$TMP/gs.csv"
   local rc=$?
@@ -329,9 +337,11 @@ gloo_run() {  # ranks bytes iters warmup
     --timeout_s $((TIMEOUT - 5))
   local rc=$?; [[ $rc -eq 0 ]] || fail gloo "$1" "$2" "$rc"; record ",rep=$REP"
 }
-mpi_run() {  # transport(tcp|vader) ranks bytes iters warmup
-  bounded mpirun "${MPI_COMMON[@]}" --mca btl "$1,self" -np "$2" "$MPI" --transport "$1" \
-    --sizes "$3" --iters "$4" --warmup "$5"
+mpi_run() {  # transport(tcp|vader) ranks bytes iters warmup [gap_us: labelled <transport>_gap]
+  local label=$1 gap=()
+  [[ -n "${6:-}" ]] && { label="$1_gap"; gap=(--gap_us "$6"); }
+  bounded mpirun "${MPI_COMMON[@]}" --mca btl "$1,self" -np "$2" "$MPI" --transport "$label" \
+    --sizes "$3" --iters "$4" --warmup "$5" "${gap[@]}"
   local rc=$?; [[ $rc -eq 0 ]] || fail "mpi_$1" "$2" "$3" "$rc"; record ",rep=$REP"
 }
 membw_run() {  # bytes iters warmup
@@ -366,6 +376,11 @@ latency() {  # path ranks
     mpi_run tcp "$n" 8 "$LAT_ITERS" 50
   else
     mpi_run vader "$n" 8 "$LAT_ITERS" 50
+  fi
+  if ((GAP_US > 0)); then
+    gs_run "$path" "$n" 8 auto "$LAT_ITERS" 50 gap
+    if [[ $path == net ]]; then mpi_run tcp "$n" 8 "$LAT_ITERS" 50 "$GAP_US"
+    else mpi_run vader "$n" 8 "$LAT_ITERS" 50 "$GAP_US"; fi
   fi
 }
 # Runs one batch; if other processes used more than --max_foreign % of the CPUs meanwhile,

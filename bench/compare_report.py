@@ -66,6 +66,7 @@ def main():
             if name in ("machine", "source", "binaries", "versions", "config")}
     key_ranks = int(meta.get("config", {}).get("key_ranks", 4))
     key_bytes = int(meta.get("config", {}).get("key_bytes", 64 << 20))
+    gap = meta.get("config", {}).get("gap_us", "?")
 
     # times[(prog, ranks, bytes)] -> {rep: [time_us, ...]}; medians[(prog, ranks, bytes)] likewise.
     times = collections.defaultdict(lambda: collections.defaultdict(list))
@@ -97,7 +98,7 @@ def main():
         times[key][rep].append(float(kv["time_us"]))
         if "median_us" in kv:
             medians[key][rep].append(float(kv["median_us"]))
-        elif name == "gradsync" and kv["timing"] == "blocking":
+        elif name == "gradsync" and kv["timing"] in ("blocking", "gap"):
             medians[key][rep].append(float(kv["time_us"]))  # bench --blocking prints the median
 
     def t(prog, n, b):  # median over reps of each rep's time (for --blocking runs: its median)
@@ -211,7 +212,11 @@ def main():
                ("mpi_tcp", "Open MPI tcp (blocking ops)"),
                ("gs_node_auto_b2b", "gradsync node (hier), %s ops back to back, time / ops"),
                ("gs_node_auto_blocking", "gradsync node (hier), each op alone (`--blocking`), %s ops"),
-               ("mpi_vader", "Open MPI vader (blocking ops)")]
+               ("mpi_vader", "Open MPI vader (blocking ops)"),
+               ("gs_net_auto_gap", "gradsync net, each op after %s µs idle (`--blocking --gap_us`), %%s ops" % gap),
+               ("mpi_tcp_gap", "Open MPI tcp, each op after %s µs idle" % gap),
+               ("gs_node_auto_gap", "gradsync node (hier), each op after %s µs idle (`--blocking --gap_us`), %%s ops" % gap),
+               ("mpi_vader_gap", "Open MPI vader, each op after %s µs idle" % gap)]
         if any((prog, n, 8) in times for prog, _ in lat):
             p("")
             p("### 8-byte allreduce latency, %d ranks" % n)
@@ -234,14 +239,17 @@ def main():
                              and kv.get("bytes") == "8" and kv.get("ranks") == str(n)
                              and kv.get("timing") == timing}
                     label = label % "/".join(sorted(i for i in iters if i))
-                ref = "mpi_vader" if "node" in prog or prog == "mpi_vader" else "mpi_tcp"
+                ref = "mpi_vader" if "node" in prog or prog.startswith("mpi_vader") else "mpi_tcp"
+                if prog.endswith("_gap"):
+                    ref += "_gap"
                 md = med(prog, n, 8)
                 if prog.endswith("_b2b"):
                     cmp_ = ratio(t(prog, n, 8), med(ref, n, 8))
                     cmp_s = fratio(cmp_) + " (mean)" if cmp_ else "–"
                 else:
                     cmp_s = fratio(ratio(md, med(ref, n, 8)))
-                mean = "–" if prog.endswith("_blocking") else fnum(t(prog, n, 8))
+                mean = "–" if prog.endswith(("_blocking", "_gap")) and prog.startswith("gs_") \
+                    else fnum(t(prog, n, 8))
                 p("| %s | %s | %s | %d | %s |" % (label, mean, fnum(md), nreps(prog, n, 8), cmp_s))
 
     # Key points, per repetition.
