@@ -371,7 +371,7 @@ latency() {  # path ranks
   gs_run "$path" "$n" 8 auto "$LAT_ITERS" 50 blocking
   if [[ $path == net ]]; then
     ring_run "$n" 8 "$LAT_ITERS" 50
-    ring_run "$n" 8 "$LAT_ITERS" 50 50   # spinning 50 us first, like gradsyncd --spin_us
+    ring_run "$n" 8 "$LAT_ITERS" 50 1000   # spinning up to 1 ms first, like gradsyncd --spin_us
     gloo_run "$n" 8 "$LAT_ITERS" 50
     mpi_run tcp "$n" 8 "$LAT_ITERS" 50
   else

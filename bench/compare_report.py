@@ -207,7 +207,7 @@ def main():
         lat = [("gs_net_auto_b2b", "gradsync net, %s ops back to back, time / ops"),
                ("gs_net_auto_blocking", "gradsync net, each op alone (`--blocking`), %s ops"),
                ("ring_limit", "ring limit (blocking poll)"),
-               ("ring_limit_spin", "ring limit (spin 50 µs, then poll)"),
+               ("ring_limit_spin", "ring limit (spinning first, like gradsyncd --spin_us)"),
                ("gloo", "Gloo (blocking ops)"),
                ("mpi_tcp", "Open MPI tcp (blocking ops)"),
                ("gs_node_auto_b2b", "gradsync node (hier), %s ops back to back, time / ops"),

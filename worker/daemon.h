@@ -37,7 +37,7 @@ struct DaemonOptions {
   RingOptions ring;
   int socket_buffer_bytes = 4 << 20;
   int tcp_streams = 2;  // default TCP connections per rank pair for jobs this daemon creates
-  int spin_us = 50;     // data-plane progress spins this long before sleeping
+  int spin_us = 1000;   // data-plane progress spins this long before sleeping
   // Jobs with every rank on this daemon: one thread runs their small ops for
   // all ranks (worker/local_driver.h); it polls this long after activity
   // (one thread per job, so longer than a per-rank executor's window: the

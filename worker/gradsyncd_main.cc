@@ -48,9 +48,10 @@ ABSL_FLAG(int64_t, ps_partition_bytes, 1 << 20,
 ABSL_FLAG(int64_t, drain_timeout_ms, 10000,
           "on SIGTERM: how long running and queued ops may take to finish before the daemon "
           "fails them and exits");
-ABSL_FLAG(int32_t, spin_us, 50,
-          "microseconds the data plane polls without sleeping before it blocks (0 = never spin); "
-          "lower latency for small ops at the cost of CPU");
+ABSL_FLAG(int32_t, spin_us, 1000,
+          "microseconds the data plane polls (yielding the CPU) while it waits for peers before it "
+          "blocks in poll(2) (0 = never spin); lower latency for small and mid-size ops at the "
+          "cost of CPU while an op waits");
 ABSL_FLAG(int32_t, queue_spin_us, 50,
           "microseconds a session's executor keeps polling its shared-memory op queue after an "
           "op before it sleeps on the futex (0 = never); saves a wake-up per small op");
