@@ -173,7 +173,8 @@ absl::StatusOr<uint64_t> Session::Submit(const SubmitArgs& a) {
 
 absl::StatusOr<uint64_t> Session::Enqueue(const SubmitArgs& a,
                                           std::shared_ptr<SubmissionFeed>* wake) {
-  const std::string what = absl::StrCat(CollectiveName(a.kind), " '", a.name, "'");
+  // Only error messages use it: built on demand, not for every op.
+  auto what = [&a] { return absl::StrCat(CollectiveName(a.kind), " '", a.name, "'"); };
   std::optional<Algorithm> forced;
   bool hier = false;
   bool use_ps = false;
@@ -183,39 +184,39 @@ absl::StatusOr<uint64_t> Session::Enqueue(const SubmitArgs& a,
   if (algo_name == "ps") {
     if (a.kind != CollectiveKind::kAllreduce) {
       return absl::InvalidArgumentError(absl::StrCat(
-          what, ": algorithm 'ps' does not implement ", CollectiveName(a.kind),
+          what(), ": algorithm 'ps' does not implement ", CollectiveName(a.kind),
           " (parameter server: allreduce only)"));
     }
     if (ps_ == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat(
-          what, ": algorithm 'ps' needs parameter-server shards; job '", info_.job_id,
+          what(), ": algorithm 'ps' needs parameter-server shards; job '", info_.job_id,
           "' has none (create it with ps_shards > 0 and start gradsync-ps)"));
     }
     use_ps = true;
   } else if (algo_name == "hier") {
     if (a.kind != CollectiveKind::kAllreduce) {
       return absl::InvalidArgumentError(absl::StrCat(
-          what, ": algorithm 'hier' does not implement ", CollectiveName(a.kind),
+          what(), ": algorithm 'hier' does not implement ", CollectiveName(a.kind),
           " (hierarchical: allreduce only)"));
     }
     if (group_ == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat(
-          what, ": algorithm 'hier' needs ranks that share a daemon; job '", info_.job_id,
+          what(), ": algorithm 'hier' needs ranks that share a daemon; job '", info_.job_id,
           "' has one rank per daemon"));
     }
     hier = true;
   } else if (!algo_name.empty() && algo_name != "auto") {
     auto algo = ParseAlgorithm(algo_name);
-    if (!algo.ok()) return absl::InvalidArgumentError(absl::StrCat(what, ": ", algo.status().message()));
+    if (!algo.ok()) return absl::InvalidArgumentError(absl::StrCat(what(), ": ", algo.status().message()));
     if (!Implements(*algo, a.kind)) {
       return absl::InvalidArgumentError(absl::StrCat(
-          what, ": algorithm '", algo_name, "' does not implement ", CollectiveName(a.kind),
+          what(), ": algorithm '", algo_name, "' does not implement ", CollectiveName(a.kind),
           " (", ImplementingAlgorithms(a.kind), " do)"));
     }
     forced = *algo;
   }
   if (IsRootedCollective(a.kind) && (a.root < 0 || a.root >= info_.world_size)) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": root ", a.root,
+    return absl::InvalidArgumentError(absl::StrCat(what(), ": root ", a.root,
                                                    " out of range for world size ",
                                                    info_.world_size));
   }
@@ -234,7 +235,7 @@ absl::StatusOr<uint64_t> Session::Enqueue(const SubmitArgs& a,
   const uint64_t bytes = a.count * esize * blocks;
   if (forced == Algorithm::kOneShot && bytes > kOneShotMaxBytes) {
     return absl::InvalidArgumentError(absl::StrCat(
-        what, ": algorithm 'oneshot' carries at most ", kOneShotMaxBytes,
+        what(), ": algorithm 'oneshot' carries at most ", kOneShotMaxBytes,
         " bytes per rank; this op has ", bytes, " (use auto, or rd/rhd/ring)"));
   }
   if (a.timeout < absl::ZeroDuration()) {
@@ -251,7 +252,7 @@ absl::StatusOr<uint64_t> Session::Enqueue(const SubmitArgs& a,
   }
   const bool no_buffer = a.kind == CollectiveKind::kBarrier && a.buffer_id == 0;
   if (no_buffer && a.count != 0) {
-    return absl::InvalidArgumentError(what + ": a barrier without a buffer must have count 0");
+    return absl::InvalidArgumentError(what() + ": a barrier without a buffer must have count 0");
   }
   auto it = buffers_.find(a.buffer_id);
   if (!no_buffer && it == buffers_.end()) {
@@ -261,7 +262,7 @@ absl::StatusOr<uint64_t> Session::Enqueue(const SubmitArgs& a,
   if (!no_buffer &&
       (a.offset_bytes > it->second->size() || bytes > it->second->size() - a.offset_bytes)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        what, ": ", DTypeName(a.dtype), "[", a.count, "]", blocks > 1 ? absl::StrCat(" x ", blocks, " blocks") : "",
+        what(), ": ", DTypeName(a.dtype), "[", a.count, "]", blocks > 1 ? absl::StrCat(" x ", blocks, " blocks") : "",
         " (", bytes, " bytes) at offset ", a.offset_bytes,
         " does not fit in buffer ", a.buffer_id, " of ", it->second->size(), " bytes"));
   }
@@ -638,14 +639,15 @@ void Session::ObserveSmallOp(CollectiveKind kind, Algorithm algo, size_t bytes,
 }
 
 absl::Status Session::RunOp(Op& op) {
-  const std::string what = absl::StrCat(op.sig.Describe(), " (op ", op.seq, ")");
+  // Only errors and debug logs use it: built on demand, not for every op.
+  auto what = [&op] { return absl::StrCat(op.sig.Describe(), " (op ", op.seq, ")"); };
   absl::Status pre;
   {
     absl::MutexLock l(&mu_);
     pre = epoch_error_;
   }
   if (!pre.ok()) {
-    return absl::Status(pre.code(), absl::StrCat(what, " not run at rank ", info_.rank,
+    return absl::Status(pre.code(), absl::StrCat(what(), " not run at rank ", info_.rank,
                                                  ": the epoch failed earlier: ", pre.message()));
   }
   // This rank's proposal: the forced algorithm, the hierarchical path when
@@ -773,7 +775,7 @@ absl::Status Session::RunOp(Op& op) {
     {
       absl::MutexLock l(&mu_);
       op.outcome.algorithm = AlgorithmCodeName(agreed);
-      GS_LOG(DEBUG) << "job '" << info_.job_id << "' rank " << info_.rank << " " << what
+      GS_LOG(DEBUG) << "job '" << info_.job_id << "' rank " << info_.rank << " " << what()
                     << ": algorithm " << op.outcome.algorithm << " (rank 0's proposal; this rank "
                     << "proposed " << AlgorithmCodeName(op.sig.proposal)
                     << (op.sig.forced != OpSignature::kNoAlgorithm ? ", forced" : "") << ")";
@@ -812,7 +814,7 @@ absl::Status Session::RunOp(Op& op) {
     GS_LOG(WARNING) << "job '" << info_.job_id << "' rank " << info_.rank << ": " << s.message();
     return s;
   }
-  absl::Status annotated(s.code(), absl::StrCat(what, " failed at rank ", info_.rank, ": ",
+  absl::Status annotated(s.code(), absl::StrCat(what(), " failed at rank ", info_.rank, ": ",
                                                 s.message()));
   // Tell every peer (no-op if the context already failed and told them).
   (void)ctx_->Fail(annotated);
