@@ -1,4 +1,5 @@
 // gradsyncd's /metrics reflect the traffic of real allreduces.
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -81,6 +82,55 @@ TEST(DaemonMetrics, OpsBytesLatencyAndPeersAreExported) {
   for (auto& r : *job) ASSERT_TRUE(r.session->Close().ok());
   EXPECT_EQ(Sample(port0, "gradsync_job_local_ranks{gradsync_job=\"metrics\"}"), -1);
   EXPECT_EQ(Sample(port0, "gradsync_daemon_sessions"), 0);
+}
+
+// Four ranks on one daemon: the local driver runs the small ops and hands the
+// others (a large op, a mismatch) to the ranks' executors, and says so.
+TEST(DaemonMetrics, LocalDriverOpsAndHandoffsAreExported) {
+  LocalClusterOptions o;
+  o.daemons = 1;
+  auto cluster = LocalCluster::Start(o);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const int port = (*cluster)->daemon_metrics_port(0);
+  ASSERT_GT(port, 0);
+  EXPECT_EQ(Sample(port, "gradsync_daemon_local_driver_ops_total"), 0);
+  auto job = OpenJob(**cluster, "driver-metrics", {0, 0, 0, 0});
+  ASSERT_TRUE(job.ok()) << job.status();
+  const size_t large = (256 << 10) / 4 + 1;  // f32 elements: just above the driver's limit
+  OnEveryRank(4, [&](int r) {
+    auto& s = *(*job)[r].session;
+    auto b = s.AllocateBuffer(large * 4);
+    ASSERT_TRUE(b.ok());
+    client::CollectiveSpec spec;
+    spec.buffer = b->get();
+    spec.name = "small";
+    spec.count = 16;
+    for (int i = 0; i < 10; ++i) {
+      auto res = s.Run(spec);
+      ASSERT_TRUE(res.ok()) << res.status();
+      EXPECT_EQ(res->algorithm, "hier");
+    }
+    spec.name = "large";
+    spec.count = large;
+    ASSERT_TRUE(s.Run(spec).ok());
+    spec.name = "mismatch";
+    spec.count = r == 3 ? 8 : 16;
+    EXPECT_FALSE(s.Run(spec).ok());
+  });
+  // Ten small allreduces on 4 ranks; the large op and the mismatch each handed
+  // over once. On a loaded machine a rank may come more than 2 ms after the
+  // others: that op is then handed over as "late_rank" instead.
+  auto handoffs = [&](const char* reason) {
+    return std::max(0.0, Sample(port, absl::StrCat(
+                                          "gradsync_daemon_local_driver_handoffs_total{reason=\"",
+                                          reason, "\"}")));
+  };
+  const double late = handoffs("late_rank");
+  EXPECT_GE(Sample(port, "gradsync_daemon_local_driver_ops_total"), 4 * (10 - late));
+  EXPECT_EQ(handoffs("other_op"), 1);
+  EXPECT_GE(handoffs("mismatch") + std::min(late, 1.0), 1) << late;
+  EXPECT_LE(handoffs("mismatch"), 1);
+  for (auto& r : *job) ASSERT_TRUE(r.session->Close().ok());
 }
 
 }  // namespace

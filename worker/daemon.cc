@@ -327,7 +327,8 @@ absl::StatusOr<std::shared_ptr<JobGroup>> Daemon::GetOrCreateGroup(
   auto group = std::make_shared<JobGroup>(layout, std::move(node_ctx), link, options_.ring);
   entry->group = group;
   if (layout.nodes == 1 && options_.local_driver) {
-    *driver = std::make_shared<LocalDriver>(job_id, layout.world_size, options_.local_driver_spin);
+    *driver = std::make_shared<LocalDriver>(job_id, layout.world_size, options_.local_driver_spin,
+                                            options_.observer);
     entry->driver = *driver;
   }
   entry->ready.Notify();

@@ -136,6 +136,11 @@ absl::StatusOr<std::unique_ptr<DaemonMetrics>> DaemonMetrics::Create(MetricsRegi
                                "Heartbeats to the coordinator that failed");
   if (!h.ok()) return h.status();
   m->heartbeat_failures_ = *h;
+  auto ldo = registry.AddCounter(
+      "gradsync_daemon_local_driver_ops_total",
+      "Ops (one per rank) that a node-local job's local driver ran itself");
+  if (!ldo.ok()) return ldo.status();
+  m->local_driver_ops_ = *ldo;
   auto w = registry.AddHistogram(
       "gradsync_daemon_arrival_wait_seconds",
       "Per op: how long this rank waited for the last rank to submit (straggler signal)",
@@ -330,6 +335,17 @@ void DaemonMetrics::OnEpochFailed(const std::string& cause) {
 }
 
 void DaemonMetrics::OnHeartbeatFailed() { heartbeat_failures_->Increment(); }
+
+void DaemonMetrics::OnLocalDriverOp(int ranks) { local_driver_ops_->Increment(ranks); }
+
+void DaemonMetrics::OnLocalDriverHandoff(const char* reason) {
+  if (auto* c = Counter("gradsync_daemon_local_driver_handoffs_total",
+                        "Ops a node-local job's local driver handed to the ranks' executors, by "
+                        "reason",
+                        {{"reason", reason}})) {
+    c->Increment();
+  }
+}
 
 void DaemonMetrics::OnLinkProbe(const LinkParams& link) {
   link_latency_->Set(link.alpha_us * 1e-6);

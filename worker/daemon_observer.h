@@ -51,6 +51,14 @@ class DaemonObserver {
   // "coordinator", "closed", "other").
   virtual void OnEpochFailed(const std::string& cause) { (void)cause; }
   virtual void OnHeartbeatFailed() {}
+  // A job's local driver (worker/local_driver.h) ran one op for `ranks` ranks.
+  virtual void OnLocalDriverOp(int ranks) { (void)ranks; }
+  // A job's local driver handed an op to the ranks' executors. `reason`:
+  // "other_op" (an op it does not run: larger than JobGroup::kSmallBytes,
+  // another collective, a forced algorithm, a timeline, a failed epoch, past
+  // its deadline), "mismatch" (the ranks submitted different ops) or
+  // "late_rank" (a rank had not submitted after LocalDriver::kGrace).
+  virtual void OnLocalDriverHandoff(const char* reason) { (void)reason; }
   virtual void OnLinkProbe(const LinkParams& link) { (void)link; }
 };
 

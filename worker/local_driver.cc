@@ -7,6 +7,7 @@
 
 #include "common/logging.h"
 #include "common/process.h"
+#include "worker/daemon_observer.h"
 #include "worker/job_group.h"
 #include "worker/session.h"
 
@@ -29,10 +30,12 @@ thread_local bool t_on_driver = false;
 // handle, so the handle may be destroyed on the thread itself.
 class LocalDriverCore {
  public:
-  LocalDriverCore(std::string job_id, int world_size, absl::Duration spin)
+  LocalDriverCore(std::string job_id, int world_size, absl::Duration spin,
+                  DaemonObserver* observer)
       : job_id_(std::move(job_id)),
         world_(world_size),
         spin_(spin),
+        observer_(observer),
         members_(world_size, nullptr),
         pumped_(world_size, 0),
         feeds_(world_size) {}
@@ -55,7 +58,7 @@ class LocalDriverCore {
 
  private:
   bool Step(bool* waiting) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void Release(uint64_t seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Release(uint64_t seq, const char* reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sleeps until rank `rank`'s `feed` rings after `snapshot`, Kick(), or
   // `timeout`; not at all if a session detached since `detaches` was read.
   void Sleep(const std::shared_ptr<SubmissionFeed>& feed, int rank, uint32_t snapshot,
@@ -64,6 +67,7 @@ class LocalDriverCore {
   const std::string job_id_;
   const int world_;
   const absl::Duration spin_;
+  DaemonObserver* const observer_;  // may be null
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> changes_{0};   // Kick()s so far
   std::atomic<uint64_t> detaches_{0};  // Detach()es so far
@@ -86,8 +90,9 @@ class LocalDriverCore {
   std::atomic<uint64_t> ran_{0};
 };
 
-LocalDriver::LocalDriver(std::string job_id, int world_size, absl::Duration spin)
-    : core_(std::make_shared<LocalDriverCore>(std::move(job_id), world_size, spin)) {
+LocalDriver::LocalDriver(std::string job_id, int world_size, absl::Duration spin,
+                         DaemonObserver* observer)
+    : core_(std::make_shared<LocalDriverCore>(std::move(job_id), world_size, spin, observer)) {
   thread_ = std::thread([core = core_] {
     t_on_driver = true;
     core->Run();
@@ -161,8 +166,9 @@ void LocalDriverCore::Kick(bool force) {
   if (feed != nullptr) feed->Wake();
 }
 
-void LocalDriverCore::Release(uint64_t seq) {
+void LocalDriverCore::Release(uint64_t seq, const char* reason) {
   if (seq <= released_) return;
+  if (observer_ != nullptr) observer_->OnLocalDriverHandoff(reason);
   released_ = seq;
   wait_seq_ = 0;
   for (Session* m : members_) {
@@ -223,6 +229,7 @@ bool LocalDriverCore::Step(bool* waiting) ABSL_NO_THREAD_SAFETY_ANALYSIS {
   bool complete = true;  // every rank attached, idle, with an op above released_
   bool idle = true;      // no executor has work
   uint64_t release = 0;
+  const char* reason = "other_op";
   uint64_t lowest = std::numeric_limits<uint64_t>::max();
   const Session::Op* first = nullptr;
   for (Session* m : members_) {
@@ -248,6 +255,7 @@ bool LocalDriverCore::Step(bool* waiting) ABSL_NO_THREAD_SAFETY_ANALYSIS {
       first = &op;
     } else if (op.seq != first->seq || !Session::SameOp(*first, op)) {
       // Ranks disagree: the executors' rendezvous reports the mismatch.
+      if (release == 0) reason = "mismatch";
       release = std::max({release, op.seq, first->seq});
     }
   }
@@ -263,7 +271,7 @@ bool LocalDriverCore::Step(bool* waiting) ABSL_NO_THREAD_SAFETY_ANALYSIS {
     if (*it != nullptr) (*it)->mu_.Unlock();
   }
   if (release != 0) {
-    Release(release);
+    Release(release, reason);
     relook_ = true;
     return true;
   }
@@ -280,7 +288,7 @@ bool LocalDriverCore::Step(bool* waiting) ABSL_NO_THREAD_SAFETY_ANALYSIS {
     } else if (now - wait_since_ >= LocalDriver::kGrace) {
       GS_LOG(DEBUG) << "job '" << job_id_ << "': op " << lowest << " waited " << LocalDriver::kGrace
                     << " for a rank; the ranks' executors take it over";
-      Release(lowest);
+      Release(lowest, "late_rank");
       *waiting = false;
       relook_ = true;
       return true;
@@ -301,6 +309,7 @@ bool LocalDriverCore::Step(bool* waiting) ABSL_NO_THREAD_SAFETY_ANALYSIS {
   // The labels the executors' path gives these ops (rank 0's proposal).
   const char* algorithm = allreduce ? "hier" : "oneshot";
   ran_.fetch_add(world_, std::memory_order_relaxed);  // before the clients can see it
+  if (observer_ != nullptr) observer_->OnLocalDriverOp(world_);
   for (int r = 0; r < world_; ++r) members_[r]->FinishDriven(*batch[r], algorithm, start, end);
   relook_ = true;
   return true;

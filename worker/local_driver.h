@@ -38,6 +38,7 @@
 
 namespace gradsync {
 
+class DaemonObserver;
 class Session;
 class LocalDriverCore;  // the thread's state (local_driver.cc)
 
@@ -48,8 +49,10 @@ class LocalDriver {
   static constexpr absl::Duration kGrace = absl::Milliseconds(2);
 
   // Starts the thread. `spin`: how long it keeps polling after the last
-  // activity before sleeping (gradsyncd --local_driver_spin_us).
-  LocalDriver(std::string job_id, int world_size, absl::Duration spin);
+  // activity before sleeping (gradsyncd --local_driver_spin_us). `observer`
+  // (may be null; outlives the driver) hears of every op run and handed over.
+  LocalDriver(std::string job_id, int world_size, absl::Duration spin,
+              DaemonObserver* observer = nullptr);
   // Stops the thread; every session must have detached. It may run on the
   // driver's own thread (the last session's last reference can be dropped
   // there, e.g. with an op queue the driver was polling): the thread then

@@ -7,15 +7,18 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "collective/test_cluster.h"
 #include "gtest/gtest.h"
 #include "ipc/shared_memory.h"
+#include "worker/daemon_observer.h"
 #include "worker/job_group.h"
 #include "worker/session.h"
 
@@ -23,6 +26,33 @@ namespace gradsync {
 namespace {
 
 constexpr int kWorld = 4;
+
+// Counts what the driver reports (OnLocalDriverOp / OnLocalDriverHandoff).
+class CountingObserver : public DaemonObserver {
+ public:
+  void OnLocalDriverOp(int ranks) override {
+    absl::MutexLock l(&mu_);
+    ops_ += ranks;
+  }
+  void OnLocalDriverHandoff(const char* reason) override {
+    absl::MutexLock l(&mu_);
+    ++handoffs_[reason];
+  }
+  int ops() const {
+    absl::MutexLock l(&mu_);
+    return ops_;
+  }
+  int handoffs(const std::string& reason) const {
+    absl::MutexLock l(&mu_);
+    auto it = handoffs_.find(reason);
+    return it == handoffs_.end() ? 0 : it->second;
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  int ops_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<std::string, int> handoffs_ ABSL_GUARDED_BY(mu_);
+};
 
 // Four sessions of one job on one daemon, sharing a JobGroup and a driver.
 class LocalDriverTest : public ::testing::Test {
@@ -45,7 +75,8 @@ class LocalDriverTest : public ::testing::Test {
     for (int r = 0; r < kWorld; ++r) layout.local_ranks.push_back(r);
     group_ = std::make_shared<JobGroup>(layout, nullptr, LinkParams{}, RingOptions{});
     if (with_driver) {
-      driver_ = std::make_shared<LocalDriver>("driver-job", kWorld, absl::Microseconds(50));
+      driver_ = std::make_shared<LocalDriver>("driver-job", kWorld, absl::Microseconds(50),
+                                              &observer_);
     }
     for (int r = 0; r < kWorld; ++r) {
       SessionInfo info;
@@ -102,6 +133,7 @@ class LocalDriverTest : public ::testing::Test {
     return *out;
   }
 
+  CountingObserver observer_;  // outlives the driver (declared before it)
   testing::Cluster cluster_;
   std::shared_ptr<JobGroup> group_;
   std::shared_ptr<LocalDriver> driver_;
@@ -139,6 +171,10 @@ TEST_F(LocalDriverTest, SmallAllreducesRunOnTheDriverBitExact) {
   }
   EXPECT_EQ(driver_->ran(), uint64_t{kOps} * kWorld);
   EXPECT_EQ(driver_->released(), 0u);  // nothing needed the executors
+  EXPECT_EQ(observer_.ops(), kOps * kWorld);
+  EXPECT_EQ(observer_.handoffs("other_op") + observer_.handoffs("mismatch") +
+                observer_.handoffs("late_rank"),
+            0);
 }
 
 TEST_F(LocalDriverTest, LargeOpsGoToTheExecutorsAndOrderHolds) {
@@ -182,6 +218,8 @@ TEST_F(LocalDriverTest, LargeOpsGoToTheExecutorsAndOrderHolds) {
   }
   EXPECT_GE(driver_->released(), uint64_t{2 * kPairs});  // the last large op's seq, at least
   EXPECT_GE(driver_->ran(), uint64_t{kWorld});  // some small ones ran on the driver
+  EXPECT_GE(observer_.handoffs("other_op"), 1);
+  EXPECT_EQ(observer_.handoffs("mismatch"), 0);
 }
 
 TEST_F(LocalDriverTest, MismatchIsReportedAndTheJobGoesOn) {
@@ -214,6 +252,7 @@ TEST_F(LocalDriverTest, MismatchIsReportedAndTheJobGoesOn) {
     EXPECT_EQ(b.f32(r)[0], 6.0f);
   }
   EXPECT_EQ(driver_->ran(), ran_before + kWorld);
+  EXPECT_EQ(observer_.handoffs("mismatch"), 1);
 }
 
 TEST_F(LocalDriverTest, MissingRankTimesOutNamingIt) {
@@ -243,6 +282,7 @@ TEST_F(LocalDriverTest, MissingRankTimesOutNamingIt) {
   }
   EXPECT_LT(absl::Now() - start, absl::Seconds(10));
   EXPECT_EQ(driver_->released(), 1u);
+  EXPECT_EQ(observer_.handoffs("late_rank"), 1);
 }
 
 TEST_F(LocalDriverTest, BarrierRunsOnTheDriver) {
