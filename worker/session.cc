@@ -3,8 +3,8 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <limits>
 #include <atomic>
+#include <limits>
 #include <random>
 
 #include "absl/strings/str_cat.h"
