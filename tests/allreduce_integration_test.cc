@@ -38,9 +38,13 @@ class AllreduceIntegration : public ::testing::Test {
 };
 LocalCluster* AllreduceIntegration::cluster_ = nullptr;
 
-// Runs one allreduce on every rank of `job` and checks it against the reference.
+// Runs one allreduce on every rank of `job` and checks it against the
+// reference (ring order: exact for ring, and for any algorithm with integer
+// sums and maxima) and that `algorithm` ran ("" = the daemon's choice, which
+// must be `want_algorithm`).
 void CheckAllreduce(std::vector<testing::RankHandle>& job, DType t, ReduceOp op, size_t count,
-                    uint32_t seed) {
+                    uint32_t seed, const std::string& algorithm = "ring",
+                    const std::string& want_algorithm = "ring") {
   const int n = static_cast<int>(job.size());
   std::vector<std::vector<char>> in(n);
   for (int r = 0; r < n; ++r) in[r] = testing::RandomData(t, count, r, seed);
@@ -54,19 +58,19 @@ void CheckAllreduce(std::vector<testing::RankHandle>& job, DType t, ReduceOp op,
       return;
     }
     std::memcpy((*buf)->data(), in[r].data(), in[r].size());
-    client::CollectiveSpec spec;  // ring: the reference follows its reduction order
+    client::CollectiveSpec spec;
     spec.buffer = buf->get();
     spec.count = count;
     spec.dtype = t;
     spec.op = op;
     spec.name = absl::StrCat("t", seed);
-    spec.algorithm = "ring";
+    spec.algorithm = algorithm;
     auto res = s.Run(spec);
     if (!res.ok()) {
       errors[r] = std::string(res.status().message());
     } else if (std::memcmp((*buf)->data(), want.data(), want.size()) != 0) {
       errors[r] = "result differs from the reference";
-    } else if (res->algorithm != "ring") {
+    } else if (res->algorithm != want_algorithm) {
       errors[r] = "unexpected algorithm " + res->algorithm;
     }
     (void)s.FreeBuffer(std::move(*buf));
@@ -124,38 +128,9 @@ TEST_F(AllreduceIntegration, ConcurrentNodeLocalJobsKeepTheirDataApart) {
   auto b = OpenJob(*cluster_, "local-b", {5, 5, 5});
   ASSERT_TRUE(b.ok()) << b.status();
   auto run = [](std::vector<testing::RankHandle>& job, DType t, ReduceOp op, uint32_t seed0) {
-    const int n = static_cast<int>(job.size());
     for (uint32_t k = 0; k < 40; ++k) {
-      const uint32_t seed = seed0 + k;
       const size_t count = k % 8 == 7 ? 100003 : 1 + k % 5;  // every 8th op above 256 KiB
-      std::vector<std::vector<char>> in(n);
-      for (int r = 0; r < n; ++r) in[r] = testing::RandomData(t, count, r, seed);
-      const std::vector<char> want = testing::RingOrderReference(in, t, op, count);
-      std::vector<std::string> errors(n);
-      OnEveryRank(n, [&](int r) {
-        auto& s = *job[r].session;
-        auto buf = s.AllocateBuffer(in[r].size());
-        if (!buf.ok()) return void(errors[r] = std::string(buf.status().message()));
-        std::memcpy((*buf)->data(), in[r].data(), in[r].size());
-        client::CollectiveSpec spec;
-        spec.buffer = buf->get();
-        spec.count = count;
-        spec.dtype = t;
-        spec.op = op;
-        spec.name = absl::StrCat("l", seed);
-        auto res = s.Run(spec);
-        if (!res.ok()) {
-          errors[r] = std::string(res.status().message());
-        } else if (std::memcmp((*buf)->data(), want.data(), want.size()) != 0) {
-          errors[r] = "result differs from the reference";
-        } else if (res->algorithm != "hier") {
-          errors[r] = "unexpected algorithm " + res->algorithm;
-        }
-        (void)s.FreeBuffer(std::move(*buf));
-      });
-      for (int r = 0; r < n; ++r) {
-        ASSERT_EQ(errors[r], "") << "seed " << seed << " count " << count << " rank " << r;
-      }
+      CheckAllreduce(job, t, op, count, seed0 + k, /*algorithm=*/"", /*want_algorithm=*/"hier");
     }
   };
   std::thread ta([&] { run(*a, DType::kI64, ReduceOp::kSum, 700); });

@@ -550,6 +550,11 @@ void Session::FinishDriven(Op& op, const char* algorithm, absl::Time start, absl
   OpOutcome outcome;
   Finish(op, absl::OkStatus(), end, &newly_failed, &outcome);
   if (observer_ == nullptr) return;
+  observer_->OnOpDone(Record(op, outcome, std::max(absl::ZeroDuration(), start - op.started)));
+}
+
+OpRecord Session::Record(const Op& op, const OpOutcome& outcome,
+                         absl::Duration arrival_wait) const {
   OpRecord rec;
   rec.job_id = info_.job_id;
   rec.kind = op.sig.kind;
@@ -559,23 +564,13 @@ void Session::FinishDriven(Op& op, const char* algorithm, absl::Time start, absl
   rec.world = info_.world_size;
   rec.queued = outcome.queued_time;
   rec.run = outcome.run_time;
-  rec.arrival_wait = std::max(absl::ZeroDuration(), start - op.started);
-  observer_->OnOpDone(rec);
+  rec.arrival_wait = arrival_wait;
+  return rec;
 }
 
 void Session::Account(const Op& op, const OpOutcome& outcome, bool newly_failed, absl::Time end) {
   const absl::Status& s = outcome.status;
-  OpRecord rec;
-  rec.job_id = info_.job_id;
-  rec.kind = op.sig.kind;
-  rec.algorithm = outcome.algorithm;
-  rec.code = s.code();
-  rec.bytes = CollectiveBufferBytes(op.sig.kind, op.sig.count, op.sig.dtype, info_.world_size);
-  rec.world = info_.world_size;
-  rec.queued = outcome.queued_time;
-  rec.run = outcome.run_time;
-  rec.arrival_wait = arrival_wait_;
-  observer_->OnOpDone(rec);
+  observer_->OnOpDone(Record(op, outcome, arrival_wait_));
   // Retransmit counters cost a getsockopt(TCP_INFO) per connection: at most once a second.
   const bool sample_retrans = end >= next_retrans_sample_;
   if (sample_retrans) next_retrans_sample_ = end + absl::Seconds(1);

@@ -208,6 +208,8 @@ class Session {
   // The local driver ran `op` (from `start` to `end`): completes it and
   // records it, on the driver's thread.
   void FinishDriven(Op& op, const char* algorithm, absl::Time start, absl::Time end);
+  // What the observer hears of a finished op.
+  OpRecord Record(const Op& op, const OpOutcome& outcome, absl::Duration arrival_wait) const;
   // Metrics for a finished op (executor thread, after the client was told).
   void Account(const Op& op, const OpOutcome& outcome, bool newly_failed, absl::Time end);
   const std::string& PeerName(int rank);  // executor thread only
