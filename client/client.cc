@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <utility>
@@ -16,8 +17,12 @@
 #include <grpcpp/support/channel_arguments.h>
 
 #include "absl/strings/str_cat.h"
+#include "client/local_path.h"
 #include "client/op_channel.h"
 #include "client/shm_op_channel.h"
+#include "collective/algorithm.h"
+#include "common/clock.h"
+#include "ipc/shared_memory.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 
@@ -110,14 +115,17 @@ Buffer::~Buffer() {
 // ---------------------------------------------------------------- Session
 
 Session::Session(std::shared_ptr<internal::WorkerConnection> conn, std::string id, int rank,
-                 int world_size, int64_t epoch, absl::Duration default_op_timeout)
+                 int world_size, int64_t epoch, JobFacts job,
+                 std::unique_ptr<internal::OpChannel> ops, std::unique_ptr<internal::LocalPath> local)
     : conn_(std::move(conn)),
-      ops_(internal::NewSessionOpChannel(conn_, id, default_op_timeout)),
+      ops_(std::move(ops)),
+      local_(std::move(local)),
       id_(std::move(id)),
       rank_(rank),
       world_size_(world_size),
       epoch_(epoch),
-      default_op_timeout_(default_op_timeout) {}
+      job_(std::move(job)),
+      default_op_timeout_(job_.default_op_timeout) {}
 
 Session::~Session() {
   absl::Status s = Close();
@@ -282,6 +290,31 @@ absl::StatusOr<OpHandle> Session::SubmitAsync(const CollectiveSpec& spec) {
                                                    absl::FormatDuration(timeout)));
   }
 
+  // The algorithm, checked here as the daemon would (with an arena, an op
+  // the daemon refused after this rank published it would stall the others).
+  const uint64_t bytes = count * DTypeSize(dtype) *
+                         (IsBlockedCollective(spec.kind) ? static_cast<uint64_t>(world_size_) : 1);
+  const std::string& algo_name =
+      !spec.algorithm.empty() && spec.algorithm != "auto" ? spec.algorithm : job_.algorithm;
+  absl::StatusOr<uint8_t> code = RequestedAlgorithmCode(algo_name, spec.kind, bytes);
+  if (!code.ok()) return absl::InvalidArgumentError(absl::StrCat(what, ": ", code.status().message()));
+  if (*code == kLocalCode && local_ == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": algorithm 'local' needs a job whose ranks all use one gradsyncd (with --local_ops) "
+        "and clients that share its arena; session ", id_, " has none"));
+  }
+  if (*code == kLocalCode && spec.kind == CollectiveKind::kAllreduce &&
+      bytes > local_->max_local_bytes()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": algorithm 'local' runs allreduces of at most ", local_->max_local_bytes(),
+        " bytes per rank (gradsyncd --local_ops_max_bytes); this op has ", bytes));
+  }
+  if (local_ != nullptr && *code == kParameterServerCode && job_.ps_shards == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": algorithm 'ps' needs parameter-server shards; this session's job has none "
+        "(create it with ps_shards > 0 and start gradsync-ps)"));
+  }
+
   internal::SubmitArgs args;
   args.kind = spec.kind;
   args.root = spec.root;
@@ -293,6 +326,22 @@ absl::StatusOr<OpHandle> Session::SubmitAsync(const CollectiveSpec& spec) {
   args.reduce_op = spec.op;
   args.name = spec.name;
   args.timeout_ms = CeilMillis(timeout);
+  if (local_ != nullptr) {
+    internal::PathOp op;
+    op.args = args;
+    op.forced = *code;
+    op.local = *code == kLocalCode ||
+               (*code == kAutoCode &&
+                (spec.kind == CollectiveKind::kBarrier ||
+                 (spec.kind == CollectiveKind::kAllreduce && bytes <= local_->max_local_bytes())));
+    if (spec.buffer != nullptr) {
+      // Const on the SDK's surface, written in place like the daemon does.
+      op.data = static_cast<char*>(const_cast<void*>(spec.buffer->data())) + offset_bytes;
+      op.bytes = bytes;
+    }
+    ASSIGN_OR_RETURN(internal::SubmitTicket ticket, local_->Submit(op));
+    return OpHandle{ticket.op_id, ticket.sequence, spec.name};
+  }
   ASSIGN_OR_RETURN(internal::SubmitTicket ticket, ops_->Submit(args));
   return OpHandle{ticket.op_id, ticket.sequence, spec.name};
 }
@@ -309,8 +358,10 @@ absl::StatusOr<OpResult> Session::Wait(const OpHandle& op, absl::Duration timeou
   RETURN_IF_ERROR(CheckOpen());
   if (timeout < absl::ZeroDuration()) timeout = absl::ZeroDuration();
   const absl::Time deadline =
-      timeout == absl::InfiniteDuration() ? absl::InfiniteFuture() : absl::Now() + timeout;
-  ASSIGN_OR_RETURN(internal::WaitOutcome outcome, ops_->Wait(op.op_id, deadline));
+      timeout == absl::InfiniteDuration() ? absl::InfiniteFuture() : FastNow() + timeout;
+  ASSIGN_OR_RETURN(internal::WaitOutcome outcome, local_ != nullptr
+                                                      ? local_->Wait(op.op_id, deadline)
+                                                      : ops_->Wait(op.op_id, deadline));
   if (!outcome.done) {
     return absl::DeadlineExceededError(absl::StrCat(OpLabel(op), " of session ", id_,
                                                     " still running after ",
@@ -325,7 +376,9 @@ absl::StatusOr<OpResult> Session::Wait(const OpHandle& op, absl::Duration timeou
 
 absl::StatusOr<bool> Session::Poll(const OpHandle& op) {
   RETURN_IF_ERROR(CheckOpen());
-  ASSIGN_OR_RETURN(internal::WaitOutcome outcome, ops_->Wait(op.op_id, absl::InfinitePast()));
+  ASSIGN_OR_RETURN(internal::WaitOutcome outcome,
+                   local_ != nullptr ? local_->Wait(op.op_id, absl::InfinitePast())
+                                     : ops_->Wait(op.op_id, absl::InfinitePast()));
   return outcome.done;
 }
 
@@ -425,6 +478,10 @@ absl::StatusOr<std::unique_ptr<Session>> Client::OpenSession(const SessionOption
   req.mutable_options()->set_timeline(options.timeline);
   req.mutable_options()->set_ps_shards(options.ps_shards);
   req.set_client_name(options.client_name);
+  // Documented in client.h, read only here: GRADSYNC_LOCAL_OPS=0 keeps every
+  // op on the daemon (for comparisons and debugging).
+  const char* local_env = std::getenv("GRADSYNC_LOCAL_OPS");
+  req.set_local_ops(local_env == nullptr || std::string(local_env) != "0");
 
   grpc::ClientContext ctx;
   const absl::Duration rpc_timeout = options.timeout + kRpcMargin;
@@ -434,9 +491,43 @@ absl::StatusOr<std::unique_ptr<Session>> Client::OpenSession(const SessionOption
   grpc::Status s = conn_->stub->OpenSession(&ctx, req, &resp);
   if (!s.ok()) return RpcError(s, *conn_, "OpenSession", deadline, rpc_timeout);
 
+  Session::JobFacts job;
+  job.algorithm = resp.job_algorithm();
+  job.ps_shards = resp.ps_shards();
+  job.default_op_timeout = absl::Milliseconds(
+      resp.op_timeout_ms() > 0 ? resp.op_timeout_ms() : options.op_timeout_ms);
+  std::unique_ptr<internal::OpChannel> ops =
+      internal::NewSessionOpChannel(conn_, resp.session_id(), job.default_op_timeout);
+  std::unique_ptr<internal::LocalPath> local;
+  if (!resp.arena().shm_name().empty()) {
+    // Every rank of the job must use the arena once the daemon gave it one:
+    // if this one cannot, the session is no use (the others would wait for it).
+    absl::StatusOr<std::unique_ptr<internal::LocalPath>> opened = [&]()
+        -> absl::StatusOr<std::unique_ptr<internal::LocalPath>> {
+      ASSIGN_OR_RETURN(std::unique_ptr<ipc::SharedMemory> mem,
+                       ipc::SharedMemory::Open(resp.arena().shm_name(), resp.arena().size_bytes()));
+      internal::LocalPathOptions lo;
+      lo.spin = internal::WaitSpin(lo.spin);
+      if (job.default_op_timeout > absl::ZeroDuration()) lo.default_op_timeout = job.default_op_timeout;
+      return internal::LocalPath::Open(std::move(mem), resp.rank(), resp.world_size(), ops.get(),
+                                       resp.session_id(), lo);
+    }();
+    if (!opened.ok()) {
+      v1::CloseSessionRequest creq;
+      creq.set_session_id(resp.session_id());
+      grpc::ClientContext cctx;
+      cctx.set_deadline(absl::ToChronoTime(absl::Now() + kRpcTimeout));
+      v1::CloseSessionResponse cresp;
+      conn_->stub->CloseSession(&cctx, creq, &cresp).IgnoreError();
+      return absl::Status(opened.status().code(),
+                          absl::StrCat("OpenSession: cannot map the job's arena ",
+                                       resp.arena().shm_name(), ": ", opened.status().message()));
+    }
+    local = *std::move(opened);
+  }
   return std::unique_ptr<Session>(new Session(conn_, resp.session_id(), resp.rank(),
-                                              resp.world_size(), resp.epoch(),
-                                              absl::Milliseconds(options.op_timeout_ms)));
+                                              resp.world_size(), resp.epoch(), std::move(job),
+                                              std::move(ops), std::move(local)));
 }
 
 }  // namespace client

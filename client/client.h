@@ -71,6 +71,7 @@ namespace gradsync {
 namespace client {
 
 namespace internal {
+class LocalPath;
 class OpChannel;
 struct WorkerConnection;
 }  // namespace internal
@@ -263,17 +264,27 @@ class Session {
 
  private:
   friend class Client;
+  struct JobFacts {  // what OpenSession learned of the job
+    std::string algorithm;  // forced for every op; "" = cost model
+    int ps_shards = 0;
+    absl::Duration default_op_timeout;  // zero = unknown
+  };
   Session(std::shared_ptr<internal::WorkerConnection> conn, std::string id, int rank,
-          int world_size, int64_t epoch, absl::Duration default_op_timeout);
+          int world_size, int64_t epoch, JobFacts job, std::unique_ptr<internal::OpChannel> ops,
+          std::unique_ptr<internal::LocalPath> local);
 
   absl::Status CheckOpen() const;
 
   const std::shared_ptr<internal::WorkerConnection> conn_;
   const std::unique_ptr<internal::OpChannel> ops_;
+  // The node-local path (client/local_path.h) when the job has an arena:
+  // then every op goes through it (it uses ops_ for the daemon's).
+  const std::unique_ptr<internal::LocalPath> local_;
   const std::string id_;
   const int rank_;
   const int world_size_;
   const int64_t epoch_;
+  const JobFacts job_;
   const absl::Duration default_op_timeout_;  // zero = unknown
 
   mutable absl::Mutex mu_;

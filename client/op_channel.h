@@ -56,6 +56,10 @@ struct SubmitArgs {
   ReduceOp reduce_op = ReduceOp::kSum;
   absl::string_view name;
   int64_t timeout_ms = 0;  // 0 = the job's default
+  // Sessions with an arena (client/local_path.h): the op's number in the
+  // session's stream, which the daemon then uses (the queue's token / op id).
+  // 0: the channel or the daemon numbers it.
+  uint64_t sequence = 0;
 };
 
 struct SubmitTicket {

@@ -13,6 +13,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/clock.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "ipc/op_queue.h"
@@ -35,7 +36,7 @@ class ShmOpChannel final : public OpChannel {
         session_id_(std::move(session_id)),
         options_(options) {
     last_heartbeat_ = end_.daemon_heartbeat();
-    last_heartbeat_change_ = absl::Now();
+    last_heartbeat_change_ = FastNow();
   }
 
   absl::StatusOr<SubmitTicket> Submit(const SubmitArgs& args) override {
@@ -52,6 +53,14 @@ class ShmOpChannel final : public OpChannel {
     op.name = std::string(args.name);
 
     absl::MutexLock submit_lock(&submit_mu_);  // one producer at a time
+    if (args.sequence != 0) {
+      if (args.sequence < next_token_) {
+        return absl::InvalidArgumentError(absl::StrCat("op sequence ", args.sequence,
+                                                       " is not above the previous token ",
+                                                       next_token_ - 1));
+      }
+      next_token_ = args.sequence;
+    }
     op.token = next_token_;
     ipc::SubmissionEntry entry;
     RETURN_IF_ERROR(ipc::EncodeSubmission(op, &entry));
@@ -89,7 +98,7 @@ class ShmOpChannel final : public OpChannel {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(submit_mu_) {
     const absl::Duration bound =
         timeout_ms > 0 ? absl::Milliseconds(timeout_ms) : options_.default_op_timeout;
-    const absl::Time deadline = absl::Now() + bound;
+    const absl::Time deadline = FastNow() + bound;
     bool wanted = false;
     absl::Status result;
     while (true) {
@@ -117,7 +126,7 @@ class ShmOpChannel final : public OpChannel {
         result = CheckUsableLocked();
         if (!result.ok()) break;
       }
-      const absl::Time now = absl::Now();
+      const absl::Time now = FastNow();
       if (now >= deadline) {
         result = absl::DeadlineExceededError(absl::StrCat(
             "op '", absl::string_view(entry.name, entry.name_len), "': the submission queue of session ",
@@ -157,7 +166,7 @@ class ShmOpChannel final : public OpChannel {
                                                 " (already reported, or never submitted)"));
       }
       RETURN_IF_ERROR(CheckUsableLocked());
-      const absl::Time now = absl::Now();
+      const absl::Time now = FastNow();
       if (now >= deadline) return WaitOutcome{};
       end_.BumpHeartbeat();
       const absl::Time slice_end = std::min(deadline, now + options_.max_sleep);
@@ -179,7 +188,7 @@ class ShmOpChannel final : public OpChannel {
         spun = true;
         rang = bell.Spin(snapshot, std::min(options_.spin, slice_end - now));
       }
-      if (!rang) bell.Wait(snapshot, slice_end - absl::Now());
+      if (!rang) bell.Wait(snapshot, slice_end - FastNow());
       mu_.Lock();
       sleeper_ = false;
       cv_.SignalAll();  // someone else may take over the sleeping
@@ -229,7 +238,7 @@ class ShmOpChannel final : public OpChannel {
     if (!broken_.ok()) return broken_;
     absl::Status closed = end_.closed_status();
     if (!closed.ok()) return closed;
-    const absl::Time now = absl::Now();
+    const absl::Time now = FastNow();
     const uint64_t hb = end_.daemon_heartbeat();
     if (hb != last_heartbeat_) {
       last_heartbeat_ = hb;
@@ -267,6 +276,15 @@ std::atomic<bool> g_logged_no_op_queue{false};
 
 }  // namespace
 
+absl::Duration WaitSpin(absl::Duration fallback) {
+  // Documented in client.h, read only here.
+  if (const char* spin = std::getenv("GRADSYNC_WAIT_SPIN_US")) {
+    int us = 0;
+    if (absl::SimpleAtoi(spin, &us) && us >= 0) return absl::Microseconds(us);
+  }
+  return fallback;
+}
+
 absl::StatusOr<std::unique_ptr<OpChannel>> NewShmOpChannel(std::unique_ptr<ipc::SharedMemory> mem,
                                                            std::string target,
                                                            std::string session_id,
@@ -288,7 +306,7 @@ std::unique_ptr<OpChannel> NewSessionOpChannel(const std::shared_ptr<WorkerConne
   req.set_session_id(session_id);
   req.set_capacity(0);  // the daemon's default
   grpc::ClientContext ctx;
-  const absl::Time deadline = absl::Now() + kRpcTimeout;
+  const absl::Time deadline = FastNow() + kRpcTimeout;
   ctx.set_deadline(absl::ToChronoTime(deadline));
   v1::OpenOpQueueResponse resp;
   grpc::Status s = conn->stub->OpenOpQueue(&ctx, req, &resp);
@@ -310,11 +328,7 @@ std::unique_ptr<OpChannel> NewSessionOpChannel(const std::shared_ptr<WorkerConne
           [&] {
             ShmOpChannelOptions o;
             if (default_op_timeout > absl::ZeroDuration()) o.default_op_timeout = default_op_timeout;
-            // Documented in client.h, read only here.
-            if (const char* spin = std::getenv("GRADSYNC_WAIT_SPIN_US")) {
-              int us = 0;
-              if (absl::SimpleAtoi(spin, &us) && us >= 0) o.spin = absl::Microseconds(us);
-            }
+            o.spin = WaitSpin(o.spin);
             return o;
           }());
       if (channel.ok()) return *std::move(channel);

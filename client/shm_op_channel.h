@@ -66,6 +66,10 @@ absl::StatusOr<std::unique_ptr<OpChannel>> NewShmOpChannel(std::unique_ptr<ipc::
                                                            std::string session_id,
                                                            ShmOpChannelOptions options = {});
 
+// How long a wait polls before it sleeps: GRADSYNC_WAIT_SPIN_US if set to a
+// number >= 0, else `fallback` (the one place the variable is read).
+absl::Duration WaitSpin(absl::Duration fallback);
+
 // The per-op path of a newly opened session: asks the daemon for an op queue
 // (Worker.OpenOpQueue) and returns the shared-memory channel, or the gRPC
 // channel if the daemon answers UNIMPLEMENTED (an older gradsyncd; logged once

@@ -14,6 +14,7 @@ const char* AlgorithmCodeName(uint8_t code) {
   if (code < kAlgorithmCount) return kNames[code];
   if (code == kHierarchicalCode) return "hier";
   if (code == kParameterServerCode) return "ps";
+  if (code == kLocalCode) return "local";
   return "?";
 }
 
@@ -51,6 +52,40 @@ bool Implements(Algorithm a, CollectiveKind k) {
              a == Algorithm::kPairwise || a == Algorithm::kOneShot;
   }
   return false;
+}
+
+absl::StatusOr<uint8_t> RequestedAlgorithmCode(absl::string_view name, CollectiveKind kind,
+                                               uint64_t bytes) {
+  if (name.empty() || name == "auto") return kAutoCode;
+  if (name == "ps" || name == "hier") {
+    if (kind != CollectiveKind::kAllreduce) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "algorithm '", name, "' does not implement ", CollectiveName(kind),
+          name == "ps" ? " (parameter server: allreduce only)" : " (hierarchical: allreduce only)"));
+    }
+    return name == "ps" ? kParameterServerCode : kHierarchicalCode;
+  }
+  if (name == "local") {
+    if (kind != CollectiveKind::kAllreduce && kind != CollectiveKind::kBarrier) {
+      return absl::InvalidArgumentError(absl::StrCat("algorithm 'local' does not implement ",
+                                                     CollectiveName(kind),
+                                                     " (node-local: allreduce and barrier)"));
+    }
+    return kLocalCode;
+  }
+  absl::StatusOr<Algorithm> algo = ParseAlgorithm(name);
+  if (!algo.ok()) return algo.status();
+  if (!Implements(*algo, kind)) {
+    return absl::InvalidArgumentError(absl::StrCat("algorithm '", name, "' does not implement ",
+                                                   CollectiveName(kind), " (",
+                                                   ImplementingAlgorithms(kind), " do)"));
+  }
+  if (*algo == Algorithm::kOneShot && bytes > kOneShotMaxBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "algorithm 'oneshot' carries at most ", kOneShotMaxBytes, " bytes per rank; this op has ",
+        bytes, " (use auto, or rd/rhd/ring)"));
+  }
+  return static_cast<uint8_t>(*algo);
 }
 
 std::string ImplementingAlgorithms(CollectiveKind k) {

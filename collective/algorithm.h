@@ -20,7 +20,14 @@ namespace gradsync {
 inline constexpr uint8_t kHierarchicalCode = 100;
 // ... and the parameter-server path (ps/worker_client.h), also not an Algorithm.
 inline constexpr uint8_t kParameterServerCode = 101;
-// "ring", "rhd", "rd", "tree", "pairwise", "oneshot", "hier", "ps", or "?" for others.
+// ... and the node-local path (client/local_path.h): small allreduces and
+// barriers the clients of a job whose ranks all use one daemon run among
+// themselves in the job's shared-memory arena (ipc/arena.h).
+inline constexpr uint8_t kLocalCode = 102;
+// No algorithm forced: "" or "auto" (OpSignature::kNoAlgorithm).
+inline constexpr uint8_t kAutoCode = 0xff;
+// "ring", "rhd", "rd", "tree", "pairwise", "oneshot", "hier", "ps", "local",
+// or "?" for others.
 const char* AlgorithmCodeName(uint8_t code);
 
 enum class Algorithm : uint8_t {
@@ -60,6 +67,17 @@ absl::StatusOr<Algorithm> ParseAlgorithm(absl::string_view name);
 //   alltoall                             x
 //   barrier                      x   x      x          x
 bool Implements(Algorithm a, CollectiveKind k);
+
+// The code of an algorithm requested by name ("" or "auto": kAutoCode) for a
+// `kind` op of `bytes` bytes per rank: every check that depends only on the
+// op itself, so the client SDK and gradsyncd refuse the same requests with
+// the same words. InvalidArgument (without the op's name: callers prefix it)
+// for an unknown name, an algorithm that does not implement `kind`, or
+// oneshot above kOneShotMaxBytes. What depends on the job (hier needs ranks
+// that share a daemon, ps needs shards, local needs the arena and a size it
+// holds) is the caller's to check.
+absl::StatusOr<uint8_t> RequestedAlgorithmCode(absl::string_view name, CollectiveKind kind,
+                                               uint64_t bytes);
 // e.g. "ring, rhd, rd, tree" (for error messages).
 std::string ImplementingAlgorithms(CollectiveKind k);
 

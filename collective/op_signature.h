@@ -36,7 +36,7 @@ struct OpSignature {
   // apart still agree (see CheckSignatures' `agreed`).
   uint8_t proposal = kNoAlgorithm;
 
-  static constexpr uint8_t kNoAlgorithm = 0xff;
+  static constexpr uint8_t kNoAlgorithm = kAutoCode;
 
   // e.g. "allreduce 'layer1.grad' f32[1024] sum", "broadcast 'w' f32[10] root 2",
   // "reduce 'g' f32[10] sum root 3", "allgather 'p' bf16[512]", "barrier 'step'".

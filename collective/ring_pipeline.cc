@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "common/clock.h"
 #include "kernels/cpu_reduce.h"
 
 namespace gradsync::internal {
@@ -97,7 +98,7 @@ absl::Status RunRingPass(transport::Context& ctx, char* data, size_t data_bytes,
       if (recvs_done % nseg == 0 && CurrentTracer() != nullptr) {
         const size_t step = recvs_done / nseg;  // 1-based within the pass
         TraceEvent(absl::StrCat(pass.label, " step ", step, "/", pass.steps), "step", step_start);
-        step_start = absl::Now();
+        step_start = FastNow();
       }
       progressed = true;
     }

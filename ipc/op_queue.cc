@@ -1,12 +1,7 @@
 #include "ipc/op_queue.h"
 
-#include <linux/futex.h>
-#include <sched.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <climits>
 #include <cstring>
 #include <new>
 
@@ -48,12 +43,6 @@ absl::StatusCode CodeFromWire(int32_t code) {
   return static_cast<absl::StatusCode>(code);
 }
 
-uint32_t* FutexAddress(std::atomic<uint32_t>* word) {
-  // std::atomic<uint32_t> is a standard-layout wrapper of one uint32_t
-  // (static_asserts in the header).
-  return reinterpret_cast<uint32_t*>(word);
-}
-
 // Cuts `msg` to `limit` bytes; if it had to, the end says so (without
 // splitting a UTF-8 sequence).
 std::string FitMessage(absl::string_view msg, size_t limit, bool* truncated) {
@@ -81,45 +70,6 @@ absl::StatusOr<uint32_t> NormalizeCapacity(uint32_t requested) {
   uint32_t c = 1;
   while (c < requested) c <<= 1;
   return c;
-}
-
-// ---------------------------------------------------------------- futex
-
-void FutexWait(std::atomic<uint32_t>* word, uint32_t expected, absl::Duration timeout) {
-  timeout = std::max(timeout, absl::ZeroDuration());
-  if (timeout == absl::InfiniteDuration()) timeout = absl::Seconds(1);  // never unbounded
-  const int64_t ns = absl::ToInt64Nanoseconds(timeout);
-  struct timespec ts;
-  ts.tv_sec = static_cast<time_t>(ns / 1000000000);
-  ts.tv_nsec = static_cast<long>(ns % 1000000000);
-  // Shared futex: no FUTEX_PRIVATE_FLAG (the word is in a MAP_SHARED mapping).
-  ::syscall(SYS_futex, FutexAddress(word), FUTEX_WAIT, expected, &ts, nullptr, 0);
-}
-
-int FutexWake(std::atomic<uint32_t>* word, int count) {
-  const long woken = ::syscall(SYS_futex, FutexAddress(word), FUTEX_WAKE, count, nullptr, nullptr, 0);
-  return woken < 0 ? 0 : static_cast<int>(woken);
-}
-
-void Doorbell::Ring() {
-  w_->seq.fetch_add(1, std::memory_order_seq_cst);
-  if (w_->waiters.load(std::memory_order_seq_cst) != 0) FutexWake(&w_->seq, INT_MAX);
-}
-
-void Doorbell::Wait(uint32_t snapshot, absl::Duration timeout) {
-  w_->waiters.fetch_add(1, std::memory_order_seq_cst);
-  FutexWait(&w_->seq, snapshot, timeout);
-  w_->waiters.fetch_sub(1, std::memory_order_seq_cst);
-}
-
-bool Doorbell::Spin(uint32_t snapshot, absl::Duration limit) const {
-  if (limit <= absl::ZeroDuration()) return w_->seq.load(std::memory_order_seq_cst) != snapshot;
-  const absl::Time end = absl::Now() + limit;
-  while (true) {
-    if (w_->seq.load(std::memory_order_seq_cst) != snapshot) return true;
-    if (absl::Now() >= end) return false;
-    ::sched_yield();
-  }
 }
 
 // ---------------------------------------------------------------- entries

@@ -19,16 +19,8 @@
 // using it. Entries are copied out of shared memory before they are looked
 // at, so a peer scribbling on the segment cannot change what was validated.
 //
-// Doorbells. A doorbell is a pair of 32-bit words: `seq` (the futex word) and
-// `waiters`. Ringing = seq += 1, then FUTEX_WAKE only if waiters > 0, so a
-// busy queue costs no system calls. Waiting = snapshot seq, re-check the
-// ring, waiters += 1, FUTEX_WAIT(seq, snapshot, timeout), waiters -= 1. All
-// four steps are sequentially consistent, so a ring between the snapshot and
-// the wait is never lost. The futex calls are shared (no FUTEX_PRIVATE_FLAG:
-// the word is in a MAP_SHARED mapping seen by two processes), and every wait
-// has a timeout: nothing here waits forever. Before sleeping, either side
-// may Spin() briefly: a waker that finds no sleeper makes no system call, and
-// the waiter skips the futex wake-up latency.
+// Doorbells (ipc/doorbell.h): a futex word plus a waiter count; ringing a
+// bell nobody sleeps on costs no system call, and every wait has a timeout.
 //
 //   sq_bell: the client rings it after pushing submissions; the daemon's
 //            poller waits on it (with a ~100 ms timeout to do housekeeping).
@@ -62,6 +54,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "common/types.h"
+#include "ipc/doorbell.h"
 
 namespace gradsync {
 namespace ipc {
@@ -124,11 +117,6 @@ struct CompletionEntry {
 static_assert(std::is_trivially_copyable_v<CompletionEntry>);
 static_assert(sizeof(CompletionEntry) == 1080);
 
-struct DoorbellWords {
-  std::atomic<uint32_t> seq;      // the futex word
-  std::atomic<uint32_t> waiters;  // sleepers on seq (or about to sleep)
-};
-
 // The header's fixed part, written once by the daemon before the client
 // learns the segment's name.
 struct OpQueueFixedHeader {
@@ -173,34 +161,6 @@ size_t OpQueueBytes(uint32_t capacity);
 // 0 -> kDefaultQueueCapacity; else rounded up to a power of two.
 // InvalidArgument outside [kMinQueueCapacity, kMaxQueueCapacity].
 absl::StatusOr<uint32_t> NormalizeCapacity(uint32_t requested);
-
-// ---------------------------------------------------------------- futex
-
-// FUTEX_WAIT (shared) on `word` while it equals `expected`, for at most
-// `timeout` (clamped to >= 0). Returns early on a wake, a signal, or if the
-// word already differs; callers re-check their condition.
-void FutexWait(std::atomic<uint32_t>* word, uint32_t expected, absl::Duration timeout);
-// FUTEX_WAKE (shared) of up to `count` waiters; returns how many were woken.
-int FutexWake(std::atomic<uint32_t>* word, int count);
-
-// A view of a doorbell in shared memory (see the file comment).
-class Doorbell {
- public:
-  explicit Doorbell(DoorbellWords* words) : w_(words) {}
-  uint32_t Snapshot() const { return w_->seq.load(std::memory_order_seq_cst); }
-  void Ring();
-  // Sleeps until the bell rings after `snapshot`, or `timeout` passes, or
-  // spuriously; never longer than `timeout`.
-  void Wait(uint32_t snapshot, absl::Duration timeout);
-  // Polls (yielding the CPU between looks) until the bell rings after
-  // `snapshot` or `limit` passes; true if it rang. No system call but
-  // sched_yield: a ring seen here costs the ringer no FUTEX_WAKE and the
-  // waiter no wake-up latency (tens of microseconds on an idle virtual CPU).
-  bool Spin(uint32_t snapshot, absl::Duration limit) const;
-
- private:
-  DoorbellWords* w_;
-};
 
 // ---------------------------------------------------------------- entries
 

@@ -1,7 +1,9 @@
 // Real processes: one gradsync-coordinator and 8 gradsyncd on loopback; the
 // test is the client of every rank. Results are compared bit-exact with the
 // reference computed in the ring's own reduction order.
+#include <algorithm>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -35,6 +37,9 @@ class AllreduceIntegration : public ::testing::Test {
     }
   }
   static LocalCluster* cluster_;
+
+ public:
+  static LocalCluster* cluster() { return cluster_; }
 };
 LocalCluster* AllreduceIntegration::cluster_ = nullptr;
 
@@ -118,34 +123,54 @@ TEST_F(AllreduceIntegration, ConcurrentJobsOnTheSameDaemonsKeepTheirDataApart) {
   tb.join();
 }
 
-// Two node-local jobs (every rank on one daemon, so each has a local driver)
-// on the same daemon at once, each mixing small ops (run by its driver) and
-// large ones (handed to its executors): every result exact, nothing mixed.
-// Integer sums and maxima give the same bits in any reduction order.
-TEST_F(AllreduceIntegration, ConcurrentNodeLocalJobsKeepTheirDataApart) {
-  auto a = OpenJob(*cluster_, "local-a", {5, 5, 5, 5});
+// Two node-local jobs (every rank on one daemon) on the same daemon at once,
+// each mixing small ops and large ones: every result exact, nothing mixed.
+// With the arena (the default) the clients run the small ops themselves
+// ("local") and the daemon the large ones ("hier"); without it
+// (GRADSYNC_LOCAL_OPS=0) each job's local driver runs the small ones and
+// hands the large ones to its executors. Integer sums and maxima give the
+// same bits in any reduction order.
+void RunConcurrentNodeLocalJobs(bool arena, const std::string& tag) {
+  std::unique_ptr<testing::ScopedEnv> no_arena;
+  if (!arena) no_arena = std::make_unique<testing::ScopedEnv>("GRADSYNC_LOCAL_OPS", "0");
+  auto a = OpenJob(*AllreduceIntegration::cluster(), "local-a" + tag, {5, 5, 5, 5});
   ASSERT_TRUE(a.ok()) << a.status();
-  auto b = OpenJob(*cluster_, "local-b", {5, 5, 5});
+  auto b = OpenJob(*AllreduceIntegration::cluster(), "local-b" + tag, {5, 5, 5});
   ASSERT_TRUE(b.ok()) << b.status();
-  auto run = [](std::vector<testing::RankHandle>& job, DType t, ReduceOp op, uint32_t seed0) {
+  auto run = [arena](std::vector<testing::RankHandle>& job, DType t, ReduceOp op, uint32_t seed0) {
     for (uint32_t k = 0; k < 40; ++k) {
-      const size_t count = k % 8 == 7 ? 100003 : 1 + k % 5;  // every 8th op above 256 KiB
-      CheckAllreduce(job, t, op, count, seed0 + k, /*algorithm=*/"", /*want_algorithm=*/"hier");
+      const bool large = k % 8 == 7;  // every 8th op above 256 KiB
+      const size_t count = large ? 100003 : 1 + k % 5;
+      CheckAllreduce(job, t, op, count, seed0 + k, /*algorithm=*/"",
+                     /*want_algorithm=*/arena && !large ? "local" : "hier");
     }
   };
   std::thread ta([&] { run(*a, DType::kI64, ReduceOp::kSum, 700); });
   std::thread tb([&] { run(*b, DType::kI32, ReduceOp::kMax, 800); });
   ta.join();
   tb.join();
-  // The small ops ran on the jobs' drivers, the large ones were handed over.
+  for (auto& r : *a) EXPECT_TRUE(r.session->Close().ok());
+  for (auto& r : *b) EXPECT_TRUE(r.session->Close().ok());
+}
+
+TEST_F(AllreduceIntegration, ConcurrentNodeLocalJobsKeepTheirDataApart) {
+  RunConcurrentNodeLocalJobs(/*arena=*/true, "");
+}
+
+TEST_F(AllreduceIntegration, ConcurrentNodeLocalJobsKeepTheirDataApartWithoutTheArena) {
   auto sample = [&](const std::string& series) {
     auto text = HttpGet("127.0.0.1", cluster_->daemon_metrics_port(5), "/metrics");
     if (!text.ok()) return -1.0;
     auto v = FindSample(*text, series);
     return v.ok() ? *v : -1.0;
   };
-  EXPECT_GT(sample("gradsync_daemon_local_driver_ops_total"), 0);
-  EXPECT_GE(sample("gradsync_daemon_local_driver_handoffs_total{reason=\"other_op\"}"), 2);
+  const double ops0 = std::max(0.0, sample("gradsync_daemon_local_driver_ops_total"));
+  const double other0 =
+      std::max(0.0, sample("gradsync_daemon_local_driver_handoffs_total{reason=\"other_op\"}"));
+  RunConcurrentNodeLocalJobs(/*arena=*/false, "-driver");
+  // The small ops ran on the jobs' drivers, the large ones were handed over.
+  EXPECT_GT(sample("gradsync_daemon_local_driver_ops_total"), ops0);
+  EXPECT_GE(sample("gradsync_daemon_local_driver_handoffs_total{reason=\"other_op\"}"), other0 + 2);
 }
 
 // Every collective with the cost model's choice and with every algorithm that
@@ -255,8 +280,16 @@ TEST_F(AllreduceIntegration, RanksSharingADaemonUseTheHierarchicalPath) {
           spec.name = absl::StrCat("h.", count);
           auto res = s.Run(spec);
           if (!res.ok()) return void(errors[r] = std::string(res.status().message()));
+          // Every rank on one daemon: the clients run small allreduces in the
+          // job's arena themselves.
+          const bool node_local = std::all_of(daemons.begin(), daemons.end(),
+                                              [&](int d) { return d == daemons[0]; });
+          const bool small = count * DTypeSize(c.t) <= (64u << 10);
           const std::string want_algo =
-              !c.algo.empty() ? c.algo : (c.kind == CollectiveKind::kAllreduce ? "hier" : "");
+              !c.algo.empty() ? c.algo
+              : c.kind != CollectiveKind::kAllreduce ? ""
+              : node_local && small                   ? "local"
+                                                      : "hier";
           if (!want_algo.empty() && res->algorithm != want_algo) {
             errors[r] = absl::StrCat("ran ", res->algorithm, " instead of ", want_algo);
           }

@@ -5,6 +5,7 @@
 #define GRADSYNC_TESTS_CLUSTER_UTIL_H_
 
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <string>
@@ -65,6 +66,33 @@ inline absl::StatusOr<std::vector<RankHandle>> OpenJob(LocalCluster& cluster,
   }
   return ranks;
 }
+
+// Sets an environment variable for its lifetime (e.g. GRADSYNC_LOCAL_OPS=0,
+// read by OpenSession), restoring what was there.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) {
+      had_ = true;
+      old_ = old;
+    }
+    ::setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (had_) {
+      ::setenv(name_, old_.c_str(), 1);
+    } else {
+      ::unsetenv(name_);
+    }
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  bool had_ = false;
+  std::string old_;
+};
 
 inline void OnEveryRank(int n, const std::function<void(int)>& fn) {
   std::vector<std::thread> threads;

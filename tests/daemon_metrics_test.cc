@@ -84,8 +84,81 @@ TEST(DaemonMetrics, OpsBytesLatencyAndPeersAreExported) {
   EXPECT_EQ(Sample(port0, "gradsync_daemon_sessions"), 0);
 }
 
-// Four ranks on one daemon: the local driver runs the small ops and hands the
-// others (a large op, a mismatch) to the ranks' executors, and says so.
+// Polls `series` until it reads `want` or 5 s pass (the daemon reads the
+// arena's counters every heartbeat interval); returns the last reading.
+double AwaitSample(int port, const std::string& series, double want) {
+  const absl::Time end = absl::Now() + absl::Seconds(5);
+  double v = Sample(port, series);
+  while (v != want && absl::Now() < end) {
+    absl::SleepFor(absl::Milliseconds(50));
+    v = Sample(port, series);
+  }
+  return v;
+}
+
+// Four ranks on one daemon whose clients run the small ops themselves (the
+// arena): the daemon counts them from the arena as algorithm "local", next
+// to the ops it ran itself, in the daemon-wide and the per-job series.
+TEST(DaemonMetrics, LocalOpsAreCountedFromTheArena) {
+  LocalClusterOptions o;
+  o.daemons = 1;
+  auto cluster = LocalCluster::Start(o);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const int port = (*cluster)->daemon_metrics_port(0);
+  ASSERT_GT(port, 0);
+  auto job = OpenJob(**cluster, "arena-metrics", {0, 0, 0, 0});
+  ASSERT_TRUE(job.ok()) << job.status();
+  const size_t large = (64 << 10) / 4 + 1;  // f32 elements: just above the arena's limit
+  OnEveryRank(4, [&](int r) {
+    auto& s = *(*job)[r].session;
+    auto b = s.AllocateBuffer(large * 4);
+    ASSERT_TRUE(b.ok());
+    client::CollectiveSpec spec;
+    spec.buffer = b->get();
+    spec.name = "small";
+    spec.count = 16;
+    for (int i = 0; i < 10; ++i) {
+      auto res = s.Run(spec);
+      ASSERT_TRUE(res.ok()) << res.status();
+      EXPECT_EQ(res->algorithm, "local");
+    }
+    client::CollectiveSpec barrier;
+    barrier.kind = CollectiveKind::kBarrier;
+    barrier.name = "b";
+    for (int i = 0; i < 2; ++i) ASSERT_TRUE(s.Run(barrier).ok());
+    spec.name = "large";
+    spec.count = large;
+    auto res = s.Run(spec);
+    ASSERT_TRUE(res.ok()) << res.status();
+    EXPECT_EQ(res->algorithm, "hier");
+    spec.name = "mismatch";
+    spec.count = r == 3 ? 8 : 16;
+    EXPECT_TRUE(absl::IsInvalidArgument(s.Run(spec).status()));
+  });
+  auto ops = [](const char* algo, const char* kind, const char* status) {
+    return absl::StrCat("gradsync_daemon_ops_total{algorithm=\"", algo, "\",collective=\"", kind,
+                        "\",status=\"", status, "\"}");
+  };
+  EXPECT_EQ(AwaitSample(port, ops("local", "allreduce", "ok"), 40), 40);
+  EXPECT_EQ(AwaitSample(port, ops("local", "barrier", "ok"), 8), 8);
+  EXPECT_EQ(AwaitSample(port, ops("local", "allreduce", "invalid_argument"), 4), 4);
+  EXPECT_EQ(Sample(port, ops("hier", "allreduce", "ok")), 4);
+  EXPECT_EQ(Sample(port, "gradsync_daemon_op_bytes_total{collective=\"allreduce\"}"),
+            4 * (10 * 16 * 4 + large * 4));
+  EXPECT_EQ(AwaitSample(port, "gradsync_job_ops_total{gradsync_job=\"arena-metrics\",status=\"ok\"}",
+                        4 * 13),
+            4 * 13);
+  EXPECT_EQ(Sample(port, "gradsync_job_ops_total{gradsync_job=\"arena-metrics\",status=\"error\"}"), 4);
+  EXPECT_GT(Sample(port, "gradsync_job_op_seconds_total{gradsync_job=\"arena-metrics\"}"), 0);
+  // No driver for a job with an arena.
+  EXPECT_EQ(Sample(port, "gradsync_daemon_local_driver_ops_total"), 0);
+  for (auto& r : *job) ASSERT_TRUE(r.session->Close().ok());
+}
+
+// Four ranks on one daemon whose clients keep every op on the daemon
+// (GRADSYNC_LOCAL_OPS=0: no arena): the local driver runs the small ops and
+// hands the others (a large op, a mismatch) to the ranks' executors, and
+// says so.
 TEST(DaemonMetrics, LocalDriverOpsAndHandoffsAreExported) {
   LocalClusterOptions o;
   o.daemons = 1;
@@ -94,6 +167,7 @@ TEST(DaemonMetrics, LocalDriverOpsAndHandoffsAreExported) {
   const int port = (*cluster)->daemon_metrics_port(0);
   ASSERT_GT(port, 0);
   EXPECT_EQ(Sample(port, "gradsync_daemon_local_driver_ops_total"), 0);
+  testing::ScopedEnv no_arena("GRADSYNC_LOCAL_OPS", "0");
   auto job = OpenJob(**cluster, "driver-metrics", {0, 0, 0, 0});
   ASSERT_TRUE(job.ok()) << job.status();
   const size_t large = (256 << 10) / 4 + 1;  // f32 elements: just above the driver's limit

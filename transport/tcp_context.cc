@@ -13,6 +13,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "common/clock.h"
 #include "common/logging.h"
 
 namespace gradsync::transport {
@@ -275,7 +276,7 @@ bool TcpContext::DoRecv(Peer& p, bool* completed) {
         if (staged > 0) std::memcpy(msg.data(), p.stage.get() + p.stage_begin, staged);
         p.stage_begin += staged;
         (void)ReadFull(p.fd.get(), msg.data() + staged, msg.size() - staged,
-                       absl::Now() + absl::Seconds(1));
+                       FastNow() + absl::Seconds(1));
         (void)Fail(absl::AbortedError(absl::StrCat("aborted by rank ", p.rank, ": ", msg)));
         return false;
       }
@@ -346,19 +347,19 @@ absl::Status TcpContext::Progress(absl::Time deadline) {
     // a wake-up from a blocking poll costs tens of microseconds, more than a
     // small message's whole round trip on a fast link.
     int n = 0;
-    const absl::Time spin_until = absl::Now() + spin_;
+    const absl::Time spin_until = FastNow() + spin_;
     do {
       n = ::poll(pfds.data(), pfds.size(), 0);
       if (n != 0) break;
       sched_yield();
-    } while (spin_ > absl::ZeroDuration() && absl::Now() < spin_until);
+    } while (spin_ > absl::ZeroDuration() && FastNow() < spin_until);
     if (n == 0) n = ::poll(pfds.data(), pfds.size(), PollTimeoutMs(deadline, 1000));
     if (n < 0) {
       if (errno == EINTR) continue;
       return Fail(absl::InternalError("poll: " + ErrnoString(errno)));
     }
     if (n == 0) {
-      if (absl::Now() >= deadline) return absl::DeadlineExceededError("deadline exceeded");
+      if (FastNow() >= deadline) return absl::DeadlineExceededError("deadline exceeded");
       continue;
     }
     if (pfds[0].revents != 0) return Fail(health());  // Abort() from another thread
@@ -443,7 +444,7 @@ absl::Status TcpContext::health() const {
 
 void TcpContext::BroadcastAbort(const std::string& reason) {
   const std::string msg = reason.substr(0, kMaxAbortBytes);
-  const absl::Time deadline = absl::Now() + absl::Milliseconds(300);
+  const absl::Time deadline = FastNow() + absl::Milliseconds(300);
   for (Peer& p : peers_) {
     if (p.rank == rank_ || !p.fd.valid()) continue;
     // Finish a frame that is half on the wire, or the peer would misparse.

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <set>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -83,6 +84,18 @@ absl::StatusOr<std::shared_ptr<Session>> Daemon::OpenSession(const OpenSessionAr
   const absl::Time deadline = absl::Now() + args.timeout;
   const std::string session_id =
       absl::StrCat(options_.node_id, "-", ::getpid(), "-", next_session_++);
+  {
+    absl::MutexLock l(&mu_);
+    arena_wanted_[session_id] = args.local_ops;
+  }
+  struct Forget {
+    Daemon* d;
+    const std::string& id;
+    ~Forget() {
+      absl::MutexLock l(&d->mu_);
+      d->arena_wanted_.erase(id);
+    }
+  } forget{this, session_id};
 
   v1::CreateJobRequest creq;
   creq.set_job_id(args.job_id);
@@ -191,8 +204,11 @@ absl::StatusOr<std::shared_ptr<Session>> Daemon::OpenSession(const OpenSessionAr
   std::shared_ptr<JobGroup> group;
   std::shared_ptr<LocalDriver> driver;
   if (layout.nodes < info.world_size) {
+    const bool arena_wanted = options_.local_ops && layout.nodes == 1 &&
+                              info.timeline_path.empty() && AllWantArena(jresp.members());
     auto g = GetOrCreateGroup(args.job_id, static_cast<uint64_t>(info.epoch), layout,
-                              node_endpoints, link->streams, info.link, co.deadline, &driver);
+                              node_endpoints, link->streams, info.link, arena_wanted, co.deadline,
+                              &driver);
     if (!g.ok()) {
       LeaveJob(info);
       return g.status();
@@ -262,16 +278,26 @@ absl::Status Daemon::CloseSession(const std::string& id) {
     s = it->second;
     sessions_.erase(it);
   }
+  PollArenas({s});  // the job's last local ops still count
   s->Close();
   LeaveJob(s->info());
   GS_LOG(INFO) << "session " << id << " closed";
   return absl::OkStatus();
 }
 
+bool Daemon::AllWantArena(const google::protobuf::RepeatedPtrField<v1::Member>& members) const {
+  absl::MutexLock l(&mu_);
+  for (const v1::Member& m : members) {
+    auto it = arena_wanted_.find(m.member_id());
+    if (it == arena_wanted_.end() || !it->second) return false;
+  }
+  return true;
+}
+
 absl::StatusOr<std::shared_ptr<JobGroup>> Daemon::GetOrCreateGroup(
     const std::string& job_id, uint64_t epoch, const GroupLayout& layout,
     const std::vector<HostPort>& node_endpoints, int streams, const LinkParams& link,
-    absl::Time deadline, std::shared_ptr<LocalDriver>* driver) {
+    bool arena_wanted, absl::Time deadline, std::shared_ptr<LocalDriver>* driver) {
   const std::string key = absl::StrCat(job_id, "#", epoch);
   std::shared_ptr<GroupEntry> entry;
   bool create = false;
@@ -324,9 +350,28 @@ absl::StatusOr<std::shared_ptr<JobGroup>> Daemon::GetOrCreateGroup(
     }
     node_ctx = std::move(*ctx);
   }
-  auto group = std::make_shared<JobGroup>(layout, std::move(node_ctx), link, options_.ring);
+  std::shared_ptr<JobArena> arena;
+  if (arena_wanted) {
+    ipc::ArenaGeometry g;
+    g.world_size = static_cast<uint32_t>(layout.world_size);
+    g.frames = options_.local_ops_frames;
+    g.data_bytes = options_.local_ops_max_bytes;
+    auto a = JobArena::Create(job_id, epoch, g);
+    if (a.ok()) {
+      arena = *std::move(a);
+    } else {  // the job still runs, through the daemon
+      GS_LOG(WARNING) << "job '" << job_id << "' epoch " << epoch << ": no arena, "
+                      << "every op goes through gradsyncd: " << a.status();
+    }
+  }
+  auto group =
+      std::make_shared<JobGroup>(layout, std::move(node_ctx), link, options_.ring, arena);
   entry->group = group;
-  if (layout.nodes == 1 && options_.local_driver) {
+  if (arena != nullptr) {
+    GS_LOG(INFO) << "job '" << job_id << "' epoch " << epoch << ": arena " << arena->shm_name()
+                 << " (" << arena->size_bytes() << " bytes): the clients run allreduces of up to "
+                 << options_.local_ops_max_bytes << " bytes and barriers themselves";
+  } else if (layout.nodes == 1 && options_.local_driver) {
     *driver = std::make_shared<LocalDriver>(job_id, layout.world_size, options_.local_driver_spin,
                                             options_.observer);
     entry->driver = *driver;
@@ -353,6 +398,20 @@ void Daemon::LeaveJob(const SessionInfo& info) {
   }
 }
 
+void Daemon::PollArenas(const std::vector<std::shared_ptr<Session>>& sessions) {
+  std::set<const JobArena*> counted;
+  for (const auto& s : sessions) {
+    const std::shared_ptr<JobArena>& arena = s->arena();
+    if (arena == nullptr) continue;
+    // A client failed it (its deadline passed mid-stream): the ops the daemon
+    // holds for the job cannot match up any more.
+    if (arena->view().has_failed() && s->health().ok()) s->AbortEpoch(arena->failure());
+    if (options_.observer != nullptr && counted.insert(arena.get()).second) {
+      for (const LocalOpsRecord& r : arena->TakeLocalOps()) options_.observer->OnLocalOps(r);
+    }
+  }
+}
+
 void Daemon::HeartbeatLoop() {
   while (!stop_.WaitForNotificationWithTimeout(options_.heartbeat_interval)) {
     std::vector<std::shared_ptr<Session>> sessions, expired;
@@ -376,6 +435,7 @@ void Daemon::HeartbeatLoop() {
       s->Close();
       LeaveJob(s->info());
     }
+    PollArenas(sessions);
     for (auto& s : sessions) {
       if (!s->health().ok()) continue;
       const SessionInfo& info = s->info();

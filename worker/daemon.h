@@ -44,6 +44,14 @@ struct DaemonOptions {
   // gaps between a training step's allreduces then cost no wake-up).
   bool local_driver = true;
   absl::Duration local_driver_spin = absl::Milliseconds(2);
+  // Jobs with every rank on this daemon whose clients all ask for it get an
+  // arena (worker/job_arena.h): the clients run small allreduces (up to
+  // local_ops_max_bytes per rank) and barriers among themselves, without a
+  // daemon thread, and the daemon checks every other op's signature there.
+  // Such jobs need no local driver.
+  bool local_ops = true;
+  uint64_t local_ops_max_bytes = 64 << 10;
+  uint32_t local_ops_frames = 16;  // ops a rank may be ahead of the slowest one
   std::string timeline_dir = "/var/lib/gradsync/timeline";  // for jobs with timeline on
   uint64_t ps_partition_bytes = 1 << 20;  // parameter-server partition size
   DaemonObserver* observer = nullptr;  // metrics; not owned, outlives the daemon
@@ -61,6 +69,7 @@ struct OpenSessionArgs {
   bool timeline = false;  // job-wide Chrome-trace timeline
   int ps_shards = 0;      // parameter-server shards the job uses (if it creates it)
   std::string client_name;
+  bool local_ops = false;  // the client can run node-local ops in an arena
 };
 
 class Daemon {
@@ -96,10 +105,18 @@ class Daemon {
   void HeartbeatLoop();
   // This daemon's JobGroup for (job, epoch): created (and connected to the
   // other daemons' groups) by the first local session, shared by the rest.
+  // `arena_wanted`: every rank is on this daemon, the job has no timeline,
+  // and every local member asked for an arena.
   absl::StatusOr<std::shared_ptr<JobGroup>> GetOrCreateGroup(
       const std::string& job_id, uint64_t epoch, const GroupLayout& layout,
       const std::vector<HostPort>& node_endpoints, int streams, const LinkParams& link,
-      absl::Time deadline, std::shared_ptr<LocalDriver>* driver);
+      bool arena_wanted, absl::Time deadline, std::shared_ptr<LocalDriver>* driver);
+  // Every member of `members` asked for an arena (their OpenSession calls
+  // are all in flight on this daemon while the rendezvous completes).
+  bool AllWantArena(const google::protobuf::RepeatedPtrField<v1::Member>& members) const;
+  // The heartbeat loop's look at the arenas: a failed one ends its sessions'
+  // epoch, and the clients' local op counts go to the observer.
+  void PollArenas(const std::vector<std::shared_ptr<Session>>& sessions);
   void LeaveJob(const SessionInfo& info);
 
   DaemonOptions options_;
@@ -119,6 +136,8 @@ class Daemon {
     std::weak_ptr<LocalDriver> driver;  // null unless every rank is on this daemon
   };
   std::map<std::string, std::shared_ptr<GroupEntry>> groups_ ABSL_GUARDED_BY(mu_);
+  // Session id -> it asked for an arena, while its OpenSession runs.
+  std::map<std::string, bool> arena_wanted_ ABSL_GUARDED_BY(mu_);
 
   absl::Notification stop_;
   std::thread heartbeat_thread_;

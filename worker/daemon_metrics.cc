@@ -52,6 +52,20 @@ class DaemonMetrics::JobCollector : public prometheus::Collectable {
       j.ops_failed += 1;
     }
   }
+  void LocalOps(const LocalOpsRecord& r) {
+    absl::MutexLock l(&mu_);
+    auto it = jobs_.find(r.job_id);
+    if (it == jobs_.end()) return;
+    Job& j = it->second;
+    if (r.code == absl::StatusCode::kOk) {
+      j.ops_ok += static_cast<double>(r.ops);
+      j.op_seconds += absl::ToDoubleSeconds(r.run);
+      j.bytes += static_cast<double>(r.bytes);
+      j.arrival_wait += absl::ToDoubleSeconds(r.arrival_wait);
+    } else {
+      j.ops_failed += static_cast<double>(r.ops);
+    }
+  }
   std::vector<prometheus::MetricFamily> Collect() const override {
     absl::MutexLock l(&mu_);
     auto family = [](const char* name, const char* help, prometheus::MetricType type) {
@@ -263,6 +277,23 @@ void DaemonMetrics::OnOpDone(const OpRecord& op) {
                             kBw, {{"collective", CollectiveName(op.kind)}})) {
       h->Observe(op.bytes * factor / secs);
     }
+  }
+}
+
+void DaemonMetrics::OnLocalOps(const LocalOpsRecord& r) {
+  jobs_->LocalOps(r);
+  const std::string kind = CollectiveName(r.kind);
+  // The same families as the daemon's own ops (OpSeries), algorithm "local".
+  if (auto* c = Counter("gradsync_daemon_ops_total",
+                        "Collectives finished, by type, algorithm and status",
+                        {{"collective", kind}, {"algorithm", "local"}, {"status", CodeName(r.code)}})) {
+    c->Increment(static_cast<double>(r.ops));
+  }
+  if (r.code != absl::StatusCode::kOk || r.bytes == 0) return;
+  if (auto* c = Counter("gradsync_daemon_op_bytes_total",
+                        "Buffer bytes of successful collectives on this daemon's ranks",
+                        {{"collective", kind}})) {
+    c->Increment(static_cast<double>(r.bytes));
   }
 }
 

@@ -33,6 +33,7 @@ class DaemonMetrics final : public DaemonObserver {
   void OnLocalDriverOp(int ranks) override;
   void OnLocalDriverHandoff(const char* reason) override;
   void OnLinkProbe(const LinkParams& link) override;
+  void OnLocalOps(const LocalOpsRecord& ops) override;
 
   // Size classes used as the `size` label (bounded): "le_4k", "le_64k",
   // "le_1m", "le_16m", "le_256m", "gt_256m".

@@ -27,6 +27,19 @@ struct OpRecord {
   absl::Duration arrival_wait;  // waiting for the last rank to submit (signature check)
 };
 
+// What the clients of a node-local job ran themselves (client/local_path.h)
+// since the daemon last looked at its arena, per collective and outcome,
+// summed over the job's ranks on this daemon.
+struct LocalOpsRecord {
+  std::string job_id;
+  CollectiveKind kind = CollectiveKind::kAllreduce;
+  absl::StatusCode code = absl::StatusCode::kOk;
+  uint64_t ops = 0;
+  uint64_t bytes = 0;           // successful ops only
+  absl::Duration run;           // summed submission-to-completion time, successful ops only
+  absl::Duration arrival_wait;  // summed waiting for the last rank, successful ops only
+};
+
 class DaemonObserver {
  public:
   virtual ~DaemonObserver() = default;
@@ -60,6 +73,9 @@ class DaemonObserver {
   // "late_rank" (a rank had not submitted after LocalDriver::kGrace).
   virtual void OnLocalDriverHandoff(const char* reason) { (void)reason; }
   virtual void OnLinkProbe(const LinkParams& link) { (void)link; }
+  // Ops the clients ran in a job's arena (the daemon collects the counts
+  // every heartbeat interval and when a session closes).
+  virtual void OnLocalOps(const LocalOpsRecord& ops) { (void)ops; }
 };
 
 // Classifies an epoch-breaking error for OnEpochFailed.

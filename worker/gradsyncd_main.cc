@@ -62,6 +62,13 @@ ABSL_FLAG(bool, local_driver, true,
 ABSL_FLAG(int32_t, local_driver_spin_us, 2000,
           "microseconds a job's local driver keeps polling its ranks' op queues after activity "
           "before it sleeps (one thread per job whose ranks all use this daemon; 0 = never)");
+ABSL_FLAG(bool, local_ops, true,
+          "jobs whose ranks all use this daemon, with clients that support it: give the job a "
+          "shared-memory arena in which the clients run small allreduces and barriers among "
+          "themselves (no daemon thread per op); off: every op goes through the daemon");
+ABSL_FLAG(int64_t, local_ops_max_bytes, 64 << 10,
+          "largest allreduce (bytes per rank) the clients of a node-local job run themselves "
+          "(--local_ops); larger ones go through the daemon (0..16 MiB)");
 ABSL_FLAG(int32_t, tcp_streams, 2,
           "TCP connections per pair of ranks for jobs this daemon creates (a job's value wins)");
 ABSL_FLAG(std::string, port_file, "",
@@ -163,6 +170,13 @@ int main(int argc, char** argv) {
   opts.spin_us = std::max(0, absl::GetFlag(FLAGS_spin_us));
   opts.local_driver = absl::GetFlag(FLAGS_local_driver);
   opts.local_driver_spin = absl::Microseconds(std::max(0, absl::GetFlag(FLAGS_local_driver_spin_us)));
+  opts.local_ops = absl::GetFlag(FLAGS_local_ops);
+  const int64_t local_max = absl::GetFlag(FLAGS_local_ops_max_bytes);
+  if (local_max < 0 || local_max > (16 << 20)) {
+    GS_LOG(ERROR) << "--local_ops_max_bytes " << local_max << " is outside [0, 16 MiB]";
+    return 2;
+  }
+  opts.local_ops_max_bytes = static_cast<uint64_t>(local_max);
   opts.timeline_dir = absl::GetFlag(FLAGS_timeline_dir);
   opts.ps_partition_bytes = static_cast<uint64_t>(std::max<int64_t>(4096, absl::GetFlag(FLAGS_ps_partition_bytes)));
   if (opts.heartbeat_interval <= absl::ZeroDuration() || opts.ring.segment_bytes < 4096 ||

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "collective/op_signature.h"
+#include "common/clock.h"
 #include "common/logging.h"
 #include "collective/collectives.h"
 #include "kernels/cpu_reduce.h"
@@ -16,8 +17,12 @@
 namespace gradsync {
 
 JobGroup::JobGroup(GroupLayout layout, std::unique_ptr<transport::Context> node_ctx,
-                   LinkParams link, RingOptions ring)
-    : layout_(std::move(layout)), node_ctx_(std::move(node_ctx)), link_(link), ring_(ring) {}
+                   LinkParams link, RingOptions ring, std::shared_ptr<JobArena> arena)
+    : layout_(std::move(layout)),
+      node_ctx_(std::move(node_ctx)),
+      link_(link),
+      ring_(ring),
+      arena_(std::move(arena)) {}
 
 int JobGroup::LocalIndex(int rank) const {
   auto it = std::find(layout_.local_ranks.begin(), layout_.local_ranks.end(), rank);
@@ -40,6 +45,7 @@ void JobGroup::Abort(const absl::Status& reason) {
     if (broken_.ok()) broken_ = reason;
   }
   if (node_ctx_ != nullptr) node_ctx_->Abort(reason);
+  if (arena_ != nullptr) arena_->Fail(reason);
 }
 
 absl::Status JobGroup::WaitFor(Slot& slot, const std::function<bool()>& cond, absl::Time deadline,
@@ -47,7 +53,7 @@ absl::Status JobGroup::WaitFor(Slot& slot, const std::function<bool()>& cond, ab
   auto ready = [&]() { return cond() || !slot.status.ok() || !broken_.ok(); };
   while (!ready()) {
     if (mu_.AwaitWithDeadline(absl::Condition(&ready), deadline)) break;
-    if (absl::Now() >= deadline) {
+    if (FastNow() >= deadline) {
       if (slot.status.ok()) slot.status = absl::DeadlineExceededError(what);
       break;
     }
@@ -103,8 +109,8 @@ absl::Status JobGroup::CheckLocalSignatures(int rank, uint64_t seq, const std::s
     // this executor is back for its client's next op sooner.
     const std::atomic<bool>& decided = slot.decided;
     mu_.Unlock();
-    const absl::Time spin_end = std::min(deadline, absl::Now() + kSpin);
-    while (!decided.load(std::memory_order_acquire) && absl::Now() < spin_end) sched_yield();
+    const absl::Time spin_end = std::min(deadline, FastNow() + kSpin);
+    while (!decided.load(std::memory_order_acquire) && FastNow() < spin_end) sched_yield();
     mu_.Lock();
     auto ready = [&]() { return slot.compared || !broken_.ok(); };
     auto finished = [&]() { return slot.compared; };
@@ -113,7 +119,7 @@ absl::Status JobGroup::CheckLocalSignatures(int rank, uint64_t seq, const std::s
     // local reduction of <= kSmallBytes per rank and the completions, well
     // under a second; the bound only guards against a bug.
     if (slot.running &&
-        !mu_.AwaitWithDeadline(absl::Condition(&finished), absl::Now() + absl::Seconds(30))) {
+        !mu_.AwaitWithDeadline(absl::Condition(&finished), FastNow() + absl::Seconds(30))) {
       GS_LOG(ERROR) << "hierarchical op " << seq << ": rank " << rank
                     << " waited 30 s for the last rank's local reduction";
     }

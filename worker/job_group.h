@@ -39,6 +39,7 @@
 #include "collective/ring_allreduce.h"
 #include "common/types.h"
 #include "transport/transport.h"
+#include "worker/job_arena.h"
 
 namespace gradsync {
 
@@ -57,11 +58,14 @@ class JobGroup {
   // and a futex wake-up costs tens of them on a virtual CPU.
   static constexpr absl::Duration kSpin = absl::Microseconds(30);
 
-  // `node_ctx` connects the node leaders (null when nodes == 1).
+  // `node_ctx` connects the node leaders (null when nodes == 1). `arena`:
+  // the job's arena when it has one (nodes == 1 and every local client asked;
+  // worker/job_arena.h), else null.
   JobGroup(GroupLayout layout, std::unique_ptr<transport::Context> node_ctx, LinkParams link,
-           RingOptions ring);
+           RingOptions ring, std::shared_ptr<JobArena> arena = nullptr);
 
   const GroupLayout& layout() const { return layout_; }
+  const std::shared_ptr<JobArena>& arena() const { return arena_; }
 
   // The small local allreduce, in place: combines bufs[1..] into bufs[0] in
   // rank order, divides by `world_size` for avg, copies the result into every
@@ -98,7 +102,8 @@ class JobGroup {
                                     absl::Time deadline, uint8_t* agreed,
                                     LocalAllreduce* small = nullptr);
 
-  // Fails every pending and future hierarchical op (session closed, epoch aborted).
+  // Fails every pending and future hierarchical op (session closed, epoch
+  // aborted), and the arena if there is one.
   void Abort(const absl::Status& reason);
 
  private:
@@ -123,6 +128,7 @@ class JobGroup {
   std::unique_ptr<transport::Context> node_ctx_;  // leader thread only
   const LinkParams link_;
   const RingOptions ring_;
+  const std::shared_ptr<JobArena> arena_;
   std::vector<char> scratch_;  // leader only
 
   absl::Mutex mu_;

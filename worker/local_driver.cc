@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <limits>
 
+#include "common/clock.h"
 #include "common/logging.h"
 #include "common/process.h"
 #include "worker/daemon_observer.h"
@@ -225,7 +226,7 @@ bool LocalDriverCore::Step(bool* waiting) ABSL_NO_THREAD_SAFETY_ANALYSIS {
     if (m != nullptr) m->mu_.Lock();
   }
   sleep_rank_ = -1;
-  const absl::Time now = absl::Now();
+  const absl::Time now = FastNow();
   bool complete = true;  // every rank attached, idle, with an op above released_
   bool idle = true;      // no executor has work
   uint64_t release = 0;
@@ -297,7 +298,7 @@ bool LocalDriverCore::Step(bool* waiting) ABSL_NO_THREAD_SAFETY_ANALYSIS {
   }
   // 3. Every rank submitted the same small op: run it here, for all of them.
   wait_seq_ = 0;
-  const absl::Time start = absl::Now();
+  const absl::Time start = FastNow();
   const Session::Op& op0 = *batch[0];
   const bool allreduce = op0.sig.kind == CollectiveKind::kAllreduce;
   if (allreduce) {
@@ -305,7 +306,7 @@ bool LocalDriverCore::Step(bool* waiting) ABSL_NO_THREAD_SAFETY_ANALYSIS {
     for (int r = 0; r < world_; ++r) bufs[r] = batch[r]->buffer->data() + batch[r]->offset;
     JobGroup::ReduceLocal(bufs, op0.sig.count, op0.sig.dtype, op0.sig.op, world_);
   }
-  const absl::Time end = absl::Now();
+  const absl::Time end = FastNow();
   // The labels the executors' path gives these ops (rank 0's proposal).
   const char* algorithm = allreduce ? "hier" : "oneshot";
   ran_.fetch_add(world_, std::memory_order_relaxed);  // before the clients can see it
@@ -345,7 +346,7 @@ void LocalDriverCore::Sleep(const std::shared_ptr<SubmissionFeed>& feed, int ran
 }
 
 void LocalDriverCore::Run() {
-  absl::Time last_active = absl::Now();
+  absl::Time last_active = FastNow();
   bool waiting = false;  // an op waits for a rank (Step looks again each time)
   while (!stop_.load()) {
     std::shared_ptr<SubmissionFeed> sleep_feed;
@@ -373,7 +374,7 @@ void LocalDriverCore::Run() {
         snapshot = pumped_[sleep_rank];
       }
     }
-    const absl::Time now = absl::Now();
+    const absl::Time now = FastNow();
     if (progress) last_active = now;
     if (now - last_active < spin_) {
       ::sched_yield();

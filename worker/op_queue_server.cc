@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/clock.h"
 #include "common/logging.h"
 #include "common/process.h"
 #include "common/status_macros.h"
@@ -151,7 +152,7 @@ class OpQueueServer::Queue : public std::enable_shared_from_this<Queue> {
         reason = stop_reason_;
         break;
       }
-      const absl::Time now = absl::Now();
+      const absl::Time now = FastNow();
       if (now >= next_tick) {
         end_.BumpHeartbeat();
         if (backend_->closed()) {
@@ -194,7 +195,7 @@ class OpQueueServer::Queue : public std::enable_shared_from_this<Queue> {
         // long op, a client blocked on a full ring or on overflowed
         // completions is served here within a millisecond, not a tick.
         SleepPoller(pressure ? absl::Milliseconds(1)
-                             : std::clamp(next_tick - absl::Now(), absl::Milliseconds(1),
+                             : std::clamp(next_tick - FastNow(), absl::Milliseconds(1),
                                           options_.poll_interval));
       } else if (progress) {
         last_active = now;

@@ -8,6 +8,7 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "common/clock.h"
 #include "common/logging.h"
 #include "common/process.h"
 #include "worker/local_driver.h"
@@ -35,6 +36,7 @@ Session::Session(SessionInfo info, std::unique_ptr<transport::Context> ctx,
       ctx_(std::move(ctx)),
       ring_options_(ring_options),
       group_(std::move(group)),
+      arena_(group_ != nullptr ? group_->arena() : nullptr),
       observer_(observer),
       peer_sent_(info_.world_size, 0),
       peer_received_(info_.world_size, 0),
@@ -64,7 +66,7 @@ Session::Session(SessionInfo info, std::unique_ptr<transport::Context> ctx,
       GS_LOG(WARNING) << "job '" << info_.job_id << "': no timeline: " << t.status().message();
     }
   }
-  last_used_ = absl::Now();
+  last_used_ = FastNow();
   executor_ = std::thread([this] { ExecutorLoop(); });
   NameThread(executor_, absl::StrCat("gs-exec-r", info_.rank).c_str());
   if (driver_ != nullptr) driver_->Attach(this);
@@ -76,6 +78,48 @@ Session::~Session() {
 }
 
 SessionStatus Session::Status() const {
+  SessionStatus st = DaemonOpsStatus();
+  if (arena_ == nullptr) return st;
+  // The ops this rank's client ran itself never reach the daemon; the arena
+  // shows them: consumed is how far the client is done, and a published,
+  // unfinished op after it is the one it waits on (or will, at its Wait).
+  const ipc::ArenaView& v = arena_->view();
+  const int me = info_.rank;
+  const uint64_t consumed = v.consumed(me);
+  st.arena_consumed = consumed;
+  auto describe = [&v](int rank, uint64_t seq) -> std::string {
+    if (!v.Published(rank, seq)) return absl::StrCat("op ", seq);
+    absl::StatusOr<ipc::ArenaFrame> f = v.Read(rank, seq);
+    absl::StatusOr<OpSignature> sig =
+        f.ok() ? OpSignature::Decode(std::string(f->signature)) : f.status();
+    return sig.ok() ? sig->Describe() : "an unreadable op";
+  };
+  if (consumed > st.last_completed_seq) {
+    st.last_completed_seq = consumed;
+    st.last_completed = absl::StrCat(describe(me, consumed), " (op ", consumed, "): done");
+    st.last_completed_at = FastNow();  // not recorded; "just now" is the safe reading
+    if (v.Published(me, consumed)) {
+      absl::StatusOr<ipc::ArenaFrame> f = v.Read(me, consumed);
+      if (f.ok()) st.last_completed_at = absl::FromUnixMicros(f->published_us);
+    }
+  }
+  const uint64_t next = consumed + 1;
+  if (st.has_current || !v.Published(me, next)) return st;
+  absl::StatusOr<ipc::ArenaFrame> f = v.Read(me, next);
+  st.has_current = true;
+  st.current_seq = next;
+  st.current = absl::StrCat(describe(me, next), " (op ", next, ")");
+  st.current_since = f.ok() ? absl::FromUnixMicros(f->published_us) : FastNow();
+  st.arrived.clear();
+  st.missing.clear();
+  for (int r = 0; r < info_.world_size; ++r) {
+    (v.Published(r, next) ? st.arrived : st.missing).push_back(r);
+  }
+  st.phase = st.missing.empty() ? "running local" : "negotiating";
+  return st;
+}
+
+SessionStatus Session::DaemonOpsStatus() const {
   SessionStatus st;
   st.info = info_;
   absl::MutexLock l(&mu_);
@@ -109,7 +153,7 @@ SessionStatus Session::Status() const {
 
 void Session::Touch() {
   absl::MutexLock l(&mu_);
-  last_used_ = absl::Now();
+  last_used_ = FastNow();
 }
 
 absl::Time Session::last_used() const {
@@ -164,6 +208,16 @@ absl::Status Session::FreeBuffer(uint64_t id) {
 absl::StatusOr<uint64_t> Session::Submit(const SubmitArgs& a) {
   std::shared_ptr<SubmissionFeed> wake;
   absl::StatusOr<uint64_t> seq = Enqueue(a, &wake);
+  if (!seq.ok() && arena_ != nullptr) {
+    // The client published the op in the arena before sending it here, so
+    // the other ranks wait for this rank's op: fail the arena rather than let
+    // them run into the deadline. (The client checks what it can before it
+    // publishes, so this is a client/daemon disagreement, not a user error.)
+    arena_->Fail(absl::Status(seq.status().code(),
+                              absl::StrCat("rank ", info_.rank, ": gradsyncd refused op ", a.sequence,
+                                           " (", CollectiveName(a.kind), " '", a.name, "'): ",
+                                           seq.status().message())));
+  }
   // Submitted over gRPC while the executor sleeps on the feed's doorbell: ring
   // it outside mu_ (a feed's Pump takes its own lock, then ours).
   if (wake != nullptr) wake->Wake();
@@ -175,46 +229,6 @@ absl::StatusOr<uint64_t> Session::Enqueue(const SubmitArgs& a,
                                           std::shared_ptr<SubmissionFeed>* wake) {
   // Only error messages use it: built on demand, not for every op.
   auto what = [&a] { return absl::StrCat(CollectiveName(a.kind), " '", a.name, "'"); };
-  std::optional<Algorithm> forced;
-  bool hier = false;
-  bool use_ps = false;
-  const std::string& algo_name = !a.algorithm.empty() && a.algorithm != "auto"
-                                     ? a.algorithm
-                                     : info_.job_algorithm;
-  if (algo_name == "ps") {
-    if (a.kind != CollectiveKind::kAllreduce) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          what(), ": algorithm 'ps' does not implement ", CollectiveName(a.kind),
-          " (parameter server: allreduce only)"));
-    }
-    if (ps_ == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          what(), ": algorithm 'ps' needs parameter-server shards; job '", info_.job_id,
-          "' has none (create it with ps_shards > 0 and start gradsync-ps)"));
-    }
-    use_ps = true;
-  } else if (algo_name == "hier") {
-    if (a.kind != CollectiveKind::kAllreduce) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          what(), ": algorithm 'hier' does not implement ", CollectiveName(a.kind),
-          " (hierarchical: allreduce only)"));
-    }
-    if (group_ == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          what(), ": algorithm 'hier' needs ranks that share a daemon; job '", info_.job_id,
-          "' has one rank per daemon"));
-    }
-    hier = true;
-  } else if (!algo_name.empty() && algo_name != "auto") {
-    auto algo = ParseAlgorithm(algo_name);
-    if (!algo.ok()) return absl::InvalidArgumentError(absl::StrCat(what(), ": ", algo.status().message()));
-    if (!Implements(*algo, a.kind)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          what(), ": algorithm '", algo_name, "' does not implement ", CollectiveName(a.kind),
-          " (", ImplementingAlgorithms(a.kind), " do)"));
-    }
-    forced = *algo;
-  }
   if (IsRootedCollective(a.kind) && (a.root < 0 || a.root >= info_.world_size)) {
     return absl::InvalidArgumentError(absl::StrCat(what(), ": root ", a.root,
                                                    " out of range for world size ",
@@ -225,24 +239,41 @@ absl::StatusOr<uint64_t> Session::Enqueue(const SubmitArgs& a,
                                                    " bytes; the limit is ", kMaxOpNameBytes));
   }
   const uint64_t esize = DTypeSize(a.dtype);
-  if (a.count > (uint64_t{1} << 40) / esize) {
-    return absl::InvalidArgumentError(absl::StrCat("count ", a.count, " is too large"));
-  }
   const uint64_t blocks = IsBlockedCollective(a.kind) ? static_cast<uint64_t>(info_.world_size) : 1;
   if (a.count > (uint64_t{1} << 40) / esize / blocks) {
     return absl::InvalidArgumentError(absl::StrCat("count ", a.count, " is too large"));
   }
   const uint64_t bytes = a.count * esize * blocks;
-  if (forced == Algorithm::kOneShot && bytes > kOneShotMaxBytes) {
+  const std::string& algo_name = !a.algorithm.empty() && a.algorithm != "auto"
+                                     ? a.algorithm
+                                     : info_.job_algorithm;
+  absl::StatusOr<uint8_t> code = RequestedAlgorithmCode(algo_name, a.kind, bytes);
+  if (!code.ok()) return absl::InvalidArgumentError(absl::StrCat(what(), ": ", code.status().message()));
+  std::optional<Algorithm> forced;
+  const bool hier = *code == kHierarchicalCode;
+  const bool use_ps = *code == kParameterServerCode;
+  if (use_ps && ps_ == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(
-        what(), ": algorithm 'oneshot' carries at most ", kOneShotMaxBytes,
-        " bytes per rank; this op has ", bytes, " (use auto, or rd/rhd/ring)"));
+        what(), ": algorithm 'ps' needs parameter-server shards; job '", info_.job_id,
+        "' has none (create it with ps_shards > 0 and start gradsync-ps)"));
   }
+  if (hier && group_ == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what(), ": algorithm 'hier' needs ranks that share a daemon; job '", info_.job_id,
+        "' has one rank per daemon"));
+  }
+  if (*code == kLocalCode) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what(), ": algorithm 'local' is run by the client SDKs of a job whose ranks all use one "
+        "gradsyncd, in the job's arena; this session of job '", info_.job_id, "' has none",
+        arena_ == nullptr ? "" : " for this op (the client sends only other ops here)"));
+  }
+  if (*code < kAlgorithmCount) forced = static_cast<Algorithm>(*code);
   if (a.timeout < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("negative op timeout");
   }
   absl::MutexLock l(&mu_);
-  last_used_ = absl::Now();
+  last_used_ = FastNow();
   if (closing_) return absl::FailedPreconditionError("session is closed");
   if (!not_accepting_.empty()) return absl::UnavailableError(not_accepting_);
   if (!epoch_error_.ok()) {
@@ -275,7 +306,19 @@ absl::StatusOr<uint64_t> Session::Enqueue(const SubmitArgs& a,
     return absl::ResourceExhaustedError(absl::StrCat(
         ops_.size(), " ops are queued or unreported; Wait for some before submitting more"));
   }
+  if ((arena_ != nullptr) != (a.sequence != 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what(), arena_ != nullptr
+                    ? ": this session's job has an arena: every op carries its sequence number"
+                    : ": a sequence number was given, but this session's job has no arena"));
+  }
+  if (arena_ != nullptr && a.sequence < next_seq_) {
+    return absl::InvalidArgumentError(absl::StrCat(what(), ": sequence ", a.sequence,
+                                                   " is not above the previous op's ",
+                                                   next_seq_ - 1));
+  }
   auto op = std::make_shared<Op>();
+  if (arena_ != nullptr) next_seq_ = a.sequence;
   op->seq = next_seq_++;
   op->sig.seq = op->seq;
   op->sig.kind = a.kind;
@@ -289,7 +332,7 @@ absl::StatusOr<uint64_t> Session::Enqueue(const SubmitArgs& a,
   op->ps = use_ps;
   if (!no_buffer) op->buffer = it->second;
   op->offset = a.offset_bytes;
-  op->submitted = absl::Now();
+  op->submitted = FastNow();
   op->deadline =
       op->submitted + (a.timeout > absl::ZeroDuration() ? a.timeout : info_.default_op_timeout);
   ops_[op->seq] = op;
@@ -301,9 +344,9 @@ absl::StatusOr<uint64_t> Session::Enqueue(const SubmitArgs& a,
 }
 
 absl::StatusOr<OpOutcome> Session::Wait(uint64_t op_id, absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
+  const absl::Time deadline = FastNow() + timeout;
   absl::MutexLock l(&mu_);
-  last_used_ = absl::Now();
+  last_used_ = FastNow();
   auto it = ops_.find(op_id);
   if (it == ops_.end()) {
     return absl::NotFoundError(absl::StrCat("op ", op_id, " is not pending in session ",
@@ -352,6 +395,8 @@ void Session::EndEpoch(const absl::Status& reason) {
     absl::MutexLock l(&mu_);
     if (epoch_error_.ok()) epoch_error_ = reason;
   }
+  // Ops whose frames are all in the arena still complete; waiting stops.
+  if (arena_ != nullptr) arena_->Fail(reason);
   if (driver_ != nullptr) driver_->Kick();  // queued ops go to the executor, which fails them
 }
 
@@ -433,7 +478,7 @@ std::shared_ptr<Session::Op> Session::NextOp(absl::Time last_active) {
     }
     waiting_on_feed_ = true;
   }
-  const absl::Duration spin = last_active + feed->spin() - absl::Now();
+  const absl::Duration spin = last_active + feed->spin() - FastNow();
   if (!feed->Spin(snapshot, spin)) feed->Wait(snapshot, absl::Milliseconds(100));
   absl::MutexLock l(&mu_);
   waiting_on_feed_ = false;
@@ -441,7 +486,7 @@ std::shared_ptr<Session::Op> Session::NextOp(absl::Time last_active) {
 }
 
 void Session::ExecutorLoop() {
-  absl::Time last_active = absl::Now();
+  absl::Time last_active = FastNow();
   while (true) {
     std::shared_ptr<Op> op = driver_ != nullptr ? NextReleasedOp() : NextOp(last_active);
     if (op == nullptr) {
@@ -449,7 +494,7 @@ void Session::ExecutorLoop() {
       if (closing_ && queue_.empty()) return;
       continue;
     }
-    const absl::Time start = absl::Now();
+    const absl::Time start = FastNow();
     {
       absl::MutexLock l(&mu_);
       current_seq_ = op->seq;
@@ -466,11 +511,11 @@ void Session::ExecutorLoop() {
       timeline_->Event("queued", "op", op->submitted, start);
       ScopedTracer tracing(timeline_.get());
       s = RunOp(*op);
-      timeline_->Instant(s.ok() ? "done" : "failed", absl::Now());
+      timeline_->Instant(s.ok() ? "done" : "failed", FastNow());
     } else {
       s = RunOp(*op);
     }
-    const absl::Time end = absl::Now();
+    const absl::Time end = FastNow();
     bool newly_failed = false;
     OpOutcome outcome;
     Finish(*op, s, end, &newly_failed, &outcome);  // no-op if another rank's thread did it
@@ -479,7 +524,7 @@ void Session::ExecutorLoop() {
       executing_ = false;
     }
     if (driver_ != nullptr) driver_->Kick();  // it may take the next op
-    last_active = absl::Now();
+    last_active = FastNow();
     if (observer_ != nullptr) Account(*op, outcome, newly_failed, end);
   }
 }
@@ -641,6 +686,9 @@ absl::Status Session::RunOp(Op& op) {
     absl::MutexLock l(&mu_);
     pre = epoch_error_;
   }
+  // The arena failed (a rank's deadline, a session closed): the stream of
+  // ops is out of step, so this epoch is done, as for a failed data plane.
+  if (pre.ok() && arena_ != nullptr && arena_->view().has_failed()) pre = arena_->failure();
   if (!pre.ok()) {
     return absl::Status(pre.code(), absl::StrCat(what(), " not run at rank ", info_.rank,
                                                  ": the epoch failed earlier: ", pre.message()));
@@ -662,6 +710,10 @@ absl::Status Session::RunOp(Op& op) {
   }
   const bool local_check = group_ != nullptr && group_->layout().nodes == 1;
   constexpr uint8_t kOneShotCode = static_cast<uint8_t>(Algorithm::kOneShot);
+  // With an arena no proposals are exchanged: every rank proposes from the
+  // link figures all ranks agreed on when the epoch formed, so equal
+  // signatures mean equal choices.
+  const LinkParams& link = arena_ != nullptr ? info_.link : link_;
   bool fused = false;
   if (op.sig.forced != OpSignature::kNoAlgorithm) {
     op.sig.proposal = op.sig.forced;
@@ -674,20 +726,30 @@ absl::Status Session::RunOp(Op& op) {
     op.sig.proposal = kOneShotCode;
     fused = true;
   } else if (ps_ != nullptr && op.sig.kind == CollectiveKind::kAllreduce &&
-             PreferParameterServer(bytes, info_.world_size, ps_->shards(), link_)) {
+             PreferParameterServer(bytes, info_.world_size, ps_->shards(), link)) {
     op.sig.proposal = kParameterServerCode;
   } else {
     op.sig.proposal = static_cast<uint8_t>(ChooseAlgorithm(op.sig.kind, bytes, info_.world_size,
-                                                           link_, /*allow_oneshot=*/local_check));
+                                                           link, /*allow_oneshot=*/local_check));
   }
   char* const data = op.buffer != nullptr ? op.buffer->data() + op.offset : nullptr;
   // With every rank on this daemon, compare signatures in memory; a small
   // hierarchical allreduce is done in the same rendezvous.
-  const absl::Time negotiate_start = absl::Now();
+  const absl::Time negotiate_start = FastNow();
   uint8_t agreed = OpSignature::kNoAlgorithm;
   absl::Status s;
   bool done = false;
-  if (local_check) {
+  auto arrived = [this](int rank) {
+    absl::MutexLock l(&mu_);
+    current_arrived_.push_back(rank);
+  };
+  if (arena_ != nullptr) {
+    // Every rank's client published the op in the arena when it submitted it.
+    s = arena_->CheckSignatures(info_.rank, op.seq, op.sig.Encode(), op.sig.Describe(),
+                                op.deadline, arrived);
+    agreed = op.sig.proposal;
+    done = s.ok() && op.sig.kind == CollectiveKind::kBarrier && agreed == kOneShotCode;
+  } else if (local_check) {
     const std::string encoded = op.sig.Encode();
     JobGroup::LocalAllreduce small;
     const bool small_hier = op.sig.proposal == kHierarchicalCode &&
@@ -704,7 +766,7 @@ absl::Status Session::RunOp(Op& op) {
         }
         bool newly_failed = false;
         OpOutcome outcome;
-        Finish(op, absl::OkStatus(), absl::Now(), &newly_failed, &outcome);
+        Finish(op, absl::OkStatus(), FastNow(), &newly_failed, &outcome);
       };
     }
     s = group_->CheckLocalSignatures(info_.rank, op.seq, encoded, op.deadline, &agreed,
@@ -717,13 +779,8 @@ absl::Status Session::RunOp(Op& op) {
       eager.data = data;
       eager.bytes = bytes;
     }
-    s = CheckSignatures(
-        *ctx_, op.sig, op.deadline,
-        [this](int rank) {
-          absl::MutexLock l(&mu_);
-          current_arrived_.push_back(rank);
-        },
-        &agreed, fused ? &eager : nullptr, &sig_inbox_);
+    s = CheckSignatures(*ctx_, op.sig, op.deadline, arrived, &agreed, fused ? &eager : nullptr,
+                        &sig_inbox_);
     if (s.ok() && fused) {
       if (op.sig.kind == CollectiveKind::kAllreduce) {
         ReduceInRankOrder(op.sig.dtype, op.sig.op, data, op.sig.count, info_.rank, eager.received,
@@ -737,7 +794,7 @@ absl::Status Session::RunOp(Op& op) {
     s = absl::DataLossError(absl::StrCat("rank 0 proposed unknown algorithm code ", agreed));
   }
   if (s.ok() && done) {
-    arrival_wait_ = absl::Now() - negotiate_start;
+    arrival_wait_ = FastNow() - negotiate_start;
     TraceEvent(AlgorithmCodeName(agreed), "op", negotiate_start);
     if (fused) ObserveSmallOp(op.sig.kind, Algorithm::kOneShot, bytes, arrival_wait_);
     GS_LOG(DEBUG) << "job '" << info_.job_id << "' rank " << info_.rank << " " << op.sig.Describe()
@@ -747,10 +804,10 @@ absl::Status Session::RunOp(Op& op) {
     op.outcome.algorithm = AlgorithmCodeName(agreed);
     return s;
   }
-  arrival_wait_ = absl::Now() - negotiate_start;
+  arrival_wait_ = FastNow() - negotiate_start;
   TraceEvent("negotiate", "op", negotiate_start);
   const absl::Time run_start = TraceNow();
-  const absl::Time op_run_start = absl::Now();
+  const absl::Time op_run_start = FastNow();
   if (s.ok()) {
     const bool hier = agreed == kHierarchicalCode;
     const bool use_ps = agreed == kParameterServerCode;
@@ -800,8 +857,8 @@ absl::Status Session::RunOp(Op& op) {
     TraceEvent(AlgorithmCodeName(agreed), "op", run_start);
     if (s.ok() && !hier && !use_ps) {  // refine this rank's link estimate from what it just saw
       link_ = RefineFromObservation(link_, op.sig.kind, algo, bytes, info_.world_size,
-                                    absl::ToDoubleMicroseconds(absl::Now() - op_run_start));
-      ObserveSmallOp(op.sig.kind, algo, bytes, absl::Now() - negotiate_start);
+                                    absl::ToDoubleMicroseconds(FastNow() - op_run_start));
+      ObserveSmallOp(op.sig.kind, algo, bytes, FastNow() - negotiate_start);
     }
   }
   if (s.ok()) return s;
@@ -813,6 +870,7 @@ absl::Status Session::RunOp(Op& op) {
                                                 s.message()));
   // Tell every peer (no-op if the context already failed and told them).
   (void)ctx_->Fail(annotated);
+  if (arena_ != nullptr) arena_->Fail(annotated);
   GS_LOG(WARNING) << "job '" << info_.job_id << "' epoch " << info_.epoch << ": "
                   << annotated.message();
   return annotated;

@@ -75,6 +75,9 @@ struct SessionStatus {
   absl::Time current_since;     // when this rank started the op
   std::vector<int> arrived;     // ranks known to have submitted the current op (incl. self)
   std::vector<int> missing;     // ranks not yet heard from (negotiating phase)
+  // With an arena: the highest op up to which this rank's client is done
+  // (local ops and the daemon's alike; 0 without an arena).
+  uint64_t arena_consumed = 0;
 };
 
 struct SubmitArgs {
@@ -88,6 +91,9 @@ struct SubmitArgs {
   int root = 0;
   std::string algorithm;  // "" or "auto": the job's, else the cost model's choice
   absl::Duration timeout = absl::ZeroDuration();  // zero: the job default
+  // Sessions with an arena: the op's position in the client's op stream
+  // (strictly increasing; the gaps are ops the client ran itself). Else 0.
+  uint64_t sequence = 0;
 };
 
 struct OpOutcome {
@@ -119,6 +125,9 @@ class Session {
   ~Session();  // Close()
 
   const SessionInfo& info() const { return info_; }
+  // The job's arena (worker/job_arena.h), or null: then the daemon numbers
+  // the ops, else the client does (SubmitArgs::sequence).
+  const std::shared_ptr<JobArena>& arena() const { return arena_; }
 
   absl::StatusOr<BufferInfo> AllocateBuffer(uint64_t size);
   absl::Status FreeBuffer(uint64_t id);
@@ -182,6 +191,8 @@ class Session {
     OpOutcome outcome;   // guarded by mu_
   };
 
+  // Status() without the arena's view: the ops this daemon holds.
+  SessionStatus DaemonOpsStatus() const;
   void ExecutorLoop();
   // The executor's next op, or null to look again (closing, or idle a while).
   std::shared_ptr<Op> NextOp(absl::Time last_active);  // takes submissions from the feed
@@ -218,6 +229,7 @@ class Session {
   std::unique_ptr<transport::Context> ctx_;
   const RingOptions ring_options_;
   const std::shared_ptr<JobGroup> group_;
+  const std::shared_ptr<JobArena> arena_;  // group_'s, or null
   std::vector<char> scratch_;    // executor thread only
   std::vector<char> sig_inbox_;  // executor thread only: CheckSignatures' receive memory
 

@@ -31,6 +31,9 @@ class SessionBackend final : public OpQueueBackend {
     a.root = op.root;
     a.algorithm = op.algorithm;
     a.timeout = absl::Milliseconds(op.timeout_ms);
+    // With an arena the client numbers its ops: the token is the op's place
+    // in its stream (strictly increasing, as the queue requires of tokens).
+    if (session_->arena() != nullptr) a.sequence = op.token;
     return session_->Submit(a);
   }
 
@@ -83,6 +86,7 @@ grpc::Status WorkerService::OpenSession(grpc::ServerContext* ctx,
   a.timeline = req->options().timeline();
   a.ps_shards = req->options().ps_shards();
   a.client_name = req->client_name();
+  a.local_ops = req->local_ops();
   auto s = daemon_->OpenSession(a);
   if (!s.ok()) return ToGrpcStatus(s.status());
   const SessionInfo& info = (*s)->info();
@@ -90,6 +94,13 @@ grpc::Status WorkerService::OpenSession(grpc::ServerContext* ctx,
   resp->set_rank(info.rank);
   resp->set_world_size(info.world_size);
   resp->set_epoch(info.epoch);
+  resp->set_job_algorithm(info.job_algorithm);
+  resp->set_op_timeout_ms(absl::ToInt64Milliseconds(info.default_op_timeout));
+  resp->set_ps_shards(static_cast<int32_t>(info.ps_shards.size()));
+  if (const std::shared_ptr<JobArena>& arena = (*s)->arena()) {
+    resp->mutable_arena()->set_shm_name(arena->shm_name());
+    resp->mutable_arena()->set_size_bytes(arena->size_bytes());
+  }
   return grpc::Status::OK;
 }
 
@@ -143,6 +154,7 @@ grpc::Status WorkerService::Submit(grpc::ServerContext*, const v1::SubmitRequest
     return ToGrpcStatus(absl::InvalidArgumentError("timeout_ms must not be negative"));
   }
   a.timeout = absl::Milliseconds(req->timeout_ms());
+  a.sequence = req->sequence();
   auto id = (*s)->Submit(a);
   if (!id.ok()) return ToGrpcStatus(id.status());
   resp->set_op_id(*id);

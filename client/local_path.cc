@@ -1,0 +1,392 @@
+#include "client/local_path.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "collective/op_signature.h"
+#include "common/clock.h"
+#include "kernels/cpu_reduce.h"
+
+namespace gradsync {
+namespace client {
+namespace internal {
+namespace {
+
+// Longest single futex sleep while waiting for the other ranks (the op's
+// deadline and the arena's failure are looked at between sleeps).
+constexpr absl::Duration kMaxSleep = absl::Milliseconds(10);
+// While a local op of this rank waits for the others, a wait on one of its
+// daemon ops comes back this often to move the local op along.
+constexpr absl::Duration kDaemonSlice = absl::Milliseconds(1);
+// Ops submitted and not yet reported (as the daemon and the op queue allow).
+constexpr size_t kMaxPending = 4096;
+
+int CounterKind(CollectiveKind k) {
+  return k == CollectiveKind::kBarrier ? ipc::kArenaCounterBarrier : ipc::kArenaCounterAllreduce;
+}
+
+bool Overlap(const PathOp& a, const PathOp& b) {
+  if (a.data == nullptr || b.data == nullptr || a.bytes == 0 || b.bytes == 0) return false;
+  if (a.args.buffer_id != b.args.buffer_id) return false;
+  const uint64_t a0 = a.args.offset_bytes, b0 = b.args.offset_bytes;
+  return a0 < b0 + b.bytes && b0 < a0 + a.bytes;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<LocalPath>> LocalPath::Open(std::unique_ptr<ipc::SharedMemory> mem,
+                                                           int rank, int world_size,
+                                                           OpChannel* channel,
+                                                           std::string session_id,
+                                                           LocalPathOptions options) {
+  absl::StatusOr<ipc::ArenaView> arena = ipc::ArenaView::Attach(mem->data(), mem->size());
+  if (!arena.ok()) return arena.status();
+  if (arena->world_size() != world_size || rank < 0 || rank >= world_size) {
+    return absl::FailedPreconditionError(absl::StrCat("the job's arena has ", arena->world_size(),
+                                                      " ranks; this session is rank ", rank, " of ",
+                                                      world_size));
+  }
+  return std::unique_ptr<LocalPath>(new LocalPath(std::move(mem), *arena, rank, channel,
+                                                  std::move(session_id), options));
+}
+
+LocalPath::LocalPath(std::unique_ptr<ipc::SharedMemory> mem, ipc::ArenaView arena, int rank,
+                     OpChannel* channel, std::string session_id, LocalPathOptions options)
+    : mem_(std::move(mem)),
+      arena_(arena),
+      rank_(rank),
+      world_(arena.world_size()),
+      channel_(channel),
+      session_id_(std::move(session_id)),
+      options_(options) {}
+
+absl::Status LocalPath::Annotate(const Entry& e, const absl::Status& why) const {
+  return absl::Status(why.code(), absl::StrCat(e.describe, " (op ", e.seq, ") failed at rank ",
+                                               rank_, ": ", why.message()));
+}
+
+std::string LocalPath::Missing(uint64_t seq) const {
+  std::vector<int> missing;
+  for (int r = 0; r < world_; ++r) {
+    if (!arena_.Published(r, seq)) missing.push_back(r);
+  }
+  return absl::StrJoin(missing, ",");
+}
+
+absl::StatusOr<SubmitTicket> LocalPath::Submit(const PathOp& op) {
+  absl::MutexLock l(&mu_);
+  if (arena_.has_failed()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "session ", session_id_, ": the job's epoch is no longer usable (open a new session): ",
+        arena_.failure().message()));
+  }
+  if (pending_.size() >= kMaxPending) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        pending_.size(), " ops are queued or unreported; Wait for some before submitting more"));
+  }
+  const uint64_t seq = next_seq_;
+  const absl::Time submitted = FastNow();
+  const absl::Duration timeout = op.args.timeout_ms > 0 ? absl::Milliseconds(op.args.timeout_ms)
+                                                        : options_.default_op_timeout;
+  const absl::Time deadline = submitted + timeout;
+  // Frame `seq` is free once every rank is done with op seq - frames; a rank
+  // that far behind holds this one back (it frees frames when it next calls in).
+  while (!arena_.FrameFree(seq)) {
+    ProgressLocked(FastNow());  // this rank's own consumption may be what is missing
+    if (arena_.FrameFree(seq)) break;
+    if (arena_.has_failed()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "session ", session_id_, ": the job's epoch is no longer usable (open a new session): ",
+          arena_.failure().message()));
+    }
+    const absl::Time now = FastNow();
+    if (now >= deadline) {
+      absl::Status late = absl::DeadlineExceededError(absl::StrCat(
+          CollectiveName(op.args.kind), " '", op.args.name, "' (op ", seq, ") failed at rank ",
+          rank_, ": rank(s) ", absl::StrJoin(arena_.RanksHolding(seq), ","), " are still on op ",
+          seq - arena_.frames(), " or earlier after ", absl::FormatDuration(timeout), " (the arena holds ",
+          arena_.frames(), " ops per rank)"));
+      arena_.Fail(late);
+      return late;
+    }
+    ipc::Doorbell bell = arena_.bell();
+    const uint32_t snapshot = bell.Snapshot();
+    if (arena_.FrameFree(seq)) break;
+    mu_.Unlock();
+    bell.Wait(snapshot, std::min(kMaxSleep, deadline - now));
+    mu_.Lock();
+  }
+  ++next_seq_;
+  Entry& e = pending_[seq];
+  e.seq = seq;
+  e.op = op;
+  e.op.args.sequence = seq;
+  e.submitted = submitted;
+  e.deadline = deadline;
+  OpSignature sig;
+  sig.seq = seq;
+  sig.kind = op.args.kind;
+  sig.dtype = op.args.dtype;
+  sig.op = op.args.reduce_op;
+  sig.count = op.args.count;
+  sig.root = IsRootedCollective(op.args.kind) ? op.args.root : 0;
+  sig.name = std::string(op.args.name);
+  sig.forced = op.forced;
+  e.signature = sig.Encode();
+  e.describe = sig.Describe();
+  // The views in args point at the caller's strings; a held op outlives them.
+  e.name = std::string(op.args.name);
+  e.algorithm = std::string(op.args.algorithm);
+  e.op.args.name = e.name;
+  e.op.args.algorithm = e.algorithm;
+  unfinished_.insert(seq);
+  if (!e.op.local) {
+    // The signature first (no data): the daemon checks it in the arena.
+    absl::Status published = PublishLocked(e);
+    if (!published.ok()) {
+      CompleteLocked(e, published, submitted);
+      arena_.Fail(Annotate(e, published));
+    } else if (BlockerLocked(e) == nullptr) {
+      SendLocked(e);
+    }
+  } else if (BlockerLocked(e) == nullptr) {
+    absl::Status published = PublishLocked(e);
+    if (!published.ok()) {
+      CompleteLocked(e, published, submitted);
+      arena_.Fail(Annotate(e, published));
+    }
+  }
+  ProgressLocked(FastNow());
+  return SubmitTicket{seq, seq};
+}
+
+absl::Status LocalPath::PublishLocked(Entry& e) {
+  e.published = FastNow();
+  const bool with_data = e.op.local && e.op.args.kind == CollectiveKind::kAllreduce;
+  absl::Status s = arena_.Publish(rank_, e.seq, e.signature, with_data ? e.op.data : nullptr,
+                                  with_data ? e.op.bytes : 0);
+  if (s.ok() && e.op.local) e.state = State::kPublished;
+  return s;
+}
+
+void LocalPath::SendLocked(Entry& e) {
+  absl::StatusOr<SubmitTicket> t = channel_->Submit(e.op.args);
+  if (!t.ok()) {
+    // The others wait for this rank's op at the daemon: fail them now rather
+    // than at their deadline.
+    CompleteLocked(e, t.status(), FastNow());
+    arena_.Fail(Annotate(e, t.status()));
+    return;
+  }
+  e.state = State::kPublished;
+}
+
+const LocalPath::Entry* LocalPath::BlockerLocked(const Entry& e) const {
+  for (const auto& [seq, other] : pending_) {
+    if (seq >= e.seq) break;
+    if (other.state != State::kDone && (e.op.local || other.op.local) && Overlap(other.op, e.op)) {
+      return &other;
+    }
+  }
+  return nullptr;
+}
+
+void LocalPath::CompleteLocked(Entry& e, absl::Status s, absl::Time now) {
+  e.status = std::move(s);
+  e.state = State::kDone;
+  unfinished_.erase(e.seq);
+  if (!e.op.local) return;  // the daemon counts its own ops
+  ipc::ArenaCounters& c = arena_.counters(rank_, CounterKind(e.op.args.kind));
+  if (!e.status.ok()) {
+    const int code = static_cast<int>(e.status.code());
+    if (code > 0 && code < ipc::kArenaStatusCodes) c.failed[code].fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  c.ok.fetch_add(1, std::memory_order_relaxed);
+  c.bytes.fetch_add(e.op.bytes, std::memory_order_relaxed);
+  c.run_ns.fetch_add(static_cast<uint64_t>(absl::ToInt64Nanoseconds(now - e.submitted)),
+                     std::memory_order_relaxed);
+  c.wait_ns.fetch_add(static_cast<uint64_t>(absl::ToInt64Nanoseconds(e.arrival_wait)),
+                      std::memory_order_relaxed);
+}
+
+void LocalPath::FinishLocalLocked(Entry& e, absl::Time now) {
+  // Frames of op e.seq stay put until this rank's consumed passes it.
+  const absl::string_view mine = e.signature;
+  bool equal = true;
+  std::vector<ipc::ArenaFrame> frames(world_);
+  int64_t last_us = 0;
+  for (int r = 0; r < world_; ++r) {
+    absl::StatusOr<ipc::ArenaFrame> f = arena_.Read(r, e.seq);
+    if (!f.ok()) {
+      arena_.Fail(Annotate(e, f.status()));
+      CompleteLocked(e, Annotate(e, f.status()), now);
+      return;
+    }
+    frames[r] = *f;
+    last_us = std::max(last_us, f->published_us);
+    if (f->signature != mine) equal = false;
+  }
+  if (!equal) {
+    std::vector<std::string> by_rank;
+    for (const ipc::ArenaFrame& f : frames) by_rank.emplace_back(f.signature);
+    absl::Status mismatch = CompareSignatures(e.seq, by_rank);
+    // Equal signatures cannot reach here; a corrupted one compares unequal.
+    CompleteLocked(e, mismatch.ok() ? absl::InternalError("signature compare") : mismatch, now);
+    return;
+  }
+  const PathOp& op = e.op;
+  if (op.args.kind == CollectiveKind::kAllreduce && op.bytes > 0) {
+    for (int r = 0; r < world_; ++r) {
+      if (frames[r].data_len != op.bytes) {
+        absl::Status bad = absl::DataLossError(absl::StrCat(
+            "rank ", r, "'s arena frame of op ", e.seq, " holds ", frames[r].data_len,
+            " bytes of data; the op has ", op.bytes));
+        arena_.Fail(Annotate(e, bad));
+        CompleteLocked(e, Annotate(e, bad), now);
+        return;
+      }
+    }
+    // Rank order, as JobGroup::ReduceLocal: every rank gets the same bits.
+    const ReduceOp combine = op.args.reduce_op == ReduceOp::kAvg ? ReduceOp::kSum : op.args.reduce_op;
+    std::memcpy(op.data, frames[0].data, op.bytes);
+    for (int r = 1; r < world_; ++r) {
+      ReduceInto(op.args.dtype, combine, op.data, frames[r].data, op.args.count);
+    }
+    if (op.args.reduce_op == ReduceOp::kAvg) DivideBy(op.args.dtype, op.data, op.args.count, world_);
+  }
+  e.outcome.done = true;
+  e.outcome.algorithm = "local";
+  e.outcome.queued_us = absl::ToInt64Microseconds(e.published - e.submitted);
+  e.outcome.run_us = absl::ToInt64Microseconds(now - e.published);
+  e.arrival_wait =
+      absl::Microseconds(std::max<int64_t>(0, last_us - absl::ToUnixMicros(e.published)));
+  CompleteLocked(e, absl::OkStatus(), now);
+}
+
+void LocalPath::ProgressLocked(absl::Time now) {
+  for (auto& [seq, e] : pending_) {
+    if (e.state == State::kDone) continue;
+    if (e.state == State::kHeld) {
+      if (BlockerLocked(e) != nullptr) continue;
+      if (e.op.local) {
+        absl::Status published = PublishLocked(e);
+        if (!published.ok()) {
+          CompleteLocked(e, Annotate(e, published), now);
+          arena_.Fail(Annotate(e, published));
+          continue;
+        }
+      } else {
+        SendLocked(e);
+        continue;
+      }
+    }
+    if (!e.op.local) {  // at the daemon: has it reported?
+      absl::StatusOr<WaitOutcome> w = channel_->Wait(seq, absl::InfinitePast());
+      if (!w.ok()) {
+        CompleteLocked(e, w.status(), now);
+      } else if (w->done) {
+        e.outcome = *w;
+        CompleteLocked(e, absl::OkStatus(), now);
+      }
+      continue;
+    }
+    bool all = true;
+    for (int r = 0; r < world_ && all; ++r) all = arena_.Published(r, seq);
+    if (all) {
+      FinishLocalLocked(e, now);
+    } else if (arena_.has_failed()) {
+      CompleteLocked(e, Annotate(e, arena_.failure()), now);
+    } else if (now >= e.deadline) {
+      absl::Status late = absl::DeadlineExceededError(
+          absl::StrCat("timed out at rank ", rank_, " waiting for rank(s) ", Missing(seq),
+                       " to submit op ", seq, " (", e.describe, ")"));
+      // The ranks are out of step now: the others must not wait on.
+      arena_.Fail(Annotate(e, late));
+      CompleteLocked(e, Annotate(e, late), now);
+    }
+  }
+  const uint64_t consumed = unfinished_.empty() ? next_seq_ - 1 : *unfinished_.begin() - 1;
+  if (consumed != consumed_) {
+    consumed_ = consumed;
+    arena_.SetConsumed(rank_, consumed);
+    arena_.bell().Ring();  // a rank may wait for a frame to come free
+  }
+}
+
+absl::StatusOr<WaitOutcome> LocalPath::Wait(uint64_t op_id, absl::Time deadline) {
+  absl::MutexLock l(&mu_);
+  const absl::Time start = FastNow();
+  while (true) {
+    const absl::Time now = FastNow();
+    ProgressLocked(now);
+    auto it = pending_.find(op_id);
+    if (it == pending_.end()) {
+      return absl::NotFoundError(absl::StrCat("op ", op_id, " is not pending in session ",
+                                              session_id_,
+                                              " (already reported, or never submitted)"));
+    }
+    Entry& e = it->second;
+    if (e.state == State::kDone) {
+      absl::Status s = e.status;
+      WaitOutcome out = e.outcome;
+      pending_.erase(it);
+      if (!s.ok()) return s;
+      return out;
+    }
+    if (now >= deadline) return WaitOutcome{};
+    // What this op waits for: a local op (its own, or the one a held daemon
+    // op waits behind) waits for the other ranks' frames; a daemon op (or a
+    // local op held behind one) for the daemon.
+    const Entry* blocker = &e;
+    // (A chain of held ops: follow it to the first one that can move.)
+    while (blocker->state == State::kHeld) {
+      const Entry* b = BlockerLocked(*blocker);
+      if (b == nullptr) break;
+      blocker = b;
+    }
+    const bool local_waiting = std::any_of(pending_.begin(), pending_.end(), [](const auto& kv) {
+      return kv.second.op.local && kv.second.state == State::kPublished;
+    });
+    if (!blocker->op.local && blocker->state == State::kPublished) {
+      const uint64_t id = blocker->seq;
+      const absl::Time until =
+          std::min(deadline, local_waiting ? now + kDaemonSlice : absl::InfiniteFuture());
+      mu_.Unlock();
+      absl::StatusOr<WaitOutcome> w = channel_->Wait(id, until);
+      mu_.Lock();
+      auto b = pending_.find(id);
+      if (b != pending_.end() && b->second.state != State::kDone) {
+        if (!w.ok()) {
+          CompleteLocked(b->second, w.status(), FastNow());
+        } else if (w->done) {
+          b->second.outcome = *w;
+          CompleteLocked(b->second, absl::OkStatus(), FastNow());
+        }
+      }
+      continue;
+    }
+    // Wait on the arena's bell: every publication and failure rings it.
+    ipc::Doorbell bell = arena_.bell();
+    const uint32_t snapshot = bell.Snapshot();
+    ProgressLocked(FastNow());
+    if (pending_.count(op_id) == 0 || pending_[op_id].state == State::kDone) continue;
+    const absl::Time wake = std::min({deadline, blocker->deadline, FastNow() + kMaxSleep});
+    mu_.Unlock();
+    const absl::Time t = FastNow();
+    if (t - start < options_.spin) {
+      bell.Spin(snapshot, std::min(options_.spin - (t - start), wake - t));
+    } else {
+      bell.Wait(snapshot, wake - t);
+    }
+    mu_.Lock();
+  }
+}
+
+}  // namespace internal
+}  // namespace client
+}  // namespace gradsync
