@@ -9,6 +9,8 @@
 #include <atomic>
 #include <cstring>
 #include <fstream>
+#include <memory>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -340,6 +342,135 @@ TEST(Failure, RankLeavingRightAfterTheLastOpDoesNotFailTheOthersLastOp) {
       (void)s.Close();  // leave at once, like a process exiting
     });
     for (int r = 0; r < 3; ++r) EXPECT_TRUE(st[r].ok()) << "round " << round << " rank " << r << ": " << st[r];
+  }
+}
+
+// ---- Node-local jobs: every rank on one daemon, the clients share the
+// job's arena and run small ops among themselves (client/local_path.h).
+
+TEST(Failure, NodeLocalRankThatNeverSubmitsIsNamedAndTheEpochEnds) {
+  auto cluster = StartCluster(1);
+  ASSERT_NE(cluster, nullptr);
+  auto ranks = OpenJob(*cluster, "local-stall", {0, 0, 0}, /*op_timeout_ms=*/1500);
+  ASSERT_TRUE(ranks.ok()) << ranks.status();
+  std::vector<absl::Status> st(2);
+  std::vector<absl::Duration> took(2);
+  OnEveryRank(2, [&](int r) {  // rank 2 never submits
+    auto& s = *(*ranks)[r].session;
+    auto b = s.AllocateBuffer(64);
+    ASSERT_TRUE(b.ok());
+    const absl::Time t0 = absl::Now();
+    st[r] = s.Allreduce(**b, 0, 4, DType::kF32, ReduceOp::kSum, "w").status();
+    took[r] = absl::Now() - t0;
+  });
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_FALSE(st[r].ok());
+    EXPECT_NE(st[r].message().find("waiting for rank(s) 2 to submit op 1 (allreduce 'w' f32[4] sum)"),
+              std::string::npos)
+        << st[r];
+    EXPECT_LT(took[r], absl::Seconds(10));
+  }
+  // The ranks are out of step now: every rank's next op, local or not, is
+  // refused, and the daemon ends the epoch.
+  OnEveryRank(3, [&](int r) {
+    auto& s = *(*ranks)[r].session;
+    auto b = s.AllocateBuffer(1 << 20);
+    ASSERT_TRUE(b.ok());
+    for (size_t count : {size_t{4}, size_t{1 << 18}}) {
+      auto res = s.Allreduce(**b, 0, count, DType::kF32, ReduceOp::kSum, "next");
+      EXPECT_FALSE(res.ok()) << "rank " << r << " count " << count;
+      EXPECT_NE(res.status().message().find("waiting for rank(s) 2 to submit op 1"), std::string::npos)
+          << res.status();
+    }
+  });
+  ExpectWorkingAllreduce(*cluster, "after-local-stall", {0, 0, 0});
+}
+
+TEST(Failure, NodeLocalRankClosingItsSessionEndsTheOthersWaitAtOnce) {
+  auto cluster = StartCluster(1);
+  ASSERT_NE(cluster, nullptr);
+  auto ranks = OpenJob(*cluster, "local-leave", {0, 0, 0}, /*op_timeout_ms=*/60000);
+  ASSERT_TRUE(ranks.ok()) << ranks.status();
+  std::vector<absl::Status> st(2);
+  std::vector<absl::Duration> took(2);
+  std::thread leaver([&] {
+    absl::SleepFor(absl::Milliseconds(300));
+    EXPECT_TRUE((*ranks)[2].session->Close().ok());
+  });
+  OnEveryRank(2, [&](int r) {
+    auto& s = *(*ranks)[r].session;
+    auto b = s.AllocateBuffer(64);
+    ASSERT_TRUE(b.ok());
+    const absl::Time t0 = absl::Now();
+    st[r] = s.Allreduce(**b, 0, 4, DType::kF32, ReduceOp::kSum, "w").status();
+    took[r] = absl::Now() - t0;
+  });
+  leaver.join();
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_FALSE(st[r].ok());
+    EXPECT_NE(st[r].message().find("rank 2 closed its session"), std::string::npos) << st[r];
+    EXPECT_LT(took[r], absl::Seconds(5)) << "rank " << r;  // not the 60 s op timeout
+  }
+}
+
+// Rank 2's op is too large for the arena and goes to the daemon, the others'
+// run locally: both paths read the same signatures from the arena, so every
+// rank gets the same clean mismatch, and the job goes on.
+TEST(Failure, NodeLocalMismatchBetweenALocalAndADaemonOpIsTheSameOnEveryRank) {
+  auto cluster = StartCluster(1);
+  ASSERT_NE(cluster, nullptr);
+  auto ranks = OpenJob(*cluster, "local-cross", {0, 0, 0, 0}, /*op_timeout_ms=*/10000);
+  ASSERT_TRUE(ranks.ok()) << ranks.status();
+  std::vector<absl::Status> st(4);
+  OnEveryRank(4, [&](int r) {
+    auto& s = *(*ranks)[r].session;
+    auto b = s.AllocateBuffer(100000 * sizeof(float));
+    ASSERT_TRUE(b.ok());
+    st[r] = s.Allreduce(**b, 0, r == 2 ? 100000 : 16, DType::kF32, ReduceOp::kSum, "g").status();
+    for (size_t count : {size_t{16}, size_t{100000}}) {  // both paths still work
+      for (size_t i = 0; i < count; ++i) (*b)->as<float>()[i] = 1.0f;
+      auto res = s.Allreduce(**b, 0, count, DType::kF32, ReduceOp::kSum, "g");
+      ASSERT_TRUE(res.ok()) << res.status();
+      EXPECT_EQ(res->algorithm, count == 16 ? "local" : "hier");
+      EXPECT_EQ((*b)->as<float>()[count - 1], 4.0f);
+    }
+  });
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_TRUE(absl::IsInvalidArgument(st[r])) << "rank " << r << ": " << st[r];
+    EXPECT_EQ(st[r].message(),
+              "op 1 does not match across ranks: rank 2 submitted allreduce 'g' f32[100000] sum, "
+              "ranks 0,1,3 submitted allreduce 'g' f32[16] sum");
+  }
+}
+
+// As RankLeavingRightAfterTheLastOp..., for a node-local job: the first rank
+// done closes at once, the others still complete the op, local or not, with
+// and without the arena (GRADSYNC_LOCAL_OPS=0). (The hierarchical path used
+// to fail them: a waiter that saw its stage complete after the group broke
+// returned the break.)
+TEST(Failure, NodeLocalRankLeavingRightAfterTheLastOpDoesNotFailTheOthersLastOp) {
+  auto cluster = StartCluster(1);
+  ASSERT_NE(cluster, nullptr);
+  for (int round = 0; round < 12; ++round) {
+    std::unique_ptr<testing::ScopedEnv> no_arena;
+    if (round >= 8) no_arena = std::make_unique<testing::ScopedEnv>("GRADSYNC_LOCAL_OPS", "0");
+    auto ranks = OpenJob(*cluster, absl::StrCat("local-last-", round), {0, 0, 0});
+    ASSERT_TRUE(ranks.ok()) << ranks.status();
+    std::vector<absl::Status> st(3);
+    OnEveryRank(3, [&](int r) {
+      auto& s = *(*ranks)[r].session;
+      auto b = s.AllocateBuffer(4 << 20);
+      ASSERT_TRUE(b.ok());
+      client::CollectiveSpec spec;
+      spec.buffer = b->get();
+      spec.count = round % 2 == 0 ? 16 : (4 << 20) / 4;  // local, then hier
+      spec.name = "last";
+      st[r] = s.Run(spec).status();
+      (void)s.Close();
+    });
+    for (int r = 0; r < 3; ++r) {
+      EXPECT_TRUE(st[r].ok()) << "round " << round << " rank " << r << ": " << st[r];
+    }
   }
 }
 

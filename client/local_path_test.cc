@@ -1,0 +1,483 @@
+// LocalPath: n ranks in one process, each with its own mapping of one arena
+// segment, and a fake channel standing in for the daemon.
+#include "client/local_path.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "collective/algorithm.h"
+#include "collective/op_signature.h"
+#include "collective/reference.h"
+#include "gtest/gtest.h"
+#include "ipc/arena.h"
+#include "ipc/shared_memory.h"
+
+namespace gradsync {
+namespace client {
+namespace internal {
+namespace {
+
+// The daemon, as far as LocalPath can tell: ops it was sent, completed when
+// the test says so (with an optional effect on the buffer, like a result).
+class FakeChannel final : public OpChannel {
+ public:
+  absl::StatusOr<SubmitTicket> Submit(const SubmitArgs& args) override {
+    std::lock_guard<std::mutex> l(mu_);
+    if (!refuse_.ok()) return refuse_;
+    sent_.push_back(args.sequence);
+    names_[args.sequence] = std::string(args.name);
+    return SubmitTicket{args.sequence, args.sequence};
+  }
+  absl::StatusOr<WaitOutcome> Wait(uint64_t op_id, absl::Time deadline) override {
+    std::unique_lock<std::mutex> l(mu_);
+    while (true) {
+      auto it = done_.find(op_id);
+      if (it != done_.end()) {
+        absl::Status s = it->second;
+        done_.erase(it);
+        if (!s.ok()) return s;
+        WaitOutcome o;
+        o.done = true;
+        o.algorithm = "hier";
+        return o;
+      }
+      const absl::Time now = absl::Now();
+      if (now >= deadline) return WaitOutcome{};
+      cv_.wait_for(l, std::chrono::milliseconds(
+                          std::max<int64_t>(1, std::min<int64_t>(20, absl::ToInt64Milliseconds(deadline - now)))));
+    }
+  }
+  void Complete(uint64_t id, absl::Status s = absl::OkStatus()) {
+    std::lock_guard<std::mutex> l(mu_);
+    done_[id] = s;
+    cv_.notify_all();
+  }
+  std::vector<uint64_t> sent() {
+    std::lock_guard<std::mutex> l(mu_);
+    return sent_;
+  }
+  void Refuse(absl::Status s) {
+    std::lock_guard<std::mutex> l(mu_);
+    refuse_ = s;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<uint64_t> sent_;
+  std::map<uint64_t, std::string> names_;
+  std::map<uint64_t, absl::Status> done_;
+  absl::Status refuse_;
+};
+
+std::atomic<int> g_segments{0};
+
+// One arena segment; rank r's LocalPath maps it on its own.
+struct Job {
+  Job(int n, uint32_t frames = 8, uint64_t data_bytes = 4096,
+      absl::Duration op_timeout = absl::Seconds(20)) {
+    ipc::ArenaGeometry g{static_cast<uint32_t>(n), frames, data_bytes};
+    // pids repeat across the test sandboxes that share /dev/shm: a random part too.
+    std::random_device rd;
+    const std::string name = absl::StrCat("/gradsync-test.", ::getpid(), ".", rd(), ".lp",
+                                          ++g_segments);
+    auto bytes = ipc::ArenaBytes(g);
+    EXPECT_TRUE(bytes.ok());
+    auto mem = ipc::SharedMemory::Create(name, *bytes);
+    EXPECT_TRUE(mem.ok()) << mem.status();
+    daemon_mem = std::move(*mem);
+    auto v = ipc::ArenaView::Format(daemon_mem->data(), daemon_mem->size(), g, 1, 1);
+    EXPECT_TRUE(v.ok());
+    view = std::make_unique<ipc::ArenaView>(*v);
+    channels.resize(n);
+    for (int r = 0; r < n; ++r) {
+      channels[r] = std::make_unique<FakeChannel>();
+      auto m = ipc::SharedMemory::Open(name, *bytes);
+      EXPECT_TRUE(m.ok()) << m.status();
+      LocalPathOptions o;
+      o.default_op_timeout = op_timeout;
+      auto p = LocalPath::Open(std::move(*m), r, n, channels[r].get(), absl::StrCat("s", r), o);
+      EXPECT_TRUE(p.ok()) << p.status();
+      paths.push_back(std::move(*p));
+    }
+  }
+  std::unique_ptr<ipc::SharedMemory> daemon_mem;
+  std::unique_ptr<ipc::ArenaView> view;  // the daemon's view
+  std::vector<std::unique_ptr<FakeChannel>> channels;
+  std::vector<std::unique_ptr<LocalPath>> paths;
+};
+
+PathOp Allreduce(std::vector<char>& buf, size_t count, DType t, ReduceOp op, const std::string& name,
+                 uint64_t buffer_id = 1, size_t offset = 0, bool local = true) {
+  PathOp p;
+  p.args.kind = CollectiveKind::kAllreduce;
+  p.args.count = count;
+  p.args.dtype = t;
+  p.args.reduce_op = op;
+  p.args.name = name;  // LocalPath copies what the views point at
+  p.args.buffer_id = buffer_id;
+  p.args.offset_bytes = offset;
+  p.forced = kAutoCode;
+  p.local = local;
+  p.data = buf.data() + offset;
+  p.bytes = count * DTypeSize(t);
+  return p;
+}
+
+void OnEveryRank(int n, const std::function<void(int)>& fn) {
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) threads.emplace_back(fn, r);
+  for (auto& t : threads) t.join();
+}
+
+absl::StatusOr<WaitOutcome> RunOp(LocalPath& p, const PathOp& op) {
+  auto t = p.Submit(op);
+  if (!t.ok()) return t.status();
+  return p.Wait(t->op_id, absl::Now() + absl::Seconds(30));
+}
+
+// Random floats: a reduction in any other order than rank order gives other
+// bits, so this checks the order as well as the data movement (the kernels
+// themselves are checked against scalar code in kernels/cpu_reduce_test).
+TEST(LocalPath, AllreduceGivesEveryRankTheRankOrderResultBitForBit) {
+  for (int n : {1, 2, 3, 4, 5, 8}) {
+    Job job(n);
+    uint32_t seed = 1;
+    for (DType t : kAllDTypes) {
+      for (ReduceOp op : kAllReduceOps) {
+        for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{1000}}) {
+          if (count * DTypeSize(t) > 4096) continue;
+          std::vector<std::vector<char>> in(n), out(n);
+          for (int r = 0; r < n; ++r) in[r] = testing::RandomData(t, count, r, seed);
+          ++seed;
+          const std::vector<char> want = testing::RingOrderReduce(in, t, op, 0, count, 0);
+          std::vector<std::string> errors(n);
+          OnEveryRank(n, [&](int r) {
+            out[r] = in[r];
+            out[r].resize(std::max<size_t>(1, out[r].size()));
+            auto res = RunOp(*job.paths[r], Allreduce(out[r], count, t, op, "g"));
+            if (!res.ok()) return void(errors[r] = res.status().ToString());
+            if (res->algorithm != "local") errors[r] = "algorithm " + res->algorithm;
+          });
+          for (int r = 0; r < n; ++r) {
+            ASSERT_EQ(errors[r], "") << n << " ranks " << DTypeName(t) << " " << ReduceOpName(op);
+            ASSERT_EQ(std::memcmp(out[r].data(), want.data(), want.size()), 0)
+                << "rank " << r << " of " << n << " " << DTypeName(t) << " " << ReduceOpName(op)
+                << " count " << count;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(LocalPath, ABarrierReturnsOnlyOnceEveryRankReachedIt) {
+  Job job(4);
+  std::vector<absl::Duration> took(4);
+  const absl::Time start = absl::Now();
+  OnEveryRank(4, [&](int r) {
+    if (r == 3) absl::SleepFor(absl::Milliseconds(100));
+    PathOp b;
+    b.args.kind = CollectiveKind::kBarrier;
+    b.args.name = "step";
+    b.forced = kAutoCode;
+    b.local = true;
+    auto res = RunOp(*job.paths[r], b);
+    ASSERT_TRUE(res.ok()) << res.status();
+    took[r] = absl::Now() - start;
+  });
+  for (int r = 0; r < 3; ++r) EXPECT_GE(took[r], absl::Milliseconds(95)) << r;
+}
+
+TEST(LocalPath, AMismatchIsTheSameInvalidArgumentOnEveryRankAndTheJobGoesOn) {
+  Job job(3);
+  std::vector<absl::Status> st(3);
+  std::vector<std::vector<char>> bufs(3, std::vector<char>(256));
+  OnEveryRank(3, [&](int r) {
+    st[r] = RunOp(*job.paths[r], Allreduce(bufs[r], r == 1 ? 60 : 64, DType::kF32, ReduceOp::kSum, "w"))
+                .status();
+  });
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_TRUE(absl::IsInvalidArgument(st[r])) << st[r];
+    EXPECT_EQ(st[r].message(),
+              "op 1 does not match across ranks: rank 1 submitted allreduce 'w' f32[60] sum, "
+              "ranks 0,2 submitted allreduce 'w' f32[64] sum");
+  }
+  EXPECT_FALSE(job.view->has_failed());
+  OnEveryRank(3, [&](int r) {
+    float* x = reinterpret_cast<float*>(bufs[r].data());
+    x[0] = static_cast<float>(r + 1);
+    ASSERT_TRUE(RunOp(*job.paths[r], Allreduce(bufs[r], 1, DType::kF32, ReduceOp::kSum, "w")).ok());
+    EXPECT_EQ(x[0], 6.0f);
+  });
+}
+
+// One rank runs it locally, another sends it to the daemon (other counts,
+// so other sizes): both read the same signatures, both refuse it alike.
+TEST(LocalPath, ALocalOpAgainstADaemonOpIsAMismatchToo) {
+  Job job(2);
+  std::vector<std::vector<char>> bufs(2, std::vector<char>(8192));
+  std::vector<absl::Status> st(2);
+  OnEveryRank(2, [&](int r) {
+    PathOp op = Allreduce(bufs[r], r == 0 ? 4 : 2000, DType::kF32, ReduceOp::kSum, "g", 1, 0,
+                          /*local=*/r == 0);
+    auto t = job.paths[r]->Submit(op);
+    ASSERT_TRUE(t.ok()) << t.status();
+    if (r == 1) {
+      // The daemon's check, as worker/job_arena.cc does it: every frame, then compare.
+      const absl::Time end = absl::Now() + absl::Seconds(10);
+      while (!(job.view->Published(0, 1) && job.view->Published(1, 1)) && absl::Now() < end) {
+        absl::SleepFor(absl::Milliseconds(1));
+      }
+      std::vector<std::string> sigs;
+      for (int p = 0; p < 2; ++p) sigs.emplace_back(job.view->Read(p, 1)->signature);
+      job.channels[1]->Complete(1, CompareSignatures(1, sigs));
+    }
+    st[r] = job.paths[r]->Wait(t->op_id, absl::Now() + absl::Seconds(10)).status();
+  });
+  EXPECT_EQ(st[0], st[1]);
+  EXPECT_TRUE(absl::IsInvalidArgument(st[0])) << st[0];
+  EXPECT_NE(st[0].message().find("rank 1 submitted allreduce 'g' f32[2000] sum"), std::string::npos)
+      << st[0];
+  EXPECT_EQ(job.channels[1]->sent(), (std::vector<uint64_t>{1}));
+  EXPECT_TRUE(job.channels[0]->sent().empty());
+}
+
+TEST(LocalPath, AMissingRankTimesOutNamingItAndEndsTheJob) {
+  Job job(3, 8, 4096, /*op_timeout=*/absl::Milliseconds(300));
+  std::vector<std::vector<char>> bufs(3, std::vector<char>(64));
+  std::vector<absl::Status> st(2);
+  OnEveryRank(2, [&](int r) {
+    st[r] = RunOp(*job.paths[r], Allreduce(bufs[r], 4, DType::kF32, ReduceOp::kSum, "x")).status();
+  });
+  // The first rank to time out says why; the other may see that failure first.
+  int timed_out = 0;
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_FALSE(st[r].ok());
+    const std::string want = absl::StrCat("allreduce 'x' f32[4] sum (op 1) failed at rank ", r,
+                                          ": timed out at rank ", r,
+                                          " waiting for rank(s) 2 to submit op 1 (allreduce 'x' "
+                                          "f32[4] sum)");
+    if (st[r].message() == want) {
+      EXPECT_TRUE(absl::IsDeadlineExceeded(st[r])) << st[r];
+      ++timed_out;
+    } else {
+      EXPECT_NE(st[r].message().find("waiting for rank(s) 2 to submit op 1"), std::string::npos)
+          << st[r];
+    }
+  }
+  EXPECT_GE(timed_out, 1);
+  ASSERT_TRUE(job.view->has_failed());
+  EXPECT_NE(job.view->failure().message().find("waiting for rank(s) 2"), std::string::npos);
+  // The stream is out of step: nobody may go on, the late rank included.
+  for (int r = 0; r < 3; ++r) {
+    auto t = job.paths[r]->Submit(Allreduce(bufs[r], 4, DType::kF32, ReduceOp::kSum, "y"));
+    EXPECT_TRUE(absl::IsFailedPrecondition(t.status())) << t.status();
+    EXPECT_NE(t.status().message().find("no longer usable"), std::string::npos) << t.status();
+  }
+}
+
+TEST(LocalPath, AFailureWakesAWaiterAtOnce) {
+  Job job(2);
+  std::vector<char> buf(64);
+  auto t = job.paths[0]->Submit(Allreduce(buf, 4, DType::kF32, ReduceOp::kSum, "x"));
+  ASSERT_TRUE(t.ok());
+  std::thread failer([&] {
+    absl::SleepFor(absl::Milliseconds(100));
+    job.view->Fail(absl::CancelledError("rank 1 closed its session"));
+  });
+  const absl::Time start = absl::Now();
+  auto res = job.paths[0]->Wait(t->op_id, absl::Now() + absl::Seconds(20));
+  failer.join();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+  EXPECT_TRUE(absl::IsCancelled(res.status())) << res.status();
+  EXPECT_EQ(res.status().message(),
+            "allreduce 'x' f32[4] sum (op 1) failed at rank 0: rank 1 closed its session");
+}
+
+// An op whose frames are all there completes even after a failure: the data
+// is all present and cannot change, so the result is right.
+TEST(LocalPath, AnOpWhoseFramesAreAllThereCompletesAfterAFailure) {
+  Job job(2);
+  std::vector<std::vector<char>> bufs(2, std::vector<char>(64));
+  std::vector<uint64_t> ids(2);
+  for (int r = 0; r < 2; ++r) {
+    reinterpret_cast<float*>(bufs[r].data())[0] = 1.5f * (r + 1);
+    auto t = job.paths[r]->Submit(Allreduce(bufs[r], 1, DType::kF32, ReduceOp::kSum, "x"));
+    ASSERT_TRUE(t.ok());
+    ids[r] = t->op_id;
+  }
+  job.view->Fail(absl::CancelledError("rank 1 closed its session"));
+  for (int r = 0; r < 2; ++r) {
+    auto res = job.paths[r]->Wait(ids[r], absl::Now() + absl::Seconds(5));
+    ASSERT_TRUE(res.ok()) << res.status();
+    EXPECT_EQ(reinterpret_cast<float*>(bufs[r].data())[0], 4.5f);
+  }
+}
+
+// Four frames per rank: a rank may run at most four ops ahead of one that
+// does not call in; its fifth Submit waits until that rank catches up.
+TEST(LocalPath, ARankWaitsForFramesOnlyWhenAnotherIsAFullArenaBehind) {
+  Job job(2, /*frames=*/4);
+  std::vector<std::vector<char>> bufs(2, std::vector<char>(64 * 8));
+  std::vector<uint64_t> ids0;
+  for (int k = 0; k < 4; ++k) {  // rank 0: ops 1-4, not waited for yet
+    auto t = job.paths[0]->Submit(
+        Allreduce(bufs[0], 1, DType::kI32, ReduceOp::kSum, "p", 1, 64 * k));
+    ASSERT_TRUE(t.ok());
+    ids0.push_back(t->op_id);
+  }
+  absl::Notification fifth_submitted;
+  std::thread r0([&] {
+    auto t = job.paths[0]->Submit(Allreduce(bufs[0], 1, DType::kI32, ReduceOp::kSum, "p", 1, 256));
+    ASSERT_TRUE(t.ok()) << t.status();
+    fifth_submitted.Notify();
+    ids0.push_back(t->op_id);
+  });
+  EXPECT_FALSE(fifth_submitted.WaitForNotificationWithTimeout(absl::Milliseconds(200)));
+  // Rank 1 catches up: its ops 1-4, and op 1 done frees frame 1.
+  for (int k = 0; k < 4; ++k) {
+    reinterpret_cast<int32_t*>(bufs[1].data() + 64 * k)[0] = 10;
+    ASSERT_TRUE(RunOp(*job.paths[1], Allreduce(bufs[1], 1, DType::kI32, ReduceOp::kSum, "p", 1, 64 * k)).ok());
+  }
+  EXPECT_TRUE(fifth_submitted.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  r0.join();
+  ASSERT_TRUE(RunOp(*job.paths[1], Allreduce(bufs[1], 1, DType::kI32, ReduceOp::kSum, "p", 1, 256)).ok());
+  for (uint64_t id : ids0) {
+    EXPECT_TRUE(job.paths[0]->Wait(id, absl::Now() + absl::Seconds(5)).ok()) << id;
+  }
+  EXPECT_EQ(reinterpret_cast<int32_t*>(bufs[0].data())[0], 10);
+  EXPECT_GE(job.view->consumed(0), 5u);
+}
+
+// Order on shared bytes: a daemon op after a local one on the same range is
+// sent only once the local one is done (it must see its result), and a local
+// op after a daemon one publishes the daemon's result, not the input.
+TEST(LocalPath, OpsOnOverlappingBytesKeepSubmissionOrderAcrossPaths) {
+  Job job(1);
+  LocalPath& p = *job.paths[0];
+  FakeChannel& daemon = *job.channels[0];
+  std::vector<char> buf(64);
+  int32_t* x = reinterpret_cast<int32_t*>(buf.data());
+  x[0] = 7;
+  // 1: a daemon op on [0, 16); 2: a local one on [0, 4): held until 1 is done.
+  auto d1 = p.Submit(Allreduce(buf, 4, DType::kI32, ReduceOp::kSum, "d1", 1, 0, /*local=*/false));
+  ASSERT_TRUE(d1.ok());
+  auto l2 = p.Submit(Allreduce(buf, 1, DType::kI32, ReduceOp::kSum, "l2"));
+  ASSERT_TRUE(l2.ok());
+  EXPECT_FALSE(job.view->Published(0, 2));  // held
+  // 3: a daemon op on [0, 4) waits behind the held local op 2.
+  auto d3 = p.Submit(Allreduce(buf, 1, DType::kI32, ReduceOp::kSum, "d3", 1, 0, /*local=*/false));
+  ASSERT_TRUE(d3.ok());
+  EXPECT_EQ(daemon.sent(), (std::vector<uint64_t>{1}));
+  // 4: a local op on other bytes runs at once, ahead of all of them.
+  auto l4 = p.Submit(Allreduce(buf, 1, DType::kI32, ReduceOp::kSum, "l4", 1, 32));
+  ASSERT_TRUE(l4.ok());
+  ASSERT_TRUE(p.Wait(l4->op_id, absl::Now() + absl::Seconds(5)).ok());
+  // The daemon finishes op 1, writing its result.
+  x[0] = 42;
+  daemon.Complete(1);
+  ASSERT_TRUE(p.Wait(d1->op_id, absl::Now() + absl::Seconds(5)).ok());
+  ASSERT_TRUE(p.Wait(l2->op_id, absl::Now() + absl::Seconds(5)).ok());
+  auto f = job.view->Read(0, 2);
+  ASSERT_TRUE(f.ok());
+  int32_t published;
+  std::memcpy(&published, f->data, 4);
+  EXPECT_EQ(published, 42);  // op 2 took op 1's result
+  EXPECT_EQ(daemon.sent(), (std::vector<uint64_t>{1, 3}));  // op 3 only after op 2
+  daemon.Complete(3);
+  ASSERT_TRUE(p.Wait(d3->op_id, absl::Now() + absl::Seconds(5)).ok());
+  EXPECT_EQ(job.view->consumed(0), 4u);
+}
+
+// Ops of the daemon carry their place in the session's stream (the gaps are
+// the local ones), and the signature of each is in the arena first.
+TEST(LocalPath, DaemonOpsCarryTheirSequenceAndPublishTheirSignature) {
+  Job job(1);
+  LocalPath& p = *job.paths[0];
+  std::vector<char> buf(8192);
+  ASSERT_TRUE(RunOp(p, Allreduce(buf, 1, DType::kF32, ReduceOp::kSum, "a")).ok());
+  auto d = p.Submit(Allreduce(buf, 2000, DType::kF32, ReduceOp::kSum, "big", 1, 0, false));
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->op_id, 2u);
+  EXPECT_EQ(d->sequence, 2u);
+  ASSERT_TRUE(job.view->Published(0, 2));
+  auto f = job.view->Read(0, 2);
+  EXPECT_EQ(f->data_len, 0u);  // the daemon reads the buffer itself
+  OpSignature want;
+  want.seq = 2;
+  want.count = 2000;
+  want.name = "big";
+  EXPECT_EQ(f->signature, want.Encode());
+  job.channels[0]->Complete(2);
+  auto res = p.Wait(d->op_id, absl::Now() + absl::Seconds(5));
+  ASSERT_TRUE(res.ok());
+  EXPECT_EQ(res->algorithm, "hier");
+  EXPECT_EQ(job.channels[0]->sent(), (std::vector<uint64_t>{2}));
+}
+
+TEST(LocalPath, ADaemonThatRefusesAnOpFailsTheJobRatherThanStallIt) {
+  Job job(2);
+  std::vector<char> buf(8192);
+  job.channels[0]->Refuse(absl::UnavailableError("gradsyncd at unix:x stopped answering"));
+  auto d = job.paths[0]->Submit(Allreduce(buf, 2000, DType::kF32, ReduceOp::kSum, "big", 1, 0, false));
+  ASSERT_TRUE(d.ok());  // the refusal is the op's outcome, as on the queue
+  auto res = job.paths[0]->Wait(d->op_id, absl::Now() + absl::Seconds(5));
+  EXPECT_TRUE(absl::IsUnavailable(res.status())) << res.status();
+  ASSERT_TRUE(job.view->has_failed());
+  EXPECT_NE(job.view->failure().message().find("(op 1) failed at rank 0: gradsyncd at unix:x"),
+            std::string::npos)
+      << job.view->failure();
+}
+
+TEST(LocalPath, CountersTellTheDaemonWhatRanLocally) {
+  Job job(2);
+  std::vector<std::vector<char>> bufs(2, std::vector<char>(64));
+  OnEveryRank(2, [&](int r) {
+    for (int i = 0; i < 3; ++i) {
+      ASSERT_TRUE(RunOp(*job.paths[r], Allreduce(bufs[r], 4, DType::kF32, ReduceOp::kSum, "c")).ok());
+    }
+    EXPECT_FALSE(RunOp(*job.paths[r], Allreduce(bufs[r], r == 0 ? 4 : 3, DType::kF32, ReduceOp::kSum, "c")).ok());
+  });
+  for (int r = 0; r < 2; ++r) {
+    const ipc::ArenaCounters& c = job.view->counters(r, ipc::kArenaCounterAllreduce);
+    EXPECT_EQ(c.ok.load(), 3u);
+    EXPECT_EQ(c.bytes.load(), 3u * 16);
+    EXPECT_GT(c.run_ns.load(), 0u);
+    EXPECT_EQ(c.failed[static_cast<int>(absl::StatusCode::kInvalidArgument)].load(), 1u);
+    EXPECT_EQ(job.view->counters(r, ipc::kArenaCounterBarrier).ok.load(), 0u);
+  }
+}
+
+TEST(LocalPath, AnUnknownOpAndTheArenaOfAnotherWorldAreRefused) {
+  Job job(2);
+  EXPECT_TRUE(absl::IsNotFound(job.paths[0]->Wait(99, absl::Now()).status()));
+  auto m = ipc::SharedMemory::Anonymous(4096);
+  ASSERT_TRUE(m.ok());
+  FakeChannel ch;
+  EXPECT_FALSE(LocalPath::Open(std::move(*m), 0, 2, &ch, "s", {}).ok());  // not an arena
+  const ipc::ArenaGeometry g{3, 4, 64};
+  auto m3 = ipc::SharedMemory::Anonymous(*ipc::ArenaBytes(g));
+  ASSERT_TRUE(ipc::ArenaView::Format((*m3)->data(), (*m3)->size(), g, 1, 1).ok());
+  auto wrong = LocalPath::Open(std::move(*m3), 0, 2, &ch, "s", {});
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_NE(wrong.status().message().find("the job's arena has 3 ranks; this session is rank 0 of 2"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace internal
+}  // namespace client
+}  // namespace gradsync
