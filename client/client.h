@@ -31,6 +31,19 @@
 //     SubmitAsync at once);
 //   - a daemon that stops answering (no heartbeat for 3 s) fails waits with
 //     kUnavailable "gradsyncd at T stopped answering (no heartbeat for 3 s)".
+// Node-local jobs. When every rank of the job uses one gradsyncd, the daemon
+// gives the job a shared-memory arena (client/local_path.h): the session
+// then numbers its ops itself (OpHandle::op_id = sequence = its place in the
+// session's stream, known at once), publishes every op's signature there,
+// and runs small allreduces (up to gradsyncd --local_ops_max_bytes per rank)
+// and barriers with the other ranks' clients directly, without the daemon
+// (OpResult::algorithm "local"). Such an op makes progress inside this
+// session's calls (SubmitAsync, Wait, Poll): its contribution is copied into
+// the arena at SubmitAsync, its result lands in the buffer during a later
+// Wait or Poll. Ops on overlapping bytes still run in submission order.
+// Environment: GRADSYNC_LOCAL_OPS=0 makes new sessions not ask for the arena
+// (every op then goes through the daemon; the job has no arena if any of its
+// sessions did not ask).
 // Environment: GRADSYNC_OP_CHANNEL=grpc makes new sessions use the RPCs even
 // when the daemon has the queue (for comparisons and debugging); unset or any
 // other value: the queue when available. GRADSYNC_WAIT_SPIN_US=N: how long a

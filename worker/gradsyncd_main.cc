@@ -69,6 +69,9 @@ ABSL_FLAG(bool, local_ops, true,
 ABSL_FLAG(int64_t, local_ops_max_bytes, 64 << 10,
           "largest allreduce (bytes per rank) the clients of a node-local job run themselves "
           "(--local_ops); larger ones go through the daemon (0..16 MiB)");
+ABSL_FLAG(int32_t, local_ops_frames, 16,
+          "frames per rank in a node-local job's arena: how many ops a rank may get ahead of the "
+          "slowest one before its submissions wait (a power of two, 2..1024)");
 ABSL_FLAG(int32_t, tcp_streams, 2,
           "TCP connections per pair of ranks for jobs this daemon creates (a job's value wins)");
 ABSL_FLAG(std::string, port_file, "",
@@ -177,6 +180,12 @@ int main(int argc, char** argv) {
     return 2;
   }
   opts.local_ops_max_bytes = static_cast<uint64_t>(local_max);
+  const int32_t frames = absl::GetFlag(FLAGS_local_ops_frames);
+  if (frames < 2 || frames > 1024 || (frames & (frames - 1)) != 0) {
+    GS_LOG(ERROR) << "--local_ops_frames " << frames << " is not a power of two in [2, 1024]";
+    return 2;
+  }
+  opts.local_ops_frames = static_cast<uint32_t>(frames);
   opts.timeline_dir = absl::GetFlag(FLAGS_timeline_dir);
   opts.ps_partition_bytes = static_cast<uint64_t>(std::max<int64_t>(4096, absl::GetFlag(FLAGS_ps_partition_bytes)));
   if (opts.heartbeat_interval <= absl::ZeroDuration() || opts.ring.segment_bytes < 4096 ||
