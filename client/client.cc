@@ -21,6 +21,7 @@
 #include "client/op_channel.h"
 #include "client/shm_op_channel.h"
 #include "collective/algorithm.h"
+#include "collective/op_signature.h"
 #include "common/clock.h"
 #include "ipc/shared_memory.h"
 #include "common/logging.h"
@@ -230,6 +231,10 @@ absl::StatusOr<OpHandle> Session::SubmitAsync(const CollectiveSpec& spec) {
                                                    " (expected 1..7)"));
   }
   const std::string what = absl::StrCat(CollectiveName(spec.kind), " '", spec.name, "'");
+  if (spec.name.size() > kMaxOpNameBytes) {  // as the daemon refuses it, before anything is sent
+    return absl::InvalidArgumentError(absl::StrCat("op name is ", spec.name.size(),
+                                                   " bytes; the limit is ", kMaxOpNameBytes));
+  }
   const DType dtype = spec.dtype;
   const size_t count = spec.count;
   const size_t offset_bytes = spec.offset_bytes;

@@ -78,6 +78,7 @@ std::string LocalPath::Missing(uint64_t seq) const {
 }
 
 absl::StatusOr<SubmitTicket> LocalPath::Submit(const PathOp& op) {
+  absl::MutexLock submitting(&submit_mu_);
   absl::MutexLock l(&mu_);
   if (arena_.has_failed()) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -186,19 +187,32 @@ void LocalPath::SendLocked(Entry& e) {
 }
 
 const LocalPath::Entry* LocalPath::BlockerLocked(const Entry& e) const {
-  for (const auto& [seq, other] : pending_) {
+  const bool e_barrier = e.op.args.kind == CollectiveKind::kBarrier;
+  for (uint64_t seq : unfinished_) {
     if (seq >= e.seq) break;
-    if (other.state != State::kDone && (e.op.local || other.op.local) && Overlap(other.op, e.op)) {
-      return &other;
+    const Entry& other = pending_.at(seq);
+    if (e_barrier || other.op.args.kind == CollectiveKind::kBarrier) return &other;
+    if (e.op.local || other.op.local) {
+      if (Overlap(other.op, e.op)) return &other;
+    } else if (other.state == State::kHeld) {
+      return &other;  // daemon ops go out in sequence order
     }
   }
   return nullptr;
+}
+
+int LocalPath::LeftRankMissing(uint64_t seq, uint64_t* done_up_to) const {
+  for (int r = 0; r < world_; ++r) {
+    if (!arena_.Published(r, seq) && arena_.Left(r, done_up_to)) return r;
+  }
+  return -1;
 }
 
 void LocalPath::CompleteLocked(Entry& e, absl::Status s, absl::Time now) {
   e.status = std::move(s);
   e.state = State::kDone;
   unfinished_.erase(e.seq);
+  done_cv_.SignalAll();
   if (!e.op.local) return;  // the daemon counts its own ops
   ipc::ArenaCounters& c = arena_.counters(rank_, CounterKind(e.op.args.kind));
   if (!e.status.ok()) {
@@ -269,38 +283,60 @@ void LocalPath::FinishLocalLocked(Entry& e, absl::Time now) {
 }
 
 void LocalPath::ProgressLocked(absl::Time now) {
-  for (auto& [seq, e] : pending_) {
+  // A copy: finishing an op erases it from unfinished_.
+  const std::vector<uint64_t> todo(unfinished_.begin(), unfinished_.end());
+  bool daemon_behind = false;  // an earlier daemon op is still running
+  for (uint64_t seq : todo) {
+    Entry& e = pending_.at(seq);
     if (e.state == State::kDone) continue;
     if (e.state == State::kHeld) {
       if (BlockerLocked(e) != nullptr) continue;
-      if (e.op.local) {
-        absl::Status published = PublishLocked(e);
-        if (!published.ok()) {
-          CompleteLocked(e, Annotate(e, published), now);
-          arena_.Fail(Annotate(e, published));
-          continue;
-        }
-      } else {
+      if (!e.op.local) {
         SendLocked(e);
+        daemon_behind = true;  // just sent: it cannot be done yet
+        continue;
+      }
+      absl::Status published = PublishLocked(e);
+      if (!published.ok()) {
+        CompleteLocked(e, Annotate(e, published), now);
+        arena_.Fail(Annotate(e, published));
         continue;
       }
     }
-    if (!e.op.local) {  // at the daemon: has it reported?
+    if (!e.op.local) {
+      // The daemon runs a session's ops one at a time, in order: once one
+      // is not done, the later ones are not either (and over gRPC each look
+      // is an RPC). One another thread waits for is that thread's to take.
+      if (daemon_behind || e.in_channel_wait) {
+        daemon_behind = true;
+        continue;
+      }
       absl::StatusOr<WaitOutcome> w = channel_->Wait(seq, absl::InfinitePast());
       if (!w.ok()) {
         CompleteLocked(e, w.status(), now);
       } else if (w->done) {
         e.outcome = *w;
         CompleteLocked(e, absl::OkStatus(), now);
+      } else {
+        daemon_behind = true;
       }
       continue;
     }
     bool all = true;
     for (int r = 0; r < world_ && all; ++r) all = arena_.Published(r, seq);
+    uint64_t left_after = 0;
+    int left = -1;
     if (all) {
       FinishLocalLocked(e, now);
     } else if (arena_.has_failed()) {
       CompleteLocked(e, Annotate(e, arena_.failure()), now);
+    } else if ((left = LeftRankMissing(seq, &left_after)) >= 0) {
+      // The others are still in step; the daemon ends the epoch.
+      CompleteLocked(e,
+                     Annotate(e, absl::CancelledError(absl::StrCat(
+                                     "rank ", left, " closed its session after op ", left_after,
+                                     " and will not submit op ", seq))),
+                     now);
     } else if (now >= e.deadline) {
       absl::Status late = absl::DeadlineExceededError(
           absl::StrCat("timed out at rank ", rank_, " waiting for rank(s) ", Missing(seq),
@@ -349,25 +385,33 @@ absl::StatusOr<WaitOutcome> LocalPath::Wait(uint64_t op_id, absl::Time deadline)
       if (b == nullptr) break;
       blocker = b;
     }
-    const bool local_waiting = std::any_of(pending_.begin(), pending_.end(), [](const auto& kv) {
-      return kv.second.op.local && kv.second.state == State::kPublished;
-    });
+    // A local op of this rank still to move (published and waiting for the
+    // others, or held): a wait on the daemon comes back often to move it.
+    const bool local_waiting = std::any_of(unfinished_.begin(), unfinished_.end(),
+                                           [this](uint64_t seq) { return pending_.at(seq).op.local; });
     if (!blocker->op.local && blocker->state == State::kPublished) {
+      if (blocker->in_channel_wait) {  // another thread waits for it: it tells us
+        done_cv_.WaitWithDeadline(&mu_, std::min(deadline, now + kDaemonSlice));
+        continue;
+      }
       const uint64_t id = blocker->seq;
+      pending_.at(id).in_channel_wait = true;
       const absl::Time until =
           std::min(deadline, local_waiting ? now + kDaemonSlice : absl::InfiniteFuture());
       mu_.Unlock();
       absl::StatusOr<WaitOutcome> w = channel_->Wait(id, until);
       mu_.Lock();
-      auto b = pending_.find(id);
-      if (b != pending_.end() && b->second.state != State::kDone) {
-        if (!w.ok()) {
-          CompleteLocked(b->second, w.status(), FastNow());
-        } else if (w->done) {
-          b->second.outcome = *w;
-          CompleteLocked(b->second, absl::OkStatus(), FastNow());
-        }
+      // Still there: nobody reports an unfinished op, and only this thread
+      // may finish one it is in a channel wait for.
+      Entry& b = pending_.at(id);
+      b.in_channel_wait = false;
+      if (!w.ok()) {
+        CompleteLocked(b, w.status(), FastNow());
+      } else if (w->done) {
+        b.outcome = *w;
+        CompleteLocked(b, absl::OkStatus(), FastNow());
       }
+      done_cv_.SignalAll();
       continue;
     }
     // Wait on the arena's bell: every publication and failure rings it.

@@ -25,8 +25,10 @@
 // Order. A session's ops keep their submission order where it matters: an
 // op is held back (a local op not published, a daemon op not sent) while an
 // earlier, unfinished op uses an overlapping byte range of the same buffer
-// (for a daemon op: an earlier local one; the daemon orders its own). Ops on
-// disjoint ranges overlap in time, as they do on the daemon.
+// (for a daemon op: an earlier local one; the daemon orders its own), and a
+// barrier is ordered against everything. Ops on disjoint ranges may
+// complete out of submission order (on the daemon alone they could not: a
+// session's executor runs one op at a time).
 //
 // Errors, the same as the daemon's for the same cause:
 //   - a mismatch: InvalidArgument "op 5 does not match across ranks: rank 2
@@ -124,6 +126,7 @@ class LocalPath {
     absl::Time published;
     absl::Time deadline;
     std::string name, algorithm;  // what op.args' views point at
+    bool in_channel_wait = false;  // daemon op: a thread waits for it in channel_->Wait
     absl::Status status;    // kDone
     WaitOutcome outcome;    // kDone and OK
     absl::Duration arrival_wait;  // local: from this rank's frame to the last one
@@ -139,8 +142,14 @@ class LocalPath {
   // The earlier, unfinished op `e` must wait for, or null: for a local op
   // any op on overlapping bytes (its contribution is copied when it is
   // published, so it must see the earlier op's result); for a daemon op a
-  // local one on overlapping bytes (the daemon orders its own ops).
+  // local one on overlapping bytes, or an earlier daemon op still held
+  // (the daemon takes a session's ops in sequence order, and orders them
+  // itself). A barrier is ordered against every earlier op, and every later
+  // op against it.
   const Entry* BlockerLocked(const Entry& e) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A rank that has not published op `seq` and has left (its session
+  // closed), or -1; *done_up_to: the last op it finished.
+  int LeftRankMissing(uint64_t seq, uint64_t* done_up_to) const;
   absl::Status PublishLocked(Entry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SendLocked(Entry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A published local op whose frames are all present: compare, reduce.
@@ -158,7 +167,11 @@ class LocalPath {
   const std::string session_id_;
   const LocalPathOptions options_;
 
+  // One submitter at a time: numbering and publishing an op is one step,
+  // even when it has to wait for a frame (which releases mu_).
+  absl::Mutex submit_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   absl::Mutex mu_;
+  absl::CondVar done_cv_;  // an op finished (a waiter behind another thread's channel wait)
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<uint64_t, Entry> pending_ ABSL_GUARDED_BY(mu_);  // submitted, not yet reported
   std::set<uint64_t> unfinished_ ABSL_GUARDED_BY(mu_);      // not kDone

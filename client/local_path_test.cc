@@ -36,6 +36,11 @@ class FakeChannel final : public OpChannel {
   absl::StatusOr<SubmitTicket> Submit(const SubmitArgs& args) override {
     std::lock_guard<std::mutex> l(mu_);
     if (!refuse_.ok()) return refuse_;
+    if (!sent_.empty() && args.sequence <= sent_.back()) {  // as the op queue's tokens
+      return absl::InvalidArgumentError(absl::StrCat("op sequence ", args.sequence,
+                                                     " is not above the previous token ",
+                                                     sent_.back()));
+    }
     sent_.push_back(args.sequence);
     names_[args.sequence] = std::string(args.name);
     return SubmitTicket{args.sequence, args.sequence};
@@ -475,6 +480,126 @@ TEST(LocalPath, AnUnknownOpAndTheArenaOfAnotherWorldAreRefused) {
   ASSERT_FALSE(wrong.ok());
   EXPECT_NE(wrong.status().message().find("the job's arena has 3 ranks; this session is rank 0 of 2"),
             std::string::npos);
+}
+
+// A daemon op held behind a local one holds back the daemon ops after it,
+// even on other bytes: the daemon takes a session's ops in sequence order.
+TEST(LocalPath, DaemonOpsGoToTheDaemonInSequenceOrder) {
+  Job job(2);
+  std::vector<std::vector<char>> a(2, std::vector<char>(8192)), b(2, std::vector<char>(8192));
+  // Rank 1 publishes op 1 late, so rank 0's op 1 stays unfinished a while.
+  auto l1 = job.paths[0]->Submit(Allreduce(a[0], 4, DType::kF32, ReduceOp::kSum, "l1"));
+  ASSERT_TRUE(l1.ok());
+  auto d2 = job.paths[0]->Submit(Allreduce(a[0], 2000, DType::kF32, ReduceOp::kSum, "d2", 1, 0, false));
+  ASSERT_TRUE(d2.ok());
+  auto d3 = job.paths[0]->Submit(Allreduce(b[0], 2000, DType::kF32, ReduceOp::kSum, "d3", 2, 0, false));
+  ASSERT_TRUE(d3.ok());
+  EXPECT_TRUE(job.channels[0]->sent().empty());  // 2 waits for 1, 3 for 2
+  ASSERT_TRUE(RunOp(*job.paths[1], Allreduce(a[1], 4, DType::kF32, ReduceOp::kSum, "l1")).ok());
+  ASSERT_TRUE(job.paths[0]->Wait(l1->op_id, absl::Now() + absl::Seconds(5)).ok());
+  EXPECT_EQ(job.channels[0]->sent(), (std::vector<uint64_t>{2, 3}));
+  job.channels[0]->Complete(2);
+  job.channels[0]->Complete(3);
+  EXPECT_TRUE(job.paths[0]->Wait(d2->op_id, absl::Now() + absl::Seconds(5)).ok());
+  EXPECT_TRUE(job.paths[0]->Wait(d3->op_id, absl::Now() + absl::Seconds(5)).ok());
+}
+
+// A barrier is ordered against every earlier op of its session, and every
+// later op against it, whatever the bytes.
+TEST(LocalPath, ABarrierWaitsForTheOpsBeforeItAndHoldsTheOnesAfterIt) {
+  Job job(1);
+  std::vector<char> buf(8192);
+  auto d1 = job.paths[0]->Submit(Allreduce(buf, 2000, DType::kF32, ReduceOp::kSum, "d1", 1, 0, false));
+  ASSERT_TRUE(d1.ok());
+  PathOp barrier;
+  barrier.args.kind = CollectiveKind::kBarrier;
+  barrier.args.name = "b";
+  barrier.forced = kAutoCode;
+  barrier.local = true;
+  auto b2 = job.paths[0]->Submit(barrier);
+  ASSERT_TRUE(b2.ok());
+  auto l3 = job.paths[0]->Submit(Allreduce(buf, 1, DType::kF32, ReduceOp::kSum, "l3", 1, 4096));
+  ASSERT_TRUE(l3.ok());
+  auto w = job.paths[0]->Wait(b2->op_id, absl::Now() + absl::Milliseconds(100));
+  ASSERT_TRUE(w.ok());
+  EXPECT_FALSE(w->done);  // behind op 1
+  EXPECT_FALSE(job.view->Published(0, 2));
+  EXPECT_FALSE(job.view->Published(0, 3));  // behind the barrier, though on other bytes
+  job.channels[0]->Complete(1);
+  EXPECT_TRUE(job.paths[0]->Wait(b2->op_id, absl::Now() + absl::Seconds(5)).ok());
+  EXPECT_TRUE(job.paths[0]->Wait(l3->op_id, absl::Now() + absl::Seconds(5)).ok());
+  EXPECT_TRUE(job.paths[0]->Wait(d1->op_id, absl::Now() + absl::Seconds(5)).ok());
+}
+
+// A rank whose session closes (the daemon marks it left) published op 1 but
+// not op 2: the others still complete op 1 and fail op 2 at once.
+TEST(LocalPath, ARankThatLeftFailsOnlyTheOpsItNeverPublished) {
+  Job job(3, 8, 4096, /*op_timeout=*/absl::Seconds(60));
+  std::vector<std::vector<char>> bufs(3, std::vector<char>(64));
+  std::vector<uint64_t> ids(3);
+  for (int r = 0; r < 3; ++r) {
+    reinterpret_cast<int32_t*>(bufs[r].data())[0] = r + 1;
+    auto t = job.paths[r]->Submit(Allreduce(bufs[r], 1, DType::kI32, ReduceOp::kSum, "one"));
+    ASSERT_TRUE(t.ok());
+    ids[r] = t->op_id;
+  }
+  job.view->Leave(2);  // rank 2 leaves without waiting for op 1
+  uint64_t done = 99;
+  EXPECT_TRUE(job.view->Left(2, &done));
+  EXPECT_EQ(done, 1u);  // the last to publish op 1, it finished it at once
+  EXPECT_FALSE(job.view->Left(0));
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(job.paths[r]->Wait(ids[r], absl::Now() + absl::Seconds(5)).ok());
+    EXPECT_EQ(reinterpret_cast<int32_t*>(bufs[r].data())[0], 6);
+    const absl::Time start = absl::Now();
+    auto res = RunOp(*job.paths[r], Allreduce(bufs[r], 1, DType::kI32, ReduceOp::kSum, "two"));
+    EXPECT_LT(absl::Now() - start, absl::Seconds(5));  // not the 60 s op timeout
+    EXPECT_TRUE(absl::IsCancelled(res.status())) << res.status();
+    EXPECT_EQ(res.status().message(),
+              absl::StrCat("allreduce 'two' i32[1] sum (op 2) failed at rank ", r,
+                           ": rank 2 closed its session after op 1 and will not submit op 2"));
+  }
+  EXPECT_FALSE(job.view->has_failed());
+}
+
+// Two threads of one rank submit at once while the arena is full: every op
+// still gets its own number and frame (each result is checked against the
+// other rank's contribution for that number).
+TEST(LocalPath, ConcurrentSubmittersOfOneRankNeverShareAnOpNumber) {
+  Job job(2, /*frames=*/2);
+  constexpr int kPerThread = 200;
+  std::vector<std::string> errors(2);
+  std::thread other([&] {  // rank 1: op k carries k
+    std::vector<char> buf(64);
+    for (int k = 1; k <= 2 * kPerThread; ++k) {
+      reinterpret_cast<int64_t*>(buf.data())[0] = k;
+      auto res = RunOp(*job.paths[1], Allreduce(buf, 1, DType::kI64, ReduceOp::kSum, "x"));
+      if (!res.ok()) return void(errors[1] = res.status().ToString());
+    }
+  });
+  auto submitter = [&](int t) {  // rank 0: two threads, own buffers, 1000 * t + i
+    std::vector<char> buf(64);
+    for (int i = 0; i < kPerThread; ++i) {
+      const int64_t mine = 1000 * (t + 1) + i;
+      reinterpret_cast<int64_t*>(buf.data())[0] = mine;
+      auto h = job.paths[0]->Submit(
+          Allreduce(buf, 1, DType::kI64, ReduceOp::kSum, "x", /*buffer_id=*/10 + t));
+      if (!h.ok()) return void(errors[0] = h.status().ToString());
+      auto res = job.paths[0]->Wait(h->op_id, absl::Now() + absl::Seconds(20));
+      if (!res.ok()) return void(errors[0] = res.status().ToString());
+      const int64_t got = reinterpret_cast<int64_t*>(buf.data())[0];
+      if (got != mine + static_cast<int64_t>(h->op_id)) {
+        return void(errors[0] = absl::StrCat("op ", h->op_id, ": ", got, " != ", mine, " + ", h->op_id));
+      }
+    }
+  };
+  std::thread t0(submitter, 0), t1(submitter, 1);
+  t0.join();
+  t1.join();
+  other.join();
+  EXPECT_EQ(errors[0], "");
+  EXPECT_EQ(errors[1], "");
+  EXPECT_EQ(job.view->consumed(0), 2u * kPerThread);
 }
 
 }  // namespace

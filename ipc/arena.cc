@@ -229,6 +229,22 @@ uint64_t ArenaView::consumed(int rank) const {
   return slot(rank)->consumed.load(std::memory_order_acquire);
 }
 
+void ArenaView::Leave(int rank) {
+  if (rank < 0 || rank >= world_size()) return;
+  ArenaSlotHeader* s = slot(rank);
+  uint64_t expected = 0;
+  s->left.compare_exchange_strong(expected, 1 + s->consumed.load(std::memory_order_acquire),
+                                  std::memory_order_acq_rel);
+  bell().Ring();
+}
+
+bool ArenaView::Left(int rank, uint64_t* done_up_to) const {
+  const uint64_t v = slot(rank)->left.load(std::memory_order_acquire);
+  if (v == 0) return false;
+  if (done_up_to != nullptr) *done_up_to = v - 1;
+  return true;
+}
+
 void ArenaView::Fail(const absl::Status& reason) {
   uint32_t expected = 0;
   if (!h_->failed.compare_exchange_strong(expected, 1, std::memory_order_acq_rel)) return;
@@ -247,8 +263,10 @@ void ArenaView::Fail(const absl::Status& reason) {
 absl::Status ArenaView::failure() const {
   uint32_t state = h_->failed.load(std::memory_order_acquire);
   if (state == 0) return absl::OkStatus();
-  // A writer is between its two stores: at most a copy of 1 KiB away.
-  for (int i = 0; state == 1 && i < 100000; ++i) {
+  // A writer is between its two stores: a copy of at most 1 KiB away, unless
+  // it died there (or scribbles): look for at most 1 ms.
+  const absl::Time give_up = FastNow() + absl::Milliseconds(1);
+  while (state == 1 && FastNow() < give_up) {
     ::sched_yield();
     state = h_->failed.load(std::memory_order_acquire);
   }

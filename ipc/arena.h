@@ -45,6 +45,11 @@
 // completed from them after a failure: the frames are immutable until
 // consumed, so the result is right; what fails is waiting.
 //
+// Leaving. A rank whose session closes (its training process finished) will
+// publish nothing more, but the ops it did publish can still complete on the
+// others. The daemon marks it left (Leave) instead of failing the arena: an
+// op stops waiting, and fails, only once a rank whose frame it lacks has left.
+//
 // The bell. Every publication and every failure rings the arena's one
 // doorbell (ipc/doorbell.h); a waiter snapshots it, re-checks, then spins or
 // sleeps with a timeout.
@@ -133,6 +138,9 @@ struct ArenaCounters {
 
 struct ArenaSlotHeader {
   alignas(64) std::atomic<uint64_t> consumed;  // see "Reuse"
+  // 0 while the rank's session is open; 1 + its consumed when it closed
+  // (see "Leaving"). Written by the daemon.
+  std::atomic<uint64_t> left;
   alignas(64) ArenaCounters counters[kArenaCounterKinds];
 };
 static_assert(std::is_standard_layout_v<ArenaSlotHeader>);
@@ -204,6 +212,12 @@ class ArenaView {
   // DataLoss naming the rank if its lengths are impossible.
   absl::StatusOr<ArenaFrame> Read(int rank, uint64_t seq) const;
   uint64_t consumed(int rank) const;
+
+  // ---- leaving (the daemon, when rank `rank`'s session closes)
+  // Marks the rank left after the ops it finished, and rings the bell.
+  void Leave(int rank);
+  // Whether the rank left, and after which op it was done (its consumed).
+  bool Left(int rank, uint64_t* done_up_to = nullptr) const;
 
   // ---- failure (anyone)
   // Fails the arena with `reason` (not OK) unless it has failed already

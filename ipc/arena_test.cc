@@ -167,6 +167,22 @@ TEST(Arena, PublicationTimeAndCountersAreVisibleToTheDaemon) {
   EXPECT_EQ(m.view.counters(0, kArenaCounterBarrier).ok.load(), 0u);
 }
 
+TEST(Arena, ALeftRankIsMarkedWithTheLastOpItFinished) {
+  Mapped m = Make({3, 4, 8});
+  m.view.SetConsumed(1, 7);
+  const uint32_t before = m.view.bell().Snapshot();
+  EXPECT_FALSE(m.view.Left(1));
+  m.view.Leave(1);
+  m.view.SetConsumed(1, 9);
+  m.view.Leave(1);  // once: the first mark stays
+  uint64_t done = 0;
+  EXPECT_TRUE(m.view.Left(1, &done));
+  EXPECT_EQ(done, 7u);
+  EXPECT_NE(m.view.bell().Snapshot(), before);
+  EXPECT_FALSE(m.view.Left(0));
+  EXPECT_FALSE(m.view.has_failed());  // leaving is not a failure
+}
+
 // Two processes (fork, an anonymous shared mapping): each publishes 2000 ops
 // and reads the other's, reusing 4 frames, waiting on the bell.
 TEST(Arena, TwoProcessesExchangeThousandsOfOpsThroughFourFrames) {

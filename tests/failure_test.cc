@@ -474,5 +474,37 @@ TEST(Failure, NodeLocalRankLeavingRightAfterTheLastOpDoesNotFailTheOthersLastOp)
   }
 }
 
+// A session whose client only runs local ops never calls the daemon; its
+// activity in the arena still counts against the lease (an idle session is
+// closed after --session_lease_ms, which here is 1 s).
+TEST(Failure, NodeLocalSessionsBusyWithLocalOpsOnlyAreNotExpired) {
+  LocalClusterOptions o;
+  o.daemons = 1;
+  o.daemon_flags = {"--session_lease_ms=1000"};
+  auto c = LocalCluster::Start(o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  auto ranks = OpenJob(**c, "local-busy", {0, 0});
+  ASSERT_TRUE(ranks.ok()) << ranks.status();
+  OnEveryRank(2, [&](int r) {
+    auto& s = *(*ranks)[r].session;
+    auto b = s.AllocateBuffer(1 << 20);
+    ASSERT_TRUE(b.ok());
+    const absl::Time end = absl::Now() + absl::Seconds(3);
+    int ops = 0;
+    while (absl::Now() < end) {
+      (*b)->as<float>()[0] = 1.0f;
+      auto res = s.Allreduce(**b, 0, 1, DType::kF32, ReduceOp::kSum, "tick");
+      ASSERT_TRUE(res.ok()) << "after " << ops << " ops: " << res.status();
+      ASSERT_EQ(res->algorithm, "local");
+      ++ops;
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    (*b)->as<float>()[(1 << 18) - 1] = 1.0f;
+    auto big = s.Allreduce(**b, 0, 1 << 18, DType::kF32, ReduceOp::kSum, "big");  // the daemon's
+    ASSERT_TRUE(big.ok()) << big.status();
+    EXPECT_EQ((*b)->as<float>()[(1 << 18) - 1], 2.0f);
+  });
+}
+
 }  // namespace
 }  // namespace gradsync

@@ -403,6 +403,7 @@ void Daemon::PollArenas(const std::vector<std::shared_ptr<Session>>& sessions) {
   for (const auto& s : sessions) {
     const std::shared_ptr<JobArena>& arena = s->arena();
     if (arena == nullptr) continue;
+    s->NoteArenaActivity();
     // A client failed it (its deadline passed mid-stream): the ops the daemon
     // holds for the job cannot match up any more.
     if (arena->view().has_failed() && s->health().ok()) s->AbortEpoch(arena->failure());

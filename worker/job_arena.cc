@@ -80,6 +80,14 @@ absl::Status JobArena::CheckSignatures(int rank, uint64_t seq, const std::string
     // Failed: nothing more will come (an op whose frames are all here still
     // runs, above; the rest of the job is told by whoever failed it).
     if (view_.has_failed()) return view_.failure();
+    for (int r = 0; r < n; ++r) {
+      uint64_t done = 0;
+      if (!seen[r] && view_.Left(r, &done)) {
+        return absl::CancelledError(absl::StrCat("rank ", r, " closed its session after op ", done,
+                                                 " and will not submit op ", seq, " (", describe,
+                                                 ")"));
+      }
+    }
     const absl::Time now = FastNow();
     if (now >= deadline) {
       std::vector<int> missing;

@@ -62,6 +62,8 @@ class JobArena {
   //   - DeadlineExceeded "timed out at rank R waiting for rank(s) X to
   //     submit op K (...)"; the arena then fails with it;
   //   - the arena's failure, once it failed;
+  //   - Cancelled if a rank that has not published op `seq` left (closed
+  //     its session);
   //   - Internal / DataLoss if rank `rank`'s client published something else
   //     than it submitted, or a frame is corrupted (the arena fails).
   absl::Status CheckSignatures(int rank, uint64_t seq, const std::string& mine,
@@ -70,6 +72,9 @@ class JobArena {
 
   // Fails the arena (the first reason wins) and wakes every waiter.
   void Fail(const absl::Status& reason) { view_.Fail(reason); }
+  // Rank `rank`'s session closed: ops it never published fail (Cancelled
+  // "rank R closed its session after op K ..."), the rest can complete.
+  void Leave(int rank) { view_.Leave(rank); }
   absl::Status failure() const { return view_.failure(); }
 
   // The clients' local ops since the last call (for metrics): one record per

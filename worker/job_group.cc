@@ -39,13 +39,13 @@ void JobGroup::ReduceLocal(const std::vector<char*>& bufs, size_t count, DType d
   for (size_t j = 1; j < bufs.size(); ++j) std::memcpy(bufs[j], bufs[0], bytes);
 }
 
-void JobGroup::Abort(const absl::Status& reason) {
+void JobGroup::Abort(const absl::Status& reason, bool fail_arena) {
   {
     absl::MutexLock l(&mu_);
     if (broken_.ok()) broken_ = reason;
   }
   if (node_ctx_ != nullptr) node_ctx_->Abort(reason);
-  if (arena_ != nullptr) arena_->Fail(reason);
+  if (arena_ != nullptr && fail_arena) arena_->Fail(reason);
 }
 
 absl::Status JobGroup::WaitFor(Slot& slot, const std::function<bool()>& cond, absl::Time deadline,

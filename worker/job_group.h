@@ -103,8 +103,9 @@ class JobGroup {
                                     LocalAllreduce* small = nullptr);
 
   // Fails every pending and future hierarchical op (session closed, epoch
-  // aborted), and the arena if there is one.
-  void Abort(const absl::Status& reason);
+  // aborted), and the arena if there is one and `fail_arena` (a session that
+  // closes marks its rank left in the arena instead: ipc/arena.h "Leaving").
+  void Abort(const absl::Status& reason, bool fail_arena = true);
 
  private:
   struct Slot {

@@ -156,6 +156,16 @@ void Session::Touch() {
   last_used_ = FastNow();
 }
 
+void Session::NoteArenaActivity() {
+  if (arena_ == nullptr) return;
+  const ipc::ArenaView& v = arena_->view();
+  const uint64_t consumed = v.consumed(info_.rank);
+  const bool in_flight = v.Published(info_.rank, consumed + 1);
+  absl::MutexLock l(&mu_);
+  if (consumed != arena_seen_ || in_flight) last_used_ = FastNow();
+  arena_seen_ = consumed;
+}
+
 absl::Time Session::last_used() const {
   absl::MutexLock l(&mu_);
   return last_used_;
@@ -312,7 +322,7 @@ absl::StatusOr<uint64_t> Session::Enqueue(const SubmitArgs& a,
                     ? ": this session's job has an arena: every op carries its sequence number"
                     : ": a sequence number was given, but this session's job has no arena"));
   }
-  if (arena_ != nullptr && a.sequence < next_seq_) {
+  if (arena_ != nullptr && (a.sequence < next_seq_ || a.sequence >= (uint64_t{1} << 63))) {
     return absl::InvalidArgumentError(absl::StrCat(what(), ": sequence ", a.sequence,
                                                    " is not above the previous op's ",
                                                    next_seq_ - 1));
@@ -425,7 +435,10 @@ void Session::Close() {
     const absl::Status why =
         absl::CancelledError(absl::StrCat("rank ", info_.rank, " closed its session"));
     ctx_->Abort(why);
-    if (group_ != nullptr) group_->Abort(why);
+    // The ops this rank published can still complete on the others; only
+    // the ones it never will fail (at once, not at their deadline).
+    if (arena_ != nullptr) arena_->Leave(info_.rank);
+    if (group_ != nullptr) group_->Abort(why, /*fail_arena=*/false);
     if (ps_ != nullptr) ps_->Abort(why);
     if (executor_.joinable()) executor_.join();
     absl::MutexLock l(&mu_);

@@ -174,6 +174,11 @@ class Session {
   bool has_pending_ops() const;
   absl::Time last_used() const;
   void Touch();
+  // With an arena the client's local ops never reach the daemon: its
+  // activity there counts as use of the session (against the lease) when it
+  // finished an op since the last look or has one published and unfinished.
+  // The daemon's heartbeat loop calls it.
+  void NoteArenaActivity();
 
  private:
   friend class LocalDriverCore;
@@ -243,6 +248,7 @@ class Session {
   bool closing_ ABSL_GUARDED_BY(mu_) = false;
   std::string not_accepting_ ABSL_GUARDED_BY(mu_);  // non-empty: draining
   absl::Time last_used_ ABSL_GUARDED_BY(mu_);
+  uint64_t arena_seen_ ABSL_GUARDED_BY(mu_) = 0;  // the client's consumed at the last look
   CompletionListener listener_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<SubmissionFeed> feed_ ABSL_GUARDED_BY(mu_);
   bool waiting_on_feed_ ABSL_GUARDED_BY(mu_) = false;  // the executor sleeps on feed_
