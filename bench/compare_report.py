@@ -210,12 +210,12 @@ def main():
                ("ring_limit_spin", "ring limit (spinning first, like gradsyncd --spin_us)"),
                ("gloo", "Gloo (blocking ops)"),
                ("mpi_tcp", "Open MPI tcp (blocking ops)"),
-               ("gs_node_auto_b2b", "gradsync node (hier), %s ops back to back, time / ops"),
-               ("gs_node_auto_blocking", "gradsync node (hier), each op alone (`--blocking`), %s ops"),
+               ("gs_node_auto_b2b", "gradsync node (one daemon: local ops), %s ops back to back, time / ops"),
+               ("gs_node_auto_blocking", "gradsync node (one daemon: local ops), each op alone (`--blocking`), %s ops"),
                ("mpi_vader", "Open MPI vader (blocking ops)"),
                ("gs_net_auto_gap", "gradsync net, each op after %s µs idle (`--blocking --gap_us`), %%s ops" % gap),
                ("mpi_tcp_gap", "Open MPI tcp, each op after %s µs idle" % gap),
-               ("gs_node_auto_gap", "gradsync node (hier), each op after %s µs idle (`--blocking --gap_us`), %%s ops" % gap),
+               ("gs_node_auto_gap", "gradsync node (one daemon: local ops), each op after %s µs idle (`--blocking --gap_us`), %%s ops" % gap),
                ("mpi_vader_gap", "Open MPI vader, each op after %s µs idle" % gap)]
         if any((prog, n, 8) in times for prog, _ in lat):
             p("")

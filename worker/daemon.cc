@@ -355,7 +355,9 @@ absl::StatusOr<std::shared_ptr<JobGroup>> Daemon::GetOrCreateGroup(
     ipc::ArenaGeometry g;
     g.world_size = static_cast<uint32_t>(layout.world_size);
     g.frames = options_.local_ops_frames;
-    g.data_bytes = options_.local_ops_max_bytes;
+    g.data_bytes = options_.local_ops_max_bytes >= 0
+                       ? static_cast<uint64_t>(options_.local_ops_max_bytes)
+                       : DaemonOptions::kLocalOpsBudget / static_cast<uint64_t>(layout.world_size);
     auto a = JobArena::Create(job_id, epoch, g);
     if (a.ok()) {
       arena = *std::move(a);
@@ -370,8 +372,11 @@ absl::StatusOr<std::shared_ptr<JobGroup>> Daemon::GetOrCreateGroup(
   if (arena != nullptr) {
     GS_LOG(INFO) << "job '" << job_id << "' epoch " << epoch << ": arena " << arena->shm_name()
                  << " (" << arena->size_bytes() << " bytes): the clients run allreduces of up to "
-                 << options_.local_ops_max_bytes << " bytes and barriers themselves";
-  } else if (layout.nodes == 1 && options_.local_driver) {
+                 << arena->view().data_bytes() << " bytes per rank and barriers themselves";
+  }
+  // The driver also serves jobs with an arena: their allreduces above the
+  // arena's size still gain from one thread running them for every rank.
+  if (layout.nodes == 1 && options_.local_driver) {
     *driver = std::make_shared<LocalDriver>(job_id, layout.world_size, options_.local_driver_spin,
                                             options_.observer);
     entry->driver = *driver;

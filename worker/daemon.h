@@ -48,9 +48,12 @@ struct DaemonOptions {
   // arena (worker/job_arena.h): the clients run small allreduces (up to
   // local_ops_max_bytes per rank) and barriers among themselves, without a
   // daemon thread, and the daemon checks every other op's signature there.
-  // Such jobs need no local driver.
+  // Each rank reads every rank's contribution, so the cost grows with
+  // ranks x bytes: -1 (auto) is kLocalOpsBudget / ranks per rank; the local
+  // driver runs the small ops above that.
   bool local_ops = true;
-  uint64_t local_ops_max_bytes = 64 << 10;
+  int64_t local_ops_max_bytes = -1;
+  static constexpr uint64_t kLocalOpsBudget = 64 << 10;
   uint32_t local_ops_frames = 16;  // ops a rank may be ahead of the slowest one
   std::string timeline_dir = "/var/lib/gradsync/timeline";  // for jobs with timeline on
   uint64_t ps_partition_bytes = 1 << 20;  // parameter-server partition size

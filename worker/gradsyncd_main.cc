@@ -66,9 +66,10 @@ ABSL_FLAG(bool, local_ops, true,
           "jobs whose ranks all use this daemon, with clients that support it: give the job a "
           "shared-memory arena in which the clients run small allreduces and barriers among "
           "themselves (no daemon thread per op); off: every op goes through the daemon");
-ABSL_FLAG(int64_t, local_ops_max_bytes, 64 << 10,
+ABSL_FLAG(int64_t, local_ops_max_bytes, -1,
           "largest allreduce (bytes per rank) the clients of a node-local job run themselves "
-          "(--local_ops); larger ones go through the daemon (0..16 MiB)");
+          "(--local_ops); larger ones go through the daemon. -1: 64 KiB / ranks (each rank reads "
+          "every rank's contribution); else 0..16 MiB");
 ABSL_FLAG(int32_t, local_ops_frames, 16,
           "frames per rank in a node-local job's arena: how many ops a rank may get ahead of the "
           "slowest one before its submissions wait (a power of two, 2..1024)");
@@ -175,11 +176,11 @@ int main(int argc, char** argv) {
   opts.local_driver_spin = absl::Microseconds(std::max(0, absl::GetFlag(FLAGS_local_driver_spin_us)));
   opts.local_ops = absl::GetFlag(FLAGS_local_ops);
   const int64_t local_max = absl::GetFlag(FLAGS_local_ops_max_bytes);
-  if (local_max < 0 || local_max > (16 << 20)) {
-    GS_LOG(ERROR) << "--local_ops_max_bytes " << local_max << " is outside [0, 16 MiB]";
+  if (local_max < -1 || local_max > (16 << 20)) {
+    GS_LOG(ERROR) << "--local_ops_max_bytes " << local_max << " is outside [0, 16 MiB] (or -1: auto)";
     return 2;
   }
-  opts.local_ops_max_bytes = static_cast<uint64_t>(local_max);
+  opts.local_ops_max_bytes = local_max;
   const int32_t frames = absl::GetFlag(FLAGS_local_ops_frames);
   if (frames < 2 || frames > 1024 || (frames & (frames - 1)) != 0) {
     GS_LOG(ERROR) << "--local_ops_frames " << frames << " is not a power of two in [2, 1024]";
