@@ -173,6 +173,40 @@ TEST_F(AllreduceIntegration, ConcurrentNodeLocalJobsKeepTheirDataApartWithoutThe
   EXPECT_GE(sample("gradsync_daemon_local_driver_handoffs_total{reason=\"other_op\"}"), other0 + 2);
 }
 
+// A node-local job whose clients reach the daemon over gRPC instead of the op
+// queue (GRADSYNC_OP_CHANNEL=grpc): the arena works the same, and the ops the
+// daemon runs carry the clients' numbers in SubmitRequest.sequence.
+TEST_F(AllreduceIntegration, NodeLocalJobOverTheGrpcChannel) {
+  testing::ScopedEnv grpc("GRADSYNC_OP_CHANNEL", "grpc");
+  auto job = OpenJob(*cluster_, "local-grpc", {5, 5, 5});
+  ASSERT_TRUE(job.ok()) << job.status();
+  for (uint32_t k = 0; k < 6; ++k) {
+    const bool large = k % 2 == 1;
+    CheckAllreduce(*job, DType::kI32, ReduceOp::kSum, large ? 100003 : 3, 900 + k, "",
+                   large ? "hier" : "local");
+  }
+  std::vector<std::string> errors(3);
+  OnEveryRank(3, [&](int r) {
+    auto& s = *(*job)[r].session;
+    auto buf = s.AllocateBuffer(1024 * 4);
+    if (!buf.ok()) return void(errors[r] = std::string(buf.status().message()));
+    for (int i = 0; i < 1024; ++i) (*buf)->as<int32_t>()[i] = r == 2 ? i : -1;
+    client::CollectiveSpec spec;
+    spec.kind = CollectiveKind::kBroadcast;  // never local: the daemon runs it
+    spec.buffer = buf->get();
+    spec.count = 1024;
+    spec.dtype = DType::kI32;
+    spec.root = 2;
+    spec.name = "bcast";
+    auto res = s.Run(spec);
+    if (!res.ok()) return void(errors[r] = std::string(res.status().message()));
+    for (int i = 0; i < 1024; ++i) {
+      if ((*buf)->as<int32_t>()[i] != i) return void(errors[r] = absl::StrCat("element ", i));
+    }
+  });
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+}
+
 // Every collective with the cost model's choice and with every algorithm that
 // implements it, through the daemons. Inputs are integer-valued, so every
 // reduction order gives the same bits (cli/expected.h).

@@ -39,31 +39,25 @@ class DaemonMetrics::JobCollector : public prometheus::Collectable {
     if (it != jobs_.end() && --it->second.sessions <= 0) jobs_.erase(it);
   }
   void Op(const OpRecord& op) {
-    absl::MutexLock l(&mu_);
-    auto it = jobs_.find(op.job_id);
-    if (it == jobs_.end()) return;
-    Job& j = it->second;
-    if (op.code == absl::StatusCode::kOk) {
-      j.ops_ok += 1;
-      j.op_seconds += absl::ToDoubleSeconds(op.run);
-      j.bytes += static_cast<double>(op.bytes);
-      j.arrival_wait += absl::ToDoubleSeconds(op.arrival_wait);
-    } else {
-      j.ops_failed += 1;
-    }
+    Add(op.job_id, op.code, 1, op.run, op.bytes, op.arrival_wait);
   }
   void LocalOps(const LocalOpsRecord& r) {
+    Add(r.job_id, r.code, r.ops, r.run, r.bytes, r.arrival_wait);
+  }
+  // `ops` finished ops of `job` with `code`; the sums are of the successful ones.
+  void Add(const std::string& job, absl::StatusCode code, uint64_t ops, absl::Duration run,
+           uint64_t bytes, absl::Duration arrival_wait) {
     absl::MutexLock l(&mu_);
-    auto it = jobs_.find(r.job_id);
+    auto it = jobs_.find(job);
     if (it == jobs_.end()) return;
     Job& j = it->second;
-    if (r.code == absl::StatusCode::kOk) {
-      j.ops_ok += static_cast<double>(r.ops);
-      j.op_seconds += absl::ToDoubleSeconds(r.run);
-      j.bytes += static_cast<double>(r.bytes);
-      j.arrival_wait += absl::ToDoubleSeconds(r.arrival_wait);
+    if (code == absl::StatusCode::kOk) {
+      j.ops_ok += static_cast<double>(ops);
+      j.op_seconds += absl::ToDoubleSeconds(run);
+      j.bytes += static_cast<double>(bytes);
+      j.arrival_wait += absl::ToDoubleSeconds(arrival_wait);
     } else {
-      j.ops_failed += static_cast<double>(r.ops);
+      j.ops_failed += static_cast<double>(ops);
     }
   }
   std::vector<prometheus::MetricFamily> Collect() const override {
