@@ -79,6 +79,14 @@ std::string LocalPath::Missing(uint64_t seq) const {
 
 absl::StatusOr<SubmitTicket> LocalPath::Submit(const PathOp& op) {
   absl::MutexLock submitting(&submit_mu_);
+  // A local op never reaches the daemon: see that it is still there (a
+  // stopped daemon, a closed session), as an op through it would. The other
+  // ranks would wait for this rank's op: tell them (a dead daemon cannot).
+  if (absl::Status health = channel_->Health(); !health.ok()) {
+    arena_.Fail(absl::Status(health.code(),
+                             absl::StrCat("rank ", rank_, ": ", health.message())));
+    return health;
+  }
   absl::MutexLock l(&mu_);
   if (arena_.has_failed()) {
     return absl::FailedPreconditionError(absl::StrCat(

@@ -77,6 +77,14 @@ class FakeChannel final : public OpChannel {
     std::lock_guard<std::mutex> l(mu_);
     refuse_ = s;
   }
+  absl::Status Health() override {
+    std::lock_guard<std::mutex> l(mu_);
+    return health_;
+  }
+  void SetHealth(absl::Status s) {
+    std::lock_guard<std::mutex> l(mu_);
+    health_ = s;
+  }
 
  private:
   std::mutex mu_;
@@ -85,6 +93,7 @@ class FakeChannel final : public OpChannel {
   std::map<uint64_t, std::string> names_;
   std::map<uint64_t, absl::Status> done_;
   absl::Status refuse_;
+  absl::Status health_;
 };
 
 std::atomic<int> g_segments{0};
@@ -600,6 +609,23 @@ TEST(LocalPath, ConcurrentSubmittersOfOneRankNeverShareAnOpNumber) {
   EXPECT_EQ(errors[0], "");
   EXPECT_EQ(errors[1], "");
   EXPECT_EQ(job.view->consumed(0), 2u * kPerThread);
+}
+
+// A local op never reaches the daemon; a daemon that stopped answering (or
+// a session it closed) still refuses it at submission, as it would any op.
+TEST(LocalPath, ALocalOpIsRefusedWhenTheDaemonIsGone) {
+  Job job(2);
+  std::vector<char> buf(64);
+  job.channels[0]->SetHealth(absl::UnavailableError("gradsyncd at unix:x stopped answering"));
+  auto t = job.paths[0]->Submit(Allreduce(buf, 1, DType::kF32, ReduceOp::kSum, "x"));
+  EXPECT_TRUE(absl::IsUnavailable(t.status())) << t.status();
+  EXPECT_FALSE(job.view->Published(0, 1));  // nothing published
+  // The other rank would wait for this rank's op 1; the dead daemon cannot
+  // tell it, so this rank does.
+  ASSERT_TRUE(job.view->has_failed());
+  EXPECT_EQ(job.view->failure().message(), "rank 0: gradsyncd at unix:x stopped answering");
+  auto other = RunOp(*job.paths[1], Allreduce(buf, 1, DType::kF32, ReduceOp::kSum, "x"));
+  EXPECT_TRUE(absl::IsFailedPrecondition(other.status())) << other.status();
 }
 
 }  // namespace

@@ -88,6 +88,10 @@ class OpChannel {
   // Returns done=false if it is still running then; the op's own error, as
   // the daemon reported it, if it failed.
   virtual absl::StatusOr<WaitOutcome> Wait(uint64_t op_id, absl::Time deadline) = 0;
+
+  // OK while the daemon serves this channel as far as it can tell without a
+  // call (the queue: not closed, heartbeat moving); else why not. Cheap.
+  virtual absl::Status Health() { return absl::OkStatus(); }
 };
 
 // The gRPC implementation: Worker.Submit and Worker.Wait on `conn`.

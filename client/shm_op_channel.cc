@@ -92,6 +92,12 @@ class ShmOpChannel final : public OpChannel {
     return result;
   }
 
+  absl::Status Health() override {
+    absl::MutexLock l(&mu_);
+    end_.BumpHeartbeat();  // the client is alive too
+    return CheckUsableLocked();
+  }
+
  private:
   // Writes `entry` into the submission ring, waiting for room if it is full.
   absl::Status Push(const ipc::SubmissionEntry& entry, int64_t timeout_ms)

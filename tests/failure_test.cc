@@ -12,6 +12,7 @@
 #include <memory>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "cli/local_cluster.h"
@@ -504,6 +505,47 @@ TEST(Failure, NodeLocalSessionsBusyWithLocalOpsOnlyAreNotExpired) {
     ASSERT_TRUE(big.ok()) << big.status();
     EXPECT_EQ((*b)->as<float>()[(1 << 18) - 1], 2.0f);
   });
+}
+
+// The clients of a node-local job run small ops without the daemon; when the
+// daemon dies they find out at their next submission (its heartbeat stops),
+// within seconds, as they would for any op.
+TEST(Failure, NodeLocalClientsNoticeTheirDaemonDying) {
+  auto cluster = StartCluster(1);
+  ASSERT_NE(cluster, nullptr);
+  auto ranks = OpenJob(*cluster, "local-orphan", {0, 0});
+  ASSERT_TRUE(ranks.ok()) << ranks.status();
+  std::vector<absl::Status> last(2);
+  std::vector<absl::Duration> took(2);
+  std::atomic<bool> killed{false};
+  std::thread killer([&] {
+    absl::SleepFor(absl::Milliseconds(300));
+    cluster->SignalDaemon(0, SIGKILL);
+    killed = true;
+  });
+  OnEveryRank(2, [&](int r) {
+    auto& s = *(*ranks)[r].session;
+    auto b = s.AllocateBuffer(64);
+    ASSERT_TRUE(b.ok());
+    absl::Time killed_at = absl::InfiniteFuture();
+    const absl::Time give_up = absl::Now() + absl::Seconds(30);
+    while (absl::Now() < give_up) {
+      if (killed && killed_at == absl::InfiniteFuture()) killed_at = absl::Now();
+      last[r] = s.Allreduce(**b, 0, 1, DType::kF32, ReduceOp::kSum, "tick", absl::Seconds(20)).status();
+      if (!last[r].ok()) break;
+      absl::SleepFor(absl::Milliseconds(2));
+    }
+    took[r] = absl::Now() - killed_at;
+  });
+  killer.join();
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_FALSE(last[r].ok()) << "rank " << r << " never noticed";
+    EXPECT_LT(took[r], absl::Seconds(10)) << "rank " << r << ": " << last[r];
+  }
+  // Whichever rank saw the daemon go first told the other through the arena.
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_NE(last[r].message().find("stopped answering"), std::string::npos) << last[r];
+  }
 }
 
 }  // namespace
