@@ -64,8 +64,13 @@ LocalPath::LocalPath(std::unique_ptr<ipc::SharedMemory> mem, ipc::ArenaView aren
       session_id_(std::move(session_id)),
       options_(options) {}
 
+std::string LocalPath::Describe(const Entry& e) {
+  absl::StatusOr<OpSignature> sig = OpSignature::Decode(e.signature);
+  return sig.ok() ? sig->Describe() : "an op";
+}
+
 absl::Status LocalPath::Annotate(const Entry& e, const absl::Status& why) const {
-  return absl::Status(why.code(), absl::StrCat(e.describe, " (op ", e.seq, ") failed at rank ",
+  return absl::Status(why.code(), absl::StrCat(Describe(e), " (op ", e.seq, ") failed at rank ",
                                                rank_, ": ", why.message()));
 }
 
@@ -153,7 +158,6 @@ absl::StatusOr<SubmitTicket> LocalPath::Submit(const PathOp& op) {
   sig.name = std::string(op.args.name);
   sig.forced = op.forced;
   e.signature = sig.Encode();
-  e.describe = sig.Describe();
   // The views in args point at the caller's strings; a held op outlives them.
   e.name = std::string(op.args.name);
   e.algorithm = std::string(op.args.algorithm);
@@ -162,19 +166,10 @@ absl::StatusOr<SubmitTicket> LocalPath::Submit(const PathOp& op) {
   unfinished_.insert(seq);
   if (!e.op.local) {
     // The signature first (no data): the daemon checks it in the arena.
-    absl::Status published = PublishLocked(e);
-    if (!published.ok()) {
-      CompleteLocked(e, published, submitted);
-      arena_.Fail(Annotate(e, published));
-    } else if (BlockerLocked(e) == nullptr) {
-      SendLocked(e);
-    }
+    PublishOrFailLocked(e, submitted);
+    if (e.state != State::kDone && BlockerLocked(e) == nullptr) SendLocked(e);
   } else if (BlockerLocked(e) == nullptr) {
-    absl::Status published = PublishLocked(e);
-    if (!published.ok()) {
-      CompleteLocked(e, published, submitted);
-      arena_.Fail(Annotate(e, published));
-    }
+    PublishOrFailLocked(e, submitted);
   }
   ProgressLocked(FastNow());
   return SubmitTicket{seq, seq};
@@ -187,6 +182,13 @@ absl::Status LocalPath::PublishLocked(Entry& e) {
                                   with_data ? e.op.bytes : 0);
   if (s.ok() && e.op.local) e.state = State::kPublished;
   return s;
+}
+
+void LocalPath::PublishOrFailLocked(Entry& e, absl::Time now) {
+  absl::Status published = PublishLocked(e);
+  if (published.ok()) return;
+  CompleteLocked(e, Annotate(e, published), now);
+  arena_.Fail(Annotate(e, published));
 }
 
 void LocalPath::SendLocked(Entry& e) {
@@ -311,12 +313,8 @@ void LocalPath::ProgressLocked(absl::Time now) {
         daemon_behind = true;  // just sent: it cannot be done yet
         continue;
       }
-      absl::Status published = PublishLocked(e);
-      if (!published.ok()) {
-        CompleteLocked(e, Annotate(e, published), now);
-        arena_.Fail(Annotate(e, published));
-        continue;
-      }
+      PublishOrFailLocked(e, now);
+      if (e.state == State::kDone) continue;
     }
     if (!e.op.local) {
       // The daemon runs a session's ops one at a time, in order: once one
@@ -355,7 +353,7 @@ void LocalPath::ProgressLocked(absl::Time now) {
     } else if (now >= e.deadline) {
       absl::Status late = absl::DeadlineExceededError(
           absl::StrCat("timed out at rank ", rank_, " waiting for rank(s) ", Missing(seq),
-                       " to submit op ", seq, " (", e.describe, ")"));
+                       " to submit op ", seq, " (", Describe(e), ")"));
       // The ranks are out of step now: the others must not wait on.
       arena_.Fail(Annotate(e, late));
       CompleteLocked(e, Annotate(e, late), now);

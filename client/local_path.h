@@ -120,7 +120,6 @@ class LocalPath {
     uint64_t seq = 0;
     PathOp op;
     std::string signature;  // encoded (collective/op_signature.h)
-    std::string describe;   // e.g. "allreduce 'g' f32[2] sum"
     State state = State::kHeld;
     absl::Time submitted;
     absl::Time published;
@@ -151,11 +150,17 @@ class LocalPath {
   // closed), or -1; *done_up_to: the last op it finished.
   int LeftRankMissing(uint64_t seq, uint64_t* done_up_to) const;
   absl::Status PublishLocked(Entry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // PublishLocked; if it fails (a length over the arena's limits), the op
+  // fails and so does the arena (the others would wait for this frame).
+  void PublishOrFailLocked(Entry& e, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SendLocked(Entry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A published local op whose frames are all present: compare, reduce.
   void FinishLocalLocked(Entry& e, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CompleteLocked(Entry& e, absl::Status s, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // "allreduce 'g' (op 5) failed at rank 0: " + why, with why's code.
+  // "allreduce 'g' f32[2] sum", built from the signature only when an error
+  // needs it (not per op).
+  static std::string Describe(const Entry& e);
+  // "allreduce 'g' f32[2] sum (op 5) failed at rank 0: " + why, with why's code.
   absl::Status Annotate(const Entry& e, const absl::Status& why) const;
   std::string Missing(uint64_t seq) const;
 

@@ -323,26 +323,37 @@ namespace {
 
 // The first rank to finish the job's last op closes its session at once (as a
 // training process that exits): the others must still complete that op.
+// Every rank of a new job `job` (rank r on daemons[r]) runs one op of
+// `count` f32 elements with `algorithm` as the job's last, then closes its
+// session at once, like a process exiting: every rank's op must succeed.
+void ExpectLastOpSurvivesAnImmediateClose(LocalCluster& cluster, const std::string& job,
+                                          const std::vector<int>& daemons, size_t count,
+                                          const std::string& algorithm) {
+  auto ranks = OpenJob(cluster, job, daemons);
+  ASSERT_TRUE(ranks.ok()) << ranks.status();
+  const int n = static_cast<int>(daemons.size());
+  std::vector<absl::Status> st(n);
+  OnEveryRank(n, [&](int r) {
+    auto& s = *(*ranks)[r].session;
+    auto b = s.AllocateBuffer(count * 4);
+    ASSERT_TRUE(b.ok());
+    client::CollectiveSpec spec;
+    spec.buffer = b->get();
+    spec.count = count;
+    spec.algorithm = algorithm;
+    spec.name = "last";
+    st[r] = s.Run(spec).status();
+    (void)s.Close();  // leave at once
+  });
+  for (int r = 0; r < n; ++r) EXPECT_TRUE(st[r].ok()) << job << " rank " << r << ": " << st[r];
+}
+
 TEST(Failure, RankLeavingRightAfterTheLastOpDoesNotFailTheOthersLastOp) {
   auto cluster = StartCluster(3);
   ASSERT_NE(cluster, nullptr);
   for (int round = 0; round < 8; ++round) {
-    auto ranks = OpenJob(*cluster, absl::StrCat("last-op-", round), {0, 1, 2});
-    ASSERT_TRUE(ranks.ok()) << ranks.status();
-    std::vector<absl::Status> st(3);
-    OnEveryRank(3, [&](int r) {
-      auto& s = *(*ranks)[r].session;
-      auto b = s.AllocateBuffer(4 << 20);
-      ASSERT_TRUE(b.ok());
-      client::CollectiveSpec spec;
-      spec.buffer = b->get();
-      spec.count = (4 << 20) / 4;
-      spec.algorithm = round % 2 == 0 ? "ring" : "rhd";
-      spec.name = "last";
-      st[r] = s.Run(spec).status();
-      (void)s.Close();  // leave at once, like a process exiting
-    });
-    for (int r = 0; r < 3; ++r) EXPECT_TRUE(st[r].ok()) << "round " << round << " rank " << r << ": " << st[r];
+    ExpectLastOpSurvivesAnImmediateClose(*cluster, absl::StrCat("last-op-", round), {0, 1, 2},
+                                         (4 << 20) / 4, round % 2 == 0 ? "ring" : "rhd");
   }
 }
 
@@ -455,23 +466,9 @@ TEST(Failure, NodeLocalRankLeavingRightAfterTheLastOpDoesNotFailTheOthersLastOp)
   for (int round = 0; round < 12; ++round) {
     std::unique_ptr<testing::ScopedEnv> no_arena;
     if (round >= 8) no_arena = std::make_unique<testing::ScopedEnv>("GRADSYNC_LOCAL_OPS", "0");
-    auto ranks = OpenJob(*cluster, absl::StrCat("local-last-", round), {0, 0, 0});
-    ASSERT_TRUE(ranks.ok()) << ranks.status();
-    std::vector<absl::Status> st(3);
-    OnEveryRank(3, [&](int r) {
-      auto& s = *(*ranks)[r].session;
-      auto b = s.AllocateBuffer(4 << 20);
-      ASSERT_TRUE(b.ok());
-      client::CollectiveSpec spec;
-      spec.buffer = b->get();
-      spec.count = round % 2 == 0 ? 16 : (4 << 20) / 4;  // local, then hier
-      spec.name = "last";
-      st[r] = s.Run(spec).status();
-      (void)s.Close();
-    });
-    for (int r = 0; r < 3; ++r) {
-      EXPECT_TRUE(st[r].ok()) << "round " << round << " rank " << r << ": " << st[r];
-    }
+    ExpectLastOpSurvivesAnImmediateClose(*cluster, absl::StrCat("local-last-", round), {0, 0, 0},
+                                         round % 2 == 0 ? 16 : (4 << 20) / 4,  // local, then hier
+                                         "");
   }
 }
 

@@ -59,9 +59,11 @@ JobArena::~JobArena() {
   view_.Fail(absl::CancelledError(absl::StrCat("job '", job_id_, "': its arena was closed")));
 }
 
-absl::Status JobArena::CheckSignatures(int rank, uint64_t seq, const std::string& mine,
-                                       const std::string& describe, absl::Time deadline,
+absl::Status JobArena::CheckSignatures(int rank, const OpSignature& op, absl::Time deadline,
                                        const std::function<void(int rank)>& on_arrival) {
+  const uint64_t seq = op.seq;
+  // Only error messages need the description: built then, not per op.
+  auto describe = [&op] { return op.Describe(); };
   const int n = view_.world_size();
   if (rank < 0 || rank >= n) return absl::InternalError(absl::StrCat("rank ", rank, " not in arena"));
   std::vector<bool> seen(n, false);
@@ -84,7 +86,7 @@ absl::Status JobArena::CheckSignatures(int rank, uint64_t seq, const std::string
       uint64_t done = 0;
       if (!seen[r] && view_.Left(r, &done)) {
         return absl::CancelledError(absl::StrCat("rank ", r, " closed its session after op ", done,
-                                                 " and will not submit op ", seq, " (", describe,
+                                                 " and will not submit op ", seq, " (", describe(),
                                                  ")"));
       }
     }
@@ -96,7 +98,7 @@ absl::Status JobArena::CheckSignatures(int rank, uint64_t seq, const std::string
       }
       absl::Status late = absl::DeadlineExceededError(absl::StrCat(
           "timed out at rank ", rank, " waiting for rank(s) ", absl::StrJoin(missing, ","),
-          " to submit op ", seq, " (", describe, ")"));
+          " to submit op ", seq, " (", describe(), ")"));
       view_.Fail(late);  // the ranks are out of step now
       return late;
     }
@@ -115,10 +117,10 @@ absl::Status JobArena::CheckSignatures(int rank, uint64_t seq, const std::string
     }
     by_rank[r] = std::string(f->signature);  // a private copy: the client may scribble
   }
-  if (!CompareSignatures(seq, {by_rank[rank], mine}).ok()) {
+  if (!CompareSignatures(seq, {by_rank[rank], op.Encode()}).ok()) {
     absl::Status lied = absl::InternalError(absl::StrCat(
         "rank ", rank, "'s client published a different op ", seq,
-        " in the job's arena than it submitted to gradsyncd (", describe, ")"));
+        " in the job's arena than it submitted to gradsyncd (", describe(), ")"));
     view_.Fail(lied);
     return lied;
   }

@@ -28,6 +28,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "collective/op_signature.h"
 #include "common/types.h"
 #include "ipc/arena.h"
 #include "ipc/shared_memory.h"
@@ -52,11 +53,11 @@ class JobArena {
   size_t size_bytes() const { return mem_->size(); }
   const ipc::ArenaView& view() const { return view_; }
 
-  // The signature check of op `seq` on rank `rank`'s executor, before the
-  // daemon runs it. `mine` is the daemon's encoding of the op as rank
-  // `rank`'s client submitted it (OpSignature::Encode). Waits until every
-  // rank has published op `seq`, calling `on_arrival(r)` as each rank's frame
-  // is first seen; then compares them all (CompareSignatures). Errors:
+  // The signature check of op `op.seq` on rank `rank`'s executor, before the
+  // daemon runs it. `op` is the op as rank `rank`'s client submitted it to
+  // the daemon. Waits until every rank has published op `seq` (= op.seq),
+  // calling `on_arrival(r)` as each rank's frame is first seen; then compares
+  // them all (CompareSignatures). Errors:
   //   - InvalidArgument: the ranks disagree (the same message on every rank,
   //     wherever it is checked); the job goes on;
   //   - DeadlineExceeded "timed out at rank R waiting for rank(s) X to
@@ -66,8 +67,7 @@ class JobArena {
   //     its session);
   //   - Internal / DataLoss if rank `rank`'s client published something else
   //     than it submitted, or a frame is corrupted (the arena fails).
-  absl::Status CheckSignatures(int rank, uint64_t seq, const std::string& mine,
-                               const std::string& describe, absl::Time deadline,
+  absl::Status CheckSignatures(int rank, const OpSignature& op, absl::Time deadline,
                                const std::function<void(int rank)>& on_arrival);
 
   // Fails the arena (the first reason wins) and wakes every waiter.

@@ -758,8 +758,7 @@ absl::Status Session::RunOp(Op& op) {
   };
   if (arena_ != nullptr) {
     // Every rank's client published the op in the arena when it submitted it.
-    s = arena_->CheckSignatures(info_.rank, op.seq, op.sig.Encode(), op.sig.Describe(),
-                                op.deadline, arrived);
+    s = arena_->CheckSignatures(info_.rank, op.sig, op.deadline, arrived);
     agreed = op.sig.proposal;
     done = s.ok() && op.sig.kind == CollectiveKind::kBarrier && agreed == kOneShotCode;
   } else if (local_check) {
