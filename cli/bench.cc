@@ -161,9 +161,11 @@ absl::StatusOr<uint64_t> RunBench(const BenchOptions& o) {
     co.daemons = n / o.ranks_per_daemon;
     co.ps_shards = o.ps_shards;
     co.daemon_flags = o.daemon_flags;
+    co.keep_logs = o.keep_logs;
     auto c = LocalCluster::Start(co);
     if (!c.ok()) return c.status();
     cluster = std::move(*c);
+    if (o.keep_logs) std::printf("# cluster logs: %s\n", cluster->work_dir().c_str());
   }
   const std::string job = o.job.empty() ? absl::StrCat("bench-", ::getpid()) : o.job;
   std::printf("# gradsync bench: %s, %d ranks (%s, %d per daemon), dtype %s, redop %s, algo %s, %d warm-up + %d "

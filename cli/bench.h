@@ -42,6 +42,7 @@ struct BenchOptions {
   int ps_shards = 0;           // parameter-server shards (embedded: started; the job uses them)
   bool limits = true;          // measure and print the link limits first
   std::vector<std::string> daemon_flags;  // embedded: extra gradsyncd flags (experiments)
+  bool keep_logs = false;                 // embedded: keep the cluster's logs (path printed)
   int64_t timeout_ms = 120000;
 };
 

@@ -22,7 +22,7 @@ ABSL_FLAG(std::string, step_factor, "2", "bench: multiply the size by this betwe
 ABSL_FLAG(int32_t, iters, -1, "timed iterations per size (demo: 3, bench: 20)");
 ABSL_FLAG(int32_t, warmup, -1, "untimed iterations per size (demo: 1, bench: 5)");
 ABSL_FLAG(int64_t, timeout_ms, 60000, "deadline of each collective");
-ABSL_FLAG(bool, keep_logs, false, "demo: keep the local cluster's logs even when all is well");
+ABSL_FLAG(bool, keep_logs, false, "demo, bench: keep the embedded cluster's logs even when all is well");
 ABSL_FLAG(std::string, op, "allreduce",
           "bench: allreduce|reduce_scatter|allgather|broadcast|reduce|alltoall|barrier");
 ABSL_FLAG(std::string, dtype, "f32", "bench: f32|f64|f16|bf16|i32|i64|u8");
@@ -162,6 +162,7 @@ int main(int argc, char** argv) {
     for (absl::string_view f : absl::StrSplit(absl::GetFlag(FLAGS_daemon_flags), ',', absl::SkipEmpty())) {
       o.daemon_flags.emplace_back(f);
     }
+    o.keep_logs = absl::GetFlag(FLAGS_keep_logs);
     o.csv = absl::GetFlag(FLAGS_csv);
     o.tcp_streams = absl::GetFlag(FLAGS_tcp_streams);
     o.ps_shards = absl::GetFlag(FLAGS_ps_shards);

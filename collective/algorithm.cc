@@ -22,6 +22,10 @@ const char* AlgorithmName(Algorithm a) {
   return AlgorithmCodeName(static_cast<uint8_t>(a));
 }
 
+const char* SignaturePatternName(SignaturePattern p) {
+  return p == SignaturePattern::kRecursiveDoubling ? "recursive doubling" : "all-to-all";
+}
+
 absl::StatusOr<Algorithm> ParseAlgorithm(absl::string_view name) {
   const std::string lower = absl::AsciiStrToLower(name);
   std::vector<std::string> names;

@@ -26,6 +26,13 @@ double ChainSegments(double b) {
   return std::max(1.0, std::ceil(b / seg));
 }
 
+// The rounds of the signature exchange every op starts with (algorithm.h).
+double SignatureRounds(const LinkParams& link, int world) {
+  if (link.signatures == SignaturePattern::kAllToAll) return 1;
+  const int lp = FloorLog2(world);
+  return lp + ((1 << lp) != world ? 2 : 0);
+}
+
 }  // namespace
 
 double PredictMicros(CollectiveKind kind, Algorithm algo, size_t bytes, int world,
@@ -59,10 +66,17 @@ double PredictMicros(CollectiveKind kind, Algorithm algo, size_t bytes, int worl
         }
         case A::kBinomialTree:  // reduce + broadcast: L(a + B b + B g) + L(a + B b)
           return L * (a + B * be + B * g) + L * (a + B * be);
-        case A::kOneShot: {  // rides on the signature round: (n-1) B (b' + g), no latency term
+        case A::kOneShot: {  // rides on the signature exchange: no latency term of its own
           if (bytes > kOneShotMaxBytes) break;
           const double burst = link.burst_us_per_byte > 0 ? link.burst_us_per_byte : be;
-          return (n - 1) * B * (burst + g);
+          if (link.signatures == SignaturePattern::kAllToAll) {
+            return (n - 1) * B * (burst + g);  // every peer's B in, n-1 reductions
+          }
+          // recursive doubling: l rounds of B each way and a reduction;
+          // folding adds B in (and reduced) and B out
+          double t = l * B * (burst + g);
+          if (folded) t += 2 * B * burst + B * g;
+          return t;
         }
         default: break;
       }
@@ -187,16 +201,16 @@ LinkParams RefineAlphaFromObservation(const LinkParams& link, CollectiveKind kin
   if (kind != CollectiveKind::kAllreduce || world < 2 || bytes > kOneShotMaxBytes || took_us <= 0) {
     return link;
   }
-  const double n = world, B = static_cast<double>(bytes);
+  const double B = static_cast<double>(bytes);
   const double per_byte = link.beta_us_per_byte + link.reduce_us_per_byte;
   double alpha = 0;
+  const double sig_rounds = SignatureRounds(link, world);
   if (algo == Algorithm::kOneShot) {
-    const double burst = link.burst_us_per_byte > 0 ? link.burst_us_per_byte : link.beta_us_per_byte;
-    alpha = took_us - (n - 1) * B * (burst + link.reduce_us_per_byte);
+    alpha = (took_us - PredictMicros(kind, algo, bytes, world, link)) / sig_rounds;
   } else if (algo == Algorithm::kRecursiveDoubling) {
     const int lp = FloorLog2(world);
     const bool folded = (1 << lp) != world;
-    double rounds = 1 + lp, bytes_terms = lp * B * per_byte;
+    double rounds = sig_rounds + lp, bytes_terms = lp * B * per_byte;
     if (folded) {
       rounds += 2;
       bytes_terms += 2 * B * link.beta_us_per_byte + B * link.reduce_us_per_byte;

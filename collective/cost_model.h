@@ -31,6 +31,9 @@ struct LinkParams {
   // message to every other rank at once (measured by the link probe with
   // 16 KiB messages); 0 = unknown, use beta.
   double burst_us_per_byte = 0;
+  // How every op's signatures travel (algorithm.h), which sets what oneshot
+  // costs. Agreed by every rank of a job at the probe, never refined.
+  SignaturePattern signatures = SignaturePattern::kAllToAll;
 };
 
 // Predicted microseconds of `kind` with `algo` on `world` ranks, for a buffer
@@ -82,12 +85,14 @@ bool PreferHierarchical(CollectiveKind kind, const Topology& topology);
 // versus ring's 2(n-1)a + 2(n-1)/n B b + (n-1)/n B g: with enough shards PS
 // moves half the bytes per worker.
 // Refreshes the latency estimate from a latency-bound op: a oneshot allreduce
-// (one round: took = a + (n-1) B (b + g)) or an rd allreduce of at most
-// kOneShotMaxBytes (its signature round plus its steps: took = a + l (a + B
-// (b + g)), folding adds 2a + 2B b + B g) implies an alpha; the estimate moves
-// 20% of the way towards it. An op's time includes waiting for the slowest
-// rank, so callers pass the fastest of several (stragglers only add). Other
-// ops return `link` unchanged.
+// (its data ride on the signature exchange: took = s a + its bytes terms, s
+// the exchange's rounds: 1 all-to-all, log2 p (+2 folded) by recursive
+// doubling, see SignaturePatternFor) or an rd allreduce of at most
+// kOneShotMaxBytes (the exchange plus its own steps: took = s a + l (a + B
+// (b + g)), folding adds 2a + 2B b + B g) implies an alpha; the estimate
+// moves 20% of the way towards it. An op's time includes waiting for the
+// slowest rank, so callers pass the fastest of several (stragglers only
+// add). Other ops return `link` unchanged.
 LinkParams RefineAlphaFromObservation(const LinkParams& link, CollectiveKind kind, Algorithm algo,
                                       size_t bytes, int world, double took_us);
 

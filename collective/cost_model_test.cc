@@ -16,6 +16,12 @@ LinkParams Link() {
   return l;
 }
 
+// The same link with the signatures exchanged by recursive doubling.
+LinkParams Doubling(LinkParams l) {
+  l.signatures = SignaturePattern::kRecursiveDoubling;
+  return l;
+}
+
 constexpr size_t kSizes[] = {0, 1, 8, 4096, 1 << 20, 256u << 20};
 
 TEST(Algorithm, NamesRoundTripAndParseIsCaseInsensitive) {
@@ -135,32 +141,58 @@ TEST(CostModel, SmallMessagesGoToLatencyOptimalAlgorithms) {
 }
 
 TEST(CostModel, OneShotUntilItsBytesOutweighTheStepsItSaves) {
-  // oneshot: (n-1) B (b+g); rd: log2(n) (a + B (b+g)). At 4 ranks with a =
-  // 50 us and b+g = 2e-4 us/B they cross at B = 2a / (b+g) = 500 KB, beyond the
-  // cap: oneshot up to kOneShotMaxBytes, never above.
-  EXPECT_EQ(ChooseAlgorithm(CollectiveKind::kAllreduce, kOneShotMaxBytes, 4, Link()),
-            Algorithm::kOneShot);
-  EXPECT_NE(ChooseAlgorithm(CollectiveKind::kAllreduce, kOneShotMaxBytes + 4, 4, Link()),
-            Algorithm::kOneShot);
-  EXPECT_TRUE(std::isinf(PredictMicros(CollectiveKind::kAllreduce, Algorithm::kOneShot,
-                                       kOneShotMaxBytes + 4, 4, Link())));
-  // A slower link per byte moves the crossover below the cap: at 16 ranks and
-  // b+g = 2e-3 us/B, 15 B (b+g) > 4 (a + B (b+g)) from B = 200/22e-3 ~ 9 KB.
+  // oneshot rides on the signature exchange, so it only pays for its bytes:
+  // at 4 ranks 3 B (b+g) all-to-all or 2 B (b+g) by recursive doubling,
+  // against rd's 2 (a + B (b+g)) and rhd's 4a + 1.5 B b + 0.75 B g. With
+  // a = 50 us and b = g = 1e-4 us/B oneshot wins up to kOneShotMaxBytes, and
+  // is never chosen above it.
+  for (const LinkParams& link : {Link(), Doubling(Link())}) {
+    EXPECT_EQ(ChooseAlgorithm(CollectiveKind::kAllreduce, kOneShotMaxBytes, 4, link),
+              Algorithm::kOneShot);
+    EXPECT_NE(ChooseAlgorithm(CollectiveKind::kAllreduce, kOneShotMaxBytes + 4, 4, link),
+              Algorithm::kOneShot);
+    EXPECT_TRUE(std::isinf(PredictMicros(CollectiveKind::kAllreduce, Algorithm::kOneShot,
+                                         kOneShotMaxBytes + 4, 4, link)));
+  }
+  // A slower link per byte and a short latency move the crossover below the
+  // cap. All-to-all at 3 ranks: oneshot 2 B (b+g) = 4e-3 B against ring's
+  // 4a + 4/3 B b + 2/3 B g = 40 + 2.6e-3 B: oneshot up to B ~ 28 KB.
   LinkParams slow = Link();
+  slow.alpha_us = 10;
   slow.beta_us_per_byte = 1.9e-3;
-  EXPECT_EQ(ChooseAlgorithm(CollectiveKind::kAllreduce, 4096, 16, slow), Algorithm::kOneShot);
-  EXPECT_NE(ChooseAlgorithm(CollectiveKind::kAllreduce, 16384, 16, slow), Algorithm::kOneShot);
+  EXPECT_EQ(ChooseAlgorithm(CollectiveKind::kAllreduce, 16 << 10, 3, slow), Algorithm::kOneShot);
+  EXPECT_EQ(ChooseAlgorithm(CollectiveKind::kAllreduce, 32 << 10, 3, slow), Algorithm::kRing);
+  // Recursive doubling at 8 ranks: oneshot 3 B (b+g) = 6e-3 B against rhd's
+  // 6a + 7/4 B b + 7/8 B g = 60 + 3.4e-3 B: oneshot up to B ~ 23 KB.
+  EXPECT_EQ(ChooseAlgorithm(CollectiveKind::kAllreduce, 16 << 10, 8, Doubling(slow)),
+            Algorithm::kOneShot);
+  EXPECT_EQ(ChooseAlgorithm(CollectiveKind::kAllreduce, 32 << 10, 8, Doubling(slow)),
+            Algorithm::kRecursiveHalvingDoubling);
+  // All-to-all at 8 ranks: 7 B (b+g) = 1.4e-2 B, past rd's 3 (a + B (b+g))
+  // = 30 + 6e-3 B from B ~ 3.8 KB.
+  EXPECT_EQ(ChooseAlgorithm(CollectiveKind::kAllreduce, 2 << 10, 8, slow), Algorithm::kOneShot);
+  EXPECT_EQ(ChooseAlgorithm(CollectiveKind::kAllreduce, 4 << 10, 8, slow),
+            Algorithm::kRecursiveDoubling);
 }
 
 // oneshot's bytes cost what the probe's all-to-all bursts cost, when known.
 TEST(CostModel, OneShotUsesTheBurstBandwidthWhenMeasured) {
   LinkParams link = Link();
-  link.beta_us_per_byte = 4e-3;  // a slow ring round: rd looks cheaper than oneshot at 64 KiB
-  EXPECT_NE(ChooseAlgorithm(CollectiveKind::kAllreduce, 64 << 10, 4, link), Algorithm::kOneShot);
-  link.burst_us_per_byte = 5e-4;  // but small all-to-all bursts move fast
-  EXPECT_DOUBLE_EQ(PredictMicros(CollectiveKind::kAllreduce, Algorithm::kOneShot, 64 << 10, 4, link),
-                   3.0 * (64 << 10) * (5e-4 + 1e-4));
-  EXPECT_EQ(ChooseAlgorithm(CollectiveKind::kAllreduce, 64 << 10, 4, link), Algorithm::kOneShot);
+  link.beta_us_per_byte = 8e-3;  // a slow ring round: ring looks cheaper than oneshot at 64 KiB
+  EXPECT_EQ(ChooseAlgorithm(CollectiveKind::kAllreduce, 64 << 10, 3, link), Algorithm::kRing);
+  link.burst_us_per_byte = 5e-4;  // but small bursts move fast
+  EXPECT_DOUBLE_EQ(PredictMicros(CollectiveKind::kAllreduce, Algorithm::kOneShot, 64 << 10, 3, link),
+                   2.0 * (64 << 10) * (5e-4 + 1e-4));
+  EXPECT_EQ(ChooseAlgorithm(CollectiveKind::kAllreduce, 64 << 10, 3, link), Algorithm::kOneShot);
+  // All-to-all: n-1 contributions in. Recursive doubling: log2 n rounds of
+  // B; a non-power of two folds B in and out.
+  EXPECT_DOUBLE_EQ(PredictMicros(CollectiveKind::kAllreduce, Algorithm::kOneShot, 1000, 8, link),
+                   7 * 1000 * (5e-4 + 1e-4));
+  link.signatures = SignaturePattern::kRecursiveDoubling;
+  EXPECT_DOUBLE_EQ(PredictMicros(CollectiveKind::kAllreduce, Algorithm::kOneShot, 1000, 8, link),
+                   3 * 1000 * (5e-4 + 1e-4));
+  EXPECT_DOUBLE_EQ(PredictMicros(CollectiveKind::kAllreduce, Algorithm::kOneShot, 1000, 6, link),
+                   2 * 1000 * (5e-4 + 1e-4) + 2 * 1000 * 5e-4 + 1000 * 1e-4);
 }
 
 TEST(CostModel, LargeAllreduceGoesToRing) {
@@ -221,20 +253,28 @@ TEST(CostModel, FastestSmallOpsMoveTheLatencyEstimateOneFifthOfTheWay) {
   link.alpha_us = 50;
   link.beta_us_per_byte = 1e-3;
   link.reduce_us_per_byte = 1e-4;
-  // oneshot of 8 bytes on 4 ranks that took 20 us: alpha = 20 - 3*8*1.1e-3.
+  // oneshot of 8 bytes on 3 ranks (one all-to-all round) that took 20 us:
+  // alpha = 20 - 2*8*1.1e-3.
   LinkParams out = RefineAlphaFromObservation(link, CollectiveKind::kAllreduce,
-                                              Algorithm::kOneShot, 8, 4, 20);
-  EXPECT_NEAR(out.alpha_us, 0.8 * 50 + 0.2 * (20 - 3 * 8 * 1.1e-3), 1e-9);
+                                              Algorithm::kOneShot, 8, 3, 20);
+  EXPECT_NEAR(out.alpha_us, 0.8 * 50 + 0.2 * (20 - 2 * 8 * 1.1e-3), 1e-9);
   EXPECT_EQ(out.beta_us_per_byte, link.beta_us_per_byte);
-  // rd on 4 ranks: signature round + 2 steps = 3 alphas.
+  // With recursive doubling the exchange is 3 rounds on 8 ranks.
+  link.signatures = SignaturePattern::kRecursiveDoubling;
+  out = RefineAlphaFromObservation(link, CollectiveKind::kAllreduce, Algorithm::kOneShot, 8, 8, 30);
+  EXPECT_NEAR(out.alpha_us, 0.8 * 50 + 0.2 * (30 - 3 * 8 * 1.1e-3) / 3, 1e-9);
+  // rd on 4 ranks: a 2-round exchange + 2 steps = 4 alphas (1 + 2 all-to-all).
+  EXPECT_NEAR(RefineAlphaFromObservation(Link(), CollectiveKind::kAllreduce,
+                                         Algorithm::kRecursiveDoubling, 1024, 4, 90).alpha_us,
+              0.8 * 50 + 0.2 * (90 - 2 * 1024 * 2e-4) / 3, 1e-9);
   out = RefineAlphaFromObservation(link, CollectiveKind::kAllreduce,
                                    Algorithm::kRecursiveDoubling, 1024, 4, 90);
-  EXPECT_NEAR(out.alpha_us, 0.8 * 50 + 0.2 * (90 - 2 * 1024 * 1.1e-3) / 3, 1e-9);
-  // rd on 6 ranks folds: 1 + 2 + 2 rounds.
+  EXPECT_NEAR(out.alpha_us, 0.8 * 50 + 0.2 * (90 - 2 * 1024 * 1.1e-3) / 4, 1e-9);
+  // rd on 6 ranks folds, in the exchange and in the steps: (2 + 2) + (2 + 2) rounds.
   out = RefineAlphaFromObservation(link, CollectiveKind::kAllreduce,
                                    Algorithm::kRecursiveDoubling, 8, 6, 100);
   EXPECT_NEAR(out.alpha_us,
-              0.8 * 50 + 0.2 * (100 - 2 * 8 * 1.1e-3 - 2 * 8 * 1e-3 - 8 * 1e-4) / 5, 1e-9);
+              0.8 * 50 + 0.2 * (100 - 2 * 8 * 1.1e-3 - 2 * 8 * 1e-3 - 8 * 1e-4) / 8, 1e-9);
   // Bandwidth-bound, other algorithms, other collectives: unchanged.
   EXPECT_EQ(RefineAlphaFromObservation(link, CollectiveKind::kAllreduce, Algorithm::kRing, 8, 4, 20)
                 .alpha_us, 50);

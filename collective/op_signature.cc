@@ -2,11 +2,15 @@
 
 #include <cstddef>
 #include <cstring>
+#include <algorithm>
 #include <map>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "collective/collectives.h"
+#include "kernels/cpu_reduce.h"
+#include "common/status_macros.h"
 #include "transport/wire.h"
 
 namespace gradsync {
@@ -89,12 +93,14 @@ uint8_t SignatureProposal(const std::string& encoded) {
 }
 
 namespace {
-// Eager data starts at the next multiple of 16 after the signature, so the
-// reduction reads aligned elements (the inbox slots are 16-byte aligned).
+// Data start at a multiple of 16 in every message, so the reductions read
+// aligned elements (the inbox slots are 16-byte aligned).
 constexpr size_t kDataAlign = 16;
 size_t AlignUp(size_t x) { return (x + kDataAlign - 1) / kDataAlign * kDataAlign; }
+constexpr size_t kMaxSignatureBytes = sizeof(PackedSignature) + kMaxOpNameBytes;
+static_assert(kMaxSignatureBytes % kDataAlign == 0, "slots stay aligned");
 
-// Length of the encoded signature at the start of a message (the rest is eager
+// The length of the encoded signature at the start of a message (the rest is
 // data); the whole message if it is too short to say, so that the comparison
 // reports it as malformed.
 size_t EncodedLength(const char* msg, size_t len) {
@@ -104,37 +110,52 @@ size_t EncodedLength(const char* msg, size_t len) {
   if (p.name_len > kMaxOpNameBytes || sizeof(p) + p.name_len > len) return len;
   return sizeof(p) + p.name_len;
 }
-}  // namespace
 
-absl::Status CheckSignatures(transport::Context& ctx, const OpSignature& mine,
-                             absl::Time deadline, const std::function<void(int rank)>& on_arrival,
-                             uint8_t* agreed, EagerData* eager, std::vector<char>* inbox) {
+// An encoded signature with its proposal masked: what CompareSignatures compares.
+bool SameOp(const std::string& a, const std::string& b) {
+  if (a.size() != b.size()) return false;
+  if (a.size() <= kProposalOffset) return a == b;
+  return std::memcmp(a.data(), b.data(), kProposalOffset) == 0 &&
+         std::memcmp(a.data() + kProposalOffset + 1, b.data() + kProposalOffset + 1,
+                     a.size() - kProposalOffset - 1) == 0;
+}
+
+absl::Status MissingDataError(const OpSignature& mine, int me, int peer, size_t got, size_t want) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      "op ", mine.seq, " (", mine.Describe(), "): rank ", peer, " sent ", got,
+      " bytes of data with its signature; rank ", me, " expected ", want,
+      " (the ranks disagree on whether the op runs oneshot)"));
+}
+
+absl::Status DeadlineError(const OpSignature& mine, int me, const std::vector<int>& missing,
+                           int through) {
+  std::string msg = absl::StrCat("timed out at rank ", me, " waiting for rank(s) ",
+                                 absl::StrJoin(missing, ","), " to submit op ", mine.seq, " (",
+                                 mine.Describe(), ")");
+  if (through >= 0 && (missing.size() > 1 || missing.front() != through)) {
+    absl::StrAppend(&msg, "; their signatures come through rank ", through,
+                    " (recursive doubling), so some of them may have submitted and wait for "
+                    "the others");
+  }
+  return absl::DeadlineExceededError(msg);
+}
+
+// ---- All-to-all: every rank sends its signature (and fused data) to every
+// other rank, one round.
+absl::Status AllToAll(transport::Context& ctx, const OpSignature& mine, absl::Time deadline,
+                      const std::function<void(int rank)>& on_arrival, uint8_t* agreed,
+                      FusedAllreduce* fused, std::vector<char>& in) {
   const int n = ctx.size();
   const int me = ctx.rank();
-  if (eager != nullptr) {
-    if (eager->bytes > kOneShotMaxBytes || inbox == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "op ", mine.seq, ": ", eager->bytes, " bytes cannot ride with the signature (at most ",
-          kOneShotMaxBytes, ", with an inbox)"));
-    }
-    eager->received.assign(n, nullptr);
-  }
-  if (n == 1) {
-    if (agreed != nullptr) *agreed = mine.proposal;
-    return absl::OkStatus();
-  }
+  const size_t want = fused != nullptr ? fused->count * DTypeSize(fused->dtype) : 0;
   std::string outbox = mine.Encode();
   const size_t sig_len = outbox.size();
-  if (eager != nullptr && eager->bytes > 0) {
+  if (want > 0) {
     outbox.resize(AlignUp(sig_len), '\0');
-    outbox.append(static_cast<const char*>(eager->data), eager->bytes);
+    outbox.append(static_cast<const char*>(fused->data), want);
   }
-  constexpr size_t kCap = sizeof(PackedSignature) + kMaxOpNameBytes + kOneShotMaxBytes;
+  constexpr size_t kCap = kMaxSignatureBytes + kOneShotMaxBytes;
   static_assert(kCap % kDataAlign == 0, "inbox slots stay aligned");
-  static_assert((sizeof(PackedSignature) + kMaxOpNameBytes) % kDataAlign == 0,
-                "the padded signature plus the largest payload fit a slot");
-  std::vector<char> local_inbox;
-  std::vector<char>& in = inbox != nullptr ? *inbox : local_inbox;
   if (in.size() < kCap * n) in.resize(kCap * n);
   auto in_mr = ctx.RegisterMemory(in.data(), kCap * n);
   if (!in_mr.ok()) return in_mr.status();
@@ -177,9 +198,7 @@ absl::Status CheckSignatures(transport::Context& ctx, const OpSignature& mine,
       for (int p = 0; p < n; ++p) {
         if (p != me && !recvs[p].done) missing.push_back(p);
       }
-      return absl::DeadlineExceededError(absl::StrCat(
-          "timed out at rank ", me, " waiting for rank(s) ", absl::StrJoin(missing, ","),
-          " to submit op ", mine.seq, " (", mine.Describe(), ")"));
+      return DeadlineError(mine, me, missing, -1);
     }
     if (!s.ok()) return s;
   }
@@ -202,19 +221,456 @@ absl::Status CheckSignatures(transport::Context& ctx, const OpSignature& mine,
   // along, unless the ranks disagree on something outside the signature
   // (their link figures, or mixed daemon versions). Every message was read
   // whole, so the streams are intact: a clean error, and the job goes on.
-  const size_t want = eager != nullptr ? eager->bytes : 0;
+  std::vector<const char*> peers(n, nullptr);
   for (int p = 0; p < n; ++p) {
     if (p == me) continue;
-    if (data_len[p] != want) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "op ", mine.seq, " (", mine.Describe(), "): rank ", p, " sent ", data_len[p],
-          " bytes of data with its signature; rank ", me, " expected ", want,
-          " (the ranks disagree on whether the op runs oneshot)"));
-    }
-    if (eager != nullptr) eager->received[p] = in.data() + kCap * p + data_at[p];
+    if (data_len[p] != want) return MissingDataError(mine, me, p, data_len[p], want);
+    peers[p] = in.data() + kCap * p + data_at[p];
+  }
+  if (fused != nullptr) {
+    std::vector<char> own;
+    ReduceInRankOrder(fused->dtype, fused->op, fused->data, fused->count, me, peers, &own);
   }
   if (agreed != nullptr) *agreed = SignatureProposal(by_rank[0]);
   return absl::OkStatus();
+}
+
+// ---- Recursive doubling. Ranks [0, p) (p the largest power of two <= n)
+// exchange with rank ^ 2^k in round k; a rank e >= p first sends to e - p,
+// which folds it in, and gets the final message from it at the end. Every
+// message is
+//   RdPrefix | data_bytes of the sender's partial result | the groups,
+// each group an RdGroup header, n_ranks uint32 ranks and sig_len bytes of
+// encoded signature (padded to 4): the ranks whose signature (and data
+// length) the sender knows, grouped by equal signatures, so a message stays
+// small when the ranks agree. A rank's partial result is valid while every
+// signature it knows matches its own with the same data length; the data
+// ride only then.
+constexpr uint32_t kRdMagic = 0x44525347;  // "GSRD"
+constexpr uint32_t kRdDataValid = 1;
+struct RdPrefix {
+  uint32_t magic;
+  uint32_t data_bytes;
+  uint32_t groups_bytes;
+  uint32_t flags;
+};
+static_assert(sizeof(RdPrefix) == kDataAlign, "data start aligned");
+struct RdGroup {
+  uint32_t sig_len;
+  uint32_t data_len;
+  uint32_t n_ranks;
+  uint32_t reserved;
+};
+size_t Pad4(size_t x) { return (x + 3) / 4 * 4; }
+// Room for the groups of a message that describes up to `ranks` ranks.
+size_t GroupsCap(int ranks) {
+  return static_cast<size_t>(ranks) * (sizeof(RdGroup) + 4 + Pad4(kMaxSignatureBytes));
+}
+
+struct SigGroup {
+  std::string sig;
+  uint32_t data_len = 0;
+  std::vector<int> ranks;
+};
+
+class RdExchange {
+ public:
+  RdExchange(transport::Context& ctx, const OpSignature& mine,
+             const std::function<void(int rank)>& on_arrival, FusedAllreduce* fused,
+             std::vector<char>& inbox)
+      : ctx_(ctx), mine_(mine), on_arrival_(on_arrival), fused_(fused), inbox_(inbox),
+        n_(ctx.size()), me_(ctx.rank()),
+        want_(fused != nullptr ? fused->count * DTypeSize(fused->dtype) : 0) {}
+
+  absl::Status Run(absl::Time deadline, uint8_t* agreed);
+
+ private:
+  // How a received message is taken in.
+  enum class Take {
+    kLower,  // combine; this rank's half comes first
+    kUpper,  // combine; the peer's half comes first
+    kAdopt,  // the final result from the rank this one is folded into
+  };
+  struct Step {
+    int peer = 0;
+    uint64_t round = 0;  // the tag's offset field: the same on both sides
+    bool send = false;
+    bool recv = false;
+    Take take = Take::kLower;
+    int ranks_in = 0;  // the most ranks the incoming message can describe
+    size_t slot = 0;   // the receive's slot in the inbox
+    transport::Request sreq, rreq;
+  };
+  struct Slot {
+    size_t offset;
+    size_t cap;
+  };
+
+  // Writes the prefix and the groups around the partial result in the message
+  // at msg_ (moving it to the spill slot if the groups do not fit) and returns
+  // the message's length.
+  size_t Build();
+  // One rank's entry in a received message.
+  struct Entry {
+    int rank;
+    const char* sig;
+    uint32_t sig_len;
+    uint32_t data_len;
+  };
+  // Checks the message received in `step` and lists its ranks.
+  absl::Status Parse(const Step& step, RdPrefix* prefix, std::vector<Entry>* entries) const;
+  // Takes the message received in `step` in: its ranks' signatures, and its
+  // data into this rank's partial result.
+  absl::Status Merge(const Step& step);
+  // The ranks this rank has not heard from (for the deadline's error).
+  std::vector<int> Unheard(const std::vector<Step>& steps) const;
+  void Know(const std::string& sig, uint32_t data_len, int rank);
+  size_t GroupsBytes() const;
+
+  transport::Context& ctx_;
+  const OpSignature& mine_;
+  const std::function<void(int rank)>& on_arrival_;
+  FusedAllreduce* fused_;
+  std::vector<char>& inbox_;
+  const int n_, me_;
+  const size_t want_;
+  std::vector<Slot> slots_;  // [0] own first message, [1..] receives, back() spill
+  std::string my_sig_;
+  std::vector<SigGroup> groups_;
+  std::vector<bool> known_;
+  int known_count_ = 0;
+  bool valid_ = true;
+  size_t msg_slot_ = 0;  // the slot holding this rank's partial result
+};
+
+void RdExchange::Know(const std::string& sig, uint32_t data_len, int rank) {
+  known_[rank] = true;
+  ++known_count_;
+  if (data_len != want_ || !SameOp(sig, my_sig_)) valid_ = false;
+  for (SigGroup& g : groups_) {
+    if (g.data_len == data_len && g.sig == sig) {
+      g.ranks.push_back(rank);
+      return;
+    }
+  }
+  groups_.push_back(SigGroup{sig, data_len, {rank}});
+}
+
+size_t RdExchange::GroupsBytes() const {
+  size_t bytes = 0;
+  for (const SigGroup& g : groups_) bytes += sizeof(RdGroup) + 4 * g.ranks.size() + Pad4(g.sig.size());
+  return bytes;
+}
+
+size_t RdExchange::Build() {
+  const uint32_t data_bytes = valid_ ? static_cast<uint32_t>(want_) : 0;
+  const size_t groups_bytes = GroupsBytes();
+  if (sizeof(RdPrefix) + data_bytes + groups_bytes > slots_[msg_slot_].cap) {
+    const size_t spill = slots_.size() - 1;
+    std::memcpy(inbox_.data() + slots_[spill].offset + sizeof(RdPrefix),
+                inbox_.data() + slots_[msg_slot_].offset + sizeof(RdPrefix), data_bytes);
+    msg_slot_ = spill;
+  }
+  char* const msg = inbox_.data() + slots_[msg_slot_].offset;
+  const RdPrefix prefix{kRdMagic, data_bytes, static_cast<uint32_t>(groups_bytes),
+                        valid_ ? kRdDataValid : 0};
+  std::memcpy(msg, &prefix, sizeof(prefix));
+  char* at = msg + sizeof(RdPrefix) + data_bytes;
+  for (const SigGroup& g : groups_) {
+    const RdGroup h{static_cast<uint32_t>(g.sig.size()), g.data_len,
+                    static_cast<uint32_t>(g.ranks.size()), 0};
+    std::memcpy(at, &h, sizeof(h));
+    at += sizeof(h);
+    for (int r : g.ranks) {
+      const uint32_t r32 = static_cast<uint32_t>(r);
+      std::memcpy(at, &r32, sizeof(r32));
+      at += sizeof(r32);
+    }
+    std::memcpy(at, g.sig.data(), g.sig.size());
+    std::memset(at + g.sig.size(), 0, Pad4(g.sig.size()) - g.sig.size());
+    at += Pad4(g.sig.size());
+  }
+  return static_cast<size_t>(at - msg);
+}
+
+absl::Status RdExchange::Parse(const Step& step, RdPrefix* prefix,
+                               std::vector<Entry>* entries) const {
+  const char* const msg = inbox_.data() + slots_[step.slot].offset;
+  const size_t len = step.rreq.bytes;
+  auto malformed = [&](absl::string_view why) {
+    return absl::DataLossError(absl::StrCat("op ", mine_.seq,
+                                            ": malformed signature message from rank ", step.peer,
+                                            ": ", why));
+  };
+  if (len < sizeof(*prefix)) return malformed("too short");
+  std::memcpy(prefix, msg, sizeof(*prefix));
+  if (prefix->magic != kRdMagic) return malformed("bad magic");
+  if (prefix->data_bytes > kOneShotMaxBytes ||
+      sizeof(*prefix) + static_cast<size_t>(prefix->data_bytes) + prefix->groups_bytes != len) {
+    return malformed("bad lengths");
+  }
+  entries->clear();
+  const char* at = msg + sizeof(*prefix) + prefix->data_bytes;
+  const char* const end = msg + len;
+  std::vector<bool> seen(n_, false);
+  while (at < end) {
+    RdGroup h;
+    if (static_cast<size_t>(end - at) < sizeof(h)) return malformed("truncated group");
+    std::memcpy(&h, at, sizeof(h));
+    at += sizeof(h);
+    if (h.sig_len > kMaxSignatureBytes || h.n_ranks == 0 ||
+        h.n_ranks > static_cast<uint32_t>(n_) ||
+        static_cast<size_t>(end - at) < h.n_ranks * size_t{4} + Pad4(h.sig_len)) {
+      return malformed("bad group");
+    }
+    const char* ranks = at;
+    at += h.n_ranks * size_t{4};
+    for (uint32_t i = 0; i < h.n_ranks; ++i) {
+      uint32_t r;
+      std::memcpy(&r, ranks + 4 * i, sizeof(r));
+      if (r >= static_cast<uint32_t>(n_) || seen[r]) {
+        return malformed(absl::StrCat("rank ", r, " is out of range or named twice"));
+      }
+      seen[r] = true;
+      entries->push_back(Entry{static_cast<int>(r), at, h.sig_len, h.data_len});
+    }
+    at += Pad4(h.sig_len);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RdExchange::Merge(const Step& step) {
+  RdPrefix prefix;
+  std::vector<Entry> entries;
+  RETURN_IF_ERROR(Parse(step, &prefix, &entries));
+  std::vector<bool> was_known;
+  if (step.take == Take::kAdopt) {  // the final state replaces this rank's
+    was_known = known_;
+    known_.assign(n_, false);
+    groups_.clear();
+    known_count_ = 0;
+    valid_ = true;
+  }
+  std::vector<int> arrived;
+  for (const Entry& e : entries) {
+    if (known_[e.rank]) {
+      return absl::DataLossError(absl::StrCat("op ", mine_.seq, ": malformed signature message "
+                                              "from rank ", step.peer, ": rank ", e.rank,
+                                              " came twice"));
+    }
+    Know(std::string(e.sig, e.sig_len), e.data_len, e.rank);
+    if (was_known.empty() || !was_known[e.rank]) arrived.push_back(e.rank);
+  }
+  if ((prefix.flags & kRdDataValid) == 0 || prefix.data_bytes != want_) valid_ = false;
+  if (valid_ && want_ > 0) {
+    char* mine_data = inbox_.data() + slots_[msg_slot_].offset + sizeof(RdPrefix);
+    char* theirs = inbox_.data() + slots_[step.slot].offset + sizeof(RdPrefix);
+    const ReduceOp combine = fused_->op == ReduceOp::kAvg ? ReduceOp::kSum : fused_->op;
+    switch (step.take) {
+      case Take::kLower:  // the result stays where this rank's half is
+        ReduceInto(fused_->dtype, combine, mine_data, theirs, fused_->count);
+        break;
+      case Take::kUpper:  // the lower half comes first (min/max are not
+                          // commutative for NaN and signed zero): combine
+                          // into the received message, which now holds it
+        ReduceInto(fused_->dtype, combine, theirs, mine_data, fused_->count);
+        msg_slot_ = step.slot;
+        break;
+      case Take::kAdopt:
+        msg_slot_ = step.slot;
+        break;
+    }
+  }
+  if (on_arrival_) {
+    for (int r : arrived) on_arrival_(r);
+  }
+  return absl::OkStatus();
+}
+
+std::vector<int> RdExchange::Unheard(const std::vector<Step>& steps) const {
+  // Messages of later rounds may be in already: their senders submitted,
+  // and so did every rank they name.
+  std::vector<bool> heard = known_;
+  for (const Step& s : steps) {
+    if (!s.recv || !s.rreq.done) continue;
+    RdPrefix prefix;
+    std::vector<Entry> entries;
+    if (!Parse(s, &prefix, &entries).ok()) continue;
+    for (const Entry& e : entries) heard[e.rank] = true;
+  }
+  std::vector<int> missing;
+  for (int r = 0; r < n_; ++r) {
+    if (!heard[r]) missing.push_back(r);
+  }
+  return missing;
+}
+
+absl::Status RdExchange::Run(absl::Time deadline, uint8_t* agreed) {
+  int p = 1, rounds = 0;
+  while (p * 2 <= n_) {
+    p *= 2;
+    ++rounds;
+  }
+  const int extra = n_ - p;
+  // The steps this rank takes, in order; `round` numbers the exchanges alike
+  // on both sides: 0 folds in, 1..rounds double, rounds + 1 folds out.
+  std::vector<Step> steps;
+  auto add = [&steps](int peer, uint64_t round, bool send, bool recv, Take take, int ranks_in) {
+    Step s;
+    s.peer = peer;
+    s.round = round;
+    s.send = send;
+    s.recv = recv;
+    s.take = take;
+    s.ranks_in = ranks_in;
+    steps.push_back(s);
+  };
+  if (me_ >= p) {
+    add(me_ - p, 0, true, false, Take::kLower, 0);
+    add(me_ - p, rounds + 1, false, true, Take::kAdopt, n_);
+  } else {
+    if (me_ < extra) add(me_ + p, 0, false, true, Take::kLower, 1);
+    for (int k = 0; k < rounds; ++k) {
+      const int bit = 1 << k;
+      const int partner = me_ ^ bit;
+      const int block = partner & ~(bit - 1);  // the partner's block of `bit` ranks
+      int ranks_in = 0;
+      for (int r = block; r < block + bit; ++r) ranks_in += r < extra ? 2 : 1;
+      add(partner, k + 1, true, true, me_ < partner ? Take::kLower : Take::kUpper, ranks_in);
+    }
+    if (me_ < extra) add(me_ + p, rounds + 1, true, false, Take::kLower, 0);
+  }
+  // The inbox: slot 0 for this rank's first message, one per receive, and a
+  // spill slot with room for every rank's group, for a message whose groups
+  // outgrow the slot it is built in (only when many ranks disagree).
+  constexpr int kRoomFor = 16;  // ranks' groups any slot holds besides the data
+  const size_t base = sizeof(RdPrefix) + kOneShotMaxBytes;
+  const int room = std::min(n_, kRoomFor);
+  slots_.clear();
+  size_t total = 0;
+  auto add_slot = [&](size_t cap) {
+    cap = AlignUp(cap);
+    slots_.push_back(Slot{total, cap});
+    total += cap;
+    return slots_.size() - 1;
+  };
+  add_slot(base + GroupsCap(room));
+  for (Step& s : steps) {
+    if (s.recv) s.slot = add_slot(base + GroupsCap(std::max(s.ranks_in, room)));
+  }
+  add_slot(base + GroupsCap(n_));
+  if (inbox_.size() < total) inbox_.resize(total);
+  auto mr = ctx_.RegisterMemory(inbox_.data(), total);
+  if (!mr.ok()) return mr.status();
+
+  my_sig_ = mine_.Encode();
+  known_.assign(n_, false);
+  groups_.clear();
+  known_count_ = 0;
+  valid_ = true;
+  msg_slot_ = 0;
+  Know(my_sig_, static_cast<uint32_t>(want_), me_);
+  if (want_ > 0) std::memcpy(inbox_.data() + sizeof(RdPrefix), fused_->data, want_);
+  for (Step& s : steps) {
+    if (!s.recv) continue;
+    const transport::MessageTag tag{mine_.seq, transport::kControlSlot, 0, s.round};
+    absl::Status st = ctx_.PostRecv(s.peer, **mr, slots_[s.slot].offset, slots_[s.slot].cap,
+                                    /*exact=*/false, tag, &s.rreq);
+    if (!st.ok()) return st;
+  }
+  for (Step& s : steps) {
+    if (s.send) {
+      // Built in whichever slot holds the partial result: slot 0, or a slot
+      // whose receive is done.
+      const size_t len = Build();
+      const transport::MessageTag tag{mine_.seq, transport::kControlSlot, 0, s.round};
+      absl::Status st = ctx_.PostSend(s.peer, **mr, slots_[msg_slot_].offset, len, tag, &s.sreq);
+      if (!st.ok()) return st;
+    }
+    while ((s.send && !s.sreq.done) || (s.recv && !s.rreq.done)) {
+      absl::Status st = ctx_.Progress(deadline);
+      if (absl::IsDeadlineExceeded(st)) {
+        const std::vector<int> missing = Unheard(steps);
+        if (missing.empty()) return st;  // everyone submitted; only the send is stuck
+        return DeadlineError(mine_, me_, missing, s.peer);
+      }
+      if (!st.ok()) return st;
+    }
+    if (s.recv) {
+      absl::Status st = Merge(s);
+      if (!st.ok()) return st;
+    }
+  }
+  if (known_count_ != n_) {
+    return absl::DataLossError(absl::StrCat("op ", mine_.seq, ": rank ", me_, " learnt ",
+                                            known_count_, " of ", n_, " signatures"));
+  }
+  if (groups_.size() > 1) {
+    std::vector<std::string> by_rank(n_);
+    for (const SigGroup& g : groups_) {
+      for (int r : g.ranks) by_rank[r] = g.sig;
+    }
+    absl::Status st = CompareSignatures(mine_.seq, by_rank);
+    if (!st.ok()) return st;
+    // Equal signatures, different data lengths: name the lowest rank whose
+    // length differs from this rank's.
+    int odd = -1;
+    uint32_t got = 0;
+    for (const SigGroup& g : groups_) {
+      if (g.data_len == want_) continue;
+      for (int r : g.ranks) {
+        if (odd < 0 || r < odd) {
+          odd = r;
+          got = g.data_len;
+        }
+      }
+    }
+    if (odd >= 0) return MissingDataError(mine_, me_, odd, got, want_);
+  }
+  if (agreed != nullptr) {
+    for (const SigGroup& g : groups_) {
+      if (std::find(g.ranks.begin(), g.ranks.end(), 0) != g.ranks.end()) {
+        *agreed = SignatureProposal(g.sig);
+      }
+    }
+  }
+  if (want_ > 0) {
+    if (!valid_) {  // equal signatures and lengths, yet a peer sent no partial result
+      return absl::DataLossError(absl::StrCat("op ", mine_.seq, ": rank ", me_,
+                                              " got no partial result from its peers"));
+    }
+    std::memcpy(fused_->data, inbox_.data() + slots_[msg_slot_].offset + sizeof(RdPrefix), want_);
+    if (fused_->op == ReduceOp::kAvg) DivideBy(fused_->dtype, fused_->data, fused_->count, n_);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status CheckSignatures(transport::Context& ctx, const OpSignature& mine,
+                             SignaturePattern pattern, absl::Time deadline,
+                             const std::function<void(int rank)>& on_arrival,
+                             uint8_t* agreed, FusedAllreduce* fused, std::vector<char>* inbox) {
+  const int n = ctx.size();
+  if (fused != nullptr) {
+    const size_t bytes = fused->count * DTypeSize(fused->dtype);
+    if (bytes > kOneShotMaxBytes || inbox == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "op ", mine.seq, ": ", bytes, " bytes cannot ride with the signature (at most ",
+          kOneShotMaxBytes, ", with an inbox)"));
+    }
+  }
+  if (n == 1) {
+    if (agreed != nullptr) *agreed = mine.proposal;
+    return absl::OkStatus();
+  }
+  std::vector<char> local_inbox;
+  std::vector<char>& in = inbox != nullptr ? *inbox : local_inbox;
+  if (pattern == SignaturePattern::kAllToAll || n == 2) {
+    return AllToAll(ctx, mine, deadline, on_arrival, agreed, fused, in);
+  }
+  RdExchange rd(ctx, mine, on_arrival, fused, in);
+  return rd.Run(deadline, agreed);
 }
 
 absl::Status CompareSignatures(uint64_t seq, const std::vector<std::string>& encoded_by_rank) {

@@ -48,42 +48,58 @@ struct OpSignature {
   bool operator==(const OpSignature& o) const;
 };
 
-// Sends `mine` to every peer and receives theirs (one small message each way
-// per peer, on the op's control slot). If any rank disagrees, returns the same
-// InvalidArgument on every rank, naming the ranks and both signatures, e.g.
-// "op 5 does not match across ranks: rank 2 submitted allreduce 'g' f32[1000]
-// sum, ranks 0,1,3 submitted allreduce 'g' f32[1024] sum". Transport errors
-// and the deadline come back as they are.
-// The check itself, given every rank's encoded signature (index = rank):
-// OK if all are equal, else the InvalidArgument described above.
+// Every rank's encoded signature (index = rank): OK if all are equal (the
+// proposals aside), else the InvalidArgument every rank returns alike, naming
+// the ranks and both signatures, e.g. "op 5 does not match across ranks:
+// rank 2 submitted allreduce 'g' f32[1000] sum, ranks 0,1,3 submitted
+// allreduce 'g' f32[1024] sum".
 absl::Status CompareSignatures(uint64_t seq, const std::vector<std::string>& encoded_by_rank);
 // The `proposal` field of an encoded signature (kNoAlgorithm if malformed).
 uint8_t SignatureProposal(const std::string& encoded);
 
-// Data that rides with the signatures (oneshot): this rank sends `bytes`
-// bytes from `data` right after its signature (padded to 16 bytes), in the
-// same message, and on success `received[p]` points at rank p's `bytes` bytes
-// (16-byte aligned; p != me; null for me), inside CheckSignatures' `inbox`. Every receive has room for a
-// signature plus kOneShotMaxBytes, so a peer that sent data when this rank did
-// not (or the reverse) is still read whole: a signature mismatch stays an
-// InvalidArgument with the streams intact, and so does equal signatures with
-// data from some ranks only (ranks that disagree on running oneshot).
-struct EagerData {
-  const void* data = nullptr;
-  size_t bytes = 0;  // <= kOneShotMaxBytes
-  std::vector<const char*> received;  // out
+// An allreduce whose data ride in the signature messages (oneshot, in the
+// daemon): one exchange does both. On success `data` holds the result, the
+// same bits on every rank; on any error it is left as it was. The order of
+// the reduction follows the exchange's pattern (SignaturePatternFor in
+// collective/algorithm.h):
+//   - all-to-all: every rank combines the n contributions in rank order,
+//     ((x0 OP x1) OP x2) ... (ReduceInRankOrder in collectives.h);
+//   - recursive doubling: every round combines two halves' partial results,
+//     the lower-ranked half's as the first operand, e.g. at 4 ranks
+//     (x0 OP x1) OP (x2 OP x3); folded ranks first combine into their
+//     partner, x0 OP x4 at 5 ranks.
+// avg sums and divides by n once at the end. Every receive has room for the
+// signatures plus kOneShotMaxBytes, so a peer that sent data when this rank
+// did not (or the reverse) is still read whole: a signature mismatch stays
+// an InvalidArgument with the streams intact, and so do equal signatures
+// with data from some ranks only (ranks that disagree on running oneshot).
+struct FusedAllreduce {
+  void* data = nullptr;
+  DType dtype = DType::kF32;
+  ReduceOp op = ReduceOp::kSum;
+  uint64_t count = 0;  // count * DTypeSize(dtype) <= kOneShotMaxBytes
 };
 
-// `on_arrival(rank)`, if set, is called (on this thread) as each peer's
-// signature arrives: the straggler signal for status and metrics.
+// Sends `mine` to the peers and learns theirs, on the op's control slot, in
+// `pattern` (every rank of a context must use the same; a world of 2 is the
+// same exchange either way): all-to-all (one round, one message each way per
+// peer) or recursive doubling (log2 n rounds of one message each way; a message carries every
+// signature its sender knows, grouped, so every rank learns all n).
+// `on_arrival(rank)`, if set, is called (on this thread) as each rank's
+// signature becomes known here: the straggler signal for status and metrics.
+// If any two ranks' signatures differ, every rank returns the same
+// InvalidArgument (CompareSignatures); transport errors come back as they are.
 // On success `agreed`, if set, receives rank 0's proposal.
-// `eager`: data to exchange with the signatures (see EagerData); when null, a
-// peer that sent data is an error. `inbox`: receive memory reused across ops
-// (grown as needed); required with `eager`, whose pointers point into it.
+// `fused`: an allreduce to run in the same exchange (see FusedAllreduce);
+// when null, a peer that sent data is an error. `inbox`: receive memory
+// reused across ops (grown as needed); required with `fused`.
+// On a deadline the error names the ranks whose signatures have not reached
+// this rank ("timed out at rank 1 waiting for rank(s) 2,3 to submit op 5
+// (...)"); with recursive doubling it also names the peer they come through.
 absl::Status CheckSignatures(transport::Context& ctx, const OpSignature& mine,
-                             absl::Time deadline,
+                             SignaturePattern pattern, absl::Time deadline,
                              const std::function<void(int rank)>& on_arrival = nullptr,
-                             uint8_t* agreed = nullptr, EagerData* eager = nullptr,
+                             uint8_t* agreed = nullptr, FusedAllreduce* fused = nullptr,
                              std::vector<char>* inbox = nullptr);
 
 }  // namespace gradsync

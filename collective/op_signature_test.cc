@@ -1,9 +1,11 @@
 #include "collective/op_signature.h"
 
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "collective/reference.h"
 #include "collective/test_cluster.h"
 #include "gtest/gtest.h"
 
@@ -84,116 +86,188 @@ TEST(OpSignature, ProposalsMayDifferButForcedAlgorithmsMustMatch) {
   EXPECT_EQ(round->proposal, b.proposal);
 }
 
-// oneshot's data rides with the signatures; a rank that carried data while
-// another did not (their ops differ in size across the oneshot cap, say) is
-// still a clean mismatch, and the next exchange on the same streams works.
-TEST(CheckSignatures, EagerDataArrivesAndAMismatchLeavesTheStreamsAligned) {
-  constexpr int kWorld = 3;
-  testing::Cluster c = testing::MakeCluster(kWorld, "sig-eager");
-  const absl::Time deadline = absl::Now() + absl::Seconds(20);
-  std::vector<std::vector<char>> inboxes(kWorld);
-  // Op 1: every rank sends 12 bytes with its signature.
-  std::vector<absl::Status> st = testing::RunOnRanks(kWorld, [&](int r) -> absl::Status {
-    OpSignature sig;
-    sig.seq = 1;
-    sig.name = "g";
-    sig.count = 3;
-    const std::vector<int32_t> mine = {r, 10 * r, 100 * r};
-    EagerData eager;
-    eager.data = mine.data();
-    eager.bytes = 12;
-    absl::Status s = CheckSignatures(*c.contexts[r], sig, deadline, nullptr, nullptr, &eager,
-                                     &inboxes[r]);
-    if (!s.ok()) return s;
-    for (int p = 0; p < kWorld; ++p) {
-      if (p == r) {
-        if (eager.received[p] != nullptr) return absl::InternalError("own slot set");
-        continue;
+constexpr SignaturePattern kPatterns[] = {SignaturePattern::kAllToAll,
+                                          SignaturePattern::kRecursiveDoubling};
+
+struct FusedCase {
+  DType t;
+  ReduceOp op;
+  size_t count;
+};
+
+// Both patterns, every world size from 2 to 8: the data ride with the
+// signatures and every rank ends with the same bits, in the pattern's order
+// (random floats, so another order would show).
+TEST(CheckSignatures, FusedAllreduceGivesEveryRankThePatternsBits) {
+  const std::vector<FusedCase> cases = {{DType::kF32, ReduceOp::kSum, 13},
+                                        {DType::kF64, ReduceOp::kAvg, 5},
+                                        {DType::kBF16, ReduceOp::kSum, 1000},
+                                        {DType::kI32, ReduceOp::kMax, 3},
+                                        {DType::kF32, ReduceOp::kSum, kOneShotMaxBytes / 4}};
+  for (int world = 2; world <= 8; ++world) {
+   for (SignaturePattern pattern : kPatterns) {
+    testing::Cluster c = testing::MakeCluster(world, absl::StrCat("fused-", world));
+    std::vector<std::vector<char>> inboxes(world);
+    uint64_t seq = 1;
+    for (const FusedCase& fc : cases) {
+      std::vector<std::vector<char>> in(world), out(world);
+      for (int r = 0; r < world; ++r) in[r] = testing::RandomData(fc.t, fc.count, r, 7 + seq);
+      const std::vector<char> want = testing::SignaturePatternReference(pattern, in, fc.t, fc.op, fc.count);
+      std::vector<int> arrivals(world, 0);
+      std::vector<uint8_t> agreed(world, 0);
+      std::vector<absl::Status> st = testing::RunOnRanks(world, [&](int r) -> absl::Status {
+        OpSignature sig;
+        sig.seq = seq;
+        sig.name = "g";
+        sig.dtype = fc.t;
+        sig.op = fc.op;
+        sig.count = fc.count;
+        sig.proposal = static_cast<uint8_t>(20 + r);
+        out[r] = in[r];
+        FusedAllreduce fused{out[r].data(), fc.t, fc.op, fc.count};
+        int seen = 0;
+        absl::Status s = CheckSignatures(
+            *c.contexts[r], sig, pattern, absl::Now() + absl::Seconds(20), [&](int) { ++seen; },
+            &agreed[r], &fused, &inboxes[r]);
+        arrivals[r] = seen;
+        return s;
+      });
+      for (int r = 0; r < world; ++r) {
+        ASSERT_TRUE(st[r].ok()) << "world " << world << " rank " << r << ": " << st[r];
+        EXPECT_EQ(out[r], want) << SignaturePatternName(pattern) << " world " << world << " rank " << r << " "
+                                << DTypeName(fc.t) << " " << ReduceOpName(fc.op);
+        EXPECT_EQ(arrivals[r], world - 1) << "world " << world << " rank " << r;
+        EXPECT_EQ(agreed[r], 20) << "rank 0's proposal wins";
       }
-      int32_t got[3];
-      std::memcpy(got, eager.received[p], sizeof(got));
-      if (got[0] != p || got[1] != 10 * p || got[2] != 100 * p) {
-        return absl::InternalError(absl::StrCat("rank ", r, ": wrong data from rank ", p));
-      }
+      ++seq;
     }
-    return absl::OkStatus();
-  });
-  for (int r = 0; r < kWorld; ++r) ASSERT_TRUE(st[r].ok()) << "rank " << r << ": " << st[r];
-  // Op 2: rank 1 submitted a bigger op and carries no data; ranks 0 and 2
-  // carry 8 bytes.
-  st = testing::RunOnRanks(kWorld, [&](int r) -> absl::Status {
-    OpSignature sig;
-    sig.seq = 2;
-    sig.name = "g";
-    sig.count = r == 1 ? 70000 : 2;
-    const int64_t mine = r;
-    EagerData eager;
-    eager.data = &mine;
-    eager.bytes = 8;
-    return CheckSignatures(*c.contexts[r], sig, deadline, nullptr, nullptr,
-                           r == 1 ? nullptr : &eager, &inboxes[r]);
-  });
-  for (int r = 0; r < kWorld; ++r) {
-    EXPECT_TRUE(absl::IsInvalidArgument(st[r])) << st[r];
-    EXPECT_EQ(st[r].message(),
-              "op 2 does not match across ranks: rank 1 submitted allreduce 'g' f32[70000] sum, "
-              "ranks 0,2 submitted allreduce 'g' f32[2] sum");
+   }
   }
-  // Op 3: plain signatures again, on the same streams.
-  st = testing::RunOnRanks(kWorld, [&](int r) -> absl::Status {
-    OpSignature sig;
-    sig.seq = 3;
-    sig.name = "after";
-    uint8_t agreed = 0;
-    sig.proposal = static_cast<uint8_t>(10 + r);
-    absl::Status s = CheckSignatures(*c.contexts[r], sig, deadline, nullptr, &agreed);
-    if (s.ok() && agreed != 10) return absl::InternalError("rank 0's proposal should win");
-    return s;
-  });
-  for (int r = 0; r < kWorld; ++r) EXPECT_TRUE(st[r].ok()) << "rank " << r << ": " << st[r];
-  // Equal signatures but one rank carrying no data: named, not misread.
-  st = testing::RunOnRanks(kWorld, [&](int r) -> absl::Status {
-    OpSignature sig;
-    sig.seq = 4;
-    sig.name = "g";
-    sig.count = 1;
-    const float mine = 1;
-    EagerData eager;
-    eager.data = &mine;
-    eager.bytes = 4;
-    return CheckSignatures(*c.contexts[r], sig, deadline, nullptr, nullptr,
-                           r == 2 ? nullptr : &eager, &inboxes[r]);
-  });
-  EXPECT_TRUE(absl::IsInvalidArgument(st[0])) << st[0];
-  EXPECT_EQ(st[0].message(),
-            "op 4 (allreduce 'g' f32[1] sum): rank 2 sent 0 bytes of data with its signature; "
-            "rank 0 expected 4 (the ranks disagree on whether the op runs oneshot)");
-  EXPECT_TRUE(absl::IsInvalidArgument(st[2])) << st[2];
-  // Received data is 16-byte aligned whatever the op name's length.
-  st = testing::RunOnRanks(kWorld, [&](int r) -> absl::Status {
-    OpSignature sig;
-    sig.seq = 5;
-    sig.name = "odd";  // 32 + 3 bytes of signature
-    sig.dtype = DType::kF64;
-    sig.count = 2;
-    const double mine[2] = {1.5 * r, -2.0 * r};
-    EagerData eager;
-    eager.data = mine;
-    eager.bytes = sizeof(mine);
-    absl::Status s = CheckSignatures(*c.contexts[r], sig, deadline, nullptr, nullptr, &eager,
-                                     &inboxes[r]);
-    if (!s.ok()) return s;
-    for (int p = 0; p < kWorld; ++p) {
-      if (p == r) continue;
-      if (reinterpret_cast<uintptr_t>(eager.received[p]) % 16 != 0) {
-        return absl::InternalError(absl::StrCat("rank ", r, ": data from ", p, " not aligned"));
-      }
-      const double* d = reinterpret_cast<const double*>(eager.received[p]);
-      if (d[0] != 1.5 * p || d[1] != -2.0 * p) return absl::InternalError("wrong data");
+}
+
+// A mismatch among several groups of ranks, some of which carry data and some
+// not (their ops differ across the oneshot cap), is the same InvalidArgument
+// on every rank, and the next exchange on the same streams works.
+TEST(CheckSignatures, MismatchIsNamedAlikeEverywhereAndTheStreamsStayInStep) {
+  for (int world : {3, 4, 5, 8}) {  // recursive doubling folds at 3 and 5
+   for (SignaturePattern pattern : kPatterns) {
+    testing::Cluster c = testing::MakeCluster(world, absl::StrCat("sig-mismatch-", world));
+    const absl::Time deadline = absl::Now() + absl::Seconds(20);
+    std::vector<std::vector<char>> inboxes(world);
+    const int odd = world - 1;  // submits a bigger op, which carries no data
+    std::vector<absl::Status> st = testing::RunOnRanks(world, [&](int r) -> absl::Status {
+      OpSignature sig;
+      sig.seq = 1;
+      sig.name = r == 1 ? "h" : "g";
+      sig.count = r == odd ? 70000 : 2;
+      float mine[2] = {1, 2};
+      FusedAllreduce fused{mine, DType::kF32, ReduceOp::kSum, 2};
+      absl::Status s = CheckSignatures(*c.contexts[r], sig, pattern, deadline, nullptr, nullptr,
+                                       r == odd ? nullptr : &fused, &inboxes[r]);
+      if (mine[0] != 1 || mine[1] != 2) return absl::InternalError("data changed on failure");
+      return s;
+    });
+    std::string others;
+    for (int r = 0; r < world; ++r) {
+      if (r != 1 && r != odd) absl::StrAppend(&others, others.empty() ? "" : ",", r);
     }
-    return absl::OkStatus();
-  });
-  for (int r = 0; r < kWorld; ++r) EXPECT_TRUE(st[r].ok()) << "rank " << r << ": " << st[r];
+    // Smaller groups first, then by their lowest rank.
+    const std::string want =
+        world == 3 ? "op 1 does not match across ranks: rank 0 submitted allreduce 'g' f32[2] sum, "
+                     "rank 1 submitted allreduce 'h' f32[2] sum, rank 2 submitted allreduce 'g' "
+                     "f32[70000] sum"
+                   : absl::StrCat("op 1 does not match across ranks: rank 1 submitted allreduce "
+                                  "'h' f32[2] sum, rank ", odd, " submitted allreduce 'g' "
+                                  "f32[70000] sum, ranks ", others,
+                                  " submitted allreduce 'g' f32[2] sum");
+    for (int r = 0; r < world; ++r) {
+      EXPECT_TRUE(absl::IsInvalidArgument(st[r])) << st[r];
+      EXPECT_EQ(st[r].message(), want) << SignaturePatternName(pattern) << " world " << world << " rank " << r;
+    }
+    // Op 2 on the same streams: plain signatures, rank 0's proposal wins.
+    st = testing::RunOnRanks(world, [&](int r) -> absl::Status {
+      OpSignature sig;
+      sig.seq = 2;
+      sig.name = "after";
+      uint8_t agreed = 0;
+      sig.proposal = static_cast<uint8_t>(10 + r);
+      absl::Status s = CheckSignatures(*c.contexts[r], sig, pattern, deadline, nullptr, &agreed);
+      if (s.ok() && agreed != 10) return absl::InternalError("rank 0's proposal should win");
+      return s;
+    });
+    for (int r = 0; r < world; ++r) EXPECT_TRUE(st[r].ok()) << "rank " << r << ": " << st[r];
+    // Equal signatures, but one rank carries no data: named, not misread.
+    const int bare = world / 2;
+    st = testing::RunOnRanks(world, [&](int r) -> absl::Status {
+      OpSignature sig;
+      sig.seq = 3;
+      sig.name = "g";
+      sig.count = 1;
+      float mine = 1;
+      FusedAllreduce fused{&mine, DType::kF32, ReduceOp::kSum, 1};
+      return CheckSignatures(*c.contexts[r], sig, pattern, deadline, nullptr, nullptr,
+                             r == bare ? nullptr : &fused, &inboxes[r]);
+    });
+    for (int r = 0; r < world; ++r) {
+      EXPECT_TRUE(absl::IsInvalidArgument(st[r])) << st[r];
+      const std::string expect =
+          r == bare ? absl::StrCat("op 3 (allreduce 'g' f32[1] sum): rank 0 sent 4 bytes of data "
+                                   "with its signature; rank ", bare, " expected 0")
+                    : absl::StrCat("op 3 (allreduce 'g' f32[1] sum): rank ", bare,
+                                   " sent 0 bytes of data with its signature; rank ", r,
+                                   " expected 4");
+      EXPECT_EQ(st[r].message(), expect + " (the ranks disagree on whether the op runs oneshot)")
+          << SignaturePatternName(pattern) << " world " << world << " rank " << r;
+    }
+    // And the streams are still in step.
+    st = testing::RunOnRanks(world, [&](int r) -> absl::Status {
+      OpSignature sig;
+      sig.seq = 4;
+      sig.name = "last";
+      int32_t mine = r;
+      FusedAllreduce fused{&mine, DType::kI32, ReduceOp::kSum, 1};
+      absl::Status s = CheckSignatures(*c.contexts[r], sig, pattern, deadline, nullptr, nullptr, &fused,
+                                       &inboxes[r]);
+      if (s.ok() && mine != world * (world - 1) / 2) return absl::InternalError("wrong sum");
+      return s;
+    });
+    for (int r = 0; r < world; ++r) EXPECT_TRUE(st[r].ok()) << "rank " << r << ": " << st[r];
+   }
+  }
+}
+
+// With recursive doubling a rank that waits hears of the missing rank only
+// through its partner: it names every rank it has not heard from, and the
+// partner they come through; the missing rank's own partner names it alone.
+TEST(CheckSignatures, RecursiveDoublingDeadlineNamesTheUnheardRanksAndTheRelay) {
+  constexpr int kWorld = 4;
+  testing::Cluster c = testing::MakeCluster(kWorld, "rd-timeout");
+  std::vector<absl::Status> st(kWorld);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 3; ++r) {  // rank 3 never shows up
+    threads.emplace_back([&, r] {
+      OpSignature sig;
+      sig.seq = 1;
+      sig.name = "g";
+      sig.count = 8;
+      st[r] = CheckSignatures(*c.contexts[r], sig, SignaturePattern::kRecursiveDoubling,
+                              absl::Now() + absl::Milliseconds(400));
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 3; ++r) EXPECT_TRUE(absl::IsDeadlineExceeded(st[r])) << st[r];
+  // Rank 2 waits for rank 3 in the first round; rank 0's second-round
+  // message is in already, so rank 2 knows that 0 and 1 submitted.
+  EXPECT_EQ(st[2].message(),
+            "timed out at rank 2 waiting for rank(s) 3 to submit op 1 (allreduce 'g' f32[8] sum)");
+  // Ranks 0 and 1 wait in the second round, for ranks 2 and 3.
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(st[r].message(),
+              absl::StrCat("timed out at rank ", r, " waiting for rank(s) 2,3 to submit op 1 "
+                           "(allreduce 'g' f32[8] sum); their signatures come through rank ",
+                           r + 2, " (recursive doubling), so some of them may have submitted "
+                           "and wait for the others"));
+  }
 }
 
 }  // namespace

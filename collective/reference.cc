@@ -83,4 +83,23 @@ std::vector<char> RingOrderReference(const std::vector<std::vector<char>>& in, D
   return out;
 }
 
+std::vector<char> SignaturePatternReference(SignaturePattern pattern,
+                                            const std::vector<std::vector<char>>& in, DType t,
+                                            ReduceOp op, size_t count) {
+  const int n = static_cast<int>(in.size());
+  std::vector<std::vector<char>> v = in;
+  if (pattern == SignaturePattern::kAllToAll || n <= 2) {
+    for (int r = 1; r < n; ++r) ReduceInto(t, op, v[0].data(), in[r].data(), count);
+  } else {
+    int p = 1;
+    while (p * 2 <= n) p *= 2;
+    for (int r = 0; r + p < n; ++r) ReduceInto(t, op, v[r].data(), v[r + p].data(), count);
+    for (int bit = 1; bit < p; bit *= 2) {
+      for (int r = 0; r < p; r += 2 * bit) ReduceInto(t, op, v[r].data(), v[r + bit].data(), count);
+    }
+  }
+  if (op == ReduceOp::kAvg && n > 1) DivideBy(t, v[0].data(), count, n);
+  return v[0];
+}
+
 }  // namespace gradsync::testing

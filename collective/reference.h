@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "collective/algorithm.h"
 #include "common/types.h"
 
 namespace gradsync::testing {
@@ -30,6 +31,16 @@ std::vector<char> RingOrderReduce(const std::vector<std::vector<char>>& inputs, 
 // RingOrderReduce from rank c.
 std::vector<char> RingOrderReference(const std::vector<std::vector<char>>& inputs, DType t,
                                      ReduceOp op, size_t count);
+
+// A small allreduce whose data ride on the signature exchange (oneshot in
+// the daemon, collective/op_signature.h): with `pattern` all-to-all, rank
+// order ((x0 OP x1) OP x2 ...); with recursive doubling, ranks p.. (p the
+// largest power of two <= n) first fold into 0.. (x_r OP x_{r+p}), then
+// blocks of 1, 2, 4 ... ranks combine, the lower block as the first operand.
+// avg divides by n once at the end.
+std::vector<char> SignaturePatternReference(SignaturePattern pattern,
+                                            const std::vector<std::vector<char>>& inputs, DType t,
+                                            ReduceOp op, size_t count);
 
 }  // namespace gradsync::testing
 

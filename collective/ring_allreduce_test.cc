@@ -80,7 +80,7 @@ TEST(RingAllreduce, MismatchedSignaturesFailOnEveryRankNamingTheOddRank) {
       sig.seq = 1;
       sig.name = "grad";
       sig.count = r == 2 ? 1000 : 1024;
-      st[r] = CheckSignatures(*c.contexts[r], sig, absl::Now() + absl::Seconds(10));
+      st[r] = CheckSignatures(*c.contexts[r], sig, SignaturePattern::kAllToAll, absl::Now() + absl::Seconds(10));
     });
   }
   for (auto& t : threads) t.join();
@@ -104,7 +104,7 @@ TEST(RingAllreduce, PeerThatNeverSubmitsTimesOutWithItsRankNamed) {
       sig.seq = 1;
       sig.name = "g";
       sig.count = 8;
-      st[r] = CheckSignatures(*c.contexts[r], sig, absl::Now() + absl::Milliseconds(300));
+      st[r] = CheckSignatures(*c.contexts[r], sig, SignaturePattern::kAllToAll, absl::Now() + absl::Milliseconds(300));
     });
   }
   for (auto& t : threads) t.join();

@@ -26,7 +26,10 @@ static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "wire format assumes li
 
 inline constexpr uint32_t kHelloMagic = 0x4C454853;  // "SHEL"
 inline constexpr uint32_t kFrameMagic = 0x4E595347;  // "GSYN"
-inline constexpr uint16_t kWireVersion = 1;
+// 2: from 4 ranks on, every op's signature round goes by recursive doubling
+// (collective/op_signature.h), not all-to-all; daemons of different versions
+// refuse each other at the handshake instead of falling out of step.
+inline constexpr uint16_t kWireVersion = 2;
 inline constexpr size_t kMaxJobIdBytes = 128;
 inline constexpr int kMaxWorldSize = 4096;
 inline constexpr uint32_t kMaxAbortBytes = 4096;

@@ -237,7 +237,8 @@ absl::StatusOr<std::shared_ptr<Session>> Daemon::OpenSession(const OpenSessionAr
                << (link->one_stream_gbps > 0
                        ? absl::StrCat(" (probe: 1 stream ", link->one_stream_gbps, " GB/s, ",
                                       co.streams, " streams ", link->all_streams_gbps, " GB/s)")
-                       : std::string());
+                       : std::string())
+               << "; signatures by " << SignaturePatternName(info.link.signatures);
   return session;
 }
 

@@ -25,6 +25,7 @@ struct ProbeResult {
   double one_stream_gbps = 0, all_streams_gbps = 0;
 };
 
+// link.signatures is DefaultSignaturePattern(world size).
 // Every rank of `ctx` must call this at the same point. World size 1 measures
 // only the local reduction speed.
 absl::StatusOr<ProbeResult> ProbeLinks(transport::Context& ctx, absl::Time deadline);

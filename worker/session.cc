@@ -786,20 +786,12 @@ absl::Status Session::RunOp(Op& op) {
     // A barrier needs nothing more than that rendezvous of every rank.
     done = small.done || (s.ok() && op.sig.kind == CollectiveKind::kBarrier && agreed == kOneShotCode);
   } else {
-    EagerData eager;
-    if (fused && op.sig.kind == CollectiveKind::kAllreduce) {
-      eager.data = data;
-      eager.bytes = bytes;
-    }
-    s = CheckSignatures(*ctx_, op.sig, op.deadline, arrived, &agreed, fused ? &eager : nullptr,
-                        &sig_inbox_);
-    if (s.ok() && fused) {
-      if (op.sig.kind == CollectiveKind::kAllreduce) {
-        ReduceInRankOrder(op.sig.dtype, op.sig.op, data, op.sig.count, info_.rank, eager.received,
-                          &scratch_);
-      }
-      done = true;
-    }
+    FusedAllreduce small;
+    const bool with_data = fused && op.sig.kind == CollectiveKind::kAllreduce;
+    if (with_data) small = {data, op.sig.dtype, op.sig.op, op.sig.count};
+    s = CheckSignatures(*ctx_, op.sig, info_.link.signatures, op.deadline, arrived, &agreed,
+                        with_data ? &small : nullptr, &sig_inbox_);
+    done = s.ok() && fused;
   }
   if (s.ok() && agreed != kHierarchicalCode && agreed != kParameterServerCode &&
       agreed >= kAlgorithmCount) {
