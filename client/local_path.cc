@@ -230,6 +230,7 @@ void LocalPath::CompleteLocked(Entry& e, absl::Status s, absl::Time now) {
   e.state = State::kDone;
   unfinished_.erase(e.seq);
   done_cv_.SignalAll();
+  arena_.SetOutcome(rank_, e.seq, e.status.code());  // for the daemon's status
   if (!e.op.local) return;  // the daemon counts its own ops
   ipc::ArenaCounters& c = arena_.counters(rank_, CounterKind(e.op.args.kind));
   if (!e.status.ok()) {

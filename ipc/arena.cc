@@ -191,6 +191,7 @@ absl::Status ArenaView::Publish(int rank, uint64_t seq, absl::string_view signat
   std::memcpy(f->signature, signature.data(), signature.size());
   f->data_len = data_len;
   f->published_us = absl::ToUnixMicros(FastNow());
+  f->outcome.store(0, std::memory_order_relaxed);
   if (data_len > 0) std::memcpy(reinterpret_cast<char*>(f) + kArenaFrameHeaderBytes, data, data_len);
   f->seq.store(seq, std::memory_order_release);
   bell().Ring();
@@ -222,7 +223,14 @@ absl::StatusOr<ArenaFrame> ArenaView::Read(int rank, uint64_t seq) const {
   out.data = reinterpret_cast<const char*>(f) + kArenaFrameHeaderBytes;
   out.data_len = static_cast<size_t>(data_len);
   out.published_us = f->published_us;
+  const uint32_t outcome = f->outcome.load(std::memory_order_acquire);
+  if (outcome > 0 && outcome <= 17) out.outcome = static_cast<absl::StatusCode>(outcome - 1);
   return out;
+}
+
+void ArenaView::SetOutcome(int rank, uint64_t seq, absl::StatusCode code) {
+  if (rank < 0 || rank >= world_size() || !Published(rank, seq)) return;
+  frame(rank, seq)->outcome.store(1 + static_cast<uint32_t>(code), std::memory_order_release);
 }
 
 uint64_t ArenaView::consumed(int rank) const {

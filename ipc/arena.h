@@ -67,6 +67,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -148,7 +149,9 @@ static_assert(std::is_standard_layout_v<ArenaSlotHeader>);
 struct ArenaFrameHeader {
   std::atomic<uint64_t> seq;  // the op this frame holds; written last
   uint32_t signature_len;     // <= kArenaMaxSignatureBytes
-  uint32_t reserved;
+  // 0 until the op finished at this frame's rank, then 1 + its
+  // absl::StatusCode (for status; written by that rank's client).
+  std::atomic<uint32_t> outcome;
   uint64_t data_len;          // <= data_bytes
   int64_t published_us;       // when it was published (Unix microseconds; for status)
   char signature[kArenaMaxSignatureBytes];
@@ -170,6 +173,8 @@ absl::StatusOr<size_t> ArenaBytes(const ArenaGeometry& g);
 // One rank's frame of one op, as read (pointers into the mapping).
 struct ArenaFrame {
   absl::string_view signature;
+  // How the op ended at the frame's rank; nullopt while it has not.
+  std::optional<absl::StatusCode> outcome;
   const char* data = nullptr;
   size_t data_len = 0;
   int64_t published_us = 0;
@@ -211,6 +216,9 @@ class ArenaView {
   // Rank `rank`'s frame of op `seq`. Call only after Published(rank, seq).
   // DataLoss naming the rank if its lengths are impossible.
   absl::StatusOr<ArenaFrame> Read(int rank, uint64_t seq) const;
+  // Records how op `seq`, published by `rank`, ended there (no-op if the
+  // frame holds another op).
+  void SetOutcome(int rank, uint64_t seq, absl::StatusCode code);
   uint64_t consumed(int rank) const;
 
   // ---- leaving (the daemon, when rank `rank`'s session closes)

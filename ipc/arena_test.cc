@@ -167,6 +167,20 @@ TEST(Arena, PublicationTimeAndCountersAreVisibleToTheDaemon) {
   EXPECT_EQ(m.view.counters(0, kArenaCounterBarrier).ok.load(), 0u);
 }
 
+TEST(Arena, AnOpsOutcomeIsKeptInItsFrameUntilTheFrameIsReused) {
+  Mapped m = Make({2, 2, 8});
+  ASSERT_TRUE(m.view.Publish(0, 5, "s", nullptr, 0).ok());
+  EXPECT_FALSE(m.view.Read(0, 5)->outcome.has_value());
+  m.view.SetOutcome(0, 5, absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(m.view.Read(0, 5)->outcome, absl::StatusCode::kInvalidArgument);
+  m.view.SetOutcome(0, 6, absl::StatusCode::kOk);  // not published: ignored
+  EXPECT_EQ(m.view.Read(0, 5)->outcome, absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(m.view.Publish(0, 7, "t", nullptr, 0).ok());  // the same frame, reused
+  EXPECT_FALSE(m.view.Read(0, 7)->outcome.has_value());
+  m.view.SetOutcome(0, 7, absl::StatusCode::kOk);
+  EXPECT_EQ(m.view.Read(0, 7)->outcome, absl::StatusCode::kOk);
+}
+
 TEST(Arena, ALeftRankIsMarkedWithTheLastOpItFinished) {
   Mapped m = Make({3, 4, 8});
   m.view.SetConsumed(1, 7);

@@ -92,7 +92,20 @@ TEST(Status, NamesTheStalledRankOfANodeLocalJobFromTheArena) {
       "cli/gradsync status --coordinator=", (*cluster)->coordinator_address(),
       " --job=stalled-local 2>&1"));
   EXPECT_EQ(after.find("has been waiting"), std::string::npos) << after;
-  EXPECT_NE(after.find("(op 2): done"), std::string::npos) << after;
+  EXPECT_NE(after.find("allreduce 'w' f32[16] sum (op 2): OK"), std::string::npos) << after;
+  // A local op that fails (a mismatch: the job goes on) shows its outcome.
+  testing::OnEveryRank(3, [&](int r) {
+    auto res = (*job)[r].session->Allreduce(*bufs[r], 0, r == 1 ? 8 : 16, DType::kF32,
+                                            ReduceOp::kSum, "w");
+    EXPECT_TRUE(absl::IsInvalidArgument(res.status())) << res.status();
+  });
+  const std::string failed = RunCommand(absl::StrCat(
+      "cli/gradsync status --coordinator=", (*cluster)->coordinator_address(),
+      " --job=stalled-local 2>&1"));
+  EXPECT_NE(failed.find("allreduce 'w' f32[8] sum (op 3): INVALID_ARGUMENT"), std::string::npos)
+      << failed;
+  EXPECT_NE(failed.find("allreduce 'w' f32[16] sum (op 3): INVALID_ARGUMENT"), std::string::npos)
+      << failed;
 }
 
 }  // namespace

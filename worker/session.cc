@@ -96,12 +96,19 @@ SessionStatus Session::Status() const {
   };
   if (consumed > st.last_completed_seq) {
     st.last_completed_seq = consumed;
-    st.last_completed = absl::StrCat(describe(me, consumed), " (op ", consumed, "): done");
+    std::string outcome = "done";
     st.last_completed_at = FastNow();  // not recorded; "just now" is the safe reading
     if (v.Published(me, consumed)) {
       absl::StatusOr<ipc::ArenaFrame> f = v.Read(me, consumed);
-      if (f.ok()) st.last_completed_at = absl::FromUnixMicros(f->published_us);
+      if (f.ok()) {
+        st.last_completed_at = absl::FromUnixMicros(f->published_us);
+        if (f->outcome.has_value()) {
+          outcome = *f->outcome == absl::StatusCode::kOk ? "OK"
+                                                         : absl::StatusCodeToString(*f->outcome);
+        }
+      }
     }
+    st.last_completed = absl::StrCat(describe(me, consumed), " (op ", consumed, "): ", outcome);
   }
   const uint64_t next = consumed + 1;
   if (st.has_current || !v.Published(me, next)) return st;
