@@ -87,7 +87,7 @@ bool OpSignature::operator==(const OpSignature& o) const {
          root == o.root && name == o.name && forced == o.forced;
 }
 
-uint8_t SignatureProposal(const std::string& encoded) {
+uint8_t SignatureProposal(absl::string_view encoded) {
   if (encoded.size() < sizeof(PackedSignature)) return OpSignature::kNoAlgorithm;
   return static_cast<uint8_t>(encoded[kProposalOffset]);
 }
@@ -111,8 +111,9 @@ size_t EncodedLength(const char* msg, size_t len) {
   return sizeof(p) + p.name_len;
 }
 
-// An encoded signature with its proposal masked: what CompareSignatures compares.
-bool SameOp(const std::string& a, const std::string& b) {
+// Two encoded signatures compared with their proposals masked, as
+// CompareSignatures compares them.
+bool SameOp(absl::string_view a, absl::string_view b) {
   if (a.size() != b.size()) return false;
   if (a.size() <= kProposalOffset) return a == b;
   return std::memcmp(a.data(), b.data(), kProposalOffset) == 0 &&
@@ -202,21 +203,29 @@ absl::Status AllToAll(transport::Context& ctx, const OpSignature& mine, absl::Ti
     }
     if (!s.ok()) return s;
   }
-  std::vector<std::string> by_rank(n);
+  // The usual case, every signature equal to this rank's, is checked in
+  // place; only a mismatch builds the strings for the error.
+  const absl::string_view my_sig(outbox.data(), sig_len);
   std::vector<size_t> data_len(n, 0), data_at(n, 0);
+  bool all_same = true;
   for (int p = 0; p < n; ++p) {
-    if (p == me) {
-      by_rank[p] = outbox.substr(0, sig_len);
-      continue;
-    }
+    if (p == me) continue;
     const char* msg = in.data() + kCap * p;
     const size_t len = EncodedLength(msg, recvs[p].bytes);
-    by_rank[p] = std::string(msg, len);
+    all_same = all_same && SameOp(absl::string_view(msg, len), my_sig);
     data_at[p] = recvs[p].bytes > len ? AlignUp(len) : len;
     data_len[p] = recvs[p].bytes > data_at[p] ? recvs[p].bytes - data_at[p] : 0;
   }
-  absl::Status s = CompareSignatures(mine.seq, by_rank);
-  if (!s.ok()) return s;
+  if (!all_same) {
+    std::vector<std::string> by_rank(n);
+    for (int p = 0; p < n; ++p) {
+      by_rank[p] = p == me ? std::string(my_sig)
+                           : std::string(in.data() + kCap * p,
+                                         EncodedLength(in.data() + kCap * p, recvs[p].bytes));
+    }
+    absl::Status s = CompareSignatures(mine.seq, by_rank);
+    if (!s.ok()) return s;
+  }
   // Equal signatures: every rank decided the same way whether data rides
   // along, unless the ranks disagree on something outside the signature
   // (their link figures, or mixed daemon versions). Every message was read
@@ -231,7 +240,11 @@ absl::Status AllToAll(transport::Context& ctx, const OpSignature& mine, absl::Ti
     std::vector<char> own;
     ReduceInRankOrder(fused->dtype, fused->op, fused->data, fused->count, me, peers, &own);
   }
-  if (agreed != nullptr) *agreed = SignatureProposal(by_rank[0]);
+  if (agreed != nullptr) {
+    *agreed = me == 0 ? mine.proposal
+                      : SignatureProposal(
+                            absl::string_view(in.data(), EncodedLength(in.data(), recvs[0].bytes)));
+  }
   return absl::OkStatus();
 }
 

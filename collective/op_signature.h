@@ -9,6 +9,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "collective/algorithm.h"
 #include "common/types.h"
@@ -55,7 +56,7 @@ struct OpSignature {
 // allreduce 'g' f32[1024] sum".
 absl::Status CompareSignatures(uint64_t seq, const std::vector<std::string>& encoded_by_rank);
 // The `proposal` field of an encoded signature (kNoAlgorithm if malformed).
-uint8_t SignatureProposal(const std::string& encoded);
+uint8_t SignatureProposal(absl::string_view encoded);
 
 // An allreduce whose data ride in the signature messages (oneshot, in the
 // daemon): one exchange does both. On success `data` holds the result, the
