@@ -18,9 +18,10 @@ inline constexpr uint64_t kProbeSeq = 1ull << 62;
 struct ProbeResult {
   LinkParams link;
   // Connections per peer worth using: when the context has several, the
-  // probe moves 4 MiB once over one and once spread over all, and keeps all
-  // only if that was at least 10% faster (the agreed, slowest-rank figures).
-  // Already applied to the context (Context::UseStreams).
+  // probe times a 4 MiB ring allreduce over one and over all (medians of 3,
+  // after one untimed run each), and keeps all only if that was at least 10%
+  // faster (the agreed, slowest-rank figures). Already applied to the
+  // context (Context::UseStreams). The figures are the allreduces' algbw.
   int streams = 1;
   double one_stream_gbps = 0, all_streams_gbps = 0;
 };
