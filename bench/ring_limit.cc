@@ -95,7 +95,8 @@ ABSL_FLAG(int32_t, iters, 10, "timed iterations per size");
 ABSL_FLAG(int32_t, warmup, 2, "untimed iterations per size");
 ABSL_FLAG(std::string, segment_bytes, "0",
           "pipeline segment per chunk and stream (0 = whole chunk: step s+1 waits for step s)");
-ABSL_FLAG(std::string, socket_buffer_bytes, "4M", "SO_SNDBUF/SO_RCVBUF of every data socket");
+ABSL_FLAG(std::string, socket_buffer_bytes, "0",
+          "SO_SNDBUF/SO_RCVBUF of every data socket; 0 = the kernel's, autotuned (gradsyncd's default)");
 ABSL_FLAG(bool, single_stream_throughput, false,
           "measure one-way loopback TCP throughput between 2 processes (1 stream, then "
           "--streams) instead of the ring");
@@ -117,7 +118,7 @@ struct Config {
   int iters = 10;
   int warmup = 2;
   uint64_t segment_bytes = 0;
-  int socket_buffer_bytes = 4 << 20;
+  int socket_buffer_bytes = 0;
   absl::Duration spin;
   absl::Time deadline;
 };

@@ -60,7 +60,7 @@ struct PsShardOptions {
   // staging until it ends; a step that would exceed this fails with
   // ResourceExhausted. Results waiting in send queues come on top.
   uint64_t max_memory_bytes = 8ull << 30;
-  int socket_buffer_bytes = 4 << 20;
+  int socket_buffer_bytes = 0;  // 0: the kernel's autotuned buffers
   // A job with no connections for this long is forgotten (its step history:
   // steps at or below the last finished one are refused until then).
   absl::Duration idle_job_timeout = absl::Seconds(300);

@@ -59,7 +59,7 @@ struct PsWorkerOptions {
   std::vector<HostPort> shards;
   // Partitions pushed to one shard and not yet pulled back (>= 1).
   int max_inflight = 8;
-  int socket_buffer_bytes = 4 << 20;
+  int socket_buffer_bytes = 0;  // 0: the kernel's autotuned buffers
 };
 
 struct PsWorkerStats {

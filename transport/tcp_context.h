@@ -34,7 +34,7 @@ struct TcpContextOptions {
   int world_size = 1;
   std::vector<HostPort> peers;  // data endpoints, indexed by rank
   absl::Time deadline;          // for the whole connection set-up
-  int socket_buffer_bytes = 4 << 20;
+  int socket_buffer_bytes = 0;  // SO_SNDBUF/SO_RCVBUF; 0: the kernel's autotuned buffers
   // TCP connections per peer pair. Message i of an op travels on stream
   // i % streams (control messages on stream 0), so one flow's window is not
   // the ceiling; each stream keeps its own order.

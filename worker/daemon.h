@@ -35,7 +35,7 @@ struct DaemonOptions {
   absl::Duration session_lease = absl::Minutes(2);  // idle sessions are closed
   absl::Duration connect_timeout = absl::Seconds(30);
   RingOptions ring;
-  int socket_buffer_bytes = 4 << 20;
+  int socket_buffer_bytes = 0;  // 0: the kernel's autotuned buffers
   int tcp_streams = 2;  // default TCP connections per rank pair for jobs this daemon creates
   int spin_us = 1000;   // data-plane progress spins this long before sleeping
   // Jobs with every rank on this daemon: one thread runs their small ops for

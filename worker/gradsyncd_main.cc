@@ -40,7 +40,8 @@ ABSL_FLAG(int64_t, session_lease_ms, 120000,
           "a session with no client call and no running op for this long is closed");
 ABSL_FLAG(int64_t, segment_bytes, 1 << 20, "largest pipelined ring message");
 ABSL_FLAG(int32_t, max_inflight, 4, "ring segments in flight per direction");
-ABSL_FLAG(int32_t, socket_buffer_bytes, 4 << 20, "SO_SNDBUF/SO_RCVBUF of data sockets");
+ABSL_FLAG(int32_t, socket_buffer_bytes, 0,
+          "SO_SNDBUF/SO_RCVBUF of data sockets; 0 = the kernel's, autotuned (tcp_rmem/tcp_wmem)");
 ABSL_FLAG(std::string, timeline_dir, "/var/lib/gradsync/timeline",
           "where jobs with the timeline switched on get their Chrome-trace files");
 ABSL_FLAG(int64_t, ps_partition_bytes, 1 << 20,
