@@ -38,9 +38,13 @@ struct PackedSignature {
   uint32_t name_len;
   int32_t root;
   uint8_t proposal;  // not compared (CompareSignatures masks it)
-  uint8_t reserved[3];
+  uint8_t streams;   // not compared either
+  uint8_t reserved[2];
 };
 constexpr size_t kProposalOffset = offsetof(PackedSignature, proposal);
+constexpr size_t kStreamsOffset = offsetof(PackedSignature, streams);
+static_assert(kStreamsOffset == kProposalOffset + 1, "the two uncompared bytes are adjacent");
+constexpr size_t kUncompared = 2;  // bytes from kProposalOffset
 static_assert(sizeof(PackedSignature) == 32, "packed signature layout");
 }  // namespace
 
@@ -54,7 +58,8 @@ std::string OpSignature::Encode() const {
                     static_cast<uint32_t>(name.size()),
                     root,
                     proposal,
-                    {0, 0, 0}};
+                    streams,
+                    {0, 0}};
   std::string out(sizeof(p), '\0');
   std::memcpy(out.data(), &p, sizeof(p));
   out += name;
@@ -78,6 +83,7 @@ absl::StatusOr<OpSignature> OpSignature::Decode(const std::string& bytes) {
   s.root = p.root;
   s.forced = p.forced;
   s.proposal = p.proposal;
+  s.streams = p.streams;
   s.name = bytes.substr(sizeof(p));
   return s;
 }
@@ -90,6 +96,11 @@ bool OpSignature::operator==(const OpSignature& o) const {
 uint8_t SignatureProposal(absl::string_view encoded) {
   if (encoded.size() < sizeof(PackedSignature)) return OpSignature::kNoAlgorithm;
   return static_cast<uint8_t>(encoded[kProposalOffset]);
+}
+
+uint8_t SignatureStreams(absl::string_view encoded) {
+  if (encoded.size() < sizeof(PackedSignature)) return 0;
+  return static_cast<uint8_t>(encoded[kStreamsOffset]);
 }
 
 namespace {
@@ -115,10 +126,10 @@ size_t EncodedLength(const char* msg, size_t len) {
 // CompareSignatures compares them.
 bool SameOp(absl::string_view a, absl::string_view b) {
   if (a.size() != b.size()) return false;
-  if (a.size() <= kProposalOffset) return a == b;
+  if (a.size() < kProposalOffset + kUncompared) return a == b;
+  constexpr size_t kAfter = kProposalOffset + kUncompared;
   return std::memcmp(a.data(), b.data(), kProposalOffset) == 0 &&
-         std::memcmp(a.data() + kProposalOffset + 1, b.data() + kProposalOffset + 1,
-                     a.size() - kProposalOffset - 1) == 0;
+         std::memcmp(a.data() + kAfter, b.data() + kAfter, a.size() - kAfter) == 0;
 }
 
 absl::Status MissingDataError(const OpSignature& mine, int me, int peer, size_t got, size_t want) {
@@ -145,7 +156,7 @@ absl::Status DeadlineError(const OpSignature& mine, int me, const std::vector<in
 // other rank, one round.
 absl::Status AllToAll(transport::Context& ctx, const OpSignature& mine, absl::Time deadline,
                       const std::function<void(int rank)>& on_arrival, uint8_t* agreed,
-                      FusedAllreduce* fused, std::vector<char>& in) {
+                      uint8_t* agreed_streams, FusedAllreduce* fused, std::vector<char>& in) {
   const int n = ctx.size();
   const int me = ctx.rank();
   const size_t want = fused != nullptr ? fused->count * DTypeSize(fused->dtype) : 0;
@@ -240,11 +251,10 @@ absl::Status AllToAll(transport::Context& ctx, const OpSignature& mine, absl::Ti
     std::vector<char> own;
     ReduceInRankOrder(fused->dtype, fused->op, fused->data, fused->count, me, peers, &own);
   }
-  if (agreed != nullptr) {
-    *agreed = me == 0 ? mine.proposal
-                      : SignatureProposal(
-                            absl::string_view(in.data(), EncodedLength(in.data(), recvs[0].bytes)));
-  }
+  const absl::string_view rank0 =
+      me == 0 ? my_sig : absl::string_view(in.data(), EncodedLength(in.data(), recvs[0].bytes));
+  if (agreed != nullptr) *agreed = SignatureProposal(rank0);
+  if (agreed_streams != nullptr) *agreed_streams = SignatureStreams(rank0);
   return absl::OkStatus();
 }
 
@@ -295,7 +305,7 @@ class RdExchange {
         n_(ctx.size()), me_(ctx.rank()),
         want_(fused != nullptr ? fused->count * DTypeSize(fused->dtype) : 0) {}
 
-  absl::Status Run(absl::Time deadline, uint8_t* agreed);
+  absl::Status Run(absl::Time deadline, uint8_t* agreed, uint8_t* agreed_streams);
 
  private:
   // How a received message is taken in.
@@ -518,7 +528,7 @@ std::vector<int> RdExchange::Unheard(const std::vector<Step>& steps) const {
   return missing;
 }
 
-absl::Status RdExchange::Run(absl::Time deadline, uint8_t* agreed) {
+absl::Status RdExchange::Run(absl::Time deadline, uint8_t* agreed, uint8_t* agreed_streams) {
   int p = 1, rounds = 0;
   while (p * 2 <= n_) {
     p *= 2;
@@ -640,12 +650,10 @@ absl::Status RdExchange::Run(absl::Time deadline, uint8_t* agreed) {
     }
     if (odd >= 0) return MissingDataError(mine_, me_, odd, got, want_);
   }
-  if (agreed != nullptr) {
-    for (const SigGroup& g : groups_) {
-      if (std::find(g.ranks.begin(), g.ranks.end(), 0) != g.ranks.end()) {
-        *agreed = SignatureProposal(g.sig);
-      }
-    }
+  for (const SigGroup& g : groups_) {
+    if (std::find(g.ranks.begin(), g.ranks.end(), 0) == g.ranks.end()) continue;
+    if (agreed != nullptr) *agreed = SignatureProposal(g.sig);
+    if (agreed_streams != nullptr) *agreed_streams = SignatureStreams(g.sig);
   }
   if (want_ > 0) {
     if (!valid_) {  // equal signatures and lengths, yet a peer sent no partial result
@@ -663,7 +671,8 @@ absl::Status RdExchange::Run(absl::Time deadline, uint8_t* agreed) {
 absl::Status CheckSignatures(transport::Context& ctx, const OpSignature& mine,
                              SignaturePattern pattern, absl::Time deadline,
                              const std::function<void(int rank)>& on_arrival,
-                             uint8_t* agreed, FusedAllreduce* fused, std::vector<char>* inbox) {
+                             uint8_t* agreed, FusedAllreduce* fused, std::vector<char>* inbox,
+                             uint8_t* agreed_streams) {
   const int n = ctx.size();
   if (fused != nullptr) {
     const size_t bytes = fused->count * DTypeSize(fused->dtype);
@@ -675,15 +684,16 @@ absl::Status CheckSignatures(transport::Context& ctx, const OpSignature& mine,
   }
   if (n == 1) {
     if (agreed != nullptr) *agreed = mine.proposal;
+    if (agreed_streams != nullptr) *agreed_streams = mine.streams;
     return absl::OkStatus();
   }
   std::vector<char> local_inbox;
   std::vector<char>& in = inbox != nullptr ? *inbox : local_inbox;
   if (pattern == SignaturePattern::kAllToAll || n == 2) {
-    return AllToAll(ctx, mine, deadline, on_arrival, agreed, fused, in);
+    return AllToAll(ctx, mine, deadline, on_arrival, agreed, agreed_streams, fused, in);
   }
   RdExchange rd(ctx, mine, on_arrival, fused, in);
-  return rd.Run(deadline, agreed);
+  return rd.Run(deadline, agreed, agreed_streams);
 }
 
 absl::Status CompareSignatures(uint64_t seq, const std::vector<std::string>& encoded_by_rank) {
@@ -691,7 +701,9 @@ absl::Status CompareSignatures(uint64_t seq, const std::vector<std::string>& enc
   std::map<std::string, std::vector<int>> groups;
   for (int p = 0; p < static_cast<int>(encoded_by_rank.size()); ++p) {
     std::string key = encoded_by_rank[p];
-    if (key.size() > kProposalOffset) key[kProposalOffset] = 0;  // proposals may differ
+    for (size_t i = kProposalOffset; i < kProposalOffset + kUncompared && i < key.size(); ++i) {
+      key[i] = 0;  // proposals may differ
+    }
     groups[key].push_back(p);
   }
   if (groups.size() <= 1) return absl::OkStatus();

@@ -36,6 +36,9 @@ struct OpSignature {
   // every rank runs rank 0's proposal, so ranks whose link estimates drifted
   // apart still agree (see CheckSignatures' `agreed`).
   uint8_t proposal = kNoAlgorithm;
+  // This rank's proposed TCP stream count for the op (collective/stream_tuner.h;
+  // 0: no proposal, keep the current one). NOT compared; rank 0's wins.
+  uint8_t streams = 0;
 
   static constexpr uint8_t kNoAlgorithm = kAutoCode;
 
@@ -57,6 +60,8 @@ struct OpSignature {
 absl::Status CompareSignatures(uint64_t seq, const std::vector<std::string>& encoded_by_rank);
 // The `proposal` field of an encoded signature (kNoAlgorithm if malformed).
 uint8_t SignatureProposal(absl::string_view encoded);
+// The `streams` field of an encoded signature (0 if malformed).
+uint8_t SignatureStreams(absl::string_view encoded);
 
 // An allreduce whose data ride in the signature messages (oneshot, in the
 // daemon): one exchange does both. On success `data` holds the result, the
@@ -90,7 +95,8 @@ struct FusedAllreduce {
 // signature becomes known here: the straggler signal for status and metrics.
 // If any two ranks' signatures differ, every rank returns the same
 // InvalidArgument (CompareSignatures); transport errors come back as they are.
-// On success `agreed`, if set, receives rank 0's proposal.
+// On success `agreed`, if set, receives rank 0's proposal, and
+// `agreed_streams`, if set, rank 0's stream count proposal.
 // `fused`: an allreduce to run in the same exchange (see FusedAllreduce);
 // when null, a peer that sent data is an error. `inbox`: receive memory
 // reused across ops (grown as needed); required with `fused`.
@@ -101,7 +107,8 @@ absl::Status CheckSignatures(transport::Context& ctx, const OpSignature& mine,
                              SignaturePattern pattern, absl::Time deadline,
                              const std::function<void(int rank)>& on_arrival = nullptr,
                              uint8_t* agreed = nullptr, FusedAllreduce* fused = nullptr,
-                             std::vector<char>* inbox = nullptr);
+                             std::vector<char>* inbox = nullptr,
+                             uint8_t* agreed_streams = nullptr);
 
 }  // namespace gradsync
 

@@ -236,6 +236,31 @@ TEST(CheckSignatures, MismatchIsNamedAlikeEverywhereAndTheStreamsStayInStep) {
   }
 }
 
+// The stream count proposal is not compared either: every rank gets rank 0's.
+TEST(CheckSignatures, EveryRankGetsRankZerosStreamProposal) {
+  for (SignaturePattern pattern : kPatterns) {
+    for (int world : {3, 5}) {
+      testing::Cluster c = testing::MakeCluster(world, absl::StrCat("streams-", world));
+      std::vector<uint8_t> agreed(world, 0), streams(world, 0);
+      std::vector<absl::Status> st = testing::RunOnRanks(world, [&](int r) -> absl::Status {
+        OpSignature sig;
+        sig.seq = 1;
+        sig.name = "big";
+        sig.count = 1 << 24;
+        sig.proposal = static_cast<uint8_t>(Algorithm::kRing);
+        sig.streams = static_cast<uint8_t>(r == 0 ? 1 : 2);
+        return CheckSignatures(*c.contexts[r], sig, pattern, absl::Now() + absl::Seconds(20),
+                               nullptr, &agreed[r], nullptr, nullptr, &streams[r]);
+      });
+      for (int r = 0; r < world; ++r) {
+        ASSERT_TRUE(st[r].ok()) << st[r];
+        EXPECT_EQ(streams[r], 1) << SignaturePatternName(pattern) << " world " << world;
+        EXPECT_EQ(agreed[r], static_cast<uint8_t>(Algorithm::kRing));
+      }
+    }
+  }
+}
+
 // With recursive doubling a rank that waits hears of the missing rank only
 // through its partner: it names every rank it has not heard from, and the
 // partner they come through; the missing rank's own partner names it alone.

@@ -10,6 +10,7 @@
 #include "cli/local_cluster.h"
 #include "cli/expected.h"
 #include "collective/reference.h"
+#include "collective/stream_tuner.h"
 #include "common/metrics_testing.h"
 #include "gtest/gtest.h"
 #include "tests/cluster_util.h"
@@ -151,6 +152,19 @@ TEST_F(AllreduceIntegration, EightRanksExchangeSignaturesByRecursiveDoubling) {
                                    "f32[16] sum"),
               std::string::npos)
         << st[r];
+  }
+}
+
+// Large ops carry a stream count proposal and rank 0's tuner may switch the
+// job between one and both TCP streams from op to op
+// (collective/stream_tuner.h); the results stay bit-exact whichever ran.
+TEST_F(AllreduceIntegration, LargeOpsStayExactWhileTheStreamCountIsTuned) {
+  auto job = OpenJob(*cluster_, "streams", testing::FirstN(4));
+  ASSERT_TRUE(job.ok()) << job.status();
+  const size_t count = StreamTuner::kMinBytes / 4 + 3;
+  for (uint32_t i = 0; i < 4; ++i) {
+    CheckAllreduce(*job, DType::kF32, ReduceOp::kSum, count, 700 + i, "", "ring");
+    CheckAllreduce(*job, DType::kF32, ReduceOp::kSum, 262147, 800 + i);  // below the tuner's size
   }
 }
 

@@ -69,6 +69,7 @@ class TcpContext : public Context {
   uint64_t BytesReceivedFrom(int peer) const override;
   uint64_t Retransmits(int peer) const override;
   int streams() const override { return streams_; }
+  int active_streams() const override { return active_streams_; }
   void UseStreams(int n) override { active_streams_ = n < 1 ? 1 : (n > streams_ ? streams_ : n); }
 
   // Bytes moved since creation (for metrics and the link probe).

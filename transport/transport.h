@@ -105,6 +105,8 @@ class Context {
   // (message i uses connection i % in-use; control messages connection 0).
   // Every rank must switch at the same point, between ops.
   virtual int streams() const { return 1; }
+  // How many of them messages are spread over now (UseStreams).
+  virtual int active_streams() const { return 1; }
   virtual void UseStreams(int n) { (void)n; }
 
   // Retransmitted segments on the connections to `peer` (TCP_INFO), 0 if unknown.

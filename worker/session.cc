@@ -37,6 +37,8 @@ Session::Session(SessionInfo info, std::unique_ptr<transport::Context> ctx,
       ring_options_(ring_options),
       group_(std::move(group)),
       arena_(group_ != nullptr ? group_->arena() : nullptr),
+      stream_tuner_(ctx_ != nullptr ? ctx_->streams() : 1,
+                    ctx_ != nullptr ? ctx_->active_streams() : 1),
       observer_(observer),
       peer_sent_(info_.world_size, 0),
       peer_received_(info_.world_size, 0),
@@ -752,6 +754,15 @@ absl::Status Session::RunOp(Op& op) {
     op.sig.proposal = static_cast<uint8_t>(ChooseAlgorithm(op.sig.kind, bytes, info_.world_size,
                                                            link, /*allow_oneshot=*/local_check));
   }
+  // Large bandwidth-bound ops carry this rank's stream count proposal (rank
+  // 0's wins, see collective/stream_tuner.h); others keep the current count.
+  const bool tune_streams = ctx_ != nullptr && arena_ == nullptr && !local_check && !op.hier &&
+                            !op.ps && ctx_->streams() > 1 && StreamTuner::Large(bytes) &&
+                            (op.sig.kind == CollectiveKind::kAllreduce ||
+                             op.sig.kind == CollectiveKind::kReduceScatter ||
+                             op.sig.kind == CollectiveKind::kAllgather);
+  op.sig.streams = tune_streams ? static_cast<uint8_t>(stream_tuner_.Propose()) : 0;
+  uint8_t agreed_streams = 0;
   char* const data = op.buffer != nullptr ? op.buffer->data() + op.offset : nullptr;
   // With every rank on this daemon, compare signatures in memory; a small
   // hierarchical allreduce is done in the same rendezvous.
@@ -797,7 +808,9 @@ absl::Status Session::RunOp(Op& op) {
     const bool with_data = fused && op.sig.kind == CollectiveKind::kAllreduce;
     if (with_data) small = {data, op.sig.dtype, op.sig.op, op.sig.count};
     s = CheckSignatures(*ctx_, op.sig, info_.link.signatures, op.deadline, arrived, &agreed,
-                        with_data ? &small : nullptr, &sig_inbox_);
+                        with_data ? &small : nullptr, &sig_inbox_, &agreed_streams);
+    // Every rank switches alike, after the exchange (which uses stream 0).
+    if (s.ok() && agreed_streams > 0) ctx_->UseStreams(agreed_streams);
     done = s.ok() && fused;
   }
   if (s.ok() && agreed != kHierarchicalCode && agreed != kParameterServerCode &&
@@ -867,8 +880,22 @@ absl::Status Session::RunOp(Op& op) {
     }
     TraceEvent(AlgorithmCodeName(agreed), "op", run_start);
     if (s.ok() && !hier && !use_ps) {  // refine this rank's link estimate from what it just saw
-      link_ = RefineFromObservation(link_, op.sig.kind, algo, bytes, info_.world_size,
-                                    absl::ToDoubleMicroseconds(FastNow() - op_run_start));
+      const double took_us = absl::ToDoubleMicroseconds(FastNow() - op_run_start);
+      link_ = RefineFromObservation(link_, op.sig.kind, algo, bytes, info_.world_size, took_us);
+      if (agreed_streams > 0 && info_.rank == 0 &&
+          (algo == Algorithm::kRing || algo == Algorithm::kRecursiveHalvingDoubling)) {
+        const int before = stream_tuner_.choice();
+        stream_tuner_.Observe(agreed_streams, bytes, took_us);
+        if (stream_tuner_.one_us_per_byte() > 0 && stream_tuner_.all_us_per_byte() > 0 &&
+            (stream_tuner_.choice() != before || !streams_reported_)) {
+          streams_reported_ = true;
+          GS_LOG(INFO) << "job '" << info_.job_id << "': large ops on 1 TCP stream "
+                       << 1e-3 / stream_tuner_.one_us_per_byte() << " GB/s, on "
+                       << ctx_->streams() << " " << 1e-3 / stream_tuner_.all_us_per_byte()
+                       << " GB/s (per rank, tried on ops of " << bytes << " bytes); using "
+                       << stream_tuner_.choice();
+        }
+      }
       ObserveSmallOp(op.sig.kind, algo, bytes, FastNow() - negotiate_start);
     }
   }

@@ -31,6 +31,7 @@
 #include "collective/cost_model.h"
 #include "collective/op_signature.h"
 #include "collective/ring_allreduce.h"
+#include "collective/stream_tuner.h"
 #include "common/types.h"
 #include "transport/transport.h"
 #include "ps/slicer.h"
@@ -237,6 +238,9 @@ class Session {
   const std::shared_ptr<JobArena> arena_;  // group_'s, or null
   std::vector<char> scratch_;    // executor thread only
   std::vector<char> sig_inbox_;  // executor thread only: CheckSignatures' receive memory
+  // The stream count of large ops (executor thread only; rank 0's decides).
+  StreamTuner stream_tuner_;
+  bool streams_reported_ = false;  // executor thread only
 
   mutable absl::Mutex mu_;
   std::map<uint64_t, std::shared_ptr<ShmSegment>> buffers_ ABSL_GUARDED_BY(mu_);
