@@ -539,14 +539,7 @@ absl::Status RdExchange::Run(absl::Time deadline, uint8_t* agreed, uint8_t* agre
   // on both sides: 0 folds in, 1..rounds double, rounds + 1 folds out.
   std::vector<Step> steps;
   auto add = [&steps](int peer, uint64_t round, bool send, bool recv, Take take, int ranks_in) {
-    Step s;
-    s.peer = peer;
-    s.round = round;
-    s.send = send;
-    s.recv = recv;
-    s.take = take;
-    s.ranks_in = ranks_in;
-    steps.push_back(s);
+    steps.push_back(Step{peer, round, send, recv, take, ranks_in});
   };
   if (me_ >= p) {
     add(me_ - p, 0, true, false, Take::kLower, 0);
