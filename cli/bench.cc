@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <cstdio>
@@ -25,6 +26,13 @@
 namespace gradsync {
 namespace {
 
+// Op timing reads the monotonic clock through the vDSO: absl::Now() (Debian's
+// Abseil) takes a process-wide SpinLock, which the bench's rank threads would
+// contend on right as a barrier releases them all (common/clock.h), and the
+// wall clock may be stepped mid-run.
+double ElapsedMicros(std::chrono::steady_clock::time_point since) {
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - since).count();
+}
 
 struct Row {
   uint64_t bytes = 0;
@@ -295,15 +303,15 @@ absl::StatusOr<uint64_t> RunBench(const BenchOptions& o) {
           for (int i = 0; i < o.iters; ++i) {
             if (o.gap_us > 0) absl::SleepFor(absl::Microseconds(o.gap_us));
             barrier.Wait();  // every rank, even after a failure: the others wait here too
-            const absl::Time t0 = absl::Now();
+            const auto t0 = std::chrono::steady_clock::now();
             if (st.ok()) st = run_batch(1);
-            row.op_us.push_back(absl::ToDoubleMicroseconds(absl::Now() - t0));
+            row.op_us.push_back(ElapsedMicros(t0));
           }
         } else {
           barrier.Wait();
-          const absl::Time t0 = absl::Now();
+          const auto t0 = std::chrono::steady_clock::now();
           if (st.ok()) st = run_batch(o.iters);
-          row.time_us = absl::ToDoubleMicroseconds(absl::Now() - t0) / o.iters;
+          row.time_us = ElapsedMicros(t0) / o.iters;
         }
         if (!st.ok()) row.error = std::string(st.message());
         barrier.Wait();
