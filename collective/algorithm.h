@@ -63,15 +63,18 @@ enum class SignaturePattern : uint8_t { kAllToAll = 0, kRecursiveDoubling = 1 };
 // "all-to-all", "recursive doubling".
 const char* SignaturePatternName(SignaturePattern p);
 // The pattern a job of `world` ranks uses (every rank alike, so the streams
-// stay in step whatever the ops are): recursive doubling from 8 ranks. On
-// loopback, where every send runs the receiver's TCP stack on the sender's
-// CPU, an 8-byte allreduce at 8 ranks took 25% less that way (134-161 us
-// against 180-196 us); at 4-6 ranks the two were level within the host's
-// noise, and all-to-all keeps its single round trip there. Timing both
-// when a job forms was tried and misled: before the ranks' clients start
-// polling, the CPU is idle and the extra rounds dominate.
+// stay in step whatever the ops are): recursive doubling from 3 ranks; at 2
+// the two patterns are the same single exchange. On loopback, where every
+// send runs the receiver's TCP stack on the sender's CPU, log2 n rounds of
+// one message beat one round of n-1 or draw: an 8-byte allreduce at 8 ranks
+// took 13-25% less (session 5; 4-6 ranks were level on that host), and on a
+// host where system calls cost more (session 6, medians of interleaved runs)
+// 20% less at 4 ranks (85 against 106 us), 17% at 5 and 20% at 6, level at 3
+// ranks and at 64 KiB. Timing both when a job
+// forms was tried and misled: before the ranks' clients start polling, the
+// CPU is idle and the extra rounds dominate.
 inline SignaturePattern DefaultSignaturePattern(int world) {
-  return world >= 8 ? SignaturePattern::kRecursiveDoubling : SignaturePattern::kAllToAll;
+  return world >= 3 ? SignaturePattern::kRecursiveDoubling : SignaturePattern::kAllToAll;
 }
 
 // "ring", "rhd", "rd", "tree", "pairwise", "oneshot".

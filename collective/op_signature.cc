@@ -323,6 +323,7 @@ class RdExchange {
     int ranks_in = 0;  // the most ranks the incoming message can describe
     size_t slot = 0;   // the receive's slot in the inbox
     transport::Request sreq, rreq;
+    bool announced = false;  // its ranks passed to on_arrival_ already
   };
   struct Slot {
     size_t offset;
@@ -347,6 +348,12 @@ class RdExchange {
   absl::Status Merge(const Step& step);
   // The ranks this rank has not heard from (for the deadline's error).
   std::vector<int> Unheard(const std::vector<Step>& steps) const;
+  // Passes every rank named by a message that is in, but of a round still to
+  // come, to on_arrival_: they submitted, so the status shows this rank
+  // waiting only for the ones it has not heard of (as the deadline's error).
+  void AnnounceEarly(std::vector<Step>& steps, size_t current);
+  // on_arrival_(rank), once per rank.
+  void Announce(int rank);
   void Know(const std::string& sig, uint32_t data_len, int rank);
   size_t GroupsBytes() const;
 
@@ -361,6 +368,7 @@ class RdExchange {
   std::string my_sig_;
   std::vector<SigGroup> groups_;
   std::vector<bool> known_;
+  std::vector<bool> announced_;  // ranks passed to on_arrival_
   int known_count_ = 0;
   bool valid_ = true;
   size_t msg_slot_ = 0;  // the slot holding this rank's partial result
@@ -504,10 +512,26 @@ absl::Status RdExchange::Merge(const Step& step) {
         break;
     }
   }
-  if (on_arrival_) {
-    for (int r : arrived) on_arrival_(r);
-  }
+  for (int r : arrived) Announce(r);
   return absl::OkStatus();
+}
+
+void RdExchange::Announce(int rank) {
+  if (!on_arrival_ || rank == me_ || announced_[rank]) return;
+  announced_[rank] = true;
+  on_arrival_(rank);
+}
+
+void RdExchange::AnnounceEarly(std::vector<Step>& steps, size_t current) {
+  for (size_t i = current + 1; i < steps.size(); ++i) {
+    Step& s = steps[i];
+    if (!s.recv || !s.rreq.done || s.announced) continue;
+    s.announced = true;
+    RdPrefix prefix;
+    std::vector<Entry> entries;
+    if (!Parse(s, &prefix, &entries).ok()) continue;  // Merge reports it in turn
+    for (const Entry& e : entries) Announce(e.rank);
+  }
 }
 
 std::vector<int> RdExchange::Unheard(const std::vector<Step>& steps) const {
@@ -581,6 +605,7 @@ absl::Status RdExchange::Run(absl::Time deadline, uint8_t* agreed, uint8_t* agre
 
   my_sig_ = mine_.Encode();
   known_.assign(n_, false);
+  announced_.assign(n_, false);
   groups_.clear();
   known_count_ = 0;
   valid_ = true;
@@ -594,7 +619,8 @@ absl::Status RdExchange::Run(absl::Time deadline, uint8_t* agreed, uint8_t* agre
                                     /*exact=*/false, tag, &s.rreq);
     if (!st.ok()) return st;
   }
-  for (Step& s : steps) {
+  for (size_t i = 0; i < steps.size(); ++i) {
+    Step& s = steps[i];
     if (s.send) {
       // Built in whichever slot holds the partial result: slot 0, or a slot
       // whose receive is done.
@@ -611,6 +637,7 @@ absl::Status RdExchange::Run(absl::Time deadline, uint8_t* agreed, uint8_t* agre
         return DeadlineError(mine_, me_, missing, s.peer);
       }
       if (!st.ok()) return st;
+      if (on_arrival_) AnnounceEarly(steps, i);
     }
     if (s.recv) {
       absl::Status st = Merge(s);

@@ -1,5 +1,6 @@
 #include "collective/op_signature.h"
 
+#include <algorithm>
 #include <cstring>
 #include <thread>
 #include <vector>
@@ -292,6 +293,69 @@ TEST(CheckSignatures, RecursiveDoublingDeadlineNamesTheUnheardRanksAndTheRelay) 
                            "(allreduce 'g' f32[8] sum); their signatures come through rank ",
                            r + 2, " (recursive doubling), so some of them may have submitted "
                            "and wait for the others"));
+  }
+}
+
+// What a rank waits for, as the status shows it (on_arrival): a message of a
+// later round that is in already names ranks that submitted, even while an
+// earlier round still waits. At 3 ranks rank 2 folds into rank 0; with rank
+// 2 missing, rank 0 waits in the fold-in but has rank 1's message.
+TEST(CheckSignatures, RecursiveDoublingReportsRanksHeardThroughALaterRound) {
+  constexpr int kWorld = 3;
+  testing::Cluster c = testing::MakeCluster(kWorld, "rd-arrivals");
+  std::vector<absl::Status> st(2);
+  std::vector<std::vector<int>> arrived(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {  // rank 2 never shows up
+    threads.emplace_back([&, r] {
+      OpSignature sig;
+      sig.seq = 1;
+      sig.name = "g";
+      sig.count = 8;
+      st[r] = CheckSignatures(*c.contexts[r], sig, SignaturePattern::kRecursiveDoubling,
+                              absl::Now() + absl::Milliseconds(400),
+                              [&, r](int rank) { arrived[r].push_back(rank); });
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 2; ++r) EXPECT_TRUE(absl::IsDeadlineExceeded(st[r])) << st[r];
+  EXPECT_EQ(arrived[0], std::vector<int>{1});
+  EXPECT_EQ(st[0].message(),
+            "timed out at rank 0 waiting for rank(s) 2 to submit op 1 (allreduce 'g' f32[8] sum)");
+  // Rank 1 hears from rank 0 only after the fold-in, which never comes.
+  EXPECT_TRUE(arrived[1].empty());
+}
+
+// Each rank is reported once, however many messages name it: at 8 ranks every
+// rank hears of the other 7 over 3 rounds.
+TEST(CheckSignatures, RecursiveDoublingReportsEveryRankOnce) {
+  for (int world : {3, 5, 8}) {
+    testing::Cluster c = testing::MakeCluster(world, absl::StrCat("rd-once-", world));
+    std::vector<absl::Status> st(world);
+    std::vector<std::vector<int>> arrived(world);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < world; ++r) {
+      threads.emplace_back([&, r] {
+        OpSignature sig;
+        sig.seq = 1;
+        sig.name = "g";
+        sig.count = 8;
+        st[r] = CheckSignatures(*c.contexts[r], sig, SignaturePattern::kRecursiveDoubling,
+                                absl::Now() + absl::Seconds(10),
+                                [&, r](int rank) { arrived[r].push_back(rank); });
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (int r = 0; r < world; ++r) {
+      ASSERT_TRUE(st[r].ok()) << st[r];
+      std::vector<int> got = arrived[r];
+      std::sort(got.begin(), got.end());
+      std::vector<int> want;
+      for (int o = 0; o < world; ++o) {
+        if (o != r) want.push_back(o);
+      }
+      EXPECT_EQ(got, want) << "world " << world << " rank " << r;
+    }
   }
 }
 
