@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <thread>
 #include <vector>
 
@@ -262,25 +263,39 @@ TEST(CheckSignatures, EveryRankGetsRankZerosStreamProposal) {
   }
 }
 
-// With recursive doubling a rank that waits hears of the missing rank only
-// through its partner: it names every rank it has not heard from, and the
-// partner they come through; the missing rank's own partner names it alone.
-TEST(CheckSignatures, RecursiveDoublingDeadlineNamesTheUnheardRanksAndTheRelay) {
-  constexpr int kWorld = 4;
-  testing::Cluster c = testing::MakeCluster(kWorld, "rd-timeout");
-  std::vector<absl::Status> st(kWorld);
+// Ranks 0..ranks-1 of `c` check op 1 ("g", f32[8] sum) by recursive doubling
+// at once; the other ranks never show up. Each rank's status, and (when
+// `arrived` is set) the ranks its on_arrival reported, in order.
+std::vector<absl::Status> CheckByRecursiveDoubling(testing::Cluster& c, int ranks,
+                                                   absl::Duration timeout,
+                                                   std::vector<std::vector<int>>* arrived) {
+  std::vector<absl::Status> st(ranks);
+  if (arrived != nullptr) arrived->assign(ranks, {});
   std::vector<std::thread> threads;
-  for (int r = 0; r < 3; ++r) {  // rank 3 never shows up
+  for (int r = 0; r < ranks; ++r) {
     threads.emplace_back([&, r] {
       OpSignature sig;
       sig.seq = 1;
       sig.name = "g";
       sig.count = 8;
+      std::function<void(int)> on_arrival;
+      if (arrived != nullptr) on_arrival = [&, r](int rank) { (*arrived)[r].push_back(rank); };
       st[r] = CheckSignatures(*c.contexts[r], sig, SignaturePattern::kRecursiveDoubling,
-                              absl::Now() + absl::Milliseconds(400));
+                              absl::Now() + timeout, on_arrival);
     });
   }
   for (auto& t : threads) t.join();
+  return st;
+}
+
+// With recursive doubling a rank that waits hears of the missing rank only
+// through its partner: it names every rank it has not heard from, and the
+// partner they come through; the missing rank's own partner names it alone.
+TEST(CheckSignatures, RecursiveDoublingDeadlineNamesTheUnheardRanksAndTheRelay) {
+  testing::Cluster c = testing::MakeCluster(4, "rd-timeout");
+  // rank 3 never shows up
+  const std::vector<absl::Status> st =
+      CheckByRecursiveDoubling(c, 3, absl::Milliseconds(400), nullptr);
   for (int r = 0; r < 3; ++r) EXPECT_TRUE(absl::IsDeadlineExceeded(st[r])) << st[r];
   // Rank 2 waits for rank 3 in the first round; rank 0's second-round
   // message is in already, so rank 2 knows that 0 and 1 submitted.
@@ -301,23 +316,11 @@ TEST(CheckSignatures, RecursiveDoublingDeadlineNamesTheUnheardRanksAndTheRelay) 
 // earlier round still waits. At 3 ranks rank 2 folds into rank 0; with rank
 // 2 missing, rank 0 waits in the fold-in but has rank 1's message.
 TEST(CheckSignatures, RecursiveDoublingReportsRanksHeardThroughALaterRound) {
-  constexpr int kWorld = 3;
-  testing::Cluster c = testing::MakeCluster(kWorld, "rd-arrivals");
-  std::vector<absl::Status> st(2);
-  std::vector<std::vector<int>> arrived(2);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < 2; ++r) {  // rank 2 never shows up
-    threads.emplace_back([&, r] {
-      OpSignature sig;
-      sig.seq = 1;
-      sig.name = "g";
-      sig.count = 8;
-      st[r] = CheckSignatures(*c.contexts[r], sig, SignaturePattern::kRecursiveDoubling,
-                              absl::Now() + absl::Milliseconds(400),
-                              [&, r](int rank) { arrived[r].push_back(rank); });
-    });
-  }
-  for (auto& t : threads) t.join();
+  testing::Cluster c = testing::MakeCluster(3, "rd-arrivals");
+  std::vector<std::vector<int>> arrived;
+  // rank 2 never shows up
+  const std::vector<absl::Status> st =
+      CheckByRecursiveDoubling(c, 2, absl::Milliseconds(400), &arrived);
   for (int r = 0; r < 2; ++r) EXPECT_TRUE(absl::IsDeadlineExceeded(st[r])) << st[r];
   EXPECT_EQ(arrived[0], std::vector<int>{1});
   EXPECT_EQ(st[0].message(),
@@ -331,21 +334,9 @@ TEST(CheckSignatures, RecursiveDoublingReportsRanksHeardThroughALaterRound) {
 TEST(CheckSignatures, RecursiveDoublingReportsEveryRankOnce) {
   for (int world : {3, 5, 8}) {
     testing::Cluster c = testing::MakeCluster(world, absl::StrCat("rd-once-", world));
-    std::vector<absl::Status> st(world);
-    std::vector<std::vector<int>> arrived(world);
-    std::vector<std::thread> threads;
-    for (int r = 0; r < world; ++r) {
-      threads.emplace_back([&, r] {
-        OpSignature sig;
-        sig.seq = 1;
-        sig.name = "g";
-        sig.count = 8;
-        st[r] = CheckSignatures(*c.contexts[r], sig, SignaturePattern::kRecursiveDoubling,
-                                absl::Now() + absl::Seconds(10),
-                                [&, r](int rank) { arrived[r].push_back(rank); });
-      });
-    }
-    for (auto& t : threads) t.join();
+    std::vector<std::vector<int>> arrived;
+    const std::vector<absl::Status> st =
+        CheckByRecursiveDoubling(c, world, absl::Seconds(10), &arrived);
     for (int r = 0; r < world; ++r) {
       ASSERT_TRUE(st[r].ok()) << st[r];
       std::vector<int> got = arrived[r];
