@@ -99,59 +99,67 @@ TEST_F(AllreduceIntegration, BitExactAcrossWorldSizesAndCounts) {
   }
 }
 
-// From 8 ranks every op's signatures travel by recursive doubling
+// From 3 ranks every op's signatures travel by recursive doubling
 // (DefaultSignaturePattern), and a small allreduce's data ride along: every
 // rank gets the bits of that pattern's reduction order (random floats, so
-// another order would show), a mismatch is named alike on every rank, and
-// the job goes on.
-TEST_F(AllreduceIntegration, EightRanksExchangeSignaturesByRecursiveDoubling) {
-  ASSERT_EQ(DefaultSignaturePattern(8), SignaturePattern::kRecursiveDoubling);
-  constexpr int kWorld = 8;
-  auto job = OpenJob(*cluster_, "rd-8", testing::FirstN(kWorld));
-  ASSERT_TRUE(job.ok()) << job.status();
-  struct Case { DType t; ReduceOp op; size_t count; };
+// another order would show; 3 and 5 ranks fold in and out), a mismatch is
+// named alike on every rank, and the job goes on.
+TEST_F(AllreduceIntegration, SmallAllreducesRideOnRecursiveDoublingFromThreeRanks) {
+  EXPECT_EQ(DefaultSignaturePattern(2), SignaturePattern::kAllToAll);
   uint32_t seed = 900;
-  for (const Case& c : {Case{DType::kF32, ReduceOp::kSum, 13}, Case{DType::kF64, ReduceOp::kAvg, 5},
-                        Case{DType::kBF16, ReduceOp::kSum, 1000}, Case{DType::kF32, ReduceOp::kMin, 7}}) {
-    std::vector<std::vector<char>> in(kWorld);
-    for (int r = 0; r < kWorld; ++r) in[r] = testing::RandomData(c.t, c.count, r, seed);
-    const std::vector<char> want = testing::SignaturePatternReference(
-        SignaturePattern::kRecursiveDoubling, in, c.t, c.op, c.count);
-    std::vector<std::string> errors(kWorld);
-    OnEveryRank(kWorld, [&](int r) {
-      auto& s = *(*job)[r].session;
-      auto buf = s.AllocateBuffer(in[r].size());
-      if (!buf.ok()) return void(errors[r] = std::string(buf.status().message()));
-      std::memcpy((*buf)->data(), in[r].data(), in[r].size());
-      auto res = s.Allreduce(**buf, 0, c.count, c.t, c.op, absl::StrCat("rd.", seed));
-      if (!res.ok()) return void(errors[r] = std::string(res.status().message()));
-      if (res->algorithm != "oneshot") errors[r] = "ran " + res->algorithm;
-      if (std::memcmp((*buf)->data(), want.data(), want.size()) != 0) errors[r] += " wrong bits";
-      (void)s.FreeBuffer(std::move(*buf));
-    });
-    for (int r = 0; r < kWorld; ++r) {
-      EXPECT_EQ(errors[r], "") << "rank " << r << " " << DTypeName(c.t) << " " << ReduceOpName(c.op);
+  for (int world : {3, 4, 5, 8}) {
+    ASSERT_EQ(DefaultSignaturePattern(world), SignaturePattern::kRecursiveDoubling);
+    auto job = OpenJob(*cluster_, absl::StrCat("rd-", world), testing::FirstN(world));
+    ASSERT_TRUE(job.ok()) << job.status();
+    struct Case { DType t; ReduceOp op; size_t count; };
+    for (const Case& c : {Case{DType::kF32, ReduceOp::kSum, 13}, Case{DType::kF64, ReduceOp::kAvg, 5},
+                          Case{DType::kBF16, ReduceOp::kSum, 1000}, Case{DType::kF32, ReduceOp::kMin, 7}}) {
+      std::vector<std::vector<char>> in(world);
+      for (int r = 0; r < world; ++r) in[r] = testing::RandomData(c.t, c.count, r, seed);
+      const std::vector<char> want = testing::SignaturePatternReference(
+          SignaturePattern::kRecursiveDoubling, in, c.t, c.op, c.count);
+      std::vector<std::string> errors(world);
+      OnEveryRank(world, [&](int r) {
+        auto& s = *(*job)[r].session;
+        auto buf = s.AllocateBuffer(in[r].size());
+        if (!buf.ok()) return void(errors[r] = std::string(buf.status().message()));
+        std::memcpy((*buf)->data(), in[r].data(), in[r].size());
+        auto res = s.Allreduce(**buf, 0, c.count, c.t, c.op, absl::StrCat("rd.", seed));
+        if (!res.ok()) return void(errors[r] = std::string(res.status().message()));
+        if (res->algorithm != "oneshot") errors[r] = "ran " + res->algorithm;
+        if (std::memcmp((*buf)->data(), want.data(), want.size()) != 0) errors[r] += " wrong bits";
+        (void)s.FreeBuffer(std::move(*buf));
+      });
+      for (int r = 0; r < world; ++r) {
+        EXPECT_EQ(errors[r], "") << "world " << world << " rank " << r << " " << DTypeName(c.t)
+                                 << " " << ReduceOpName(c.op);
+      }
+      ++seed;
     }
-    ++seed;
-  }
-  std::vector<absl::Status> st(kWorld);
-  OnEveryRank(kWorld, [&](int r) {
-    auto& s = *(*job)[r].session;
-    auto buf = s.AllocateBuffer(4096);
-    ASSERT_TRUE(buf.ok());
-    st[r] = s.Allreduce(**buf, 0, r == 5 ? 10 : 16, DType::kF32, ReduceOp::kSum, "odd").status();
-    for (int i = 0; i < 16; ++i) (*buf)->as<float>()[i] = 1;
-    auto again = s.Allreduce(**buf, 0, 16, DType::kF32, ReduceOp::kSum, "odd");
-    EXPECT_TRUE(again.ok()) << again.status();
-    EXPECT_EQ((*buf)->as<float>()[15], 8.0f);
-  });
-  for (int r = 0; r < kWorld; ++r) {
-    EXPECT_TRUE(absl::IsInvalidArgument(st[r])) << st[r];
-    EXPECT_NE(st[r].message().find("does not match across ranks: rank 5 submitted allreduce 'odd' "
-                                   "f32[10] sum, ranks 0,1,2,3,4,6,7 submitted allreduce 'odd' "
-                                   "f32[16] sum"),
-              std::string::npos)
-        << st[r];
+    // The last rank submits a different count.
+    const int odd = world - 1;
+    std::string others;
+    for (int r = 0; r < odd; ++r) absl::StrAppend(&others, r == 0 ? "" : ",", r);
+    std::vector<absl::Status> st(world);
+    OnEveryRank(world, [&](int r) {
+      auto& s = *(*job)[r].session;
+      auto buf = s.AllocateBuffer(4096);
+      ASSERT_TRUE(buf.ok());
+      st[r] = s.Allreduce(**buf, 0, r == odd ? 10 : 16, DType::kF32, ReduceOp::kSum, "odd").status();
+      for (int i = 0; i < 16; ++i) (*buf)->as<float>()[i] = 1;
+      auto again = s.Allreduce(**buf, 0, 16, DType::kF32, ReduceOp::kSum, "odd");
+      EXPECT_TRUE(again.ok()) << again.status();
+      EXPECT_EQ((*buf)->as<float>()[15], static_cast<float>(world));
+    });
+    for (int r = 0; r < world; ++r) {
+      EXPECT_TRUE(absl::IsInvalidArgument(st[r])) << st[r];
+      EXPECT_NE(st[r].message().find(absl::StrCat(
+                    "does not match across ranks: rank ", odd, " submitted allreduce 'odd' "
+                    "f32[10] sum, ranks ", others, " submitted allreduce 'odd' f32[16] sum")),
+                std::string::npos)
+          << st[r];
+    }
+    for (auto& r : *job) EXPECT_TRUE(r.session->Close().ok());
   }
 }
 
