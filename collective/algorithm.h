@@ -63,18 +63,24 @@ enum class SignaturePattern : uint8_t { kAllToAll = 0, kRecursiveDoubling = 1 };
 // "all-to-all", "recursive doubling".
 const char* SignaturePatternName(SignaturePattern p);
 // The pattern a job of `world` ranks uses (every rank alike, so the streams
-// stay in step whatever the ops are): recursive doubling from 3 ranks; at 2
-// the two patterns are the same single exchange. On loopback, where every
-// send runs the receiver's TCP stack on the sender's CPU, log2 n rounds of
-// one message beat one round of n-1 or draw: an 8-byte allreduce at 8 ranks
-// took 13-25% less (session 5; 4-6 ranks were level on that host), and on a
-// host where system calls cost more (session 6, medians of interleaved runs)
-// 20% less at 4 ranks (85 against 106 us), 17% at 5 and 20% at 6, level at 3
-// ranks and at 64 KiB. Timing both when a job
-// forms was tried and misled: before the ranks' clients start polling, the
-// CPU is idle and the extra rounds dominate.
-inline SignaturePattern DefaultSignaturePattern(int world) {
-  return world >= 3 ? SignaturePattern::kRecursiveDoubling : SignaturePattern::kAllToAll;
+// stay in step whatever the ops are); `one_host`: every rank's data endpoint
+// is on one machine (AllOnOneHost in common/net.h), so every send runs the
+// receiver's TCP stack on a CPU the ranks share and a message costs about
+// as much as a round.
+//   - One host: recursive doubling from 3 ranks (at 2 the patterns are the
+//     same single exchange). Measured on loopback: an 8-byte allreduce at 8
+//     ranks took 13-25% less (session 5), and on a host where system calls
+//     cost more (session 6, medians of interleaved runs) 20% less at 4 ranks
+//     (85 against 106 us), 17% at 5 and 20% at 6, level at 3 and at 64 KiB.
+//   - Several hosts: recursive doubling from 8 ranks. A wire's round trip
+//     costs several messages' CPU, and log2 n rounds against one pay for
+//     themselves only once the n-1 messages per rank add up (not measured
+//     here: no second machine).
+// Timing both when a job forms was tried and misled: before the ranks'
+// clients start polling, the CPU is idle and the extra rounds dominate.
+inline SignaturePattern DefaultSignaturePattern(int world, bool one_host) {
+  return world >= (one_host ? 3 : 8) ? SignaturePattern::kRecursiveDoubling
+                                     : SignaturePattern::kAllToAll;
 }
 
 // "ring", "rhd", "rd", "tree", "pairwise", "oneshot".

@@ -263,6 +263,19 @@ TEST(CheckSignatures, EveryRankGetsRankZerosStreamProposal) {
   }
 }
 
+// The pattern follows the world size and where the ranks are: one host
+// (messages cost as much as rounds) from 3 ranks, several hosts from 8.
+TEST(DefaultSignaturePattern, RecursiveDoublingFromThreeRanksOnOneHostAndEightAcrossHosts) {
+  for (int world = 1; world <= 16; ++world) {
+    EXPECT_EQ(DefaultSignaturePattern(world, /*one_host=*/true),
+              world >= 3 ? SignaturePattern::kRecursiveDoubling : SignaturePattern::kAllToAll)
+        << world;
+    EXPECT_EQ(DefaultSignaturePattern(world, /*one_host=*/false),
+              world >= 8 ? SignaturePattern::kRecursiveDoubling : SignaturePattern::kAllToAll)
+        << world;
+  }
+}
+
 // Ranks 0..ranks-1 of `c` check op 1 ("g", f32[8] sum) by recursive doubling
 // at once; the other ranks never show up. Each rank's status, and (when
 // `arrived` is set) the ranks its on_arrival reported, in order.

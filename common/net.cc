@@ -12,6 +12,7 @@
 
 #include <cstring>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
@@ -25,6 +26,21 @@ void UniqueFd::Reset(int fd) {
 std::string HostPort::ToString() const {
   if (host.find(':') != std::string::npos) return absl::StrCat("[", host, "]:", port);
   return absl::StrCat(host, ":", port);
+}
+
+namespace {
+bool IsLoopbackHost(absl::string_view host) {
+  return host == "localhost" || host == "::1" || absl::StartsWith(host, "127.");
+}
+}  // namespace
+
+bool AllOnOneHost(const std::vector<HostPort>& endpoints) {
+  bool all_loopback = true, all_same = true;
+  for (const HostPort& e : endpoints) {
+    all_loopback = all_loopback && IsLoopbackHost(e.host);
+    all_same = all_same && e.host == endpoints.front().host;
+  }
+  return all_loopback || all_same;
 }
 
 absl::StatusOr<HostPort> ParseHostPort(absl::string_view s) {

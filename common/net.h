@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -43,6 +44,10 @@ struct HostPort {
   int port = 0;
   std::string ToString() const;
 };
+// Whether every endpoint is on one machine: the same host string, or all of
+// them loopback (127.0.0.0/8, ::1, localhost). Different spellings of one
+// machine's address (a name and its IP) count as different hosts.
+bool AllOnOneHost(const std::vector<HostPort>& endpoints);
 // Parses "host:port" or "[v6]:port".
 absl::StatusOr<HostPort> ParseHostPort(absl::string_view s);
 

@@ -99,16 +99,18 @@ TEST_F(AllreduceIntegration, BitExactAcrossWorldSizesAndCounts) {
   }
 }
 
-// From 3 ranks every op's signatures travel by recursive doubling
+// With every rank on one host (the local cluster: 127.0.0.1), from 3 ranks
+// every op's signatures travel by recursive doubling
 // (DefaultSignaturePattern), and a small allreduce's data ride along: every
 // rank gets the bits of that pattern's reduction order (random floats, so
 // another order would show; 3 and 5 ranks fold in and out), a mismatch is
 // named alike on every rank, and the job goes on.
 TEST_F(AllreduceIntegration, SmallAllreducesRideOnRecursiveDoublingFromThreeRanks) {
-  EXPECT_EQ(DefaultSignaturePattern(2), SignaturePattern::kAllToAll);
+  EXPECT_EQ(DefaultSignaturePattern(2, /*one_host=*/true), SignaturePattern::kAllToAll);
   uint32_t seed = 900;
   for (int world : {3, 4, 5, 8}) {
-    ASSERT_EQ(DefaultSignaturePattern(world), SignaturePattern::kRecursiveDoubling);
+    ASSERT_EQ(DefaultSignaturePattern(world, /*one_host=*/true),
+              SignaturePattern::kRecursiveDoubling);
     auto job = OpenJob(*cluster_, absl::StrCat("rd-", world), testing::FirstN(world));
     ASSERT_TRUE(job.ok()) << job.status();
     struct Case { DType t; ReduceOp op; size_t count; };

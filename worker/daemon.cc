@@ -173,7 +173,8 @@ absl::StatusOr<std::shared_ptr<Session>> Daemon::OpenSession(const OpenSessionAr
     return ctx.status();
   }
   // Measure the links (and agree on the figures) before the first op.
-  auto link = ProbeLinks(**ctx, co.deadline);
+  const bool one_host = AllOnOneHost(co.peers);
+  auto link = ProbeLinks(**ctx, one_host, co.deadline);
   if (!link.ok()) {
     LeaveJob(info);
     return absl::Status(link.status().code(),
@@ -238,7 +239,8 @@ absl::StatusOr<std::shared_ptr<Session>> Daemon::OpenSession(const OpenSessionAr
                        ? absl::StrCat(" (probe: 1 stream ", link->one_stream_gbps, " GB/s, ",
                                       co.streams, " streams ", link->all_streams_gbps, " GB/s)")
                        : std::string())
-               << "; signatures by " << SignaturePatternName(info.link.signatures);
+               << "; signatures by " << SignaturePatternName(info.link.signatures)
+               << (one_host ? " (every rank on one host)" : " (ranks on several hosts)");
   return session;
 }
 

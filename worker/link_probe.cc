@@ -94,7 +94,8 @@ absl::StatusOr<absl::Duration> AllToAllRounds(transport::Context& ctx, std::vect
 
 }  // namespace
 
-absl::StatusOr<ProbeResult> ProbeLinks(transport::Context& ctx, absl::Time deadline) {
+absl::StatusOr<ProbeResult> ProbeLinks(transport::Context& ctx, bool one_host,
+                                       absl::Time deadline) {
   ProbeResult result;
   LinkParams& p = result.link;
   // Local reduction speed: f32 sum over 1 MiB.
@@ -163,7 +164,7 @@ absl::StatusOr<ProbeResult> ProbeLinks(transport::Context& ctx, absl::Time deadl
   p.beta_us_per_byte = v[1];
   p.reduce_us_per_byte = v[2];
   p.burst_us_per_byte = v[5];
-  p.signatures = DefaultSignaturePattern(ctx.size());
+  p.signatures = DefaultSignaturePattern(ctx.size(), one_host);
   if (streams > 1 && v[3] > 0 && v[4] > 0) {
     result.one_stream_gbps = (4 << 20) / v[3] / 1e3;
     result.all_streams_gbps = (4 << 20) / v[4] / 1e3;

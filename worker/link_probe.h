@@ -26,10 +26,13 @@ struct ProbeResult {
   double one_stream_gbps = 0, all_streams_gbps = 0;
 };
 
-// link.signatures is DefaultSignaturePattern(world size).
+// link.signatures is DefaultSignaturePattern(world size, one_host); every
+// rank must pass the same `one_host` (AllOnOneHost of the job's data
+// endpoints, which every rank gets alike from the coordinator).
 // Every rank of `ctx` must call this at the same point. World size 1 measures
 // only the local reduction speed.
-absl::StatusOr<ProbeResult> ProbeLinks(transport::Context& ctx, absl::Time deadline);
+absl::StatusOr<ProbeResult> ProbeLinks(transport::Context& ctx, bool one_host,
+                                       absl::Time deadline);
 
 }  // namespace gradsync
 
