@@ -6,6 +6,7 @@ StreamTuner::StreamTuner(int streams, int probe_choice)
     : streams_(streams < 1 ? 1 : streams),
       choice_(probe_choice <= 1 ? 1 : streams_),
       first_(choice_),
+      warmup_(choice_ > 1 ? 1 : 0),
       pending_(choice_ > 1 ? 2 : 0) {}
 
 int StreamTuner::Propose() const {
@@ -17,6 +18,10 @@ int StreamTuner::Propose() const {
 void StreamTuner::Observe(int streams, size_t bytes, double micros) {
   if (streams_ <= 1 || bytes == 0 || micros <= 0) return;
   const double per_byte = micros / static_cast<double>(bytes);
+  if (warmup_ > 0) {  // the job's first large op: cold, whatever it ran on
+    --warmup_;
+    return;
+  }
   if (pending_ == 0) {
     if (++since_explore_ >= kReexploreEvery) {
       since_explore_ = 0;

@@ -9,10 +9,12 @@
 // in its signature (OpSignature::streams, not compared; rank 0's proposal
 // wins, as for the algorithm), and rank 0's tuner tries both counts and
 // keeps the faster:
-//   1. when the probe chose all the streams, the first large op runs on all,
-//      the second on one (when it chose one, that is trusted until step 3:
-//      one stream is the cheaper setting, and what the probe gets wrong is
-//      favouring all);
+//   1. when the probe chose all the streams, the job's first large op runs
+//      on all and is not counted (it is cold: fresh buffers to fault in, TCP
+//      windows still growing; on loopback it ran at a third of the second's
+//      speed), the second runs on all, the third on one (when the probe chose
+//      one, that is trusted until step 3: one stream is the cheaper setting,
+//      and what the probe gets wrong is favouring all);
 //   2. from then on the faster per byte, where "all" must be at least
 //      kAllMargin faster (fewer streams are fewer system calls and a
 //      single flow's ordering);
@@ -57,6 +59,7 @@ class StreamTuner {
   int streams_;
   int choice_;
   int first_;             // tried first in every exploration: the current choice
+  int warmup_ = 0;        // large ops still to run before the first exploration counts
   int pending_ = 0;       // large ops left in the current exploration (2, 1, 0)
   int since_explore_ = 0; // large ops since the last exploration ended
   double sample_[2] = {0, 0};  // this exploration's per-byte cost, [one, all]
