@@ -230,7 +230,8 @@ absl::StatusOr<OpHandle> Session::SubmitAsync(const CollectiveSpec& spec) {
     return absl::InvalidArgumentError(absl::StrCat("invalid collective value ", kind_value,
                                                    " (expected 1..7)"));
   }
-  const std::string what = absl::StrCat(CollectiveName(spec.kind), " '", spec.name, "'");
+  // Only error messages use it: built on demand, not for every op.
+  auto what = [&spec] { return absl::StrCat(CollectiveName(spec.kind), " '", spec.name, "'"); };
   if (spec.name.size() > kMaxOpNameBytes) {  // as the daemon refuses it, before anything is sent
     return absl::InvalidArgumentError(absl::StrCat("op name is ", spec.name.size(),
                                                    " bytes; the limit is ", kMaxOpNameBytes));
@@ -242,27 +243,27 @@ absl::StatusOr<OpHandle> Session::SubmitAsync(const CollectiveSpec& spec) {
   const int dtype_value = static_cast<int>(dtype);
   if (!IsValidDType(dtype_value)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        what, ": invalid dtype value ", dtype_value, " (expected 1..7: f32 f64 f16 bf16 i32 i64 u8)"));
+        what(), ": invalid dtype value ", dtype_value, " (expected 1..7: f32 f64 f16 bf16 i32 i64 u8)"));
   }
   const int op_value = static_cast<int>(spec.op);
   if (!IsValidReduceOp(op_value)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        what, ": invalid reduce op value ", op_value, " (expected 1..5: sum avg min max prod)"));
+        what(), ": invalid reduce op value ", op_value, " (expected 1..5: sum avg min max prod)"));
   }
   if (IsRootedCollective(spec.kind) && (spec.root < 0 || spec.root >= world_size_)) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": root ", spec.root,
+    return absl::InvalidArgumentError(absl::StrCat(what(), ": root ", spec.root,
                                                    " out of range for world size ", world_size_));
   }
   uint64_t buffer_id = 0;
   if (spec.kind == CollectiveKind::kBarrier && spec.buffer == nullptr) {
     if (count != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(what, ": a barrier without a buffer has count 0"));
+      return absl::InvalidArgumentError(absl::StrCat(what(), ": a barrier without a buffer has count 0"));
     }
   } else {
-    if (spec.buffer == nullptr) return absl::InvalidArgumentError(what + ": no buffer");
+    if (spec.buffer == nullptr) return absl::InvalidArgumentError(what() + ": no buffer");
     const Buffer& buffer = *spec.buffer;
     if (buffer.session_id() != id_) {
-      return absl::InvalidArgumentError(absl::StrCat(what, ": buffer ", buffer.id(),
+      return absl::InvalidArgumentError(absl::StrCat(what(), ": buffer ", buffer.id(),
                                                      " belongs to session ", buffer.session_id(),
                                                      ", not to session ", id_));
     }
@@ -271,11 +272,11 @@ absl::StatusOr<OpHandle> Session::SubmitAsync(const CollectiveSpec& spec) {
     const size_t size = buffer.size();
     if (offset_bytes % esize != 0) {
       return absl::InvalidArgumentError(
-          absl::StrCat(what, ": offset_bytes ", offset_bytes, " is not a multiple of the ",
+          absl::StrCat(what(), ": offset_bytes ", offset_bytes, " is not a multiple of the ",
                        DTypeName(dtype), " element size ", esize));
     }
     if (offset_bytes >= size && count > 0) {
-      return absl::InvalidArgumentError(absl::StrCat(what, ": offset_bytes ", offset_bytes,
+      return absl::InvalidArgumentError(absl::StrCat(what(), ": offset_bytes ", offset_bytes,
                                                      " is past the end of buffer ", buffer.id(),
                                                      " (", size, " bytes)"));
     }
@@ -284,14 +285,14 @@ absl::StatusOr<OpHandle> Session::SubmitAsync(const CollectiveSpec& spec) {
     const size_t max_count = offset_bytes >= size ? 0 : (size - offset_bytes) / esize / blocks;
     if (count > max_count) {
       return absl::InvalidArgumentError(absl::StrCat(
-          what, ": count ", count, blocks > 1 ? absl::StrCat(" x ", blocks, " blocks") : "",
+          what(), ": count ", count, blocks > 1 ? absl::StrCat(" x ", blocks, " blocks") : "",
           " x ", esize, "-byte ", DTypeName(dtype), " at offset_bytes ", offset_bytes,
           " does not fit in buffer ", buffer.id(), " (", size, " bytes; at most ", max_count,
           " elements", blocks > 1 ? " per block" : "", " fit)"));
     }
   }
   if (timeout < absl::ZeroDuration() || timeout == absl::InfiniteDuration()) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": timeout must be finite and >= 0, got ",
+    return absl::InvalidArgumentError(absl::StrCat(what(), ": timeout must be finite and >= 0, got ",
                                                    absl::FormatDuration(timeout)));
   }
 
@@ -302,21 +303,21 @@ absl::StatusOr<OpHandle> Session::SubmitAsync(const CollectiveSpec& spec) {
   const std::string& algo_name =
       !spec.algorithm.empty() && spec.algorithm != "auto" ? spec.algorithm : job_.algorithm;
   absl::StatusOr<uint8_t> code = RequestedAlgorithmCode(algo_name, spec.kind, bytes);
-  if (!code.ok()) return absl::InvalidArgumentError(absl::StrCat(what, ": ", code.status().message()));
+  if (!code.ok()) return absl::InvalidArgumentError(absl::StrCat(what(), ": ", code.status().message()));
   if (*code == kLocalCode && local_ == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(
-        what, ": algorithm 'local' needs a job whose ranks all use one gradsyncd (with --local_ops) "
+        what(), ": algorithm 'local' needs a job whose ranks all use one gradsyncd (with --local_ops) "
         "and clients that share its arena; session ", id_, " has none"));
   }
   if (*code == kLocalCode && spec.kind == CollectiveKind::kAllreduce &&
       bytes > local_->max_local_bytes()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        what, ": algorithm 'local' runs allreduces of at most ", local_->max_local_bytes(),
+        what(), ": algorithm 'local' runs allreduces of at most ", local_->max_local_bytes(),
         " bytes per rank (gradsyncd --local_ops_max_bytes); this op has ", bytes));
   }
   if (local_ != nullptr && *code == kParameterServerCode && job_.ps_shards == 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        what, ": algorithm 'ps' needs parameter-server shards; this session's job has none "
+        what(), ": algorithm 'ps' needs parameter-server shards; this session's job has none "
         "(create it with ps_shards > 0 and start gradsync-ps)"));
   }
 

@@ -3,8 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
-#include <map>
-#include <set>
+#include <deque>
 #include <utility>
 
 #include <grpcpp/client_context.h>
@@ -27,6 +26,14 @@ namespace {
 std::string Seconds(absl::Duration d) { return absl::StrCat(absl::ToDoubleSeconds(d), " s"); }
 
 class ShmOpChannel final : public OpChannel {
+  // An op submitted and not yet reported (see ops_).
+  struct Tracked {
+    uint64_t token = 0;
+    bool done = false;      // its completion arrived
+    bool reported = false;  // Wait returned it
+    ipc::OpCompletion completion;
+  };
+
  public:
   ShmOpChannel(std::unique_ptr<ipc::SharedMemory> mem, ipc::ClientEnd end, std::string target,
                std::string session_id, ShmOpChannelOptions options)
@@ -49,8 +56,8 @@ class ShmOpChannel final : public OpChannel {
     op.offset_bytes = args.offset_bytes;
     op.count = args.count;
     op.timeout_ms = args.timeout_ms;
-    op.algorithm = std::string(args.algorithm);
-    op.name = std::string(args.name);
+    op.algorithm = args.algorithm;
+    op.name = args.name;
 
     absl::MutexLock submit_lock(&submit_mu_);  // one producer at a time
     if (args.sequence != 0) {
@@ -67,16 +74,18 @@ class ShmOpChannel final : public OpChannel {
     {
       absl::MutexLock l(&mu_);
       RETURN_IF_ERROR(CheckUsableLocked());
-      if (pending_.size() >= kMaxUnreportedOps) {
+      if (unreported_ >= kMaxUnreportedOps) {
         return absl::ResourceExhaustedError(absl::StrCat(
-            pending_.size(), " ops are queued or unreported; Wait for some before submitting more"));
+            unreported_, " ops are queued or unreported; Wait for some before submitting more"));
       }
-      pending_.insert(op.token);
+      ops_.push_back(Tracked{op.token});  // tokens grow: ops_ stays sorted
+      ++unreported_;
     }
     absl::Status pushed = Push(entry, args.timeout_ms);
     if (!pushed.ok()) {
       absl::MutexLock l(&mu_);
-      pending_.erase(op.token);
+      ops_.pop_back();  // still the last: later tokens come from this (serialized) submitter
+      --unreported_;
       return pushed;
     }
     ++next_token_;
@@ -153,11 +162,12 @@ class ShmOpChannel final : public OpChannel {
     bool spun = false;  // spin once per Wait, before its first sleep
     while (true) {
       DrainLocked();
-      auto it = done_.find(op_id);
-      if (it != done_.end()) {
-        ipc::OpCompletion c = std::move(it->second);
-        done_.erase(it);
-        pending_.erase(op_id);
+      Tracked* t = Find(op_id);
+      if (t != nullptr && t->done) {
+        ipc::OpCompletion c = std::move(t->completion);
+        t->reported = true;
+        --unreported_;
+        while (!ops_.empty() && ops_.front().reported) ops_.pop_front();
         if (!c.status.ok()) return c.status;
         WaitOutcome out;
         out.done = true;
@@ -166,7 +176,7 @@ class ShmOpChannel final : public OpChannel {
         out.run_us = c.run_us;
         return out;
       }
-      if (pending_.count(op_id) == 0) {
+      if (t == nullptr) {
         return absl::NotFoundError(absl::StrCat("op ", op_id, " is not pending in session ",
                                                 session_id_,
                                                 " (already reported, or never submitted)"));
@@ -201,7 +211,15 @@ class ShmOpChannel final : public OpChannel {
     }
   }
 
-  // Moves every completion in the ring into done_. True if there were any.
+  // The unreported op with this token, or null.
+  Tracked* Find(uint64_t token) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto it = std::lower_bound(ops_.begin(), ops_.end(), token,
+                               [](const Tracked& t, uint64_t v) { return t.token < v; });
+    if (it == ops_.end() || it->token != token || it->reported) return nullptr;
+    return &*it;
+  }
+
+  // Moves every completion in the ring to its op. True if there were any.
   bool DrainLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (!broken_.ok()) return false;
     bool any = false;
@@ -220,7 +238,10 @@ class ShmOpChannel final : public OpChannel {
       }
       any = true;
       const uint64_t token = c->token;
-      done_[token] = *std::move(c);
+      if (Tracked* t = Find(token)) {
+        t->completion = *std::move(c);
+        t->done = true;
+      }
     }
     if (any) {
       // The daemon keeps completions that did not fit; tell it there is room.
@@ -271,8 +292,10 @@ class ShmOpChannel final : public OpChannel {
   absl::Mutex mu_;
   absl::CondVar cv_;
   bool sleeper_ ABSL_GUARDED_BY(mu_) = false;  // a thread sleeps on the completion bell
-  std::set<uint64_t> pending_ ABSL_GUARDED_BY(mu_);  // submitted, not yet reported
-  std::map<uint64_t, ipc::OpCompletion> done_ ABSL_GUARDED_BY(mu_);  // arrived, not yet reported
+  // The ops submitted and not yet reported, in token order; a reported op
+  // leaves once every earlier one has. No allocation per op.
+  std::deque<Tracked> ops_ ABSL_GUARDED_BY(mu_);
+  size_t unreported_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status broken_ ABSL_GUARDED_BY(mu_);  // sticky: dead daemon or corrupted queue
   uint64_t last_heartbeat_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time last_heartbeat_change_ ABSL_GUARDED_BY(mu_);

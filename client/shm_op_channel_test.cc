@@ -73,7 +73,19 @@ class ScriptedDaemon {
     absl::MutexLock l(&mu_);
     end_->Close(reason);
   }
-  std::vector<ipc::OpDescriptor> received() const {
+  // A decoded submission with its own copies of the strings (an
+  // OpDescriptor's views point into the entry it was decoded from).
+  struct Received : ipc::OpDescriptor {
+    explicit Received(const ipc::OpDescriptor& op)
+        : ipc::OpDescriptor(op), name_copy(op.name), algorithm_copy(op.algorithm) {
+      name = name_copy;
+      algorithm = algorithm_copy;
+    }
+    Received(const Received& o) : Received(static_cast<const ipc::OpDescriptor&>(o)) {}
+    Received& operator=(const Received&) = delete;
+    std::string name_copy, algorithm_copy;
+  };
+  std::vector<Received> received() const {
     absl::MutexLock l(&mu_);
     return received_;
   }
@@ -120,7 +132,7 @@ class ScriptedDaemon {
             took = true;
             auto op = ipc::DecodeSubmission(e);
             EXPECT_TRUE(op.ok()) << op.status();
-            received_.push_back(*op);
+            received_.emplace_back(*op);
             if (op->name == "hold") continue;
             if (absl::StartsWith(op->name, "fail:")) {
               PostLocked(op->token, absl::AbortedError(op->name.substr(5)));
@@ -141,7 +153,7 @@ class ScriptedDaemon {
   mutable absl::Mutex mu_;
   std::unique_ptr<ipc::DaemonEnd> end_;
   std::deque<ipc::CompletionEntry> overflow_ ABSL_GUARDED_BY(mu_);
-  std::vector<ipc::OpDescriptor> received_ ABSL_GUARDED_BY(mu_);
+  std::vector<Received> received_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   bool dead_ ABSL_GUARDED_BY(mu_) = false;
   bool paused_ ABSL_GUARDED_BY(mu_) = false;

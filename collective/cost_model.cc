@@ -177,6 +177,34 @@ Algorithm ChooseAlgorithm(CollectiveKind kind, size_t bytes, int world, const Li
   return ranked.front().first;
 }
 
+namespace {
+bool SameLink(const LinkParams& a, const LinkParams& b) {
+  return a.alpha_us == b.alpha_us && a.beta_us_per_byte == b.beta_us_per_byte &&
+         a.reduce_us_per_byte == b.reduce_us_per_byte &&
+         a.burst_us_per_byte == b.burst_us_per_byte && a.signatures == b.signatures;
+}
+}  // namespace
+
+Algorithm AlgorithmMemo::Choose(CollectiveKind kind, size_t bytes, int world,
+                                const LinkParams& link, bool allow_oneshot) {
+  if (!SameLink(link, link_)) {
+    link_ = link;
+    used_ = 0;
+    next_ = 0;
+  }
+  for (int i = 0; i < used_; ++i) {
+    const Entry& e = entries_[i];
+    if (e.kind == kind && e.bytes == bytes && e.world == world &&
+        e.allow_oneshot == allow_oneshot) {
+      return e.algo;
+    }
+  }
+  const Algorithm algo = ChooseAlgorithm(kind, bytes, world, link, allow_oneshot);
+  Entry& slot = used_ < kEntries ? entries_[used_++] : entries_[next_++ % kEntries];
+  slot = Entry{kind, bytes, world, allow_oneshot, algo};
+  return algo;
+}
+
 LinkParams RefineFromObservation(const LinkParams& link, CollectiveKind kind, Algorithm algo,
                                  size_t bytes, int world, double took_us) {
   if (kind != CollectiveKind::kAllreduce || world < 2 || bytes < (1u << 20) || took_us <= 0 ||

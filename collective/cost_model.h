@@ -65,6 +65,33 @@ inline constexpr double kTieFraction = 0.02;
 Algorithm ChooseAlgorithm(CollectiveKind kind, size_t bytes, int world, const LinkParams& link,
                           bool allow_oneshot = true);
 
+// ChooseAlgorithm, remembered: a job's ops come in a few shapes (its
+// gradient buckets) and the answer changes only with the link estimate, so
+// a session asks the model once per shape instead of once per op (ranking
+// every algorithm costs more than a small op's own bookkeeping). Holds up to
+// kEntries answers for one LinkParams; a different link (a refined
+// estimate) forgets them. Not thread-safe.
+class AlgorithmMemo {
+ public:
+  static constexpr int kEntries = 16;
+
+  Algorithm Choose(CollectiveKind kind, size_t bytes, int world, const LinkParams& link,
+                   bool allow_oneshot = true);
+
+ private:
+  struct Entry {
+    CollectiveKind kind;
+    size_t bytes;
+    int world;
+    bool allow_oneshot;
+    Algorithm algo;
+  };
+  LinkParams link_;
+  Entry entries_[kEntries];
+  int used_ = 0;
+  int next_ = 0;  // the entry to replace when full
+};
+
 // Where the ranks of a job live: `nodes` distinct daemons for `world` ranks.
 struct Topology {
   int world = 1;

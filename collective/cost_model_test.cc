@@ -284,5 +284,46 @@ TEST(CostModel, FastestSmallOpsMoveTheLatencyEstimateOneFifthOfTheWay) {
                                        8, 4, 20).alpha_us, 50);
 }
 
+TEST(AlgorithmMemo, AnswersAsTheModelDoesAcrossShapesLinksAndEvictions) {
+  AlgorithmMemo memo;
+  LinkParams slow;
+  slow.alpha_us = 200;
+  LinkParams fast;
+  fast.alpha_us = 2;
+  fast.beta_us_per_byte = 1e-5;
+  const CollectiveKind kinds[] = {CollectiveKind::kAllreduce, CollectiveKind::kAllgather,
+                                  CollectiveKind::kReduceScatter, CollectiveKind::kBroadcast};
+  // More shapes than the memo holds, asked in rounds, with the link changing
+  // between rounds: every answer must be the model's own.
+  int checked = 0;
+  for (int round = 0; round < 4; ++round) {
+    const LinkParams& link = round % 2 == 0 ? slow : fast;
+    for (int world : {2, 4, 8}) {
+      for (size_t bytes = 8; bytes <= (64u << 20); bytes *= 8) {
+        for (CollectiveKind kind : kinds) {
+          for (bool oneshot : {true, false}) {
+            ASSERT_EQ(memo.Choose(kind, bytes, world, link, oneshot),
+                      ChooseAlgorithm(kind, bytes, world, link, oneshot))
+                << CollectiveName(kind) << " " << bytes << " B at " << world << " ranks, round "
+                << round;
+            ++checked;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(checked, 4 * AlgorithmMemo::kEntries);
+  // The link matters for some of those shapes, so a memo that ignored it
+  // would have answered wrongly above.
+  int differ = 0;
+  for (int world : {2, 4, 8}) {
+    for (size_t bytes = 8; bytes <= (64u << 20); bytes *= 8) {
+      differ += ChooseAlgorithm(CollectiveKind::kAllreduce, bytes, world, slow) !=
+                ChooseAlgorithm(CollectiveKind::kAllreduce, bytes, world, fast);
+    }
+  }
+  EXPECT_GT(differ, 0);
+}
+
 }  // namespace
 }  // namespace gradsync

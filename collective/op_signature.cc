@@ -49,6 +49,12 @@ static_assert(sizeof(PackedSignature) == 32, "packed signature layout");
 }  // namespace
 
 std::string OpSignature::Encode() const {
+  std::string out;
+  EncodeTo(&out);
+  return out;
+}
+
+void OpSignature::EncodeTo(std::string* out) const {
   PackedSignature p{seq,
                     count,
                     static_cast<uint8_t>(kind),
@@ -60,10 +66,9 @@ std::string OpSignature::Encode() const {
                     proposal,
                     streams,
                     {0, 0}};
-  std::string out(sizeof(p), '\0');
-  std::memcpy(out.data(), &p, sizeof(p));
-  out += name;
-  return out;
+  out->resize(sizeof(p) + name.size());
+  std::memcpy(out->data(), &p, sizeof(p));
+  std::memcpy(out->data() + sizeof(p), name.data(), name.size());
 }
 
 absl::StatusOr<OpSignature> OpSignature::Decode(const std::string& bytes) {
@@ -152,51 +157,156 @@ absl::Status DeadlineError(const OpSignature& mine, int me, const std::vector<in
   return absl::DeadlineExceededError(msg);
 }
 
+}  // namespace
+
+// ---- What CheckSignatures keeps across ops (SignatureScratch).
+namespace signature_internal {
+
+// Recursive doubling: how a received message is taken in.
+enum class Take {
+  kLower,  // combine; this rank's half comes first
+  kUpper,  // combine; the peer's half comes first
+  kAdopt,  // the final result from the rank this one is folded into
+};
+struct RdStep {
+  int peer = 0;
+  uint64_t round = 0;  // the tag's offset field: the same on both sides
+  bool send = false;
+  bool recv = false;
+  Take take = Take::kLower;
+  int ranks_in = 0;  // the most ranks the incoming message can describe
+  size_t slot = 0;   // the receive's slot in the inbox
+  transport::Request sreq, rreq;
+  bool announced = false;  // its ranks passed to on_arrival already
+};
+struct RdSlot {
+  size_t offset;
+  size_t cap;
+};
+// Ranks whose signatures (and data lengths) are equal. The signature lives
+// in `sig`, whose capacity is kept from op to op.
+struct SigGroup {
+  std::string sig;
+  uint32_t data_len = 0;
+  std::vector<int> ranks;
+};
+// One rank's entry in a received message.
+struct RdEntry {
+  int rank;
+  const char* sig;
+  uint32_t sig_len;
+  uint32_t data_len;
+};
+
+}  // namespace signature_internal
+
+struct SignatureScratch::State {
+  // Memory registered with a context; registered again only when the
+  // context or the memory changes.
+  struct Registered {
+    std::vector<char> bytes;
+    std::unique_ptr<transport::MemoryRegion> mr;
+    const transport::Context* ctx = nullptr;
+  };
+  // `r` with at least `size` bytes, registered with `ctx`.
+  static absl::StatusOr<const transport::MemoryRegion*> Register(transport::Context& ctx,
+                                                                 Registered& r, size_t size) {
+    if (r.bytes.size() < size) {
+      r.bytes.resize(size);
+      r.mr.reset();
+    }
+    if (r.mr == nullptr || r.ctx != &ctx || r.mr->data() != r.bytes.data() ||
+        r.mr->size() != r.bytes.size()) {
+      r.mr.reset();
+      ASSIGN_OR_RETURN(r.mr, ctx.RegisterMemory(r.bytes.data(), r.bytes.size()));
+      r.ctx = &ctx;
+    }
+    return r.mr.get();
+  }
+
+  Registered in;   // what arrives (and, for recursive doubling, what leaves)
+  Registered out;  // all-to-all: what leaves
+  std::string my_sig;
+
+  // All-to-all.
+  std::vector<transport::Request> sends, recvs;
+  std::vector<uint8_t> reported;
+  std::vector<size_t> data_len, data_at;
+  std::vector<const char*> peers;
+  std::vector<char> own;
+
+  // Recursive doubling: this rank's schedule, built for (rd_n, rd_me).
+  int rd_n = 0, rd_me = -1;
+  std::vector<signature_internal::RdStep> steps;
+  std::vector<signature_internal::RdSlot> slots;  // [0] own first message, [1..] receives, back() spill
+  size_t inbox_bytes = 0;
+  // What this rank knows of the op: groups_[0, n_groups) are in use (the
+  // rest keep their capacity for the next op).
+  std::vector<signature_internal::SigGroup> groups;
+  size_t n_groups = 0;
+  std::vector<uint8_t> known, announced, was_known, seen, heard;
+  std::vector<signature_internal::RdEntry> entries;
+  std::vector<int> arrived;
+};
+
+SignatureScratch::SignatureScratch() : state_(std::make_unique<State>()) {}
+SignatureScratch::~SignatureScratch() = default;
+
+namespace {
+using signature_internal::RdEntry;
+using signature_internal::RdSlot;
+using signature_internal::RdStep;
+using signature_internal::SigGroup;
+using signature_internal::Take;
+
 // ---- All-to-all: every rank sends its signature (and fused data) to every
 // other rank, one round.
 absl::Status AllToAll(transport::Context& ctx, const OpSignature& mine, absl::Time deadline,
                       const std::function<void(int rank)>& on_arrival, uint8_t* agreed,
-                      uint8_t* agreed_streams, FusedAllreduce* fused, std::vector<char>& in) {
+                      uint8_t* agreed_streams, FusedAllreduce* fused,
+                      SignatureScratch::State& st) {
   const int n = ctx.size();
   const int me = ctx.rank();
   const size_t want = fused != nullptr ? fused->count * DTypeSize(fused->dtype) : 0;
-  std::string outbox = mine.Encode();
-  const size_t sig_len = outbox.size();
-  if (want > 0) {
-    outbox.resize(AlignUp(sig_len), '\0');
-    outbox.append(static_cast<const char*>(fused->data), want);
-  }
+  mine.EncodeTo(&st.my_sig);
+  const size_t sig_len = st.my_sig.size();
+  const size_t out_len = want > 0 ? AlignUp(sig_len) + want : sig_len;
   constexpr size_t kCap = kMaxSignatureBytes + kOneShotMaxBytes;
   static_assert(kCap % kDataAlign == 0, "inbox slots stay aligned");
-  if (in.size() < kCap * n) in.resize(kCap * n);
-  auto in_mr = ctx.RegisterMemory(in.data(), kCap * n);
-  if (!in_mr.ok()) return in_mr.status();
-  auto out_mr = ctx.RegisterMemory(outbox.data(), outbox.size());
-  if (!out_mr.ok()) return out_mr.status();
-  std::vector<transport::Request> sends(n), recvs(n);
+  ASSIGN_OR_RETURN(const transport::MemoryRegion* in_mr,
+                   SignatureScratch::State::Register(ctx, st.in, kCap * n));
+  ASSIGN_OR_RETURN(const transport::MemoryRegion* out_mr,
+                   SignatureScratch::State::Register(ctx, st.out, kMaxSignatureBytes + kOneShotMaxBytes));
+  char* const outbox = st.out.bytes.data();
+  std::memcpy(outbox, st.my_sig.data(), sig_len);
+  if (want > 0) {
+    std::memset(outbox + sig_len, 0, AlignUp(sig_len) - sig_len);
+    std::memcpy(outbox + AlignUp(sig_len), fused->data, want);
+  }
+  const char* const in = st.in.bytes.data();
+  st.sends.assign(n, transport::Request{});
+  st.recvs.assign(n, transport::Request{});
   const transport::MessageTag tag{mine.seq, transport::kControlSlot, 0, 0};
   for (int p = 0; p < n; ++p) {
     if (p == me) continue;
-    absl::Status s = ctx.PostRecv(p, **in_mr, kCap * p, kCap, /*exact=*/false, tag, &recvs[p]);
-    if (!s.ok()) return s;
+    RETURN_IF_ERROR(ctx.PostRecv(p, *in_mr, kCap * p, kCap, /*exact=*/false, tag, &st.recvs[p]));
   }
   for (int p = 0; p < n; ++p) {
     if (p == me) continue;
-    absl::Status s = ctx.PostSend(p, **out_mr, 0, outbox.size(), tag, &sends[p]);
-    if (!s.ok()) return s;
+    RETURN_IF_ERROR(ctx.PostSend(p, *out_mr, 0, out_len, tag, &st.sends[p]));
   }
   auto all_done = [&] {
     for (int p = 0; p < n; ++p) {
-      if (p != me && (!sends[p].done || !recvs[p].done)) return false;
+      if (p != me && (!st.sends[p].done || !st.recvs[p].done)) return false;
     }
     return true;
   };
-  std::vector<bool> reported(n, false);
+  st.reported.assign(n, 0);
   auto report = [&] {
     if (!on_arrival) return;
     for (int p = 0; p < n; ++p) {
-      if (p != me && recvs[p].done && !reported[p]) {
-        reported[p] = true;
+      if (p != me && st.recvs[p].done && !st.reported[p]) {
+        st.reported[p] = 1;
         on_arrival(p);
       }
     }
@@ -208,7 +318,7 @@ absl::Status AllToAll(transport::Context& ctx, const OpSignature& mine, absl::Ti
     if (absl::IsDeadlineExceeded(s)) {
       std::vector<int> missing;
       for (int p = 0; p < n; ++p) {
-        if (p != me && !recvs[p].done) missing.push_back(p);
+        if (p != me && !st.recvs[p].done) missing.push_back(p);
       }
       return DeadlineError(mine, me, missing, -1);
     }
@@ -216,43 +326,41 @@ absl::Status AllToAll(transport::Context& ctx, const OpSignature& mine, absl::Ti
   }
   // The usual case, every signature equal to this rank's, is checked in
   // place; only a mismatch builds the strings for the error.
-  const absl::string_view my_sig(outbox.data(), sig_len);
-  std::vector<size_t> data_len(n, 0), data_at(n, 0);
+  const absl::string_view my_sig(st.my_sig);
+  st.data_len.assign(n, 0);
+  st.data_at.assign(n, 0);
   bool all_same = true;
   for (int p = 0; p < n; ++p) {
     if (p == me) continue;
-    const char* msg = in.data() + kCap * p;
-    const size_t len = EncodedLength(msg, recvs[p].bytes);
+    const char* msg = in + kCap * p;
+    const size_t len = EncodedLength(msg, st.recvs[p].bytes);
     all_same = all_same && SameOp(absl::string_view(msg, len), my_sig);
-    data_at[p] = recvs[p].bytes > len ? AlignUp(len) : len;
-    data_len[p] = recvs[p].bytes > data_at[p] ? recvs[p].bytes - data_at[p] : 0;
+    st.data_at[p] = st.recvs[p].bytes > len ? AlignUp(len) : len;
+    st.data_len[p] = st.recvs[p].bytes > st.data_at[p] ? st.recvs[p].bytes - st.data_at[p] : 0;
   }
   if (!all_same) {
     std::vector<std::string> by_rank(n);
     for (int p = 0; p < n; ++p) {
       by_rank[p] = p == me ? std::string(my_sig)
-                           : std::string(in.data() + kCap * p,
-                                         EncodedLength(in.data() + kCap * p, recvs[p].bytes));
+                           : std::string(in + kCap * p, EncodedLength(in + kCap * p, st.recvs[p].bytes));
     }
-    absl::Status s = CompareSignatures(mine.seq, by_rank);
-    if (!s.ok()) return s;
+    RETURN_IF_ERROR(CompareSignatures(mine.seq, by_rank));
   }
   // Equal signatures: every rank decided the same way whether data rides
   // along, unless the ranks disagree on something outside the signature
   // (their link figures, or mixed daemon versions). Every message was read
   // whole, so the streams are intact: a clean error, and the job goes on.
-  std::vector<const char*> peers(n, nullptr);
+  st.peers.assign(n, nullptr);
   for (int p = 0; p < n; ++p) {
     if (p == me) continue;
-    if (data_len[p] != want) return MissingDataError(mine, me, p, data_len[p], want);
-    peers[p] = in.data() + kCap * p + data_at[p];
+    if (st.data_len[p] != want) return MissingDataError(mine, me, p, st.data_len[p], want);
+    st.peers[p] = in + kCap * p + st.data_at[p];
   }
   if (fused != nullptr) {
-    std::vector<char> own;
-    ReduceInRankOrder(fused->dtype, fused->op, fused->data, fused->count, me, peers, &own);
+    ReduceInRankOrder(fused->dtype, fused->op, fused->data, fused->count, me, st.peers, &st.own);
   }
   const absl::string_view rank0 =
-      me == 0 ? my_sig : absl::string_view(in.data(), EncodedLength(in.data(), recvs[0].bytes));
+      me == 0 ? my_sig : absl::string_view(in, EncodedLength(in, st.recvs[0].bytes));
   if (agreed != nullptr) *agreed = SignatureProposal(rank0);
   if (agreed_streams != nullptr) *agreed_streams = SignatureStreams(rank0);
   return absl::OkStatus();
@@ -290,269 +398,56 @@ size_t GroupsCap(int ranks) {
   return static_cast<size_t>(ranks) * (sizeof(RdGroup) + 4 + Pad4(kMaxSignatureBytes));
 }
 
-struct SigGroup {
-  std::string sig;
-  uint32_t data_len = 0;
-  std::vector<int> ranks;
-};
-
 class RdExchange {
  public:
   RdExchange(transport::Context& ctx, const OpSignature& mine,
              const std::function<void(int rank)>& on_arrival, FusedAllreduce* fused,
-             std::vector<char>& inbox)
-      : ctx_(ctx), mine_(mine), on_arrival_(on_arrival), fused_(fused), inbox_(inbox),
+             SignatureScratch::State& st)
+      : ctx_(ctx), mine_(mine), on_arrival_(on_arrival), fused_(fused), st_(st),
         n_(ctx.size()), me_(ctx.rank()),
         want_(fused != nullptr ? fused->count * DTypeSize(fused->dtype) : 0) {}
 
   absl::Status Run(absl::Time deadline, uint8_t* agreed, uint8_t* agreed_streams);
 
  private:
-  // How a received message is taken in.
-  enum class Take {
-    kLower,  // combine; this rank's half comes first
-    kUpper,  // combine; the peer's half comes first
-    kAdopt,  // the final result from the rank this one is folded into
-  };
-  struct Step {
-    int peer = 0;
-    uint64_t round = 0;  // the tag's offset field: the same on both sides
-    bool send = false;
-    bool recv = false;
-    Take take = Take::kLower;
-    int ranks_in = 0;  // the most ranks the incoming message can describe
-    size_t slot = 0;   // the receive's slot in the inbox
-    transport::Request sreq, rreq;
-    bool announced = false;  // its ranks passed to on_arrival_ already
-  };
-  struct Slot {
-    size_t offset;
-    size_t cap;
-  };
-
+  // The steps this rank takes and the inbox's slots, built once per (n, me).
+  void Plan();
   // Writes the prefix and the groups around the partial result in the message
-  // at msg_ (moving it to the spill slot if the groups do not fit) and returns
-  // the message's length.
+  // at msg_slot_ (moving it to the spill slot if the groups do not fit) and
+  // returns the message's length.
   size_t Build();
-  // One rank's entry in a received message.
-  struct Entry {
-    int rank;
-    const char* sig;
-    uint32_t sig_len;
-    uint32_t data_len;
-  };
-  // Checks the message received in `step` and lists its ranks.
-  absl::Status Parse(const Step& step, RdPrefix* prefix, std::vector<Entry>* entries) const;
+  // Checks the message received in `step` and lists its ranks in st_.entries.
+  absl::Status Parse(const RdStep& step, RdPrefix* prefix) const;
   // Takes the message received in `step` in: its ranks' signatures, and its
   // data into this rank's partial result.
-  absl::Status Merge(const Step& step);
+  absl::Status Merge(const RdStep& step);
   // The ranks this rank has not heard from (for the deadline's error).
-  std::vector<int> Unheard(const std::vector<Step>& steps) const;
+  std::vector<int> Unheard() const;
   // Passes every rank named by a message that is in, but of a round still to
   // come, to on_arrival_: they submitted, so the status shows this rank
   // waiting only for the ones it has not heard of (as the deadline's error).
-  void AnnounceEarly(std::vector<Step>& steps, size_t current);
+  void AnnounceEarly(size_t current);
   // on_arrival_(rank), once per rank.
   void Announce(int rank);
-  void Know(const std::string& sig, uint32_t data_len, int rank);
+  void Know(absl::string_view sig, uint32_t data_len, int rank);
+  void ForgetAll();
   size_t GroupsBytes() const;
+  char* Inbox() const { return st_.in.bytes.data(); }
 
   transport::Context& ctx_;
   const OpSignature& mine_;
   const std::function<void(int rank)>& on_arrival_;
   FusedAllreduce* fused_;
-  std::vector<char>& inbox_;
+  SignatureScratch::State& st_;
   const int n_, me_;
   const size_t want_;
-  std::vector<Slot> slots_;  // [0] own first message, [1..] receives, back() spill
-  std::string my_sig_;
-  std::vector<SigGroup> groups_;
-  std::vector<bool> known_;
-  std::vector<bool> announced_;  // ranks passed to on_arrival_
   int known_count_ = 0;
   bool valid_ = true;
   size_t msg_slot_ = 0;  // the slot holding this rank's partial result
 };
 
-void RdExchange::Know(const std::string& sig, uint32_t data_len, int rank) {
-  known_[rank] = true;
-  ++known_count_;
-  if (data_len != want_ || !SameOp(sig, my_sig_)) valid_ = false;
-  for (SigGroup& g : groups_) {
-    if (g.data_len == data_len && g.sig == sig) {
-      g.ranks.push_back(rank);
-      return;
-    }
-  }
-  groups_.push_back(SigGroup{sig, data_len, {rank}});
-}
-
-size_t RdExchange::GroupsBytes() const {
-  size_t bytes = 0;
-  for (const SigGroup& g : groups_) bytes += sizeof(RdGroup) + 4 * g.ranks.size() + Pad4(g.sig.size());
-  return bytes;
-}
-
-size_t RdExchange::Build() {
-  const uint32_t data_bytes = valid_ ? static_cast<uint32_t>(want_) : 0;
-  const size_t groups_bytes = GroupsBytes();
-  if (sizeof(RdPrefix) + data_bytes + groups_bytes > slots_[msg_slot_].cap) {
-    const size_t spill = slots_.size() - 1;
-    std::memcpy(inbox_.data() + slots_[spill].offset + sizeof(RdPrefix),
-                inbox_.data() + slots_[msg_slot_].offset + sizeof(RdPrefix), data_bytes);
-    msg_slot_ = spill;
-  }
-  char* const msg = inbox_.data() + slots_[msg_slot_].offset;
-  const RdPrefix prefix{kRdMagic, data_bytes, static_cast<uint32_t>(groups_bytes),
-                        valid_ ? kRdDataValid : 0};
-  std::memcpy(msg, &prefix, sizeof(prefix));
-  char* at = msg + sizeof(RdPrefix) + data_bytes;
-  for (const SigGroup& g : groups_) {
-    const RdGroup h{static_cast<uint32_t>(g.sig.size()), g.data_len,
-                    static_cast<uint32_t>(g.ranks.size()), 0};
-    std::memcpy(at, &h, sizeof(h));
-    at += sizeof(h);
-    for (int r : g.ranks) {
-      const uint32_t r32 = static_cast<uint32_t>(r);
-      std::memcpy(at, &r32, sizeof(r32));
-      at += sizeof(r32);
-    }
-    std::memcpy(at, g.sig.data(), g.sig.size());
-    std::memset(at + g.sig.size(), 0, Pad4(g.sig.size()) - g.sig.size());
-    at += Pad4(g.sig.size());
-  }
-  return static_cast<size_t>(at - msg);
-}
-
-absl::Status RdExchange::Parse(const Step& step, RdPrefix* prefix,
-                               std::vector<Entry>* entries) const {
-  const char* const msg = inbox_.data() + slots_[step.slot].offset;
-  const size_t len = step.rreq.bytes;
-  auto malformed = [&](absl::string_view why) {
-    return absl::DataLossError(absl::StrCat("op ", mine_.seq,
-                                            ": malformed signature message from rank ", step.peer,
-                                            ": ", why));
-  };
-  if (len < sizeof(*prefix)) return malformed("too short");
-  std::memcpy(prefix, msg, sizeof(*prefix));
-  if (prefix->magic != kRdMagic) return malformed("bad magic");
-  if (prefix->data_bytes > kOneShotMaxBytes ||
-      sizeof(*prefix) + static_cast<size_t>(prefix->data_bytes) + prefix->groups_bytes != len) {
-    return malformed("bad lengths");
-  }
-  entries->clear();
-  const char* at = msg + sizeof(*prefix) + prefix->data_bytes;
-  const char* const end = msg + len;
-  std::vector<bool> seen(n_, false);
-  while (at < end) {
-    RdGroup h;
-    if (static_cast<size_t>(end - at) < sizeof(h)) return malformed("truncated group");
-    std::memcpy(&h, at, sizeof(h));
-    at += sizeof(h);
-    if (h.sig_len > kMaxSignatureBytes || h.n_ranks == 0 ||
-        h.n_ranks > static_cast<uint32_t>(n_) ||
-        static_cast<size_t>(end - at) < h.n_ranks * size_t{4} + Pad4(h.sig_len)) {
-      return malformed("bad group");
-    }
-    const char* ranks = at;
-    at += h.n_ranks * size_t{4};
-    for (uint32_t i = 0; i < h.n_ranks; ++i) {
-      uint32_t r;
-      std::memcpy(&r, ranks + 4 * i, sizeof(r));
-      if (r >= static_cast<uint32_t>(n_) || seen[r]) {
-        return malformed(absl::StrCat("rank ", r, " is out of range or named twice"));
-      }
-      seen[r] = true;
-      entries->push_back(Entry{static_cast<int>(r), at, h.sig_len, h.data_len});
-    }
-    at += Pad4(h.sig_len);
-  }
-  return absl::OkStatus();
-}
-
-absl::Status RdExchange::Merge(const Step& step) {
-  RdPrefix prefix;
-  std::vector<Entry> entries;
-  RETURN_IF_ERROR(Parse(step, &prefix, &entries));
-  std::vector<bool> was_known;
-  if (step.take == Take::kAdopt) {  // the final state replaces this rank's
-    was_known = known_;
-    known_.assign(n_, false);
-    groups_.clear();
-    known_count_ = 0;
-    valid_ = true;
-  }
-  std::vector<int> arrived;
-  for (const Entry& e : entries) {
-    if (known_[e.rank]) {
-      return absl::DataLossError(absl::StrCat("op ", mine_.seq, ": malformed signature message "
-                                              "from rank ", step.peer, ": rank ", e.rank,
-                                              " came twice"));
-    }
-    Know(std::string(e.sig, e.sig_len), e.data_len, e.rank);
-    if (was_known.empty() || !was_known[e.rank]) arrived.push_back(e.rank);
-  }
-  if ((prefix.flags & kRdDataValid) == 0 || prefix.data_bytes != want_) valid_ = false;
-  if (valid_ && want_ > 0) {
-    char* mine_data = inbox_.data() + slots_[msg_slot_].offset + sizeof(RdPrefix);
-    char* theirs = inbox_.data() + slots_[step.slot].offset + sizeof(RdPrefix);
-    const ReduceOp combine = fused_->op == ReduceOp::kAvg ? ReduceOp::kSum : fused_->op;
-    switch (step.take) {
-      case Take::kLower:  // the result stays where this rank's half is
-        ReduceInto(fused_->dtype, combine, mine_data, theirs, fused_->count);
-        break;
-      case Take::kUpper:  // the lower half comes first (min/max are not
-                          // commutative for NaN and signed zero): combine
-                          // into the received message, which now holds it
-        ReduceInto(fused_->dtype, combine, theirs, mine_data, fused_->count);
-        msg_slot_ = step.slot;
-        break;
-      case Take::kAdopt:
-        msg_slot_ = step.slot;
-        break;
-    }
-  }
-  for (int r : arrived) Announce(r);
-  return absl::OkStatus();
-}
-
-void RdExchange::Announce(int rank) {
-  if (!on_arrival_ || rank == me_ || announced_[rank]) return;
-  announced_[rank] = true;
-  on_arrival_(rank);
-}
-
-void RdExchange::AnnounceEarly(std::vector<Step>& steps, size_t current) {
-  for (size_t i = current + 1; i < steps.size(); ++i) {
-    Step& s = steps[i];
-    if (!s.recv || !s.rreq.done || s.announced) continue;
-    s.announced = true;
-    RdPrefix prefix;
-    std::vector<Entry> entries;
-    if (!Parse(s, &prefix, &entries).ok()) continue;  // Merge reports it in turn
-    for (const Entry& e : entries) Announce(e.rank);
-  }
-}
-
-std::vector<int> RdExchange::Unheard(const std::vector<Step>& steps) const {
-  // Messages of later rounds may be in already: their senders submitted,
-  // and so did every rank they name.
-  std::vector<bool> heard = known_;
-  for (const Step& s : steps) {
-    if (!s.recv || !s.rreq.done) continue;
-    RdPrefix prefix;
-    std::vector<Entry> entries;
-    if (!Parse(s, &prefix, &entries).ok()) continue;
-    for (const Entry& e : entries) heard[e.rank] = true;
-  }
-  std::vector<int> missing;
-  for (int r = 0; r < n_; ++r) {
-    if (!heard[r]) missing.push_back(r);
-  }
-  return missing;
-}
-
-absl::Status RdExchange::Run(absl::Time deadline, uint8_t* agreed, uint8_t* agreed_streams) {
+void RdExchange::Plan() {
+  if (st_.rd_n == n_ && st_.rd_me == me_) return;
   int p = 1, rounds = 0;
   while (p * 2 <= n_) {
     p *= 2;
@@ -561,9 +456,10 @@ absl::Status RdExchange::Run(absl::Time deadline, uint8_t* agreed, uint8_t* agre
   const int extra = n_ - p;
   // The steps this rank takes, in order; `round` numbers the exchanges alike
   // on both sides: 0 folds in, 1..rounds double, rounds + 1 folds out.
-  std::vector<Step> steps;
+  std::vector<RdStep>& steps = st_.steps;
+  steps.clear();
   auto add = [&steps](int peer, uint64_t round, bool send, bool recv, Take take, int ranks_in) {
-    steps.push_back(Step{peer, round, send, recv, take, ranks_in});
+    steps.push_back(RdStep{peer, round, send, recv, take, ranks_in});
   };
   if (me_ >= p) {
     add(me_ - p, 0, true, false, Take::kLower, 0);
@@ -586,80 +482,273 @@ absl::Status RdExchange::Run(absl::Time deadline, uint8_t* agreed, uint8_t* agre
   constexpr int kRoomFor = 16;  // ranks' groups any slot holds besides the data
   const size_t base = sizeof(RdPrefix) + kOneShotMaxBytes;
   const int room = std::min(n_, kRoomFor);
-  slots_.clear();
+  st_.slots.clear();
   size_t total = 0;
   auto add_slot = [&](size_t cap) {
     cap = AlignUp(cap);
-    slots_.push_back(Slot{total, cap});
+    st_.slots.push_back(RdSlot{total, cap});
     total += cap;
-    return slots_.size() - 1;
+    return st_.slots.size() - 1;
   };
   add_slot(base + GroupsCap(room));
-  for (Step& s : steps) {
+  for (RdStep& s : steps) {
     if (s.recv) s.slot = add_slot(base + GroupsCap(std::max(s.ranks_in, room)));
   }
   add_slot(base + GroupsCap(n_));
-  if (inbox_.size() < total) inbox_.resize(total);
-  auto mr = ctx_.RegisterMemory(inbox_.data(), total);
-  if (!mr.ok()) return mr.status();
+  st_.inbox_bytes = total;
+  st_.rd_n = n_;
+  st_.rd_me = me_;
+}
 
-  my_sig_ = mine_.Encode();
-  known_.assign(n_, false);
-  announced_.assign(n_, false);
-  groups_.clear();
+void RdExchange::ForgetAll() {
+  st_.known.assign(n_, 0);
+  st_.n_groups = 0;
   known_count_ = 0;
   valid_ = true;
+}
+
+void RdExchange::Know(absl::string_view sig, uint32_t data_len, int rank) {
+  st_.known[rank] = 1;
+  ++known_count_;
+  if (data_len != want_ || !SameOp(sig, st_.my_sig)) valid_ = false;
+  for (size_t i = 0; i < st_.n_groups; ++i) {
+    SigGroup& g = st_.groups[i];
+    if (g.data_len == data_len && g.sig == sig) {
+      g.ranks.push_back(rank);
+      return;
+    }
+  }
+  if (st_.n_groups == st_.groups.size()) st_.groups.emplace_back();
+  SigGroup& g = st_.groups[st_.n_groups++];
+  g.sig.assign(sig.data(), sig.size());
+  g.data_len = data_len;
+  g.ranks.clear();
+  g.ranks.push_back(rank);
+}
+
+size_t RdExchange::GroupsBytes() const {
+  size_t bytes = 0;
+  for (size_t i = 0; i < st_.n_groups; ++i) {
+    const SigGroup& g = st_.groups[i];
+    bytes += sizeof(RdGroup) + 4 * g.ranks.size() + Pad4(g.sig.size());
+  }
+  return bytes;
+}
+
+size_t RdExchange::Build() {
+  const uint32_t data_bytes = valid_ ? static_cast<uint32_t>(want_) : 0;
+  const size_t groups_bytes = GroupsBytes();
+  if (sizeof(RdPrefix) + data_bytes + groups_bytes > st_.slots[msg_slot_].cap) {
+    const size_t spill = st_.slots.size() - 1;
+    std::memcpy(Inbox() + st_.slots[spill].offset + sizeof(RdPrefix),
+                Inbox() + st_.slots[msg_slot_].offset + sizeof(RdPrefix), data_bytes);
+    msg_slot_ = spill;
+  }
+  char* const msg = Inbox() + st_.slots[msg_slot_].offset;
+  const RdPrefix prefix{kRdMagic, data_bytes, static_cast<uint32_t>(groups_bytes),
+                        valid_ ? kRdDataValid : 0};
+  std::memcpy(msg, &prefix, sizeof(prefix));
+  char* at = msg + sizeof(RdPrefix) + data_bytes;
+  for (size_t i = 0; i < st_.n_groups; ++i) {
+    const SigGroup& g = st_.groups[i];
+    const RdGroup h{static_cast<uint32_t>(g.sig.size()), g.data_len,
+                    static_cast<uint32_t>(g.ranks.size()), 0};
+    std::memcpy(at, &h, sizeof(h));
+    at += sizeof(h);
+    for (int r : g.ranks) {
+      const uint32_t r32 = static_cast<uint32_t>(r);
+      std::memcpy(at, &r32, sizeof(r32));
+      at += sizeof(r32);
+    }
+    std::memcpy(at, g.sig.data(), g.sig.size());
+    std::memset(at + g.sig.size(), 0, Pad4(g.sig.size()) - g.sig.size());
+    at += Pad4(g.sig.size());
+  }
+  return static_cast<size_t>(at - msg);
+}
+
+absl::Status RdExchange::Parse(const RdStep& step, RdPrefix* prefix) const {
+  const char* const msg = Inbox() + st_.slots[step.slot].offset;
+  const size_t len = step.rreq.bytes;
+  auto malformed = [&](absl::string_view why) {
+    return absl::DataLossError(absl::StrCat("op ", mine_.seq,
+                                            ": malformed signature message from rank ", step.peer,
+                                            ": ", why));
+  };
+  if (len < sizeof(*prefix)) return malformed("too short");
+  std::memcpy(prefix, msg, sizeof(*prefix));
+  if (prefix->magic != kRdMagic) return malformed("bad magic");
+  if (prefix->data_bytes > kOneShotMaxBytes ||
+      sizeof(*prefix) + static_cast<size_t>(prefix->data_bytes) + prefix->groups_bytes != len) {
+    return malformed("bad lengths");
+  }
+  std::vector<RdEntry>& entries = st_.entries;
+  entries.clear();
+  const char* at = msg + sizeof(*prefix) + prefix->data_bytes;
+  const char* const end = msg + len;
+  std::vector<uint8_t>& seen = st_.seen;
+  seen.assign(n_, 0);
+  while (at < end) {
+    RdGroup h;
+    if (static_cast<size_t>(end - at) < sizeof(h)) return malformed("truncated group");
+    std::memcpy(&h, at, sizeof(h));
+    at += sizeof(h);
+    if (h.sig_len > kMaxSignatureBytes || h.n_ranks == 0 ||
+        h.n_ranks > static_cast<uint32_t>(n_) ||
+        static_cast<size_t>(end - at) < h.n_ranks * size_t{4} + Pad4(h.sig_len)) {
+      return malformed("bad group");
+    }
+    const char* ranks = at;
+    at += h.n_ranks * size_t{4};
+    for (uint32_t i = 0; i < h.n_ranks; ++i) {
+      uint32_t r;
+      std::memcpy(&r, ranks + 4 * i, sizeof(r));
+      if (r >= static_cast<uint32_t>(n_) || seen[r]) {
+        return malformed(absl::StrCat("rank ", r, " is out of range or named twice"));
+      }
+      seen[r] = 1;
+      entries.push_back(RdEntry{static_cast<int>(r), at, h.sig_len, h.data_len});
+    }
+    at += Pad4(h.sig_len);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RdExchange::Merge(const RdStep& step) {
+  RdPrefix prefix;
+  RETURN_IF_ERROR(Parse(step, &prefix));
+  const bool adopt = step.take == Take::kAdopt;
+  if (adopt) {  // the final state replaces this rank's
+    st_.was_known = st_.known;
+    ForgetAll();
+  }
+  st_.arrived.clear();
+  for (const RdEntry& e : st_.entries) {
+    if (st_.known[e.rank]) {
+      return absl::DataLossError(absl::StrCat("op ", mine_.seq, ": malformed signature message "
+                                              "from rank ", step.peer, ": rank ", e.rank,
+                                              " came twice"));
+    }
+    Know(absl::string_view(e.sig, e.sig_len), e.data_len, e.rank);
+    if (!adopt || !st_.was_known[e.rank]) st_.arrived.push_back(e.rank);
+  }
+  if ((prefix.flags & kRdDataValid) == 0 || prefix.data_bytes != want_) valid_ = false;
+  if (valid_ && want_ > 0) {
+    char* mine_data = Inbox() + st_.slots[msg_slot_].offset + sizeof(RdPrefix);
+    char* theirs = Inbox() + st_.slots[step.slot].offset + sizeof(RdPrefix);
+    const ReduceOp combine = fused_->op == ReduceOp::kAvg ? ReduceOp::kSum : fused_->op;
+    switch (step.take) {
+      case Take::kLower:  // the result stays where this rank's half is
+        ReduceInto(fused_->dtype, combine, mine_data, theirs, fused_->count);
+        break;
+      case Take::kUpper:  // the lower half comes first (min/max are not
+                          // commutative for NaN and signed zero): combine
+                          // into the received message, which now holds it
+        ReduceInto(fused_->dtype, combine, theirs, mine_data, fused_->count);
+        msg_slot_ = step.slot;
+        break;
+      case Take::kAdopt:
+        msg_slot_ = step.slot;
+        break;
+    }
+  }
+  for (int r : st_.arrived) Announce(r);
+  return absl::OkStatus();
+}
+
+void RdExchange::Announce(int rank) {
+  if (!on_arrival_ || rank == me_ || st_.announced[rank]) return;
+  st_.announced[rank] = 1;
+  on_arrival_(rank);
+}
+
+void RdExchange::AnnounceEarly(size_t current) {
+  for (size_t i = current + 1; i < st_.steps.size(); ++i) {
+    RdStep& s = st_.steps[i];
+    if (!s.recv || !s.rreq.done || s.announced) continue;
+    s.announced = true;
+    RdPrefix prefix;
+    if (!Parse(s, &prefix).ok()) continue;  // Merge reports it in turn
+    for (const RdEntry& e : st_.entries) Announce(e.rank);
+  }
+}
+
+std::vector<int> RdExchange::Unheard() const {
+  // Messages of later rounds may be in already: their senders submitted,
+  // and so did every rank they name.
+  std::vector<uint8_t> heard = st_.known;
+  for (const RdStep& s : st_.steps) {
+    if (!s.recv || !s.rreq.done) continue;
+    RdPrefix prefix;
+    if (!Parse(s, &prefix).ok()) continue;
+    for (const RdEntry& e : st_.entries) heard[e.rank] = 1;
+  }
+  std::vector<int> missing;
+  for (int r = 0; r < n_; ++r) {
+    if (!heard[r]) missing.push_back(r);
+  }
+  return missing;
+}
+
+absl::Status RdExchange::Run(absl::Time deadline, uint8_t* agreed, uint8_t* agreed_streams) {
+  Plan();
+  ASSIGN_OR_RETURN(const transport::MemoryRegion* mr,
+                   SignatureScratch::State::Register(ctx_, st_.in, st_.inbox_bytes));
+  std::vector<RdStep>& steps = st_.steps;
+  for (RdStep& s : steps) {
+    s.sreq = transport::Request{};
+    s.rreq = transport::Request{};
+    s.announced = false;
+  }
+  mine_.EncodeTo(&st_.my_sig);
+  st_.announced.assign(n_, 0);
+  ForgetAll();
   msg_slot_ = 0;
-  Know(my_sig_, static_cast<uint32_t>(want_), me_);
-  if (want_ > 0) std::memcpy(inbox_.data() + sizeof(RdPrefix), fused_->data, want_);
-  for (Step& s : steps) {
+  Know(st_.my_sig, static_cast<uint32_t>(want_), me_);
+  if (want_ > 0) std::memcpy(Inbox() + sizeof(RdPrefix), fused_->data, want_);
+  for (RdStep& s : steps) {
     if (!s.recv) continue;
     const transport::MessageTag tag{mine_.seq, transport::kControlSlot, 0, s.round};
-    absl::Status st = ctx_.PostRecv(s.peer, **mr, slots_[s.slot].offset, slots_[s.slot].cap,
-                                    /*exact=*/false, tag, &s.rreq);
-    if (!st.ok()) return st;
+    RETURN_IF_ERROR(ctx_.PostRecv(s.peer, *mr, st_.slots[s.slot].offset, st_.slots[s.slot].cap,
+                                  /*exact=*/false, tag, &s.rreq));
   }
   for (size_t i = 0; i < steps.size(); ++i) {
-    Step& s = steps[i];
+    RdStep& s = steps[i];
     if (s.send) {
       // Built in whichever slot holds the partial result: slot 0, or a slot
       // whose receive is done.
       const size_t len = Build();
       const transport::MessageTag tag{mine_.seq, transport::kControlSlot, 0, s.round};
-      absl::Status st = ctx_.PostSend(s.peer, **mr, slots_[msg_slot_].offset, len, tag, &s.sreq);
-      if (!st.ok()) return st;
+      RETURN_IF_ERROR(ctx_.PostSend(s.peer, *mr, st_.slots[msg_slot_].offset, len, tag, &s.sreq));
     }
     while ((s.send && !s.sreq.done) || (s.recv && !s.rreq.done)) {
       absl::Status st = ctx_.Progress(deadline);
       if (absl::IsDeadlineExceeded(st)) {
-        const std::vector<int> missing = Unheard(steps);
+        const std::vector<int> missing = Unheard();
         if (missing.empty()) return st;  // everyone submitted; only the send is stuck
         return DeadlineError(mine_, me_, missing, s.peer);
       }
       if (!st.ok()) return st;
-      if (on_arrival_) AnnounceEarly(steps, i);
+      if (on_arrival_) AnnounceEarly(i);
     }
-    if (s.recv) {
-      absl::Status st = Merge(s);
-      if (!st.ok()) return st;
-    }
+    if (s.recv) RETURN_IF_ERROR(Merge(s));
   }
   if (known_count_ != n_) {
     return absl::DataLossError(absl::StrCat("op ", mine_.seq, ": rank ", me_, " learnt ",
                                             known_count_, " of ", n_, " signatures"));
   }
-  if (groups_.size() > 1) {
+  if (st_.n_groups > 1) {
     std::vector<std::string> by_rank(n_);
-    for (const SigGroup& g : groups_) {
-      for (int r : g.ranks) by_rank[r] = g.sig;
+    for (size_t i = 0; i < st_.n_groups; ++i) {
+      for (int r : st_.groups[i].ranks) by_rank[r] = st_.groups[i].sig;
     }
-    absl::Status st = CompareSignatures(mine_.seq, by_rank);
-    if (!st.ok()) return st;
+    RETURN_IF_ERROR(CompareSignatures(mine_.seq, by_rank));
     // Equal signatures, different data lengths: name the lowest rank whose
     // length differs from this rank's.
     int odd = -1;
     uint32_t got = 0;
-    for (const SigGroup& g : groups_) {
+    for (size_t i = 0; i < st_.n_groups; ++i) {
+      const SigGroup& g = st_.groups[i];
       if (g.data_len == want_) continue;
       for (int r : g.ranks) {
         if (odd < 0 || r < odd) {
@@ -670,7 +759,8 @@ absl::Status RdExchange::Run(absl::Time deadline, uint8_t* agreed, uint8_t* agre
     }
     if (odd >= 0) return MissingDataError(mine_, me_, odd, got, want_);
   }
-  for (const SigGroup& g : groups_) {
+  for (size_t i = 0; i < st_.n_groups; ++i) {
+    const SigGroup& g = st_.groups[i];
     if (std::find(g.ranks.begin(), g.ranks.end(), 0) == g.ranks.end()) continue;
     if (agreed != nullptr) *agreed = SignatureProposal(g.sig);
     if (agreed_streams != nullptr) *agreed_streams = SignatureStreams(g.sig);
@@ -680,7 +770,7 @@ absl::Status RdExchange::Run(absl::Time deadline, uint8_t* agreed, uint8_t* agre
       return absl::DataLossError(absl::StrCat("op ", mine_.seq, ": rank ", me_,
                                               " got no partial result from its peers"));
     }
-    std::memcpy(fused_->data, inbox_.data() + slots_[msg_slot_].offset + sizeof(RdPrefix), want_);
+    std::memcpy(fused_->data, Inbox() + st_.slots[msg_slot_].offset + sizeof(RdPrefix), want_);
     if (fused_->op == ReduceOp::kAvg) DivideBy(fused_->dtype, fused_->data, fused_->count, n_);
   }
   return absl::OkStatus();
@@ -691,15 +781,15 @@ absl::Status RdExchange::Run(absl::Time deadline, uint8_t* agreed, uint8_t* agre
 absl::Status CheckSignatures(transport::Context& ctx, const OpSignature& mine,
                              SignaturePattern pattern, absl::Time deadline,
                              const std::function<void(int rank)>& on_arrival,
-                             uint8_t* agreed, FusedAllreduce* fused, std::vector<char>* inbox,
+                             uint8_t* agreed, FusedAllreduce* fused, SignatureScratch* scratch,
                              uint8_t* agreed_streams) {
   const int n = ctx.size();
   if (fused != nullptr) {
     const size_t bytes = fused->count * DTypeSize(fused->dtype);
-    if (bytes > kOneShotMaxBytes || inbox == nullptr) {
+    if (bytes > kOneShotMaxBytes || scratch == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat(
           "op ", mine.seq, ": ", bytes, " bytes cannot ride with the signature (at most ",
-          kOneShotMaxBytes, ", with an inbox)"));
+          kOneShotMaxBytes, ", with a scratch)"));
     }
   }
   if (n == 1) {
@@ -707,12 +797,16 @@ absl::Status CheckSignatures(transport::Context& ctx, const OpSignature& mine,
     if (agreed_streams != nullptr) *agreed_streams = mine.streams;
     return absl::OkStatus();
   }
-  std::vector<char> local_inbox;
-  std::vector<char>& in = inbox != nullptr ? *inbox : local_inbox;
-  if (pattern == SignaturePattern::kAllToAll || n == 2) {
-    return AllToAll(ctx, mine, deadline, on_arrival, agreed, agreed_streams, fused, in);
+  std::unique_ptr<SignatureScratch> local;
+  if (scratch == nullptr) {
+    local = std::make_unique<SignatureScratch>();
+    scratch = local.get();
   }
-  RdExchange rd(ctx, mine, on_arrival, fused, in);
+  if (pattern == SignaturePattern::kAllToAll || n == 2) {
+    return AllToAll(ctx, mine, deadline, on_arrival, agreed, agreed_streams, fused,
+                    scratch->state());
+  }
+  RdExchange rd(ctx, mine, on_arrival, fused, scratch->state());
   return rd.Run(deadline, agreed, agreed_streams);
 }
 

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -48,6 +49,8 @@ struct OpSignature {
   // rooted ones, dtype and count for all but barrier.
   std::string Describe() const;
   std::string Encode() const;
+  // Encode into `out`, reusing its capacity.
+  void EncodeTo(std::string* out) const;
   static absl::StatusOr<OpSignature> Decode(const std::string& bytes);
   bool operator==(const OpSignature& o) const;
 };
@@ -86,6 +89,27 @@ struct FusedAllreduce {
   uint64_t count = 0;  // count * DTypeSize(dtype) <= kOneShotMaxBytes
 };
 
+// What CheckSignatures keeps from one op to the next, so that a small op
+// allocates nothing: the receive and send memory with their registrations
+// (a transport registers memory once, not per op), the recursive-doubling
+// schedule of this rank, and the bookkeeping of the signatures it learns.
+// One per thread that runs ops (a session's executor); not thread-safe. It
+// may serve several contexts one after the other (a registration is redone
+// when the context or the memory changes).
+class SignatureScratch {
+ public:
+  SignatureScratch();
+  ~SignatureScratch();
+  SignatureScratch(const SignatureScratch&) = delete;
+  SignatureScratch& operator=(const SignatureScratch&) = delete;
+
+  struct State;  // collective/op_signature.cc
+  State& state() { return *state_; }
+
+ private:
+  std::unique_ptr<State> state_;
+};
+
 // Sends `mine` to the peers and learns theirs, on the op's control slot, in
 // `pattern` (every rank of a context must use the same; a world of 2 is the
 // same exchange either way): all-to-all (one round, one message each way per
@@ -98,8 +122,8 @@ struct FusedAllreduce {
 // On success `agreed`, if set, receives rank 0's proposal, and
 // `agreed_streams`, if set, rank 0's stream count proposal.
 // `fused`: an allreduce to run in the same exchange (see FusedAllreduce);
-// when null, a peer that sent data is an error. `inbox`: receive memory
-// reused across ops (grown as needed); required with `fused`.
+// when null, a peer that sent data is an error. `scratch`: memory reused
+// across ops (see SignatureScratch); required with `fused`.
 // On a deadline the error names the ranks whose signatures have not reached
 // this rank ("timed out at rank 1 waiting for rank(s) 2,3 to submit op 5
 // (...)"); with recursive doubling it also names the peer they come through.
@@ -107,7 +131,7 @@ absl::Status CheckSignatures(transport::Context& ctx, const OpSignature& mine,
                              SignaturePattern pattern, absl::Time deadline,
                              const std::function<void(int rank)>& on_arrival = nullptr,
                              uint8_t* agreed = nullptr, FusedAllreduce* fused = nullptr,
-                             std::vector<char>* inbox = nullptr,
+                             SignatureScratch* scratch = nullptr,
                              uint8_t* agreed_streams = nullptr);
 
 }  // namespace gradsync

@@ -109,7 +109,7 @@ TEST(CheckSignatures, FusedAllreduceGivesEveryRankThePatternsBits) {
   for (int world = 2; world <= 8; ++world) {
    for (SignaturePattern pattern : kPatterns) {
     testing::Cluster c = testing::MakeCluster(world, absl::StrCat("fused-", world));
-    std::vector<std::vector<char>> inboxes(world);
+    std::vector<SignatureScratch> inboxes(world);
     uint64_t seq = 1;
     for (const FusedCase& fc : cases) {
       std::vector<std::vector<char>> in(world), out(world);
@@ -155,7 +155,7 @@ TEST(CheckSignatures, MismatchIsNamedAlikeEverywhereAndTheStreamsStayInStep) {
    for (SignaturePattern pattern : kPatterns) {
     testing::Cluster c = testing::MakeCluster(world, absl::StrCat("sig-mismatch-", world));
     const absl::Time deadline = absl::Now() + absl::Seconds(20);
-    std::vector<std::vector<char>> inboxes(world);
+    std::vector<SignatureScratch> inboxes(world);
     const int odd = world - 1;  // submits a bigger op, which carries no data
     std::vector<absl::Status> st = testing::RunOnRanks(world, [&](int r) -> absl::Status {
       OpSignature sig;

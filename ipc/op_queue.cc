@@ -88,7 +88,8 @@ absl::Status EncodeSubmission(const OpDescriptor& op, SubmissionEntry* out) {
   if (op.timeout_ms < 0) {
     return absl::InvalidArgumentError(absl::StrCat("negative op timeout ", op.timeout_ms, " ms"));
   }
-  std::memset(out, 0, sizeof(*out));
+  // Only the header and the name's bytes are used (and copied into the ring).
+  std::memset(out, 0, offsetof(SubmissionEntry, name));
   out->token = op.token;
   out->buffer_id = op.buffer_id;
   out->offset_bytes = op.offset_bytes;
@@ -112,29 +113,30 @@ absl::StatusOr<OpDescriptor> DecodeSubmission(const SubmissionEntry& e) {
                                                    "): op name length ", e.name_len,
                                                    " exceeds the limit of ", kMaxOpNameChars));
   }
-  const std::string name(e.name, e.name_len);
-  const std::string what = absl::StrCat("submission entry (token ", e.token, ", op '", name, "')");
+  const absl::string_view name(e.name, e.name_len);
+  // Built only for an error message.
+  auto what = [&] { return absl::StrCat("submission entry (token ", e.token, ", op '", name, "')"); };
   if (e.algorithm_len > kMaxAlgorithmChars) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": algorithm name length ",
+    return absl::InvalidArgumentError(absl::StrCat(what(), ": algorithm name length ",
                                                    e.algorithm_len, " exceeds the limit of ",
                                                    kMaxAlgorithmChars));
   }
-  if (e.token == 0) return absl::InvalidArgumentError(what + ": token 0 (tokens start at 1)");
+  if (e.token == 0) return absl::InvalidArgumentError(what() + ": token 0 (tokens start at 1)");
   if (!IsValidCollective(e.collective)) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": invalid collective type ",
+    return absl::InvalidArgumentError(absl::StrCat(what(), ": invalid collective type ",
                                                    e.collective));
   }
   if (!IsValidDType(e.dtype)) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": invalid dtype ", e.dtype));
+    return absl::InvalidArgumentError(absl::StrCat(what(), ": invalid dtype ", e.dtype));
   }
   if (!IsValidReduceOp(e.reduce_op)) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": invalid reduce op ", e.reduce_op));
+    return absl::InvalidArgumentError(absl::StrCat(what(), ": invalid reduce op ", e.reduce_op));
   }
   if (e.timeout_ms < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": negative timeout_ms ", e.timeout_ms));
+    return absl::InvalidArgumentError(absl::StrCat(what(), ": negative timeout_ms ", e.timeout_ms));
   }
   if (e.count > kMaxEntryCount) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": count ", e.count, " is too large"));
+    return absl::InvalidArgumentError(absl::StrCat(what(), ": count ", e.count, " is too large"));
   }
   OpDescriptor op;
   op.token = e.token;
@@ -146,13 +148,14 @@ absl::StatusOr<OpDescriptor> DecodeSubmission(const SubmissionEntry& e) {
   op.offset_bytes = e.offset_bytes;
   op.count = e.count;
   op.timeout_ms = e.timeout_ms;
-  op.algorithm.assign(e.algorithm, e.algorithm_len);
+  op.algorithm = absl::string_view(e.algorithm, e.algorithm_len);
   op.name = name;
   return op;
 }
 
 void EncodeCompletion(const OpCompletion& c, CompletionEntry* out) {
-  std::memset(out, 0, sizeof(*out));
+  // Only the header and the message's bytes are used (and copied into the ring).
+  std::memset(out, 0, offsetof(CompletionEntry, message));
   out->token = c.token;
   out->op_id = c.op_id;
   out->queued_us = c.queued_us;
@@ -267,7 +270,13 @@ absl::StatusOr<bool> DaemonEnd::PopSubmission(SubmissionEntry* out) {
                                             capacity_));
   }
   if (n == 0) return false;
-  std::memcpy(out, sq_slot(sq_head_), sizeof(*out));
+  // The header, then as much of the name as it says (a length beyond the
+  // limit copies none; DecodeSubmission refuses it from the private copy).
+  const char* slot = reinterpret_cast<const char*>(sq_slot(sq_head_));
+  std::memcpy(out, slot, offsetof(SubmissionEntry, name));
+  if (out->name_len <= kMaxOpNameChars) {
+    std::memcpy(out->name, slot + offsetof(SubmissionEntry, name), out->name_len);
+  }
   ++sq_head_;
   // seq_cst: pairs with the client's store to sq_space_wanted (see NotifySpaceIfWanted).
   h_->sq_head.store(sq_head_, std::memory_order_seq_cst);
@@ -291,7 +300,7 @@ absl::StatusOr<bool> DaemonEnd::PushCompletion(const CompletionEntry& entry) {
                                             capacity_));
   }
   if (used == capacity_) return false;
-  std::memcpy(cq_slot(cq_tail_), &entry, sizeof(entry));
+  std::memcpy(cq_slot(cq_tail_), &entry, UsedBytes(entry));
   ++cq_tail_;
   h_->cq_tail.store(cq_tail_, std::memory_order_release);
   return true;
@@ -373,7 +382,7 @@ absl::StatusOr<bool> ClientEnd::PushSubmission(const SubmissionEntry& entry) {
                                             capacity_));
   }
   if (used == capacity_) return false;
-  std::memcpy(sq_slot(sq_tail_), &entry, sizeof(entry));
+  std::memcpy(sq_slot(sq_tail_), &entry, UsedBytes(entry));
   ++sq_tail_;
   h_->sq_tail.store(sq_tail_, std::memory_order_release);
   return true;
@@ -388,7 +397,11 @@ absl::StatusOr<bool> ClientEnd::PopCompletion(CompletionEntry* out) {
                                             capacity_));
   }
   if (n == 0) return false;
-  std::memcpy(out, cq_slot(cq_head_), sizeof(*out));
+  const char* slot = reinterpret_cast<const char*>(cq_slot(cq_head_));
+  std::memcpy(out, slot, offsetof(CompletionEntry, message));
+  if (out->message_len <= kMaxErrorMessageBytes) {
+    std::memcpy(out->message, slot + offsetof(CompletionEntry, message), out->message_len);
+  }
   ++cq_head_;
   h_->cq_head.store(cq_head_, std::memory_order_release);
   return true;

@@ -43,6 +43,7 @@
 #ifndef GRADSYNC_IPC_OP_QUEUE_H_
 #define GRADSYNC_IPC_OP_QUEUE_H_
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -117,6 +118,17 @@ struct CompletionEntry {
 static_assert(std::is_trivially_copyable_v<CompletionEntry>);
 static_assert(sizeof(CompletionEntry) == 1080);
 
+// The bytes of an entry that carry anything: the header and the name (or
+// message) as long as its length says (clamped to the field). The rings copy
+// only these, so a small op moves a few cache lines between the processes,
+// not the whole entry.
+inline size_t UsedBytes(const SubmissionEntry& e) {
+  return offsetof(SubmissionEntry, name) + std::min<size_t>(e.name_len, sizeof(e.name));
+}
+inline size_t UsedBytes(const CompletionEntry& e) {
+  return offsetof(CompletionEntry, message) + std::min<size_t>(e.message_len, sizeof(e.message));
+}
+
 // The header's fixed part, written once by the daemon before the client
 // learns the segment's name.
 struct OpQueueFixedHeader {
@@ -175,15 +187,18 @@ struct OpDescriptor {
   uint64_t offset_bytes = 0;
   uint64_t count = 0;
   int64_t timeout_ms = 0;
-  std::string algorithm;
-  std::string name;
+  // Views: into the caller's strings when encoding, into the entry when
+  // decoded (valid while it is).
+  absl::string_view algorithm;
+  absl::string_view name;
 };
 
 // Client side. InvalidArgument (naming the value and the limit) if the name
 // or algorithm does not fit, or a field is out of range.
 absl::Status EncodeSubmission(const OpDescriptor& op, SubmissionEntry* out);
 // Daemon side: everything checked (lengths, enum values, token >= 1,
-// timeout >= 0, count <= kMaxEntryCount). InvalidArgument otherwise.
+// timeout >= 0, count <= kMaxEntryCount). InvalidArgument otherwise. The
+// result's strings point into `entry`.
 absl::StatusOr<OpDescriptor> DecodeSubmission(const SubmissionEntry& entry);
 
 struct OpCompletion {

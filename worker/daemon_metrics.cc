@@ -45,7 +45,7 @@ class DaemonMetrics::JobCollector : public prometheus::Collectable {
     Add(r.job_id, r.code, r.ops, r.run, r.bytes, r.arrival_wait);
   }
   // `ops` finished ops of `job` with `code`; the sums are of the successful ones.
-  void Add(const std::string& job, absl::StatusCode code, uint64_t ops, absl::Duration run,
+  void Add(absl::string_view job, absl::StatusCode code, uint64_t ops, absl::Duration run,
            uint64_t bytes, absl::Duration arrival_wait) {
     absl::MutexLock l(&mu_);
     auto it = jobs_.find(job);
@@ -108,7 +108,7 @@ class DaemonMetrics::JobCollector : public prometheus::Collectable {
 
  private:
   mutable absl::Mutex mu_;
-  std::map<std::string, Job> jobs_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, Job, std::less<>> jobs_ ABSL_GUARDED_BY(mu_);
 };
 
 std::string EpochFailureCause(const absl::Status& s) {
@@ -212,15 +212,19 @@ void DaemonMetrics::OnOpQueued() { queue_depth_->Increment(); }
 
 const DaemonMetrics::OpSeries& DaemonMetrics::SeriesFor(const OpRecord& op) {
   const char* size = SizeClass(op.bytes);
-  auto key = std::make_tuple(static_cast<int>(op.kind), op.algorithm,
-                             static_cast<int>(op.code), size);
   {
+    // A daemon sees a few dozen combinations at most: a scan of small keys
+    // (the algorithm compared last) beats a map keyed by strings.
     absl::MutexLock l(&mu_);
-    auto it = op_series_.find(key);
-    if (it != op_series_.end()) return it->second;  // std::map: references stay valid
+    for (const auto& [key, series] : op_series_) {
+      if (key.kind == op.kind && key.code == op.code && key.size == size &&
+          key.algorithm == op.algorithm) {
+        return *series;
+      }
+    }
   }
   const std::string kind = CollectiveName(op.kind);
-  const std::string algo = op.algorithm.empty() ? "none" : op.algorithm;
+  const std::string algo = op.algorithm.empty() ? "none" : std::string(op.algorithm);
   OpSeries s;
   s.ops = Counter("gradsync_daemon_ops_total",
                   "Collectives finished, by type, algorithm and status",
@@ -237,7 +241,15 @@ const DaemonMetrics::OpSeries& DaemonMetrics::SeriesFor(const OpRecord& op) {
                       {{"collective", kind}});
   }
   absl::MutexLock l(&mu_);
-  return op_series_.emplace(std::move(key), s).first->second;
+  for (const auto& [key, series] : op_series_) {  // another thread added it meanwhile
+    if (key.kind == op.kind && key.code == op.code && key.size == size &&
+        key.algorithm == op.algorithm) {
+      return *series;
+    }
+  }
+  op_series_.emplace_back(SeriesKey{op.kind, std::string(op.algorithm), op.code, size},
+                          std::make_unique<OpSeries>(s));
+  return *op_series_.back().second;
 }
 
 void DaemonMetrics::OnOpDone(const OpRecord& op) {

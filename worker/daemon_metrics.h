@@ -7,6 +7,7 @@
 #include <string>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
@@ -60,8 +61,14 @@ class DaemonMetrics final : public DaemonObserver {
 
   MetricsRegistry& registry_;
   absl::Mutex mu_;
-  std::map<std::tuple<int, std::string, int, const char*>, OpSeries> op_series_
-      ABSL_GUARDED_BY(mu_);
+  struct SeriesKey {
+    CollectiveKind kind;
+    std::string algorithm;
+    absl::StatusCode code;
+    const char* size;  // SizeClass's static strings, compared by address
+  };
+  // Entries are never removed; OpSeries stay put (returned by reference).
+  std::vector<std::pair<SeriesKey, std::unique_ptr<OpSeries>>> op_series_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, prometheus::Counter*> counters_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, prometheus::Histogram*> histograms_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, prometheus::Gauge*> gauges_ ABSL_GUARDED_BY(mu_);

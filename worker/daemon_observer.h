@@ -9,16 +9,18 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "collective/cost_model.h"
 #include "common/types.h"
 
 namespace gradsync {
 
+// The strings are views, valid during the OnOpDone call.
 struct OpRecord {
-  std::string job_id;
+  absl::string_view job_id;
   CollectiveKind kind = CollectiveKind::kAllreduce;
-  std::string algorithm;  // "ring", "hier", ... ("" if it never ran)
+  absl::string_view algorithm;  // "ring", "hier", ... ("" if it never ran)
   absl::StatusCode code = absl::StatusCode::kOk;
   uint64_t bytes = 0;  // the op's buffer on this rank
   int world = 1;

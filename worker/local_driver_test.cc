@@ -112,7 +112,8 @@ class LocalDriverTest : public ::testing::Test {
     return b;
   }
 
-  static SubmitArgs Allreduce(const std::string& name, uint64_t buffer, uint64_t count,
+  // `name` must outlive the Submit (SubmitArgs holds views).
+  static SubmitArgs Allreduce(absl::string_view name, uint64_t buffer, uint64_t count,
                               ReduceOp op = ReduceOp::kSum) {
     SubmitArgs a;
     a.kind = CollectiveKind::kAllreduce;
@@ -197,7 +198,8 @@ TEST_F(LocalDriverTest, LargeOpsGoToTheExecutorsAndOrderHolds) {
   std::vector<std::vector<uint64_t>> ids(kWorld);
   for (int r = 0; r < kWorld; ++r) {
     for (int k = 0; k < 2 * kPairs; ++k) {
-      SubmitArgs a = Allreduce(absl::StrCat("op", k), b.ids[r], counts[k]);
+      const std::string name = absl::StrCat("op", k);
+      SubmitArgs a = Allreduce(name, b.ids[r], counts[k]);
       a.offset_bytes = offsets[k] * sizeof(float);
       auto id = sessions_[r]->Submit(a);
       ASSERT_TRUE(id.ok()) << id.status();

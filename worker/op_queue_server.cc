@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <deque>
+#include <iterator>
 #include <random>
 #include <thread>
 #include <utility>
@@ -266,7 +267,11 @@ class OpQueueServer::Queue : public std::enable_shared_from_this<Queue> {
     last_token_ = op.token;
     // Under mu_, so the listener cannot see the op finish before its token is known.
     ASSIGN_OR_RETURN(const uint64_t op_id, backend_->Submit(op));
-    op_to_token_[op_id] = op.token;
+    // Op ids grow with every submission (the session numbers them), so this
+    // appends, and completions mostly take the front.
+    auto at = op_to_token_.end();
+    while (at != op_to_token_.begin() && std::prev(at)->first > op_id) --at;
+    op_to_token_.emplace(at, op_id, op.token);
     return absl::OkStatus();
   }
 
@@ -291,8 +296,11 @@ class OpQueueServer::Queue : public std::enable_shared_from_this<Queue> {
     bool wake_poller = false;
     {
       absl::MutexLock l(&mu_);
-      auto it = op_to_token_.find(op_id);
-      if (it == op_to_token_.end()) return false;  // submitted over gRPC: Worker.Wait reports it
+      auto it = std::lower_bound(op_to_token_.begin(), op_to_token_.end(), op_id,
+                                 [](const auto& e, uint64_t id) { return e.first < id; });
+      if (it == op_to_token_.end() || it->first != op_id) {
+        return false;  // submitted over gRPC: Worker.Wait reports it
+      }
       ipc::OpCompletion c = outcome;
       c.token = it->second;
       c.op_id = op_id;
@@ -319,7 +327,9 @@ class OpQueueServer::Queue : public std::enable_shared_from_this<Queue> {
   const OpQueueServerOptions options_;
 
   absl::Mutex mu_;
-  std::map<uint64_t, uint64_t> op_to_token_ ABSL_GUARDED_BY(mu_);  // op id -> client token
+  // (op id, client token) of the ops taken from the ring and not yet
+  // completed, in op id order.
+  std::deque<std::pair<uint64_t, uint64_t>> op_to_token_ ABSL_GUARDED_BY(mu_);
   std::deque<ipc::CompletionEntry> overflow_ ABSL_GUARDED_BY(mu_);
   uint64_t last_token_ ABSL_GUARDED_BY(mu_) = 0;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;

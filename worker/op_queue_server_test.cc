@@ -49,7 +49,7 @@ class FakeBackend final : public OpQueueBackend {
       return absl::NotFoundError(absl::StrCat("buffer 999 does not exist in session ", id_));
     }
     const uint64_t id = next_op_++;
-    queue_.push_back({id, op.name});
+    queue_.push_back({id, std::string(op.name)});
     return id;
   }
   // An op that did not come through the queue (like a Worker.Submit RPC).

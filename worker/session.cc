@@ -263,9 +263,9 @@ absl::StatusOr<uint64_t> Session::Enqueue(const SubmitArgs& a,
     return absl::InvalidArgumentError(absl::StrCat("count ", a.count, " is too large"));
   }
   const uint64_t bytes = a.count * esize * blocks;
-  const std::string& algo_name = !a.algorithm.empty() && a.algorithm != "auto"
-                                     ? a.algorithm
-                                     : info_.job_algorithm;
+  const absl::string_view algo_name = !a.algorithm.empty() && a.algorithm != "auto"
+                                          ? a.algorithm
+                                          : absl::string_view(info_.job_algorithm);
   absl::StatusOr<uint8_t> code = RequestedAlgorithmCode(algo_name, a.kind, bytes);
   if (!code.ok()) return absl::InvalidArgumentError(absl::StrCat(what(), ": ", code.status().message()));
   std::optional<Algorithm> forced;
@@ -344,7 +344,7 @@ absl::StatusOr<uint64_t> Session::Enqueue(const SubmitArgs& a,
   op->sig.dtype = a.dtype;
   op->sig.op = a.op;
   op->sig.count = a.count;
-  op->sig.name = a.name;
+  op->sig.name.assign(a.name.data(), a.name.size());
   op->sig.root = IsRootedCollective(a.kind) ? a.root : 0;
   op->forced = forced;
   op->hier = hier;
@@ -386,7 +386,7 @@ void Session::StopAccepting(const std::string& reason) {
 
 void Session::SetCompletionListener(CompletionListener listener) {
   absl::MutexLock l(&mu_);
-  listener_ = std::move(listener);
+  listener_ = listener ? std::make_shared<const CompletionListener>(std::move(listener)) : nullptr;
 }
 
 void Session::SetSubmissionFeed(std::shared_ptr<SubmissionFeed> feed) {
@@ -501,7 +501,10 @@ std::shared_ptr<Session::Op> Session::NextOp(absl::Time last_active) {
     waiting_on_feed_ = true;
   }
   const absl::Duration spin = last_active + feed->spin() - FastNow();
-  if (!feed->Spin(snapshot, spin)) feed->Wait(snapshot, absl::Milliseconds(100));
+  if (!feed->Spin(snapshot, spin)) {
+    OnIdle();
+    feed->Wait(snapshot, absl::Milliseconds(100));
+  }
   absl::MutexLock l(&mu_);
   waiting_on_feed_ = false;
   return nullptr;
@@ -553,7 +556,7 @@ void Session::ExecutorLoop() {
 
 bool Session::Finish(Op& op, const absl::Status& s, absl::Time end, bool* newly_failed,
                      OpOutcome* outcome) {
-  CompletionListener listener;
+  std::shared_ptr<const CompletionListener> listener;
   {
     absl::MutexLock l(&mu_);
     if (op.outcome.done) {  // completed early (JobGroup::LocalAllreduce::complete)
@@ -575,7 +578,7 @@ bool Session::Finish(Op& op, const absl::Status& s, absl::Time end, bool* newly_
     *outcome = op.outcome;
   }
   // The client first; metrics come after, overlapping with its next op.
-  if (listener && listener(op.seq, *outcome)) {
+  if (listener != nullptr && (*listener)(op.seq, *outcome)) {
     absl::MutexLock l(&mu_);
     ops_.erase(op.seq);
   }
@@ -623,7 +626,7 @@ void Session::FinishDriven(Op& op, const char* algorithm, absl::Time start, absl
 OpRecord Session::Record(const Op& op, const OpOutcome& outcome,
                          absl::Duration arrival_wait) const {
   OpRecord rec;
-  rec.job_id = info_.job_id;
+  rec.job_id = info_.job_id;  // views: valid while op and outcome are
   rec.kind = op.sig.kind;
   rec.algorithm = outcome.algorithm;
   rec.code = outcome.status.code();
@@ -637,33 +640,55 @@ OpRecord Session::Record(const Op& op, const OpOutcome& outcome,
 
 void Session::Account(const Op& op, const OpOutcome& outcome, bool newly_failed, absl::Time end) {
   const absl::Status& s = outcome.status;
-  observer_->OnOpDone(Record(op, outcome, arrival_wait_));
+  const OpRecord rec = Record(op, outcome, arrival_wait_);
+  observer_->OnOpDone(rec);
+  // Per-peer bytes after an op that moved at least 1 MiB (its per-link
+  // bandwidth is reported too) or failed; after small ops at most every
+  // kPeerBytesPeriod, and when the executor goes idle (OnIdle): looking at
+  // every peer's counters after every 8-byte op would cost more than the op.
+  if (rec.bytes >= kPeerBandwidthMinBytes || !s.ok() || end >= next_peer_flush_) {
+    FlushPeerBytes(outcome.run_time, end);
+  } else {
+    peer_bytes_dirty_ = true;
+  }
   // Retransmit counters cost a getsockopt(TCP_INFO) per connection: at most once a second.
-  const bool sample_retrans = end >= next_retrans_sample_;
-  if (sample_retrans) next_retrans_sample_ = end + absl::Seconds(1);
-  for (int p = 0; p < info_.world_size; ++p) {
-    if (p == info_.rank) continue;
-    const uint64_t sent = ctx_->BytesSentTo(p), recv = ctx_->BytesReceivedFrom(p);
-    if (sent != peer_sent_[p] || recv != peer_received_[p]) {
-      const std::string& peer = PeerName(p);
-      observer_->OnPeerBytes(peer, sent - peer_sent_[p], recv - peer_received_[p]);
-      const double secs = absl::ToDoubleSeconds(outcome.run_time);
-      if (sent - peer_sent_[p] >= (1u << 20) && secs > 0) {
-        observer_->OnPeerBandwidth(peer, (sent - peer_sent_[p]) / secs);
+  if (end >= next_retrans_sample_) {
+    next_retrans_sample_ = end + absl::Seconds(1);
+    for (int p = 0; p < info_.world_size; ++p) {
+      if (p == info_.rank) continue;
+      const uint64_t retrans = ctx_->Retransmits(p);
+      if (retrans > peer_retrans_[p]) {
+        observer_->OnPeerRetransmits(PeerName(p), retrans - peer_retrans_[p]);
+        peer_retrans_[p] = retrans;
       }
-      peer_sent_[p] = sent;
-      peer_received_[p] = recv;
-    }
-    if (!sample_retrans) continue;
-    const uint64_t retrans = ctx_->Retransmits(p);
-    if (retrans > peer_retrans_[p]) {
-      observer_->OnPeerRetransmits(PeerName(p), retrans - peer_retrans_[p]);
-      peer_retrans_[p] = retrans;
     }
   }
   if (!s.ok() && !absl::IsInvalidArgument(s) && newly_failed) {
     observer_->OnEpochFailed(EpochFailureCause(s));
   }
+}
+
+void Session::FlushPeerBytes(absl::Duration op_run, absl::Time now) {
+  peer_bytes_dirty_ = false;
+  next_peer_flush_ = now + kPeerBytesPeriod;
+  const double secs = absl::ToDoubleSeconds(op_run);
+  for (int p = 0; p < info_.world_size; ++p) {
+    if (p == info_.rank) continue;
+    const uint64_t sent = ctx_->BytesSentTo(p), recv = ctx_->BytesReceivedFrom(p);
+    if (sent == peer_sent_[p] && recv == peer_received_[p]) continue;
+    const std::string& peer = PeerName(p);
+    observer_->OnPeerBytes(peer, sent - peer_sent_[p], recv - peer_received_[p]);
+    // Since the last flush: the op just finished, plus at most a period of small ops.
+    if (sent - peer_sent_[p] >= kPeerBandwidthMinBytes && secs > 0) {
+      observer_->OnPeerBandwidth(peer, (sent - peer_sent_[p]) / secs);
+    }
+    peer_sent_[p] = sent;
+    peer_received_[p] = recv;
+  }
+}
+
+void Session::OnIdle() {
+  if (peer_bytes_dirty_ && observer_ != nullptr) FlushPeerBytes(absl::ZeroDuration(), FastNow());
 }
 
 const std::string& Session::PeerName(int p) {
@@ -744,15 +769,16 @@ absl::Status Session::RunOp(Op& op) {
              PreferHierarchical(op.sig.kind, Topology{info_.world_size, group_->layout().nodes})) {
     op.sig.proposal = kHierarchicalCode;
   } else if (!local_check &&
-             ChooseAlgorithm(op.sig.kind, bytes, info_.world_size, info_.link) == Algorithm::kOneShot) {
+             oneshot_memo_.Choose(op.sig.kind, bytes, info_.world_size, info_.link) ==
+                 Algorithm::kOneShot) {
     op.sig.proposal = kOneShotCode;
     fused = true;
   } else if (ps_ != nullptr && op.sig.kind == CollectiveKind::kAllreduce &&
              PreferParameterServer(bytes, info_.world_size, ps_->shards(), link)) {
     op.sig.proposal = kParameterServerCode;
   } else {
-    op.sig.proposal = static_cast<uint8_t>(ChooseAlgorithm(op.sig.kind, bytes, info_.world_size,
-                                                           link, /*allow_oneshot=*/local_check));
+    op.sig.proposal = static_cast<uint8_t>(algorithm_memo_.Choose(
+        op.sig.kind, bytes, info_.world_size, link, /*allow_oneshot=*/local_check));
   }
   // Large bandwidth-bound ops carry this rank's stream count proposal (rank
   // 0's wins, see collective/stream_tuner.h); others keep the current count.
@@ -808,7 +834,7 @@ absl::Status Session::RunOp(Op& op) {
     const bool with_data = fused && op.sig.kind == CollectiveKind::kAllreduce;
     if (with_data) small = {data, op.sig.dtype, op.sig.op, op.sig.count};
     s = CheckSignatures(*ctx_, op.sig, info_.link.signatures, op.deadline, arrived, &agreed,
-                        with_data ? &small : nullptr, &sig_inbox_, &agreed_streams);
+                        with_data ? &small : nullptr, &sig_scratch_, &agreed_streams);
     // Every rank switches alike, after the exchange (which uses stream 0).
     if (s.ok() && agreed_streams > 0) ctx_->UseStreams(agreed_streams);
     done = s.ok() && fused;

@@ -24,6 +24,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "collective/algorithm.h"
@@ -81,16 +82,18 @@ struct SessionStatus {
   uint64_t arena_consumed = 0;
 };
 
+// The strings are views: the caller keeps them alive during Submit (the
+// session copies what it keeps).
 struct SubmitArgs {
   CollectiveKind kind = CollectiveKind::kAllreduce;
-  std::string name;
+  absl::string_view name;
   DType dtype = DType::kF32;
   ReduceOp op = ReduceOp::kSum;
   uint64_t count = 0;
   uint64_t buffer_id = 0;  // 0 with count 0: no buffer (barrier)
   uint64_t offset_bytes = 0;
   int root = 0;
-  std::string algorithm;  // "" or "auto": the job's, else the cost model's choice
+  absl::string_view algorithm;  // "" or "auto": the job's, else the cost model's choice
   absl::Duration timeout = absl::ZeroDuration();  // zero: the job default
   // Sessions with an arena: the op's position in the client's op stream
   // (strictly increasing; the gaps are ops the client ran itself). Else 0.
@@ -229,6 +232,14 @@ class Session {
   OpRecord Record(const Op& op, const OpOutcome& outcome, absl::Duration arrival_wait) const;
   // Metrics for a finished op (executor thread, after the client was told).
   void Account(const Op& op, const OpOutcome& outcome, bool newly_failed, absl::Time end);
+  // Reports the bytes moved to and from each peer since the last flush (and,
+  // for a peer that got at least kPeerBandwidthMinBytes, the bandwidth over
+  // `op_run`). Executor thread only.
+  void FlushPeerBytes(absl::Duration op_run, absl::Time now);
+  // The executor has nothing to do and is about to sleep: report what waits.
+  void OnIdle();
+  static constexpr uint64_t kPeerBandwidthMinBytes = 1u << 20;
+  static constexpr absl::Duration kPeerBytesPeriod = absl::Milliseconds(100);
   const std::string& PeerName(int rank);  // executor thread only
 
   const SessionInfo info_;
@@ -237,7 +248,12 @@ class Session {
   const std::shared_ptr<JobGroup> group_;
   const std::shared_ptr<JobArena> arena_;  // group_'s, or null
   std::vector<char> scratch_;    // executor thread only
-  std::vector<char> sig_inbox_;  // executor thread only: CheckSignatures' receive memory
+  SignatureScratch sig_scratch_;  // executor thread only: CheckSignatures' memory, kept across ops
+  // Executor thread only: the cost model's answers per op shape, for the
+  // oneshot decision (on the link agreed at the probe) and for the proposal
+  // (on this rank's refined link).
+  AlgorithmMemo oneshot_memo_;
+  AlgorithmMemo algorithm_memo_;
   // The stream count of large ops (executor thread only; rank 0's decides).
   StreamTuner stream_tuner_;
   bool streams_reported_ = false;  // executor thread only
@@ -253,13 +269,17 @@ class Session {
   std::string not_accepting_ ABSL_GUARDED_BY(mu_);  // non-empty: draining
   absl::Time last_used_ ABSL_GUARDED_BY(mu_);
   uint64_t arena_seen_ ABSL_GUARDED_BY(mu_) = 0;  // the client's consumed at the last look
-  CompletionListener listener_ ABSL_GUARDED_BY(mu_);
+  // Shared, so Finish takes a reference under mu_ and calls it outside
+  // without copying the function (and what it captured) per op.
+  std::shared_ptr<const CompletionListener> listener_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<SubmissionFeed> feed_ ABSL_GUARDED_BY(mu_);
   bool waiting_on_feed_ ABSL_GUARDED_BY(mu_) = false;  // the executor sleeps on feed_
   DaemonObserver* const observer_;
   std::vector<uint64_t> peer_sent_, peer_received_, peer_retrans_;  // executor thread only
   std::vector<std::string> peer_names_;                              // executor thread only
   absl::Time next_retrans_sample_ = absl::InfinitePast();            // executor thread only
+  absl::Time next_peer_flush_ = absl::InfinitePast();                // executor thread only
+  bool peer_bytes_dirty_ = false;  // executor thread only: small ops' bytes not yet reported
   // Status of the op in progress (guarded by mu_).
   uint64_t current_seq_ ABSL_GUARDED_BY(mu_) = 0;
   OpSignature current_sig_ ABSL_GUARDED_BY(mu_);
