@@ -147,6 +147,7 @@ class TcpContext : public Context {
   const int streams_;
   int active_streams_;  // driving thread only
   const absl::Duration spin_;
+  static constexpr int kPollEvery = 8;  // spinning: poll every connection every 8th turn
   std::vector<Peer> peers_;  // connection (rank, stream) at rank * streams_ + stream
   UniqueFd wake_fd_;         // eventfd signalled by Abort()
 
