@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "collective/collectives.h"
 #include "kernels/cpu_reduce.h"
+#include "common/clock.h"
 #include "common/status_macros.h"
 #include "transport/wire.h"
 
@@ -198,6 +199,18 @@ struct RdEntry {
   uint32_t data_len;
 };
 
+// One op's exchange in either pattern, run in steps (SignatureExchange).
+class ExchangeImpl {
+ public:
+  virtual ~ExchangeImpl() = default;
+  // Done (true), `until` passed (false), or the exchange failed.
+  virtual absl::StatusOr<bool> Advance(absl::Time until) = 0;
+  // The error for the op's deadline, which passed before it was done.
+  virtual absl::Status TimedOut() const = 0;
+  uint8_t agreed = OpSignature::kNoAlgorithm;
+  uint8_t agreed_streams = 0;
+};
+
 }  // namespace signature_internal
 
 struct SignatureScratch::State {
@@ -257,112 +270,152 @@ using signature_internal::RdEntry;
 using signature_internal::RdSlot;
 using signature_internal::RdStep;
 using signature_internal::SigGroup;
+using signature_internal::ExchangeImpl;
 using signature_internal::Take;
 
 // ---- All-to-all: every rank sends its signature (and fused data) to every
 // other rank, one round.
-absl::Status AllToAll(transport::Context& ctx, const OpSignature& mine, absl::Time deadline,
-                      const std::function<void(int rank)>& on_arrival, uint8_t* agreed,
-                      uint8_t* agreed_streams, FusedAllreduce* fused,
-                      SignatureScratch::State& st) {
-  const int n = ctx.size();
-  const int me = ctx.rank();
-  const size_t want = fused != nullptr ? fused->count * DTypeSize(fused->dtype) : 0;
-  mine.EncodeTo(&st.my_sig);
-  const size_t sig_len = st.my_sig.size();
-  const size_t out_len = want > 0 ? AlignUp(sig_len) + want : sig_len;
-  constexpr size_t kCap = kMaxSignatureBytes + kOneShotMaxBytes;
+class AllToAll final : public ExchangeImpl {
+ public:
+  AllToAll(transport::Context& ctx, const OpSignature& mine,
+           const std::function<void(int rank)>& on_arrival, FusedAllreduce* fused,
+           SignatureScratch::State& st)
+      : ctx_(ctx), mine_(mine), on_arrival_(on_arrival), fused_(fused), st_(st),
+        n_(ctx.size()), me_(ctx.rank()),
+        want_(fused != nullptr ? fused->count * DTypeSize(fused->dtype) : 0) {}
+
+  absl::Status Start();
+  absl::StatusOr<bool> Advance(absl::Time until) override;
+  absl::Status TimedOut() const override;
+
+ private:
+  static constexpr size_t kCap = kMaxSignatureBytes + kOneShotMaxBytes;
   static_assert(kCap % kDataAlign == 0, "inbox slots stay aligned");
+  bool AllDone() const;
+  void Report();
+  // Every message is in: compare, reduce.
+  absl::Status Finish();
+
+  transport::Context& ctx_;
+  const OpSignature& mine_;
+  const std::function<void(int rank)>& on_arrival_;
+  FusedAllreduce* fused_;
+  SignatureScratch::State& st_;
+  const int n_, me_;
+  const size_t want_;
+};
+
+absl::Status AllToAll::Start() {
+  mine_.EncodeTo(&st_.my_sig);
+  const size_t sig_len = st_.my_sig.size();
+  const size_t out_len = want_ > 0 ? AlignUp(sig_len) + want_ : sig_len;
   ASSIGN_OR_RETURN(const transport::MemoryRegion* in_mr,
-                   SignatureScratch::State::Register(ctx, st.in, kCap * n));
+                   SignatureScratch::State::Register(ctx_, st_.in, kCap * n_));
   ASSIGN_OR_RETURN(const transport::MemoryRegion* out_mr,
-                   SignatureScratch::State::Register(ctx, st.out, kMaxSignatureBytes + kOneShotMaxBytes));
-  char* const outbox = st.out.bytes.data();
-  std::memcpy(outbox, st.my_sig.data(), sig_len);
-  if (want > 0) {
+                   SignatureScratch::State::Register(ctx_, st_.out, kCap));
+  char* const outbox = st_.out.bytes.data();
+  std::memcpy(outbox, st_.my_sig.data(), sig_len);
+  if (want_ > 0) {
     std::memset(outbox + sig_len, 0, AlignUp(sig_len) - sig_len);
-    std::memcpy(outbox + AlignUp(sig_len), fused->data, want);
+    std::memcpy(outbox + AlignUp(sig_len), fused_->data, want_);
   }
-  const char* const in = st.in.bytes.data();
-  st.sends.assign(n, transport::Request{});
-  st.recvs.assign(n, transport::Request{});
-  const transport::MessageTag tag{mine.seq, transport::kControlSlot, 0, 0};
-  for (int p = 0; p < n; ++p) {
-    if (p == me) continue;
-    RETURN_IF_ERROR(ctx.PostRecv(p, *in_mr, kCap * p, kCap, /*exact=*/false, tag, &st.recvs[p]));
+  st_.sends.assign(n_, transport::Request{});
+  st_.recvs.assign(n_, transport::Request{});
+  st_.reported.assign(n_, 0);
+  const transport::MessageTag tag{mine_.seq, transport::kControlSlot, 0, 0};
+  for (int p = 0; p < n_; ++p) {
+    if (p == me_) continue;
+    RETURN_IF_ERROR(
+        ctx_.PostRecv(p, *in_mr, kCap * p, kCap, /*exact=*/false, tag, &st_.recvs[p]));
   }
-  for (int p = 0; p < n; ++p) {
-    if (p == me) continue;
-    RETURN_IF_ERROR(ctx.PostSend(p, *out_mr, 0, out_len, tag, &st.sends[p]));
+  for (int p = 0; p < n_; ++p) {
+    if (p == me_) continue;
+    RETURN_IF_ERROR(ctx_.PostSend(p, *out_mr, 0, out_len, tag, &st_.sends[p]));
   }
-  auto all_done = [&] {
-    for (int p = 0; p < n; ++p) {
-      if (p != me && (!st.sends[p].done || !st.recvs[p].done)) return false;
+  return absl::OkStatus();
+}
+
+bool AllToAll::AllDone() const {
+  for (int p = 0; p < n_; ++p) {
+    if (p != me_ && (!st_.sends[p].done || !st_.recvs[p].done)) return false;
+  }
+  return true;
+}
+
+void AllToAll::Report() {
+  if (!on_arrival_) return;
+  for (int p = 0; p < n_; ++p) {
+    if (p != me_ && st_.recvs[p].done && !st_.reported[p]) {
+      st_.reported[p] = 1;
+      on_arrival_(p);
     }
-    return true;
-  };
-  st.reported.assign(n, 0);
-  auto report = [&] {
-    if (!on_arrival) return;
-    for (int p = 0; p < n; ++p) {
-      if (p != me && st.recvs[p].done && !st.reported[p]) {
-        st.reported[p] = 1;
-        on_arrival(p);
-      }
-    }
-  };
-  report();
-  while (!all_done()) {
-    absl::Status s = ctx.Progress(deadline);
-    report();
-    if (absl::IsDeadlineExceeded(s)) {
-      std::vector<int> missing;
-      for (int p = 0; p < n; ++p) {
-        if (p != me && !st.recvs[p].done) missing.push_back(p);
-      }
-      return DeadlineError(mine, me, missing, -1);
-    }
+  }
+}
+
+absl::StatusOr<bool> AllToAll::Advance(absl::Time until) {
+  Report();
+  while (!AllDone()) {
+    absl::Status s = ctx_.Progress(until);
+    Report();
+    if (absl::IsDeadlineExceeded(s)) return false;
     if (!s.ok()) return s;
   }
+  RETURN_IF_ERROR(Finish());
+  return true;
+}
+
+absl::Status AllToAll::TimedOut() const {
+  std::vector<int> missing;
+  for (int p = 0; p < n_; ++p) {
+    if (p != me_ && !st_.recvs[p].done) missing.push_back(p);
+  }
+  if (missing.empty()) return absl::DeadlineExceededError("deadline exceeded");  // a send is stuck
+  return DeadlineError(mine_, me_, missing, -1);
+}
+
+absl::Status AllToAll::Finish() {
+  const char* const in = st_.in.bytes.data();
   // The usual case, every signature equal to this rank's, is checked in
   // place; only a mismatch builds the strings for the error.
-  const absl::string_view my_sig(st.my_sig);
-  st.data_len.assign(n, 0);
-  st.data_at.assign(n, 0);
+  const absl::string_view my_sig(st_.my_sig);
+  st_.data_len.assign(n_, 0);
+  st_.data_at.assign(n_, 0);
   bool all_same = true;
-  for (int p = 0; p < n; ++p) {
-    if (p == me) continue;
+  for (int p = 0; p < n_; ++p) {
+    if (p == me_) continue;
     const char* msg = in + kCap * p;
-    const size_t len = EncodedLength(msg, st.recvs[p].bytes);
+    const size_t len = EncodedLength(msg, st_.recvs[p].bytes);
     all_same = all_same && SameOp(absl::string_view(msg, len), my_sig);
-    st.data_at[p] = st.recvs[p].bytes > len ? AlignUp(len) : len;
-    st.data_len[p] = st.recvs[p].bytes > st.data_at[p] ? st.recvs[p].bytes - st.data_at[p] : 0;
+    st_.data_at[p] = st_.recvs[p].bytes > len ? AlignUp(len) : len;
+    st_.data_len[p] = st_.recvs[p].bytes > st_.data_at[p] ? st_.recvs[p].bytes - st_.data_at[p] : 0;
   }
   if (!all_same) {
-    std::vector<std::string> by_rank(n);
-    for (int p = 0; p < n; ++p) {
-      by_rank[p] = p == me ? std::string(my_sig)
-                           : std::string(in + kCap * p, EncodedLength(in + kCap * p, st.recvs[p].bytes));
+    std::vector<std::string> by_rank(n_);
+    for (int p = 0; p < n_; ++p) {
+      by_rank[p] = p == me_ ? std::string(my_sig)
+                            : std::string(in + kCap * p,
+                                          EncodedLength(in + kCap * p, st_.recvs[p].bytes));
     }
-    RETURN_IF_ERROR(CompareSignatures(mine.seq, by_rank));
+    RETURN_IF_ERROR(CompareSignatures(mine_.seq, by_rank));
   }
   // Equal signatures: every rank decided the same way whether data rides
   // along, unless the ranks disagree on something outside the signature
   // (their link figures, or mixed daemon versions). Every message was read
   // whole, so the streams are intact: a clean error, and the job goes on.
-  st.peers.assign(n, nullptr);
-  for (int p = 0; p < n; ++p) {
-    if (p == me) continue;
-    if (st.data_len[p] != want) return MissingDataError(mine, me, p, st.data_len[p], want);
-    st.peers[p] = in + kCap * p + st.data_at[p];
+  st_.peers.assign(n_, nullptr);
+  for (int p = 0; p < n_; ++p) {
+    if (p == me_) continue;
+    if (st_.data_len[p] != want_) return MissingDataError(mine_, me_, p, st_.data_len[p], want_);
+    st_.peers[p] = in + kCap * p + st_.data_at[p];
   }
-  if (fused != nullptr) {
-    ReduceInRankOrder(fused->dtype, fused->op, fused->data, fused->count, me, st.peers, &st.own);
+  if (fused_ != nullptr) {
+    ReduceInRankOrder(fused_->dtype, fused_->op, fused_->data, fused_->count, me_, st_.peers,
+                      &st_.own);
   }
   const absl::string_view rank0 =
-      me == 0 ? my_sig : absl::string_view(in, EncodedLength(in, st.recvs[0].bytes));
-  if (agreed != nullptr) *agreed = SignatureProposal(rank0);
-  if (agreed_streams != nullptr) *agreed_streams = SignatureStreams(rank0);
+      me_ == 0 ? my_sig : absl::string_view(in, EncodedLength(in, st_.recvs[0].bytes));
+  agreed = SignatureProposal(rank0);
+  agreed_streams = SignatureStreams(rank0);
   return absl::OkStatus();
 }
 
@@ -398,7 +451,7 @@ size_t GroupsCap(int ranks) {
   return static_cast<size_t>(ranks) * (sizeof(RdGroup) + 4 + Pad4(kMaxSignatureBytes));
 }
 
-class RdExchange {
+class RdExchange final : public ExchangeImpl {
  public:
   RdExchange(transport::Context& ctx, const OpSignature& mine,
              const std::function<void(int rank)>& on_arrival, FusedAllreduce* fused,
@@ -407,7 +460,9 @@ class RdExchange {
         n_(ctx.size()), me_(ctx.rank()),
         want_(fused != nullptr ? fused->count * DTypeSize(fused->dtype) : 0) {}
 
-  absl::Status Run(absl::Time deadline, uint8_t* agreed, uint8_t* agreed_streams);
+  absl::Status Start();
+  absl::StatusOr<bool> Advance(absl::Time until) override;
+  absl::Status TimedOut() const override;
 
  private:
   // The steps this rank takes and the inbox's slots, built once per (n, me).
@@ -444,6 +499,12 @@ class RdExchange {
   int known_count_ = 0;
   bool valid_ = true;
   size_t msg_slot_ = 0;  // the slot holding this rank's partial result
+  size_t step_ = 0;      // the step under way
+  bool sent_ = false;    // its send is posted
+  // Posts the send of step step_, if it has one not yet posted.
+  absl::Status PostStepSend();
+  // Every message is in: check that the ranks agree, hand out the result.
+  absl::Status Finish();
 };
 
 void RdExchange::Plan() {
@@ -690,12 +751,11 @@ std::vector<int> RdExchange::Unheard() const {
   return missing;
 }
 
-absl::Status RdExchange::Run(absl::Time deadline, uint8_t* agreed, uint8_t* agreed_streams) {
+absl::Status RdExchange::Start() {
   Plan();
   ASSIGN_OR_RETURN(const transport::MemoryRegion* mr,
                    SignatureScratch::State::Register(ctx_, st_.in, st_.inbox_bytes));
-  std::vector<RdStep>& steps = st_.steps;
-  for (RdStep& s : steps) {
+  for (RdStep& s : st_.steps) {
     s.sreq = transport::Request{};
     s.rreq = transport::Request{};
     s.announced = false;
@@ -704,35 +764,60 @@ absl::Status RdExchange::Run(absl::Time deadline, uint8_t* agreed, uint8_t* agre
   st_.announced.assign(n_, 0);
   ForgetAll();
   msg_slot_ = 0;
+  step_ = 0;
+  sent_ = false;
   Know(st_.my_sig, static_cast<uint32_t>(want_), me_);
   if (want_ > 0) std::memcpy(Inbox() + sizeof(RdPrefix), fused_->data, want_);
-  for (RdStep& s : steps) {
+  for (RdStep& s : st_.steps) {
     if (!s.recv) continue;
     const transport::MessageTag tag{mine_.seq, transport::kControlSlot, 0, s.round};
     RETURN_IF_ERROR(ctx_.PostRecv(s.peer, *mr, st_.slots[s.slot].offset, st_.slots[s.slot].cap,
                                   /*exact=*/false, tag, &s.rreq));
   }
-  for (size_t i = 0; i < steps.size(); ++i) {
-    RdStep& s = steps[i];
-    if (s.send) {
-      // Built in whichever slot holds the partial result: slot 0, or a slot
-      // whose receive is done.
-      const size_t len = Build();
-      const transport::MessageTag tag{mine_.seq, transport::kControlSlot, 0, s.round};
-      RETURN_IF_ERROR(ctx_.PostSend(s.peer, *mr, st_.slots[msg_slot_].offset, len, tag, &s.sreq));
-    }
+  // The first message needs nothing from the others: out it goes, so a rank
+  // that started is heard from even before its first Advance.
+  return PostStepSend();
+}
+
+absl::Status RdExchange::PostStepSend() {
+  RdStep& s = st_.steps[step_];
+  if (!s.send || sent_) return absl::OkStatus();
+  // Built in whichever slot holds the partial result: slot 0, or a slot
+  // whose receive is done.
+  const size_t len = Build();
+  const transport::MessageTag tag{mine_.seq, transport::kControlSlot, 0, s.round};
+  RETURN_IF_ERROR(
+      ctx_.PostSend(s.peer, *st_.in.mr, st_.slots[msg_slot_].offset, len, tag, &s.sreq));
+  sent_ = true;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> RdExchange::Advance(absl::Time until) {
+  std::vector<RdStep>& steps = st_.steps;
+  for (; step_ < steps.size(); ++step_, sent_ = false) {
+    RdStep& s = steps[step_];
+    RETURN_IF_ERROR(PostStepSend());
     while ((s.send && !s.sreq.done) || (s.recv && !s.rreq.done)) {
-      absl::Status st = ctx_.Progress(deadline);
-      if (absl::IsDeadlineExceeded(st)) {
-        const std::vector<int> missing = Unheard();
-        if (missing.empty()) return st;  // everyone submitted; only the send is stuck
-        return DeadlineError(mine_, me_, missing, s.peer);
-      }
+      absl::Status st = ctx_.Progress(until);
+      if (absl::IsDeadlineExceeded(st)) return false;
       if (!st.ok()) return st;
-      if (on_arrival_) AnnounceEarly(i);
+      if (on_arrival_) AnnounceEarly(step_);
     }
     if (s.recv) RETURN_IF_ERROR(Merge(s));
   }
+  RETURN_IF_ERROR(Finish());
+  return true;
+}
+
+absl::Status RdExchange::TimedOut() const {
+  const std::vector<int> missing = Unheard();
+  // Everyone submitted; only a send is stuck.
+  if (missing.empty()) return absl::DeadlineExceededError("deadline exceeded");
+  const int through = step_ < st_.steps.size() ? st_.steps[step_].peer : -1;
+  return DeadlineError(mine_, me_, missing, through);
+}
+
+absl::Status RdExchange::Finish() {
   if (known_count_ != n_) {
     return absl::DataLossError(absl::StrCat("op ", mine_.seq, ": rank ", me_, " learnt ",
                                             known_count_, " of ", n_, " signatures"));
@@ -762,8 +847,8 @@ absl::Status RdExchange::Run(absl::Time deadline, uint8_t* agreed, uint8_t* agre
   for (size_t i = 0; i < st_.n_groups; ++i) {
     const SigGroup& g = st_.groups[i];
     if (std::find(g.ranks.begin(), g.ranks.end(), 0) == g.ranks.end()) continue;
-    if (agreed != nullptr) *agreed = SignatureProposal(g.sig);
-    if (agreed_streams != nullptr) *agreed_streams = SignatureStreams(g.sig);
+    agreed = SignatureProposal(g.sig);
+    agreed_streams = SignatureStreams(g.sig);
   }
   if (want_ > 0) {
     if (!valid_) {  // equal signatures and lengths, yet a peer sent no partial result
@@ -778,11 +863,29 @@ absl::Status RdExchange::Run(absl::Time deadline, uint8_t* agreed, uint8_t* agre
 
 }  // namespace
 
-absl::Status CheckSignatures(transport::Context& ctx, const OpSignature& mine,
-                             SignaturePattern pattern, absl::Time deadline,
-                             const std::function<void(int rank)>& on_arrival,
-                             uint8_t* agreed, FusedAllreduce* fused, SignatureScratch* scratch,
-                             uint8_t* agreed_streams) {
+static_assert(sizeof(AllToAll) <= SignatureExchange::kImplBytes &&
+                  sizeof(RdExchange) <= SignatureExchange::kImplBytes,
+              "SignatureExchange::storage_ holds either exchange");
+static_assert(alignof(AllToAll) <= alignof(std::max_align_t) &&
+                  alignof(RdExchange) <= alignof(std::max_align_t),
+              "SignatureExchange::storage_ alignment");
+
+SignatureExchange::SignatureExchange() = default;
+SignatureExchange::~SignatureExchange() { Reset(); }
+
+void SignatureExchange::Reset() {
+  if (impl_ != nullptr) impl_->~ExchangeImpl();
+  impl_ = nullptr;
+}
+
+absl::Status SignatureExchange::Start(transport::Context& ctx, const OpSignature& mine,
+                                      SignaturePattern pattern,
+                                      std::function<void(int rank)> on_arrival,
+                                      FusedAllreduce* fused, SignatureScratch* scratch) {
+  Reset();
+  done_ = false;
+  agreed_ = OpSignature::kNoAlgorithm;
+  agreed_streams_ = 0;
   const int n = ctx.size();
   if (fused != nullptr) {
     const size_t bytes = fused->count * DTypeSize(fused->dtype);
@@ -793,21 +896,59 @@ absl::Status CheckSignatures(transport::Context& ctx, const OpSignature& mine,
     }
   }
   if (n == 1) {
-    if (agreed != nullptr) *agreed = mine.proposal;
-    if (agreed_streams != nullptr) *agreed_streams = mine.streams;
+    agreed_ = mine.proposal;
+    agreed_streams_ = mine.streams;
+    done_ = true;
     return absl::OkStatus();
   }
-  std::unique_ptr<SignatureScratch> local;
   if (scratch == nullptr) {
-    local = std::make_unique<SignatureScratch>();
-    scratch = local.get();
+    local_scratch_ = std::make_unique<SignatureScratch>();
+    scratch = local_scratch_.get();
   }
+  on_arrival_ = std::move(on_arrival);
+  // Built in place (no allocation per op); they hold references, so each op
+  // constructs anew.
   if (pattern == SignaturePattern::kAllToAll || n == 2) {
-    return AllToAll(ctx, mine, deadline, on_arrival, agreed, agreed_streams, fused,
-                    scratch->state());
+    AllToAll* a2a = new (&storage_) AllToAll(ctx, mine, on_arrival_, fused, scratch->state());
+    impl_ = a2a;
+    return a2a->Start();
   }
-  RdExchange rd(ctx, mine, on_arrival, fused, scratch->state());
-  return rd.Run(deadline, agreed, agreed_streams);
+  RdExchange* rd = new (&storage_) RdExchange(ctx, mine, on_arrival_, fused, scratch->state());
+  impl_ = rd;
+  return rd->Start();
+}
+
+absl::StatusOr<bool> SignatureExchange::Advance(absl::Time until) {
+  if (done_) return true;
+  if (impl_ == nullptr) return absl::FailedPreconditionError("no signature exchange started");
+  ASSIGN_OR_RETURN(done_, impl_->Advance(until));
+  if (done_) {
+    agreed_ = impl_->agreed;
+    agreed_streams_ = impl_->agreed_streams;
+  }
+  return done_;
+}
+
+absl::Status SignatureExchange::TimedOut() const {
+  if (impl_ == nullptr) return absl::DeadlineExceededError("deadline exceeded");
+  return impl_->TimedOut();
+}
+
+absl::Status CheckSignatures(transport::Context& ctx, const OpSignature& mine,
+                             SignaturePattern pattern, absl::Time deadline,
+                             const std::function<void(int rank)>& on_arrival,
+                             uint8_t* agreed, FusedAllreduce* fused, SignatureScratch* scratch,
+                             uint8_t* agreed_streams) {
+  SignatureExchange x;
+  RETURN_IF_ERROR(x.Start(ctx, mine, pattern, on_arrival, fused, scratch));
+  while (true) {
+    ASSIGN_OR_RETURN(const bool done, x.Advance(deadline));
+    if (done) break;
+    if (FastNow() >= deadline) return x.TimedOut();
+  }
+  if (agreed != nullptr) *agreed = x.agreed();
+  if (agreed_streams != nullptr) *agreed_streams = x.agreed_streams();
+  return absl::OkStatus();
 }
 
 absl::Status CompareSignatures(uint64_t seq, const std::vector<std::string>& encoded_by_rank) {

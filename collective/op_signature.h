@@ -2,6 +2,7 @@
 #ifndef GRADSYNC_COLLECTIVE_OP_SIGNATURE_H_
 #define GRADSYNC_COLLECTIVE_OP_SIGNATURE_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -108,6 +109,55 @@ class SignatureScratch {
 
  private:
   std::unique_ptr<State> state_;
+};
+
+namespace signature_internal {
+class ExchangeImpl;
+}  // namespace signature_internal
+
+// One op's signature exchange (CheckSignatures), run in steps: Start posts
+// this rank's receives and first message, Advance moves it on until it is
+// done or a given time passes. A caller can do other work in between (the
+// client's direct path runs an exchange inside its session's calls). An
+// exchange is one op's; Start again for the next (after this one is done or
+// failed: a failed exchange leaves its context failed or out of step, except
+// for a mismatch, which keeps the streams intact). Not thread-safe.
+class SignatureExchange {
+ public:
+  SignatureExchange();
+  ~SignatureExchange();
+  SignatureExchange(const SignatureExchange&) = delete;
+  SignatureExchange& operator=(const SignatureExchange&) = delete;
+
+  // Begins `mine`'s exchange on `ctx` in `pattern`, with `on_arrival` and
+  // `fused` as CheckSignatures takes them. `ctx`, `mine`, `fused` (with its
+  // data) and `scratch` must outlive the exchange; `scratch` is required
+  // with `fused`.
+  absl::Status Start(transport::Context& ctx, const OpSignature& mine, SignaturePattern pattern,
+                     std::function<void(int rank)> on_arrival, FusedAllreduce* fused,
+                     SignatureScratch* scratch);
+  // Moves the exchange on until it is done (true) or `until` passes (false;
+  // a past `until` looks once without waiting). Errors as CheckSignatures'.
+  absl::StatusOr<bool> Advance(absl::Time until);
+  // The error when the op's deadline passed first: the ranks not heard from
+  // (CheckSignatures' deadline error).
+  absl::Status TimedOut() const;
+  // Once done: rank 0's proposals.
+  uint8_t agreed() const { return agreed_; }
+  uint8_t agreed_streams() const { return agreed_streams_; }
+
+  static constexpr size_t kImplBytes = 160;
+
+ private:
+  void Reset();
+
+  alignas(std::max_align_t) unsigned char storage_[kImplBytes];
+  signature_internal::ExchangeImpl* impl_ = nullptr;  // in storage_, or null
+  std::unique_ptr<SignatureScratch> local_scratch_;   // when Start got none
+  std::function<void(int rank)> on_arrival_;
+  bool done_ = false;
+  uint8_t agreed_ = OpSignature::kNoAlgorithm;
+  uint8_t agreed_streams_ = 0;
 };
 
 // Sends `mine` to the peers and learns theirs, on the op's control slot, in

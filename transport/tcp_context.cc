@@ -352,7 +352,7 @@ absl::Status TcpContext::Progress(absl::Time deadline) {
     // kPollEvery-th turn polls every connection, so an abort or a close from
     // a peer nobody waits on is still seen within a few turns.
     int n = 0;
-    const absl::Time spin_until = FastNow() + spin_;
+    const absl::Time spin_until = std::min(FastNow() + spin_, deadline);  // never past the deadline
     for (int turn = 0;; ++turn) {
       if (spin_ > absl::ZeroDuration() && turn % kPollEvery != kPollEvery - 1) {
         bool completed = false;
