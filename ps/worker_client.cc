@@ -112,10 +112,25 @@ class PsWorker::Run {
     std::vector<int> owner;
     while (true) {
       bool done = true;
+      // Every shard's connection is read before any error is returned: when
+      // one shard is lost and another reports the step's failure (often
+      // the same loss, seen through another worker that left), the loss is
+      // the cause and wins.
+      absl::Status failed;
+      bool failed_lost = false;
+      for (int k = 0; k < static_cast<int>(shards_.size()); ++k) {
+        if (shards_[k].parts.empty()) continue;
+        absl::Status r = PumpRecv(k);
+        if (r.ok() || failed_lost) continue;
+        if (failed.ok() || shards_[k].dead) {
+          failed = std::move(r);
+          failed_lost = shards_[k].dead;
+        }
+      }
+      if (!failed.ok()) return failed;
       for (int k = 0; k < static_cast<int>(shards_.size()); ++k) {
         Shard& s = shards_[k];
         if (s.parts.empty()) continue;
-        RETURN_IF_ERROR(PumpRecv(k));
         RETURN_IF_ERROR(PumpSend(k));
         if (s.pulled < s.parts.size()) done = false;
       }
