@@ -105,6 +105,18 @@ absl::StatusOr<int> RunStatus(const StatusOptions& o) {
         }
       }
     }
+    // The ranks that have not reached op `seq` (have no current op, or an
+    // earlier one): what a rank negotiating it waits for, when its daemon
+    // cannot tell (the clients' direct path).
+    auto behind = [&](uint64_t seq) {
+      std::vector<int> out;
+      for (const auto& m : job.members()) {
+        auto it = sessions.find(m.rank());
+        if (it == sessions.end()) continue;
+        if (!it->second.has_current() || it->second.current_seq() < seq) out.push_back(m.rank());
+      }
+      return out;
+    };
     std::printf("  %-4s %-24s %-5s %-11s %-52s %s\n", "rank", "member", "alive", "heartbeat",
                 "last completed op", "now");
     for (const auto& m : job.members()) {
@@ -120,6 +132,9 @@ absl::StatusOr<int> RunStatus(const StatusOptions& o) {
                                 s.current_age_ms() / 1000.0);
           if (!s.missing_ranks().empty()) {
             absl::StrAppend(&now, " (waiting for rank ", absl::StrJoin(s.missing_ranks(), ","), ")");
+          } else if (s.phase() == "negotiating") {
+            const std::vector<int> late = behind(s.current_seq());
+            if (!late.empty()) absl::StrAppend(&now, " (waiting for rank ", absl::StrJoin(late, ","), ")");
           }
         } else {
           now = "idle";

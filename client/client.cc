@@ -17,6 +17,7 @@
 #include <grpcpp/support/channel_arguments.h>
 
 #include "absl/strings/str_cat.h"
+#include "client/direct_path.h"
 #include "client/local_path.h"
 #include "client/op_channel.h"
 #include "client/shm_op_channel.h"
@@ -117,10 +118,10 @@ Buffer::~Buffer() {
 
 Session::Session(std::shared_ptr<internal::WorkerConnection> conn, std::string id, int rank,
                  int world_size, int64_t epoch, JobFacts job,
-                 std::unique_ptr<internal::OpChannel> ops, std::unique_ptr<internal::LocalPath> local)
+                 std::unique_ptr<internal::OpChannel> ops, std::unique_ptr<internal::OpPath> path)
     : conn_(std::move(conn)),
       ops_(std::move(ops)),
-      local_(std::move(local)),
+      path_(std::move(path)),
       id_(std::move(id)),
       rank_(rank),
       world_size_(world_size),
@@ -304,18 +305,32 @@ absl::StatusOr<OpHandle> Session::SubmitAsync(const CollectiveSpec& spec) {
       !spec.algorithm.empty() && spec.algorithm != "auto" ? spec.algorithm : job_.algorithm;
   absl::StatusOr<uint8_t> code = RequestedAlgorithmCode(algo_name, spec.kind, bytes);
   if (!code.ok()) return absl::InvalidArgumentError(absl::StrCat(what(), ": ", code.status().message()));
-  if (*code == kLocalCode && local_ == nullptr) {
+  if (*code == kLocalCode && (path_ == nullptr || path_->code() != kLocalCode)) {
     return absl::InvalidArgumentError(absl::StrCat(
         what(), ": algorithm 'local' needs a job whose ranks all use one gradsyncd (with --local_ops) "
         "and clients that share its arena; session ", id_, " has none"));
   }
-  if (*code == kLocalCode && spec.kind == CollectiveKind::kAllreduce &&
-      bytes > local_->max_local_bytes()) {
+  if (*code == kDirectCode && (path_ == nullptr || path_->code() != kDirectCode)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        what(), ": algorithm 'local' runs allreduces of at most ", local_->max_local_bytes(),
-        " bytes per rank (gradsyncd --local_ops_max_bytes); this op has ", bytes));
+        what(), ": algorithm 'direct' needs a job whose clients all run the direct path (ranks "
+        "on several gradsyncd with --direct_ops, no arena); session ", id_, " has none"));
   }
-  if (local_ != nullptr && *code == kParameterServerCode && job_.ps_shards == 0) {
+  if ((*code == kLocalCode || *code == kDirectCode) && spec.kind == CollectiveKind::kAllreduce &&
+      bytes > path_->max_local_bytes()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what(), ": algorithm '", AlgorithmCodeName(*code), "' runs allreduces of at most ",
+        path_->max_local_bytes(), " bytes per rank",
+        *code == kLocalCode ? " (gradsyncd --local_ops_max_bytes)" : "", "; this op has ", bytes));
+  }
+  if (path_ != nullptr && path_->code() == kDirectCode && *code == kHierarchicalCode) {
+    // The direct path runs only when every rank has a daemon of its own. The
+    // daemon would refuse it too, but an op reaches the daemon only once
+    // every rank agreed on it (client/direct_path.h).
+    return absl::InvalidArgumentError(absl::StrCat(
+        what(), ": algorithm 'hier' needs ranks that share a daemon; this session's job has one "
+        "rank per daemon"));
+  }
+  if (path_ != nullptr && *code == kParameterServerCode && job_.ps_shards == 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         what(), ": algorithm 'ps' needs parameter-server shards; this session's job has none "
         "(create it with ps_shards > 0 and start gradsync-ps)"));
@@ -332,20 +347,20 @@ absl::StatusOr<OpHandle> Session::SubmitAsync(const CollectiveSpec& spec) {
   args.reduce_op = spec.op;
   args.name = spec.name;
   args.timeout_ms = CeilMillis(timeout);
-  if (local_ != nullptr) {
+  if (path_ != nullptr) {
     internal::PathOp op;
     op.args = args;
     op.forced = *code;
-    op.local = *code == kLocalCode ||
+    op.local = *code == path_->code() ||
                (*code == kAutoCode &&
                 (spec.kind == CollectiveKind::kBarrier ||
-                 (spec.kind == CollectiveKind::kAllreduce && bytes <= local_->max_local_bytes())));
+                 (spec.kind == CollectiveKind::kAllreduce && bytes <= path_->max_local_bytes())));
     if (spec.buffer != nullptr) {
       // Const on the SDK's surface, written in place like the daemon does.
       op.data = static_cast<char*>(const_cast<void*>(spec.buffer->data())) + offset_bytes;
       op.bytes = bytes;
     }
-    ASSIGN_OR_RETURN(internal::SubmitTicket ticket, local_->Submit(op));
+    ASSIGN_OR_RETURN(internal::SubmitTicket ticket, path_->Submit(op));
     return OpHandle{ticket.op_id, ticket.sequence, spec.name};
   }
   ASSIGN_OR_RETURN(internal::SubmitTicket ticket, ops_->Submit(args));
@@ -365,8 +380,8 @@ absl::StatusOr<OpResult> Session::Wait(const OpHandle& op, absl::Duration timeou
   if (timeout < absl::ZeroDuration()) timeout = absl::ZeroDuration();
   const absl::Time deadline =
       timeout == absl::InfiniteDuration() ? absl::InfiniteFuture() : FastNow() + timeout;
-  ASSIGN_OR_RETURN(internal::WaitOutcome outcome, local_ != nullptr
-                                                      ? local_->Wait(op.op_id, deadline)
+  ASSIGN_OR_RETURN(internal::WaitOutcome outcome, path_ != nullptr
+                                                      ? path_->Wait(op.op_id, deadline)
                                                       : ops_->Wait(op.op_id, deadline));
   if (!outcome.done) {
     return absl::DeadlineExceededError(absl::StrCat(OpLabel(op), " of session ", id_,
@@ -383,7 +398,7 @@ absl::StatusOr<OpResult> Session::Wait(const OpHandle& op, absl::Duration timeou
 absl::StatusOr<bool> Session::Poll(const OpHandle& op) {
   RETURN_IF_ERROR(CheckOpen());
   ASSIGN_OR_RETURN(internal::WaitOutcome outcome,
-                   local_ != nullptr ? local_->Wait(op.op_id, absl::InfinitePast())
+                   path_ != nullptr ? path_->Wait(op.op_id, absl::InfinitePast())
                                      : ops_->Wait(op.op_id, absl::InfinitePast()));
   return outcome.done;
 }
@@ -488,6 +503,25 @@ absl::StatusOr<std::unique_ptr<Session>> Client::OpenSession(const SessionOption
   // op on the daemon (for comparisons and debugging).
   const char* local_env = std::getenv("GRADSYNC_LOCAL_OPS");
   req.set_local_ops(local_env == nullptr || std::string(local_env) != "0");
+  // GRADSYNC_DIRECT_OPS=0 likewise keeps this client off the direct path
+  // (and so the whole job: every rank's client must listen); so does
+  // GRADSYNC_OP_CHANNEL=grpc (the daemon sees the direct path's ops in the
+  // op queue's header).
+  const char* direct_env = std::getenv("GRADSYNC_DIRECT_OPS");
+  const char* channel_env = std::getenv("GRADSYNC_OP_CHANNEL");
+  const bool want_direct = (direct_env == nullptr || std::string(direct_env) != "0") &&
+                           (channel_env == nullptr || std::string(channel_env) != "grpc");
+  std::unique_ptr<transport::TcpListener> direct_listener;
+  if (options.world_size > 1 && want_direct) {
+    absl::StatusOr<std::unique_ptr<transport::TcpListener>> l = internal::DirectPath::Listen();
+    if (l.ok()) {
+      direct_listener = *std::move(l);
+      req.set_direct_port(static_cast<uint32_t>(direct_listener->port()));
+    } else {
+      GS_LOG(WARNING) << "job '" << options.job_id << "': no direct path (cannot listen: "
+                      << l.status() << "); every op goes through gradsyncd";
+    }
+  }
 
   grpc::ClientContext ctx;
   const absl::Duration rpc_timeout = options.timeout + kRpcMargin;
@@ -504,7 +538,37 @@ absl::StatusOr<std::unique_ptr<Session>> Client::OpenSession(const SessionOption
       resp.op_timeout_ms() > 0 ? resp.op_timeout_ms() : options.op_timeout_ms);
   std::unique_ptr<internal::OpChannel> ops =
       internal::NewSessionOpChannel(conn_, resp.session_id(), job.default_op_timeout);
-  std::unique_ptr<internal::LocalPath> local;
+  // Every rank of the job must use the arena or the direct path once the
+  // daemon gave the job one: if this one cannot, the session is no use (the
+  // others would wait for it).
+  auto give_up = [&](const absl::Status& why, absl::string_view what) -> absl::Status {
+    v1::CloseSessionRequest creq;
+    creq.set_session_id(resp.session_id());
+    grpc::ClientContext cctx;
+    cctx.set_deadline(absl::ToChronoTime(absl::Now() + kRpcTimeout));
+    v1::CloseSessionResponse cresp;
+    conn_->stub->CloseSession(&cctx, creq, &cresp).IgnoreError();
+    return absl::Status(why.code(), absl::StrCat("OpenSession: ", what, ": ", why.message()));
+  };
+  std::unique_ptr<internal::OpPath> path;
+  if (resp.direct().endpoints_size() > 0) {
+    internal::DirectPathOptions d;
+    d.job_id = options.job_id;
+    d.epoch = static_cast<uint64_t>(resp.epoch());
+    d.rank = resp.rank();
+    d.world_size = resp.world_size();
+    for (const auto& e : resp.direct().endpoints()) d.peers.push_back(HostPort{e.host(), e.port()});
+    d.connect_timeout = options.timeout;
+    if (job.default_op_timeout > absl::ZeroDuration()) d.default_op_timeout = job.default_op_timeout;
+    absl::StatusOr<std::unique_ptr<internal::DirectPath>> direct =
+        direct_listener == nullptr
+            ? absl::FailedPreconditionError("this client does not listen")
+            : internal::DirectPath::Connect(std::move(direct_listener), std::move(d), ops.get(),
+                                            resp.session_id());
+    if (!direct.ok()) return give_up(direct.status(), "cannot connect the job's direct path");
+    path = *std::move(direct);
+  }
+  direct_listener.reset();  // no direct path: nobody will connect
   if (!resp.arena().shm_name().empty()) {
     // Every rank of the job must use the arena once the daemon gave it one:
     // if this one cannot, the session is no use (the others would wait for it).
@@ -519,21 +583,14 @@ absl::StatusOr<std::unique_ptr<Session>> Client::OpenSession(const SessionOption
                                        resp.session_id(), lo);
     }();
     if (!opened.ok()) {
-      v1::CloseSessionRequest creq;
-      creq.set_session_id(resp.session_id());
-      grpc::ClientContext cctx;
-      cctx.set_deadline(absl::ToChronoTime(absl::Now() + kRpcTimeout));
-      v1::CloseSessionResponse cresp;
-      conn_->stub->CloseSession(&cctx, creq, &cresp).IgnoreError();
-      return absl::Status(opened.status().code(),
-                          absl::StrCat("OpenSession: cannot map the job's arena ",
-                                       resp.arena().shm_name(), ": ", opened.status().message()));
+      return give_up(opened.status(),
+                     absl::StrCat("cannot map the job's arena ", resp.arena().shm_name()));
     }
-    local = *std::move(opened);
+    path = *std::move(opened);
   }
   return std::unique_ptr<Session>(new Session(conn_, resp.session_id(), resp.rank(),
                                               resp.world_size(), resp.epoch(), std::move(job),
-                                              std::move(ops), std::move(local)));
+                                              std::move(ops), std::move(path)));
 }
 
 }  // namespace client

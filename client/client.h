@@ -44,6 +44,15 @@
 // Environment: GRADSYNC_LOCAL_OPS=0 makes new sessions not ask for the arena
 // (every op then goes through the daemon; the job has no arena if any of its
 // sessions did not ask).
+// The direct path: when every rank of a job uses its own daemon, the
+// clients connect to each other over TCP and run every op's signature
+// exchange among themselves; small allreduces (up to 64 KiB per rank) and
+// barriers are done in it (OpResult::algorithm "direct") and never reach
+// the daemons, every other op reaches its daemon once the ranks agree on it
+// (docs/collectives.md). A session of such a job listens on a TCP port the
+// kernel picks (every interface) and runs a progress thread. Environment:
+// GRADSYNC_DIRECT_OPS=0 (or GRADSYNC_OP_CHANNEL=grpc) makes new sessions not
+// listen (then the whole job runs every op through the daemons).
 // Environment: GRADSYNC_OP_CHANNEL=grpc makes new sessions use the RPCs even
 // when the daemon has the queue (for comparisons and debugging); unset or any
 // other value: the queue when available. GRADSYNC_WAIT_SPIN_US=N: how long a
@@ -84,7 +93,7 @@ namespace gradsync {
 namespace client {
 
 namespace internal {
-class LocalPath;
+class OpPath;
 class OpChannel;
 struct WorkerConnection;
 }  // namespace internal
@@ -284,15 +293,17 @@ class Session {
   };
   Session(std::shared_ptr<internal::WorkerConnection> conn, std::string id, int rank,
           int world_size, int64_t epoch, JobFacts job, std::unique_ptr<internal::OpChannel> ops,
-          std::unique_ptr<internal::LocalPath> local);
+          std::unique_ptr<internal::OpPath> path);
 
   absl::Status CheckOpen() const;
 
   const std::shared_ptr<internal::WorkerConnection> conn_;
   const std::unique_ptr<internal::OpChannel> ops_;
-  // The node-local path (client/local_path.h) when the job has an arena:
-  // then every op goes through it (it uses ops_ for the daemon's).
-  const std::unique_ptr<internal::LocalPath> local_;
+  // When this client runs some ops itself, with the other clients (the
+  // node-local arena, client/local_path.h, or the direct path,
+  // client/direct_path.h): every op goes through it (it uses ops_ for the
+  // daemon's).
+  const std::unique_ptr<internal::OpPath> path_;
   const std::string id_;
   const int rank_;
   const int world_size_;

@@ -65,6 +65,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "client/op_channel.h"
+#include "client/op_path.h"
+#include "collective/algorithm.h"
 #include "ipc/arena.h"
 #include "ipc/shared_memory.h"
 
@@ -80,16 +82,7 @@ struct LocalPathOptions {
   absl::Duration default_op_timeout = absl::Seconds(60);
 };
 
-// One validated op and where its bytes are in this process.
-struct PathOp {
-  SubmitArgs args;        // as the daemon would get it (sequence is set here)
-  uint8_t forced = 0xff;  // RequestedAlgorithmCode of the effective algorithm
-  bool local = false;     // runs here (see the file comment)
-  char* data = nullptr;   // this rank's mapping of the op's range; null: no buffer
-  uint64_t bytes = 0;     // bytes of the range
-};
-
-class LocalPath {
+class LocalPath final : public OpPath {
  public:
   // Attaches to the arena `mem` as rank `rank`. `channel` (not owned,
   // outlives this) carries the ops the daemon runs. FailedPrecondition if the
@@ -100,15 +93,16 @@ class LocalPath {
                                                          std::string session_id,
                                                          LocalPathOptions options);
 
+  uint8_t code() const override { return kLocalCode; }
   // The largest allreduce (bytes per rank) this path runs itself.
-  uint64_t max_local_bytes() const { return arena_.data_bytes(); }
+  uint64_t max_local_bytes() const override { return arena_.data_bytes(); }
 
   // Numbers and publishes the op; a local one stays here, any other goes to
   // the channel. Waits only when the arena's frames are all in use (a rank
   // `frames` ops behind), up to the op's timeout.
-  absl::StatusOr<SubmitTicket> Submit(const PathOp& op);
+  absl::StatusOr<SubmitTicket> Submit(const PathOp& op) override;
   // As OpChannel::Wait, for ops of either path.
-  absl::StatusOr<WaitOutcome> Wait(uint64_t op_id, absl::Time deadline);
+  absl::StatusOr<WaitOutcome> Wait(uint64_t op_id, absl::Time deadline) override;
 
  private:
   enum class State {

@@ -17,6 +17,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "client/fake_op_channel.h"
 #include "collective/algorithm.h"
 #include "collective/op_signature.h"
 #include "collective/reference.h"
@@ -29,72 +30,7 @@ namespace client {
 namespace internal {
 namespace {
 
-// The daemon, as far as LocalPath can tell: ops it was sent, completed when
-// the test says so (with an optional effect on the buffer, like a result).
-class FakeChannel final : public OpChannel {
- public:
-  absl::StatusOr<SubmitTicket> Submit(const SubmitArgs& args) override {
-    std::lock_guard<std::mutex> l(mu_);
-    if (!refuse_.ok()) return refuse_;
-    if (!sent_.empty() && args.sequence <= sent_.back()) {  // as the op queue's tokens
-      return absl::InvalidArgumentError(absl::StrCat("op sequence ", args.sequence,
-                                                     " is not above the previous token ",
-                                                     sent_.back()));
-    }
-    sent_.push_back(args.sequence);
-    names_[args.sequence] = std::string(args.name);
-    return SubmitTicket{args.sequence, args.sequence};
-  }
-  absl::StatusOr<WaitOutcome> Wait(uint64_t op_id, absl::Time deadline) override {
-    std::unique_lock<std::mutex> l(mu_);
-    while (true) {
-      auto it = done_.find(op_id);
-      if (it != done_.end()) {
-        absl::Status s = it->second;
-        done_.erase(it);
-        if (!s.ok()) return s;
-        WaitOutcome o;
-        o.done = true;
-        o.algorithm = "hier";
-        return o;
-      }
-      const absl::Time now = absl::Now();
-      if (now >= deadline) return WaitOutcome{};
-      cv_.wait_for(l, std::chrono::milliseconds(
-                          std::max<int64_t>(1, std::min<int64_t>(20, absl::ToInt64Milliseconds(deadline - now)))));
-    }
-  }
-  void Complete(uint64_t id, absl::Status s = absl::OkStatus()) {
-    std::lock_guard<std::mutex> l(mu_);
-    done_[id] = s;
-    cv_.notify_all();
-  }
-  std::vector<uint64_t> sent() {
-    std::lock_guard<std::mutex> l(mu_);
-    return sent_;
-  }
-  void Refuse(absl::Status s) {
-    std::lock_guard<std::mutex> l(mu_);
-    refuse_ = s;
-  }
-  absl::Status Health() override {
-    std::lock_guard<std::mutex> l(mu_);
-    return health_;
-  }
-  void SetHealth(absl::Status s) {
-    std::lock_guard<std::mutex> l(mu_);
-    health_ = s;
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<uint64_t> sent_;
-  std::map<uint64_t, std::string> names_;
-  std::map<uint64_t, absl::Status> done_;
-  absl::Status refuse_;
-  absl::Status health_;
-};
+using FakeChannel = FakeOpChannel;
 
 std::atomic<int> g_segments{0};
 

@@ -104,8 +104,21 @@ class ShmOpChannel final : public OpChannel {
   absl::Status Health() override {
     absl::MutexLock l(&mu_);
     end_.BumpHeartbeat();  // the client is alive too
+    RETURN_IF_ERROR(CheckUsableLocked());
+    return end_.refusal();
+  }
+
+  absl::Status Alive() override {
+    absl::MutexLock l(&mu_);
+    end_.BumpHeartbeat();
     return CheckUsableLocked();
   }
+
+  ipc::OpCounters* DirectCounters(int kind) override { return &end_.direct_counters(kind); }
+  ipc::UnsentFailures* DirectUnsent() override { return &end_.direct_unsent(); }
+  void SetDirectCurrent(const ipc::DirectOp* op) override { end_.SetDirectCurrent(op); }
+  void SetDirectLast(const ipc::DirectOp& op) override { end_.SetDirectLast(op); }
+  void SetDirectInFlight(uint64_t n) override { end_.SetDirectInFlight(n); }
 
  private:
   // Writes `entry` into the submission ring, waiting for room if it is full.

@@ -24,10 +24,14 @@ inline constexpr uint8_t kParameterServerCode = 101;
 // barriers the clients of a job whose ranks all use one daemon run among
 // themselves in the job's shared-memory arena (ipc/arena.h).
 inline constexpr uint8_t kLocalCode = 102;
+// ... and the direct path (client/direct_path.h): small allreduces (up to
+// kOneShotMaxBytes per rank) and barriers the clients of a job run among
+// themselves over TCP, in the signature exchange the daemons use.
+inline constexpr uint8_t kDirectCode = 103;
 // No algorithm forced: "" or "auto" (OpSignature::kNoAlgorithm).
 inline constexpr uint8_t kAutoCode = 0xff;
 // "ring", "rhd", "rd", "tree", "pairwise", "oneshot", "hier", "ps", "local",
-// or "?" for others.
+// "direct", or "?" for others.
 const char* AlgorithmCodeName(uint8_t code);
 
 enum class Algorithm : uint8_t {

@@ -76,6 +76,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "ipc/doorbell.h"
+#include "ipc/op_counters.h"
 
 namespace gradsync {
 namespace ipc {
@@ -91,10 +92,10 @@ inline constexpr uint64_t kArenaMaxDataBytes = 16 << 20;
 inline constexpr size_t kArenaMaxSignatureBytes = 320;
 inline constexpr size_t kArenaMaxFailureBytes = 1024;
 // What the client counts per collective it runs locally (index into
-// ArenaSlotHeader::counters).
-inline constexpr int kArenaCounterAllreduce = 0;
-inline constexpr int kArenaCounterBarrier = 1;
-inline constexpr int kArenaCounterKinds = 2;
+// ArenaSlotHeader::counters; ipc/op_counters.h).
+inline constexpr int kArenaCounterAllreduce = kOpCounterAllreduce;
+inline constexpr int kArenaCounterBarrier = kOpCounterBarrier;
+inline constexpr int kArenaCounterKinds = kOpCounterKinds;
 
 static_assert(std::atomic<uint64_t>::is_always_lock_free, "arena words must be lock-free");
 static_assert(sizeof(std::atomic<uint64_t>) == sizeof(uint64_t), "arena word is 64 bits");
@@ -126,16 +127,9 @@ struct ArenaHeader {
 };
 static_assert(std::is_standard_layout_v<ArenaHeader>);
 
-// Plain counters a client keeps for the daemon's metrics (relaxed; the
-// daemon reads deltas and ignores ones that go backwards).
-inline constexpr int kArenaStatusCodes = 17;  // absl::StatusCode 0..16
-struct ArenaCounters {
-  std::atomic<uint64_t> ok;
-  std::atomic<uint64_t> bytes;    // buffer bytes of successful ops
-  std::atomic<uint64_t> run_ns;   // summed submission-to-completion time of successful ops
-  std::atomic<uint64_t> wait_ns;  // summed waiting for the last rank's frame (successful ops)
-  std::atomic<uint64_t> failed[kArenaStatusCodes];  // failed ops by absl::StatusCode
-};
+// Plain counters a client keeps for the daemon's metrics (ipc/op_counters.h).
+inline constexpr int kArenaStatusCodes = kOpStatusCodes;
+using ArenaCounters = OpCounters;
 
 struct ArenaSlotHeader {
   alignas(64) std::atomic<uint64_t> consumed;  // see "Reuse"

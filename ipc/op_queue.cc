@@ -317,7 +317,101 @@ void DaemonEnd::Close(const absl::Status& reason) {
   completion_bell().Ring();  // sleepers in Wait and in a full-ring Submit wake up
 }
 
+void DaemonEnd::SetRefusal(const absl::Status& why) {
+  if (why.ok() || h_->refusal_code.load(std::memory_order_relaxed) != 0) return;
+  bool truncated = false;
+  const std::string msg = FitMessage(why.message(), kMaxRefusalBytes, &truncated);
+  h_->refusal_len = static_cast<uint32_t>(msg.size());
+  std::memcpy(h_->refusal_message, msg.data(), msg.size());
+  h_->refusal_code.store(static_cast<int32_t>(why.code()), std::memory_order_release);
+}
+
+namespace {
+
+void WriteDirectOp(const DirectOp& op, DirectOpWords* w) {
+  const size_t n = std::min(op.name.size(), kDirectOpNameBytes);
+  w->seq.store(op.seq, std::memory_order_relaxed);
+  w->at_us.store(op.at_us, std::memory_order_relaxed);
+  w->meta.store(static_cast<uint64_t>(op.kind) | static_cast<uint64_t>(op.dtype) << 8 |
+                    static_cast<uint64_t>(op.reduce_op) << 16 |
+                    static_cast<uint64_t>(static_cast<uint32_t>(op.code) & 0xffff) << 24 |
+                    static_cast<uint64_t>(n) << 40,
+                std::memory_order_relaxed);
+  w->count.store(op.count, std::memory_order_relaxed);
+  char buf[kDirectOpNameBytes] = {};
+  std::memcpy(buf, op.name.data(), n);
+  for (size_t i = 0; i < kDirectOpNameBytes / 8; ++i) {
+    uint64_t word;
+    std::memcpy(&word, buf + 8 * i, 8);
+    w->name[i].store(word, std::memory_order_relaxed);
+  }
+}
+
+void ReadDirectOp(const DirectOpWords& w, DirectOp* op) {
+  op->seq = w.seq.load(std::memory_order_relaxed);
+  op->at_us = w.at_us.load(std::memory_order_relaxed);
+  const uint64_t meta = w.meta.load(std::memory_order_relaxed);
+  op->kind = static_cast<CollectiveKind>(meta & 0xff);
+  op->dtype = static_cast<DType>((meta >> 8) & 0xff);
+  op->reduce_op = static_cast<ReduceOp>((meta >> 16) & 0xff);
+  op->code = static_cast<int32_t>((meta >> 24) & 0xffff);
+  const size_t n = std::min<size_t>((meta >> 40) & 0xff, kDirectOpNameBytes);
+  op->count = w.count.load(std::memory_order_relaxed);
+  char buf[kDirectOpNameBytes];
+  for (size_t i = 0; i < kDirectOpNameBytes / 8; ++i) {
+    const uint64_t word = w.name[i].load(std::memory_order_relaxed);
+    std::memcpy(buf + 8 * i, &word, 8);
+  }
+  op->name.assign(buf, n);
+}
+
+// The seqlock's writer side: `write` runs with the version odd.
+template <typename F>
+void WriteDirectOps(DirectOpsWords* d, F write) {
+  const uint64_t v = d->version.load(std::memory_order_relaxed);
+  d->version.store(v + 1, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);
+  write();
+  d->version.store(v + 2, std::memory_order_release);
+}
+
+}  // namespace
+
+DirectOpsSnapshot DaemonEnd::direct_ops() const {
+  DirectOpsSnapshot snap;
+  snap.in_flight = h_->direct_in_flight.load(std::memory_order_acquire);
+  const DirectOpsWords& d = h_->direct_ops;
+  for (int attempt = 0; attempt < 64 && !snap.read; ++attempt) {
+    const uint64_t v = d.version.load(std::memory_order_acquire);
+    if (v & 1) continue;
+    ReadDirectOp(d.current, &snap.current);
+    ReadDirectOp(d.last, &snap.last);
+    std::atomic_thread_fence(std::memory_order_acquire);
+    snap.read = d.version.load(std::memory_order_relaxed) == v;
+  }
+  return snap;
+}
+
 // ---------------------------------------------------------------- ClientEnd
+
+void ClientEnd::SetDirectCurrent(const DirectOp* op) {
+  WriteDirectOps(&h_->direct_ops, [&] {
+    if (op != nullptr) {
+      WriteDirectOp(*op, &h_->direct_ops.current);
+    } else {
+      h_->direct_ops.current.seq.store(0, std::memory_order_relaxed);
+    }
+  });
+}
+
+void ClientEnd::SetDirectLast(const DirectOp& op) {
+  WriteDirectOps(&h_->direct_ops, [&] {
+    WriteDirectOp(op, &h_->direct_ops.last);
+    if (h_->direct_ops.current.seq.load(std::memory_order_relaxed) == op.seq) {
+      h_->direct_ops.current.seq.store(0, std::memory_order_relaxed);
+    }
+  });
+}
 
 ClientEnd::ClientEnd(OpQueueHeader* h, char* base, uint32_t capacity)
     : h_(h), base_(base), capacity_(capacity) {
@@ -405,6 +499,15 @@ absl::StatusOr<bool> ClientEnd::PopCompletion(CompletionEntry* out) {
   ++cq_head_;
   h_->cq_head.store(cq_head_, std::memory_order_release);
   return true;
+}
+
+absl::Status ClientEnd::refusal() const {
+  const int32_t code = h_->refusal_code.load(std::memory_order_acquire);
+  if (code == 0) return absl::OkStatus();
+  const size_t len = std::min<size_t>(h_->refusal_len, kMaxRefusalBytes);
+  absl::StatusCode c = CodeFromWire(code);
+  if (c == absl::StatusCode::kOk) c = absl::StatusCode::kUnavailable;
+  return absl::Status(c, std::string(h_->refusal_message, len));
 }
 
 absl::Status ClientEnd::closed_status() const {

@@ -104,14 +104,17 @@ TEST_F(AllreduceIntegration, BitExactAcrossWorldSizesAndCounts) {
 // (DefaultSignaturePattern), and a small allreduce's data ride along: every
 // rank gets the bits of that pattern's reduction order (random floats, so
 // another order would show; 3 and 5 ranks fold in and out), a mismatch is
-// named alike on every rank, and the job goes on.
-TEST_F(AllreduceIntegration, SmallAllreducesRideOnRecursiveDoublingFromThreeRanks) {
-  EXPECT_EQ(DefaultSignaturePattern(2, /*one_host=*/true), SignaturePattern::kAllToAll);
-  uint32_t seed = 900;
+// named alike on every rank, and the job goes on. `expected_algo`: "oneshot"
+// through the daemons, "direct" on the clients' direct path, which runs the
+// same exchange among the clients.
+void CheckRecursiveDoubling(LocalCluster& cluster, const std::string& expected_algo,
+                            uint32_t* seed_io) {
+  uint32_t& seed = *seed_io;
   for (int world : {3, 4, 5, 8}) {
     ASSERT_EQ(DefaultSignaturePattern(world, /*one_host=*/true),
               SignaturePattern::kRecursiveDoubling);
-    auto job = OpenJob(*cluster_, absl::StrCat("rd-", world), testing::FirstN(world));
+    auto job =
+        OpenJob(cluster, absl::StrCat("rd-", expected_algo, "-", world), testing::FirstN(world));
     ASSERT_TRUE(job.ok()) << job.status();
     struct Case { DType t; ReduceOp op; size_t count; };
     for (const Case& c : {Case{DType::kF32, ReduceOp::kSum, 13}, Case{DType::kF64, ReduceOp::kAvg, 5},
@@ -128,13 +131,13 @@ TEST_F(AllreduceIntegration, SmallAllreducesRideOnRecursiveDoublingFromThreeRank
         std::memcpy((*buf)->data(), in[r].data(), in[r].size());
         auto res = s.Allreduce(**buf, 0, c.count, c.t, c.op, absl::StrCat("rd.", seed));
         if (!res.ok()) return void(errors[r] = std::string(res.status().message()));
-        if (res->algorithm != "oneshot") errors[r] = "ran " + res->algorithm;
+        if (res->algorithm != expected_algo) errors[r] = "ran " + res->algorithm;
         if (std::memcmp((*buf)->data(), want.data(), want.size()) != 0) errors[r] += " wrong bits";
         (void)s.FreeBuffer(std::move(*buf));
       });
       for (int r = 0; r < world; ++r) {
-        EXPECT_EQ(errors[r], "") << "world " << world << " rank " << r << " " << DTypeName(c.t)
-                                 << " " << ReduceOpName(c.op);
+        EXPECT_EQ(errors[r], "") << expected_algo << " world " << world << " rank " << r << " "
+                                 << DTypeName(c.t) << " " << ReduceOpName(c.op);
       }
       ++seed;
     }
@@ -163,6 +166,18 @@ TEST_F(AllreduceIntegration, SmallAllreducesRideOnRecursiveDoublingFromThreeRank
     }
     for (auto& r : *job) EXPECT_TRUE(r.session->Close().ok());
   }
+}
+
+TEST_F(AllreduceIntegration, SmallAllreducesRideOnRecursiveDoublingFromThreeRanks) {
+  EXPECT_EQ(DefaultSignaturePattern(2, /*one_host=*/true), SignaturePattern::kAllToAll);
+  uint32_t seed = 900;
+  {
+    // Through the daemons: the clients' direct path off (read when a
+    // session opens).
+    testing::ScopedEnv no_direct("GRADSYNC_DIRECT_OPS", "0");
+    CheckRecursiveDoubling(*cluster_, "oneshot", &seed);
+  }
+  CheckRecursiveDoubling(*cluster_, "direct", &seed);
 }
 
 // Large ops carry a stream count proposal and rank 0's tuner may switch the

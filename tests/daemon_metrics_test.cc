@@ -22,6 +22,19 @@ double Sample(int port, const std::string& series) {
   return v.ok() ? *v : -1;
 }
 
+// Polls `series` until it reads `want` or 5 s pass (the daemon reads the
+// counters of the ops clients run themselves every poll or heartbeat
+// interval); returns the last reading.
+double AwaitSample(int port, const std::string& series, double want) {
+  const absl::Time end = absl::Now() + absl::Seconds(5);
+  double v = Sample(port, series);
+  while (v != want && absl::Now() < end) {
+    absl::SleepFor(absl::Milliseconds(50));
+    v = Sample(port, series);
+  }
+  return v;
+}
+
 TEST(DaemonMetrics, OpsBytesLatencyAndPeersAreExported) {
   LocalClusterOptions o;
   o.daemons = 3;
@@ -46,20 +59,29 @@ TEST(DaemonMetrics, OpsBytesLatencyAndPeersAreExported) {
       spec.name = "m";
       ASSERT_TRUE(s.Run(spec).ok());
     }
-    // A refused op (bad algorithm) never reaches the daemon's queue; a
-    // mismatched one fails with invalid_argument on every rank.
+    // Mismatched ops fail with invalid_argument on every rank, in the
+    // clients' signature exchange (the ranks use three daemons: the direct
+    // path): a small one the clients would have run themselves, and a ring
+    // the daemons would have run, which never reaches them.
     client::CollectiveSpec bad;
     bad.buffer = b->get();
     bad.count = r == 1 ? 10 : 11;
     bad.name = "mismatch";
-    EXPECT_FALSE(s.Run(bad).ok());
+    EXPECT_TRUE(absl::IsInvalidArgument(s.Run(bad).status()));
+    bad.algorithm = "ring";
+    EXPECT_TRUE(absl::IsInvalidArgument(s.Run(bad).status()));
   });
   const std::string ok_series =
       "gradsync_daemon_ops_total{algorithm=\"ring\",collective=\"allreduce\",status=\"ok\"}";
   EXPECT_EQ(Sample(port0, ok_series), 5);
-  // The mismatch fails in the signature check, before an algorithm is chosen.
-  EXPECT_EQ(Sample(port0, "gradsync_daemon_ops_total{algorithm=\"none\",collective=\"allreduce\","
-                          "status=\"invalid_argument\"}"),
+  // The daemon reads the direct path's counters from the op queue every
+  // poll interval. The ring failed before an algorithm was chosen ("none",
+  // as a mismatch the daemons find).
+  EXPECT_EQ(AwaitSample(port0, "gradsync_daemon_ops_total{algorithm=\"direct\",collective=\"allreduce\","
+                               "status=\"invalid_argument\"}", 1),
+            1);
+  EXPECT_EQ(AwaitSample(port0, "gradsync_daemon_ops_total{algorithm=\"none\",collective=\"allreduce\","
+                               "status=\"invalid_argument\"}", 1),
             1);
   EXPECT_EQ(Sample(port0, "gradsync_daemon_op_bytes_total{collective=\"allreduce\"}"), 5.0 * count * 4);
   EXPECT_EQ(Sample(port0, "gradsync_daemon_op_seconds_count{collective=\"allreduce\",size=\"le_1m\"}"), 5);
@@ -76,24 +98,12 @@ TEST(DaemonMetrics, OpsBytesLatencyAndPeersAreExported) {
             0);
   // Per-job series: present while the job has sessions here, gone after.
   EXPECT_EQ(Sample(port0, "gradsync_job_ops_total{gradsync_job=\"metrics\",status=\"ok\"}"), 5);
-  EXPECT_EQ(Sample(port0, "gradsync_job_ops_total{gradsync_job=\"metrics\",status=\"error\"}"), 1);
+  EXPECT_EQ(Sample(port0, "gradsync_job_ops_total{gradsync_job=\"metrics\",status=\"error\"}"), 2);
   EXPECT_EQ(Sample(port0, "gradsync_job_bytes_total{gradsync_job=\"metrics\"}"), 5.0 * count * 4);
   EXPECT_EQ(Sample(port0, "gradsync_job_local_ranks{gradsync_job=\"metrics\"}"), 1);
   for (auto& r : *job) ASSERT_TRUE(r.session->Close().ok());
   EXPECT_EQ(Sample(port0, "gradsync_job_local_ranks{gradsync_job=\"metrics\"}"), -1);
   EXPECT_EQ(Sample(port0, "gradsync_daemon_sessions"), 0);
-}
-
-// Polls `series` until it reads `want` or 5 s pass (the daemon reads the
-// arena's counters every heartbeat interval); returns the last reading.
-double AwaitSample(int port, const std::string& series, double want) {
-  const absl::Time end = absl::Now() + absl::Seconds(5);
-  double v = Sample(port, series);
-  while (v != want && absl::Now() < end) {
-    absl::SleepFor(absl::Milliseconds(50));
-    v = Sample(port, series);
-  }
-  return v;
 }
 
 // Four ranks on one daemon whose clients run the small ops themselves (the

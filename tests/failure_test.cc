@@ -148,25 +148,32 @@ TEST(Failure, DaemonKilledMidOpFailsEveryOtherRankNamingItAndSurvivorsServeNewJo
   ExpectWorkingAllreduce(*cluster, "after-kill", {0, 1, 3});
 }
 
-TEST(Failure, ClientKilledMidOpDoesNotTakeItsDaemonDown) {
-  auto cluster = StartCluster(2);
-  ASSERT_NE(cluster, nullptr);
+// A client process (tests/client_process: rank 0 of job "orphan", through
+// daemon 0) submits a 4 MB allreduce and is killed before rank 1 (this
+// process, through daemon 1) submits its own; then rank 1 submits it.
+// Returns rank 1's result (its buffer holds 2.0f; 3.0f once summed).
+struct OrphanRun {
+  absl::StatusOr<client::OpResult> result;
+  absl::Duration took;  // rank 1's allreduce
+  float last = 0;       // its buffer's last element after it
+};
+void RunOrphan(LocalCluster& cluster, absl::Duration timeout, OrphanRun* out) {
   const std::string helper = "tests/client_process";
-  int out[2];
-  ASSERT_EQ(::pipe(out), 0);
-  const std::string target = cluster->daemon_target(0);
+  int pipe_fds[2];
+  ASSERT_EQ(::pipe(pipe_fds), 0);
+  const std::string target = cluster.daemon_target(0);
   pid_t pid = ::fork();
   if (pid == 0) {
-    ::dup2(out[1], 1);
-    ::close(out[0]);
+    ::dup2(pipe_fds[1], 1);
+    ::close(pipe_fds[0]);
     const std::string t = "--target=" + target;
     ::execl(helper.c_str(), helper.c_str(), t.c_str(), "--job=orphan", "--world=2", "--rank=0",
             "--count=1000000", static_cast<char*>(nullptr));
     _exit(127);
   }
-  ::close(out[1]);
+  ::close(pipe_fds[1]);
   // Rank 1 joins through daemon 1 while the helper joins as rank 0.
-  auto c = client::Client::Connect(cluster->daemon_target(1));
+  auto c = client::Client::Connect(cluster.daemon_target(1));
   ASSERT_TRUE(c.ok());
   client::SessionOptions so;
   so.job_id = "orphan";
@@ -178,21 +185,58 @@ TEST(Failure, ClientKilledMidOpDoesNotTakeItsDaemonDown) {
   // Wait for the helper's submission, then kill it before rank 1 submits.
   std::string line;
   char ch;
-  while (::read(out[0], &ch, 1) == 1 && ch != '\n') line += ch;
-  ::close(out[0]);
+  while (::read(pipe_fds[0], &ch, 1) == 1 && ch != '\n') line += ch;
+  ::close(pipe_fds[0]);
   ASSERT_EQ(line, "SUBMITTED");
   ::kill(pid, SIGKILL);
   int wstatus = 0;
   ::waitpid(pid, &wstatus, 0);
-  // The daemon still runs the orphaned op: rank 1's matching op completes.
   auto b = (*s)->AllocateBuffer(1000000 * sizeof(float));
   ASSERT_TRUE(b.ok());
   for (int i = 0; i < 1000000; ++i) (*b)->as<float>()[i] = 2.0f;
-  auto res = (*s)->Allreduce(**b, 0, 1000000, DType::kF32, ReduceOp::kSum, "orphan",
-                             absl::Seconds(20));
-  EXPECT_TRUE(res.ok()) << res.status();
-  EXPECT_EQ((*b)->as<float>()[999999], 3.0f);
+  const absl::Time start = absl::Now();
+  out->result =
+      (*s)->Allreduce(**b, 0, 1000000, DType::kF32, ReduceOp::kSum, "orphan", timeout);
+  out->took = absl::Now() - start;
+  out->last = (*b)->as<float>()[999999];
+}
+
+// Through the daemons (the clients' direct path off; the helper inherits
+// the setting): the orphaned op is at daemon 0, which still runs it, so rank
+// 1's matching op completes.
+TEST(Failure, ClientKilledMidOpDoesNotTakeItsDaemonDown) {
+  auto cluster = StartCluster(2);
+  ASSERT_NE(cluster, nullptr);
+  OrphanRun run;
+  {
+    testing::ScopedEnv no_direct("GRADSYNC_DIRECT_OPS", "0");
+    RunOrphan(*cluster, absl::Seconds(20), &run);
+  }
+  EXPECT_TRUE(run.result.ok()) << run.result.status();
+  EXPECT_EQ(run.last, 3.0f);
   EXPECT_TRUE(cluster->DaemonAlive(0));
+  ExpectWorkingAllreduce(*cluster, "after-orphan", {0, 1});
+}
+
+// On the clients' direct path the orphaned op waited for its signature
+// exchange among the clients, so it never reached daemon 0: rank 1's op
+// (whose exchange got rank 0's signature) reaches daemon 1 and fails at its
+// timeout naming rank 0, as an op of a rank whose client died before it
+// submitted does through the daemons; both daemons go on serving.
+TEST(Failure, ClientKilledMidOpOnTheDirectPathFailsItsPeerNamingIt) {
+  auto cluster = StartCluster(2);
+  ASSERT_NE(cluster, nullptr);
+  OrphanRun run;
+  RunOrphan(*cluster, absl::Seconds(3), &run);
+  EXPECT_TRUE(absl::IsDeadlineExceeded(run.result.status())) << run.result.status();
+  EXPECT_EQ(run.last, 2.0f);
+  EXPECT_NE(run.result.status().message().find(
+                "timed out at rank 1 waiting for rank(s) 0 to submit op 1 (allreduce 'orphan' "
+                "f32[1000000] sum)"),
+            std::string::npos)
+      << run.result.status();
+  EXPECT_TRUE(cluster->DaemonAlive(0));
+  EXPECT_TRUE(cluster->DaemonAlive(1));
   ExpectWorkingAllreduce(*cluster, "after-orphan", {0, 1});
 }
 
@@ -487,14 +531,13 @@ TEST(Failure, NodeLocalSessionsBusyWithLocalOpsOnlyAreNotExpired) {
     auto& s = *(*ranks)[r].session;
     auto b = s.AllocateBuffer(1 << 20);
     ASSERT_TRUE(b.ok());
-    const absl::Time end = absl::Now() + absl::Seconds(3);
-    int ops = 0;
-    while (absl::Now() < end) {
+    // The same number of ops on every rank (at least 2 s: twice the lease),
+    // so both submit "big" as their next op.
+    for (int ops = 0; ops < 400; ++ops) {
       (*b)->as<float>()[0] = 1.0f;
       auto res = s.Allreduce(**b, 0, 1, DType::kF32, ReduceOp::kSum, "tick");
       ASSERT_TRUE(res.ok()) << "after " << ops << " ops: " << res.status();
       ASSERT_EQ(res->algorithm, "local");
-      ++ops;
       absl::SleepFor(absl::Milliseconds(5));
     }
     (*b)->as<float>()[(1 << 18) - 1] = 1.0f;

@@ -79,12 +79,30 @@ void ExpectRankTwoNamed(const std::string& out, const std::string& job) {
   EXPECT_EQ(out.find("rank 0 has not submitted"), std::string::npos) << out;
 }
 
+// Ranks on three daemons: the clients run op 2 on their direct path, and
+// each daemon shows its client's current and last op from the op queue.
 TEST(Status, NamesTheRankThatHasNotSubmittedTheOpOthersWaitFor) {
   StalledJob j;
-  RunStalledJob(3, "stalled", {0, 1, 2}, 1024, "", &j);
+  RunStalledJob(3, "stalled", {0, 1, 2}, 1024, "direct", &j);
   ExpectRankTwoNamed(j.during, "stalled");
+  EXPECT_NE(j.during.find("allreduce 'w' f32[1024] sum (op 2) has been waiting"),
+            std::string::npos)
+      << j.during;
   EXPECT_EQ(j.after.find("has been waiting"), std::string::npos) << j.after;
-  EXPECT_NE(j.after.find("(op 2): OK"), std::string::npos) << j.after;
+  EXPECT_NE(j.after.find("allreduce 'w' f32[1024] sum (op 2): OK"), std::string::npos) << j.after;
+}
+
+// The same through the daemons (the direct path off): the daemons negotiate
+// op 2 and know which rank they wait for.
+TEST(Status, NamesTheRankThatHasNotSubmittedAnOpTheDaemonsNegotiate) {
+  StalledJob j;
+  {
+    testing::ScopedEnv no_direct("GRADSYNC_DIRECT_OPS", "0");  // read when a session opens
+    RunStalledJob(3, "stalled-daemons", {0, 1, 2}, 1024, "oneshot", &j);
+  }
+  ExpectRankTwoNamed(j.during, "stalled-daemons");
+  EXPECT_EQ(j.after.find("has been waiting"), std::string::npos) << j.after;
+  EXPECT_NE(j.after.find("allreduce 'w' f32[1024] sum (op 2): OK"), std::string::npos) << j.after;
 }
 
 // The same for a node-local job, whose clients run small ops themselves in

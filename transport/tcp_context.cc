@@ -366,6 +366,7 @@ absl::Status TcpContext::Progress(absl::Time deadline) {
         }
         if (completed) return absl::OkStatus();
         if (failed_) return Fail(health());  // Abort() from another thread
+        if (interrupted_.load(std::memory_order_relaxed)) break;  // poll() sees the eventfd
       } else {
         n = ::poll(pfds.data(), pfds.size(), 0);
         if (n != 0) break;
@@ -382,7 +383,14 @@ absl::Status TcpContext::Progress(absl::Time deadline) {
       if (FastNow() >= deadline) return absl::DeadlineExceededError("deadline exceeded");
       continue;
     }
-    if (pfds[0].revents != 0) return Fail(health());  // Abort() from another thread
+    if (pfds[0].revents != 0) {
+      if (failed_) return Fail(health());  // Abort() from another thread
+      uint64_t count;
+      (void)!::read(wake_fd_.get(), &count, sizeof(count));  // drained either way
+      if (interrupted_.exchange(false)) {  // Interrupt(): hand over, as at a deadline
+        return absl::DeadlineExceededError("interrupted");
+      }
+    }
     bool completed = false;
     for (size_t i = 1; i < pfds.size(); ++i) {
       const short ev = pfds[i].revents;
@@ -398,6 +406,12 @@ absl::Status TcpContext::Progress(absl::Time deadline) {
     }
     if (completed) return absl::OkStatus();
   }
+}
+
+void TcpContext::Interrupt() {
+  interrupted_.store(true);
+  uint64_t one = 1;
+  (void)!::write(wake_fd_.get(), &one, sizeof(one));
 }
 
 void TcpContext::Abort(const absl::Status& reason) {

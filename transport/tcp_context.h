@@ -72,6 +72,15 @@ class TcpContext : public Context {
   int active_streams() const override { return active_streams_; }
   void UseStreams(int n) override { active_streams_ = n < 1 ? 1 : (n > streams_ ? streams_ : n); }
 
+  // How long Progress polls (yielding the CPU) before it sleeps in poll(2),
+  // from the next call on (TcpContextOptions::spin_us). Driving thread only.
+  void SetSpin(absl::Duration spin) { spin_ = spin; }
+  // From any thread: the Progress running now, or the next one, returns
+  // DeadlineExceeded at once (as if its deadline had passed), without
+  // failing the context: a thread that waits in Progress can hand the
+  // context over to another.
+  void Interrupt();
+
   // Bytes moved since creation (for metrics and the link probe).
   uint64_t bytes_sent() const { return bytes_sent_; }
   uint64_t bytes_received() const { return bytes_received_; }
@@ -146,10 +155,11 @@ class TcpContext : public Context {
   const int size_;
   const int streams_;
   int active_streams_;  // driving thread only
-  const absl::Duration spin_;
+  absl::Duration spin_;  // driving thread only (SetSpin)
   static constexpr int kPollEvery = 8;  // spinning: poll every connection every 8th turn
   std::vector<Peer> peers_;  // connection (rank, stream) at rank * streams_ + stream
-  UniqueFd wake_fd_;         // eventfd signalled by Abort()
+  UniqueFd wake_fd_;         // eventfd signalled by Abort() and Interrupt()
+  std::atomic<bool> interrupted_{false};
 
   mutable absl::Mutex mu_;
   absl::Status error_ ABSL_GUARDED_BY(mu_);

@@ -121,6 +121,10 @@ absl::StatusOr<std::shared_ptr<Session>> Daemon::OpenSession(const OpenSessionAr
   jreq.set_requested_rank(args.rank);
   jreq.mutable_data_endpoint()->set_host(options_.advertise_host);
   jreq.mutable_data_endpoint()->set_port(listener_->port());
+  if (options_.direct_ops && args.direct_port > 0) {
+    jreq.mutable_direct_endpoint()->set_host(options_.advertise_host);
+    jreq.mutable_direct_endpoint()->set_port(static_cast<int32_t>(args.direct_port));
+  }
   jreq.set_timeout_ms(absl::ToInt64Milliseconds(deadline - absl::Now()));
   {
     absl::MutexLock l(&mu_);
@@ -216,6 +220,20 @@ absl::StatusOr<std::shared_ptr<Session>> Daemon::OpenSession(const OpenSessionAr
     }
     group = *g;
   }
+  // The direct path: every rank has a daemon of its own (ranks that share
+  // one take the hierarchical path or the arena) and every rank's client
+  // listens. Every rank's daemon sees the same member list and job options,
+  // so they all decide alike. A timeline records every op, so it keeps them
+  // all here.
+  bool direct = layout.nodes == info.world_size && info.world_size > 1 &&
+                info.timeline_path.empty();
+  for (const auto& m : jresp.members()) direct = direct && m.direct_endpoint().port() > 0;
+  if (direct) {
+    for (const auto& m : jresp.members()) {
+      info.direct_endpoints.push_back(
+          HostPort{m.direct_endpoint().host(), m.direct_endpoint().port()});
+    }
+  }
   auto session =
       std::make_shared<Session>(info, std::move(*ctx), options_.ring, group, options_.observer,
                                 driver);
@@ -240,7 +258,11 @@ absl::StatusOr<std::shared_ptr<Session>> Daemon::OpenSession(const OpenSessionAr
                                       co.streams, " streams ", link->all_streams_gbps, " GB/s)")
                        : std::string())
                << "; signatures by " << SignaturePatternName(info.link.signatures)
-               << (one_host ? " (every rank on one host)" : " (ranks on several hosts)");
+               << (one_host ? " (every rank on one host)" : " (ranks on several hosts)")
+               << (info.direct_endpoints.empty()
+                       ? ""
+                       : "; direct path: the clients run small allreduces and barriers among "
+                         "themselves");
   return session;
 }
 

@@ -53,6 +53,13 @@ struct DaemonOptions {
   // driver runs the small ops above that.
   bool local_ops = true;
   int64_t local_ops_max_bytes = -1;
+  // Jobs whose clients all listen for each other (OpenSessionArgs::direct_port)
+  // and that have no arena: the daemon advertises each client's listener with
+  // its own host, and the clients run small allreduces (up to
+  // kOneShotMaxBytes per rank) and barriers among themselves over TCP, with
+  // no daemon thread per op (client/direct_path.h). Off: this daemon
+  // advertises none, so none of its jobs use the direct path.
+  bool direct_ops = true;
   static constexpr uint64_t kLocalOpsBudget = 64 << 10;
   uint32_t local_ops_frames = 16;  // ops a rank may be ahead of the slowest one
   std::string timeline_dir = "/var/lib/gradsync/timeline";  // for jobs with timeline on
@@ -73,6 +80,7 @@ struct OpenSessionArgs {
   int ps_shards = 0;      // parameter-server shards the job uses (if it creates it)
   std::string client_name;
   bool local_ops = false;  // the client can run node-local ops in an arena
+  uint32_t direct_port = 0;  // the client's direct-path listener (all interfaces); 0: none
 };
 
 class Daemon {

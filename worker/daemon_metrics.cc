@@ -292,7 +292,7 @@ void DaemonMetrics::OnLocalOps(const LocalOpsRecord& r) {
   // The same families as the daemon's own ops (OpSeries), algorithm "local".
   if (auto* c = Counter("gradsync_daemon_ops_total",
                         "Collectives finished, by type, algorithm and status",
-                        {{"collective", kind}, {"algorithm", "local"}, {"status", CodeName(r.code)}})) {
+                        {{"collective", kind}, {"algorithm", r.algorithm}, {"status", CodeName(r.code)}})) {
     c->Increment(static_cast<double>(r.ops));
   }
   if (r.code != absl::StatusCode::kOk || r.bytes == 0) return;

@@ -29,12 +29,17 @@ struct OpRecord {
   absl::Duration arrival_wait;  // waiting for the last rank to submit (signature check)
 };
 
-// What the clients of a node-local job ran themselves (client/local_path.h)
-// since the daemon last looked at its arena, per collective and outcome,
-// summed over the job's ranks on this daemon.
+// What clients ran themselves since the daemon last looked, per collective
+// and outcome: the clients of a node-local job in its arena
+// (client/local_path.h, algorithm "local", summed over the job's ranks on
+// this daemon), or one session's client on the direct path
+// (client/direct_path.h, algorithm "direct").
 struct LocalOpsRecord {
   std::string job_id;
   CollectiveKind kind = CollectiveKind::kAllreduce;
+  // "local" (the arena), "direct" (the direct path), "none" (a daemon op
+  // that failed in the clients' signature exchange)
+  const char* algorithm = "local";
   absl::StatusCode code = absl::StatusCode::kOk;
   uint64_t ops = 0;
   uint64_t bytes = 0;           // successful ops only

@@ -71,6 +71,11 @@ ABSL_FLAG(int64_t, local_ops_max_bytes, -1,
           "largest allreduce (bytes per rank) the clients of a node-local job run themselves "
           "(--local_ops); larger ones go through the daemon. -1: 64 KiB / ranks (each rank reads "
           "every rank's contribution); else 0..16 MiB");
+ABSL_FLAG(bool, direct_ops, true,
+          "jobs whose clients all support it and that have no arena: advertise each client's "
+          "listener, so the clients run small allreduces (up to 64 KiB per rank) and barriers "
+          "among themselves over TCP, with no daemon thread per op; off: every op of this "
+          "daemon's jobs goes through the daemons");
 ABSL_FLAG(int32_t, local_ops_frames, 16,
           "frames per rank in a node-local job's arena: how many ops a rank may get ahead of the "
           "slowest one before its submissions wait (a power of two, 2..1024)");
@@ -176,6 +181,7 @@ int main(int argc, char** argv) {
   opts.local_driver = absl::GetFlag(FLAGS_local_driver);
   opts.local_driver_spin = absl::Microseconds(std::max(0, absl::GetFlag(FLAGS_local_driver_spin_us)));
   opts.local_ops = absl::GetFlag(FLAGS_local_ops);
+  opts.direct_ops = absl::GetFlag(FLAGS_direct_ops);
   const int64_t local_max = absl::GetFlag(FLAGS_local_ops_max_bytes);
   if (local_max < -1 || local_max > (16 << 20)) {
     GS_LOG(ERROR) << "--local_ops_max_bytes " << local_max << " is outside [0, 16 MiB] (or -1: auto)";

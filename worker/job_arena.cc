@@ -1,5 +1,7 @@
 #include "worker/job_arena.h"
 
+#include "worker/op_counts.h"
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -129,47 +131,11 @@ absl::Status JobArena::CheckSignatures(int rank, const OpSignature& op, absl::Ti
 
 std::vector<LocalOpsRecord> JobArena::TakeLocalOps() {
   std::vector<LocalOpsRecord> out;
-  static constexpr CollectiveKind kKinds[ipc::kArenaCounterKinds] = {CollectiveKind::kAllreduce,
-                                                                     CollectiveKind::kBarrier};
   absl::MutexLock l(&mu_);
-  LocalOpsRecord ok[ipc::kArenaCounterKinds];
-  std::array<uint64_t, ipc::kArenaStatusCodes> failed[ipc::kArenaCounterKinds] = {};
-  // Counts the increase of `now` over `*last` and remembers `now`; a value
-  // that went backwards (a scribbling client) only re-bases.
-  auto delta = [](uint64_t now, uint64_t* last) {
-    const uint64_t d = now >= *last ? now - *last : 0;
-    *last = now;
-    return d;
-  };
-  for (int r = 0; r < view_.world_size(); ++r) {
-    for (int k = 0; k < ipc::kArenaCounterKinds; ++k) {
-      const ipc::ArenaCounters& c = view_.counters(r, k);
-      Seen& s = seen_[r][k];
-      ok[k].ops += delta(c.ok.load(std::memory_order_relaxed), &s.ok);
-      ok[k].bytes += delta(c.bytes.load(std::memory_order_relaxed), &s.bytes);
-      ok[k].run += absl::Nanoseconds(delta(c.run_ns.load(std::memory_order_relaxed), &s.run_ns));
-      ok[k].arrival_wait +=
-          absl::Nanoseconds(delta(c.wait_ns.load(std::memory_order_relaxed), &s.wait_ns));
-      for (int code = 0; code < ipc::kArenaStatusCodes; ++code) {
-        failed[k][code] += delta(c.failed[code].load(std::memory_order_relaxed), &s.failed[code]);
-      }
-    }
-  }
   for (int k = 0; k < ipc::kArenaCounterKinds; ++k) {
-    if (ok[k].ops > 0) {
-      ok[k].job_id = job_id_;
-      ok[k].kind = kKinds[k];
-      out.push_back(ok[k]);
-    }
-    for (int code = 1; code < ipc::kArenaStatusCodes; ++code) {
-      if (failed[k][code] == 0) continue;
-      LocalOpsRecord f;
-      f.job_id = job_id_;
-      f.kind = kKinds[k];
-      f.code = static_cast<absl::StatusCode>(code);
-      f.ops = failed[k][code];
-      out.push_back(f);
-    }
+    OpCounts sum;
+    for (int r = 0; r < view_.world_size(); ++r) TakeOpCounts(view_.counters(r, k), &seen_[r][k], &sum);
+    AppendOpRecords(sum, job_id_, k, "local", &out);
   }
   return out;
 }

@@ -33,6 +33,7 @@
 #include "ipc/arena.h"
 #include "ipc/shared_memory.h"
 #include "worker/daemon_observer.h"
+#include "worker/op_counts.h"
 
 namespace gradsync {
 
@@ -85,17 +86,14 @@ class JobArena {
  private:
   JobArena(std::string job_id, std::unique_ptr<ipc::SharedMemory> mem, ipc::ArenaView view);
 
-  struct Seen {
-    uint64_t ok = 0, bytes = 0, run_ns = 0, wait_ns = 0;
-    std::array<uint64_t, ipc::kArenaStatusCodes> failed{};
-  };
+
 
   const std::string job_id_;
   const std::unique_ptr<ipc::SharedMemory> mem_;
   ipc::ArenaView view_;
   absl::Mutex mu_;
   // [rank][kind]: what TakeLocalOps last read
-  std::vector<std::array<Seen, ipc::kArenaCounterKinds>> seen_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::array<OpCounts, ipc::kArenaCounterKinds>> seen_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace gradsync

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
 #include "common/logging.h"
+#include "common/status_macros.h"
 #include "common/process.h"
 #include "worker/local_driver.h"
 
@@ -79,8 +80,90 @@ Session::~Session() {
   if (observer_ != nullptr) observer_->OnSessionClosed(info_.job_id);
 }
 
+void Session::ObserveDirect(const ipc::OpCounters* counters, const ipc::UnsentFailures& unsent) {
+  std::vector<LocalOpsRecord> records;
+  {
+    absl::MutexLock l(&mu_);
+    for (int k = 0; k < ipc::kOpCounterKinds; ++k) {
+      OpCounts sum;
+      TakeOpCounts(counters[k], &direct_seen_[k], &sum);
+      AppendOpRecords(sum, info_.job_id, k, "direct", &records);
+    }
+    // Failed in the clients' signature exchange, as the daemon's own
+    // signature check counts them: before an algorithm was chosen ("none").
+    for (int kind = 1; kind < ipc::kCollectiveSlots; ++kind) {
+      for (int code = 1; code < ipc::kOpStatusCodes; ++code) {
+        uint64_t& seen = direct_unsent_seen_[kind][code];
+        const uint64_t now = unsent.failed[kind][code].load(std::memory_order_relaxed);
+        const uint64_t delta = now >= seen ? now - seen : 0;
+        seen = now;
+        if (delta == 0) continue;
+        LocalOpsRecord f;
+        f.job_id = info_.job_id;
+        f.kind = static_cast<CollectiveKind>(kind);
+        f.algorithm = "none";
+        f.code = static_cast<absl::StatusCode>(code);
+        f.ops = delta;
+        records.push_back(f);
+      }
+    }
+  }
+  if (observer_ == nullptr) return;
+  for (const LocalOpsRecord& r : records) observer_->OnLocalOps(r);
+}
+
+namespace {
+
+// "allreduce 'g' f32[2] sum (op 5)"
+std::string DescribeDirectOp(const ipc::DirectOp& op) {
+  OpSignature sig;
+  sig.seq = op.seq;
+  sig.kind = op.kind;
+  sig.dtype = op.dtype;
+  sig.op = op.reduce_op;
+  sig.count = op.count;
+  sig.name = op.name;
+  return absl::StrCat(sig.Describe(), " (op ", op.seq, ")");
+}
+
+}  // namespace
+
+void Session::ShowDirectOps(SessionStatus* st) const {
+  std::function<ipc::DirectOpsSnapshot()> probe;
+  {
+    absl::MutexLock l(&mu_);
+    probe = direct_probe_;
+  }
+  if (!probe) return;
+  const ipc::DirectOpsSnapshot snap = probe();
+  if (!snap.read) return;
+  // The last op the client's direct path finished itself (its direct ops,
+  // and ops refused before they reached this daemon).
+  if (snap.last.seq > st->last_completed_seq) {
+    const auto code = static_cast<absl::StatusCode>(snap.last.code);
+    st->last_completed_seq = snap.last.seq;
+    st->last_completed = absl::StrCat(DescribeDirectOp(snap.last), ": ",
+                                      code == absl::StatusCode::kOk ? "OK"
+                                                                    : absl::StatusCodeToString(code));
+    st->last_completed_at = absl::FromUnixMicros(snap.last.at_us);
+  }
+  // An op in the clients' exchange: its signature and, for a direct op, its
+  // data travel together, so all of it is negotiation; which ranks it waits
+  // for, this daemon cannot tell (`gradsync status` works it out from every
+  // rank's state).
+  if (st->has_current || snap.current.seq == 0) return;
+  st->has_current = true;
+  st->current_seq = snap.current.seq;
+  st->current = DescribeDirectOp(snap.current);
+  st->phase = "negotiating";
+  st->current_since = absl::FromUnixMicros(snap.current.at_us);
+  st->arrived.clear();
+  st->missing.clear();
+}
+
 SessionStatus Session::Status() const {
   SessionStatus st = DaemonOpsStatus();
+  ShowDirectOps(&st);
   if (arena_ == nullptr) return st;
   // The ops this rank's client ran itself never reach the daemon; the arena
   // shows them: consumed is how far the client is done, and a published,
@@ -185,7 +268,9 @@ bool Session::has_pending_ops() const {
   for (const auto& [seq, op] : ops_) {
     if (!op->outcome.done) return true;
   }
-  return false;
+  // Ops the client's direct path holds, on their way here or run by the
+  // clients themselves.
+  return direct_probe_ && direct_probe_().in_flight > 0;
 }
 
 bool Session::closed() const {
@@ -196,6 +281,27 @@ bool Session::closed() const {
 absl::Status Session::health() const {
   absl::MutexLock l(&mu_);
   return epoch_error_;
+}
+
+absl::Status Session::Refusal() const {
+  absl::MutexLock l(&mu_);
+  return RefusalLocked();
+}
+
+absl::Status Session::RefusalLocked() const {
+  if (closing_) return absl::FailedPreconditionError("session is closed");
+  if (!not_accepting_.empty()) return absl::UnavailableError(not_accepting_);
+  if (!epoch_error_.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job '", info_.job_id, "' epoch ", info_.epoch,
+                     " is no longer usable (open a new session): ", epoch_error_.message()));
+  }
+  return absl::OkStatus();
+}
+
+void Session::SetDirectProbe(std::function<ipc::DirectOpsSnapshot()> probe) {
+  absl::MutexLock l(&mu_);
+  direct_probe_ = std::move(probe);
 }
 
 absl::StatusOr<BufferInfo> Session::AllocateBuffer(uint64_t size) {
@@ -281,6 +387,12 @@ absl::StatusOr<uint64_t> Session::Enqueue(const SubmitArgs& a,
         what(), ": algorithm 'hier' needs ranks that share a daemon; job '", info_.job_id,
         "' has one rank per daemon"));
   }
+  if (*code == kDirectCode) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what(), ": algorithm 'direct' is run by the client SDKs of a job with the direct path, "
+        "among themselves; this session of job '", info_.job_id, "' has ",
+        info_.direct_endpoints.empty() ? "none" : "it, but the client sent this op here"));
+  }
   if (*code == kLocalCode) {
     return absl::InvalidArgumentError(absl::StrCat(
         what(), ": algorithm 'local' is run by the client SDKs of a job whose ranks all use one "
@@ -293,13 +405,7 @@ absl::StatusOr<uint64_t> Session::Enqueue(const SubmitArgs& a,
   }
   absl::MutexLock l(&mu_);
   last_used_ = FastNow();
-  if (closing_) return absl::FailedPreconditionError("session is closed");
-  if (!not_accepting_.empty()) return absl::UnavailableError(not_accepting_);
-  if (!epoch_error_.ok()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("job '", info_.job_id, "' epoch ", info_.epoch,
-                     " is no longer usable (open a new session): ", epoch_error_.message()));
-  }
+  RETURN_IF_ERROR(RefusalLocked());
   const bool no_buffer = a.kind == CollectiveKind::kBarrier && a.buffer_id == 0;
   if (no_buffer && a.count != 0) {
     return absl::InvalidArgumentError(what() + ": a barrier without a buffer must have count 0");
@@ -325,19 +431,22 @@ absl::StatusOr<uint64_t> Session::Enqueue(const SubmitArgs& a,
     return absl::ResourceExhaustedError(absl::StrCat(
         ops_.size(), " ops are queued or unreported; Wait for some before submitting more"));
   }
-  if ((arena_ != nullptr) != (a.sequence != 0)) {
+  const bool client_numbered = ClientNumbersOps();
+  if (client_numbered != (a.sequence != 0)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        what(), arena_ != nullptr
-                    ? ": this session's job has an arena: every op carries its sequence number"
-                    : ": a sequence number was given, but this session's job has no arena"));
+        what(), client_numbered
+                    ? ": this session's client numbers its ops (the job has an arena or the "
+                      "direct path): every op carries its sequence number"
+                    : ": a sequence number was given, but this session's job has neither an "
+                      "arena nor the direct path"));
   }
-  if (arena_ != nullptr && (a.sequence < next_seq_ || a.sequence >= (uint64_t{1} << 63))) {
+  if (client_numbered && (a.sequence < next_seq_ || a.sequence >= (uint64_t{1} << 63))) {
     return absl::InvalidArgumentError(absl::StrCat(what(), ": sequence ", a.sequence,
                                                    " is not above the previous op's ",
                                                    next_seq_ - 1));
   }
   auto op = std::make_shared<Op>();
-  if (arena_ != nullptr) next_seq_ = a.sequence;
+  if (client_numbered) next_seq_ = a.sequence;
   op->seq = next_seq_++;
   op->sig.seq = op->seq;
   op->sig.kind = a.kind;

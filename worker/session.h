@@ -12,6 +12,7 @@
 #define GRADSYNC_WORKER_SESSION_H_
 
 #include <cstdint>
+#include <array>
 #include <deque>
 #include <functional>
 #include <map>
@@ -38,6 +39,7 @@
 #include "ps/slicer.h"
 #include "ps/worker_client.h"
 #include "worker/daemon_observer.h"
+#include "worker/op_counts.h"
 #include "worker/job_group.h"
 #include "worker/shm_segment.h"
 #include "worker/submission_feed.h"
@@ -59,6 +61,10 @@ struct SessionInfo {
   std::string timeline_path;  // non-empty: write the job's timeline for this rank here
   std::vector<HostPort> ps_shards;  // the epoch's gradsync-ps shards (algo "ps")
   uint64_t ps_partition_bytes = 1 << 20;
+  // The clients' direct-path listeners by rank when the job uses the direct
+  // path (client/direct_path.h), else empty. Then the client numbers its ops
+  // and sends only the others here.
+  std::vector<HostPort> direct_endpoints;
 };
 
 // What a session is doing, for `gradsync status` (answers "which rank is
@@ -95,8 +101,9 @@ struct SubmitArgs {
   int root = 0;
   absl::string_view algorithm;  // "" or "auto": the job's, else the cost model's choice
   absl::Duration timeout = absl::ZeroDuration();  // zero: the job default
-  // Sessions with an arena: the op's position in the client's op stream
-  // (strictly increasing; the gaps are ops the client ran itself). Else 0.
+  // Sessions whose client numbers its ops (an arena or the direct path): the
+  // op's position in the client's op stream (strictly increasing; the gaps
+  // are ops the client ran itself). Else 0.
   uint64_t sequence = 0;
 };
 
@@ -129,9 +136,11 @@ class Session {
   ~Session();  // Close()
 
   const SessionInfo& info() const { return info_; }
-  // The job's arena (worker/job_arena.h), or null: then the daemon numbers
-  // the ops, else the client does (SubmitArgs::sequence).
+  // The job's arena (worker/job_arena.h), or null.
   const std::shared_ptr<JobArena>& arena() const { return arena_; }
+  // The client numbers the session's ops (SubmitArgs::sequence): the job has
+  // an arena or uses the direct path, so some ops never reach this daemon.
+  bool ClientNumbersOps() const { return arena_ != nullptr || !info_.direct_endpoints.empty(); }
 
   absl::StatusOr<BufferInfo> AllocateBuffer(uint64_t size);
   absl::Status FreeBuffer(uint64_t id);
@@ -171,8 +180,22 @@ class Session {
 
   SessionStatus Status() const;
 
+  // The client's direct path's counters (called by the op queue's poller):
+  // their increase since the last call goes to the observer (algorithm
+  // "direct"; the daemon's ops that failed in the clients' signature
+  // exchange: "none", as the daemon's own signature check counts them).
+  void ObserveDirect(const ipc::OpCounters* counters, const ipc::UnsentFailures& unsent);
+
   // OK while the epoch is usable.
   absl::Status health() const;
+  // OK while the session takes new ops; else why not, as Submit refuses:
+  // Unavailable while draining, FailedPrecondition once closed or the
+  // epoch failed ("... is no longer usable (open a new session): ...").
+  absl::Status Refusal() const;
+  // What the client's direct path shows (the op queue's header): the ops it
+  // holds that have not reached this daemon (has_pending_ops counts them),
+  // its current and last op (Status shows them). Empty: none.
+  void SetDirectProbe(std::function<ipc::DirectOpsSnapshot()> probe);
   // True once Close() has begun (client, lease or daemon shutdown).
   bool closed() const;
   bool has_pending_ops() const;
@@ -280,6 +303,14 @@ class Session {
   absl::Time next_retrans_sample_ = absl::InfinitePast();            // executor thread only
   absl::Time next_peer_flush_ = absl::InfinitePast();                // executor thread only
   bool peer_bytes_dirty_ = false;  // executor thread only: small ops' bytes not yet reported
+  absl::Status RefusalLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Adds what the client's direct path shows to `st` (Status).
+  void ShowDirectOps(SessionStatus* st) const ABSL_LOCKS_EXCLUDED(mu_);
+  std::function<ipc::DirectOpsSnapshot()> direct_probe_ ABSL_GUARDED_BY(mu_);
+  // The client's direct path (ObserveDirect).
+  std::array<OpCounts, ipc::kOpCounterKinds> direct_seen_ ABSL_GUARDED_BY(mu_);
+  std::array<std::array<uint64_t, ipc::kOpStatusCodes>, ipc::kCollectiveSlots> direct_unsent_seen_
+      ABSL_GUARDED_BY(mu_){};
   // Status of the op in progress (guarded by mu_).
   uint64_t current_seq_ ABSL_GUARDED_BY(mu_) = 0;
   OpSignature current_sig_ ABSL_GUARDED_BY(mu_);

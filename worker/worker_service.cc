@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "collective/algorithm.h"
 #include "common/grpc_status.h"
 
 namespace gradsync {
@@ -31,9 +32,10 @@ class SessionBackend final : public OpQueueBackend {
     a.root = op.root;
     a.algorithm = op.algorithm;
     a.timeout = absl::Milliseconds(op.timeout_ms);
-    // With an arena the client numbers its ops: the token is the op's place
-    // in its stream (strictly increasing, as the queue requires of tokens).
-    if (session_->arena() != nullptr) a.sequence = op.token;
+    // With an arena or the direct path the client numbers its ops: the token
+    // is the op's place in its stream (strictly increasing, as the queue
+    // requires of tokens).
+    if (session_->ClientNumbersOps()) a.sequence = op.token;
     return session_->Submit(a);
   }
 
@@ -60,6 +62,15 @@ class SessionBackend final : public OpQueueBackend {
   }
 
   void Touch() override { session_->Touch(); }
+  void SetDirectProbe(std::function<ipc::DirectOpsSnapshot()> probe) override {
+    session_->SetDirectProbe(std::move(probe));
+  }
+  absl::Status refusal() const override { return session_->Refusal(); }
+  void ObserveDirect(const ipc::DaemonEnd& end) override {
+    if (session_->info().direct_endpoints.empty()) return;
+    // The header's counter blocks are one array, kind by kind.
+    session_->ObserveDirect(&end.direct_counters(0), end.direct_unsent());
+  }
   bool closed() const override { return session_->closed(); }
   absl::Status health() const override { return session_->health(); }
 
@@ -87,6 +98,7 @@ grpc::Status WorkerService::OpenSession(grpc::ServerContext* ctx,
   a.ps_shards = req->options().ps_shards();
   a.client_name = req->client_name();
   a.local_ops = req->local_ops();
+  a.direct_port = req->direct_port() <= 65535 ? req->direct_port() : 0;
   auto s = daemon_->OpenSession(a);
   if (!s.ok()) return ToGrpcStatus(s.status());
   const SessionInfo& info = (*s)->info();
@@ -101,6 +113,12 @@ grpc::Status WorkerService::OpenSession(grpc::ServerContext* ctx,
     resp->mutable_arena()->set_shm_name(arena->shm_name());
     resp->mutable_arena()->set_size_bytes(arena->size_bytes());
   }
+  for (const HostPort& hp : info.direct_endpoints) {
+    v1::Endpoint* e = resp->mutable_direct()->add_endpoints();
+    e->set_host(hp.host);
+    e->set_port(hp.port);
+  }
+  if (!info.direct_endpoints.empty()) resp->mutable_direct()->set_max_bytes(kOneShotMaxBytes);
   return grpc::Status::OK;
 }
 
