@@ -248,6 +248,7 @@ void DirectPath::AfterAdvanceLocked(Entry& e, const absl::StatusOr<bool>& advanc
         return;
       }
       e.state = State::kAtDaemon;
+      at_daemon_.insert(e.seq);
       return;
     }
     e.outcome.done = true;
@@ -283,6 +284,7 @@ void DirectPath::AfterChannelLocked(Entry& e, const absl::StatusOr<WaitOutcome>&
 
 void DirectPath::CompleteLocked(Entry& e, absl::Status s, absl::Time now) {
   const bool at_daemon = e.state == State::kAtDaemon;
+  if (at_daemon) at_daemon_.erase(e.seq);
   e.status = std::move(s);
   e.state = State::kDone;
   unfinished_.erase(e.seq);
@@ -347,12 +349,11 @@ void DirectPath::ProgressLocked(absl::Time now) {
   // The daemon's ops: it runs a session's ops one at a time, in order, so
   // once one is not done the later ones are not either. One another thread
   // waits for is that thread's to take.
-  for (uint64_t seq : std::vector<uint64_t>(unfinished_.begin(), unfinished_.end())) {
-    Entry& e = pending_.at(seq);
-    if (e.state != State::kAtDaemon) continue;
+  while (!at_daemon_.empty()) {
+    Entry& e = pending_.at(*at_daemon_.begin());
     if (e.in_channel_wait) break;
-    AfterChannelLocked(e, channel_->Wait(seq, absl::InfinitePast()), now);
-    if (e.state != State::kDone) break;
+    AfterChannelLocked(e, channel_->Wait(e.seq, absl::InfinitePast()), now);
+    if (e.state != State::kDone) break;  // (done: CompleteLocked took it out of at_daemon_)
   }
   // The exchanges, in sequence order: the running one, then the next ones
   // (several may finish at once when the others are ahead).
@@ -438,9 +439,7 @@ absl::StatusOr<WaitOutcome> DirectPath::Wait(uint64_t op_id, absl::Time deadline
     // Move the running exchange on, without the mutex (other threads may
     // submit meanwhile; only this one touches the exchange).
     Entry& a = pending_.at(active_);
-    const bool daemon_waiting =
-        std::any_of(unfinished_.begin(), unfinished_.end(),
-                    [this](uint64_t seq) { return pending_.at(seq).state == State::kAtDaemon; });
+    const bool daemon_waiting = !at_daemon_.empty();
     const absl::Time until = std::min(
         {deadline, a.deadline, now + (daemon_waiting ? kSlice : kAliveEvery)});
     driving_ = true;

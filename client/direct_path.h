@@ -193,6 +193,7 @@ class DirectPath final : public OpPath {
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<uint64_t, Entry> pending_ ABSL_GUARDED_BY(mu_);  // submitted, not yet reported
   std::set<uint64_t> unfinished_ ABSL_GUARDED_BY(mu_);      // not kDone
+  std::set<uint64_t> at_daemon_ ABSL_GUARDED_BY(mu_);       // kAtDaemon (a few: the daemon's queue)
   absl::Status failed_ ABSL_GUARDED_BY(mu_);                // sticky: the mesh failed
   bool failed_annotate_ ABSL_GUARDED_BY(mu_) = true;        // FailLocked's `annotate`
   uint64_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;  // queued or exchanging (the daemon's drain waits)

@@ -282,6 +282,31 @@ TEST(DirectPath, ARankThatSubmitsAndGoesOnDoesNotHoldTheOthersUp) {
   EXPECT_EQ(reinterpret_cast<float*>(bufs[0].data())[0], 10.0f);
 }
 
+// Many ops submitted before any wait (a step's buckets): they queue behind
+// each other's exchanges and all complete, each with its own sum.
+TEST(DirectPath, ManyOpsSubmittedBeforeAnyWaitAllComplete) {
+  constexpr int kOps = 500;
+  Mesh mesh(4);
+  std::vector<std::vector<char>> bufs(4, std::vector<char>(kOps * sizeof(float)));
+  OnEveryRank(4, [&](int r) {
+    float* x = reinterpret_cast<float*>(bufs[r].data());
+    std::vector<uint64_t> ids;
+    for (int i = 0; i < kOps; ++i) {
+      x[i] = static_cast<float>(i * (r + 1));
+      auto t = mesh.paths[r]->Submit(Allreduce(bufs[r], 1, DType::kF32, ReduceOp::kSum,
+                                               "bucket", 1, i * sizeof(float)));
+      ASSERT_TRUE(t.ok()) << t.status();
+      ids.push_back(t->op_id);
+    }
+    for (int i = 0; i < kOps; ++i) {
+      auto res = mesh.paths[r]->Wait(ids[i], absl::Now() + absl::Seconds(30));
+      ASSERT_TRUE(res.ok()) << "op " << ids[i] << ": " << res.status();
+      ASSERT_TRUE(res->done) << "op " << ids[i];
+      ASSERT_EQ(x[i], static_cast<float>(i * 10)) << "op " << ids[i];
+    }
+  });
+}
+
 // A rank that never submits: the others' op times out naming it; the path
 // is out of step then, so it fails, and so do later submissions.
 TEST(DirectPath, AMissingRankTimesOutNamingItAndFailsThePath) {
