@@ -377,20 +377,11 @@ absl::StatusOr<WaitOutcome> DirectPath::Wait(uint64_t op_id, absl::Time deadline
     const absl::Time now = FastNow();
     last_call_ = now;
     ProgressLocked(now);
-    auto it = pending_.find(op_id);
-    if (it == pending_.end()) {
-      return absl::NotFoundError(absl::StrCat("op ", op_id, " is not pending in session ",
-                                              session_id_,
-                                              " (already reported, or never submitted)"));
+    if (auto done = TakeIfDone(pending_, op_id, session_id_,
+                               [](const Entry& e) { return e.state == State::kDone; })) {
+      return *std::move(done);
     }
-    Entry& e = it->second;
-    if (e.state == State::kDone) {
-      absl::Status s = e.status;
-      WaitOutcome out = e.outcome;
-      pending_.erase(it);
-      if (!s.ok()) return s;
-      return out;
-    }
+    Entry& e = pending_.at(op_id);
     if (now >= deadline) return WaitOutcome{};
     // What it waits for: the daemon, for an op there; else the exchanges,
     // which may wait for a daemon op themselves (a blocked next exchange).

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "client/fake_op_channel.h"
+#include "client/op_path_testing.h"
 #include "collective/algorithm.h"
 #include "collective/op_signature.h"
 #include "collective/reference.h"
@@ -20,12 +20,6 @@ namespace gradsync {
 namespace client {
 namespace internal {
 namespace {
-
-void OnEveryRank(int n, const std::function<void(int)>& fn) {
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) threads.emplace_back(fn, r);
-  for (auto& t : threads) t.join();
-}
 
 // n ranks of one job, connected.
 struct Mesh {
@@ -58,26 +52,6 @@ struct Mesh {
   std::vector<std::unique_ptr<DirectPath>> paths;
 };
 
-// An allreduce of `count` elements at `offset` of `buf`; `local`: small
-// enough to run on the direct path (else the daemon runs it).
-PathOp Allreduce(std::vector<char>& buf, size_t count, DType t, ReduceOp op,
-                 const std::string& name, uint64_t buffer_id = 1, size_t offset = 0,
-                 bool local = true) {
-  PathOp p;
-  p.args.kind = CollectiveKind::kAllreduce;
-  p.args.count = count;
-  p.args.dtype = t;
-  p.args.reduce_op = op;
-  p.args.name = name;  // the path copies what the views point at
-  p.args.buffer_id = buffer_id;
-  p.args.offset_bytes = offset;
-  p.forced = kAutoCode;
-  p.local = local;
-  p.data = buf.data() + offset;
-  p.bytes = count * DTypeSize(t);
-  return p;
-}
-
 PathOp Barrier() {
   PathOp b;
   b.args.kind = CollectiveKind::kBarrier;
@@ -85,12 +59,6 @@ PathOp Barrier() {
   b.forced = kAutoCode;
   b.local = true;
   return b;
-}
-
-absl::StatusOr<WaitOutcome> RunOp(DirectPath& p, const PathOp& op) {
-  auto t = p.Submit(op);
-  if (!t.ok()) return t.status();
-  return p.Wait(t->op_id, absl::Now() + absl::Seconds(30));
 }
 
 // Random floats: a reduction in any other order gives other bits, so this

@@ -367,20 +367,11 @@ absl::StatusOr<WaitOutcome> LocalPath::Wait(uint64_t op_id, absl::Time deadline)
   while (true) {
     const absl::Time now = FastNow();
     ProgressLocked(now);
-    auto it = pending_.find(op_id);
-    if (it == pending_.end()) {
-      return absl::NotFoundError(absl::StrCat("op ", op_id, " is not pending in session ",
-                                              session_id_,
-                                              " (already reported, or never submitted)"));
+    if (auto done = TakeIfDone(pending_, op_id, session_id_,
+                               [](const Entry& e) { return e.state == State::kDone; })) {
+      return *std::move(done);
     }
-    Entry& e = it->second;
-    if (e.state == State::kDone) {
-      absl::Status s = e.status;
-      WaitOutcome out = e.outcome;
-      pending_.erase(it);
-      if (!s.ok()) return s;
-      return out;
-    }
+    Entry& e = pending_.at(op_id);
     if (now >= deadline) return WaitOutcome{};
     // What this op waits for: a local op (its own, or the one a held daemon
     // op waits behind) waits for the other ranks' frames; a daemon op (or a

@@ -17,7 +17,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
-#include "client/fake_op_channel.h"
+#include "client/op_path_testing.h"
 #include "collective/algorithm.h"
 #include "collective/op_signature.h"
 #include "collective/reference.h"
@@ -68,35 +68,6 @@ struct Job {
   std::vector<std::unique_ptr<FakeChannel>> channels;
   std::vector<std::unique_ptr<LocalPath>> paths;
 };
-
-PathOp Allreduce(std::vector<char>& buf, size_t count, DType t, ReduceOp op, const std::string& name,
-                 uint64_t buffer_id = 1, size_t offset = 0, bool local = true) {
-  PathOp p;
-  p.args.kind = CollectiveKind::kAllreduce;
-  p.args.count = count;
-  p.args.dtype = t;
-  p.args.reduce_op = op;
-  p.args.name = name;  // LocalPath copies what the views point at
-  p.args.buffer_id = buffer_id;
-  p.args.offset_bytes = offset;
-  p.forced = kAutoCode;
-  p.local = local;
-  p.data = buf.data() + offset;
-  p.bytes = count * DTypeSize(t);
-  return p;
-}
-
-void OnEveryRank(int n, const std::function<void(int)>& fn) {
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) threads.emplace_back(fn, r);
-  for (auto& t : threads) t.join();
-}
-
-absl::StatusOr<WaitOutcome> RunOp(LocalPath& p, const PathOp& op) {
-  auto t = p.Submit(op);
-  if (!t.ok()) return t.status();
-  return p.Wait(t->op_id, absl::Now() + absl::Seconds(30));
-}
 
 // Random floats: a reduction in any other order than rank order gives other
 // bits, so this checks the order as well as the data movement (the kernels

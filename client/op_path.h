@@ -12,8 +12,10 @@
 #define GRADSYNC_CLIENT_OP_PATH_H_
 
 #include <cstdint>
+#include <optional>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "client/op_channel.h"
 
@@ -32,6 +34,27 @@ struct PathOp {
 
 // True if the two ops use overlapping bytes of one buffer.
 bool Overlap(const PathOp& a, const PathOp& b);
+
+// NotFound "op 5 is not pending in session s (already reported, or never
+// submitted)".
+absl::Status NotPendingError(uint64_t op_id, absl::string_view session_id);
+
+// Wait's first look at op `op_id` in a path's map of submitted ops (entries
+// with `status` and `outcome`; `done(entry)` says whether it is done): once
+// done, its outcome, reported once (the entry leaves the map); NotFound for
+// an op the map does not hold; nullopt while it runs.
+template <typename Map, typename Done>
+std::optional<absl::StatusOr<WaitOutcome>> TakeIfDone(Map& pending, uint64_t op_id,
+                                                      absl::string_view session_id, Done done) {
+  auto it = pending.find(op_id);
+  if (it == pending.end()) return absl::StatusOr<WaitOutcome>(NotPendingError(op_id, session_id));
+  if (!done(it->second)) return std::nullopt;
+  absl::StatusOr<WaitOutcome> result =
+      it->second.status.ok() ? absl::StatusOr<WaitOutcome>(it->second.outcome)
+                             : absl::StatusOr<WaitOutcome>(it->second.status);
+  pending.erase(it);
+  return result;
+}
 
 class OpPath {
  public:

@@ -273,16 +273,31 @@ using signature_internal::SigGroup;
 using signature_internal::ExchangeImpl;
 using signature_internal::Take;
 
-// ---- All-to-all: every rank sends its signature (and fused data) to every
-// other rank, one round.
-class AllToAll final : public ExchangeImpl {
- public:
-  AllToAll(transport::Context& ctx, const OpSignature& mine,
-           const std::function<void(int rank)>& on_arrival, FusedAllreduce* fused,
-           SignatureScratch::State& st)
+// What both patterns hold: the op, where it goes, and the scratch state.
+class ExchangeBase : public ExchangeImpl {
+ public:  // (the patterns inherit it; the class stays abstract)
+  ExchangeBase(transport::Context& ctx, const OpSignature& mine,
+               const std::function<void(int rank)>& on_arrival, FusedAllreduce* fused,
+               SignatureScratch::State& st)
       : ctx_(ctx), mine_(mine), on_arrival_(on_arrival), fused_(fused), st_(st),
         n_(ctx.size()), me_(ctx.rank()),
         want_(fused != nullptr ? fused->count * DTypeSize(fused->dtype) : 0) {}
+
+ protected:
+  transport::Context& ctx_;
+  const OpSignature& mine_;
+  const std::function<void(int rank)>& on_arrival_;
+  FusedAllreduce* fused_;  // null: a signature only
+  SignatureScratch::State& st_;
+  const int n_, me_;
+  const size_t want_;  // this rank's data bytes (fused)
+};
+
+// ---- All-to-all: every rank sends its signature (and fused data) to every
+// other rank, one round.
+class AllToAll final : public ExchangeBase {
+ public:
+  using ExchangeBase::ExchangeBase;
 
   absl::Status Start();
   absl::StatusOr<bool> Advance(absl::Time until) override;
@@ -296,13 +311,6 @@ class AllToAll final : public ExchangeImpl {
   // Every message is in: compare, reduce.
   absl::Status Finish();
 
-  transport::Context& ctx_;
-  const OpSignature& mine_;
-  const std::function<void(int rank)>& on_arrival_;
-  FusedAllreduce* fused_;
-  SignatureScratch::State& st_;
-  const int n_, me_;
-  const size_t want_;
 };
 
 absl::Status AllToAll::Start() {
@@ -451,14 +459,9 @@ size_t GroupsCap(int ranks) {
   return static_cast<size_t>(ranks) * (sizeof(RdGroup) + 4 + Pad4(kMaxSignatureBytes));
 }
 
-class RdExchange final : public ExchangeImpl {
+class RdExchange final : public ExchangeBase {
  public:
-  RdExchange(transport::Context& ctx, const OpSignature& mine,
-             const std::function<void(int rank)>& on_arrival, FusedAllreduce* fused,
-             SignatureScratch::State& st)
-      : ctx_(ctx), mine_(mine), on_arrival_(on_arrival), fused_(fused), st_(st),
-        n_(ctx.size()), me_(ctx.rank()),
-        want_(fused != nullptr ? fused->count * DTypeSize(fused->dtype) : 0) {}
+  using ExchangeBase::ExchangeBase;
 
   absl::Status Start();
   absl::StatusOr<bool> Advance(absl::Time until) override;
@@ -489,13 +492,6 @@ class RdExchange final : public ExchangeImpl {
   size_t GroupsBytes() const;
   char* Inbox() const { return st_.in.bytes.data(); }
 
-  transport::Context& ctx_;
-  const OpSignature& mine_;
-  const std::function<void(int rank)>& on_arrival_;
-  FusedAllreduce* fused_;
-  SignatureScratch::State& st_;
-  const int n_, me_;
-  const size_t want_;
   int known_count_ = 0;
   bool valid_ = true;
   size_t msg_slot_ = 0;  // the slot holding this rank's partial result

@@ -1,9 +1,7 @@
-// Test-only: the daemon, as far as an OpPath (client/op_path.h) can tell.
-// It takes the ops it is sent (refusing them, or ones out of sequence, as
-// the op queue does) and completes them when the test says so; it keeps
-// what the path shows the daemon of the ops it runs itself.
-#ifndef GRADSYNC_CLIENT_FAKE_OP_CHANNEL_H_
-#define GRADSYNC_CLIENT_FAKE_OP_CHANNEL_H_
+// Test-only, for the OpPath tests (client/op_path.h): a fake daemon and
+// helpers that build and run ops.
+#ifndef GRADSYNC_CLIENT_OP_PATH_TESTING_H_
+#define GRADSYNC_CLIENT_OP_PATH_TESTING_H_
 
 #include <algorithm>
 #include <chrono>
@@ -11,17 +9,25 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <functional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "client/op_channel.h"
+#include "client/op_path.h"
+#include "collective/algorithm.h"
 #include "ipc/op_counters.h"
 
 namespace gradsync {
 namespace client {
 namespace internal {
 
+// The daemon, as far as a path can tell. It takes the ops it is sent
+// (refusing them, or ones out of sequence, as the op queue does) and
+// completes them when the test says so; it keeps what the path shows the
+// daemon of the ops it runs itself.
 class FakeOpChannel final : public OpChannel {
  public:
   FakeOpChannel() {
@@ -154,8 +160,42 @@ class FakeOpChannel final : public OpChannel {
   uint64_t in_flight_ = 0;
 };
 
+// Runs fn(r) for every rank r on a thread of its own and joins them.
+inline void OnEveryRank(int n, const std::function<void(int)>& fn) {
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) threads.emplace_back(fn, r);
+  for (auto& t : threads) t.join();
+}
+
+// An allreduce of `count` elements at `offset` of `buf`; `local`: run among
+// the clients (else the daemon runs it).
+inline PathOp Allreduce(std::vector<char>& buf, size_t count, DType t, ReduceOp op,
+                        const std::string& name, uint64_t buffer_id = 1, size_t offset = 0,
+                        bool local = true) {
+  PathOp p;
+  p.args.kind = CollectiveKind::kAllreduce;
+  p.args.count = count;
+  p.args.dtype = t;
+  p.args.reduce_op = op;
+  p.args.name = name;  // the path copies what the views point at
+  p.args.buffer_id = buffer_id;
+  p.args.offset_bytes = offset;
+  p.forced = kAutoCode;
+  p.local = local;
+  p.data = buf.data() + offset;
+  p.bytes = count * DTypeSize(t);
+  return p;
+}
+
+// Submits `op` and waits for it (30 s).
+inline absl::StatusOr<WaitOutcome> RunOp(OpPath& p, const PathOp& op) {
+  auto t = p.Submit(op);
+  if (!t.ok()) return t.status();
+  return p.Wait(t->op_id, absl::Now() + absl::Seconds(30));
+}
+
 }  // namespace internal
 }  // namespace client
 }  // namespace gradsync
 
-#endif  // GRADSYNC_CLIENT_FAKE_OP_CHANNEL_H_
+#endif  // GRADSYNC_CLIENT_OP_PATH_TESTING_H_
