@@ -141,6 +141,38 @@ void CheckRecursiveDoubling(LocalCluster& cluster, const std::string& expected_a
       }
       ++seed;
     }
+    // Forcing the clients' path: it runs where the job has it (within its
+    // size), and is refused with the reason where it does not.
+    OnEveryRank(world, [&](int r) {
+      auto& s = *(*job)[r].session;
+      auto buf = s.AllocateBuffer(1 << 17);
+      ASSERT_TRUE(buf.ok());
+      for (int i = 0; i < 16; ++i) (*buf)->as<float>()[i] = static_cast<float>(r + 1);
+      client::CollectiveSpec spec;
+      spec.buffer = buf->get();
+      spec.count = 16;
+      spec.algorithm = "direct";
+      spec.name = "forced";
+      auto res = s.Run(spec);
+      if (expected_algo == "direct") {
+        ASSERT_TRUE(res.ok()) << res.status();
+        EXPECT_EQ(res->algorithm, "direct");
+        EXPECT_EQ((*buf)->as<float>()[15], static_cast<float>(world * (world + 1) / 2));
+        spec.count = 20000;  // 80000 bytes
+        res = s.Run(spec);
+        EXPECT_TRUE(absl::IsInvalidArgument(res.status())) << res.status();
+        EXPECT_NE(res.status().message().find("algorithm 'direct' carries at most 65536 bytes "
+                                              "per rank; this op has 80000"),
+                  std::string::npos)
+            << res.status();
+      } else {
+        EXPECT_TRUE(absl::IsInvalidArgument(res.status())) << res.status();
+        EXPECT_NE(res.status().message().find("algorithm 'direct' needs a job whose clients all "
+                                              "run the direct path"),
+                  std::string::npos)
+            << res.status();
+      }
+    });
     // The last rank submits a different count.
     const int odd = world - 1;
     std::string others;
