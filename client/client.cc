@@ -315,12 +315,13 @@ absl::StatusOr<OpHandle> Session::SubmitAsync(const CollectiveSpec& spec) {
         what(), ": algorithm 'direct' needs a job whose clients all run the direct path (ranks "
         "on several gradsyncd with --direct_ops, no arena); session ", id_, " has none"));
   }
-  if ((*code == kLocalCode || *code == kDirectCode) && spec.kind == CollectiveKind::kAllreduce &&
+  // (A forced 'direct' above its size was refused with the code: its limit
+  // is fixed; the arena's is the daemon's flag.)
+  if (*code == kLocalCode && spec.kind == CollectiveKind::kAllreduce &&
       bytes > path_->max_local_bytes()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        what(), ": algorithm '", AlgorithmCodeName(*code), "' runs allreduces of at most ",
-        path_->max_local_bytes(), " bytes per rank",
-        *code == kLocalCode ? " (gradsyncd --local_ops_max_bytes)" : "", "; this op has ", bytes));
+        what(), ": algorithm 'local' runs allreduces of at most ", path_->max_local_bytes(),
+        " bytes per rank (gradsyncd --local_ops_max_bytes); this op has ", bytes));
   }
   if (path_ != nullptr && path_->code() == kDirectCode && *code == kHierarchicalCode) {
     // The direct path runs only when every rank has a daemon of its own. The

@@ -174,9 +174,9 @@ absl::StatusOr<SubmitTicket> DirectPath::Submit(const PathOp& op) {
   e.submitted = now;
   e.deadline = now + timeout;
   // The views in args point at the caller's strings; a queued op outlives them.
-  e.name = std::string(op.args.name);
+  e.sig.name = std::string(op.args.name);
   e.algorithm = std::string(op.args.algorithm);
-  e.op.args.name = e.name;
+  e.op.args.name = e.sig.name;
   e.op.args.algorithm = e.algorithm;
   e.sig.seq = seq;
   e.sig.kind = op.args.kind;
@@ -184,7 +184,6 @@ absl::StatusOr<SubmitTicket> DirectPath::Submit(const PathOp& op) {
   e.sig.op = op.args.reduce_op;
   e.sig.count = op.args.count;
   e.sig.root = IsRootedCollective(op.args.kind) ? op.args.root : 0;
-  e.sig.name = e.name;
   e.sig.forced = op.forced;
   e.shown.seq = seq;
   e.shown.at_us = absl::ToUnixMicros(now);
@@ -192,7 +191,7 @@ absl::StatusOr<SubmitTicket> DirectPath::Submit(const PathOp& op) {
   e.shown.dtype = op.args.dtype;
   e.shown.reduce_op = op.args.reduce_op;
   e.shown.count = op.args.count;
-  e.shown.name = e.name;
+  e.shown.name = e.sig.name;
   unfinished_.insert(seq);
   channel_->SetDirectInFlight(++in_flight_);
   last_call_ = now;

@@ -139,8 +139,8 @@ class DirectPath final : public OpPath {
   struct Entry {
     uint64_t seq = 0;
     PathOp op;
-    std::string name, algorithm;  // what op.args' views point at
-    OpSignature sig;
+    OpSignature sig;        // its name is what op.args.name points at
+    std::string algorithm;  // what op.args.algorithm points at
     FusedAllreduce fused;  // direct allreduces: op.data
     State state = State::kQueued;
     absl::Time submitted;

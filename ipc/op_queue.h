@@ -34,6 +34,13 @@
 // client bumps client_heartbeat whenever it submits or waits, so the daemon
 // counts a client blocked in a long wait as using its session.
 //
+// The direct path (client/direct_path.h). A client that runs ops with the
+// other clients keeps, in the header, counters of those ops and of the
+// daemon's ops that failed before they reached it (ipc/op_counters.h), its
+// current and last op (a seqlock), and how many ops it holds (the drain
+// waits for them); the daemon writes its refusal there (draining, epoch
+// failed), once, and the client refuses new ops with it.
+//
 // Close. When the daemon stops serving a queue (session closed, daemon
 // stopping, corrupted header) it writes close_code/close_message, sets
 // closed = 1 and rings cq_bell. Completions already in the ring stay readable.
@@ -62,8 +69,8 @@ namespace gradsync {
 namespace ipc {
 
 inline constexpr uint32_t kOpQueueMagic = 0x51505347;  // "GSPQ" little-endian
-inline constexpr uint32_t kOpQueueVersion = 2;
-inline constexpr size_t kMaxRefusalBytes = 512;  // 2: the direct path's counters
+inline constexpr uint32_t kOpQueueVersion = 2;  // 2: the direct path's block
+inline constexpr size_t kMaxRefusalBytes = 512;
 inline constexpr uint32_t kMinQueueCapacity = 2;
 inline constexpr uint32_t kMaxQueueCapacity = 4096;
 inline constexpr uint32_t kDefaultQueueCapacity = 256;
@@ -276,7 +283,6 @@ class DaemonEnd {
   // Tells the client that the session takes no new ops, with why (once:
   // later calls change nothing; OK: nothing to say).
   void SetRefusal(const absl::Status& why);
-  uint64_t direct_in_flight() const { return h_->direct_in_flight.load(std::memory_order_acquire); }
   // What the client's direct path shows now.
   DirectOpsSnapshot direct_ops() const;
 

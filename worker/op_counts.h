@@ -25,6 +25,16 @@ struct OpCounts {
 // `*seen`; a total that went backwards (a scribbling client) only re-bases.
 void TakeOpCounts(const ipc::OpCounters& c, OpCounts* seen, OpCounts* sum);
 
+// What a client's direct path counted of the daemon's ops that failed before
+// they reached it (ipc::UnsentFailures), as last seen.
+using UnsentSeen = std::array<std::array<uint64_t, ipc::kOpStatusCodes>, ipc::kCollectiveSlots>;
+
+// Appends a record per collective and code whose count grew since `*seen`
+// (algorithm "none": they failed before one was chosen, as the daemon's own
+// signature check counts them), labelled with `job`, and remembers the counts.
+void TakeUnsentFailures(const ipc::UnsentFailures& u, UnsentSeen* seen, const std::string& job,
+                        std::vector<LocalOpsRecord>* out);
+
 // The records for `sum` of `kind`: one for its successful ops (if any) and
 // one per failure code, labelled with `job` and `algorithm`.
 void AppendOpRecords(const OpCounts& sum, const std::string& job, int kind,

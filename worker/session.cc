@@ -89,24 +89,7 @@ void Session::ObserveDirect(const ipc::OpCounters* counters, const ipc::UnsentFa
       TakeOpCounts(counters[k], &direct_seen_[k], &sum);
       AppendOpRecords(sum, info_.job_id, k, "direct", &records);
     }
-    // Failed in the clients' signature exchange, as the daemon's own
-    // signature check counts them: before an algorithm was chosen ("none").
-    for (int kind = 1; kind < ipc::kCollectiveSlots; ++kind) {
-      for (int code = 1; code < ipc::kOpStatusCodes; ++code) {
-        uint64_t& seen = direct_unsent_seen_[kind][code];
-        const uint64_t now = unsent.failed[kind][code].load(std::memory_order_relaxed);
-        const uint64_t delta = now >= seen ? now - seen : 0;
-        seen = now;
-        if (delta == 0) continue;
-        LocalOpsRecord f;
-        f.job_id = info_.job_id;
-        f.kind = static_cast<CollectiveKind>(kind);
-        f.algorithm = "none";
-        f.code = static_cast<absl::StatusCode>(code);
-        f.ops = delta;
-        records.push_back(f);
-      }
-    }
+    TakeUnsentFailures(unsent, &direct_unsent_seen_, info_.job_id, &records);
   }
   if (observer_ == nullptr) return;
   for (const LocalOpsRecord& r : records) observer_->OnLocalOps(r);

@@ -309,8 +309,7 @@ class Session {
   std::function<ipc::DirectOpsSnapshot()> direct_probe_ ABSL_GUARDED_BY(mu_);
   // The client's direct path (ObserveDirect).
   std::array<OpCounts, ipc::kOpCounterKinds> direct_seen_ ABSL_GUARDED_BY(mu_);
-  std::array<std::array<uint64_t, ipc::kOpStatusCodes>, ipc::kCollectiveSlots> direct_unsent_seen_
-      ABSL_GUARDED_BY(mu_){};
+  UnsentSeen direct_unsent_seen_ ABSL_GUARDED_BY(mu_){};
   // Status of the op in progress (guarded by mu_).
   uint64_t current_seq_ ABSL_GUARDED_BY(mu_) = 0;
   OpSignature current_sig_ ABSL_GUARDED_BY(mu_);
