@@ -518,6 +518,11 @@ absl::StatusOr<std::unique_ptr<Session>> Client::OpenSession(const SessionOption
     if (l.ok()) {
       direct_listener = *std::move(l);
       req.set_direct_port(static_cast<uint32_t>(direct_listener->port()));
+      // Where the other clients reach this one, when that is not the
+      // daemon's host (a container with a network of its own).
+      if (const char* host = std::getenv("GRADSYNC_DIRECT_HOST"); host != nullptr && *host != 0) {
+        req.set_direct_host(host);
+      }
     } else {
       GS_LOG(WARNING) << "job '" << options.job_id << "': no direct path (cannot listen: "
                       << l.status() << "); every op goes through gradsyncd";

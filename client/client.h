@@ -53,6 +53,9 @@
 // kernel picks (every interface) and runs a progress thread. Environment:
 // GRADSYNC_DIRECT_OPS=0 (or GRADSYNC_OP_CHANNEL=grpc) makes new sessions not
 // listen (then the whole job runs every op through the daemons).
+// GRADSYNC_DIRECT_HOST=H: the other clients connect to this one at H (a
+// container with a network of its own, e.g. a pod's IP); unset: at the
+// daemon's advertised host.
 // Environment: GRADSYNC_OP_CHANNEL=grpc makes new sessions use the RPCs even
 // when the daemon has the queue (for comparisons and debugging); unset or any
 // other value: the queue when available. GRADSYNC_WAIT_SPIN_US=N: how long a

@@ -212,6 +212,49 @@ TEST_F(AllreduceIntegration, SmallAllreducesRideOnRecursiveDoublingFromThreeRank
   CheckRecursiveDoubling(*cluster_, "direct", &seed);
 }
 
+// GRADSYNC_DIRECT_HOST is where the other clients connect to this one (a
+// client in a network namespace of its own): the daemons advertise it
+// instead of their own host. With it set to a name that does not resolve,
+// rank 0 (which dials rank 1) fails naming it, and rank 1 fails naming
+// rank 0, which never connected.
+TEST_F(AllreduceIntegration, TheDirectHostIsWhereTheOtherClientsConnect) {
+  {
+    testing::ScopedEnv host("GRADSYNC_DIRECT_HOST", "127.0.0.1");
+    auto job = OpenJob(*cluster_, "direct-host", testing::FirstN(2));
+    ASSERT_TRUE(job.ok()) << job.status();
+    OnEveryRank(2, [&](int r) {
+      auto& s = *(*job)[r].session;
+      auto buf = s.AllocateBuffer(64);
+      ASSERT_TRUE(buf.ok());
+      (*buf)->as<float>()[0] = static_cast<float>(r + 1);
+      auto res = s.Allreduce(**buf, 0, 1, DType::kF32, ReduceOp::kSum, "h");
+      ASSERT_TRUE(res.ok()) << res.status();
+      EXPECT_EQ(res->algorithm, "direct");
+      EXPECT_EQ((*buf)->as<float>()[0], 3.0f);
+    });
+  }
+  testing::ScopedEnv host("GRADSYNC_DIRECT_HOST", "no-such-host.invalid");
+  std::vector<absl::Status> st(2);
+  OnEveryRank(2, [&](int r) {
+    auto c = client::Client::Connect(cluster_->daemon_target(r), absl::Seconds(10));
+    ASSERT_TRUE(c.ok());
+    client::SessionOptions so;
+    so.job_id = "direct-host-bad";
+    so.world_size = 2;
+    so.rank = r;
+    so.timeout = absl::Seconds(3);
+    st[r] = (*c)->OpenSession(so).status();
+  });
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_FALSE(st[r].ok()) << r;
+    EXPECT_NE(st[r].message().find("cannot connect the job's direct path"), std::string::npos)
+        << st[r];
+  }
+  EXPECT_NE(st[0].message().find("no-such-host.invalid"), std::string::npos) << st[0];
+  EXPECT_NE(st[1].message().find("rank 0 did not connect to rank 1 in time"), std::string::npos)
+      << st[1];
+}
+
 // Large ops carry a stream count proposal and rank 0's tuner may switch the
 // job between one and both TCP streams from op to op
 // (collective/stream_tuner.h); the results stay bit-exact whichever ran.

@@ -122,7 +122,8 @@ absl::StatusOr<std::shared_ptr<Session>> Daemon::OpenSession(const OpenSessionAr
   jreq.mutable_data_endpoint()->set_host(options_.advertise_host);
   jreq.mutable_data_endpoint()->set_port(listener_->port());
   if (options_.direct_ops && args.direct_port > 0) {
-    jreq.mutable_direct_endpoint()->set_host(options_.advertise_host);
+    jreq.mutable_direct_endpoint()->set_host(args.direct_host.empty() ? options_.advertise_host
+                                                                       : args.direct_host);
     jreq.mutable_direct_endpoint()->set_port(static_cast<int32_t>(args.direct_port));
   }
   jreq.set_timeout_ms(absl::ToInt64Milliseconds(deadline - absl::Now()));

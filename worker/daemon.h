@@ -81,6 +81,7 @@ struct OpenSessionArgs {
   std::string client_name;
   bool local_ops = false;  // the client can run node-local ops in an arena
   uint32_t direct_port = 0;  // the client's direct-path listener (all interfaces); 0: none
+  std::string direct_host;   // where the other clients reach it; "": the daemon's advertise_host
 };
 
 class Daemon {

@@ -99,6 +99,7 @@ grpc::Status WorkerService::OpenSession(grpc::ServerContext* ctx,
   a.client_name = req->client_name();
   a.local_ops = req->local_ops();
   a.direct_port = req->direct_port() <= 65535 ? req->direct_port() : 0;
+  a.direct_host = req->direct_host();
   auto s = daemon_->OpenSession(a);
   if (!s.ok()) return ToGrpcStatus(s.status());
   const SessionInfo& info = (*s)->info();
