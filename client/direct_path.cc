@@ -28,8 +28,9 @@ constexpr absl::Duration kWatch = absl::Milliseconds(1);
 constexpr absl::Duration kBackgroundSlice = absl::Milliseconds(100);
 constexpr absl::Duration kQuiet = absl::Milliseconds(20);
 // While ops run, whether the daemon still serves the session is looked at
-// this often: once it stopped answering (or closed the session), the ops
-// that have not reached it fail with its reason, as its own ops do.
+// this often: once it stopped answering, closed the session or the job's
+// epoch failed, the ops that have not reached it fail with its reason, as
+// its own ops do.
 constexpr absl::Duration kAliveEvery = absl::Milliseconds(100);
 
 int CounterKind(CollectiveKind k) {
@@ -342,8 +343,15 @@ void DirectPath::FailLocked(const absl::Status& why, absl::Time now, bool annota
 void DirectPath::ProgressLocked(absl::Time now) {
   if (now >= next_alive_check_ && !unfinished_.empty()) {
     next_alive_check_ = now + kAliveEvery;
-    absl::Status alive = channel_->Alive();
-    if (!alive.ok()) FailLocked(alive, now, /*annotate=*/false);
+    // A daemon that stopped answering or closed the session, or whose job
+    // epoch failed, will run none of these ops (and the other ranks'
+    // daemons none of theirs): they fail with its reason. A draining daemon
+    // (Unavailable while it answers) still takes what was submitted before.
+    const absl::Status alive = channel_->Alive();
+    const absl::Status why = alive.ok() ? channel_->Health() : alive;
+    if (!why.ok() && !(alive.ok() && absl::IsUnavailable(why))) {
+      FailLocked(why, now, /*annotate=*/false);
+    }
   }
   // The daemon's ops: it runs a session's ops one at a time, in order, so
   // once one is not done the later ones are not either. One another thread

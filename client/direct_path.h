@@ -49,8 +49,11 @@
 // finish there. New submissions are also refused, as the daemon refuses its
 // own, while it drains (Unavailable), once the job's epoch failed
 // (FailedPrecondition, "open a new session") and when it stopped answering
-// (looked at in each submission); the ops submitted before go on, and a
-// draining daemon waits for them.
+// (looked at in each submission). The ops submitted before a drain go on (a
+// draining daemon waits for them); once the epoch failed, the daemon closed
+// the session or stopped answering (looked at every 100 ms while ops run),
+// the path fails with the daemon's reason, unannotated, as the daemon's own
+// ops fail.
 //
 // Progress. A caller in Wait moves the running exchange on itself (spinning,
 // as the daemons' data plane does). A progress thread of the path takes

@@ -317,6 +317,24 @@ TEST(DirectPath, ADaemonThatStoppedFailsTheOpsInFlightWithItsReason) {
       << peer.status();
 }
 
+// The job's epoch failed (a rank's daemon died, say): the daemon refuses
+// the session's ops with FailedPrecondition, and the ops waiting in the
+// clients' exchange fail with that reason too, without waiting for their
+// deadline (here rank 1 never submits).
+TEST(DirectPath, AFailedEpochFailsTheOpsInFlightWithItsReason) {
+  Mesh mesh(2);
+  std::vector<char> buf(16);
+  auto t = mesh.paths[0]->Submit(Allreduce(buf, 4, DType::kF32, ReduceOp::kSum, "g"));
+  ASSERT_TRUE(t.ok()) << t.status();
+  const absl::Status failed = absl::FailedPreconditionError(
+      "job 'j' epoch 1 is no longer usable (open a new session): rank 1 missed heartbeats");
+  mesh.channels[0]->SetHealth(failed);
+  const absl::Time start = absl::Now();
+  auto res = mesh.paths[0]->Wait(t->op_id, absl::Now() + absl::Seconds(10));
+  EXPECT_EQ(res.status(), failed);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+}
+
 // The daemon takes no new ops for the session (it drains): new submissions
 // are refused with its reason, the op submitted before completes, and the
 // path works again once the daemon takes ops.

@@ -148,6 +148,41 @@ TEST(Failure, DaemonKilledMidOpFailsEveryOtherRankNamingItAndSurvivorsServeNewJo
   ExpectWorkingAllreduce(*cluster, "after-kill", {0, 1, 3});
 }
 
+// On the direct path the ranks wait for each other in their clients'
+// exchange, not at their daemons: when rank 2's daemon dies while ranks 0, 1
+// and 3 wait there for rank 2 (which never submits), their daemons learn
+// that the epoch failed and the clients end the wait with that reason,
+// naming rank 2, long before the op's 60 s deadline.
+TEST(Failure, DaemonKilledWhileTheOthersWaitInTheClientsExchangeEndsTheirWaitNamingIt) {
+  auto cluster = StartCluster(4);
+  ASSERT_NE(cluster, nullptr);
+  auto ranks = OpenJob(*cluster, "victim-direct", testing::FirstN(4), /*op_timeout_ms=*/60000,
+                       /*heartbeat_timeout_ms=*/2000);
+  ASSERT_TRUE(ranks.ok()) << ranks.status();
+  std::vector<std::unique_ptr<client::Buffer>> bufs(4);
+  std::vector<client::OpHandle> ops(4);
+  for (int r : {0, 1, 3}) {
+    auto b = (*ranks)[r].session->AllocateBuffer(64);
+    ASSERT_TRUE(b.ok()) << b.status();
+    bufs[r] = std::move(*b);
+    auto h = (*ranks)[r].session->AllreduceAsync(*bufs[r], 0, 4, DType::kF32, ReduceOp::kSum, "w");
+    ASSERT_TRUE(h.ok()) << h.status();
+    ops[r] = *h;
+  }
+  absl::SleepFor(absl::Milliseconds(200));
+  const absl::Time killed_at = absl::Now();
+  cluster->SignalDaemon(2, SIGKILL);
+  OnEveryRank(4, [&](int r) {
+    if (r == 2) return;
+    auto res = (*ranks)[r].session->Wait(ops[r], absl::Seconds(30));
+    EXPECT_FALSE(res.ok()) << "rank " << r;
+    EXPECT_NE(res.status().message().find("rank 2"), std::string::npos)
+        << "rank " << r << ": " << res.status();
+    EXPECT_LT(absl::Now() - killed_at, absl::Seconds(10)) << "rank " << r;
+  });
+  for (int d : {0, 1, 3}) EXPECT_TRUE(cluster->DaemonAlive(d)) << "daemon " << d;
+}
+
 // A client process (tests/client_process: rank 0 of job "orphan", through
 // daemon 0) submits a 4 MB allreduce and is killed before rank 1 (this
 // process, through daemon 1) submits its own; then rank 1 submits it.
