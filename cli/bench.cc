@@ -342,16 +342,10 @@ absl::StatusOr<uint64_t> RunBench(const BenchOptions& o) {
         std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
         return v[v.size() / 2];
       };
-      agg.split =
-          agg.algo == "local"
-              ? absl::StrFormat("# %llu bytes: the clients ran the ops themselves (local): "
-                                "medians over all ranks' ops: %.1f us held (submission to "
-                                "publication), %.1f us from publication to completion",
-                                static_cast<unsigned long long>(bytes), median(queued), median(run))
-              : absl::StrFormat("# %llu bytes: daemon-side medians over all ranks' ops: %.1f us "
-                                "queued (submission to start), %.1f us running",
-                                static_cast<unsigned long long>(bytes), median(queued),
-                                median(run));
+      agg.split = absl::StrFormat(
+          "# %llu bytes: daemon-side medians over all ranks' ops: %.1f us queued (submission to "
+          "start), %.1f us running",
+          static_cast<unsigned long long>(bytes), median(queued), median(run));
     }
     for (const Row& row : rows) {
       agg.time_us = std::max(agg.time_us, row.time_us);

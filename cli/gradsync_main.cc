@@ -28,8 +28,8 @@ ABSL_FLAG(std::string, op, "allreduce",
 ABSL_FLAG(std::string, dtype, "f32", "bench: f32|f64|f16|bf16|i32|i64|u8");
 ABSL_FLAG(std::string, redop, "sum", "bench: sum|avg|min|max|prod");
 ABSL_FLAG(std::string, algo, "auto",
-          "bench: auto (cost model) or ring|rhd|rd|tree|pairwise|oneshot|hier|ps|local (ps needs "
-          "--ps_shards; local: allreduce up to gradsyncd --local_ops_max_bytes and barrier, ranks on one daemon)");
+          "bench: auto (cost model) or ring|rhd|rd|tree|pairwise|oneshot|hier|ps (ps needs "
+          "--ps_shards; hier needs ranks that share a daemon)");
 ABSL_FLAG(int32_t, root, 0, "bench: root rank of broadcast/reduce");
 ABSL_FLAG(bool, check, false, "bench: check results (one checked op per size) and count #wrong");
 ABSL_FLAG(std::string, csv, "", "bench: also write the table as CSV to this file");

@@ -17,8 +17,6 @@
 #include <grpcpp/support/channel_arguments.h>
 
 #include "absl/strings/str_cat.h"
-#include "client/direct_path.h"
-#include "client/local_path.h"
 #include "client/op_channel.h"
 #include "client/shm_op_channel.h"
 #include "collective/algorithm.h"
@@ -118,10 +116,9 @@ Buffer::~Buffer() {
 
 Session::Session(std::shared_ptr<internal::WorkerConnection> conn, std::string id, int rank,
                  int world_size, int64_t epoch, JobFacts job,
-                 std::unique_ptr<internal::OpChannel> ops, std::unique_ptr<internal::OpPath> path)
+                 std::unique_ptr<internal::OpChannel> ops)
     : conn_(std::move(conn)),
       ops_(std::move(ops)),
-      path_(std::move(path)),
       id_(std::move(id)),
       rank_(rank),
       world_size_(world_size),
@@ -297,45 +294,13 @@ absl::StatusOr<OpHandle> Session::SubmitAsync(const CollectiveSpec& spec) {
                                                    absl::FormatDuration(timeout)));
   }
 
-  // The algorithm, checked here as the daemon would (with an arena, an op
-  // the daemon refused after this rank published it would stall the others).
+  // The algorithm, checked here as the daemon would, so a typo fails at once.
   const uint64_t bytes = count * DTypeSize(dtype) *
                          (IsBlockedCollective(spec.kind) ? static_cast<uint64_t>(world_size_) : 1);
   const std::string& algo_name =
       !spec.algorithm.empty() && spec.algorithm != "auto" ? spec.algorithm : job_.algorithm;
   absl::StatusOr<uint8_t> code = RequestedAlgorithmCode(algo_name, spec.kind, bytes);
   if (!code.ok()) return absl::InvalidArgumentError(absl::StrCat(what(), ": ", code.status().message()));
-  if (*code == kLocalCode && (path_ == nullptr || path_->code() != kLocalCode)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what(), ": algorithm 'local' needs a job whose ranks all use one gradsyncd (with --local_ops) "
-        "and clients that share its arena; session ", id_, " has none"));
-  }
-  if (*code == kDirectCode && (path_ == nullptr || path_->code() != kDirectCode)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what(), ": algorithm 'direct' needs a job whose clients all run the direct path (ranks "
-        "on several gradsyncd with --direct_ops, no arena); session ", id_, " has none"));
-  }
-  // (A forced 'direct' above its size was refused with the code: its limit
-  // is fixed; the arena's is the daemon's flag.)
-  if (*code == kLocalCode && spec.kind == CollectiveKind::kAllreduce &&
-      bytes > path_->max_local_bytes()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what(), ": algorithm 'local' runs allreduces of at most ", path_->max_local_bytes(),
-        " bytes per rank (gradsyncd --local_ops_max_bytes); this op has ", bytes));
-  }
-  if (path_ != nullptr && path_->code() == kDirectCode && *code == kHierarchicalCode) {
-    // The direct path runs only when every rank has a daemon of its own. The
-    // daemon would refuse it too, but an op reaches the daemon only once
-    // every rank agreed on it (client/direct_path.h).
-    return absl::InvalidArgumentError(absl::StrCat(
-        what(), ": algorithm 'hier' needs ranks that share a daemon; this session's job has one "
-        "rank per daemon"));
-  }
-  if (path_ != nullptr && *code == kParameterServerCode && job_.ps_shards == 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what(), ": algorithm 'ps' needs parameter-server shards; this session's job has none "
-        "(create it with ps_shards > 0 and start gradsync-ps)"));
-  }
 
   internal::SubmitArgs args;
   args.kind = spec.kind;
@@ -348,22 +313,6 @@ absl::StatusOr<OpHandle> Session::SubmitAsync(const CollectiveSpec& spec) {
   args.reduce_op = spec.op;
   args.name = spec.name;
   args.timeout_ms = CeilMillis(timeout);
-  if (path_ != nullptr) {
-    internal::PathOp op;
-    op.args = args;
-    op.forced = *code;
-    op.local = *code == path_->code() ||
-               (*code == kAutoCode &&
-                (spec.kind == CollectiveKind::kBarrier ||
-                 (spec.kind == CollectiveKind::kAllreduce && bytes <= path_->max_local_bytes())));
-    if (spec.buffer != nullptr) {
-      // Const on the SDK's surface, written in place like the daemon does.
-      op.data = static_cast<char*>(const_cast<void*>(spec.buffer->data())) + offset_bytes;
-      op.bytes = bytes;
-    }
-    ASSIGN_OR_RETURN(internal::SubmitTicket ticket, path_->Submit(op));
-    return OpHandle{ticket.op_id, ticket.sequence, spec.name};
-  }
   ASSIGN_OR_RETURN(internal::SubmitTicket ticket, ops_->Submit(args));
   return OpHandle{ticket.op_id, ticket.sequence, spec.name};
 }
@@ -381,9 +330,7 @@ absl::StatusOr<OpResult> Session::Wait(const OpHandle& op, absl::Duration timeou
   if (timeout < absl::ZeroDuration()) timeout = absl::ZeroDuration();
   const absl::Time deadline =
       timeout == absl::InfiniteDuration() ? absl::InfiniteFuture() : FastNow() + timeout;
-  ASSIGN_OR_RETURN(internal::WaitOutcome outcome, path_ != nullptr
-                                                      ? path_->Wait(op.op_id, deadline)
-                                                      : ops_->Wait(op.op_id, deadline));
+  ASSIGN_OR_RETURN(internal::WaitOutcome outcome, ops_->Wait(op.op_id, deadline));
   if (!outcome.done) {
     return absl::DeadlineExceededError(absl::StrCat(OpLabel(op), " of session ", id_,
                                                     " still running after ",
@@ -398,9 +345,7 @@ absl::StatusOr<OpResult> Session::Wait(const OpHandle& op, absl::Duration timeou
 
 absl::StatusOr<bool> Session::Poll(const OpHandle& op) {
   RETURN_IF_ERROR(CheckOpen());
-  ASSIGN_OR_RETURN(internal::WaitOutcome outcome,
-                   path_ != nullptr ? path_->Wait(op.op_id, absl::InfinitePast())
-                                     : ops_->Wait(op.op_id, absl::InfinitePast()));
+  ASSIGN_OR_RETURN(internal::WaitOutcome outcome, ops_->Wait(op.op_id, absl::InfinitePast()));
   return outcome.done;
 }
 
@@ -500,35 +445,6 @@ absl::StatusOr<std::unique_ptr<Session>> Client::OpenSession(const SessionOption
   req.mutable_options()->set_timeline(options.timeline);
   req.mutable_options()->set_ps_shards(options.ps_shards);
   req.set_client_name(options.client_name);
-  // Documented in client.h, read only here: GRADSYNC_LOCAL_OPS=0 keeps every
-  // op on the daemon (for comparisons and debugging).
-  const char* local_env = std::getenv("GRADSYNC_LOCAL_OPS");
-  req.set_local_ops(local_env == nullptr || std::string(local_env) != "0");
-  // GRADSYNC_DIRECT_OPS=0 likewise keeps this client off the direct path
-  // (and so the whole job: every rank's client must listen); so does
-  // GRADSYNC_OP_CHANNEL=grpc (the daemon sees the direct path's ops in the
-  // op queue's header).
-  const char* direct_env = std::getenv("GRADSYNC_DIRECT_OPS");
-  const char* channel_env = std::getenv("GRADSYNC_OP_CHANNEL");
-  const bool want_direct = (direct_env == nullptr || std::string(direct_env) != "0") &&
-                           (channel_env == nullptr || std::string(channel_env) != "grpc");
-  std::unique_ptr<transport::TcpListener> direct_listener;
-  if (options.world_size > 1 && want_direct) {
-    absl::StatusOr<std::unique_ptr<transport::TcpListener>> l = internal::DirectPath::Listen();
-    if (l.ok()) {
-      direct_listener = *std::move(l);
-      req.set_direct_port(static_cast<uint32_t>(direct_listener->port()));
-      // Where the other clients reach this one, when that is not the
-      // daemon's host (a container with a network of its own).
-      if (const char* host = std::getenv("GRADSYNC_DIRECT_HOST"); host != nullptr && *host != 0) {
-        req.set_direct_host(host);
-      }
-    } else {
-      GS_LOG(WARNING) << "job '" << options.job_id << "': no direct path (cannot listen: "
-                      << l.status() << "); every op goes through gradsyncd";
-    }
-  }
-
   grpc::ClientContext ctx;
   const absl::Duration rpc_timeout = options.timeout + kRpcMargin;
   const absl::Time deadline = absl::Now() + rpc_timeout;
@@ -544,59 +460,9 @@ absl::StatusOr<std::unique_ptr<Session>> Client::OpenSession(const SessionOption
       resp.op_timeout_ms() > 0 ? resp.op_timeout_ms() : options.op_timeout_ms);
   std::unique_ptr<internal::OpChannel> ops =
       internal::NewSessionOpChannel(conn_, resp.session_id(), job.default_op_timeout);
-  // Every rank of the job must use the arena or the direct path once the
-  // daemon gave the job one: if this one cannot, the session is no use (the
-  // others would wait for it).
-  auto give_up = [&](const absl::Status& why, absl::string_view what) -> absl::Status {
-    v1::CloseSessionRequest creq;
-    creq.set_session_id(resp.session_id());
-    grpc::ClientContext cctx;
-    cctx.set_deadline(absl::ToChronoTime(absl::Now() + kRpcTimeout));
-    v1::CloseSessionResponse cresp;
-    conn_->stub->CloseSession(&cctx, creq, &cresp).IgnoreError();
-    return absl::Status(why.code(), absl::StrCat("OpenSession: ", what, ": ", why.message()));
-  };
-  std::unique_ptr<internal::OpPath> path;
-  if (resp.direct().endpoints_size() > 0) {
-    internal::DirectPathOptions d;
-    d.job_id = options.job_id;
-    d.epoch = static_cast<uint64_t>(resp.epoch());
-    d.rank = resp.rank();
-    d.world_size = resp.world_size();
-    for (const auto& e : resp.direct().endpoints()) d.peers.push_back(HostPort{e.host(), e.port()});
-    d.connect_timeout = options.timeout;
-    if (job.default_op_timeout > absl::ZeroDuration()) d.default_op_timeout = job.default_op_timeout;
-    absl::StatusOr<std::unique_ptr<internal::DirectPath>> direct =
-        direct_listener == nullptr
-            ? absl::FailedPreconditionError("this client does not listen")
-            : internal::DirectPath::Connect(std::move(direct_listener), std::move(d), ops.get(),
-                                            resp.session_id());
-    if (!direct.ok()) return give_up(direct.status(), "cannot connect the job's direct path");
-    path = *std::move(direct);
-  }
-  direct_listener.reset();  // no direct path: nobody will connect
-  if (!resp.arena().shm_name().empty()) {
-    // Every rank of the job must use the arena once the daemon gave it one:
-    // if this one cannot, the session is no use (the others would wait for it).
-    absl::StatusOr<std::unique_ptr<internal::LocalPath>> opened = [&]()
-        -> absl::StatusOr<std::unique_ptr<internal::LocalPath>> {
-      ASSIGN_OR_RETURN(std::unique_ptr<ipc::SharedMemory> mem,
-                       ipc::SharedMemory::Open(resp.arena().shm_name(), resp.arena().size_bytes()));
-      internal::LocalPathOptions lo;
-      lo.spin = internal::WaitSpin(lo.spin);
-      if (job.default_op_timeout > absl::ZeroDuration()) lo.default_op_timeout = job.default_op_timeout;
-      return internal::LocalPath::Open(std::move(mem), resp.rank(), resp.world_size(), ops.get(),
-                                       resp.session_id(), lo);
-    }();
-    if (!opened.ok()) {
-      return give_up(opened.status(),
-                     absl::StrCat("cannot map the job's arena ", resp.arena().shm_name()));
-    }
-    path = *std::move(opened);
-  }
   return std::unique_ptr<Session>(new Session(conn_, resp.session_id(), resp.rank(),
                                               resp.world_size(), resp.epoch(), std::move(job),
-                                              std::move(ops), std::move(path)));
+                                              std::move(ops)));
 }
 
 }  // namespace client

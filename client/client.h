@@ -31,31 +31,6 @@
 //     SubmitAsync at once);
 //   - a daemon that stops answering (no heartbeat for 3 s) fails waits with
 //     kUnavailable "gradsyncd at T stopped answering (no heartbeat for 3 s)".
-// Node-local jobs. When every rank of the job uses one gradsyncd, the daemon
-// gives the job a shared-memory arena (client/local_path.h): the session
-// then numbers its ops itself (OpHandle::op_id = sequence = its place in the
-// session's stream, known at once), publishes every op's signature there,
-// and runs small allreduces (up to gradsyncd --local_ops_max_bytes per rank)
-// and barriers with the other ranks' clients directly, without the daemon
-// (OpResult::algorithm "local"). Such an op makes progress inside this
-// session's calls (SubmitAsync, Wait, Poll): its contribution is copied into
-// the arena at SubmitAsync, its result lands in the buffer during a later
-// Wait or Poll. Ops on overlapping bytes still run in submission order.
-// Environment: GRADSYNC_LOCAL_OPS=0 makes new sessions not ask for the arena
-// (every op then goes through the daemon; the job has no arena if any of its
-// sessions did not ask).
-// The direct path: when every rank of a job uses its own daemon, the
-// clients connect to each other over TCP and run every op's signature
-// exchange among themselves; small allreduces (up to 64 KiB per rank) and
-// barriers are done in it (OpResult::algorithm "direct") and never reach
-// the daemons, every other op reaches its daemon once the ranks agree on it
-// (docs/collectives.md). A session of such a job listens on a TCP port the
-// kernel picks (every interface) and runs a progress thread. Environment:
-// GRADSYNC_DIRECT_OPS=0 (or GRADSYNC_OP_CHANNEL=grpc) makes new sessions not
-// listen (then the whole job runs every op through the daemons).
-// GRADSYNC_DIRECT_HOST=H: the other clients connect to this one at H (a
-// container with a network of its own, e.g. a pod's IP); unset: at the
-// daemon's advertised host.
 // Environment: GRADSYNC_OP_CHANNEL=grpc makes new sessions use the RPCs even
 // when the daemon has the queue (for comparisons and debugging); unset or any
 // other value: the queue when available. GRADSYNC_WAIT_SPIN_US=N: how long a
@@ -96,7 +71,6 @@ namespace gradsync {
 namespace client {
 
 namespace internal {
-class OpPath;
 class OpChannel;
 struct WorkerConnection;
 }  // namespace internal
@@ -295,18 +269,12 @@ class Session {
     absl::Duration default_op_timeout;  // zero = unknown
   };
   Session(std::shared_ptr<internal::WorkerConnection> conn, std::string id, int rank,
-          int world_size, int64_t epoch, JobFacts job, std::unique_ptr<internal::OpChannel> ops,
-          std::unique_ptr<internal::OpPath> path);
+          int world_size, int64_t epoch, JobFacts job, std::unique_ptr<internal::OpChannel> ops);
 
   absl::Status CheckOpen() const;
 
   const std::shared_ptr<internal::WorkerConnection> conn_;
   const std::unique_ptr<internal::OpChannel> ops_;
-  // When this client runs some ops itself, with the other clients (the
-  // node-local arena, client/local_path.h, or the direct path,
-  // client/direct_path.h): every op goes through it (it uses ops_ for the
-  // daemon's).
-  const std::unique_ptr<internal::OpPath> path_;
   const std::string id_;
   const int rank_;
   const int world_size_;

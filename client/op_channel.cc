@@ -43,7 +43,6 @@ class GrpcOpChannel final : public OpChannel {
     req.set_buffer_id(args.buffer_id);
     req.set_offset_bytes(args.offset_bytes);
     req.set_timeout_ms(args.timeout_ms);
-    req.set_sequence(args.sequence);
 
     grpc::ClientContext ctx;
     const absl::Time deadline = absl::Now() + kRpcTimeout;

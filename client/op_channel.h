@@ -22,7 +22,6 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "common/types.h"
-#include "ipc/op_counters.h"
 #include "proto/worker.grpc.pb.h"
 
 namespace gradsync {
@@ -57,11 +56,6 @@ struct SubmitArgs {
   ReduceOp reduce_op = ReduceOp::kSum;
   absl::string_view name;
   int64_t timeout_ms = 0;  // 0 = the job's default
-  // Sessions whose client numbers its ops (an arena, client/local_path.h,
-  // or the direct path, client/direct_path.h): the op's number in the
-  // session's stream, which the daemon then uses (the queue's token / op
-  // id). 0: the channel or the daemon numbers it.
-  uint64_t sequence = 0;
 };
 
 struct SubmitTicket {
@@ -98,24 +92,6 @@ class OpChannel {
   // The first half of Health: OK while the daemon serves this channel (it
   // may refuse new ops); else why not. Cheap.
   virtual absl::Status Alive() { return absl::OkStatus(); }
-
-  // For the ops the client runs itself on the direct path
-  // (client/direct_path.h), what the daemon shows of them: counters of the
-  // ops run, by kind (ipc::kOpCounterAllreduce / Barrier), the op whose
-  // exchange runs now (null: none) and the last op the path finished itself.
-  // The queue keeps them in its header; over gRPC the daemon sees none
-  // (null counters).
-  virtual ipc::OpCounters* DirectCounters(int kind) {
-    (void)kind;
-    return nullptr;
-  }
-  // Daemon ops the direct path failed before they reached the daemon.
-  virtual ipc::UnsentFailures* DirectUnsent() { return nullptr; }
-  virtual void SetDirectCurrent(const ipc::DirectOp* op) { (void)op; }
-  virtual void SetDirectLast(const ipc::DirectOp& op) { (void)op; }
-  // How many ops the direct path holds that have not reached the daemon (a
-  // draining daemon waits for them).
-  virtual void SetDirectInFlight(uint64_t n) { (void)n; }
 };
 
 // The gRPC implementation: Worker.Submit and Worker.Wait on `conn`.

@@ -60,14 +60,6 @@ class ShmOpChannel final : public OpChannel {
     op.name = args.name;
 
     absl::MutexLock submit_lock(&submit_mu_);  // one producer at a time
-    if (args.sequence != 0) {
-      if (args.sequence < next_token_) {
-        return absl::InvalidArgumentError(absl::StrCat("op sequence ", args.sequence,
-                                                       " is not above the previous token ",
-                                                       next_token_ - 1));
-      }
-      next_token_ = args.sequence;
-    }
     op.token = next_token_;
     ipc::SubmissionEntry entry;
     RETURN_IF_ERROR(ipc::EncodeSubmission(op, &entry));
@@ -114,11 +106,6 @@ class ShmOpChannel final : public OpChannel {
     return CheckUsableLocked();
   }
 
-  ipc::OpCounters* DirectCounters(int kind) override { return &end_.direct_counters(kind); }
-  ipc::UnsentFailures* DirectUnsent() override { return &end_.direct_unsent(); }
-  void SetDirectCurrent(const ipc::DirectOp* op) override { end_.SetDirectCurrent(op); }
-  void SetDirectLast(const ipc::DirectOp& op) override { end_.SetDirectLast(op); }
-  void SetDirectInFlight(uint64_t n) override { end_.SetDirectInFlight(n); }
 
  private:
   // Writes `entry` into the submission ring, waiting for room if it is full.

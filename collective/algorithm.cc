@@ -14,8 +14,6 @@ const char* AlgorithmCodeName(uint8_t code) {
   if (code < kAlgorithmCount) return kNames[code];
   if (code == kHierarchicalCode) return "hier";
   if (code == kParameterServerCode) return "ps";
-  if (code == kLocalCode) return "local";
-  if (code == kDirectCode) return "direct";
   return "?";
 }
 
@@ -69,20 +67,6 @@ absl::StatusOr<uint8_t> RequestedAlgorithmCode(absl::string_view name, Collectiv
           name == "ps" ? " (parameter server: allreduce only)" : " (hierarchical: allreduce only)"));
     }
     return name == "ps" ? kParameterServerCode : kHierarchicalCode;
-  }
-  if (name == "local" || name == "direct") {
-    if (kind != CollectiveKind::kAllreduce && kind != CollectiveKind::kBarrier) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "algorithm '", name, "' does not implement ", CollectiveName(kind),
-          name == "local" ? " (node-local: allreduce and barrier)"
-                          : " (direct: allreduce and barrier)"));
-    }
-    if (name == "direct" && kind == CollectiveKind::kAllreduce && bytes > kOneShotMaxBytes) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "algorithm 'direct' carries at most ", kOneShotMaxBytes, " bytes per rank; this op has ",
-          bytes, " (use auto, or an algorithm the daemons run)"));
-    }
-    return name == "local" ? kLocalCode : kDirectCode;
   }
   absl::StatusOr<Algorithm> algo = ParseAlgorithm(name);
   if (!algo.ok()) return algo.status();

@@ -20,18 +20,10 @@ namespace gradsync {
 inline constexpr uint8_t kHierarchicalCode = 100;
 // ... and the parameter-server path (ps/worker_client.h), also not an Algorithm.
 inline constexpr uint8_t kParameterServerCode = 101;
-// ... and the node-local path (client/local_path.h): small allreduces and
-// barriers the clients of a job whose ranks all use one daemon run among
-// themselves in the job's shared-memory arena (ipc/arena.h).
-inline constexpr uint8_t kLocalCode = 102;
-// ... and the direct path (client/direct_path.h): small allreduces (up to
-// kOneShotMaxBytes per rank) and barriers the clients of a job run among
-// themselves over TCP, in the signature exchange the daemons use.
-inline constexpr uint8_t kDirectCode = 103;
 // No algorithm forced: "" or "auto" (OpSignature::kNoAlgorithm).
 inline constexpr uint8_t kAutoCode = 0xff;
-// "ring", "rhd", "rd", "tree", "pairwise", "oneshot", "hier", "ps", "local",
-// "direct", or "?" for others.
+// "ring", "rhd", "rd", "tree", "pairwise", "oneshot", "hier", "ps", or "?"
+// for others.
 const char* AlgorithmCodeName(uint8_t code);
 
 enum class Algorithm : uint8_t {
@@ -72,10 +64,9 @@ const char* SignaturePatternName(SignaturePattern p);
 // receiver's TCP stack on a CPU the ranks share and a message costs about
 // as much as a round.
 //   - One host: recursive doubling from 3 ranks (at 2 the patterns are the
-//     same single exchange). Measured on loopback: an 8-byte allreduce at 8
-//     ranks took 13-25% less (session 5), and on a host where system calls
-//     cost more (session 6, medians of interleaved runs) 20% less at 4 ranks
-//     (85 against 106 us), 17% at 5 and 20% at 6, level at 3 and at 64 KiB.
+//     same single exchange). Measured on loopback (medians of interleaved
+//     runs): an 8-byte allreduce took 20% less at 4 ranks (85 against
+//     106 us), 17% at 5 and 20% at 6, level at 3 and at 64 KiB.
 //   - Several hosts: recursive doubling from 8 ranks. A wire's round trip
 //     costs several messages' CPU, and log2 n rounds against one pay for
 //     themselves only once the n-1 messages per rank add up (not measured
@@ -110,8 +101,7 @@ bool Implements(Algorithm a, CollectiveKind k);
 // the same words. InvalidArgument (without the op's name: callers prefix it)
 // for an unknown name, an algorithm that does not implement `kind`, or
 // oneshot above kOneShotMaxBytes. What depends on the job (hier needs ranks
-// that share a daemon, ps needs shards, local needs the arena and a size it
-// holds) is the caller's to check.
+// that share a daemon, ps needs shards) is the caller's to check.
 absl::StatusOr<uint8_t> RequestedAlgorithmCode(absl::string_view name, CollectiveKind kind,
                                                uint64_t bytes);
 // e.g. "ring, rhd, rd, tree" (for error messages).

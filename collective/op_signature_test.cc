@@ -1,4 +1,5 @@
 #include "collective/op_signature.h"
+#include "collective/signature_exchange.h"
 
 #include <algorithm>
 #include <cstring>
@@ -364,90 +365,32 @@ TEST(CheckSignatures, RecursiveDoublingReportsEveryRankOnce) {
   }
 }
 
-// SignatureExchange in steps: one thread drives every rank's exchange with
-// non-blocking looks (a past `until`), round robin. If Advance waited for the
-// other ranks, the first rank's look would never come back; it comes back at
-// once, and every rank ends with the pattern's bits.
-TEST(SignatureExchange, NonBlockingStepsFromOneThreadFinishEveryRank) {
-  for (int world : {2, 3, 4, 5, 8}) {
-    for (SignaturePattern pattern : kPatterns) {
-      testing::Cluster c = testing::MakeCluster(world, absl::StrCat("steps-", world));
-      std::vector<SignatureScratch> scratch(world);
-      std::vector<SignatureExchange> x(world);
-      const size_t count = 37;
-      std::vector<std::vector<char>> in(world), out(world);
-      for (int r = 0; r < world; ++r) in[r] = testing::RandomData(DType::kF32, count, r, 11);
-      const std::vector<char> want =
-          testing::SignaturePatternReference(pattern, in, DType::kF32, ReduceOp::kSum, count);
-      std::vector<OpSignature> sig(world);
-      std::vector<FusedAllreduce> fused(world);
-      for (int r = 0; r < world; ++r) {
-        sig[r].seq = 3;
-        sig[r].name = "steps";
-        sig[r].count = count;
-        sig[r].proposal = static_cast<uint8_t>(40 + r);
-        out[r] = in[r];
-        fused[r] = FusedAllreduce{out[r].data(), DType::kF32, ReduceOp::kSum, count};
-      }
-      // Ranks start one at a time, each after a look at every rank started
-      // before it, so the first looks come before the last rank has begun.
-      std::vector<bool> done(world, false);
-      int started = 0, finished = 0, looks = 0;
-      const absl::Time give_up = absl::Now() + absl::Seconds(20);
-      while (finished < world && absl::Now() < give_up) {
-        if (started < world) {
-          ASSERT_TRUE(x[started].Start(*c.contexts[started], sig[started], pattern, nullptr,
-                                       &fused[started], &scratch[started]).ok());
-          ++started;
-        }
-        for (int r = 0; r < started; ++r) {
-          if (done[r]) continue;
-          absl::StatusOr<bool> d = x[r].Advance(absl::InfinitePast());
-          ++looks;
-          ASSERT_TRUE(d.ok()) << "world " << world << " rank " << r << ": " << d.status();
-          if (*d) {
-            done[r] = true;
-            ++finished;
-          }
-        }
-      }
-      ASSERT_EQ(finished, world) << SignaturePatternName(pattern) << " world " << world;
-      EXPECT_GT(looks, world) << "some look found the exchange not yet done";
-      for (int r = 0; r < world; ++r) {
-        EXPECT_EQ(out[r], want) << SignaturePatternName(pattern) << " world " << world << " rank " << r;
-        EXPECT_EQ(x[r].agreed(), 40) << "rank 0's proposal wins";
-      }
-    }
-  }
-}
-
-// A rank that never starts: the others' steps come back not done, and once
-// the deadline is past TimedOut names it, as CheckSignatures does.
-TEST(SignatureExchange, TimedOutNamesTheRankThatNeverStarted) {
+// A rank that never submits: in either pattern, every other rank's exchange
+// ends at its deadline naming it (recursive doubling may also name the ranks
+// whose signatures come through it).
+TEST(CheckSignatures, DeadlineNamesTheRankThatNeverSubmittedInEitherPattern) {
   for (SignaturePattern pattern : kPatterns) {
     const int world = 4;
-    testing::Cluster c = testing::MakeCluster(world, "steps-missing");
-    std::vector<SignatureScratch> scratch(world);
-    std::vector<SignatureExchange> x(world);
-    std::vector<OpSignature> sig(world);
+    testing::Cluster c = testing::MakeCluster(world, "missing");
+    std::vector<absl::Status> st(3);
+    std::vector<std::thread> threads;
     for (int r = 0; r < 3; ++r) {  // rank 3 stays away
-      sig[r].seq = 9;
-      sig[r].name = "late";
-      sig[r].count = 1;
-      ASSERT_TRUE(x[r].Start(*c.contexts[r], sig[r], pattern, nullptr, nullptr, &scratch[r]).ok());
+      threads.emplace_back([&, r] {
+        OpSignature sig;
+        sig.seq = 9;
+        sig.name = "late";
+        sig.count = 1;
+        st[r] = CheckSignatures(*c.contexts[r], sig, pattern,
+                                absl::Now() + absl::Milliseconds(300));
+      });
     }
-    const absl::Time until = absl::Now() + absl::Milliseconds(300);
+    for (auto& t : threads) t.join();
     for (int r = 0; r < 3; ++r) {
-      absl::StatusOr<bool> d = x[r].Advance(until);
-      ASSERT_TRUE(d.ok()) << d.status();
-      EXPECT_FALSE(*d) << "rank " << r << " cannot finish without rank 3";
-      const absl::Status late = x[r].TimedOut();
-      EXPECT_TRUE(absl::IsDeadlineExceeded(late)) << late;
-      // All-to-all waits for rank 3 alone; recursive doubling also for the
-      // ranks whose signatures come through it.
-      EXPECT_TRUE(absl::StrContains(late.message(), "waiting for rank(s) 3 to submit op 9") ||
-                  absl::StrContains(late.message(), "waiting for rank(s) 2,3 to submit op 9"))
-          << "rank " << r << ": " << late;
+      EXPECT_TRUE(absl::IsDeadlineExceeded(st[r])) << st[r];
+      EXPECT_TRUE(absl::StrContains(st[r].message(), "waiting for rank(s) 3 to submit op 9") ||
+                  (pattern == SignaturePattern::kRecursiveDoubling &&
+                   absl::StrContains(st[r].message(), "waiting for rank(s) 2,3 to submit op 9")))
+          << SignaturePatternName(pattern) << " rank " << r << ": " << st[r];
     }
   }
 }

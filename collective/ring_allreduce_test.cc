@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "collective/op_signature.h"
+#include "collective/signature_exchange.h"
 #include "collective/reference.h"
 #include "collective/test_cluster.h"
 #include "gtest/gtest.h"

@@ -1,5 +1,4 @@
-// A futex doorbell in shared memory, shared by the op queue (ipc/op_queue.h)
-// and the node-local arena (ipc/arena.h).
+// A futex doorbell in shared memory, used by the op queue (ipc/op_queue.h).
 //
 // A doorbell is a pair of 32-bit words: `seq` (the futex word) and
 // `waiters`. Ringing = seq += 1, then FUTEX_WAKE only if waiters > 0, so a

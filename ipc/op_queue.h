@@ -34,12 +34,8 @@
 // client bumps client_heartbeat whenever it submits or waits, so the daemon
 // counts a client blocked in a long wait as using its session.
 //
-// The direct path (client/direct_path.h). A client that runs ops with the
-// other clients keeps, in the header, counters of those ops and of the
-// daemon's ops that failed before they reached it (ipc/op_counters.h), its
-// current and last op (a seqlock), and how many ops it holds (the drain
-// waits for them); the daemon writes its refusal there (draining, epoch
-// failed), once, and the client refuses new ops with it.
+// Refusal. Once the session takes no new ops (draining, its epoch failed) the
+// daemon writes why into the header, once; the client's health check reads it.
 //
 // Close. When the daemon stops serving a queue (session closed, daemon
 // stopping, corrupted header) it writes close_code/close_message, sets
@@ -63,13 +59,12 @@
 #include "absl/time/time.h"
 #include "common/types.h"
 #include "ipc/doorbell.h"
-#include "ipc/op_counters.h"
 
 namespace gradsync {
 namespace ipc {
 
 inline constexpr uint32_t kOpQueueMagic = 0x51505347;  // "GSPQ" little-endian
-inline constexpr uint32_t kOpQueueVersion = 2;  // 2: the direct path's block
+inline constexpr uint32_t kOpQueueVersion = 3;
 inline constexpr size_t kMaxRefusalBytes = 512;
 inline constexpr uint32_t kMinQueueCapacity = 2;
 inline constexpr uint32_t kMaxQueueCapacity = 4096;
@@ -169,18 +164,8 @@ struct OpQueueHeader {
   alignas(64) std::atomic<uint64_t> daemon_heartbeat;
   alignas(64) std::atomic<uint64_t> client_heartbeat;
 
-  // The client's direct path (client/direct_path.h), for the daemon's
-  // metrics and status: what it ran (ipc/op_counters.h), the op whose
-  // exchange runs now and the last one it finished itself.
-  alignas(64) OpCounters direct[kOpCounterKinds];
-  alignas(64) UnsentFailures direct_unsent;
-  alignas(64) DirectOpsWords direct_ops;
-  // Ops the client's direct path holds that have not reached the daemon
-  // (waiting for or in their exchange): a draining daemon waits for them.
-  std::atomic<uint64_t> direct_in_flight;
   // The daemon: the session takes no new ops (draining, its epoch failed),
-  // with an absl::StatusCode (0 while it takes them) and why. Written once;
-  // the direct path refuses new ops with it, as the daemon does its own.
+  // with an absl::StatusCode (0 while it takes them) and why. Written once.
   alignas(64) std::atomic<int32_t> refusal_code;
   uint32_t refusal_len;
   char refusal_message[kMaxRefusalBytes];
@@ -276,15 +261,9 @@ class DaemonEnd {
   void BumpHeartbeat() { h_->daemon_heartbeat.fetch_add(1, std::memory_order_relaxed); }
   uint64_t client_heartbeat() const { return h_->client_heartbeat.load(std::memory_order_relaxed); }
 
-  // The client's direct-path counters (kind: kOpCounterAllreduce/Barrier)
-  // and current op (0: none; `since_us` microseconds since the Unix epoch).
-  const OpCounters& direct_counters(int kind) const { return h_->direct[kind]; }
-  const UnsentFailures& direct_unsent() const { return h_->direct_unsent; }
   // Tells the client that the session takes no new ops, with why (once:
   // later calls change nothing; OK: nothing to say).
   void SetRefusal(const absl::Status& why);
-  // What the client's direct path shows now.
-  DirectOpsSnapshot direct_ops() const;
 
   // Marks the queue closed with `reason` (not OK) and wakes the client.
   void Close(const absl::Status& reason);
@@ -329,16 +308,8 @@ class ClientEnd {
   void BumpHeartbeat() { h_->client_heartbeat.fetch_add(1, std::memory_order_relaxed); }
   uint64_t daemon_heartbeat() const { return h_->daemon_heartbeat.load(std::memory_order_relaxed); }
 
-  // What the direct path counts for the daemon (see OpQueueHeader).
-  OpCounters& direct_counters(int kind) { return h_->direct[kind]; }
-  UnsentFailures& direct_unsent() { return h_->direct_unsent; }
   // OK while the daemon takes new ops for the session; else why not.
   absl::Status refusal() const;
-  void SetDirectInFlight(uint64_t n) { h_->direct_in_flight.store(n, std::memory_order_release); }
-  // The op whose exchange runs now (null: none); the last op it finished
-  // itself (also clears the current one if it is that op).
-  void SetDirectCurrent(const DirectOp* op);
-  void SetDirectLast(const DirectOp& op);
 
   // OK while served; else the daemon's close reason.
   absl::Status closed_status() const;

@@ -141,7 +141,6 @@ struct MemberState {
   std::string member_id;
   v1::Endpoint endpoint;
   std::string status_endpoint;
-  v1::Endpoint direct_endpoint;  // port 0: the member's client has no direct path
   bool alive = true;   // false once declared dead
   bool left = false;   // LeaveJob after the rendezvous completed
   absl::Time last_heartbeat;
@@ -274,7 +273,6 @@ v1::JobStatus JobRegistry::StatusLocked(const Job& job, absl::Time now) const {
     out->set_member_id(m.member_id);
     *out->mutable_data_endpoint() = m.endpoint;
     out->set_status_endpoint(m.status_endpoint);
-    *out->mutable_direct_endpoint() = m.direct_endpoint;
     out->set_alive(m.alive && !m.left);
     out->set_last_heartbeat_age_ms(std::max<int64_t>(0, absl::ToInt64Milliseconds(now - m.last_heartbeat)));
   }
@@ -401,7 +399,6 @@ void JobRegistry::CompleteRendezvousLocked(Job& job) {
     out->set_member_id(m.member_id);
     *out->mutable_data_endpoint() = m.endpoint;
     out->set_status_endpoint(m.status_endpoint);
-    *out->mutable_direct_endpoint() = m.direct_endpoint;
     out->set_alive(true);
   }
   SetStateLocked(job, v1::JOB_STATE_RUNNING);
@@ -470,14 +467,6 @@ absl::StatusOr<v1::JoinJobResponse> JobRegistry::JoinJob(const v1::JoinJobReques
         "join of job '", request.job_id(), "' by member '", member_id, "': bad data endpoint '",
         absl::CHexEscape(FormatEndpoint(request.data_endpoint())), "'"));
   }
-  if (request.direct_endpoint().port() < 0 || request.direct_endpoint().port() > 65535 ||
-      request.direct_endpoint().host().size() > 255 ||
-      (request.direct_endpoint().port() > 0 && request.direct_endpoint().host().empty())) {
-    observer().OnJoinFinished(JobRegistryObserver::JoinResult::kError);
-    return absl::InvalidArgumentError(absl::StrCat(
-        "join of job '", request.job_id(), "' by member '", member_id, "': bad direct endpoint '",
-        absl::CHexEscape(FormatEndpoint(request.direct_endpoint())), "'"));
-  }
 
   int rank = -1;
   absl::StatusOr<std::shared_ptr<const v1::JoinJobResponse>> done =
@@ -540,7 +529,6 @@ absl::StatusOr<std::shared_ptr<const v1::JoinJobResponse>> JobRegistry::JoinAndW
     MemberState& m = *job->members[rank];
     m.endpoint = request.data_endpoint();  // a retry may come from a restarted listener
     m.status_endpoint = request.status_endpoint().substr(0, 300);
-    m.direct_endpoint = request.direct_endpoint();
     ++m.waiting_joins;
     GS_LOG(DEBUG) << "job '" << job->id << "' epoch " << job->epoch << ": member '" << member_id
                   << "' retries its join (rank " << rank << ")";
@@ -560,7 +548,6 @@ absl::StatusOr<std::shared_ptr<const v1::JoinJobResponse>> JobRegistry::JoinAndW
     m.member_id = member_id;
     m.endpoint = request.data_endpoint();
     m.status_endpoint = request.status_endpoint().substr(0, 300);
-    m.direct_endpoint = request.direct_endpoint();
     m.last_heartbeat = Now();
     m.waiting_joins = 1;
     m.serial = next_member_serial_++;

@@ -282,42 +282,6 @@ TEST_F(JobRegistryTest, FourJoinersRendezvousWithDistinctRanksAndEndpoints) {
   EXPECT_EQ(st->state(), v1::JOB_STATE_RUNNING);
 }
 
-// Each member's client direct-path endpoint travels with the member list;
-// a member without one has port 0; a malformed one is refused by name.
-TEST_F(JobRegistryTest, DirectEndpointsTravelWithTheMembersAndBadOnesAreRefused) {
-  Create("d", 3);
-  std::vector<absl::StatusOr<v1::JoinJobResponse>> out(3, absl::UnknownError("not run"));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < 3; ++r) {
-    threads.emplace_back([&, r] {
-      v1::JoinJobRequest req = JoinRequest("d", absl::StrCat("m", r), r, 5000 + r);
-      if (r != 1) {  // rank 1's client has no direct path
-        req.mutable_direct_endpoint()->set_host("10.0.0.7");
-        req.mutable_direct_endpoint()->set_port(6000 + r);
-      }
-      out[r] = registry_.JoinJob(req, {});
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (int r = 0; r < 3; ++r) {
-    ASSERT_TRUE(out[r].ok()) << out[r].status();
-    ASSERT_EQ(out[r]->members_size(), 3);
-    EXPECT_EQ(out[r]->members(0).direct_endpoint().host(), "10.0.0.7");
-    EXPECT_EQ(out[r]->members(0).direct_endpoint().port(), 6000);
-    EXPECT_EQ(out[r]->members(1).direct_endpoint().port(), 0);
-    EXPECT_EQ(out[r]->members(2).direct_endpoint().port(), 6002);
-  }
-  Create("bad", 2);
-  v1::JoinJobRequest bad = JoinRequest("bad", "x", -1, 5000);
-  bad.mutable_direct_endpoint()->set_port(6000);  // a port without a host
-  absl::Status s = registry_.JoinJob(bad, {}).status();
-  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
-  EXPECT_NE(s.message().find("by member 'x': bad direct endpoint"), absl::string_view::npos) << s;
-  bad.mutable_direct_endpoint()->set_host("h");
-  bad.mutable_direct_endpoint()->set_port(70000);
-  EXPECT_TRUE(absl::IsInvalidArgument(registry_.JoinJob(bad, {}).status()));
-}
-
 TEST_F(JobRegistryTest, RequestedRanksAreHonouredAndConflictsNamed) {
   Create("j", 3);
   std::thread t([&] {

@@ -104,12 +104,12 @@ TEST_F(AllreduceIntegration, BitExactAcrossWorldSizesAndCounts) {
 // (DefaultSignaturePattern), and a small allreduce's data ride along: every
 // rank gets the bits of that pattern's reduction order (random floats, so
 // another order would show; 3 and 5 ranks fold in and out), a mismatch is
-// named alike on every rank, and the job goes on. `expected_algo`: "oneshot"
-// through the daemons, "direct" on the clients' direct path, which runs the
-// same exchange among the clients.
-void CheckRecursiveDoubling(LocalCluster& cluster, const std::string& expected_algo,
-                            uint32_t* seed_io) {
-  uint32_t& seed = *seed_io;
+// named alike on every rank, and the job goes on.
+TEST_F(AllreduceIntegration, SmallAllreducesRideOnRecursiveDoublingFromThreeRanks) {
+  EXPECT_EQ(DefaultSignaturePattern(2, /*one_host=*/true), SignaturePattern::kAllToAll);
+  const std::string expected_algo = "oneshot";
+  uint32_t seed = 900;
+  LocalCluster& cluster = *cluster_;
   for (int world : {3, 4, 5, 8}) {
     ASSERT_EQ(DefaultSignaturePattern(world, /*one_host=*/true),
               SignaturePattern::kRecursiveDoubling);
@@ -141,37 +141,22 @@ void CheckRecursiveDoubling(LocalCluster& cluster, const std::string& expected_a
       }
       ++seed;
     }
-    // Forcing the clients' path: it runs where the job has it (within its
-    // size), and is refused with the reason where it does not.
+    // Forcing oneshot above its size is refused with the limit.
     OnEveryRank(world, [&](int r) {
       auto& s = *(*job)[r].session;
       auto buf = s.AllocateBuffer(1 << 17);
       ASSERT_TRUE(buf.ok());
-      for (int i = 0; i < 16; ++i) (*buf)->as<float>()[i] = static_cast<float>(r + 1);
       client::CollectiveSpec spec;
       spec.buffer = buf->get();
-      spec.count = 16;
-      spec.algorithm = "direct";
+      spec.count = 20000;  // 80000 bytes
+      spec.algorithm = "oneshot";
       spec.name = "forced";
       auto res = s.Run(spec);
-      if (expected_algo == "direct") {
-        ASSERT_TRUE(res.ok()) << res.status();
-        EXPECT_EQ(res->algorithm, "direct");
-        EXPECT_EQ((*buf)->as<float>()[15], static_cast<float>(world * (world + 1) / 2));
-        spec.count = 20000;  // 80000 bytes
-        res = s.Run(spec);
-        EXPECT_TRUE(absl::IsInvalidArgument(res.status())) << res.status();
-        EXPECT_NE(res.status().message().find("algorithm 'direct' carries at most 65536 bytes "
-                                              "per rank; this op has 80000"),
-                  std::string::npos)
-            << res.status();
-      } else {
-        EXPECT_TRUE(absl::IsInvalidArgument(res.status())) << res.status();
-        EXPECT_NE(res.status().message().find("algorithm 'direct' needs a job whose clients all "
-                                              "run the direct path"),
-                  std::string::npos)
-            << res.status();
-      }
+      EXPECT_TRUE(absl::IsInvalidArgument(res.status())) << res.status();
+      EXPECT_NE(res.status().message().find("algorithm 'oneshot' carries at most 65536 bytes "
+                                            "per rank; this op has 80000"),
+                std::string::npos)
+          << res.status();
     });
     // The last rank submits a different count.
     const int odd = world - 1;
@@ -198,61 +183,6 @@ void CheckRecursiveDoubling(LocalCluster& cluster, const std::string& expected_a
     }
     for (auto& r : *job) EXPECT_TRUE(r.session->Close().ok());
   }
-}
-
-TEST_F(AllreduceIntegration, SmallAllreducesRideOnRecursiveDoublingFromThreeRanks) {
-  EXPECT_EQ(DefaultSignaturePattern(2, /*one_host=*/true), SignaturePattern::kAllToAll);
-  uint32_t seed = 900;
-  {
-    // Through the daemons: the clients' direct path off (read when a
-    // session opens).
-    testing::ScopedEnv no_direct("GRADSYNC_DIRECT_OPS", "0");
-    CheckRecursiveDoubling(*cluster_, "oneshot", &seed);
-  }
-  CheckRecursiveDoubling(*cluster_, "direct", &seed);
-}
-
-// GRADSYNC_DIRECT_HOST is where the other clients connect to this one (a
-// client in a network namespace of its own): the daemons advertise it
-// instead of their own host. With it set to a name that does not resolve,
-// rank 0 (which dials rank 1) fails naming it, and rank 1 fails naming
-// rank 0, which never connected.
-TEST_F(AllreduceIntegration, TheDirectHostIsWhereTheOtherClientsConnect) {
-  {
-    testing::ScopedEnv host("GRADSYNC_DIRECT_HOST", "127.0.0.1");
-    auto job = OpenJob(*cluster_, "direct-host", testing::FirstN(2));
-    ASSERT_TRUE(job.ok()) << job.status();
-    OnEveryRank(2, [&](int r) {
-      auto& s = *(*job)[r].session;
-      auto buf = s.AllocateBuffer(64);
-      ASSERT_TRUE(buf.ok());
-      (*buf)->as<float>()[0] = static_cast<float>(r + 1);
-      auto res = s.Allreduce(**buf, 0, 1, DType::kF32, ReduceOp::kSum, "h");
-      ASSERT_TRUE(res.ok()) << res.status();
-      EXPECT_EQ(res->algorithm, "direct");
-      EXPECT_EQ((*buf)->as<float>()[0], 3.0f);
-    });
-  }
-  testing::ScopedEnv host("GRADSYNC_DIRECT_HOST", "no-such-host.invalid");
-  std::vector<absl::Status> st(2);
-  OnEveryRank(2, [&](int r) {
-    auto c = client::Client::Connect(cluster_->daemon_target(r), absl::Seconds(10));
-    ASSERT_TRUE(c.ok());
-    client::SessionOptions so;
-    so.job_id = "direct-host-bad";
-    so.world_size = 2;
-    so.rank = r;
-    so.timeout = absl::Seconds(3);
-    st[r] = (*c)->OpenSession(so).status();
-  });
-  for (int r = 0; r < 2; ++r) {
-    EXPECT_FALSE(st[r].ok()) << r;
-    EXPECT_NE(st[r].message().find("cannot connect the job's direct path"), std::string::npos)
-        << st[r];
-  }
-  EXPECT_NE(st[0].message().find("no-such-host.invalid"), std::string::npos) << st[0];
-  EXPECT_NE(st[1].message().find("rank 0 did not connect to rank 1 in time"), std::string::npos)
-      << st[1];
 }
 
 // Large ops carry a stream count proposal and rank 0's tuner may switch the
@@ -294,25 +224,19 @@ TEST_F(AllreduceIntegration, ConcurrentJobsOnTheSameDaemonsKeepTheirDataApart) {
 }
 
 // Two node-local jobs (every rank on one daemon) on the same daemon at once,
-// each mixing small ops and large ones: every result exact, nothing mixed.
-// With the arena (the default) the clients run the small ops themselves
-// ("local") and the daemon the large ones ("hier"); without it
-// (GRADSYNC_LOCAL_OPS=0) each job's local driver runs the small ones and
-// hands the large ones to its executors. Integer sums and maxima give the
-// same bits in any reduction order.
-void RunConcurrentNodeLocalJobs(bool arena, const std::string& tag) {
-  std::unique_ptr<testing::ScopedEnv> no_arena;
-  if (!arena) no_arena = std::make_unique<testing::ScopedEnv>("GRADSYNC_LOCAL_OPS", "0");
-  auto a = OpenJob(*AllreduceIntegration::cluster(), "local-a" + tag, {5, 5, 5, 5});
+// each mixing small ops and large ones: every result exact, nothing mixed;
+// the daemon combines the ranks in memory ("hier"). Integer sums and maxima
+// give the same bits in any reduction order.
+TEST_F(AllreduceIntegration, ConcurrentNodeLocalJobsKeepTheirDataApart) {
+  auto a = OpenJob(*cluster_, "local-a", {5, 5, 5, 5});
   ASSERT_TRUE(a.ok()) << a.status();
-  auto b = OpenJob(*AllreduceIntegration::cluster(), "local-b" + tag, {5, 5, 5});
+  auto b = OpenJob(*cluster_, "local-b", {5, 5, 5});
   ASSERT_TRUE(b.ok()) << b.status();
-  auto run = [arena](std::vector<testing::RankHandle>& job, DType t, ReduceOp op, uint32_t seed0) {
+  auto run = [](std::vector<testing::RankHandle>& job, DType t, ReduceOp op, uint32_t seed0) {
     for (uint32_t k = 0; k < 40; ++k) {
       const bool large = k % 8 == 7;  // every 8th op above 256 KiB
       const size_t count = large ? 100003 : 1 + k % 5;
-      CheckAllreduce(job, t, op, count, seed0 + k, /*algorithm=*/"",
-                     /*want_algorithm=*/arena && !large ? "local" : "hier");
+      CheckAllreduce(job, t, op, count, seed0 + k, /*algorithm=*/"", /*want_algorithm=*/"hier");
     }
   };
   std::thread ta([&] { run(*a, DType::kI64, ReduceOp::kSum, 700); });
@@ -323,29 +247,8 @@ void RunConcurrentNodeLocalJobs(bool arena, const std::string& tag) {
   for (auto& r : *b) EXPECT_TRUE(r.session->Close().ok());
 }
 
-TEST_F(AllreduceIntegration, ConcurrentNodeLocalJobsKeepTheirDataApart) {
-  RunConcurrentNodeLocalJobs(/*arena=*/true, "");
-}
-
-TEST_F(AllreduceIntegration, ConcurrentNodeLocalJobsKeepTheirDataApartWithoutTheArena) {
-  auto sample = [&](const std::string& series) {
-    auto text = HttpGet("127.0.0.1", cluster_->daemon_metrics_port(5), "/metrics");
-    if (!text.ok()) return -1.0;
-    auto v = FindSample(*text, series);
-    return v.ok() ? *v : -1.0;
-  };
-  const double ops0 = std::max(0.0, sample("gradsync_daemon_local_driver_ops_total"));
-  const double other0 =
-      std::max(0.0, sample("gradsync_daemon_local_driver_handoffs_total{reason=\"other_op\"}"));
-  RunConcurrentNodeLocalJobs(/*arena=*/false, "-driver");
-  // The small ops ran on the jobs' drivers, the large ones were handed over.
-  EXPECT_GT(sample("gradsync_daemon_local_driver_ops_total"), ops0);
-  EXPECT_GE(sample("gradsync_daemon_local_driver_handoffs_total{reason=\"other_op\"}"), other0 + 2);
-}
-
 // A node-local job whose clients reach the daemon over gRPC instead of the op
-// queue (GRADSYNC_OP_CHANNEL=grpc): the arena works the same, and the ops the
-// daemon runs carry the clients' numbers in SubmitRequest.sequence.
+// queue (GRADSYNC_OP_CHANNEL=grpc): the results are the same.
 TEST_F(AllreduceIntegration, NodeLocalJobOverTheGrpcChannel) {
   testing::ScopedEnv grpc("GRADSYNC_OP_CHANNEL", "grpc");
   auto job = OpenJob(*cluster_, "local-grpc", {5, 5, 5});
@@ -353,7 +256,7 @@ TEST_F(AllreduceIntegration, NodeLocalJobOverTheGrpcChannel) {
   for (uint32_t k = 0; k < 6; ++k) {
     const bool large = k % 2 == 1;
     CheckAllreduce(*job, DType::kI32, ReduceOp::kSum, large ? 100003 : 3, 900 + k, "",
-                   large ? "hier" : "local");
+                   "hier");
   }
   std::vector<std::string> errors(3);
   OnEveryRank(3, [&](int r) {
@@ -362,7 +265,7 @@ TEST_F(AllreduceIntegration, NodeLocalJobOverTheGrpcChannel) {
     if (!buf.ok()) return void(errors[r] = std::string(buf.status().message()));
     for (int i = 0; i < 1024; ++i) (*buf)->as<int32_t>()[i] = r == 2 ? i : -1;
     client::CollectiveSpec spec;
-    spec.kind = CollectiveKind::kBroadcast;  // never local: the daemon runs it
+    spec.kind = CollectiveKind::kBroadcast;
     spec.buffer = buf->get();
     spec.count = 1024;
     spec.dtype = DType::kI32;
@@ -484,16 +387,8 @@ TEST_F(AllreduceIntegration, RanksSharingADaemonUseTheHierarchicalPath) {
           spec.name = absl::StrCat("h.", count);
           auto res = s.Run(spec);
           if (!res.ok()) return void(errors[r] = std::string(res.status().message()));
-          // Every rank on one daemon: the clients run small allreduces in the
-          // job's arena themselves.
-          const bool node_local = std::all_of(daemons.begin(), daemons.end(),
-                                              [&](int d) { return d == daemons[0]; });
-          const bool small = count * DTypeSize(c.t) <= (64u << 10);
           const std::string want_algo =
-              !c.algo.empty() ? c.algo
-              : c.kind != CollectiveKind::kAllreduce ? ""
-              : node_local && small                   ? "local"
-                                                      : "hier";
+              !c.algo.empty() ? c.algo : c.kind != CollectiveKind::kAllreduce ? "" : "hier";
           if (!want_algo.empty() && res->algorithm != want_algo) {
             errors[r] = absl::StrCat("ran ", res->algorithm, " instead of ", want_algo);
           }

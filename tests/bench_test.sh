@@ -44,18 +44,16 @@ out=$("$GRADSYNC" bench --ranks=4 --algo=ring --dtype=bf16 --redop=max --min_byt
 grep -qE "^ +1048576 +524288 +bf16 +max +ring .* 0\$" <<<"$out" || fail "no ring bf16 max row: $out"
 
 # The node path, timed op by op with compute gaps: the split follows each row.
-# The clients run small ops themselves (local); forced hier goes through the daemon.
-out=$("$GRADSYNC" bench --ranks=4 --ranks_per_daemon=4 --min_bytes=8 --max_bytes=8 --iters=20 \
-      --warmup=2 --blocking --gap_us=200 --check --limits=false 2>&1) || fail "node bench exited $?: $out"
-echo "$out"
-grep -qE "^ +8 +2 +f32 +sum +local +$NUM .* 0\$" <<<"$out" || fail "no local row"
-grep -qE "^# 8 bytes: the clients ran the ops themselves \(local\): medians over all ranks' ops: $NUM us held" <<<"$out" \
-  || fail "no local split line"
-out=$("$GRADSYNC" bench --ranks=4 --ranks_per_daemon=4 --min_bytes=8 --max_bytes=8 --iters=20 \
-      --warmup=2 --blocking --algo=hier --check --limits=false 2>&1) || fail "node hier bench exited $?: $out"
-grep -qE "^ +8 +2 +f32 +sum +hier +$NUM .* 0\$" <<<"$out" || fail "no hier row"
-grep -qE "^# 8 bytes: daemon-side medians over all ranks' ops: $NUM us queued" <<<"$out" \
-  || fail "no daemon split line"
+# The daemon combines the ranks in memory (hier), chosen or forced.
+for algo in auto hier; do
+  out=$("$GRADSYNC" bench --ranks=4 --ranks_per_daemon=4 --min_bytes=8 --max_bytes=8 --iters=20 \
+        --warmup=2 --blocking --gap_us=200 --algo=$algo --check --limits=false 2>&1) \
+    || fail "node bench ($algo) exited $?: $out"
+  echo "$out"
+  grep -qE "^ +8 +2 +f32 +sum +hier +$NUM .* 0\$" <<<"$out" || fail "no hier row ($algo)"
+  grep -qE "^# 8 bytes: daemon-side medians over all ranks' ops: $NUM us queued" <<<"$out" \
+    || fail "no daemon split line ($algo)"
+done
 
 # Bad flags: a clear error and a non-zero exit.
 out=$("$GRADSYNC" bench --ranks=2 --min_bytes=8 --max_bytes=8 --gap_us=10 2>&1)

@@ -67,7 +67,7 @@ inline absl::StatusOr<std::vector<RankHandle>> OpenJob(LocalCluster& cluster,
   return ranks;
 }
 
-// Sets an environment variable for its lifetime (e.g. GRADSYNC_LOCAL_OPS=0,
+// Sets an environment variable for its lifetime (e.g. GRADSYNC_OP_CHANNEL=grpc,
 // read by OpenSession), restoring what was there.
 class ScopedEnv {
  public:

@@ -60,9 +60,8 @@ TEST(DaemonMetrics, OpsBytesLatencyAndPeersAreExported) {
       ASSERT_TRUE(s.Run(spec).ok());
     }
     // Mismatched ops fail with invalid_argument on every rank, in the
-    // clients' signature exchange (the ranks use three daemons: the direct
-    // path): a small one the clients would have run themselves, and a ring
-    // the daemons would have run, which never reaches them.
+    // daemons' signature exchange, before an algorithm ran: a small one
+    // (oneshot's data ride on that exchange) and a forced ring.
     client::CollectiveSpec bad;
     bad.buffer = b->get();
     bad.count = r == 1 ? 10 : 11;
@@ -74,15 +73,10 @@ TEST(DaemonMetrics, OpsBytesLatencyAndPeersAreExported) {
   const std::string ok_series =
       "gradsync_daemon_ops_total{algorithm=\"ring\",collective=\"allreduce\",status=\"ok\"}";
   EXPECT_EQ(Sample(port0, ok_series), 5);
-  // The daemon reads the direct path's counters from the op queue every
-  // poll interval. The ring failed before an algorithm was chosen ("none",
-  // as a mismatch the daemons find).
-  EXPECT_EQ(AwaitSample(port0, "gradsync_daemon_ops_total{algorithm=\"direct\",collective=\"allreduce\","
-                               "status=\"invalid_argument\"}", 1),
-            1);
-  EXPECT_EQ(AwaitSample(port0, "gradsync_daemon_ops_total{algorithm=\"none\",collective=\"allreduce\","
-                               "status=\"invalid_argument\"}", 1),
-            1);
+  // Both failed before an algorithm ran ("none").
+  EXPECT_EQ(Sample(port0, "gradsync_daemon_ops_total{algorithm=\"none\",collective=\"allreduce\","
+                          "status=\"invalid_argument\"}"),
+            2);
   EXPECT_EQ(Sample(port0, "gradsync_daemon_op_bytes_total{collective=\"allreduce\"}"), 5.0 * count * 4);
   EXPECT_EQ(Sample(port0, "gradsync_daemon_op_seconds_count{collective=\"allreduce\",size=\"le_1m\"}"), 5);
   EXPECT_EQ(Sample(port0, "gradsync_daemon_queue_depth"), 0);
@@ -106,22 +100,20 @@ TEST(DaemonMetrics, OpsBytesLatencyAndPeersAreExported) {
   EXPECT_EQ(Sample(port0, "gradsync_daemon_sessions"), 0);
 }
 
-// Four ranks on one daemon whose clients run the small ops themselves (the
-// arena): the daemon counts them from the arena as algorithm "local", next
-// to the ops it ran itself (the larger one, on its local driver), in the
-// daemon-wide and the per-job series.
-TEST(DaemonMetrics, LocalOpsAreCountedFromTheArena) {
+// Four ranks on one daemon: the daemon combines them in memory ("hier"),
+// small and large ops alike, and counts every rank's op in the daemon-wide
+// and the per-job series; a mismatch fails on every rank before an
+// algorithm ran ("none").
+TEST(DaemonMetrics, NodeLocalOpsAreCountedPerRank) {
   LocalClusterOptions o;
   o.daemons = 1;
   auto cluster = LocalCluster::Start(o);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   const int port = (*cluster)->daemon_metrics_port(0);
   ASSERT_GT(port, 0);
-  auto job = OpenJob(**cluster, "arena-metrics", {0, 0, 0, 0});
+  auto job = OpenJob(**cluster, "node-metrics", {0, 0, 0, 0});
   ASSERT_TRUE(job.ok()) << job.status();
-  // f32 elements above the arena's limit (64 KiB / 4 ranks per rank), within
-  // the local driver's (256 KiB): the driver runs it, on the daemon.
-  const size_t large = (64 << 10) / 4 + 1;
+  const size_t large = (256 << 10) / 4 + 1;  // f32 elements: above the small-op rendezvous
   OnEveryRank(4, [&](int r) {
     auto& s = *(*job)[r].session;
     auto b = s.AllocateBuffer(large * 4);
@@ -133,7 +125,7 @@ TEST(DaemonMetrics, LocalOpsAreCountedFromTheArena) {
     for (int i = 0; i < 10; ++i) {
       auto res = s.Run(spec);
       ASSERT_TRUE(res.ok()) << res.status();
-      EXPECT_EQ(res->algorithm, "local");
+      EXPECT_EQ(res->algorithm, "hier");
     }
     client::CollectiveSpec barrier;
     barrier.kind = CollectiveKind::kBarrier;
@@ -152,77 +144,16 @@ TEST(DaemonMetrics, LocalOpsAreCountedFromTheArena) {
     return absl::StrCat("gradsync_daemon_ops_total{algorithm=\"", algo, "\",collective=\"", kind,
                         "\",status=\"", status, "\"}");
   };
-  EXPECT_EQ(AwaitSample(port, ops("local", "allreduce", "ok"), 40), 40);
-  EXPECT_EQ(AwaitSample(port, ops("local", "barrier", "ok"), 8), 8);
-  EXPECT_EQ(AwaitSample(port, ops("local", "allreduce", "invalid_argument"), 4), 4);
-  EXPECT_EQ(Sample(port, ops("hier", "allreduce", "ok")), 4);
+  EXPECT_EQ(Sample(port, ops("hier", "allreduce", "ok")), 4 * 11);
+  EXPECT_EQ(Sample(port, ops("oneshot", "barrier", "ok")), 4 * 2);
+  EXPECT_EQ(Sample(port, ops("none", "allreduce", "invalid_argument")), 4);
   EXPECT_EQ(Sample(port, "gradsync_daemon_op_bytes_total{collective=\"allreduce\"}"),
             4 * (10 * 16 * 4 + large * 4));
-  EXPECT_EQ(AwaitSample(port, "gradsync_job_ops_total{gradsync_job=\"arena-metrics\",status=\"ok\"}",
-                        4 * 13),
+  EXPECT_EQ(Sample(port, "gradsync_job_ops_total{gradsync_job=\"node-metrics\",status=\"ok\"}"),
             4 * 13);
-  EXPECT_EQ(Sample(port, "gradsync_job_ops_total{gradsync_job=\"arena-metrics\",status=\"error\"}"), 4);
-  EXPECT_GT(Sample(port, "gradsync_job_op_seconds_total{gradsync_job=\"arena-metrics\"}"), 0);
-  // Only the op above the arena's limit reached the daemon's driver. The
-  // driver runs it for the 4 ranks, or, when a rank comes more than
-  // LocalDriver::kGrace after the others (a loaded machine), hands it to the
-  // ranks' executors as "late_rank".
-  const double late = std::max(
-      0.0, Sample(port, "gradsync_daemon_local_driver_handoffs_total{reason=\"late_rank\"}"));
-  EXPECT_LE(late, 1);
-  EXPECT_EQ(Sample(port, "gradsync_daemon_local_driver_ops_total"), 4 * (1 - late)) << late;
-  for (auto& r : *job) ASSERT_TRUE(r.session->Close().ok());
-}
-
-// Four ranks on one daemon whose clients keep every op on the daemon
-// (GRADSYNC_LOCAL_OPS=0: no arena): the local driver runs the small ops and
-// hands the others (a large op, a mismatch) to the ranks' executors, and
-// says so.
-TEST(DaemonMetrics, LocalDriverOpsAndHandoffsAreExported) {
-  LocalClusterOptions o;
-  o.daemons = 1;
-  auto cluster = LocalCluster::Start(o);
-  ASSERT_TRUE(cluster.ok()) << cluster.status();
-  const int port = (*cluster)->daemon_metrics_port(0);
-  ASSERT_GT(port, 0);
-  EXPECT_EQ(Sample(port, "gradsync_daemon_local_driver_ops_total"), 0);
-  testing::ScopedEnv no_arena("GRADSYNC_LOCAL_OPS", "0");
-  auto job = OpenJob(**cluster, "driver-metrics", {0, 0, 0, 0});
-  ASSERT_TRUE(job.ok()) << job.status();
-  const size_t large = (256 << 10) / 4 + 1;  // f32 elements: just above the driver's limit
-  OnEveryRank(4, [&](int r) {
-    auto& s = *(*job)[r].session;
-    auto b = s.AllocateBuffer(large * 4);
-    ASSERT_TRUE(b.ok());
-    client::CollectiveSpec spec;
-    spec.buffer = b->get();
-    spec.name = "small";
-    spec.count = 16;
-    for (int i = 0; i < 10; ++i) {
-      auto res = s.Run(spec);
-      ASSERT_TRUE(res.ok()) << res.status();
-      EXPECT_EQ(res->algorithm, "hier");
-    }
-    spec.name = "large";
-    spec.count = large;
-    ASSERT_TRUE(s.Run(spec).ok());
-    spec.name = "mismatch";
-    spec.count = r == 3 ? 8 : 16;
-    EXPECT_FALSE(s.Run(spec).ok());
-  });
-  // Ten small allreduces on 4 ranks; the large op and the mismatch each handed
-  // over once. On a loaded machine a rank may come more than 2 ms after the
-  // others: that op is then handed over as "late_rank" instead.
-  auto handoffs = [&](const char* reason) {
-    return std::max(0.0, Sample(port, absl::StrCat(
-                                          "gradsync_daemon_local_driver_handoffs_total{reason=\"",
-                                          reason, "\"}")));
-  };
-  const double late = handoffs("late_rank");
-  EXPECT_GE(Sample(port, "gradsync_daemon_local_driver_ops_total"), 4 * (10 - late));
-  EXPECT_EQ(handoffs("other_op"), 1);
-  EXPECT_GE(handoffs("mismatch") + std::min(late, 1.0), 1) << late;
-  EXPECT_LE(handoffs("mismatch"), 1);
+  EXPECT_EQ(Sample(port, "gradsync_job_ops_total{gradsync_job=\"node-metrics\",status=\"error\"}"), 4);
+  EXPECT_GT(Sample(port, "gradsync_job_op_seconds_total{gradsync_job=\"node-metrics\"}"), 0);
+  EXPECT_EQ(Sample(port, "gradsync_job_local_ranks{gradsync_job=\"node-metrics\"}"), 4);
   for (auto& r : *job) ASSERT_TRUE(r.session->Close().ok());
 }
 

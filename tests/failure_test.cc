@@ -148,15 +148,14 @@ TEST(Failure, DaemonKilledMidOpFailsEveryOtherRankNamingItAndSurvivorsServeNewJo
   ExpectWorkingAllreduce(*cluster, "after-kill", {0, 1, 3});
 }
 
-// On the direct path the ranks wait for each other in their clients'
-// exchange, not at their daemons: when rank 2's daemon dies while ranks 0, 1
-// and 3 wait there for rank 2 (which never submits), their daemons learn
-// that the epoch failed and the clients end the wait with that reason,
-// naming rank 2, long before the op's 60 s deadline.
-TEST(Failure, DaemonKilledWhileTheOthersWaitInTheClientsExchangeEndsTheirWaitNamingIt) {
+// When rank 2's daemon dies while ranks 0, 1 and 3 wait in the op's
+// signature exchange for rank 2 (which never submits), their daemons see the
+// connections close and end the wait naming rank 2, long before the op's
+// 60 s deadline.
+TEST(Failure, DaemonKilledWhileTheOthersWaitForItsRankEndsTheirWaitNamingIt) {
   auto cluster = StartCluster(4);
   ASSERT_NE(cluster, nullptr);
-  auto ranks = OpenJob(*cluster, "victim-direct", testing::FirstN(4), /*op_timeout_ms=*/60000,
+  auto ranks = OpenJob(*cluster, "victim-waiting", testing::FirstN(4), /*op_timeout_ms=*/60000,
                        /*heartbeat_timeout_ms=*/2000);
   ASSERT_TRUE(ranks.ok()) << ranks.status();
   std::vector<std::unique_ptr<client::Buffer>> bufs(4);
@@ -236,42 +235,16 @@ void RunOrphan(LocalCluster& cluster, absl::Duration timeout, OrphanRun* out) {
   out->last = (*b)->as<float>()[999999];
 }
 
-// Through the daemons (the clients' direct path off; the helper inherits
-// the setting): the orphaned op is at daemon 0, which still runs it, so rank
-// 1's matching op completes.
+// The orphaned op is at daemon 0, which still runs it, so rank 1's matching
+// op completes.
 TEST(Failure, ClientKilledMidOpDoesNotTakeItsDaemonDown) {
   auto cluster = StartCluster(2);
   ASSERT_NE(cluster, nullptr);
   OrphanRun run;
-  {
-    testing::ScopedEnv no_direct("GRADSYNC_DIRECT_OPS", "0");
-    RunOrphan(*cluster, absl::Seconds(20), &run);
-  }
+  RunOrphan(*cluster, absl::Seconds(20), &run);
   EXPECT_TRUE(run.result.ok()) << run.result.status();
   EXPECT_EQ(run.last, 3.0f);
   EXPECT_TRUE(cluster->DaemonAlive(0));
-  ExpectWorkingAllreduce(*cluster, "after-orphan", {0, 1});
-}
-
-// On the clients' direct path the orphaned op waited for its signature
-// exchange among the clients, so it never reached daemon 0: rank 1's op
-// (whose exchange got rank 0's signature) reaches daemon 1 and fails at its
-// timeout naming rank 0, as an op of a rank whose client died before it
-// submitted does through the daemons; both daemons go on serving.
-TEST(Failure, ClientKilledMidOpOnTheDirectPathFailsItsPeerNamingIt) {
-  auto cluster = StartCluster(2);
-  ASSERT_NE(cluster, nullptr);
-  OrphanRun run;
-  RunOrphan(*cluster, absl::Seconds(3), &run);
-  EXPECT_TRUE(absl::IsDeadlineExceeded(run.result.status())) << run.result.status();
-  EXPECT_EQ(run.last, 2.0f);
-  EXPECT_NE(run.result.status().message().find(
-                "timed out at rank 1 waiting for rank(s) 0 to submit op 1 (allreduce 'orphan' "
-                "f32[1000000] sum)"),
-            std::string::npos)
-      << run.result.status();
-  EXPECT_TRUE(cluster->DaemonAlive(0));
-  EXPECT_TRUE(cluster->DaemonAlive(1));
   ExpectWorkingAllreduce(*cluster, "after-orphan", {0, 1});
 }
 
@@ -436,8 +409,8 @@ TEST(Failure, RankLeavingRightAfterTheLastOpDoesNotFailTheOthersLastOp) {
   }
 }
 
-// ---- Node-local jobs: every rank on one daemon, the clients share the
-// job's arena and run small ops among themselves (client/local_path.h).
+// ---- Node-local jobs: every rank on one daemon, which combines them in
+// memory (worker/job_group.h).
 
 TEST(Failure, NodeLocalRankThatNeverSubmitsIsNamedAndTheEpochEnds) {
   auto cluster = StartCluster(1);
@@ -461,7 +434,7 @@ TEST(Failure, NodeLocalRankThatNeverSubmitsIsNamedAndTheEpochEnds) {
         << st[r];
     EXPECT_LT(took[r], absl::Seconds(10));
   }
-  // The ranks are out of step now: every rank's next op, local or not, is
+  // The ranks are out of step now: every rank's next op, small or large, is
   // refused, and the daemon ends the epoch.
   OnEveryRank(3, [&](int r) {
     auto& s = *(*ranks)[r].session;
@@ -504,10 +477,9 @@ TEST(Failure, NodeLocalRankClosingItsSessionEndsTheOthersWaitAtOnce) {
   }
 }
 
-// Rank 2's op is too large for the arena and goes to the daemon, the others'
-// run locally: both paths read the same signatures from the arena, so every
-// rank gets the same clean mismatch, and the job goes on.
-TEST(Failure, NodeLocalMismatchBetweenALocalAndADaemonOpIsTheSameOnEveryRank) {
+// Rank 2's op is large, the others' small: every rank gets the same clean
+// mismatch, and the job goes on.
+TEST(Failure, NodeLocalMismatchBetweenASmallAndALargeOpIsTheSameOnEveryRank) {
   auto cluster = StartCluster(1);
   ASSERT_NE(cluster, nullptr);
   auto ranks = OpenJob(*cluster, "local-cross", {0, 0, 0, 0}, /*op_timeout_ms=*/10000);
@@ -522,7 +494,7 @@ TEST(Failure, NodeLocalMismatchBetweenALocalAndADaemonOpIsTheSameOnEveryRank) {
       for (size_t i = 0; i < count; ++i) (*b)->as<float>()[i] = 1.0f;
       auto res = s.Allreduce(**b, 0, count, DType::kF32, ReduceOp::kSum, "g");
       ASSERT_TRUE(res.ok()) << res.status();
-      EXPECT_EQ(res->algorithm, count == 16 ? "local" : "hier");
+      EXPECT_EQ(res->algorithm, "hier");
       EXPECT_EQ((*b)->as<float>()[count - 1], 4.0f);
     }
   });
@@ -535,26 +507,23 @@ TEST(Failure, NodeLocalMismatchBetweenALocalAndADaemonOpIsTheSameOnEveryRank) {
 }
 
 // As RankLeavingRightAfterTheLastOp..., for a node-local job: the first rank
-// done closes at once, the others still complete the op, local or not, with
-// and without the arena (GRADSYNC_LOCAL_OPS=0). (The hierarchical path used
-// to fail them: a waiter that saw its stage complete after the group broke
-// returned the break.)
+// done closes at once, the others still complete the op, small or large.
+// (The hierarchical path used to fail them: a waiter that saw its stage
+// complete after the group broke returned the break.)
 TEST(Failure, NodeLocalRankLeavingRightAfterTheLastOpDoesNotFailTheOthersLastOp) {
   auto cluster = StartCluster(1);
   ASSERT_NE(cluster, nullptr);
   for (int round = 0; round < 12; ++round) {
-    std::unique_ptr<testing::ScopedEnv> no_arena;
-    if (round >= 8) no_arena = std::make_unique<testing::ScopedEnv>("GRADSYNC_LOCAL_OPS", "0");
     ExpectLastOpSurvivesAnImmediateClose(*cluster, absl::StrCat("local-last-", round), {0, 0, 0},
-                                         round % 2 == 0 ? 16 : (4 << 20) / 4,  // local, then hier
+                                         round % 2 == 0 ? 16 : (4 << 20) / 4,  // small, then large
                                          "");
   }
 }
 
-// A session whose client only runs local ops never calls the daemon; its
-// activity in the arena still counts against the lease (an idle session is
-// closed after --session_lease_ms, which here is 1 s).
-TEST(Failure, NodeLocalSessionsBusyWithLocalOpsOnlyAreNotExpired) {
+// Sessions busy with small ops over the op queue (no RPC) are in use: the
+// lease (an idle session is closed after --session_lease_ms, which here is
+// 1 s) does not expire them.
+TEST(Failure, NodeLocalSessionsBusyWithSmallOpsOnlyAreNotExpired) {
   LocalClusterOptions o;
   o.daemons = 1;
   o.daemon_flags = {"--session_lease_ms=1000"};
@@ -572,19 +541,18 @@ TEST(Failure, NodeLocalSessionsBusyWithLocalOpsOnlyAreNotExpired) {
       (*b)->as<float>()[0] = 1.0f;
       auto res = s.Allreduce(**b, 0, 1, DType::kF32, ReduceOp::kSum, "tick");
       ASSERT_TRUE(res.ok()) << "after " << ops << " ops: " << res.status();
-      ASSERT_EQ(res->algorithm, "local");
+      ASSERT_EQ(res->algorithm, "hier");
       absl::SleepFor(absl::Milliseconds(5));
     }
     (*b)->as<float>()[(1 << 18) - 1] = 1.0f;
-    auto big = s.Allreduce(**b, 0, 1 << 18, DType::kF32, ReduceOp::kSum, "big");  // the daemon's
+    auto big = s.Allreduce(**b, 0, 1 << 18, DType::kF32, ReduceOp::kSum, "big");
     ASSERT_TRUE(big.ok()) << big.status();
     EXPECT_EQ((*b)->as<float>()[(1 << 18) - 1], 2.0f);
   });
 }
 
-// The clients of a node-local job run small ops without the daemon; when the
-// daemon dies they find out at their next submission (its heartbeat stops),
-// within seconds, as they would for any op.
+// When the daemon of a node-local job dies, its clients find out within
+// seconds (the op queue's heartbeat stops).
 TEST(Failure, NodeLocalClientsNoticeTheirDaemonDying) {
   auto cluster = StartCluster(1);
   ASSERT_NE(cluster, nullptr);
@@ -617,7 +585,6 @@ TEST(Failure, NodeLocalClientsNoticeTheirDaemonDying) {
     EXPECT_FALSE(last[r].ok()) << "rank " << r << " never noticed";
     EXPECT_LT(took[r], absl::Seconds(10)) << "rank " << r << ": " << last[r];
   }
-  // Whichever rank saw the daemon go first told the other through the arena.
   for (int r = 0; r < 2; ++r) {
     EXPECT_NE(last[r].message().find("stopped answering"), std::string::npos) << last[r];
   }

@@ -79,11 +79,12 @@ void ExpectRankTwoNamed(const std::string& out, const std::string& job) {
   EXPECT_EQ(out.find("rank 0 has not submitted"), std::string::npos) << out;
 }
 
-// Ranks on three daemons: the clients run op 2 on their direct path, and
-// each daemon shows its client's current and last op from the op queue.
+// Ranks on three daemons: the daemons negotiate op 2 and know which rank
+// they wait for. (Op 1 runs whatever the cost model picks from the link
+// probe: oneshot, or rd on a slow probe.)
 TEST(Status, NamesTheRankThatHasNotSubmittedTheOpOthersWaitFor) {
   StalledJob j;
-  RunStalledJob(3, "stalled", {0, 1, 2}, 1024, "direct", &j);
+  RunStalledJob(3, "stalled", {0, 1, 2}, 1024, "", &j);
   ExpectRankTwoNamed(j.during, "stalled");
   EXPECT_NE(j.during.find("allreduce 'w' f32[1024] sum (op 2) has been waiting"),
             std::string::npos)
@@ -92,30 +93,16 @@ TEST(Status, NamesTheRankThatHasNotSubmittedTheOpOthersWaitFor) {
   EXPECT_NE(j.after.find("allreduce 'w' f32[1024] sum (op 2): OK"), std::string::npos) << j.after;
 }
 
-// The same through the daemons (the direct path off): the daemons negotiate
-// op 2 and know which rank they wait for.
-TEST(Status, NamesTheRankThatHasNotSubmittedAnOpTheDaemonsNegotiate) {
+// The same for a node-local job, whose ranks the daemon combines in memory.
+TEST(Status, NamesTheStalledRankOfANodeLocalJob) {
   StalledJob j;
-  {
-    testing::ScopedEnv no_direct("GRADSYNC_DIRECT_OPS", "0");  // read when a session opens
-    RunStalledJob(3, "stalled-daemons", {0, 1, 2}, 1024, "oneshot", &j);
-  }
-  ExpectRankTwoNamed(j.during, "stalled-daemons");
-  EXPECT_EQ(j.after.find("has been waiting"), std::string::npos) << j.after;
-  EXPECT_NE(j.after.find("allreduce 'w' f32[1024] sum (op 2): OK"), std::string::npos) << j.after;
-}
-
-// The same for a node-local job, whose clients run small ops themselves in
-// the job's arena: the daemon reads who has published what from the arena.
-TEST(Status, NamesTheStalledRankOfANodeLocalJobFromTheArena) {
-  StalledJob j;
-  RunStalledJob(1, "stalled-local", {0, 0, 0}, 16, "local", &j);
+  RunStalledJob(1, "stalled-local", {0, 0, 0}, 16, "hier", &j);
   ExpectRankTwoNamed(j.during, "stalled-local");
   EXPECT_NE(j.during.find("allreduce 'w' f32[16] sum (op 2) has been waiting"), std::string::npos)
       << j.during;
   EXPECT_EQ(j.after.find("has been waiting"), std::string::npos) << j.after;
   EXPECT_NE(j.after.find("allreduce 'w' f32[16] sum (op 2): OK"), std::string::npos) << j.after;
-  // A local op that fails (a mismatch: the job goes on) shows its outcome.
+  // An op that fails (a mismatch: the job goes on) shows its outcome.
   testing::OnEveryRank(3, [&](int r) {
     auto res = j.ranks[r].session->Allreduce(*j.bufs[r], 0, r == 1 ? 8 : 16, DType::kF32,
                                              ReduceOp::kSum, "w");

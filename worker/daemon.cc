@@ -84,19 +84,6 @@ absl::StatusOr<std::shared_ptr<Session>> Daemon::OpenSession(const OpenSessionAr
   const absl::Time deadline = absl::Now() + args.timeout;
   const std::string session_id =
       absl::StrCat(options_.node_id, "-", ::getpid(), "-", next_session_++);
-  {
-    absl::MutexLock l(&mu_);
-    arena_wanted_[session_id] = args.local_ops;
-  }
-  struct Forget {
-    Daemon* d;
-    const std::string& id;
-    ~Forget() {
-      absl::MutexLock l(&d->mu_);
-      d->arena_wanted_.erase(id);
-    }
-  } forget{this, session_id};
-
   v1::CreateJobRequest creq;
   creq.set_job_id(args.job_id);
   creq.set_world_size(args.world_size);
@@ -121,11 +108,6 @@ absl::StatusOr<std::shared_ptr<Session>> Daemon::OpenSession(const OpenSessionAr
   jreq.set_requested_rank(args.rank);
   jreq.mutable_data_endpoint()->set_host(options_.advertise_host);
   jreq.mutable_data_endpoint()->set_port(listener_->port());
-  if (options_.direct_ops && args.direct_port > 0) {
-    jreq.mutable_direct_endpoint()->set_host(args.direct_host.empty() ? options_.advertise_host
-                                                                       : args.direct_host);
-    jreq.mutable_direct_endpoint()->set_port(static_cast<int32_t>(args.direct_port));
-  }
   jreq.set_timeout_ms(absl::ToInt64Milliseconds(deadline - absl::Now()));
   {
     absl::MutexLock l(&mu_);
@@ -208,36 +190,17 @@ absl::StatusOr<std::shared_ptr<Session>> Daemon::OpenSession(const OpenSessionAr
     }
   }
   std::shared_ptr<JobGroup> group;
-  std::shared_ptr<LocalDriver> driver;
   if (layout.nodes < info.world_size) {
-    const bool arena_wanted = options_.local_ops && layout.nodes == 1 &&
-                              info.timeline_path.empty() && AllWantArena(jresp.members());
     auto g = GetOrCreateGroup(args.job_id, static_cast<uint64_t>(info.epoch), layout,
-                              node_endpoints, link->streams, info.link, arena_wanted, co.deadline,
-                              &driver);
+                              node_endpoints, link->streams, info.link, co.deadline);
     if (!g.ok()) {
       LeaveJob(info);
       return g.status();
     }
     group = *g;
   }
-  // The direct path: every rank has a daemon of its own (ranks that share
-  // one take the hierarchical path or the arena) and every rank's client
-  // listens. Every rank's daemon sees the same member list and job options,
-  // so they all decide alike. A timeline records every op, so it keeps them
-  // all here.
-  bool direct = layout.nodes == info.world_size && info.world_size > 1 &&
-                info.timeline_path.empty();
-  for (const auto& m : jresp.members()) direct = direct && m.direct_endpoint().port() > 0;
-  if (direct) {
-    for (const auto& m : jresp.members()) {
-      info.direct_endpoints.push_back(
-          HostPort{m.direct_endpoint().host(), m.direct_endpoint().port()});
-    }
-  }
   auto session =
-      std::make_shared<Session>(info, std::move(*ctx), options_.ring, group, options_.observer,
-                                driver);
+      std::make_shared<Session>(info, std::move(*ctx), options_.ring, group, options_.observer);
   {
     absl::MutexLock l(&mu_);
     if (shut_down_) {
@@ -259,11 +222,7 @@ absl::StatusOr<std::shared_ptr<Session>> Daemon::OpenSession(const OpenSessionAr
                                       co.streams, " streams ", link->all_streams_gbps, " GB/s)")
                        : std::string())
                << "; signatures by " << SignaturePatternName(info.link.signatures)
-               << (one_host ? " (every rank on one host)" : " (ranks on several hosts)")
-               << (info.direct_endpoints.empty()
-                       ? ""
-                       : "; direct path: the clients run small allreduces and barriers among "
-                         "themselves");
+               << (one_host ? " (every rank on one host)" : " (ranks on several hosts)");
   return session;
 }
 
@@ -304,26 +263,16 @@ absl::Status Daemon::CloseSession(const std::string& id) {
     s = it->second;
     sessions_.erase(it);
   }
-  PollArenas({s});  // the job's last local ops still count
   s->Close();
   LeaveJob(s->info());
   GS_LOG(INFO) << "session " << id << " closed";
   return absl::OkStatus();
 }
 
-bool Daemon::AllWantArena(const google::protobuf::RepeatedPtrField<v1::Member>& members) const {
-  absl::MutexLock l(&mu_);
-  for (const v1::Member& m : members) {
-    auto it = arena_wanted_.find(m.member_id());
-    if (it == arena_wanted_.end() || !it->second) return false;
-  }
-  return true;
-}
-
 absl::StatusOr<std::shared_ptr<JobGroup>> Daemon::GetOrCreateGroup(
     const std::string& job_id, uint64_t epoch, const GroupLayout& layout,
     const std::vector<HostPort>& node_endpoints, int streams, const LinkParams& link,
-    bool arena_wanted, absl::Time deadline, std::shared_ptr<LocalDriver>* driver) {
+    absl::Time deadline) {
   const std::string key = absl::StrCat(job_id, "#", epoch);
   std::shared_ptr<GroupEntry> entry;
   bool create = false;
@@ -353,7 +302,6 @@ absl::StatusOr<std::shared_ptr<JobGroup>> Daemon::GetOrCreateGroup(
     if (!entry->status.ok()) return entry->status;
     auto g = entry->group.lock();
     if (g == nullptr) return absl::AbortedError(absl::StrCat("job '", job_id, "': rank group closed"));
-    *driver = entry->driver.lock();
     return g;
   }
   std::unique_ptr<transport::Context> node_ctx;
@@ -376,37 +324,8 @@ absl::StatusOr<std::shared_ptr<JobGroup>> Daemon::GetOrCreateGroup(
     }
     node_ctx = std::move(*ctx);
   }
-  std::shared_ptr<JobArena> arena;
-  if (arena_wanted) {
-    ipc::ArenaGeometry g;
-    g.world_size = static_cast<uint32_t>(layout.world_size);
-    g.frames = options_.local_ops_frames;
-    g.data_bytes = options_.local_ops_max_bytes >= 0
-                       ? static_cast<uint64_t>(options_.local_ops_max_bytes)
-                       : DaemonOptions::kLocalOpsBudget / static_cast<uint64_t>(layout.world_size);
-    auto a = JobArena::Create(job_id, epoch, g);
-    if (a.ok()) {
-      arena = *std::move(a);
-    } else {  // the job still runs, through the daemon
-      GS_LOG(WARNING) << "job '" << job_id << "' epoch " << epoch << ": no arena, "
-                      << "every op goes through gradsyncd: " << a.status();
-    }
-  }
-  auto group =
-      std::make_shared<JobGroup>(layout, std::move(node_ctx), link, options_.ring, arena);
+  auto group = std::make_shared<JobGroup>(layout, std::move(node_ctx), link, options_.ring);
   entry->group = group;
-  if (arena != nullptr) {
-    GS_LOG(INFO) << "job '" << job_id << "' epoch " << epoch << ": arena " << arena->shm_name()
-                 << " (" << arena->size_bytes() << " bytes): the clients run allreduces of up to "
-                 << arena->view().data_bytes() << " bytes per rank and barriers themselves";
-  }
-  // The driver also serves jobs with an arena: their allreduces above the
-  // arena's size still gain from one thread running them for every rank.
-  if (layout.nodes == 1 && options_.local_driver) {
-    *driver = std::make_shared<LocalDriver>(job_id, layout.world_size, options_.local_driver_spin,
-                                            options_.observer);
-    entry->driver = *driver;
-  }
   entry->ready.Notify();
   GS_LOG(INFO) << "job '" << job_id << "' epoch " << epoch << ": " << layout.local_ranks.size()
                << " rank(s) on this daemon, node " << layout.node_index << " of " << layout.nodes
@@ -426,21 +345,6 @@ void Daemon::LeaveJob(const SessionInfo& info) {
   if (!s.ok()) {
     GS_LOG(WARNING) << "leave job '" << info.job_id << "' rank " << info.rank << ": "
                     << s.error_message();
-  }
-}
-
-void Daemon::PollArenas(const std::vector<std::shared_ptr<Session>>& sessions) {
-  std::set<const JobArena*> counted;
-  for (const auto& s : sessions) {
-    const std::shared_ptr<JobArena>& arena = s->arena();
-    if (arena == nullptr) continue;
-    s->NoteArenaActivity();
-    // A client failed it (its deadline passed mid-stream): the ops the daemon
-    // holds for the job cannot match up any more.
-    if (arena->view().has_failed() && s->health().ok()) s->AbortEpoch(arena->failure());
-    if (options_.observer != nullptr && counted.insert(arena.get()).second) {
-      for (const LocalOpsRecord& r : arena->TakeLocalOps()) options_.observer->OnLocalOps(r);
-    }
   }
 }
 
@@ -467,7 +371,6 @@ void Daemon::HeartbeatLoop() {
       s->Close();
       LeaveJob(s->info());
     }
-    PollArenas(sessions);
     for (auto& s : sessions) {
       if (!s->health().ok()) continue;
       const SessionInfo& info = s->info();

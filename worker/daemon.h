@@ -21,7 +21,6 @@
 #include "transport/tcp_listener.h"
 #include "worker/daemon_observer.h"
 #include "worker/job_group.h"
-#include "worker/local_driver.h"
 #include "worker/session.h"
 
 namespace gradsync {
@@ -38,30 +37,6 @@ struct DaemonOptions {
   int socket_buffer_bytes = 0;  // 0: the kernel's autotuned buffers
   int tcp_streams = 2;  // default TCP connections per rank pair for jobs this daemon creates
   int spin_us = 1000;   // data-plane progress spins this long before sleeping
-  // Jobs with every rank on this daemon: one thread runs their small ops for
-  // all ranks (worker/local_driver.h); it polls this long after activity
-  // (one thread per job, so longer than a per-rank executor's window: the
-  // gaps between a training step's allreduces then cost no wake-up).
-  bool local_driver = true;
-  absl::Duration local_driver_spin = absl::Milliseconds(2);
-  // Jobs with every rank on this daemon whose clients all ask for it get an
-  // arena (worker/job_arena.h): the clients run small allreduces (up to
-  // local_ops_max_bytes per rank) and barriers among themselves, without a
-  // daemon thread, and the daemon checks every other op's signature there.
-  // Each rank reads every rank's contribution, so the cost grows with
-  // ranks x bytes: -1 (auto) is kLocalOpsBudget / ranks per rank; the local
-  // driver runs the small ops above that.
-  bool local_ops = true;
-  int64_t local_ops_max_bytes = -1;
-  // Jobs whose clients all listen for each other (OpenSessionArgs::direct_port)
-  // and that have no arena: the daemon advertises each client's listener with
-  // its own host, and the clients run small allreduces (up to
-  // kOneShotMaxBytes per rank) and barriers among themselves over TCP, with
-  // no daemon thread per op (client/direct_path.h). Off: this daemon
-  // advertises none, so none of its jobs use the direct path.
-  bool direct_ops = true;
-  static constexpr uint64_t kLocalOpsBudget = 64 << 10;
-  uint32_t local_ops_frames = 16;  // ops a rank may be ahead of the slowest one
   std::string timeline_dir = "/var/lib/gradsync/timeline";  // for jobs with timeline on
   uint64_t ps_partition_bytes = 1 << 20;  // parameter-server partition size
   DaemonObserver* observer = nullptr;  // metrics; not owned, outlives the daemon
@@ -79,9 +54,6 @@ struct OpenSessionArgs {
   bool timeline = false;  // job-wide Chrome-trace timeline
   int ps_shards = 0;      // parameter-server shards the job uses (if it creates it)
   std::string client_name;
-  bool local_ops = false;  // the client can run node-local ops in an arena
-  uint32_t direct_port = 0;  // the client's direct-path listener (all interfaces); 0: none
-  std::string direct_host;   // where the other clients reach it; "": the daemon's advertise_host
 };
 
 class Daemon {
@@ -117,18 +89,10 @@ class Daemon {
   void HeartbeatLoop();
   // This daemon's JobGroup for (job, epoch): created (and connected to the
   // other daemons' groups) by the first local session, shared by the rest.
-  // `arena_wanted`: every rank is on this daemon, the job has no timeline,
-  // and every local member asked for an arena.
   absl::StatusOr<std::shared_ptr<JobGroup>> GetOrCreateGroup(
       const std::string& job_id, uint64_t epoch, const GroupLayout& layout,
       const std::vector<HostPort>& node_endpoints, int streams, const LinkParams& link,
-      bool arena_wanted, absl::Time deadline, std::shared_ptr<LocalDriver>* driver);
-  // Every member of `members` asked for an arena (their OpenSession calls
-  // are all in flight on this daemon while the rendezvous completes).
-  bool AllWantArena(const google::protobuf::RepeatedPtrField<v1::Member>& members) const;
-  // The heartbeat loop's look at the arenas: a failed one ends its sessions'
-  // epoch, and the clients' local op counts go to the observer.
-  void PollArenas(const std::vector<std::shared_ptr<Session>>& sessions);
+      absl::Time deadline);
   void LeaveJob(const SessionInfo& info);
 
   DaemonOptions options_;
@@ -145,11 +109,8 @@ class Daemon {
     absl::Notification ready;
     absl::Status status;
     std::weak_ptr<JobGroup> group;
-    std::weak_ptr<LocalDriver> driver;  // null unless every rank is on this daemon
   };
   std::map<std::string, std::shared_ptr<GroupEntry>> groups_ ABSL_GUARDED_BY(mu_);
-  // Session id -> it asked for an arena, while its OpenSession runs.
-  std::map<std::string, bool> arena_wanted_ ABSL_GUARDED_BY(mu_);
 
   absl::Notification stop_;
   std::thread heartbeat_thread_;

@@ -41,9 +41,6 @@ class DaemonMetrics::JobCollector : public prometheus::Collectable {
   void Op(const OpRecord& op) {
     Add(op.job_id, op.code, 1, op.run, op.bytes, op.arrival_wait);
   }
-  void LocalOps(const LocalOpsRecord& r) {
-    Add(r.job_id, r.code, r.ops, r.run, r.bytes, r.arrival_wait);
-  }
   // `ops` finished ops of `job` with `code`; the sums are of the successful ones.
   void Add(absl::string_view job, absl::StatusCode code, uint64_t ops, absl::Duration run,
            uint64_t bytes, absl::Duration arrival_wait) {
@@ -144,11 +141,6 @@ absl::StatusOr<std::unique_ptr<DaemonMetrics>> DaemonMetrics::Create(MetricsRegi
                                "Heartbeats to the coordinator that failed");
   if (!h.ok()) return h.status();
   m->heartbeat_failures_ = *h;
-  auto ldo = registry.AddCounter(
-      "gradsync_daemon_local_driver_ops_total",
-      "Ops (one per rank) that a node-local job's local driver ran itself");
-  if (!ldo.ok()) return ldo.status();
-  m->local_driver_ops_ = *ldo;
   auto w = registry.AddHistogram(
       "gradsync_daemon_arrival_wait_seconds",
       "Per op: how long this rank waited for the last rank to submit (straggler signal)",
@@ -286,23 +278,6 @@ void DaemonMetrics::OnOpDone(const OpRecord& op) {
   }
 }
 
-void DaemonMetrics::OnLocalOps(const LocalOpsRecord& r) {
-  jobs_->LocalOps(r);
-  const std::string kind = CollectiveName(r.kind);
-  // The same families as the daemon's own ops (OpSeries), algorithm "local".
-  if (auto* c = Counter("gradsync_daemon_ops_total",
-                        "Collectives finished, by type, algorithm and status",
-                        {{"collective", kind}, {"algorithm", r.algorithm}, {"status", CodeName(r.code)}})) {
-    c->Increment(static_cast<double>(r.ops));
-  }
-  if (r.code != absl::StatusCode::kOk || r.bytes == 0) return;
-  if (auto* c = Counter("gradsync_daemon_op_bytes_total",
-                        "Buffer bytes of successful collectives on this daemon's ranks",
-                        {{"collective", kind}})) {
-    c->Increment(static_cast<double>(r.bytes));
-  }
-}
-
 void DaemonMetrics::OnSessionOpened(const std::string& job_id) {
   sessions_->Increment();
   jobs_->Opened(job_id);
@@ -372,17 +347,6 @@ void DaemonMetrics::OnEpochFailed(const std::string& cause) {
 }
 
 void DaemonMetrics::OnHeartbeatFailed() { heartbeat_failures_->Increment(); }
-
-void DaemonMetrics::OnLocalDriverOp(int ranks) { local_driver_ops_->Increment(ranks); }
-
-void DaemonMetrics::OnLocalDriverHandoff(const char* reason) {
-  if (auto* c = Counter("gradsync_daemon_local_driver_handoffs_total",
-                        "Ops a node-local job's local driver handed to the ranks' executors, by "
-                        "reason",
-                        {{"reason", reason}})) {
-    c->Increment();
-  }
-}
 
 void DaemonMetrics::OnLinkProbe(const LinkParams& link) {
   link_latency_->Set(link.alpha_us * 1e-6);

@@ -31,10 +31,7 @@ class DaemonMetrics final : public DaemonObserver {
   void OnPeerBandwidth(const std::string& peer, double bytes_per_second) override;
   void OnEpochFailed(const std::string& cause) override;
   void OnHeartbeatFailed() override;
-  void OnLocalDriverOp(int ranks) override;
-  void OnLocalDriverHandoff(const char* reason) override;
   void OnLinkProbe(const LinkParams& link) override;
-  void OnLocalOps(const LocalOpsRecord& ops) override;
 
   // Size classes used as the `size` label (bounded): "le_4k", "le_64k",
   // "le_1m", "le_16m", "le_256m", "gt_256m".
@@ -75,7 +72,6 @@ class DaemonMetrics final : public DaemonObserver {
   prometheus::Gauge* queue_depth_ = nullptr;
   prometheus::Gauge* sessions_ = nullptr;
   prometheus::Counter* heartbeat_failures_ = nullptr;
-  prometheus::Counter* local_driver_ops_ = nullptr;
   prometheus::Histogram* arrival_wait_ = nullptr;
   prometheus::Gauge* link_latency_ = nullptr;
   prometheus::Gauge* link_bandwidth_ = nullptr;

@@ -29,24 +29,6 @@ struct OpRecord {
   absl::Duration arrival_wait;  // waiting for the last rank to submit (signature check)
 };
 
-// What clients ran themselves since the daemon last looked, per collective
-// and outcome: the clients of a node-local job in its arena
-// (client/local_path.h, algorithm "local", summed over the job's ranks on
-// this daemon), or one session's client on the direct path
-// (client/direct_path.h, algorithm "direct").
-struct LocalOpsRecord {
-  std::string job_id;
-  CollectiveKind kind = CollectiveKind::kAllreduce;
-  // "local" (the arena), "direct" (the direct path), "none" (a daemon op
-  // that failed in the clients' signature exchange)
-  const char* algorithm = "local";
-  absl::StatusCode code = absl::StatusCode::kOk;
-  uint64_t ops = 0;
-  uint64_t bytes = 0;           // successful ops only
-  absl::Duration run;           // summed submission-to-completion time, successful ops only
-  absl::Duration arrival_wait;  // summed waiting for the last rank, successful ops only
-};
-
 class DaemonObserver {
  public:
   virtual ~DaemonObserver() = default;
@@ -71,18 +53,7 @@ class DaemonObserver {
   // "coordinator", "closed", "other").
   virtual void OnEpochFailed(const std::string& cause) { (void)cause; }
   virtual void OnHeartbeatFailed() {}
-  // A job's local driver (worker/local_driver.h) ran one op for `ranks` ranks.
-  virtual void OnLocalDriverOp(int ranks) { (void)ranks; }
-  // A job's local driver handed an op to the ranks' executors. `reason`:
-  // "other_op" (an op it does not run: larger than JobGroup::kSmallBytes,
-  // another collective, a forced algorithm, a timeline, a failed epoch, past
-  // its deadline), "mismatch" (the ranks submitted different ops) or
-  // "late_rank" (a rank had not submitted after LocalDriver::kGrace).
-  virtual void OnLocalDriverHandoff(const char* reason) { (void)reason; }
   virtual void OnLinkProbe(const LinkParams& link) { (void)link; }
-  // Ops the clients ran in a job's arena (the daemon collects the counts
-  // every heartbeat interval and when a session closes).
-  virtual void OnLocalOps(const LocalOpsRecord& ops) { (void)ops; }
 };
 
 // Classifies an epoch-breaking error for OnEpochFailed.

@@ -56,29 +56,6 @@ ABSL_FLAG(int32_t, spin_us, 1000,
 ABSL_FLAG(int32_t, queue_spin_us, 50,
           "microseconds a session's executor keeps polling its shared-memory op queue after an "
           "op before it sleeps on the futex (0 = never); saves a wake-up per small op");
-ABSL_FLAG(bool, local_driver, true,
-          "jobs whose ranks all use this daemon: one thread takes every rank's submissions and "
-          "runs small allreduces and barriers for all of them (no per-rank hand-off); off: each "
-          "rank's executor takes its own");
-ABSL_FLAG(int32_t, local_driver_spin_us, 2000,
-          "microseconds a job's local driver keeps polling its ranks' op queues after activity "
-          "before it sleeps (one thread per job whose ranks all use this daemon; 0 = never)");
-ABSL_FLAG(bool, local_ops, true,
-          "jobs whose ranks all use this daemon, with clients that support it: give the job a "
-          "shared-memory arena in which the clients run small allreduces and barriers among "
-          "themselves (no daemon thread per op); off: every op goes through the daemon");
-ABSL_FLAG(int64_t, local_ops_max_bytes, -1,
-          "largest allreduce (bytes per rank) the clients of a node-local job run themselves "
-          "(--local_ops); larger ones go through the daemon. -1: 64 KiB / ranks (each rank reads "
-          "every rank's contribution); else 0..16 MiB");
-ABSL_FLAG(bool, direct_ops, true,
-          "jobs whose clients all support it and that have no arena: advertise each client's "
-          "listener, so the clients run small allreduces (up to 64 KiB per rank) and barriers "
-          "among themselves over TCP, with no daemon thread per op; off: every op of this "
-          "daemon's jobs goes through the daemons");
-ABSL_FLAG(int32_t, local_ops_frames, 16,
-          "frames per rank in a node-local job's arena: how many ops a rank may get ahead of the "
-          "slowest one before its submissions wait (a power of two, 2..1024)");
 ABSL_FLAG(int32_t, tcp_streams, 2,
           "TCP connections per pair of ranks for jobs this daemon creates (a job's value wins)");
 ABSL_FLAG(std::string, port_file, "",
@@ -178,22 +155,6 @@ int main(int argc, char** argv) {
   opts.socket_buffer_bytes = absl::GetFlag(FLAGS_socket_buffer_bytes);
   opts.tcp_streams = absl::GetFlag(FLAGS_tcp_streams);
   opts.spin_us = std::max(0, absl::GetFlag(FLAGS_spin_us));
-  opts.local_driver = absl::GetFlag(FLAGS_local_driver);
-  opts.local_driver_spin = absl::Microseconds(std::max(0, absl::GetFlag(FLAGS_local_driver_spin_us)));
-  opts.local_ops = absl::GetFlag(FLAGS_local_ops);
-  opts.direct_ops = absl::GetFlag(FLAGS_direct_ops);
-  const int64_t local_max = absl::GetFlag(FLAGS_local_ops_max_bytes);
-  if (local_max < -1 || local_max > (16 << 20)) {
-    GS_LOG(ERROR) << "--local_ops_max_bytes " << local_max << " is outside [0, 16 MiB] (or -1: auto)";
-    return 2;
-  }
-  opts.local_ops_max_bytes = local_max;
-  const int32_t frames = absl::GetFlag(FLAGS_local_ops_frames);
-  if (frames < 2 || frames > 1024 || (frames & (frames - 1)) != 0) {
-    GS_LOG(ERROR) << "--local_ops_frames " << frames << " is not a power of two in [2, 1024]";
-    return 2;
-  }
-  opts.local_ops_frames = static_cast<uint32_t>(frames);
   opts.timeline_dir = absl::GetFlag(FLAGS_timeline_dir);
   opts.ps_partition_bytes = static_cast<uint64_t>(std::max<int64_t>(4096, absl::GetFlag(FLAGS_ps_partition_bytes)));
   if (opts.heartbeat_interval <= absl::ZeroDuration() || opts.ring.segment_bytes < 4096 ||

@@ -17,12 +17,11 @@
 namespace gradsync {
 
 JobGroup::JobGroup(GroupLayout layout, std::unique_ptr<transport::Context> node_ctx,
-                   LinkParams link, RingOptions ring, std::shared_ptr<JobArena> arena)
+                   LinkParams link, RingOptions ring)
     : layout_(std::move(layout)),
       node_ctx_(std::move(node_ctx)),
       link_(link),
-      ring_(ring),
-      arena_(std::move(arena)) {}
+      ring_(ring) {}
 
 int JobGroup::LocalIndex(int rank) const {
   auto it = std::find(layout_.local_ranks.begin(), layout_.local_ranks.end(), rank);
@@ -39,13 +38,12 @@ void JobGroup::ReduceLocal(const std::vector<char*>& bufs, size_t count, DType d
   for (size_t j = 1; j < bufs.size(); ++j) std::memcpy(bufs[j], bufs[0], bytes);
 }
 
-void JobGroup::Abort(const absl::Status& reason, bool fail_arena) {
+void JobGroup::Abort(const absl::Status& reason) {
   {
     absl::MutexLock l(&mu_);
     if (broken_.ok()) broken_ = reason;
   }
   if (node_ctx_ != nullptr) node_ctx_->Abort(reason);
-  if (arena_ != nullptr && fail_arena) arena_->Fail(reason);
 }
 
 absl::Status JobGroup::WaitFor(Slot& slot, const std::function<bool()>& cond, absl::Time deadline,
@@ -132,10 +130,13 @@ absl::Status JobGroup::CheckLocalSignatures(int rank, uint64_t seq, const std::s
       for (int i = 0; i < local; ++i) {
         if (slot.encoded[i].empty()) missing.push_back(layout_.local_ranks[i]);
       }
-      s = absl::DeadlineExceededError(absl::StrCat("timed out at rank ", rank,
-                                                   " waiting for rank(s) ",
-                                                   absl::StrJoin(missing, ","), " to submit op ",
-                                                   seq));
+      absl::StatusOr<OpSignature> sig = OpSignature::Decode(encoded);
+      s = absl::DeadlineExceededError(absl::StrCat(
+          "timed out at rank ", rank, " waiting for rank(s) ", absl::StrJoin(missing, ","),
+          " to submit op ", seq, sig.ok() ? absl::StrCat(" (", sig->Describe(), ")") : ""));
+      // The ranks are out of step now (the late ones would match this op
+      // against their next one): every later op of the group fails with this.
+      broken_ = s;
     }
   }
   if (s.ok() && !slot.compared) s = broken_;
@@ -148,6 +149,17 @@ absl::Status JobGroup::CheckLocalSignatures(int rank, uint64_t seq, const std::s
   }
   if (++slot.left == local) sig_slots_.erase(seq);
   return s;
+}
+
+std::vector<int> JobGroup::ArrivedAt(uint64_t seq) {
+  std::vector<int> ranks;
+  absl::MutexLock l(&mu_);
+  auto it = sig_slots_.find(seq);
+  if (it == sig_slots_.end()) return ranks;
+  for (size_t i = 0; i < it->second.encoded.size(); ++i) {
+    if (!it->second.encoded[i].empty()) ranks.push_back(layout_.local_ranks[i]);
+  }
+  return ranks;
 }
 
 absl::Status JobGroup::CrossDaemons(uint64_t seq, char* data, size_t count, DType dtype,

@@ -39,7 +39,6 @@
 #include "collective/ring_allreduce.h"
 #include "common/types.h"
 #include "transport/transport.h"
-#include "worker/job_arena.h"
 
 namespace gradsync {
 
@@ -58,14 +57,11 @@ class JobGroup {
   // and a futex wake-up costs tens of them on a virtual CPU.
   static constexpr absl::Duration kSpin = absl::Microseconds(30);
 
-  // `node_ctx` connects the node leaders (null when nodes == 1). `arena`:
-  // the job's arena when it has one (nodes == 1 and every local client asked;
-  // worker/job_arena.h), else null.
+  // `node_ctx` connects the node leaders (null when nodes == 1).
   JobGroup(GroupLayout layout, std::unique_ptr<transport::Context> node_ctx, LinkParams link,
-           RingOptions ring, std::shared_ptr<JobArena> arena = nullptr);
+           RingOptions ring);
 
   const GroupLayout& layout() const { return layout_; }
-  const std::shared_ptr<JobArena>& arena() const { return arena_; }
 
   // The small local allreduce, in place: combines bufs[1..] into bufs[0] in
   // rank order, divides by `world_size` for avg, copies the result into every
@@ -102,10 +98,13 @@ class JobGroup {
                                     absl::Time deadline, uint8_t* agreed,
                                     LocalAllreduce* small = nullptr);
 
+  // The local ranks that have reached CheckLocalSignatures for op `seq` (for
+  // status: who the others wait for).
+  std::vector<int> ArrivedAt(uint64_t seq);
+
   // Fails every pending and future hierarchical op (session closed, epoch
-  // aborted), and the arena if there is one and `fail_arena` (a session that
-  // closes marks its rank left in the arena instead: ipc/arena.h "Leaving").
-  void Abort(const absl::Status& reason, bool fail_arena = true);
+  // aborted).
+  void Abort(const absl::Status& reason);
 
  private:
   struct Slot {
@@ -129,7 +128,6 @@ class JobGroup {
   std::unique_ptr<transport::Context> node_ctx_;  // leader thread only
   const LinkParams link_;
   const RingOptions ring_;
-  const std::shared_ptr<JobArena> arena_;
   std::vector<char> scratch_;  // leader only
 
   absl::Mutex mu_;

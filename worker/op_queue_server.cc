@@ -53,10 +53,6 @@ class OpQueueServer::Queue : public std::enable_shared_from_this<Queue> {
       std::shared_ptr<Queue> q = weak.lock();
       return q != nullptr && q->OnCompletion(op_id, outcome);
     });
-    backend_->SetDirectProbe([weak]() -> ipc::DirectOpsSnapshot {
-      std::shared_ptr<Queue> q = weak.lock();
-      return q != nullptr ? q->end_.direct_ops() : ipc::DirectOpsSnapshot{};
-    });
     fed_.store(true);  // before the session can call us through the feed
     if (!backend_->SetSubmissionFeed(std::make_shared<Feed>(weak, options_.spin))) {
       fed_.store(false);
@@ -176,7 +172,6 @@ class OpQueueServer::Queue : public std::enable_shared_from_this<Queue> {
           client_heartbeat = hb;
           backend_->Touch();
         }
-        backend_->ObserveDirect(end_);
         end_.SetRefusal(backend_->refusal());
         next_tick = now + options_.poll_interval;
       }
@@ -211,7 +206,6 @@ class OpQueueServer::Queue : public std::enable_shared_from_this<Queue> {
                                        options_.poll_interval));
       }
     }
-    backend_->ObserveDirect(end_);  // the last direct ops count too
     {
       absl::MutexLock l(&mu_);
       closed_ = true;
@@ -220,7 +214,6 @@ class OpQueueServer::Queue : public std::enable_shared_from_this<Queue> {
     mem_->Unlink();
     if (fed_.load()) backend_->SetSubmissionFeed(nullptr);
     backend_->SetCompletionListener(nullptr);
-    backend_->SetDirectProbe(nullptr);
     GS_LOG(INFO) << "session " << session_id() << ": op queue " << name()
                  << " closed: " << reason.message();
     finished_.store(true);

@@ -77,16 +77,8 @@ class OpQueueBackend {
   }
   // Marks the session as used now (its lease starts over).
   virtual void Touch() = 0;
-  // Every poll_interval, and once more when the queue stops: what the
-  // client's direct path counted (ipc::OpQueueHeader), for the daemon's
-  // metrics. On the poller thread.
-  virtual void ObserveDirect(const ipc::DaemonEnd& end) { (void)end; }
-  // While the queue runs: what the client's direct path shows now (the ops
-  // it holds that have not reached the daemon, its current and last op), for
-  // the session's drain and status (null: stop asking; the queue stops).
-  virtual void SetDirectProbe(std::function<ipc::DirectOpsSnapshot()> probe) { (void)probe; }
-  // OK while the session takes new ops; else why not (the client's direct
-  // path refuses new ops with it).
+  // OK while the session takes new ops; else why not (written into the
+  // queue's header for the client's health check).
   virtual absl::Status refusal() const { return health(); }
   // True once the session is closing or closed.
   virtual bool closed() const = 0;

@@ -12,7 +12,6 @@
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "common/process.h"
-#include "worker/local_driver.h"
 
 namespace gradsync {
 namespace {
@@ -32,20 +31,18 @@ constexpr size_t kMaxUnreportedOps = 4096;
 
 Session::Session(SessionInfo info, std::unique_ptr<transport::Context> ctx,
                  RingOptions ring_options, std::shared_ptr<JobGroup> group,
-                 DaemonObserver* observer, std::shared_ptr<LocalDriver> driver)
+                 DaemonObserver* observer)
     : info_(std::move(info)),
       ctx_(std::move(ctx)),
       ring_options_(ring_options),
       group_(std::move(group)),
-      arena_(group_ != nullptr ? group_->arena() : nullptr),
       stream_tuner_(ctx_ != nullptr ? ctx_->streams() : 1,
                     ctx_ != nullptr ? ctx_->active_streams() : 1),
       observer_(observer),
       peer_sent_(info_.world_size, 0),
       peer_received_(info_.world_size, 0),
       peer_retrans_(info_.world_size, 0),
-      link_(info_.link),
-      driver_(std::move(driver)) {
+      link_(info_.link) {
   if (observer_ != nullptr) observer_->OnSessionOpened(info_.job_id);
   if (!info_.ps_shards.empty()) {
     ps::PsWorkerOptions po;
@@ -72,7 +69,6 @@ Session::Session(SessionInfo info, std::unique_ptr<transport::Context> ctx,
   last_used_ = FastNow();
   executor_ = std::thread([this] { ExecutorLoop(); });
   NameThread(executor_, absl::StrCat("gs-exec-r", info_.rank).c_str());
-  if (driver_ != nullptr) driver_->Attach(this);
 }
 
 Session::~Session() {
@@ -80,121 +76,25 @@ Session::~Session() {
   if (observer_ != nullptr) observer_->OnSessionClosed(info_.job_id);
 }
 
-void Session::ObserveDirect(const ipc::OpCounters* counters, const ipc::UnsentFailures& unsent) {
-  std::vector<LocalOpsRecord> records;
-  {
-    absl::MutexLock l(&mu_);
-    for (int k = 0; k < ipc::kOpCounterKinds; ++k) {
-      OpCounts sum;
-      TakeOpCounts(counters[k], &direct_seen_[k], &sum);
-      AppendOpRecords(sum, info_.job_id, k, "direct", &records);
-    }
-    TakeUnsentFailures(unsent, &direct_unsent_seen_, info_.job_id, &records);
-  }
-  if (observer_ == nullptr) return;
-  for (const LocalOpsRecord& r : records) observer_->OnLocalOps(r);
-}
-
-namespace {
-
-// "allreduce 'g' f32[2] sum (op 5)"
-std::string DescribeDirectOp(const ipc::DirectOp& op) {
-  OpSignature sig;
-  sig.seq = op.seq;
-  sig.kind = op.kind;
-  sig.dtype = op.dtype;
-  sig.op = op.reduce_op;
-  sig.count = op.count;
-  sig.name = op.name;
-  return absl::StrCat(sig.Describe(), " (op ", op.seq, ")");
-}
-
-}  // namespace
-
-void Session::ShowDirectOps(SessionStatus* st) const {
-  std::function<ipc::DirectOpsSnapshot()> probe;
-  {
-    absl::MutexLock l(&mu_);
-    probe = direct_probe_;
-  }
-  if (!probe) return;
-  const ipc::DirectOpsSnapshot snap = probe();
-  if (!snap.read) return;
-  // The last op the client's direct path finished itself (its direct ops,
-  // and ops refused before they reached this daemon).
-  if (snap.last.seq > st->last_completed_seq) {
-    const auto code = static_cast<absl::StatusCode>(snap.last.code);
-    st->last_completed_seq = snap.last.seq;
-    st->last_completed = absl::StrCat(DescribeDirectOp(snap.last), ": ",
-                                      code == absl::StatusCode::kOk ? "OK"
-                                                                    : absl::StatusCodeToString(code));
-    st->last_completed_at = absl::FromUnixMicros(snap.last.at_us);
-  }
-  // An op in the clients' exchange: its signature and, for a direct op, its
-  // data travel together, so all of it is negotiation; which ranks it waits
-  // for, this daemon cannot tell (`gradsync status` works it out from every
-  // rank's state).
-  if (st->has_current || snap.current.seq == 0) return;
-  st->has_current = true;
-  st->current_seq = snap.current.seq;
-  st->current = DescribeDirectOp(snap.current);
-  st->phase = "negotiating";
-  st->current_since = absl::FromUnixMicros(snap.current.at_us);
-  st->arrived.clear();
-  st->missing.clear();
-}
-
 SessionStatus Session::Status() const {
-  SessionStatus st = DaemonOpsStatus();
-  ShowDirectOps(&st);
-  if (arena_ == nullptr) return st;
-  // The ops this rank's client ran itself never reach the daemon; the arena
-  // shows them: consumed is how far the client is done, and a published,
-  // unfinished op after it is the one it waits on (or will, at its Wait).
-  const ipc::ArenaView& v = arena_->view();
-  const int me = info_.rank;
-  const uint64_t consumed = v.consumed(me);
-  st.arena_consumed = consumed;
-  auto describe = [&v](int rank, uint64_t seq) -> std::string {
-    if (!v.Published(rank, seq)) return absl::StrCat("op ", seq);
-    absl::StatusOr<ipc::ArenaFrame> f = v.Read(rank, seq);
-    absl::StatusOr<OpSignature> sig =
-        f.ok() ? OpSignature::Decode(std::string(f->signature)) : f.status();
-    return sig.ok() ? sig->Describe() : "an unreadable op";
-  };
-  if (consumed > st.last_completed_seq) {
-    st.last_completed_seq = consumed;
-    std::string outcome = "done";
-    st.last_completed_at = FastNow();  // not recorded; "just now" is the safe reading
-    if (v.Published(me, consumed)) {
-      absl::StatusOr<ipc::ArenaFrame> f = v.Read(me, consumed);
-      if (f.ok()) {
-        st.last_completed_at = absl::FromUnixMicros(f->published_us);
-        if (f->outcome.has_value()) {
-          outcome = *f->outcome == absl::StatusCode::kOk ? "OK"
-                                                         : absl::StatusCodeToString(*f->outcome);
-        }
-      }
+  SessionStatus st = OwnStatus();
+  // Every rank on this daemon: the in-memory rendezvous knows who arrived.
+  if (st.has_current && st.phase == "negotiating" && group_ != nullptr &&
+      group_->layout().nodes == 1) {
+    st.arrived = group_->ArrivedAt(st.current_seq);
+    if (std::find(st.arrived.begin(), st.arrived.end(), info_.rank) == st.arrived.end()) {
+      st.arrived.push_back(info_.rank);
     }
-    st.last_completed = absl::StrCat(describe(me, consumed), " (op ", consumed, "): ", outcome);
+    std::sort(st.arrived.begin(), st.arrived.end());
+    st.missing.clear();
+    for (int r = 0; r < info_.world_size; ++r) {
+      if (!std::binary_search(st.arrived.begin(), st.arrived.end(), r)) st.missing.push_back(r);
+    }
   }
-  const uint64_t next = consumed + 1;
-  if (st.has_current || !v.Published(me, next)) return st;
-  absl::StatusOr<ipc::ArenaFrame> f = v.Read(me, next);
-  st.has_current = true;
-  st.current_seq = next;
-  st.current = absl::StrCat(describe(me, next), " (op ", next, ")");
-  st.current_since = f.ok() ? absl::FromUnixMicros(f->published_us) : FastNow();
-  st.arrived.clear();
-  st.missing.clear();
-  for (int r = 0; r < info_.world_size; ++r) {
-    (v.Published(r, next) ? st.arrived : st.missing).push_back(r);
-  }
-  st.phase = st.missing.empty() ? "running local" : "negotiating";
   return st;
 }
 
-SessionStatus Session::DaemonOpsStatus() const {
+SessionStatus Session::OwnStatus() const {
   SessionStatus st;
   st.info = info_;
   absl::MutexLock l(&mu_);
@@ -231,16 +131,6 @@ void Session::Touch() {
   last_used_ = FastNow();
 }
 
-void Session::NoteArenaActivity() {
-  if (arena_ == nullptr) return;
-  const ipc::ArenaView& v = arena_->view();
-  const uint64_t consumed = v.consumed(info_.rank);
-  const bool in_flight = v.Published(info_.rank, consumed + 1);
-  absl::MutexLock l(&mu_);
-  if (consumed != arena_seen_ || in_flight) last_used_ = FastNow();
-  arena_seen_ = consumed;
-}
-
 absl::Time Session::last_used() const {
   absl::MutexLock l(&mu_);
   return last_used_;
@@ -251,9 +141,7 @@ bool Session::has_pending_ops() const {
   for (const auto& [seq, op] : ops_) {
     if (!op->outcome.done) return true;
   }
-  // Ops the client's direct path holds, on their way here or run by the
-  // clients themselves.
-  return direct_probe_ && direct_probe_().in_flight > 0;
+  return false;
 }
 
 bool Session::closed() const {
@@ -280,11 +168,6 @@ absl::Status Session::RefusalLocked() const {
                      " is no longer usable (open a new session): ", epoch_error_.message()));
   }
   return absl::OkStatus();
-}
-
-void Session::SetDirectProbe(std::function<ipc::DirectOpsSnapshot()> probe) {
-  absl::MutexLock l(&mu_);
-  direct_probe_ = std::move(probe);
 }
 
 absl::StatusOr<BufferInfo> Session::AllocateBuffer(uint64_t size) {
@@ -316,20 +199,9 @@ absl::Status Session::FreeBuffer(uint64_t id) {
 absl::StatusOr<uint64_t> Session::Submit(const SubmitArgs& a) {
   std::shared_ptr<SubmissionFeed> wake;
   absl::StatusOr<uint64_t> seq = Enqueue(a, &wake);
-  if (!seq.ok() && arena_ != nullptr) {
-    // The client published the op in the arena before sending it here, so
-    // the other ranks wait for this rank's op: fail the arena rather than let
-    // them run into the deadline. (The client checks what it can before it
-    // publishes, so this is a client/daemon disagreement, not a user error.)
-    arena_->Fail(absl::Status(seq.status().code(),
-                              absl::StrCat("rank ", info_.rank, ": gradsyncd refused op ", a.sequence,
-                                           " (", CollectiveName(a.kind), " '", a.name, "'): ",
-                                           seq.status().message())));
-  }
   // Submitted over gRPC while the executor sleeps on the feed's doorbell: ring
   // it outside mu_ (a feed's Pump takes its own lock, then ours).
   if (wake != nullptr) wake->Wake();
-  if (driver_ != nullptr && seq.ok()) driver_->Kick();
   return seq;
 }
 
@@ -370,18 +242,6 @@ absl::StatusOr<uint64_t> Session::Enqueue(const SubmitArgs& a,
         what(), ": algorithm 'hier' needs ranks that share a daemon; job '", info_.job_id,
         "' has one rank per daemon"));
   }
-  if (*code == kDirectCode) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what(), ": algorithm 'direct' is run by the client SDKs of a job with the direct path, "
-        "among themselves; this session of job '", info_.job_id, "' has ",
-        info_.direct_endpoints.empty() ? "none" : "it, but the client sent this op here"));
-  }
-  if (*code == kLocalCode) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what(), ": algorithm 'local' is run by the client SDKs of a job whose ranks all use one "
-        "gradsyncd, in the job's arena; this session of job '", info_.job_id, "' has none",
-        arena_ == nullptr ? "" : " for this op (the client sends only other ops here)"));
-  }
   if (*code < kAlgorithmCount) forced = static_cast<Algorithm>(*code);
   if (a.timeout < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("negative op timeout");
@@ -414,22 +274,7 @@ absl::StatusOr<uint64_t> Session::Enqueue(const SubmitArgs& a,
     return absl::ResourceExhaustedError(absl::StrCat(
         ops_.size(), " ops are queued or unreported; Wait for some before submitting more"));
   }
-  const bool client_numbered = ClientNumbersOps();
-  if (client_numbered != (a.sequence != 0)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what(), client_numbered
-                    ? ": this session's client numbers its ops (the job has an arena or the "
-                      "direct path): every op carries its sequence number"
-                    : ": a sequence number was given, but this session's job has neither an "
-                      "arena nor the direct path"));
-  }
-  if (client_numbered && (a.sequence < next_seq_ || a.sequence >= (uint64_t{1} << 63))) {
-    return absl::InvalidArgumentError(absl::StrCat(what(), ": sequence ", a.sequence,
-                                                   " is not above the previous op's ",
-                                                   next_seq_ - 1));
-  }
   auto op = std::make_shared<Op>();
-  if (client_numbered) next_seq_ = a.sequence;
   op->seq = next_seq_++;
   op->sig.seq = op->seq;
   op->sig.kind = a.kind;
@@ -448,7 +293,6 @@ absl::StatusOr<uint64_t> Session::Enqueue(const SubmitArgs& a,
       op->submitted + (a.timeout > absl::ZeroDuration() ? a.timeout : info_.default_op_timeout);
   ops_[op->seq] = op;
   queue_.push_back(op);
-  if (driver_ != nullptr && op->seq <= released_seq_) released_cv_.Signal();
   if (observer_ != nullptr) observer_->OnOpQueued();
   if (waiting_on_feed_) *wake = feed_;
   return op->seq;
@@ -489,7 +333,6 @@ void Session::SetSubmissionFeed(std::shared_ptr<SubmissionFeed> feed) {
     feed_ = std::move(feed);
   }
   if (old != nullptr) old->Wake();  // an executor sleeping on it looks again
-  if (driver_ != nullptr) driver_->Kick();  // the driver takes the new feed
 }
 
 void Session::WakeExecutor() {
@@ -506,9 +349,6 @@ void Session::EndEpoch(const absl::Status& reason) {
     absl::MutexLock l(&mu_);
     if (epoch_error_.ok()) epoch_error_ = reason;
   }
-  // Ops whose frames are all in the arena still complete; waiting stops.
-  if (arena_ != nullptr) arena_->Fail(reason);
-  if (driver_ != nullptr) driver_->Kick();  // queued ops go to the executor, which fails them
 }
 
 void Session::AbortEpoch(const absl::Status& reason) {
@@ -516,7 +356,6 @@ void Session::AbortEpoch(const absl::Status& reason) {
     absl::MutexLock l(&mu_);
     if (epoch_error_.ok()) epoch_error_ = reason;
   }
-  if (driver_ != nullptr) driver_->Kick();
   ctx_->Abort(reason);
   if (group_ != nullptr) group_->Abort(reason);
   if (ps_ != nullptr) ps_->Abort(reason);
@@ -528,38 +367,17 @@ void Session::Close() {
       absl::MutexLock l(&mu_);
       closing_ = true;
       if (epoch_error_.ok()) epoch_error_ = absl::CancelledError("session closed");
-      released_seq_ = std::numeric_limits<uint64_t>::max();  // the executor drains the queue
-      released_cv_.SignalAll();
     }
-    if (driver_ != nullptr) driver_->Detach(this);
     WakeExecutor();
     const absl::Status why =
         absl::CancelledError(absl::StrCat("rank ", info_.rank, " closed its session"));
     ctx_->Abort(why);
-    // The ops this rank published can still complete on the others; only
-    // the ones it never will fail (at once, not at their deadline).
-    if (arena_ != nullptr) arena_->Leave(info_.rank);
-    if (group_ != nullptr) group_->Abort(why, /*fail_arena=*/false);
+    if (group_ != nullptr) group_->Abort(why);
     if (ps_ != nullptr) ps_->Abort(why);
     if (executor_.joinable()) executor_.join();
     absl::MutexLock l(&mu_);
     buffers_.clear();
   });
-}
-
-std::shared_ptr<Session::Op> Session::NextReleasedOp() {
-  // The local driver takes the submissions; this thread sleeps until it hands
-  // over an op (or the session closes).
-  absl::MutexLock l(&mu_);
-  while (!(closing_ && queue_.empty()) &&
-         (queue_.empty() || queue_.front()->seq > released_seq_)) {
-    released_cv_.WaitWithTimeout(&mu_, absl::Milliseconds(100));  // the bound: belt and braces
-  }
-  if (queue_.empty()) return nullptr;  // closing with nothing queued
-  std::shared_ptr<Op> op = queue_.front();
-  queue_.pop_front();
-  executing_ = true;
-  return op;
 }
 
 std::shared_ptr<Session::Op> Session::NextOp(absl::Time last_active) {
@@ -584,7 +402,6 @@ std::shared_ptr<Session::Op> Session::NextOp(absl::Time last_active) {
     if (!queue_.empty()) {
       std::shared_ptr<Op> op = queue_.front();
       queue_.pop_front();
-      executing_ = true;
       return op;
     }
     if (closing_ || feed == nullptr || feed != feed_) {
@@ -605,7 +422,7 @@ std::shared_ptr<Session::Op> Session::NextOp(absl::Time last_active) {
 void Session::ExecutorLoop() {
   absl::Time last_active = FastNow();
   while (true) {
-    std::shared_ptr<Op> op = driver_ != nullptr ? NextReleasedOp() : NextOp(last_active);
+    std::shared_ptr<Op> op = NextOp(last_active);
     if (op == nullptr) {
       absl::MutexLock l(&mu_);
       if (closing_ && queue_.empty()) return;
@@ -636,11 +453,6 @@ void Session::ExecutorLoop() {
     bool newly_failed = false;
     OpOutcome outcome;
     Finish(*op, s, end, &newly_failed, &outcome);  // no-op if another rank's thread did it
-    {
-      absl::MutexLock l(&mu_);
-      executing_ = false;
-    }
-    if (driver_ != nullptr) driver_->Kick();  // it may take the next op
     last_active = FastNow();
     if (observer_ != nullptr) Account(*op, outcome, newly_failed, end);
   }
@@ -675,44 +487,6 @@ bool Session::Finish(Op& op, const absl::Status& s, absl::Time end, bool* newly_
     ops_.erase(op.seq);
   }
   return true;
-}
-
-bool Session::DriverMayRun(const Op& op, absl::Time now) const {
-  // Past its deadline: the executors report the timeout, naming who was late.
-  if (closing_ || !epoch_error_.ok() || timeline_ != nullptr || op.ps || op.forced.has_value() ||
-      now >= op.deadline) {
-    return false;
-  }
-  switch (op.sig.kind) {
-    case CollectiveKind::kAllreduce:  // the hierarchical path, small
-      return op.buffer != nullptr &&
-             op.sig.count * DTypeSize(op.sig.dtype) <= JobGroup::kSmallBytes;
-    case CollectiveKind::kBarrier:  // auto: the rendezvous is the barrier
-      return !op.hier;
-    default:
-      return false;
-  }
-}
-
-bool Session::SameOp(const Op& a, const Op& b) {
-  return a.seq == b.seq && a.hier == b.hier && a.sig.kind == b.sig.kind &&
-         a.sig.dtype == b.sig.dtype && a.sig.op == b.sig.op && a.sig.count == b.sig.count &&
-         a.sig.root == b.sig.root && a.sig.name == b.sig.name;
-}
-
-void Session::FinishDriven(Op& op, const char* algorithm, absl::Time start, absl::Time end) {
-  {
-    absl::MutexLock l(&mu_);
-    // It started when it reached the head of this rank's queue; waiting for
-    // the other ranks after that counts as running, as on the executors.
-    op.started = std::max(op.submitted, last_completed_at_);
-    op.outcome.algorithm = algorithm;
-  }
-  bool newly_failed = false;
-  OpOutcome outcome;
-  Finish(op, absl::OkStatus(), end, &newly_failed, &outcome);
-  if (observer_ == nullptr) return;
-  observer_->OnOpDone(Record(op, outcome, std::max(absl::ZeroDuration(), start - op.started)));
 }
 
 OpRecord Session::Record(const Op& op, const OpOutcome& outcome,
@@ -825,9 +599,6 @@ absl::Status Session::RunOp(Op& op) {
     absl::MutexLock l(&mu_);
     pre = epoch_error_;
   }
-  // The arena failed (a rank's deadline, a session closed): the stream of
-  // ops is out of step, so this epoch is done, as for a failed data plane.
-  if (pre.ok() && arena_ != nullptr && arena_->view().has_failed()) pre = arena_->failure();
   if (!pre.ok()) {
     return absl::Status(pre.code(), absl::StrCat(what(), " not run at rank ", info_.rank,
                                                  ": the epoch failed earlier: ", pre.message()));
@@ -849,10 +620,7 @@ absl::Status Session::RunOp(Op& op) {
   }
   const bool local_check = group_ != nullptr && group_->layout().nodes == 1;
   constexpr uint8_t kOneShotCode = static_cast<uint8_t>(Algorithm::kOneShot);
-  // With an arena no proposals are exchanged: every rank proposes from the
-  // link figures all ranks agreed on when the epoch formed, so equal
-  // signatures mean equal choices.
-  const LinkParams& link = arena_ != nullptr ? info_.link : link_;
+  const LinkParams& link = link_;
   bool fused = false;
   if (op.sig.forced != OpSignature::kNoAlgorithm) {
     op.sig.proposal = op.sig.forced;
@@ -874,7 +642,7 @@ absl::Status Session::RunOp(Op& op) {
   }
   // Large bandwidth-bound ops carry this rank's stream count proposal (rank
   // 0's wins, see collective/stream_tuner.h); others keep the current count.
-  const bool tune_streams = ctx_ != nullptr && arena_ == nullptr && !local_check && !op.hier &&
+  const bool tune_streams = ctx_ != nullptr && !local_check && !op.hier &&
                             !op.ps && ctx_->streams() > 1 && StreamTuner::Large(bytes) &&
                             (op.sig.kind == CollectiveKind::kAllreduce ||
                              op.sig.kind == CollectiveKind::kReduceScatter ||
@@ -892,12 +660,7 @@ absl::Status Session::RunOp(Op& op) {
     absl::MutexLock l(&mu_);
     current_arrived_.push_back(rank);
   };
-  if (arena_ != nullptr) {
-    // Every rank's client published the op in the arena when it submitted it.
-    s = arena_->CheckSignatures(info_.rank, op.sig, op.deadline, arrived);
-    agreed = op.sig.proposal;
-    done = s.ok() && op.sig.kind == CollectiveKind::kBarrier && agreed == kOneShotCode;
-  } else if (local_check) {
+  if (local_check) {
     const std::string encoded = op.sig.Encode();
     JobGroup::LocalAllreduce small;
     const bool small_hier = op.sig.proposal == kHierarchicalCode &&
@@ -1026,7 +789,6 @@ absl::Status Session::RunOp(Op& op) {
                                                 s.message()));
   // Tell every peer (no-op if the context already failed and told them).
   (void)ctx_->Fail(annotated);
-  if (arena_ != nullptr) arena_->Fail(annotated);
   GS_LOG(WARNING) << "job '" << info_.job_id << "' epoch " << info_.epoch << ": "
                   << annotated.message();
   return annotated;

@@ -32,6 +32,7 @@
 #include "collective/collectives.h"
 #include "collective/cost_model.h"
 #include "collective/op_signature.h"
+#include "collective/signature_exchange.h"
 #include "collective/ring_allreduce.h"
 #include "collective/stream_tuner.h"
 #include "common/types.h"
@@ -39,7 +40,6 @@
 #include "ps/slicer.h"
 #include "ps/worker_client.h"
 #include "worker/daemon_observer.h"
-#include "worker/op_counts.h"
 #include "worker/job_group.h"
 #include "worker/shm_segment.h"
 #include "worker/submission_feed.h"
@@ -61,10 +61,6 @@ struct SessionInfo {
   std::string timeline_path;  // non-empty: write the job's timeline for this rank here
   std::vector<HostPort> ps_shards;  // the epoch's gradsync-ps shards (algo "ps")
   uint64_t ps_partition_bytes = 1 << 20;
-  // The clients' direct-path listeners by rank when the job uses the direct
-  // path (client/direct_path.h), else empty. Then the client numbers its ops
-  // and sends only the others here.
-  std::vector<HostPort> direct_endpoints;
 };
 
 // What a session is doing, for `gradsync status` (answers "which rank is
@@ -83,9 +79,6 @@ struct SessionStatus {
   absl::Time current_since;     // when this rank started the op
   std::vector<int> arrived;     // ranks known to have submitted the current op (incl. self)
   std::vector<int> missing;     // ranks not yet heard from (negotiating phase)
-  // With an arena: the highest op up to which this rank's client is done
-  // (local ops and the daemon's alike; 0 without an arena).
-  uint64_t arena_consumed = 0;
 };
 
 // The strings are views: the caller keeps them alive during Submit (the
@@ -101,10 +94,6 @@ struct SubmitArgs {
   int root = 0;
   absl::string_view algorithm;  // "" or "auto": the job's, else the cost model's choice
   absl::Duration timeout = absl::ZeroDuration();  // zero: the job default
-  // Sessions whose client numbers its ops (an arena or the direct path): the
-  // op's position in the client's op stream (strictly increasing; the gaps
-  // are ops the client ran itself). Else 0.
-  uint64_t sequence = 0;
 };
 
 struct OpOutcome {
@@ -121,26 +110,15 @@ struct BufferInfo {
   uint64_t size = 0;
 };
 
-class LocalDriver;
-
 class Session {
  public:
   // `group`: this daemon's ranks of the job when ranks share daemons (enables
-  // the hierarchical path), else null. `driver`: when every rank of the job
-  // is on this daemon, the thread that runs the job's small ops for all of
-  // them (worker/local_driver.h); this session's executor then runs only the
-  // ops the driver hands it. Null: the executor runs every op.
+  // the hierarchical path), else null.
   Session(SessionInfo info, std::unique_ptr<transport::Context> ctx, RingOptions ring_options,
-          std::shared_ptr<JobGroup> group = nullptr, DaemonObserver* observer = nullptr,
-          std::shared_ptr<LocalDriver> driver = nullptr);
+          std::shared_ptr<JobGroup> group = nullptr, DaemonObserver* observer = nullptr);
   ~Session();  // Close()
 
   const SessionInfo& info() const { return info_; }
-  // The job's arena (worker/job_arena.h), or null.
-  const std::shared_ptr<JobArena>& arena() const { return arena_; }
-  // The client numbers the session's ops (SubmitArgs::sequence): the job has
-  // an arena or uses the direct path, so some ops never reach this daemon.
-  bool ClientNumbersOps() const { return arena_ != nullptr || !info_.direct_endpoints.empty(); }
 
   absl::StatusOr<BufferInfo> AllocateBuffer(uint64_t size);
   absl::Status FreeBuffer(uint64_t id);
@@ -180,35 +158,19 @@ class Session {
 
   SessionStatus Status() const;
 
-  // The client's direct path's counters (called by the op queue's poller):
-  // their increase since the last call goes to the observer (algorithm
-  // "direct"; the daemon's ops that failed in the clients' signature
-  // exchange: "none", as the daemon's own signature check counts them).
-  void ObserveDirect(const ipc::OpCounters* counters, const ipc::UnsentFailures& unsent);
-
   // OK while the epoch is usable.
   absl::Status health() const;
   // OK while the session takes new ops; else why not, as Submit refuses:
   // Unavailable while draining, FailedPrecondition once closed or the
   // epoch failed ("... is no longer usable (open a new session): ...").
   absl::Status Refusal() const;
-  // What the client's direct path shows (the op queue's header): the ops it
-  // holds that have not reached this daemon (has_pending_ops counts them),
-  // its current and last op (Status shows them). Empty: none.
-  void SetDirectProbe(std::function<ipc::DirectOpsSnapshot()> probe);
   // True once Close() has begun (client, lease or daemon shutdown).
   bool closed() const;
   bool has_pending_ops() const;
   absl::Time last_used() const;
   void Touch();
-  // With an arena the client's local ops never reach the daemon: its
-  // activity there counts as use of the session (against the lease) when it
-  // finished an op since the last look or has one published and unfinished.
-  // The daemon's heartbeat loop calls it.
-  void NoteArenaActivity();
 
  private:
-  friend class LocalDriverCore;
   struct Op {
     uint64_t seq = 0;
     OpSignature sig;
@@ -223,12 +185,11 @@ class Session {
     OpOutcome outcome;   // guarded by mu_
   };
 
-  // Status() without the arena's view: the ops this daemon holds.
-  SessionStatus DaemonOpsStatus() const;
+  // Status() from this session's own records (mu_).
+  SessionStatus OwnStatus() const;
   void ExecutorLoop();
   // The executor's next op, or null to look again (closing, or idle a while).
   std::shared_ptr<Op> NextOp(absl::Time last_active);  // takes submissions from the feed
-  std::shared_ptr<Op> NextReleasedOp();  // with a local driver: only the ops it hands over
   absl::Status RunOp(Op& op);
   // Submit's work under mu_; `wake` receives the feed to ring if the executor
   // sleeps on it.
@@ -244,13 +205,6 @@ class Session {
   // for a small hierarchical op); `outcome` then receives what was posted.
   bool Finish(Op& op, const absl::Status& s, absl::Time end, bool* newly_failed,
               OpOutcome* outcome);
-  // For the local driver (mu_ held): whether it may run `op` itself, and
-  // whether two ranks' ops are the same op.
-  bool DriverMayRun(const Op& op, absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  static bool SameOp(const Op& a, const Op& b);
-  // The local driver ran `op` (from `start` to `end`): completes it and
-  // records it, on the driver's thread.
-  void FinishDriven(Op& op, const char* algorithm, absl::Time start, absl::Time end);
   // What the observer hears of a finished op.
   OpRecord Record(const Op& op, const OpOutcome& outcome, absl::Duration arrival_wait) const;
   // Metrics for a finished op (executor thread, after the client was told).
@@ -269,7 +223,6 @@ class Session {
   std::unique_ptr<transport::Context> ctx_;
   const RingOptions ring_options_;
   const std::shared_ptr<JobGroup> group_;
-  const std::shared_ptr<JobArena> arena_;  // group_'s, or null
   std::vector<char> scratch_;    // executor thread only
   SignatureScratch sig_scratch_;  // executor thread only: CheckSignatures' memory, kept across ops
   // Executor thread only: the cost model's answers per op shape, for the
@@ -291,7 +244,6 @@ class Session {
   bool closing_ ABSL_GUARDED_BY(mu_) = false;
   std::string not_accepting_ ABSL_GUARDED_BY(mu_);  // non-empty: draining
   absl::Time last_used_ ABSL_GUARDED_BY(mu_);
-  uint64_t arena_seen_ ABSL_GUARDED_BY(mu_) = 0;  // the client's consumed at the last look
   // Shared, so Finish takes a reference under mu_ and calls it outside
   // without copying the function (and what it captured) per op.
   std::shared_ptr<const CompletionListener> listener_ ABSL_GUARDED_BY(mu_);
@@ -304,12 +256,6 @@ class Session {
   absl::Time next_peer_flush_ = absl::InfinitePast();                // executor thread only
   bool peer_bytes_dirty_ = false;  // executor thread only: small ops' bytes not yet reported
   absl::Status RefusalLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Adds what the client's direct path shows to `st` (Status).
-  void ShowDirectOps(SessionStatus* st) const ABSL_LOCKS_EXCLUDED(mu_);
-  std::function<ipc::DirectOpsSnapshot()> direct_probe_ ABSL_GUARDED_BY(mu_);
-  // The client's direct path (ObserveDirect).
-  std::array<OpCounts, ipc::kOpCounterKinds> direct_seen_ ABSL_GUARDED_BY(mu_);
-  UnsentSeen direct_unsent_seen_ ABSL_GUARDED_BY(mu_){};
   // Status of the op in progress (guarded by mu_).
   uint64_t current_seq_ ABSL_GUARDED_BY(mu_) = 0;
   OpSignature current_sig_ ABSL_GUARDED_BY(mu_);
@@ -327,15 +273,6 @@ class Session {
   double alpha_window_best_us_ = 0;
   Algorithm alpha_window_algo_ = Algorithm::kOneShot;
   size_t alpha_window_bytes_ = 0;
-  const std::shared_ptr<LocalDriver> driver_;  // null: this executor runs every op
-  // With a driver: the executor runs only ops with seq <= released_seq_ ...
-  uint64_t released_seq_ ABSL_GUARDED_BY(mu_) = 0;
-  // (signalled when it rises, an op at or below it is queued, or on Close;
-  // a condition variable, not a mu_ Await: the driver locks mu_ on every
-  // look, and a waiter with a condition would make each unlock evaluate it)
-  absl::CondVar released_cv_;
-  // ... and the driver takes an op only while the executor runs none.
-  bool executing_ ABSL_GUARDED_BY(mu_) = false;
   std::unique_ptr<ps::PsWorker> ps_;  // null unless the job has PS shards
   ps::BalancedSlicer slicer_;
   std::thread executor_;

@@ -32,10 +32,6 @@ class SessionBackend final : public OpQueueBackend {
     a.root = op.root;
     a.algorithm = op.algorithm;
     a.timeout = absl::Milliseconds(op.timeout_ms);
-    // With an arena or the direct path the client numbers its ops: the token
-    // is the op's place in its stream (strictly increasing, as the queue
-    // requires of tokens).
-    if (session_->ClientNumbersOps()) a.sequence = op.token;
     return session_->Submit(a);
   }
 
@@ -62,15 +58,7 @@ class SessionBackend final : public OpQueueBackend {
   }
 
   void Touch() override { session_->Touch(); }
-  void SetDirectProbe(std::function<ipc::DirectOpsSnapshot()> probe) override {
-    session_->SetDirectProbe(std::move(probe));
-  }
   absl::Status refusal() const override { return session_->Refusal(); }
-  void ObserveDirect(const ipc::DaemonEnd& end) override {
-    if (session_->info().direct_endpoints.empty()) return;
-    // The header's counter blocks are one array, kind by kind.
-    session_->ObserveDirect(&end.direct_counters(0), end.direct_unsent());
-  }
   bool closed() const override { return session_->closed(); }
   absl::Status health() const override { return session_->health(); }
 
@@ -97,9 +85,6 @@ grpc::Status WorkerService::OpenSession(grpc::ServerContext* ctx,
   a.timeline = req->options().timeline();
   a.ps_shards = req->options().ps_shards();
   a.client_name = req->client_name();
-  a.local_ops = req->local_ops();
-  a.direct_port = req->direct_port() <= 65535 ? req->direct_port() : 0;
-  a.direct_host = req->direct_host();
   auto s = daemon_->OpenSession(a);
   if (!s.ok()) return ToGrpcStatus(s.status());
   const SessionInfo& info = (*s)->info();
@@ -110,16 +95,6 @@ grpc::Status WorkerService::OpenSession(grpc::ServerContext* ctx,
   resp->set_job_algorithm(info.job_algorithm);
   resp->set_op_timeout_ms(absl::ToInt64Milliseconds(info.default_op_timeout));
   resp->set_ps_shards(static_cast<int32_t>(info.ps_shards.size()));
-  if (const std::shared_ptr<JobArena>& arena = (*s)->arena()) {
-    resp->mutable_arena()->set_shm_name(arena->shm_name());
-    resp->mutable_arena()->set_size_bytes(arena->size_bytes());
-  }
-  for (const HostPort& hp : info.direct_endpoints) {
-    v1::Endpoint* e = resp->mutable_direct()->add_endpoints();
-    e->set_host(hp.host);
-    e->set_port(hp.port);
-  }
-  if (!info.direct_endpoints.empty()) resp->mutable_direct()->set_max_bytes(kOneShotMaxBytes);
   return grpc::Status::OK;
 }
 
@@ -173,7 +148,6 @@ grpc::Status WorkerService::Submit(grpc::ServerContext*, const v1::SubmitRequest
     return ToGrpcStatus(absl::InvalidArgumentError("timeout_ms must not be negative"));
   }
   a.timeout = absl::Milliseconds(req->timeout_ms());
-  a.sequence = req->sequence();
   auto id = (*s)->Submit(a);
   if (!id.ok()) return ToGrpcStatus(id.status());
   resp->set_op_id(*id);
