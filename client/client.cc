@@ -21,6 +21,7 @@
 #include "client/shm_op_channel.h"
 #include "collective/algorithm.h"
 #include "collective/op_signature.h"
+#include "collective/planner.h"
 #include "common/clock.h"
 #include "ipc/shared_memory.h"
 #include "common/logging.h"
@@ -299,7 +300,7 @@ absl::StatusOr<OpHandle> Session::SubmitAsync(const CollectiveSpec& spec) {
                          (IsBlockedCollective(spec.kind) ? static_cast<uint64_t>(world_size_) : 1);
   const std::string& algo_name =
       !spec.algorithm.empty() && spec.algorithm != "auto" ? spec.algorithm : job_.algorithm;
-  absl::StatusOr<uint8_t> code = RequestedAlgorithmCode(algo_name, spec.kind, bytes);
+  absl::StatusOr<uint8_t> code = RequestedPlanCode(algo_name, spec.kind, bytes);
   if (!code.ok()) return absl::InvalidArgumentError(absl::StrCat(what(), ": ", code.status().message()));
 
   internal::SubmitArgs args;

@@ -8,17 +8,11 @@
 
 namespace gradsync {
 
-const char* AlgorithmCodeName(uint8_t code) {
+const char* AlgorithmName(Algorithm a) {
   static const char* const kNames[] = {"ring", "rhd", "rd", "tree", "pairwise", "oneshot"};
   static_assert(sizeof(kNames) / sizeof(kNames[0]) == kAlgorithmCount, "a name per algorithm");
-  if (code < kAlgorithmCount) return kNames[code];
-  if (code == kHierarchicalCode) return "hier";
-  if (code == kParameterServerCode) return "ps";
-  return "?";
-}
-
-const char* AlgorithmName(Algorithm a) {
-  return AlgorithmCodeName(static_cast<uint8_t>(a));
+  const auto i = static_cast<size_t>(a);
+  return i < static_cast<size_t>(kAlgorithmCount) ? kNames[i] : "?";
 }
 
 const char* SignaturePatternName(SignaturePattern p) {
@@ -55,32 +49,6 @@ bool Implements(Algorithm a, CollectiveKind k) {
              a == Algorithm::kPairwise || a == Algorithm::kOneShot;
   }
   return false;
-}
-
-absl::StatusOr<uint8_t> RequestedAlgorithmCode(absl::string_view name, CollectiveKind kind,
-                                               uint64_t bytes) {
-  if (name.empty() || name == "auto") return kAutoCode;
-  if (name == "ps" || name == "hier") {
-    if (kind != CollectiveKind::kAllreduce) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "algorithm '", name, "' does not implement ", CollectiveName(kind),
-          name == "ps" ? " (parameter server: allreduce only)" : " (hierarchical: allreduce only)"));
-    }
-    return name == "ps" ? kParameterServerCode : kHierarchicalCode;
-  }
-  absl::StatusOr<Algorithm> algo = ParseAlgorithm(name);
-  if (!algo.ok()) return algo.status();
-  if (!Implements(*algo, kind)) {
-    return absl::InvalidArgumentError(absl::StrCat("algorithm '", name, "' does not implement ",
-                                                   CollectiveName(kind), " (",
-                                                   ImplementingAlgorithms(kind), " do)"));
-  }
-  if (*algo == Algorithm::kOneShot && bytes > kOneShotMaxBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "algorithm 'oneshot' carries at most ", kOneShotMaxBytes, " bytes per rank; this op has ",
-        bytes, " (use auto, or rd/rhd/ring)"));
-  }
-  return static_cast<uint8_t>(*algo);
 }
 
 std::string ImplementingAlgorithms(CollectiveKind k) {

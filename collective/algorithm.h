@@ -1,4 +1,6 @@
 // The collective algorithms, their names, and which collective each implements.
+// (How an op runs, including the paths that are not one algorithm among all
+// ranks, is the planner's: collective/planner.h.)
 //
 // The table in Implements() is the single source of truth: RunCollective
 // (collectives.h) refuses other pairs, and the cost model (cost_model.h) never
@@ -15,16 +17,9 @@
 
 namespace gradsync {
 
-// Algorithm codes carried in op signatures: the Algorithm enum's values, plus
-// the hierarchical path (worker/job_group.h), which is not an Algorithm.
-inline constexpr uint8_t kHierarchicalCode = 100;
-// ... and the parameter-server path (ps/worker_client.h), also not an Algorithm.
-inline constexpr uint8_t kParameterServerCode = 101;
-// No algorithm forced: "" or "auto" (OpSignature::kNoAlgorithm).
+// In an op signature's plan fields: no plan forced (collective/planner.h
+// codes the others).
 inline constexpr uint8_t kAutoCode = 0xff;
-// "ring", "rhd", "rd", "tree", "pairwise", "oneshot", "hier", "ps", or "?"
-// for others.
-const char* AlgorithmCodeName(uint8_t code);
 
 enum class Algorithm : uint8_t {
   kRing = 0,                      // "ring"
@@ -95,15 +90,6 @@ absl::StatusOr<Algorithm> ParseAlgorithm(absl::string_view name);
 //   barrier                      x   x      x          x
 bool Implements(Algorithm a, CollectiveKind k);
 
-// The code of an algorithm requested by name ("" or "auto": kAutoCode) for a
-// `kind` op of `bytes` bytes per rank: every check that depends only on the
-// op itself, so the client SDK and gradsyncd refuse the same requests with
-// the same words. InvalidArgument (without the op's name: callers prefix it)
-// for an unknown name, an algorithm that does not implement `kind`, or
-// oneshot above kOneShotMaxBytes. What depends on the job (hier needs ranks
-// that share a daemon, ps needs shards) is the caller's to check.
-absl::StatusOr<uint8_t> RequestedAlgorithmCode(absl::string_view name, CollectiveKind kind,
-                                               uint64_t bytes);
 // e.g. "ring, rhd, rd, tree" (for error messages).
 std::string ImplementingAlgorithms(CollectiveKind k);
 

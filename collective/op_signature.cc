@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "collective/planner.h"
 
 namespace gradsync {
 
@@ -18,7 +19,7 @@ std::string OpSignature::Describe() const {
   }
   if (IsReducingCollective(kind)) absl::StrAppend(&out, " ", ReduceOpName(op));
   if (IsRootedCollective(kind)) absl::StrAppend(&out, " root ", root);
-  if (forced != kNoAlgorithm) absl::StrAppend(&out, " algo ", AlgorithmCodeName(forced));
+  if (forced != kNoAlgorithm) absl::StrAppend(&out, " algo ", PlanCodeName(forced));
   return out;
 }
 

@@ -130,6 +130,7 @@ absl::StatusOr<std::shared_ptr<Session>> Daemon::OpenSession(const OpenSessionAr
   info.job_algorithm = jresp.options().algorithm();
   for (const auto& e : jresp.ps_shards()) info.ps_shards.push_back(HostPort{e.host(), e.port()});
   info.ps_partition_bytes = options_.ps_partition_bytes;
+  info.planner = options_.planner;
   if (jresp.options().timeline()) {
     info.timeline_path = absl::StrCat(options_.timeline_dir, "/", args.job_id, ".epoch",
                                       info.epoch, ".rank", info.rank, ".trace.json");
@@ -324,7 +325,8 @@ absl::StatusOr<std::shared_ptr<JobGroup>> Daemon::GetOrCreateGroup(
     }
     node_ctx = std::move(*ctx);
   }
-  auto group = std::make_shared<JobGroup>(layout, std::move(node_ctx), link, options_.ring);
+  auto group = std::make_shared<JobGroup>(layout, std::move(node_ctx), link, options_.ring,
+                                          options_.planner.hier_rendezvous_max_bytes);
   entry->group = group;
   entry->ready.Notify();
   GS_LOG(INFO) << "job '" << job_id << "' epoch " << epoch << ": " << layout.local_ranks.size()

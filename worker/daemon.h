@@ -15,6 +15,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "collective/planner.h"
 #include "collective/ring_allreduce.h"
 #include "common/net.h"
 #include "proto/coordinator.grpc.pb.h"
@@ -39,6 +40,7 @@ struct DaemonOptions {
   int spin_us = 1000;   // data-plane progress spins this long before sleeping
   std::string timeline_dir = "/var/lib/gradsync/timeline";  // for jobs with timeline on
   uint64_t ps_partition_bytes = 1 << 20;  // parameter-server partition size
+  PlannerSettings planner;  // how ops are planned (collective/planner.h)
   DaemonObserver* observer = nullptr;  // metrics; not owned, outlives the daemon
 };
 

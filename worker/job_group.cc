@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "collective/op_signature.h"
+#include "collective/planner.h"
 #include "common/clock.h"
 #include "common/logging.h"
 #include "collective/collectives.h"
@@ -17,11 +18,12 @@
 namespace gradsync {
 
 JobGroup::JobGroup(GroupLayout layout, std::unique_ptr<transport::Context> node_ctx,
-                   LinkParams link, RingOptions ring)
+                   LinkParams link, RingOptions ring, size_t small_bytes)
     : layout_(std::move(layout)),
       node_ctx_(std::move(node_ctx)),
       link_(link),
-      ring_(ring) {}
+      ring_(ring),
+      small_bytes_(small_bytes) {}
 
 int JobGroup::LocalIndex(int rank) const {
   auto it = std::find(layout_.local_ranks.begin(), layout_.local_ranks.end(), rank);
@@ -87,7 +89,7 @@ absl::Status JobGroup::CheckLocalSignatures(int rank, uint64_t seq, const std::s
       slot.agreed = SignatureProposal(slot.encoded[0]);
       const bool all_small =
           std::all_of(slot.small.begin(), slot.small.end(), [](auto* p) { return p != nullptr; });
-      if (all_small && slot.agreed == kHierarchicalCode && layout_.nodes == 1) {
+      if (all_small && slot.agreed == kHierarchicalPlanCode && layout_.nodes == 1) {
         const LocalAllreduce a = *slot.small[0];
         std::vector<char*> bufs(local);
         for (int j = 0; j < local; ++j) bufs[j] = slot.small[j]->data;
@@ -117,7 +119,7 @@ absl::Status JobGroup::CheckLocalSignatures(int rank, uint64_t seq, const std::s
     auto finished = [&]() { return slot.compared; };
     (void)mu_.AwaitWithDeadline(absl::Condition(&ready), deadline);
     // Never leave while the last arriver writes into this rank's buffer: a
-    // local reduction of <= kSmallBytes per rank and the completions, well
+    // local reduction of <= small_bytes_ per rank and the completions, well
     // under a second; the bound only guards against a bug.
     if (slot.running &&
         !mu_.AwaitWithDeadline(absl::Condition(&finished), FastNow() + absl::Seconds(30))) {
@@ -202,7 +204,7 @@ absl::Status JobGroup::HierAllreduce(int rank, uint64_t seq, char* data, size_t 
   if (slot.buffers.empty()) slot.buffers.assign(local, nullptr);
   slot.buffers[idx] = data;
   ++slot.arrived;
-  if (count * es <= kSmallBytes) {
+  if (count * es <= small_bytes_) {
     absl::Status s;
     if (slot.arrived < local) {
       s = WaitFor(slot, [&] { return slot.done; }, deadline,

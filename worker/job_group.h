@@ -14,7 +14,7 @@
 //      once by the world size for avg;
 //   D. every other local rank copies the leader's buffer into its own;
 //   E. all leave together (the leader's buffer is read until the last copy).
-// Small messages (<= kSmallBytes) skip the stages: the last local rank to
+// Small messages (<= small_bytes) skip the stages: the last local rank to
 // arrive does B-D alone and wakes the others once (fewer thread hand-offs).
 // Every element is reduced in a fixed order (local ranks ascending within a
 // daemon, then the node-level algorithm's order), so every rank gets the same
@@ -51,15 +51,16 @@ struct GroupLayout {
 
 class JobGroup {
  public:
-  static constexpr size_t kSmallBytes = 256 << 10;
   // How long a local rank waiting for the others polls (yielding the CPU)
   // before it sleeps: the last arriver usually comes within microseconds,
   // and a futex wake-up costs tens of them on a virtual CPU.
   static constexpr absl::Duration kSpin = absl::Microseconds(30);
 
   // `node_ctx` connects the node leaders (null when nodes == 1).
+  // `small_bytes`: the largest allreduce (bytes per rank) the last local rank
+  // runs alone (PlannerSettings::hier_rendezvous_max_bytes).
   JobGroup(GroupLayout layout, std::unique_ptr<transport::Context> node_ctx, LinkParams link,
-           RingOptions ring);
+           RingOptions ring, size_t small_bytes);
 
   const GroupLayout& layout() const { return layout_; }
 
@@ -80,7 +81,7 @@ class JobGroup {
   // (collective/op_signature.h CompareSignatures).
   // `agreed` receives rank 0's proposal on success.
   //
-  // `small`: a hierarchical allreduce of at most kSmallBytes, done in this
+  // `small`: a hierarchical allreduce of at most small_bytes, done in this
   // same rendezvous when every rank passes one and rank 0 proposed "hier": the
   // last rank to arrive reduces every buffer in rank order, divides for avg,
   // copies the result to all and calls every rank's `complete` (tells its
@@ -128,6 +129,7 @@ class JobGroup {
   std::unique_ptr<transport::Context> node_ctx_;  // leader thread only
   const LinkParams link_;
   const RingOptions ring_;
+  const size_t small_bytes_;
   std::vector<char> scratch_;  // leader only
 
   absl::Mutex mu_;

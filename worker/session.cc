@@ -36,13 +36,10 @@ Session::Session(SessionInfo info, std::unique_ptr<transport::Context> ctx,
       ctx_(std::move(ctx)),
       ring_options_(ring_options),
       group_(std::move(group)),
-      stream_tuner_(ctx_ != nullptr ? ctx_->streams() : 1,
-                    ctx_ != nullptr ? ctx_->active_streams() : 1),
       observer_(observer),
       peer_sent_(info_.world_size, 0),
       peer_received_(info_.world_size, 0),
-      peer_retrans_(info_.world_size, 0),
-      link_(info_.link) {
+      peer_retrans_(info_.world_size, 0) {
   if (observer_ != nullptr) observer_->OnSessionOpened(info_.job_id);
   if (!info_.ps_shards.empty()) {
     ps::PsWorkerOptions po;
@@ -57,6 +54,14 @@ Session::Session(SessionInfo info, std::unique_ptr<transport::Context> ctx,
                       << w.status().message();
     }
   }
+  PlanTopology topology;
+  topology.world = info_.world_size;
+  topology.nodes = group_ != nullptr ? group_->layout().nodes : info_.world_size;
+  topology.shares_daemons = group_ != nullptr;
+  topology.ps_shards = ps_ != nullptr ? ps_->shards() : 0;
+  topology.streams = ctx_ != nullptr ? ctx_->streams() : 1;
+  topology.probe_streams = ctx_ != nullptr ? ctx_->active_streams() : 1;
+  planner_ = std::make_unique<Planner>(info_.planner, topology, info_.link);
   if (!info_.timeline_path.empty()) {
     auto t = Timeline::Open(info_.timeline_path, info_.rank,
                             absl::StrCat("rank ", info_.rank, " (job ", info_.job_id, ")"));
@@ -227,22 +232,18 @@ absl::StatusOr<uint64_t> Session::Enqueue(const SubmitArgs& a,
   const absl::string_view algo_name = !a.algorithm.empty() && a.algorithm != "auto"
                                           ? a.algorithm
                                           : absl::string_view(info_.job_algorithm);
-  absl::StatusOr<uint8_t> code = RequestedAlgorithmCode(algo_name, a.kind, bytes);
+  absl::StatusOr<uint8_t> code = RequestedPlanCode(algo_name, a.kind, bytes);
   if (!code.ok()) return absl::InvalidArgumentError(absl::StrCat(what(), ": ", code.status().message()));
-  std::optional<Algorithm> forced;
-  const bool hier = *code == kHierarchicalCode;
-  const bool use_ps = *code == kParameterServerCode;
-  if (use_ps && ps_ == nullptr) {
+  if (*code == kParameterServerPlanCode && ps_ == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(
         what(), ": algorithm 'ps' needs parameter-server shards; job '", info_.job_id,
         "' has none (create it with ps_shards > 0 and start gradsync-ps)"));
   }
-  if (hier && group_ == nullptr) {
+  if (*code == kHierarchicalPlanCode && group_ == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(
         what(), ": algorithm 'hier' needs ranks that share a daemon; job '", info_.job_id,
         "' has one rank per daemon"));
   }
-  if (*code < kAlgorithmCount) forced = static_cast<Algorithm>(*code);
   if (a.timeout < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("negative op timeout");
   }
@@ -283,9 +284,7 @@ absl::StatusOr<uint64_t> Session::Enqueue(const SubmitArgs& a,
   op->sig.count = a.count;
   op->sig.name.assign(a.name.data(), a.name.size());
   op->sig.root = IsRootedCollective(a.kind) ? a.root : 0;
-  op->forced = forced;
-  op->hier = hier;
-  op->ps = use_ps;
+  op->sig.forced = *code;
   if (!no_buffer) op->buffer = it->second;
   op->offset = a.offset_bytes;
   op->submitted = FastNow();
@@ -568,29 +567,6 @@ const std::string& Session::PeerName(int p) {
   return peer_names_[p];
 }
 
-void Session::ObserveSmallOp(CollectiveKind kind, Algorithm algo, size_t bytes,
-                             absl::Duration took) {
-  if (kind != CollectiveKind::kAllreduce || bytes > kOneShotMaxBytes ||
-      (algo != Algorithm::kOneShot && algo != Algorithm::kRecursiveDoubling)) {
-    return;
-  }
-  // The fastest of a window: waiting for a straggler only ever adds time.
-  const double us = absl::ToDoubleMicroseconds(took);
-  if (alpha_window_count_ == 0 || us < alpha_window_best_us_) {
-    alpha_window_best_us_ = us;
-    alpha_window_algo_ = algo;
-    alpha_window_bytes_ = bytes;
-  }
-  if (++alpha_window_count_ < kAlphaWindow) return;
-  const double before = link_.alpha_us;
-  link_ = RefineAlphaFromObservation(link_, kind, alpha_window_algo_, alpha_window_bytes_,
-                                     info_.world_size, alpha_window_best_us_);
-  GS_LOG(DEBUG) << "job '" << info_.job_id << "' rank " << info_.rank << ": latency estimate "
-                << before << " -> " << link_.alpha_us << " us (fastest of " << kAlphaWindow
-                << " small ops: " << alpha_window_best_us_ << " us)";
-  alpha_window_count_ = 0;
-}
-
 absl::Status Session::RunOp(Op& op) {
   // Only errors and debug logs use it: built on demand, not for every op.
   auto what = [&op] { return absl::StrCat(op.sig.Describe(), " (op ", op.seq, ")"); };
@@ -603,55 +579,18 @@ absl::Status Session::RunOp(Op& op) {
     return absl::Status(pre.code(), absl::StrCat(what(), " not run at rank ", info_.rank,
                                                  ": the epoch failed earlier: ", pre.message()));
   }
-  // This rank's proposal: the forced algorithm, the hierarchical path when
-  // ranks share daemons, else the cost model on this rank's (refined) link
-  // estimate. Every rank runs rank 0's proposal. Whether the op runs oneshot
-  // (its data rides on the signature exchange) must be decided before that
-  // exchange, by every rank alike: from the signature and the link measured
-  // when the job formed, which are equal on every rank.
   const size_t bytes =
       CollectiveBufferBytes(op.sig.kind, op.sig.count, op.sig.dtype, info_.world_size);
-  if (op.hier) {
-    op.sig.forced = kHierarchicalCode;
-  } else if (op.ps) {
-    op.sig.forced = kParameterServerCode;
-  } else if (op.forced.has_value()) {
-    op.sig.forced = static_cast<uint8_t>(*op.forced);
-  }
-  const bool local_check = group_ != nullptr && group_->layout().nodes == 1;
-  constexpr uint8_t kOneShotCode = static_cast<uint8_t>(Algorithm::kOneShot);
-  const LinkParams& link = link_;
-  bool fused = false;
-  if (op.sig.forced != OpSignature::kNoAlgorithm) {
-    op.sig.proposal = op.sig.forced;
-    fused = op.sig.forced == kOneShotCode && !local_check;
-  } else if (group_ != nullptr &&
-             PreferHierarchical(op.sig.kind, Topology{info_.world_size, group_->layout().nodes})) {
-    op.sig.proposal = kHierarchicalCode;
-  } else if (!local_check &&
-             oneshot_memo_.Choose(op.sig.kind, bytes, info_.world_size, info_.link) ==
-                 Algorithm::kOneShot) {
-    op.sig.proposal = kOneShotCode;
-    fused = true;
-  } else if (ps_ != nullptr && op.sig.kind == CollectiveKind::kAllreduce &&
-             PreferParameterServer(bytes, info_.world_size, ps_->shards(), link)) {
-    op.sig.proposal = kParameterServerCode;
-  } else {
-    op.sig.proposal = static_cast<uint8_t>(algorithm_memo_.Choose(
-        op.sig.kind, bytes, info_.world_size, link, /*allow_oneshot=*/local_check));
-  }
-  // Large bandwidth-bound ops carry this rank's stream count proposal (rank
-  // 0's wins, see collective/stream_tuner.h); others keep the current count.
-  const bool tune_streams = ctx_ != nullptr && !local_check && !op.hier &&
-                            !op.ps && ctx_->streams() > 1 && StreamTuner::Large(bytes) &&
-                            (op.sig.kind == CollectiveKind::kAllreduce ||
-                             op.sig.kind == CollectiveKind::kReduceScatter ||
-                             op.sig.kind == CollectiveKind::kAllgather);
-  op.sig.streams = tune_streams ? static_cast<uint8_t>(stream_tuner_.Propose()) : 0;
+  // This rank's plan (collective/planner.h); every rank runs rank 0's.
+  const Plan mine = planner_->Propose(op.sig.kind, bytes, op.sig.forced);
+  op.sig.proposal = mine.Code();
+  op.sig.streams = mine.streams;
+  const bool one_daemon = group_ != nullptr && group_->layout().nodes == 1;
+  // Whether the data ride on the signature exchange: decided alike on every
+  // rank (the planner's fused choice), so it needs no agreement.
+  const bool fused = mine.fused() && !one_daemon;
   uint8_t agreed_streams = 0;
   char* const data = op.buffer != nullptr ? op.buffer->data() + op.offset : nullptr;
-  // With every rank on this daemon, compare signatures in memory; a small
-  // hierarchical allreduce is done in the same rendezvous.
   const absl::Time negotiate_start = FastNow();
   uint8_t agreed = OpSignature::kNoAlgorithm;
   absl::Status s;
@@ -660,20 +599,21 @@ absl::Status Session::RunOp(Op& op) {
     absl::MutexLock l(&mu_);
     current_arrived_.push_back(rank);
   };
-  if (local_check) {
+  if (one_daemon) {
+    // Every rank on this daemon: signatures meet in memory, and a small
+    // hierarchical allreduce is done in the same rendezvous.
     const std::string encoded = op.sig.Encode();
     JobGroup::LocalAllreduce small;
-    const bool small_hier = op.sig.proposal == kHierarchicalCode &&
-                            op.sig.kind == CollectiveKind::kAllreduce &&
-                            bytes <= JobGroup::kSmallBytes;
+    const bool small_hier = mine.path == PlanPath::kHierarchical &&
+                            planner_->HierRendezvous(op.sig.kind, bytes);
     if (small_hier) {
       small = {data, op.sig.count, op.sig.dtype, op.sig.op};
       // The last rank to arrive tells this rank's client right after the
       // reduction, from its own thread: one wake-up less on the way back.
-      small.complete = [this, &op] {
+      small.complete = [this, &op, name = mine.Name()] {
         {
           absl::MutexLock l(&mu_);
-          op.outcome.algorithm = AlgorithmCodeName(kHierarchicalCode);
+          op.outcome.algorithm = name;
         }
         bool newly_failed = false;
         OpOutcome outcome;
@@ -683,7 +623,8 @@ absl::Status Session::RunOp(Op& op) {
     s = group_->CheckLocalSignatures(info_.rank, op.seq, encoded, op.deadline, &agreed,
                                      small_hier ? &small : nullptr);
     // A barrier needs nothing more than that rendezvous of every rank.
-    done = small.done || (s.ok() && op.sig.kind == CollectiveKind::kBarrier && agreed == kOneShotCode);
+    done = small.done || (s.ok() && op.sig.kind == CollectiveKind::kBarrier &&
+                          agreed == static_cast<uint8_t>(Algorithm::kOneShot));
   } else {
     FusedAllreduce small;
     const bool with_data = fused && op.sig.kind == CollectiveKind::kAllreduce;
@@ -694,93 +635,41 @@ absl::Status Session::RunOp(Op& op) {
     if (s.ok() && agreed_streams > 0) ctx_->UseStreams(agreed_streams);
     done = s.ok() && fused;
   }
-  if (s.ok() && agreed != kHierarchicalCode && agreed != kParameterServerCode &&
-      agreed >= kAlgorithmCount) {
-    s = absl::DataLossError(absl::StrCat("rank 0 proposed unknown algorithm code ", agreed));
-  }
-  if (s.ok() && done) {
-    arrival_wait_ = FastNow() - negotiate_start;
-    TraceEvent(AlgorithmCodeName(agreed), "op", negotiate_start);
-    if (fused) ObserveSmallOp(op.sig.kind, Algorithm::kOneShot, bytes, arrival_wait_);
-    GS_LOG(DEBUG) << "job '" << info_.job_id << "' rank " << info_.rank << " " << op.sig.Describe()
-                  << " (op " << op.seq << "): algorithm " << AlgorithmCodeName(agreed)
-                  << (fused ? " (data sent with the signatures)" : " (done in the local rendezvous)");
-    absl::MutexLock l(&mu_);
-    op.outcome.algorithm = AlgorithmCodeName(agreed);
-    return s;
+  Plan plan;
+  if (s.ok()) {
+    absl::StatusOr<Plan> p = PlanFromCode(agreed);
+    if (p.ok()) {
+      plan = *p;
+    } else {
+      s = absl::Status(p.status().code(), absl::StrCat("rank 0 proposed ", p.status().message()));
+    }
   }
   arrival_wait_ = FastNow() - negotiate_start;
+  if (s.ok() && done) {
+    TraceEvent(plan.Name(), "op", negotiate_start);
+    if (fused) {
+      planner_->Observe(plan, op.sig.kind, bytes, 0, absl::ToDoubleMicroseconds(arrival_wait_),
+                        absl::ToDoubleMicroseconds(arrival_wait_), info_.rank == 0);
+    }
+    GS_LOG(DEBUG) << "job '" << info_.job_id << "' rank " << info_.rank << " " << what()
+                  << ": plan " << plan.Name()
+                  << (fused ? " (data sent with the signatures)" : " (done in the local rendezvous)");
+    absl::MutexLock l(&mu_);
+    op.outcome.algorithm = plan.Name();
+    return s;
+  }
   TraceEvent("negotiate", "op", negotiate_start);
   const absl::Time run_start = TraceNow();
-  const absl::Time op_run_start = FastNow();
+  if (s.ok()) s = RunPlan(op, plan, mine, data);
+  TraceEvent(plan.Name(), "op", run_start);
   if (s.ok()) {
-    const bool hier = agreed == kHierarchicalCode;
-    const bool use_ps = agreed == kParameterServerCode;
-    if (hier && group_ == nullptr) {
-      s = absl::FailedPreconditionError("rank 0 chose the hierarchical path; this rank has no group");
-    }
-    if (use_ps && ps_ == nullptr) {
-      s = absl::FailedPreconditionError("rank 0 chose the parameter server; this rank has no shards");
-    }
-    const Algorithm algo = (hier || use_ps) ? Algorithm::kRing : static_cast<Algorithm>(agreed);
-    if (!s.ok()) return s;
-    if (!hier && !use_ps && !Implements(algo, op.sig.kind)) {
-      return absl::InvalidArgumentError(absl::StrCat("rank 0 chose '", AlgorithmName(algo),
-                                                     "', which does not implement ",
-                                                     CollectiveName(op.sig.kind)));
-    }
-    {
-      absl::MutexLock l(&mu_);
-      op.outcome.algorithm = AlgorithmCodeName(agreed);
-      GS_LOG(DEBUG) << "job '" << info_.job_id << "' rank " << info_.rank << " " << what()
-                    << ": algorithm " << op.outcome.algorithm << " (rank 0's proposal; this rank "
-                    << "proposed " << AlgorithmCodeName(op.sig.proposal)
-                    << (op.sig.forced != OpSignature::kNoAlgorithm ? ", forced" : "") << ")";
-      current_phase_ = absl::StrCat("running ", op.outcome.algorithm);
-      current_arrived_.clear();
-      for (int r = 0; r < info_.world_size; ++r) current_arrived_.push_back(r);
-    }
-    CollectiveCall call;
-    call.kind = op.sig.kind;
-    call.data = data;
-    call.count = op.sig.count;
-    call.dtype = op.sig.dtype;
-    call.op = op.sig.op;
-    call.root = op.sig.root;
-    call.seq = op.seq;
-    call.deadline = op.deadline;
-    call.ring = ring_options_;
-    if (hier) {
-      s = group_->HierAllreduce(info_.rank, op.seq, static_cast<char*>(call.data), call.count,
-                                call.dtype, call.op, call.deadline);
-    } else if (use_ps) {
-      s = ps_->PushPull(op.seq, call.data, call.count, call.dtype, call.op, info_.world_size,
-                        info_.rank, info_.ps_partition_bytes, slicer_, call.deadline);
-    } else {
-      s = RunCollective(*ctx_, call, algo, &scratch_);
-    }
-    TraceEvent(AlgorithmCodeName(agreed), "op", run_start);
-    if (s.ok() && !hier && !use_ps) {  // refine this rank's link estimate from what it just saw
-      const double took_us = absl::ToDoubleMicroseconds(FastNow() - op_run_start);
-      link_ = RefineFromObservation(link_, op.sig.kind, algo, bytes, info_.world_size, took_us);
-      if (agreed_streams > 0 && info_.rank == 0 &&
-          (algo == Algorithm::kRing || algo == Algorithm::kRecursiveHalvingDoubling)) {
-        const int before = stream_tuner_.choice();
-        stream_tuner_.Observe(agreed_streams, bytes, took_us);
-        if (stream_tuner_.one_us_per_byte() > 0 && stream_tuner_.all_us_per_byte() > 0 &&
-            (stream_tuner_.choice() != before || !streams_reported_)) {
-          streams_reported_ = true;
-          GS_LOG(INFO) << "job '" << info_.job_id << "': large ops on 1 TCP stream "
-                       << 1e-3 / stream_tuner_.one_us_per_byte() << " GB/s, on "
-                       << ctx_->streams() << " " << 1e-3 / stream_tuner_.all_us_per_byte()
-                       << " GB/s (per rank, tried on ops of " << bytes << " bytes); using "
-                       << stream_tuner_.choice();
-        }
-      }
-      ObserveSmallOp(op.sig.kind, algo, bytes, FastNow() - negotiate_start);
-    }
+    const std::string line = planner_->Observe(
+        plan, op.sig.kind, bytes, agreed_streams,
+        absl::ToDoubleMicroseconds(FastNow() - negotiate_start),
+        absl::ToDoubleMicroseconds(arrival_wait_), info_.rank == 0);
+    if (!line.empty()) GS_LOG(INFO) << "job '" << info_.job_id << "': " << line;
+    return s;
   }
-  if (s.ok()) return s;
   if (absl::IsInvalidArgument(s)) {  // signature mismatch: the streams are intact
     GS_LOG(WARNING) << "job '" << info_.job_id << "' rank " << info_.rank << ": " << s.message();
     return s;
@@ -792,6 +681,54 @@ absl::Status Session::RunOp(Op& op) {
   GS_LOG(WARNING) << "job '" << info_.job_id << "' epoch " << info_.epoch << ": "
                   << annotated.message();
   return annotated;
+}
+
+absl::Status Session::RunPlan(Op& op, const Plan& plan, const Plan& mine, char* data) {
+  const bool hier = plan.path == PlanPath::kHierarchical;
+  const bool use_ps = plan.path == PlanPath::kParameterServer;
+  if (hier && group_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "rank 0 chose the hierarchical path; this rank has no group");
+  }
+  if (use_ps && ps_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "rank 0 chose the parameter server; this rank has no shards");
+  }
+  if (!hier && !use_ps && !Implements(plan.algorithm, op.sig.kind)) {
+    return absl::InvalidArgumentError(absl::StrCat("rank 0 chose '", plan.Name(),
+                                                   "', which does not implement ",
+                                                   CollectiveName(op.sig.kind)));
+  }
+  {
+    absl::MutexLock l(&mu_);
+    op.outcome.algorithm = plan.Name();
+    GS_LOG(DEBUG) << "job '" << info_.job_id << "' rank " << info_.rank << " "
+                  << op.sig.Describe() << " (op " << op.seq << "): plan " << plan.Name()
+                  << " (rank 0's proposal; this rank proposed " << mine.Name()
+                  << (op.sig.forced != OpSignature::kNoAlgorithm ? ", forced" : "") << ")";
+    current_phase_ = absl::StrCat("running ", plan.Name());
+    current_arrived_.clear();
+    for (int r = 0; r < info_.world_size; ++r) current_arrived_.push_back(r);
+  }
+  if (hier) {
+    return group_->HierAllreduce(info_.rank, op.seq, data, op.sig.count, op.sig.dtype, op.sig.op,
+                                 op.deadline);
+  }
+  if (use_ps) {
+    return ps_->PushPull(op.seq, data, op.sig.count, op.sig.dtype, op.sig.op, info_.world_size,
+                         info_.rank, info_.ps_partition_bytes, slicer_, op.deadline);
+  }
+  CollectiveCall call;
+  call.kind = op.sig.kind;
+  call.data = data;
+  call.count = op.sig.count;
+  call.dtype = op.sig.dtype;
+  call.op = op.sig.op;
+  call.root = op.sig.root;
+  call.seq = op.seq;
+  call.deadline = op.deadline;
+  call.ring = ring_options_;
+  return RunCollective(*ctx_, call, plan.algorithm, &scratch_);
 }
 
 }  // namespace gradsync

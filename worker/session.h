@@ -31,6 +31,7 @@
 #include "collective/algorithm.h"
 #include "collective/collectives.h"
 #include "collective/cost_model.h"
+#include "collective/planner.h"
 #include "collective/op_signature.h"
 #include "collective/signature_exchange.h"
 #include "collective/ring_allreduce.h"
@@ -61,6 +62,7 @@ struct SessionInfo {
   std::string timeline_path;  // non-empty: write the job's timeline for this rank here
   std::vector<HostPort> ps_shards;  // the epoch's gradsync-ps shards (algo "ps")
   uint64_t ps_partition_bytes = 1 << 20;
+  PlannerSettings planner;  // the daemon's
 };
 
 // What a session is doing, for `gradsync status` (answers "which rank is
@@ -176,9 +178,6 @@ class Session {
     OpSignature sig;
     std::shared_ptr<ShmSegment> buffer;  // null for a buffer-less barrier
     uint64_t offset = 0;
-    std::optional<Algorithm> forced;
-    bool hier = false;  // forced "hier"
-    bool ps = false;    // forced "ps"
     absl::Time submitted;
     absl::Time started;  // set under mu_ when the executor takes it
     absl::Time deadline;
@@ -191,15 +190,13 @@ class Session {
   // The executor's next op, or null to look again (closing, or idle a while).
   std::shared_ptr<Op> NextOp(absl::Time last_active);  // takes submissions from the feed
   absl::Status RunOp(Op& op);
+  // Runs the agreed `plan` on the op's data (after the signature exchange).
+  absl::Status RunPlan(Op& op, const Plan& plan, const Plan& mine, char* data);
   // Submit's work under mu_; `wake` receives the feed to ring if the executor
   // sleeps on it.
   absl::StatusOr<uint64_t> Enqueue(const SubmitArgs& args, std::shared_ptr<SubmissionFeed>* wake);
   // Rings the feed if the executor sleeps on it (no locks held).
   void WakeExecutor();
-  // Refreshes link_'s latency from the fastest of every kAlphaWindow small
-  // allreduces (executor thread).
-  void ObserveSmallOp(CollectiveKind kind, Algorithm algo, size_t bytes, absl::Duration took);
-  static constexpr int kAlphaWindow = 32;
   // Records the outcome and tells the client (the completion listener), once:
   // false if the op was already finished (by another local rank's thread,
   // for a small hierarchical op); `outcome` then receives what was posted.
@@ -225,14 +222,7 @@ class Session {
   const std::shared_ptr<JobGroup> group_;
   std::vector<char> scratch_;    // executor thread only
   SignatureScratch sig_scratch_;  // executor thread only: CheckSignatures' memory, kept across ops
-  // Executor thread only: the cost model's answers per op shape, for the
-  // oneshot decision (on the link agreed at the probe) and for the proposal
-  // (on this rank's refined link).
-  AlgorithmMemo oneshot_memo_;
-  AlgorithmMemo algorithm_memo_;
-  // The stream count of large ops (executor thread only; rank 0's decides).
-  StreamTuner stream_tuner_;
-  bool streams_reported_ = false;  // executor thread only
+  std::unique_ptr<Planner> planner_;  // executor thread only
 
   mutable absl::Mutex mu_;
   std::map<uint64_t, std::shared_ptr<ShmSegment>> buffers_ ABSL_GUARDED_BY(mu_);
@@ -268,11 +258,6 @@ class Session {
   absl::Time last_completed_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   absl::Duration arrival_wait_;  // executor thread only: of the last op
   std::unique_ptr<Timeline> timeline_;  // null unless the job's timeline is on
-  LinkParams link_;  // executor thread only: info_.link, refined from observed transfers
-  int alpha_window_count_ = 0;  // executor thread only: ObserveSmallOp's window
-  double alpha_window_best_us_ = 0;
-  Algorithm alpha_window_algo_ = Algorithm::kOneShot;
-  size_t alpha_window_bytes_ = 0;
   std::unique_ptr<ps::PsWorker> ps_;  // null unless the job has PS shards
   ps::BalancedSlicer slicer_;
   std::thread executor_;

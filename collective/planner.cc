@@ -1,0 +1,154 @@
+#include "collective/planner.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace gradsync {
+
+const char* Plan::Name() const {
+  switch (path) {
+    case PlanPath::kHierarchical: return "hier";
+    case PlanPath::kParameterServer: return "ps";
+    case PlanPath::kFlat: break;
+  }
+  return AlgorithmName(algorithm);
+}
+
+uint8_t Plan::Code() const {
+  switch (path) {
+    case PlanPath::kHierarchical: return kHierarchicalPlanCode;
+    case PlanPath::kParameterServer: return kParameterServerPlanCode;
+    case PlanPath::kFlat: break;
+  }
+  return static_cast<uint8_t>(algorithm);
+}
+
+absl::StatusOr<Plan> PlanFromCode(uint8_t code) {
+  Plan plan;
+  if (code < kAlgorithmCount) {
+    plan.algorithm = static_cast<Algorithm>(code);
+  } else if (code == kHierarchicalPlanCode) {
+    plan.path = PlanPath::kHierarchical;
+  } else if (code == kParameterServerPlanCode) {
+    plan.path = PlanPath::kParameterServer;
+  } else {
+    return absl::DataLossError(absl::StrCat("unknown plan code ", code));
+  }
+  return plan;
+}
+
+const char* PlanCodeName(uint8_t code) {
+  if (code == kAutoCode) return "auto";
+  absl::StatusOr<Plan> plan = PlanFromCode(code);
+  return plan.ok() ? plan->Name() : "?";
+}
+
+absl::StatusOr<uint8_t> RequestedPlanCode(absl::string_view name, CollectiveKind kind,
+                                          uint64_t bytes) {
+  if (name.empty() || name == "auto") return kAutoCode;
+  if (name == "ps" || name == "hier") {
+    if (kind != CollectiveKind::kAllreduce) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "algorithm '", name, "' does not implement ", CollectiveName(kind),
+          name == "ps" ? " (parameter server: allreduce only)" : " (hierarchical: allreduce only)"));
+    }
+    return name == "ps" ? kParameterServerPlanCode : kHierarchicalPlanCode;
+  }
+  absl::StatusOr<Algorithm> algo = ParseAlgorithm(name);
+  if (!algo.ok()) return algo.status();
+  if (!Implements(*algo, kind)) {
+    return absl::InvalidArgumentError(absl::StrCat("algorithm '", name, "' does not implement ",
+                                                   CollectiveName(kind), " (",
+                                                   ImplementingAlgorithms(kind), " do)"));
+  }
+  if (*algo == Algorithm::kOneShot && bytes > kOneShotMaxBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "algorithm 'oneshot' carries at most ", kOneShotMaxBytes, " bytes per rank; this op has ",
+        bytes, " (use auto, or rd/rhd/ring)"));
+  }
+  return static_cast<uint8_t>(*algo);
+}
+
+Planner::Planner(PlannerSettings settings, PlanTopology topology, LinkParams agreed_link)
+    : settings_(settings),
+      topology_(topology),
+      agreed_link_(agreed_link),
+      link_(agreed_link),
+      streams_(topology.streams, topology.probe_streams) {}
+
+Plan Planner::Propose(CollectiveKind kind, size_t bytes, uint8_t forced) {
+  const int world = topology_.world;
+  // Every rank on this daemon: the signatures meet in memory, so nothing
+  // rides on a network exchange, and oneshot is one algorithm among others.
+  const bool one_daemon = topology_.shares_daemons && topology_.nodes == 1;
+  Plan plan;
+  if (forced != kAutoCode) {
+    absl::StatusOr<Plan> p = PlanFromCode(forced);
+    if (p.ok()) plan = *p;  // the caller validated the code (RequestedPlanCode)
+  } else if (topology_.shares_daemons &&
+             PreferHierarchical(kind, Topology{world, topology_.nodes})) {
+    plan.path = PlanPath::kHierarchical;
+  } else if (!one_daemon && bytes <= settings_.oneshot_max_bytes &&
+             fused_memo_.Choose(kind, bytes, world, agreed_link_) == Algorithm::kOneShot) {
+    plan.algorithm = Algorithm::kOneShot;  // decided on the agreed link: alike everywhere
+  } else if (topology_.ps_shards > 0 && kind == CollectiveKind::kAllreduce &&
+             PreferParameterServer(bytes, world, topology_.ps_shards, link_)) {
+    plan.path = PlanPath::kParameterServer;
+  } else {
+    plan.algorithm = memo_.Choose(kind, bytes, world, link_, /*allow_oneshot=*/one_daemon);
+  }
+  // Large bandwidth-bound flat ops carry this rank's stream count proposal.
+  const bool tune = plan.path == PlanPath::kFlat && !one_daemon && topology_.streams > 1 &&
+                    bytes >= settings_.stream_tuning_min_bytes &&
+                    (kind == CollectiveKind::kAllreduce || kind == CollectiveKind::kReduceScatter ||
+                     kind == CollectiveKind::kAllgather);
+  plan.streams = tune ? static_cast<uint8_t>(streams_.Propose()) : 0;
+  return plan;
+}
+
+std::string Planner::Observe(const Plan& plan, CollectiveKind kind, size_t bytes, uint8_t streams,
+                             double took_us, double exchange_us, bool rank0) {
+  if (plan.path != PlanPath::kFlat) return "";
+  const int world = topology_.world;
+  if (plan.fused()) {
+    ObserveSmallOp(kind, Algorithm::kOneShot, bytes, exchange_us);
+    return "";
+  }
+  const double run_us = took_us - exchange_us;
+  link_ = RefineFromObservation(link_, kind, plan.algorithm, bytes, world, run_us);
+  std::string line;
+  if (streams > 0 && rank0 &&
+      (plan.algorithm == Algorithm::kRing ||
+       plan.algorithm == Algorithm::kRecursiveHalvingDoubling)) {
+    const int before = streams_.choice();
+    streams_.Observe(streams, bytes, run_us);
+    if (streams_.one_us_per_byte() > 0 && streams_.all_us_per_byte() > 0 &&
+        (streams_.choice() != before || !streams_reported_)) {
+      streams_reported_ = true;
+      line = absl::StrCat("large ops on 1 TCP stream ", 1e-3 / streams_.one_us_per_byte(),
+                          " GB/s, on ", topology_.streams, " ", 1e-3 / streams_.all_us_per_byte(),
+                          " GB/s (per rank, tried on ops of ", bytes, " bytes); using ",
+                          streams_.choice());
+    }
+  }
+  ObserveSmallOp(kind, plan.algorithm, bytes, took_us);
+  return line;
+}
+
+void Planner::ObserveSmallOp(CollectiveKind kind, Algorithm algo, size_t bytes, double took_us) {
+  if (kind != CollectiveKind::kAllreduce || bytes > kOneShotMaxBytes ||
+      (algo != Algorithm::kOneShot && algo != Algorithm::kRecursiveDoubling)) {
+    return;
+  }
+  // The fastest of a window: waiting for a straggler only ever adds time.
+  if (alpha_count_ == 0 || took_us < alpha_best_us_) {
+    alpha_best_us_ = took_us;
+    alpha_algo_ = algo;
+    alpha_bytes_ = bytes;
+  }
+  if (++alpha_count_ < settings_.alpha_window) return;
+  link_ = RefineAlphaFromObservation(link_, kind, alpha_algo_, alpha_bytes_, topology_.world,
+                                     alpha_best_us_);
+  alpha_count_ = 0;
+}
+
+}  // namespace gradsync
