@@ -1,6 +1,8 @@
 // Every collective x every algorithm that implements it x world sizes x counts
-// x dtypes x ops, over real TCP sockets on loopback (one thread per rank), all
-// compared bit-exact.
+// x dtypes x ops, over every transport device (real TCP sockets on loopback
+// and the in-process device; one thread per rank), all compared bit-exact;
+// and what the algorithms do with a lost peer, a truncated message and a
+// slow peer (injected by the in-process device).
 //
 // How the expected values are made:
 //   * Ring reductions (allreduce, reduce_scatter, reduce with "ring"): random
@@ -31,6 +33,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "collective/reference.h"
 #include "collective/test_cluster.h"
@@ -40,6 +43,8 @@ namespace gradsync {
 namespace {
 
 using testing::Cluster;
+using testing::DeviceKind;
+using testing::DeviceName;
 using testing::IntegerValuedData;
 using testing::MakeCluster;
 using testing::RandomData;
@@ -62,11 +67,11 @@ struct World {
 
 class Worlds : public ::testing::Environment {
  public:
-  static World& Get(int n) {
-    auto& w = map()[n];
+  static World& Get(int n, DeviceKind device = DeviceKind::kTcp) {
+    auto& w = map()[{device, n}];
     if (w == nullptr) {
       w = std::make_unique<World>();
-      w->cluster = MakeCluster(n, absl::StrCat("collectives-", n));
+      w->cluster = MakeCluster(n, absl::StrCat("collectives-", n), device);
       w->scratch.resize(n);
     }
     return *w;
@@ -74,8 +79,8 @@ class Worlds : public ::testing::Environment {
   void TearDown() override { map().clear(); }
 
  private:
-  static std::map<int, std::unique_ptr<World>>& map() {
-    static auto* m = new std::map<int, std::unique_ptr<World>>();
+  static std::map<std::pair<DeviceKind, int>, std::unique_ptr<World>>& map() {
+    static auto* m = new std::map<std::pair<DeviceKind, int>, std::unique_ptr<World>>();
     return *m;
   }
 };
@@ -124,8 +129,8 @@ std::vector<absl::Status> RunEverywhere(World& w, const Case& c, uint64_t seq,
 }
 
 // Runs `c` on every rank of the world of `n` and checks every rank's result.
-void RunAndCheck(int n, const Case& c) {
-  World& w = Worlds::Get(n);
+void RunAndCheck(int n, const Case& c, DeviceKind device = DeviceKind::kTcp) {
+  World& w = Worlds::Get(n, device);
   ASSERT_EQ(w.cluster.size(), n);
   const uint64_t seq = ++w.seq;
   const size_t es = DTypeSize(c.dtype);
@@ -150,7 +155,7 @@ void RunAndCheck(int n, const Case& c) {
     }
   }
   const std::vector<absl::Status> st = RunEverywhere(w, c, seq, bufs);
-  const std::string what = Describe(c, n);
+  const std::string what = absl::StrCat(DeviceName(device), ": ", Describe(c, n));
   for (int r = 0; r < n; ++r) ASSERT_TRUE(st[r].ok()) << what << " rank " << r << ": " << st[r];
 
   for (int r = 0; r < n; ++r) {
@@ -194,7 +199,7 @@ void RunAndCheck(int n, const Case& c) {
 // (ops only for reducing collectives). Rooted collectives rotate the root.
 void Sweep(CollectiveKind kind, const std::vector<DType>& dtypes, const std::vector<ReduceOp>& ops,
            const std::vector<size_t>& counts, const std::vector<int>& worlds,
-           const RingOptions& ring = RingOptions{}) {
+           const RingOptions& ring = RingOptions{}, DeviceKind device = DeviceKind::kTcp) {
   const std::vector<ReduceOp> sum_only = {ReduceOp::kSum};
   for (Algorithm algo : AlgorithmsFor(kind)) {
     for (int n : worlds) {
@@ -213,7 +218,7 @@ void Sweep(CollectiveKind kind, const std::vector<DType>& dtypes, const std::vec
             c.count = count;
             c.root = IsRootedCollective(kind) ? static_cast<int>((count + 1) % n) : 0;
             c.ring = ring;
-            ASSERT_NO_FATAL_FAILURE(RunAndCheck(n, c));
+            ASSERT_NO_FATAL_FAILURE(RunAndCheck(n, c, device));
           }
         }
       }
@@ -221,9 +226,13 @@ void Sweep(CollectiveKind kind, const std::vector<DType>& dtypes, const std::vec
   }
 }
 
+// ... on every device.
 void SweepMain(CollectiveKind kind) {
-  Sweep(kind, {std::begin(kDTypes), std::end(kDTypes)}, {std::begin(kOps), std::end(kOps)},
-        {std::begin(kCounts), std::end(kCounts)}, {std::begin(kWorlds), std::end(kWorlds)});
+  for (DeviceKind device : testing::kAllDevices) {
+    Sweep(kind, {std::begin(kDTypes), std::end(kDTypes)}, {std::begin(kOps), std::end(kOps)},
+          {std::begin(kCounts), std::end(kCounts)}, {std::begin(kWorlds), std::end(kWorlds)},
+          RingOptions{}, device);
+  }
 }
 
 // Every dtype and op at two world sizes (one not a power of two).
@@ -240,6 +249,7 @@ void SweepLarge(CollectiveKind kind) {
   small.max_inflight = 3;
   Sweep(kind, {DType::kF32}, {ReduceOp::kAvg}, {100003}, {3, 8}, small);
   Sweep(kind, {DType::kBF16}, {ReduceOp::kSum}, {100003}, {5}, RingOptions{});
+  Sweep(kind, {DType::kF32}, {ReduceOp::kSum}, {100003}, {4}, small, DeviceKind::kInProc);
 }
 
 TEST(Collectives, AllreduceEveryAlgorithmIsBitExact) { SweepMain(CollectiveKind::kAllreduce); }
@@ -506,7 +516,8 @@ TEST(Collectives, MissingRankTimesOutWithItsRankNamed) {
         Probe{CollectiveKind::kReduce, Algorithm::kBinomialTree, 4, 2},
         Probe{CollectiveKind::kReduceScatter, Algorithm::kRing, 3, 0},
         Probe{CollectiveKind::kBarrier, Algorithm::kPairwise, 3, 1}}) {
-    Cluster c = MakeCluster(p.n, absl::StrCat("timeout-", AlgorithmName(p.algo)));
+   for (DeviceKind device : testing::kAllDevices) {
+    Cluster c = MakeCluster(p.n, absl::StrCat("timeout-", AlgorithmName(p.algo)), device);
     const int missing = p.n - 1;
     std::vector<std::vector<float>> bufs(p.n, std::vector<float>(64 * p.n, 1.0f));
     std::vector<std::vector<char>> scratch(p.n);
@@ -524,7 +535,110 @@ TEST(Collectives, MissingRankTimesOutWithItsRankNamed) {
     EXPECT_NE(s.message().find(absl::StrCat("rank ", missing)), std::string::npos)
         << AlgorithmName(p.algo) << " " << CollectiveName(p.kind) << ": " << s;
     EXPECT_NE(s.message().find(absl::StrCat("timed out at rank ", p.waiter)), std::string::npos)
-        << s;
+        << DeviceName(device) << ": " << s;
+   }
+  }
+}
+
+// Runs an allreduce of `count` f32 with `algo` on every rank of a fresh
+// in-process cluster with `faults`; returns each rank's status, its buffer
+// and how long it took.
+struct FaultRun {
+  std::vector<absl::Status> st;
+  std::vector<std::vector<char>> in, out;
+  std::vector<absl::Duration> took;
+};
+FaultRun RunWithFaults(int n, Algorithm algo, size_t count, const transport::InProcFaults& faults,
+                       absl::Duration timeout = absl::Seconds(30)) {
+  FaultRun run;
+  Cluster c = MakeCluster(n, "faults", DeviceKind::kInProc, faults);
+  run.in.resize(n);
+  for (int r = 0; r < n; ++r) run.in[r] = IntegerValuedData(DType::kF32, count, r, 7, ReduceOp::kSum);
+  run.out = run.in;
+  run.took.resize(n);
+  std::vector<std::vector<char>> scratch(n);
+  RingOptions ring;
+  ring.segment_bytes = 16 << 10;  // many messages per op
+  ring.min_segment_bytes = 4 << 10;
+  run.st = RunOnRanks(n, [&](int r) {
+    CollectiveCall call;
+    call.kind = CollectiveKind::kAllreduce;
+    call.data = run.out[r].data();
+    call.count = count;
+    call.seq = 1;
+    call.deadline = absl::Now() + timeout;
+    call.ring = ring;
+    const absl::Time t0 = absl::Now();
+    absl::Status s = RunCollective(*c.contexts[r], call, algo, &scratch[r]);
+    run.took[r] = absl::Now() - t0;
+    return s;
+  });
+  return run;
+}
+
+constexpr Algorithm kAllreduceAlgorithms[] = {
+    Algorithm::kRing, Algorithm::kRecursiveHalvingDoubling, Algorithm::kRecursiveDoubling,
+    Algorithm::kBinomialTree, Algorithm::kOneShot};
+
+// A peer that vanishes mid-op: every rank fails (none waits for its
+// deadline), and the ones that noticed first name it.
+TEST(CollectivesFaults, LostPeerFailsEveryRankWithoutWaitingForTheDeadline) {
+  for (Algorithm algo : kAllreduceAlgorithms) {
+    transport::InProcFaults f;
+    f.lost_rank = 2;
+    f.lost_after = 1;  // its second send never happens
+    const size_t count = algo == Algorithm::kOneShot ? 4096 : 40000;
+    FaultRun run = RunWithFaults(4, algo, count, f);
+    int naming = 0;
+    for (int r = 0; r < 4; ++r) {
+      EXPECT_FALSE(run.st[r].ok()) << AlgorithmName(algo) << " rank " << r;
+      EXPECT_LT(run.took[r], absl::Seconds(10)) << AlgorithmName(algo) << " rank " << r;
+      if (r != 2 && absl::StrContains(run.st[r].message(), "connection to rank 2 lost")) ++naming;
+    }
+    EXPECT_GE(naming, 1) << AlgorithmName(algo) << ": " << run.st[0] << " / " << run.st[1];
+  }
+}
+
+// A message that arrives cut short is a protocol error, never a result: no
+// rank returns OK with wrong bits, and some rank says which peer sent it.
+TEST(CollectivesFaults, TruncatedMessageIsAProtocolErrorNotWrongData) {
+  for (Algorithm algo : kAllreduceAlgorithms) {
+    transport::InProcFaults f;
+    f.truncate_rank = 1;
+    f.truncate_at = 1;
+    const size_t count = algo == Algorithm::kOneShot ? 4096 : 40000;
+    FaultRun run = RunWithFaults(4, algo, count, f, absl::Seconds(5));
+    const std::vector<char> want = RingOrderReduce(run.in, DType::kF32, ReduceOp::kSum, 0, count, 0);
+    bool named = false;
+    for (int r = 0; r < 4; ++r) {
+      if (run.st[r].ok()) {
+        EXPECT_EQ(std::memcmp(run.out[r].data(), want.data(), want.size()), 0)
+            << AlgorithmName(algo) << ": rank " << r << " returned OK with wrong bits";
+      }
+      named = named || (absl::IsDataLoss(run.st[r]) &&
+                        absl::StrContains(run.st[r].message(), "rank 1 sent"));
+    }
+    EXPECT_TRUE(named) << AlgorithmName(algo) << ": " << run.st[0] << " / " << run.st[2];
+  }
+}
+
+// A slow peer delays the op, not its result.
+TEST(CollectivesFaults, SlowPeerGivesTheSameBits) {
+  for (Algorithm algo : kAllreduceAlgorithms) {
+    transport::InProcFaults f;
+    f.slow_rank = 3;
+    f.slow_delay = absl::Milliseconds(20);
+    const size_t count = algo == Algorithm::kOneShot ? 4096 : 40000;
+    FaultRun run = RunWithFaults(4, algo, count, f);
+    const std::vector<char> want = RingOrderReduce(run.in, DType::kF32, ReduceOp::kSum, 0, count, 0);
+    for (int r = 0; r < 4; ++r) {
+      ASSERT_TRUE(run.st[r].ok()) << AlgorithmName(algo) << " rank " << r << ": " << run.st[r];
+      EXPECT_EQ(std::memcmp(run.out[r].data(), want.data(), want.size()), 0)
+          << AlgorithmName(algo) << " rank " << r;
+    }
+    absl::Duration slowest;
+    for (absl::Duration t : run.took) slowest = std::max(slowest, t);
+    EXPECT_GE(slowest, absl::Milliseconds(20)) << AlgorithmName(algo);
   }
 }
 

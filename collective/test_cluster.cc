@@ -4,16 +4,39 @@
 
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
+#include "transport/tcp_device.h"
 
 namespace gradsync::testing {
 
-using transport::TcpContext;
-using transport::TcpContextOptions;
+using transport::ContextSpec;
 using transport::TcpListener;
 
-Cluster MakeCluster(int world, const std::string& job) {
+const char* DeviceName(DeviceKind kind) { return kind == DeviceKind::kTcp ? "tcp" : "inproc"; }
+
+Cluster MakeCluster(int world, const std::string& job, DeviceKind device,
+                    const transport::InProcFaults& faults) {
   Cluster c;
+  c.contexts.resize(world);
+  auto spec = [&](int r) {
+    ContextSpec s;
+    s.job_id = job;
+    s.epoch = 1;
+    s.rank = r;
+    s.world_size = world;
+    s.deadline = absl::Now() + absl::Seconds(10);
+    return s;
+  };
+  if (device == DeviceKind::kInProc) {
+    transport::InProcDevice dev(world, faults);  // the contexts keep its fabric
+    for (int r = 0; r < world; ++r) {
+      auto ctx = dev.CreateContext(spec(r));
+      EXPECT_TRUE(ctx.ok()) << ctx.status();
+      if (ctx.ok()) c.contexts[r] = std::move(*ctx);
+    }
+    return c;
+  }
   std::vector<HostPort> addrs;
+  std::vector<std::unique_ptr<transport::TcpDevice>> devices;
   for (int r = 0; r < world; ++r) {
     transport::ListenerOptions lo;
     lo.listen = {"127.0.0.1", 0};
@@ -21,20 +44,17 @@ Cluster MakeCluster(int world, const std::string& job) {
     EXPECT_TRUE(l.ok()) << l.status();
     if (!l.ok()) return c;
     addrs.push_back({"127.0.0.1", (*l)->port()});
+    transport::TcpDeviceOptions o;
+    o.listener = l->get();
+    devices.push_back(std::make_unique<transport::TcpDevice>(o));
     c.listeners.push_back(std::move(*l));
   }
-  c.contexts.resize(world);
   std::vector<std::thread> threads;
   for (int r = 0; r < world; ++r) {
     threads.emplace_back([&, r] {
-      TcpContextOptions o;
-      o.job_id = job;
-      o.epoch = 1;
-      o.rank = r;
-      o.world_size = world;
-      o.peers = addrs;
-      o.deadline = absl::Now() + absl::Seconds(10);
-      auto ctx = TcpContext::Connect(o, c.listeners[r].get());
+      ContextSpec s = spec(r);
+      s.peers = addrs;
+      auto ctx = devices[r]->CreateContext(s);
       ASSERT_TRUE(ctx.ok()) << ctx.status();
       c.contexts[r] = std::move(*ctx);
     });

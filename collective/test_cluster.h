@@ -1,5 +1,7 @@
-// Test helper: a cluster of TcpContexts on loopback, one per rank, connected
-// exactly as daemons connect (each rank with its own data-plane listener).
+// Test helper: one context per rank of a job, from a transport device: TCP
+// on loopback (each rank with its own data-plane listener, connected exactly
+// as daemons connect) or the in-process device (transport/inproc.h), which
+// can inject faults.
 #ifndef GRADSYNC_COLLECTIVE_TEST_CLUSTER_H_
 #define GRADSYNC_COLLECTIVE_TEST_CLUSTER_H_
 
@@ -9,20 +11,28 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "transport/tcp_context.h"
+#include "transport/inproc.h"
 #include "transport/tcp_listener.h"
+#include "transport/transport.h"
 
 namespace gradsync::testing {
 
+enum class DeviceKind { kTcp, kInProc };
+inline constexpr DeviceKind kAllDevices[] = {DeviceKind::kTcp, DeviceKind::kInProc};
+// "tcp", "inproc".
+const char* DeviceName(DeviceKind kind);
+
 struct Cluster {
-  std::vector<std::unique_ptr<transport::TcpListener>> listeners;
-  std::vector<std::unique_ptr<transport::TcpContext>> contexts;
+  std::vector<std::unique_ptr<transport::TcpListener>> listeners;  // TCP only
+  std::vector<std::unique_ptr<transport::Context>> contexts;
   int size() const { return static_cast<int>(contexts.size()); }
 };
 
-// Connects `world` ranks of job `job` (epoch 1) on 127.0.0.1, one thread per
-// rank. Fails the calling test (gtest) if a rank cannot connect.
-Cluster MakeCluster(int world, const std::string& job);
+// Connects `world` ranks of job `job` (epoch 1), one thread per rank, on
+// `device` (faults: in-process only). Fails the calling test (gtest) if a
+// rank cannot connect.
+Cluster MakeCluster(int world, const std::string& job, DeviceKind device = DeviceKind::kTcp,
+                    const transport::InProcFaults& faults = {});
 
 // Runs fn(rank) for rank 0..world-1, each on its own thread, and returns their
 // statuses by rank.

@@ -110,8 +110,13 @@ absl::StatusOr<std::unique_ptr<TcpContext>> TcpContext::Connect(const TcpContext
   return ctx;
 }
 
-absl::StatusOr<std::unique_ptr<MemoryRegion>> TcpContext::RegisterMemory(void* data,
-                                                                         size_t size) {
+absl::StatusOr<std::unique_ptr<MemoryRegion>> TcpContext::RegisterMemory(void* data, size_t size,
+                                                                         MemKind kind) {
+  if (kind.type != MemKind::kHost) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the TCP device moves host memory only; ", kind.ToString(),
+        " memory must be staged through host memory"));
+  }
   if (data == nullptr && size != 0) return absl::InvalidArgumentError("null memory region");
   return std::make_unique<MemoryRegion>(static_cast<char*>(data), size);
 }

@@ -44,7 +44,7 @@ struct TcpContextOptions {
   int spin_us = 0;
 };
 
-class TcpContext : public Context {
+class TcpContext : public Context, public TcpControls {
  public:
   // Connects to every peer: lower ranks connect to higher ranks (handshake
   // through the higher rank's TcpListener), higher ranks claim those
@@ -56,7 +56,9 @@ class TcpContext : public Context {
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
-  absl::StatusOr<std::unique_ptr<MemoryRegion>> RegisterMemory(void* data, size_t size) override;
+  using Context::RegisterMemory;
+  absl::StatusOr<std::unique_ptr<MemoryRegion>> RegisterMemory(void* data, size_t size,
+                                                               MemKind kind) override;
   absl::Status PostSend(int peer, const MemoryRegion& mr, size_t offset, size_t len,
                         const MessageTag& tag, Request* req) override;
   absl::Status PostRecv(int peer, const MemoryRegion& mr, size_t offset, size_t capacity,
@@ -67,6 +69,7 @@ class TcpContext : public Context {
   absl::Status health() const override;
   uint64_t BytesSentTo(int peer) const override;
   uint64_t BytesReceivedFrom(int peer) const override;
+  TcpControls* tcp() override { return this; }
   uint64_t Retransmits(int peer) const override;
   int streams() const override { return streams_; }
   int active_streams() const override { return active_streams_; }

@@ -17,12 +17,16 @@
 //
 // Threading: a Context is driven by one thread at a time (the job's op
 // thread). Only Abort() may be called from any thread.
+//
+// Contexts come from a Device (device.h), which says what memory it can move
+// and what its links are like.
 #ifndef GRADSYNC_TRANSPORT_TRANSPORT_H_
 #define GRADSYNC_TRANSPORT_TRANSPORT_H_
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -30,19 +34,53 @@
 
 namespace gradsync::transport {
 
+// Where a buffer lives: host memory, or the memory of CUDA device `device`.
+struct MemKind {
+  enum Type : uint8_t { kHost = 0, kCuda = 1 };
+  Type type = kHost;
+  int device = -1;  // kCuda: the CUDA device ordinal
+
+  static MemKind Host() { return MemKind{}; }
+  static MemKind Cuda(int device) { return MemKind{kCuda, device}; }
+  bool operator==(const MemKind& o) const { return type == o.type && device == o.device; }
+  // "host", "cuda:0".
+  std::string ToString() const {
+    return type == kHost ? "host" : "cuda:" + std::to_string(device);
+  }
+};
+
 // Memory the transport may read or write. Created by Context::RegisterMemory;
 // the caller keeps [data, data+size) alive while the region exists and while
 // any request on it is pending.
 class MemoryRegion {
  public:
-  MemoryRegion(char* data, size_t size) : data_(data), size_(size) {}
+  MemoryRegion(char* data, size_t size, MemKind kind = MemKind::Host())
+      : data_(data), size_(size), kind_(kind) {}
   virtual ~MemoryRegion() = default;
   char* data() const { return data_; }
   size_t size() const { return size_; }
+  MemKind kind() const { return kind_; }
 
  private:
   char* data_;
   size_t size_;
+  MemKind kind_;
+};
+
+// What only TCP contexts have: several connections per peer (streams) that
+// messages are spread over, and the kernel's retransmission counters.
+// Context::tcp() returns it (null for other devices).
+class TcpControls {
+ public:
+  virtual ~TcpControls() = default;
+  // Connections per peer, and how many of them messages are spread over
+  // (message i uses connection i % in-use; control messages connection 0).
+  // Every rank must switch at the same point, between ops.
+  virtual int streams() const = 0;
+  virtual int active_streams() const = 0;
+  virtual void UseStreams(int n) = 0;
+  // Retransmitted segments on the connections to `peer` (TCP_INFO), 0 if unknown.
+  virtual uint64_t Retransmits(int peer) const = 0;
 };
 
 // Identifies one message within a job epoch.
@@ -67,8 +105,13 @@ class Context {
   virtual int rank() const = 0;
   virtual int size() const = 0;
 
-  virtual absl::StatusOr<std::unique_ptr<MemoryRegion>> RegisterMemory(void* data,
-                                                                       size_t size) = 0;
+  // Registers [data, data+size) of `kind` for sends and receives.
+  // FailedPrecondition naming the kind if the device cannot move it.
+  virtual absl::StatusOr<std::unique_ptr<MemoryRegion>> RegisterMemory(void* data, size_t size,
+                                                                       MemKind kind) = 0;
+  absl::StatusOr<std::unique_ptr<MemoryRegion>> RegisterMemory(void* data, size_t size) {
+    return RegisterMemory(data, size, MemKind::Host());
+  }
 
   // Posts a send of mr[offset, offset+len) to `peer`. Non-blocking.
   // InvalidArgument for a bad peer or range; the context's error if it failed.
@@ -101,16 +144,9 @@ class Context {
   // thread only; for metrics).
   virtual uint64_t BytesSentTo(int peer) const { (void)peer; return 0; }
   virtual uint64_t BytesReceivedFrom(int peer) const { (void)peer; return 0; }
-  // Connections per peer, and how many of them messages are spread over
-  // (message i uses connection i % in-use; control messages connection 0).
-  // Every rank must switch at the same point, between ops.
-  virtual int streams() const { return 1; }
-  // How many of them messages are spread over now (UseStreams).
-  virtual int active_streams() const { return 1; }
-  virtual void UseStreams(int n) { (void)n; }
-
-  // Retransmitted segments on the connections to `peer` (TCP_INFO), 0 if unknown.
-  virtual uint64_t Retransmits(int peer) const { (void)peer; return 0; }
+  // The TCP-only knobs (TcpControls), or null for other devices.
+  virtual TcpControls* tcp() { return nullptr; }
+  const TcpControls* tcp() const { return const_cast<Context*>(this)->tcp(); }
 };
 
 }  // namespace gradsync::transport

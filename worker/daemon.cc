@@ -10,7 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 #include "common/logging.h"
-#include "transport/tcp_context.h"
+#include "transport/tcp_device.h"
 #include "worker/link_probe.h"
 
 namespace gradsync {
@@ -47,6 +47,12 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   auto listener = transport::TcpListener::Start(lo);
   if (!listener.ok()) return listener.status();
   d->listener_ = std::move(*listener);
+  // Every context the daemon uses comes from its device.
+  transport::TcpDeviceOptions device;
+  device.listener = d->listener_.get();
+  device.socket_buffer_bytes = options.socket_buffer_bytes;
+  device.spin_us = options.spin_us;
+  d->device_ = std::make_unique<transport::TcpDevice>(device);
   d->coordinator_ = gradsync::v1::Coordinator::NewStub(
       grpc::CreateChannel(options.coordinator, grpc::InsecureChannelCredentials()));
   d->heartbeat_thread_ = std::thread([p = d.get()] { p->HeartbeatLoop(); });
@@ -142,20 +148,18 @@ absl::StatusOr<std::shared_ptr<Session>> Daemon::OpenSession(const OpenSessionAr
                                                    ParseAlgorithm(info.job_algorithm).status().message()));
   }
 
-  transport::TcpContextOptions co;
+  transport::ContextSpec co;
   co.job_id = args.job_id;
   co.epoch = static_cast<uint64_t>(jresp.epoch());
   co.rank = jresp.rank();
   co.world_size = jresp.world_size();
-  co.socket_buffer_bytes = options_.socket_buffer_bytes;
   // Every rank must use the job's stream count, whoever created the job.
-  co.streams = std::max(1, jresp.options().tcp_streams());
-  co.spin_us = options_.spin_us;
+  co.lanes = std::max(1, jresp.options().tcp_streams());
   co.deadline = std::max(deadline, absl::Now() + absl::Seconds(5));
   for (const auto& m : jresp.members()) {
     co.peers.push_back(HostPort{m.data_endpoint().host(), m.data_endpoint().port()});
   }
-  auto ctx = transport::TcpContext::Connect(co, listener_.get());
+  auto ctx = device_->CreateContext(co);
   if (!ctx.ok()) {
     LeaveJob(info);
     return ctx.status();
@@ -217,10 +221,10 @@ absl::StatusOr<std::shared_ptr<Session>> Daemon::OpenSession(const OpenSessionAr
                << (info.link.beta_us_per_byte > 0 ? 1e-3 / info.link.beta_us_per_byte : 0)
                << " GB/s, all-to-all " << (info.link.burst_us_per_byte > 0 ? 1e-3 / info.link.burst_us_per_byte : 0)
                << " GB/s, reduce " << (info.link.reduce_us_per_byte > 0 ? 1e-3 / info.link.reduce_us_per_byte : 0)
-               << " GB/s; TCP streams in use " << link->streams << " of " << co.streams
+               << " GB/s; TCP streams in use " << link->streams << " of " << co.lanes
                << (link->one_stream_gbps > 0
                        ? absl::StrCat(" (probe: 1 stream ", link->one_stream_gbps, " GB/s, ",
-                                      co.streams, " streams ", link->all_streams_gbps, " GB/s)")
+                                      co.lanes, " streams ", link->all_streams_gbps, " GB/s)")
                        : std::string())
                << "; signatures by " << SignaturePatternName(info.link.signatures)
                << (one_host ? " (every rank on one host)" : " (ranks on several hosts)");
@@ -307,17 +311,15 @@ absl::StatusOr<std::shared_ptr<JobGroup>> Daemon::GetOrCreateGroup(
   }
   std::unique_ptr<transport::Context> node_ctx;
   if (layout.nodes > 1) {
-    transport::TcpContextOptions co;
+    transport::ContextSpec co;
     co.job_id = job_id + "/nodes";  // job ids have no '/': never collides with a job
     co.epoch = epoch;
     co.rank = layout.node_index;
     co.world_size = layout.nodes;
     co.peers = node_endpoints;
     co.deadline = deadline;
-    co.socket_buffer_bytes = options_.socket_buffer_bytes;
-    co.streams = streams;
-    co.spin_us = options_.spin_us;
-    auto ctx = transport::TcpContext::Connect(co, listener_.get());
+    co.lanes = streams;
+    auto ctx = device_->CreateContext(co);
     if (!ctx.ok()) {
       entry->status = ctx.status();
       entry->ready.Notify();
@@ -442,6 +444,7 @@ void Daemon::Shutdown(const absl::Status& reason) {
     s->Close();
     LeaveJob(s->info());
   }
+  device_.reset();
   listener_.reset();
 }
 

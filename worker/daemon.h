@@ -19,6 +19,7 @@
 #include "collective/ring_allreduce.h"
 #include "common/net.h"
 #include "proto/coordinator.grpc.pb.h"
+#include "transport/device.h"
 #include "transport/tcp_listener.h"
 #include "worker/daemon_observer.h"
 #include "worker/job_group.h"
@@ -99,6 +100,7 @@ class Daemon {
 
   DaemonOptions options_;
   std::unique_ptr<transport::TcpListener> listener_;
+  std::unique_ptr<transport::Device> device_;  // over listener_
   std::unique_ptr<gradsync::v1::Coordinator::Stub> coordinator_;
   std::atomic<uint64_t> next_session_{1};
   std::string status_endpoint_ ABSL_GUARDED_BY(mu_);

@@ -130,7 +130,8 @@ absl::StatusOr<ProbeResult> ProbeLinks(transport::Context& ctx, bool one_host,
   // alternating, and the medians. Plain 4 MiB exchanges, cold or warm,
   // favoured several streams on loopback where steady 64 MiB allreduces at
   // 4 ranks ran 5% faster on one.
-  const int streams = ctx.streams();
+  transport::TcpControls* tcp = ctx.tcp();  // only TCP has streams to choose from
+  const int streams = tcp != nullptr ? tcp->streams() : 1;
   double one_us = 0, all_us = 0;
   if (streams > 1) {
     constexpr size_t kBulkFloats = 1 << 20;  // 4 MiB
@@ -140,7 +141,7 @@ absl::StatusOr<ProbeResult> ProbeLinks(transport::Context& ctx, bool one_host,
     std::vector<double> took[2];
     for (int i = 0; i <= kTimed; ++i) {
       for (int k = 0; k < 2; ++k) {
-        ctx.UseStreams(k == 0 ? 1 : streams);
+        tcp->UseStreams(k == 0 ? 1 : streams);
         const absl::Time t0 = absl::Now();
         absl::Status st = RingAllreduce(ctx, bulk.data(), bulk.size(), DType::kF32, ReduceOp::kMax,
                                         kProbeSeq + 8 + 2 * i + k, deadline, RingOptions{},
@@ -172,7 +173,7 @@ absl::StatusOr<ProbeResult> ProbeLinks(transport::Context& ctx, bool one_host,
   } else {
     result.streams = streams;
   }
-  ctx.UseStreams(result.streams);
+  if (tcp != nullptr) tcp->UseStreams(result.streams);
   return result;
 }
 

@@ -59,8 +59,9 @@ Session::Session(SessionInfo info, std::unique_ptr<transport::Context> ctx,
   topology.nodes = group_ != nullptr ? group_->layout().nodes : info_.world_size;
   topology.shares_daemons = group_ != nullptr;
   topology.ps_shards = ps_ != nullptr ? ps_->shards() : 0;
-  topology.streams = ctx_ != nullptr ? ctx_->streams() : 1;
-  topology.probe_streams = ctx_ != nullptr ? ctx_->active_streams() : 1;
+  const transport::TcpControls* tcp = ctx_ != nullptr ? ctx_->tcp() : nullptr;
+  topology.streams = tcp != nullptr ? tcp->streams() : 1;
+  topology.probe_streams = tcp != nullptr ? tcp->active_streams() : 1;
   planner_ = std::make_unique<Planner>(info_.planner, topology, info_.link);
   if (!info_.timeline_path.empty()) {
     auto t = Timeline::Open(info_.timeline_path, info_.rank,
@@ -521,7 +522,7 @@ void Session::Account(const Op& op, const OpOutcome& outcome, bool newly_failed,
     next_retrans_sample_ = end + absl::Seconds(1);
     for (int p = 0; p < info_.world_size; ++p) {
       if (p == info_.rank) continue;
-      const uint64_t retrans = ctx_->Retransmits(p);
+      const uint64_t retrans = ctx_->tcp() != nullptr ? ctx_->tcp()->Retransmits(p) : 0;
       if (retrans > peer_retrans_[p]) {
         observer_->OnPeerRetransmits(PeerName(p), retrans - peer_retrans_[p]);
         peer_retrans_[p] = retrans;
@@ -632,7 +633,7 @@ absl::Status Session::RunOp(Op& op) {
     s = CheckSignatures(*ctx_, op.sig, info_.link.signatures, op.deadline, arrived, &agreed,
                         with_data ? &small : nullptr, &sig_scratch_, &agreed_streams);
     // Every rank switches alike, after the exchange (which uses stream 0).
-    if (s.ok() && agreed_streams > 0) ctx_->UseStreams(agreed_streams);
+    if (s.ok() && agreed_streams > 0 && ctx_->tcp() != nullptr) ctx_->tcp()->UseStreams(agreed_streams);
     done = s.ok() && fused;
   }
   Plan plan;

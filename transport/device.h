@@ -1,0 +1,60 @@
+// A transport device: what creates a job's contexts (transport.h) and what
+// the planner and the daemon learn about the links from (DeviceProperties).
+//
+// Two devices exist: TCP (tcp_device.h), for real jobs, and in-process
+// (inproc.h), which connects contexts inside one process through memory
+// queues and injects faults, for testing the collectives' protocol logic.
+// An RDMA device plugs in here the same way.
+#ifndef GRADSYNC_TRANSPORT_DEVICE_H_
+#define GRADSYNC_TRANSPORT_DEVICE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/net.h"
+#include "transport/transport.h"
+
+namespace gradsync::transport {
+
+struct DeviceProperties {
+  std::string name;           // "tcp", "inproc"
+  bool host_memory = true;    // can register MemKind::kHost
+  bool cuda_memory = false;   // can register MemKind::kCuda directly (GPUDirect)
+  double link_gbps = 0;       // nominal link bandwidth; 0: unknown (the link probe measures it)
+  double latency_us = 0;      // nominal one-way latency; 0: unknown
+  // Requests a context keeps posted per peer and direction before further
+  // posts wait (0: bounded only by the caller, e.g. RingOptions::max_inflight).
+  int max_in_flight = 0;
+  bool Supports(MemKind kind) const {
+    return kind.type == MemKind::kHost ? host_memory : cuda_memory;
+  }
+};
+
+// One rank's context of a job epoch.
+struct ContextSpec {
+  std::string job_id;
+  uint64_t epoch = 0;
+  int rank = 0;
+  int world_size = 1;
+  std::vector<HostPort> peers;  // each rank's data endpoint (devices that dial use it)
+  absl::Time deadline;          // for the whole set-up
+  // Parallel connections per peer, for devices that spread a peer's messages
+  // over several (TCP streams); others use one.
+  int lanes = 1;
+};
+
+class Device {
+ public:
+  virtual ~Device() = default;
+  virtual const DeviceProperties& properties() const = 0;
+  // Connects `spec.rank` to every peer (blocks up to spec.deadline).
+  virtual absl::StatusOr<std::unique_ptr<Context>> CreateContext(const ContextSpec& spec) = 0;
+};
+
+}  // namespace gradsync::transport
+
+#endif  // GRADSYNC_TRANSPORT_DEVICE_H_

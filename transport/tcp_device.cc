@@ -1,0 +1,31 @@
+#include "transport/tcp_device.h"
+
+#include <algorithm>
+
+#include "transport/tcp_context.h"
+
+namespace gradsync::transport {
+
+TcpDevice::TcpDevice(TcpDeviceOptions options) : options_(options) {
+  properties_.name = "tcp";
+  properties_.host_memory = true;
+  properties_.cuda_memory = false;
+}
+
+absl::StatusOr<std::unique_ptr<Context>> TcpDevice::CreateContext(const ContextSpec& spec) {
+  TcpContextOptions o;
+  o.job_id = spec.job_id;
+  o.epoch = spec.epoch;
+  o.rank = spec.rank;
+  o.world_size = spec.world_size;
+  o.peers = spec.peers;
+  o.deadline = spec.deadline;
+  o.socket_buffer_bytes = options_.socket_buffer_bytes;
+  o.streams = std::max(1, spec.lanes);
+  o.spin_us = options_.spin_us;
+  absl::StatusOr<std::unique_ptr<TcpContext>> ctx = TcpContext::Connect(o, options_.listener);
+  if (!ctx.ok()) return ctx.status();
+  return std::unique_ptr<Context>(std::move(*ctx));
+}
+
+}  // namespace gradsync::transport

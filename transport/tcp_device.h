@@ -1,0 +1,33 @@
+// The TCP device: contexts of TcpContext (tcp_context.h) over one data-plane
+// listener, with the daemon's socket settings.
+#ifndef GRADSYNC_TRANSPORT_TCP_DEVICE_H_
+#define GRADSYNC_TRANSPORT_TCP_DEVICE_H_
+
+#include <memory>
+
+#include "transport/device.h"
+#include "transport/tcp_listener.h"
+
+namespace gradsync::transport {
+
+struct TcpDeviceOptions {
+  TcpListener* listener = nullptr;  // the data-plane listener; not owned, outlives the device
+  int socket_buffer_bytes = 0;      // SO_SNDBUF/SO_RCVBUF; 0: the kernel's autotuning
+  int spin_us = 0;                  // TcpContextOptions::spin_us
+};
+
+class TcpDevice final : public Device {
+ public:
+  explicit TcpDevice(TcpDeviceOptions options);
+  const DeviceProperties& properties() const override { return properties_; }
+  // A TcpContext (Context::tcp() is non-null); spec.lanes = its streams.
+  absl::StatusOr<std::unique_ptr<Context>> CreateContext(const ContextSpec& spec) override;
+
+ private:
+  const TcpDeviceOptions options_;
+  DeviceProperties properties_;
+};
+
+}  // namespace gradsync::transport
+
+#endif  // GRADSYNC_TRANSPORT_TCP_DEVICE_H_
