@@ -1,5 +1,8 @@
 #include "client/c_api.h"
 
+#include <algorithm>
+#include <cstddef>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <utility>
@@ -35,6 +38,13 @@ static_assert(GS_OP_AVG == static_cast<int>(gradsync::ReduceOp::kAvg), "op");
 static_assert(GS_OP_MIN == static_cast<int>(gradsync::ReduceOp::kMin), "op");
 static_assert(GS_OP_MAX == static_cast<int>(gradsync::ReduceOp::kMax), "op");
 static_assert(GS_OP_PROD == static_cast<int>(gradsync::ReduceOp::kProd), "op");
+static_assert(GS_ALLREDUCE == static_cast<int>(gradsync::CollectiveKind::kAllreduce), "kind");
+static_assert(GS_REDUCE_SCATTER == static_cast<int>(gradsync::CollectiveKind::kReduceScatter), "kind");
+static_assert(GS_ALLGATHER == static_cast<int>(gradsync::CollectiveKind::kAllgather), "kind");
+static_assert(GS_BROADCAST == static_cast<int>(gradsync::CollectiveKind::kBroadcast), "kind");
+static_assert(GS_REDUCE == static_cast<int>(gradsync::CollectiveKind::kReduce), "kind");
+static_assert(GS_ALLTOALL == static_cast<int>(gradsync::CollectiveKind::kAlltoall), "kind");
+static_assert(GS_BARRIER == static_cast<int>(gradsync::CollectiveKind::kBarrier), "kind");
 static_assert(GS_INVALID_ARGUMENT == static_cast<int>(absl::StatusCode::kInvalidArgument), "code");
 static_assert(GS_DEADLINE_EXCEEDED == static_cast<int>(absl::StatusCode::kDeadlineExceeded), "code");
 static_assert(GS_ABORTED == static_cast<int>(absl::StatusCode::kAborted), "code");
@@ -85,9 +95,83 @@ int CheckAllreduceArgs(const char* fn, gs_session* session, gs_buffer* buffer, i
   return GS_OK;
 }
 
+// The prefix of a caller's struct that this library knows: a shorter (older)
+// struct leaves the rest at its defaults.
+template <typename T>
+bool CopyStruct(const T* in, T* out, void (*init)(T*)) {
+  init(out);
+  if (in->struct_size < offsetof(T, struct_size) + sizeof(uint32_t)) return false;
+  const size_t n = std::min<size_t>(in->struct_size, sizeof(T));
+  std::memcpy(static_cast<void*>(out), in, n);
+  out->struct_size = sizeof(T);
+  return true;
+}
+
+int BadStruct(const char* fn, const char* type) {
+  return Fail(absl::StatusCode::kInvalidArgument,
+              absl::StrCat(fn, ": ", type, ".struct_size is not set (call ", type, "_init first)"));
+}
+
+void FillResult(const gradsync::client::OpResult& r, gs_result* out) {
+  if (out == nullptr) return;
+  std::memset(out->algorithm, 0, sizeof(out->algorithm));
+  std::memcpy(out->algorithm, r.algorithm.data(),
+              std::min(r.algorithm.size(), sizeof(out->algorithm) - 1));
+  out->queued_us = absl::ToInt64Microseconds(r.queued_time);
+  out->run_us = absl::ToInt64Microseconds(r.run_time);
+}
+
+// The C++ spec of a C one; NULL-safe strings. Checks the C-only values.
+int ToSpec(const char* fn, gs_session* session, const gs_collective_spec* in,
+           gradsync::client::CollectiveSpec* spec) {
+  if (session == nullptr) return NullArg(fn, "session");
+  if (in == nullptr) return NullArg(fn, "spec");
+  gs_collective_spec c;
+  if (!CopyStruct(in, &c, gs_collective_spec_init)) return BadStruct(fn, "gs_collective_spec");
+  if (!gradsync::IsValidCollective(c.kind)) {
+    return Fail(absl::StatusCode::kInvalidArgument,
+                absl::StrCat(fn, ": kind ", c.kind, " is not a GS_* collective (1..7: allreduce "
+                             "reduce_scatter allgather broadcast reduce alltoall barrier)"));
+  }
+  if (c.buffer == nullptr && c.kind != GS_BARRIER) return NullArg(fn, "spec->buffer");
+  if (c.timeout_ms < 0) {
+    return Fail(absl::StatusCode::kInvalidArgument,
+                absl::StrCat(fn, ": timeout_ms must be >= 0, got ", c.timeout_ms));
+  }
+  spec->kind = static_cast<gradsync::CollectiveKind>(c.kind);
+  spec->buffer = c.buffer != nullptr ? c.buffer->impl.get() : nullptr;
+  spec->offset_bytes = c.offset_bytes;
+  spec->count = c.count;
+  spec->dtype = static_cast<DType>(c.dtype);
+  spec->op = static_cast<ReduceOp>(c.op);
+  spec->root = c.root;
+  spec->name = c.name != nullptr ? c.name : "";
+  spec->algorithm = c.algorithm != nullptr ? c.algorithm : "";
+  spec->timeout = absl::Milliseconds(c.timeout_ms);
+  return GS_OK;  // dtype/op/range: the SDK checks them with the op's name
+}
+
 }  // namespace
 
 extern "C" {
+
+void gs_session_options_init(gs_session_options* options) {
+  if (options == nullptr) return;
+  std::memset(static_cast<void*>(options), 0, sizeof(*options));
+  options->struct_size = sizeof(*options);
+  options->world_size = 1;
+  options->rank = -1;
+  options->timeout_ms = 60000;
+}
+
+void gs_collective_spec_init(gs_collective_spec* spec) {
+  if (spec == nullptr) return;
+  std::memset(static_cast<void*>(spec), 0, sizeof(*spec));
+  spec->struct_size = sizeof(*spec);
+  spec->kind = GS_ALLREDUCE;
+  spec->dtype = GS_DTYPE_F32;
+  spec->op = GS_OP_SUM;
+}
 
 const char* gs_last_error(void) { return t_last_error.c_str(); }
 
@@ -121,6 +205,36 @@ int gs_session_open(gs_client* client, const char* job_id, int world_size, int r
   options.rank = rank;
   options.timeout = absl::Milliseconds(timeout_ms);
   options.client_name = "c_api";
+  auto session = client->impl->OpenSession(options);
+  if (!session.ok()) return Fail(session.status());
+  *out = new gs_session{std::move(*session)};
+  return GS_OK;
+}
+
+int gs_session_open_with(gs_client* client, const gs_session_options* in, gs_session** out) {
+  constexpr const char* fn = "gs_session_open_with";
+  if (client == nullptr) return NullArg(fn, "client");
+  if (in == nullptr) return NullArg(fn, "options");
+  if (out == nullptr) return NullArg(fn, "out");
+  gs_session_options o;
+  if (!CopyStruct(in, &o, gs_session_options_init)) return BadStruct(fn, "gs_session_options");
+  if (o.job_id == nullptr) return NullArg(fn, "options->job_id");
+  if (o.timeout_ms <= 0) {
+    return Fail(absl::StatusCode::kInvalidArgument,
+                absl::StrCat(fn, ": timeout_ms must be > 0, got ", o.timeout_ms));
+  }
+  gradsync::client::SessionOptions options;
+  options.job_id = o.job_id;
+  options.world_size = o.world_size;
+  options.rank = o.rank;
+  options.timeout = absl::Milliseconds(o.timeout_ms);
+  options.heartbeat_timeout_ms = o.heartbeat_timeout_ms;
+  options.op_timeout_ms = o.op_timeout_ms;
+  options.tcp_streams = o.tcp_streams;
+  options.algorithm = o.algorithm != nullptr ? o.algorithm : "";
+  options.timeline = o.timeline != 0;
+  options.ps_shards = o.ps_shards;
+  options.client_name = o.client_name != nullptr ? o.client_name : "c_api";
   auto session = client->impl->OpenSession(options);
   if (!session.ok()) return Fail(session.status());
   *out = new gs_session{std::move(*session)};
@@ -204,6 +318,60 @@ int gs_allreduce(gs_session* session, gs_buffer* buffer, size_t offset_bytes, si
                                          name == nullptr ? "" : name,
                                          absl::Milliseconds(timeout_ms));
   return Report(result.status());
+}
+
+int gs_submit(gs_session* session, const gs_collective_spec* spec, uint64_t* op_id) {
+  if (op_id == nullptr) return NullArg("gs_submit", "op_id");
+  gradsync::client::CollectiveSpec c;
+  if (int rc = ToSpec("gs_submit", session, spec, &c)) return rc;
+  auto handle = session->impl->SubmitAsync(c);
+  if (!handle.ok()) return Fail(handle.status());
+  *op_id = handle->op_id;
+  return GS_OK;
+}
+
+int gs_wait_result(gs_session* session, uint64_t op_id, int64_t timeout_ms, gs_result* result) {
+  if (session == nullptr) return NullArg("gs_wait_result", "session");
+  if (timeout_ms < -1) {
+    return Fail(absl::StatusCode::kInvalidArgument,
+                absl::StrCat("gs_wait_result: timeout_ms must be >= -1, got ", timeout_ms));
+  }
+  gradsync::client::OpHandle handle;
+  handle.op_id = op_id;
+  const absl::Duration timeout =
+      timeout_ms == -1 ? absl::InfiniteDuration() : absl::Milliseconds(timeout_ms);
+  auto r = session->impl->Wait(handle, timeout);
+  if (!r.ok()) return Fail(r.status());
+  FillResult(*r, result);
+  return GS_OK;
+}
+
+int gs_poll(gs_session* session, uint64_t op_id, gs_result* result) {
+  if (session == nullptr) return NullArg("gs_poll", "session");
+  gradsync::client::OpHandle handle;
+  handle.op_id = op_id;
+  auto r = session->impl->Wait(handle, absl::ZeroDuration());
+  if (!r.ok()) return Fail(r.status());
+  FillResult(*r, result);
+  return GS_OK;
+}
+
+int gs_run(gs_session* session, const gs_collective_spec* spec, gs_result* result) {
+  gradsync::client::CollectiveSpec c;
+  if (int rc = ToSpec("gs_run", session, spec, &c)) return rc;
+  auto r = session->impl->Run(c);
+  if (!r.ok()) return Fail(r.status());
+  FillResult(*r, result);
+  return GS_OK;
+}
+
+int gs_session_event_fd(gs_session* session, int* fd) {
+  if (session == nullptr) return NullArg("gs_session_event_fd", "session");
+  if (fd == nullptr) return NullArg("gs_session_event_fd", "fd");
+  auto r = session->impl->CompletionFd();
+  if (!r.ok()) return Fail(r.status());
+  *fd = *r;
+  return GS_OK;
 }
 
 }  // extern "C"

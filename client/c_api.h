@@ -15,9 +15,16 @@
  * once. A gs_buffer's bytes are plain memory: do not touch the range of an op
  * that is still running.
  *
- * Blocking. gs_client_connect, gs_session_open, gs_wait and gs_allreduce
- * block up to their timeouts; the other calls that talk to the daemon block
- * for one local RPC (at most 10 s). Nothing blocks without a bound.
+ * Blocking. gs_client_connect, gs_session_open(_with), gs_wait(_result),
+ * gs_run and gs_allreduce block up to their timeouts; the other calls that
+ * talk to the daemon block for one local RPC (at most 10 s); gs_submit,
+ * gs_allreduce_async and gs_poll do not block on the queue path. Nothing
+ * blocks without a bound.
+ *
+ * Structs. gs_session_options and gs_collective_spec start with
+ * `struct_size`: fill them with their *_init function (which sets it and the
+ * defaults), then set the fields you need. A library that knows a newer,
+ * longer struct still accepts an older caller's.
  *
  * Data. Buffers are POSIX shared memory shared with gradsyncd: write the
  * input into gs_buffer_data(), run the allreduce, read the result from the
@@ -74,6 +81,21 @@ enum {
   GS_OP_PROD = 5
 };
 
+/* Collectives (values of gradsync::CollectiveKind / gradsync.v1.CollectiveType).
+ * Buffer layouts (docs/collectives.md): allreduce, broadcast and reduce use
+ * `count` elements; reduce_scatter, allgather and alltoall world_size blocks
+ * of `count` elements each (rank r's own block is block r); barrier none
+ * (buffer NULL, count 0). */
+enum {
+  GS_ALLREDUCE = 1,
+  GS_REDUCE_SCATTER = 2,
+  GS_ALLGATHER = 3,
+  GS_BROADCAST = 4,
+  GS_REDUCE = 5,
+  GS_ALLTOALL = 6,
+  GS_BARRIER = 7
+};
+
 typedef struct gs_client gs_client;
 typedef struct gs_session gs_session;
 typedef struct gs_buffer gs_buffer;
@@ -94,6 +116,29 @@ void gs_client_free(gs_client* client);
  * to timeout_ms (> 0) for every rank to join. */
 int gs_session_open(gs_client* client, const char* job_id, int world_size, int rank,
                     int64_t timeout_ms, gs_session** out);
+/* What gs_session_open_with asks the daemon for. Strings may be NULL ("").
+ * Job options are used only if this session creates the job (0 / "": the
+ * daemon's defaults). */
+typedef struct gs_session_options {
+  uint32_t struct_size;         /* sizeof(gs_session_options), set by gs_session_options_init */
+  const char* job_id;           /* required */
+  int32_t world_size;           /* >= 1 */
+  int32_t rank;                 /* -1: any free rank */
+  int64_t timeout_ms;           /* rendezvous bound, > 0 (default 60000) */
+  int64_t heartbeat_timeout_ms; /* job option */
+  int64_t op_timeout_ms;        /* job option: default op timeout */
+  int32_t tcp_streams;          /* job option: TCP connections per pair of ranks */
+  const char* algorithm;        /* job option: forced for every op ("" = the planner's choice) */
+  int32_t timeline;             /* job option: non-zero = Chrome-trace timeline of every op */
+  int32_t ps_shards;            /* job option: parameter-server shards for algorithm "ps" */
+  const char* client_name;      /* for the daemon's logs */
+} gs_session_options;
+
+/* Sets struct_size and the defaults (rank -1, world_size 1, timeout 60 s). */
+void gs_session_options_init(gs_session_options* options);
+/* gs_session_open with every option. GS_INVALID_ARGUMENT names a bad field. */
+int gs_session_open_with(gs_client* client, const gs_session_options* options, gs_session** out);
+
 /* This session's rank and world size (-1 if session is NULL). */
 int gs_session_rank(const gs_session* session);
 int gs_session_world_size(const gs_session* session);
@@ -125,6 +170,50 @@ int gs_allreduce_async(gs_session* session, gs_buffer* buffer, size_t offset_byt
  * at the daemon bounds) for op `op_id`. GS_OK: done; GS_DEADLINE_EXCEEDED:
  * still running; otherwise the op's own error (e.g. GS_ABORTED). */
 int gs_wait(gs_session* session, uint64_t op_id, int64_t timeout_ms);
+/* One collective for gs_submit / gs_run. */
+typedef struct gs_collective_spec {
+  uint32_t struct_size; /* sizeof(gs_collective_spec), set by gs_collective_spec_init */
+  int32_t kind;         /* GS_ALLREDUCE ... GS_BARRIER */
+  gs_buffer* buffer;    /* NULL only for a barrier */
+  size_t offset_bytes;  /* a multiple of the element size */
+  size_t count;         /* elements (per block for the blocked collectives) */
+  int32_t dtype;        /* GS_DTYPE_* */
+  int32_t op;           /* GS_OP_*: allreduce, reduce_scatter, reduce */
+  int32_t root;         /* broadcast, reduce */
+  const char* name;     /* identifies the op across ranks; may be NULL */
+  const char* algorithm; /* "" / NULL: the job's choice or the planner's */
+  int64_t timeout_ms;   /* bound at the daemon from submission; 0: the job's default */
+} gs_collective_spec;
+
+/* What an op that completed reports. */
+typedef struct gs_result {
+  char algorithm[16];  /* the plan it ran, e.g. "ring", "oneshot", "hier", NUL-terminated */
+  int64_t queued_us;   /* submission to start */
+  int64_t run_us;      /* start to completion */
+} gs_result;
+
+/* Sets struct_size and the defaults (allreduce, f32, sum). */
+void gs_collective_spec_init(gs_collective_spec* spec);
+/* Submits any collective and returns at once with *op_id set. The same
+ * checks as gs_allreduce_async, for the collective's layout; plus root in
+ * [0, world_size) for broadcast and reduce. */
+int gs_submit(gs_session* session, const gs_collective_spec* spec, uint64_t* op_id);
+/* gs_wait, and on GS_OK fills *result (may be NULL). */
+int gs_wait_result(gs_session* session, uint64_t op_id, int64_t timeout_ms, gs_result* result);
+/* Non-blocking check: GS_OK done (then *result, if not NULL, is filled), 
+ * GS_DEADLINE_EXCEEDED still running, otherwise the op's error. */
+int gs_poll(gs_session* session, uint64_t op_id, gs_result* result);
+/* gs_submit + gs_wait_result: blocks until the op ends, at most the op's
+ * timeout + 5 s (0: the job's default, or 10 min). */
+int gs_run(gs_session* session, const gs_collective_spec* spec, gs_result* result);
+
+/* A file descriptor that becomes readable when ops of `session` complete, for
+ * poll/epoll/select beside other work: read 8 bytes from it to re-arm it,
+ * then gs_poll the ops. Owned by the session: do not close it; valid until
+ * gs_session_close. GS_UNIMPLEMENTED when the session reaches the daemon
+ * over gRPC (GRADSYNC_OP_CHANNEL=grpc). */
+int gs_session_event_fd(gs_session* session, int* fd);
+
 /* gs_allreduce_async + gs_wait: blocks until the op ends, at most
  * timeout_ms + 5 s (timeout_ms 0: the job's default op timeout at the daemon,
  * and the client gives up after 10 min + 5 s). */

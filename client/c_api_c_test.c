@@ -40,6 +40,24 @@ int main(void) {
   EXPECT(gs_session_close(NULL) == GS_OK);
   gs_client_free(NULL);
 
+  {
+    gs_session_options o;
+    gs_collective_spec spec;
+    gs_result result;
+    int fd = -1;
+    gs_session_options_init(&o);
+    EXPECT(o.struct_size == sizeof o && o.rank == -1);
+    EXPECT(gs_session_open_with(NULL, &o, &session) == GS_INVALID_ARGUMENT);
+    gs_collective_spec_init(&spec);
+    EXPECT(spec.struct_size == sizeof spec && spec.kind == GS_ALLREDUCE);
+    spec.kind = GS_BARRIER;
+    EXPECT(gs_submit(NULL, &spec, &op_id) == GS_INVALID_ARGUMENT);
+    EXPECT(strstr(gs_last_error(), "gs_submit: session is NULL") != NULL);
+    EXPECT(gs_run(NULL, &spec, &result) == GS_INVALID_ARGUMENT);
+    EXPECT(gs_poll(NULL, 1, &result) == GS_INVALID_ARGUMENT);
+    EXPECT(gs_session_event_fd(NULL, &fd) == GS_INVALID_ARGUMENT);
+  }
+
   if (failures == 0) printf("c_api_c_test: all checks passed\n");
   return failures == 0 ? 0 : 1;
 }

@@ -156,4 +156,81 @@ TEST(CApi, ConnectToMissingDaemonIsUnavailable) {
   EXPECT_THAT(gs_last_error(), HasSubstr(target));
 }
 
+// The spec-based calls: any collective through one struct, the result's
+// plan and times, and the C-only checks named (no RPC for them).
+TEST_F(CApiTest, SubmitRunAndPollWithASpec) {
+  gs_buffer* buf = nullptr;
+  ASSERT_EQ(gs_buffer_alloc(session_, 8 * sizeof(float), &buf), GS_OK) << gs_last_error();
+  auto* f = static_cast<float*>(gs_buffer_data(buf));
+  for (int i = 0; i < 8; ++i) f[i] = static_cast<float>(i);
+  gs_collective_spec spec;
+  gs_collective_spec_init(&spec);
+  EXPECT_EQ(spec.struct_size, sizeof(gs_collective_spec));
+  EXPECT_EQ(spec.kind, GS_ALLREDUCE);
+  spec.buffer = buf;
+  spec.count = 8;
+  spec.name = "spec";
+  gs_result result;
+  ASSERT_EQ(gs_run(session_, &spec, &result), GS_OK) << gs_last_error();
+  EXPECT_STREQ(result.algorithm, "fake-local");
+  EXPECT_GE(result.queued_us, 0);
+  EXPECT_EQ(f[7], 14.0f);  // the fake doubles
+  uint64_t op = 0;
+  ASSERT_EQ(gs_submit(session_, &spec, &op), GS_OK) << gs_last_error();
+  int rc = GS_DEADLINE_EXCEEDED;
+  for (int i = 0; i < 500 && rc == GS_DEADLINE_EXCEEDED; ++i) {
+    rc = gs_poll(session_, op, &result);
+    if (rc == GS_DEADLINE_EXCEEDED) absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_EQ(rc, GS_OK) << gs_last_error();
+  EXPECT_EQ(f[7], 28.0f);
+
+  const int rpcs = fake_->rpc_count();
+  gs_collective_spec bad = spec;
+  bad.kind = 9;
+  EXPECT_EQ(gs_submit(session_, &bad, &op), GS_INVALID_ARGUMENT);
+  EXPECT_THAT(gs_last_error(), HasSubstr("kind 9 is not a GS_* collective"));
+  bad = spec;
+  bad.buffer = nullptr;
+  EXPECT_EQ(gs_submit(session_, &bad, &op), GS_INVALID_ARGUMENT);
+  EXPECT_THAT(gs_last_error(), HasSubstr("spec->buffer is NULL"));
+  bad = spec;
+  bad.dtype = 42;
+  EXPECT_EQ(gs_run(session_, &bad, &result), GS_INVALID_ARGUMENT);
+  EXPECT_THAT(gs_last_error(), HasSubstr("invalid dtype value 42"));
+  bad = spec;
+  bad.struct_size = 0;
+  EXPECT_EQ(gs_run(session_, &bad, &result), GS_INVALID_ARGUMENT);
+  EXPECT_THAT(gs_last_error(), HasSubstr("call gs_collective_spec_init first"));
+  EXPECT_EQ(fake_->rpc_count(), rpcs);
+  // This fake has no op queue: no event fd, with the reason.
+  int fd = -1;
+  EXPECT_EQ(gs_session_event_fd(session_, &fd), GS_UNIMPLEMENTED);
+  EXPECT_THAT(gs_last_error(), HasSubstr("needs the shared-memory op queue"));
+  EXPECT_EQ(gs_buffer_free(session_, buf), GS_OK);
+}
+
+TEST_F(CApiTest, SessionOptionsAreCheckedAndUsed) {
+  gs_session_options o;
+  gs_session_options_init(&o);
+  EXPECT_EQ(o.rank, -1);
+  EXPECT_EQ(o.world_size, 1);
+  gs_session* s = nullptr;
+  EXPECT_EQ(gs_session_open_with(client_, &o, &s), GS_INVALID_ARGUMENT);
+  EXPECT_THAT(gs_last_error(), HasSubstr("options->job_id is NULL"));
+  o.job_id = "c-job-2";
+  o.timeout_ms = 0;
+  EXPECT_EQ(gs_session_open_with(client_, &o, &s), GS_INVALID_ARGUMENT);
+  EXPECT_THAT(gs_last_error(), HasSubstr("timeout_ms must be > 0"));
+  o.timeout_ms = 3000;
+  o.world_size = 0;
+  EXPECT_EQ(gs_session_open_with(client_, &o, &s), GS_INVALID_ARGUMENT);
+  EXPECT_THAT(gs_last_error(), HasSubstr("world_size must be >= 1"));
+  o.world_size = 1;
+  o.op_timeout_ms = 4000;
+  ASSERT_EQ(gs_session_open_with(client_, &o, &s), GS_OK) << gs_last_error();
+  EXPECT_EQ(gs_session_rank(s), 0);
+  EXPECT_EQ(gs_session_close(s), GS_OK);
+}
+
 }  // namespace

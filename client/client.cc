@@ -361,6 +361,11 @@ absl::StatusOr<OpResult> Session::Allreduce(const Buffer& buffer, size_t offset_
   return Wait(handle, op_timeout + kRpcMargin);
 }
 
+absl::StatusOr<int> Session::CompletionFd() {
+  RETURN_IF_ERROR(CheckOpen());
+  return ops_->CompletionFd();
+}
+
 absl::Status Session::Close() {
   {
     absl::MutexLock lock(&mu_);

@@ -252,6 +252,14 @@ class Session {
                                      DType dtype, ReduceOp op, absl::string_view name,
                                      absl::Duration timeout = absl::ZeroDuration());
 
+  // A file descriptor (an eventfd) that becomes readable when ops of this
+  // session complete: poll/epoll it beside other work, read 8 bytes from it
+  // to re-arm it, then Poll or Wait the ops. Owned by the session (valid
+  // until the session is destroyed). The first call starts one thread that
+  // watches the session's completion queue. Unimplemented when the session
+  // reaches the daemon over gRPC (GRADSYNC_OP_CHANNEL=grpc).
+  absl::StatusOr<int> CompletionFd();
+
   // Leaves the job; the daemon frees the session's buffers and fails its
   // running ops. Idempotent: later calls return OK. After Close every other
   // method returns FailedPrecondition. Blocks for one RPC (10 s deadline).

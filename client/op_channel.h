@@ -92,6 +92,15 @@ class OpChannel {
   // The first half of Health: OK while the daemon serves this channel (it
   // may refuse new ops); else why not. Cheap.
   virtual absl::Status Alive() { return absl::OkStatus(); }
+
+  // A file descriptor (eventfd) that becomes readable whenever completions of
+  // this channel's ops arrive; reading it (8 bytes) re-arms it. Owned by the
+  // channel. Unimplemented where the channel cannot tell without a call.
+  virtual absl::StatusOr<int> CompletionFd() {
+    return absl::UnimplementedError(
+        "a completion fd needs the shared-memory op queue; this session reaches gradsyncd over "
+        "gRPC (GRADSYNC_OP_CHANNEL=grpc, or a daemon without the queue)");
+  }
 };
 
 // The gRPC implementation: Worker.Submit and Worker.Wait on `conn`.

@@ -1,7 +1,13 @@
 #include "client/shm_op_channel.h"
 
+#include <sys/eventfd.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <thread>
 #include <cstdlib>
 #include <deque>
 #include <utility>
@@ -44,6 +50,30 @@ class ShmOpChannel final : public OpChannel {
         options_(options) {
     last_heartbeat_ = end_.daemon_heartbeat();
     last_heartbeat_change_ = FastNow();
+  }
+
+  ~ShmOpChannel() override {
+    {
+      absl::MutexLock l(&mu_);
+      stop_ = true;
+      cv_.SignalAll();
+    }
+    if (notifier_.joinable()) notifier_.join();  // it sleeps at most max_sleep
+    if (event_fd_ >= 0) ::close(event_fd_);
+  }
+
+  absl::StatusOr<int> CompletionFd() override {
+    absl::MutexLock l(&mu_);
+    if (event_fd_ >= 0) return event_fd_;
+    const int fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (fd < 0) {
+      return absl::InternalError(absl::StrCat("eventfd: ", std::strerror(errno)));
+    }
+    event_fd_ = fd;
+    // A thread that sleeps on the completion bell, so completions are seen
+    // (and the fd written) while nobody waits.
+    notifier_ = std::thread([this] { NotifierLoop(); });
+    return event_fd_;
   }
 
   absl::StatusOr<SubmitTicket> Submit(const SubmitArgs& args) override {
@@ -211,6 +241,44 @@ class ShmOpChannel final : public OpChannel {
     }
   }
 
+  // CompletionFd's thread: the session's sleeper on the completion bell
+  // while the fd exists (a Wait then sleeps on cv_ and is woken by its
+  // drains, as with any other sleeper).
+  void NotifierLoop() {
+    absl::MutexLock l(&mu_);
+    bool told_broken = false;
+    while (!stop_) {
+      DrainLocked();
+      if (!CheckUsableLocked().ok()) {
+        if (!told_broken) Notify();  // the caller's next call returns the error
+        told_broken = true;
+        cv_.WaitWithTimeout(&mu_, options_.max_sleep);
+        continue;
+      }
+      if (sleeper_) {
+        cv_.WaitWithTimeout(&mu_, options_.max_sleep);
+        continue;
+      }
+      sleeper_ = true;
+      ipc::Doorbell bell = end_.completion_bell();
+      const uint32_t snapshot = bell.Snapshot();
+      if (!DrainLocked()) {
+        mu_.Unlock();
+        bell.Wait(snapshot, options_.max_sleep);
+        mu_.Lock();
+      }
+      sleeper_ = false;
+      cv_.SignalAll();
+    }
+  }
+
+  // Makes the completion fd readable (if there is one).
+  void Notify() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (event_fd_ < 0) return;
+    const uint64_t one = 1;
+    (void)!::write(event_fd_, &one, sizeof(one));  // EAGAIN: already readable enough
+  }
+
   // The unreported op with this token, or null.
   Tracked* Find(uint64_t token) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     auto it = std::lower_bound(ops_.begin(), ops_.end(), token,
@@ -247,6 +315,7 @@ class ShmOpChannel final : public OpChannel {
       // The daemon keeps completions that did not fit; tell it there is room.
       if (end_.overflow()) end_.submission_bell().Ring();
       cv_.SignalAll();
+      Notify();
     }
     return any;
   }
@@ -299,6 +368,9 @@ class ShmOpChannel final : public OpChannel {
   absl::Status broken_ ABSL_GUARDED_BY(mu_);  // sticky: dead daemon or corrupted queue
   uint64_t last_heartbeat_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time last_heartbeat_change_ ABSL_GUARDED_BY(mu_);
+  int event_fd_ ABSL_GUARDED_BY(mu_) = -1;  // CompletionFd, once asked for
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread notifier_;
 };
 
 std::atomic<bool> g_logged_no_op_queue{false};

@@ -1,6 +1,7 @@
 // The shared-memory op queue against real processes: a gradsync-coordinator
 // and gradsyncd daemons on loopback, the test being every rank's client.
 // Ops travel through the queue (Worker.OpenOpQueue), not Submit/Wait RPCs.
+#include <poll.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/mman.h>
@@ -18,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "cli/expected.h"
 #include "cli/local_cluster.h"
+#include "client/c_api.h"
 #include "gtest/gtest.h"
 #include "proto/worker.grpc.pb.h"
 #include "tests/cluster_util.h"
@@ -199,6 +201,80 @@ TEST_F(OpQueueIntegration, DaemonRefusalsArriveAsTheOpsError) {
       << res.status();
 }
 
+// The C API end to end: every option of a session, an allgather through
+// gs_submit, its completion seen on the session's event fd (poll(2)), its
+// plan in the result; over gRPC the fd is refused with the reason.
+TEST_F(OpQueueIntegration, CApiSubmitsAnyCollectiveAndSignalsCompletionsOnAnEventFd) {
+  std::vector<std::string> errors(2);
+  OnEveryRank(2, [&](int r) {
+    auto fail = [&](const std::string& what) { errors[r] = what + ": " + gs_last_error(); };
+    gs_client* client = nullptr;
+    if (gs_client_connect(cluster_->daemon_target(r).c_str(), 5000, &client) != GS_OK) {
+      return fail("connect");
+    }
+    gs_session_options o;
+    gs_session_options_init(&o);
+    o.job_id = "q-c-api";
+    o.world_size = 2;
+    o.rank = r;
+    o.timeout_ms = 20000;
+    o.op_timeout_ms = 15000;
+    o.client_name = "c api test";
+    gs_session* session = nullptr;
+    const int opened = gs_session_open_with(client, &o, &session);
+    gs_client_free(client);
+    if (opened != GS_OK) return fail("open");
+    gs_buffer* buf = nullptr;
+    constexpr size_t kCount = 300;
+    if (gs_buffer_alloc(session, 2 * kCount * sizeof(int32_t), &buf) != GS_OK) return fail("alloc");
+    auto* data = static_cast<int32_t*>(gs_buffer_data(buf));
+    for (size_t i = 0; i < 2 * kCount; ++i) data[i] = -1;
+    for (size_t i = 0; i < kCount; ++i) data[r * kCount + i] = static_cast<int32_t>(1000 * r + i);
+    int fd = -1;
+    if (gs_session_event_fd(session, &fd) != GS_OK) return fail("event fd");
+    gs_collective_spec spec;
+    gs_collective_spec_init(&spec);
+    spec.kind = GS_ALLGATHER;
+    spec.buffer = buf;
+    spec.count = kCount;
+    spec.dtype = GS_DTYPE_I32;
+    spec.name = "blocks";
+    uint64_t op = 0;
+    if (gs_submit(session, &spec, &op) != GS_OK) return fail("submit");
+    gs_result result;
+    int rc = GS_DEADLINE_EXCEEDED;
+    const absl::Time give_up = absl::Now() + absl::Seconds(20);
+    while (rc == GS_DEADLINE_EXCEEDED && absl::Now() < give_up) {
+      pollfd p{fd, POLLIN, 0};
+      if (::poll(&p, 1, 1000) == 1) {
+        uint64_t count = 0;
+        (void)!::read(fd, &count, sizeof(count));
+      }
+      rc = gs_poll(session, op, &result);
+    }
+    if (rc != GS_OK) return fail("poll");
+    if (std::string(result.algorithm).empty()) errors[r] = "no plan in the result";
+    for (size_t b = 0; b < 2; ++b) {
+      for (size_t i = 0; i < kCount; ++i) {
+        if (data[b * kCount + i] != static_cast<int32_t>(1000 * b + i)) {
+          errors[r] = absl::StrCat("block ", b, " element ", i, " is ", data[b * kCount + i]);
+          break;
+        }
+      }
+    }
+    gs_collective_spec unset = spec;
+    unset.struct_size = 0;
+    if (gs_submit(session, &unset, &op) != GS_INVALID_ARGUMENT ||
+        !absl::StrContains(gs_last_error(), "gs_collective_spec.struct_size is not set")) {
+      errors[r] = absl::StrCat("unset struct_size: ", gs_last_error());
+    }
+    (void)gs_buffer_free(session, buf);
+    (void)gs_session_close(session);
+  });
+  EXPECT_EQ(errors[0], "");
+  EXPECT_EQ(errors[1], "");
+}
+
 TEST_F(OpQueueIntegration, ForcedGrpcChannelStillWorks) {
   ASSERT_EQ(::setenv("GRADSYNC_OP_CHANNEL", "grpc", 1), 0);
   auto job = OpenJob(*cluster_, "q-grpc", {0, 1});
@@ -214,6 +290,11 @@ TEST_F(OpQueueIntegration, ForcedGrpcChannelStillWorks) {
     auto res = s.Allreduce(**b, 0, 1, DType::kF64, ReduceOp::kSum, "g");
     if (!res.ok()) return void(errors[r] = std::string(res.status().message()));
     if (*(*b)->as<double>() != 3.0) errors[r] = "wrong sum";
+    absl::StatusOr<int> fd = s.CompletionFd();
+    if (!absl::IsUnimplemented(fd.status()) ||
+        !absl::StrContains(fd.status().message(), "GRADSYNC_OP_CHANNEL=grpc")) {
+      errors[r] = absl::StrCat("completion fd over gRPC: ", fd.status().ToString());
+    }
   });
   EXPECT_EQ(errors[0], "");
   EXPECT_EQ(errors[1], "");
