@@ -107,7 +107,7 @@ absl::StatusOr<int> RunStatus(const StatusOptions& o) {
     }
     // The ranks that have not reached op `seq` (have no current op, or an
     // earlier one): what a rank negotiating it waits for, when its daemon
-    // cannot tell (the clients' direct path).
+    // does not name them.
     auto behind = [&](uint64_t seq) {
       std::vector<int> out;
       for (const auto& m : job.members()) {
