@@ -268,8 +268,5 @@ bool PreferParameterServer(size_t bytes, int world, int shards, const LinkParams
   return PredictParameterServerMicros(bytes, world, shards, link) < flat * (1 - kTieFraction);
 }
 
-bool PreferHierarchical(CollectiveKind kind, const Topology& topology) {
-  return kind == CollectiveKind::kAllreduce && topology.nodes < topology.world;
-}
 
 }  // namespace gradsync

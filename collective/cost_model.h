@@ -92,19 +92,6 @@ class AlgorithmMemo {
   int next_ = 0;  // the entry to replace when full
 };
 
-// Where the ranks of a job live: `nodes` distinct daemons for `world` ranks.
-struct Topology {
-  int world = 1;
-  int nodes = 1;
-};
-
-// Whether the hierarchical path ("hier", worker/job_group.h) beats any flat
-// algorithm: when ranks share a daemon, their reduction happens in shared
-// memory (no bytes on the network, no per-rank messages) and only one rank per
-// daemon crosses the network, with world/nodes times fewer ranks in the
-// network stage: cheaper in every alpha-beta term. Implemented for allreduce.
-bool PreferHierarchical(CollectiveKind kind, const Topology& topology);
-
 // Parameter-server allreduce (gradsync-ps) with `shards` shards on links like
 // the workers': every worker pushes B bytes and pulls B bytes at once (full
 // duplex), every shard takes in world*B/shards bytes and reduces them:

@@ -77,27 +77,21 @@ Planner::Planner(PlannerSettings settings, PlanTopology topology, LinkParams agr
 
 Plan Planner::Propose(CollectiveKind kind, size_t bytes, uint8_t forced) {
   const int world = topology_.world;
-  // Every rank on this daemon: the signatures meet in memory, so nothing
-  // rides on a network exchange, and oneshot is one algorithm among others.
-  const bool one_daemon = topology_.shares_daemons && topology_.nodes == 1;
   Plan plan;
   if (forced != kAutoCode) {
     absl::StatusOr<Plan> p = PlanFromCode(forced);
     if (p.ok()) plan = *p;  // the caller validated the code (RequestedPlanCode)
-  } else if (topology_.shares_daemons &&
-             PreferHierarchical(kind, Topology{world, topology_.nodes})) {
-    plan.path = PlanPath::kHierarchical;
-  } else if (!one_daemon && bytes <= settings_.oneshot_max_bytes &&
+  } else if (bytes <= settings_.oneshot_max_bytes &&
              fused_memo_.Choose(kind, bytes, world, agreed_link_) == Algorithm::kOneShot) {
     plan.algorithm = Algorithm::kOneShot;  // decided on the agreed link: alike everywhere
   } else if (topology_.ps_shards > 0 && kind == CollectiveKind::kAllreduce &&
              PreferParameterServer(bytes, world, topology_.ps_shards, link_)) {
     plan.path = PlanPath::kParameterServer;
   } else {
-    plan.algorithm = memo_.Choose(kind, bytes, world, link_, /*allow_oneshot=*/one_daemon);
+    plan.algorithm = memo_.Choose(kind, bytes, world, link_, /*allow_oneshot=*/false);
   }
   // Large bandwidth-bound flat ops carry this rank's stream count proposal.
-  const bool tune = plan.path == PlanPath::kFlat && !one_daemon && topology_.streams > 1 &&
+  const bool tune = plan.path == PlanPath::kFlat && topology_.streams > 1 &&
                     bytes >= settings_.stream_tuning_min_bytes &&
                     (kind == CollectiveKind::kAllreduce || kind == CollectiveKind::kReduceScatter ||
                      kind == CollectiveKind::kAllgather);

@@ -33,7 +33,7 @@ namespace gradsync {
 
 enum class PlanPath : uint8_t {
   kFlat = 0,             // one collective algorithm among all ranks
-  kHierarchical = 1,     // ranks sharing a daemon combined in memory (worker/job_group.h)
+  kHierarchical = 1,     // ranks sharing a daemon combined in memory (worker/node_collectives.h)
   kParameterServer = 2,  // pushed to and pulled from gradsync-ps shards (ps/worker_client.h)
 };
 
@@ -82,11 +82,6 @@ struct PlannerSettings {
   // Largest allreduce (bytes per rank) whose data may ride on the signature
   // exchange; the message format caps it (kOneShotMaxBytes).
   size_t oneshot_max_bytes = kOneShotMaxBytes;
-  // Largest hierarchical allreduce (bytes per rank) that a job whose ranks
-  // all share one daemon runs in its in-memory signature rendezvous (the last
-  // rank to arrive reduces for all; larger ones take the staged path that
-  // reduces slices in parallel).
-  size_t hier_rendezvous_max_bytes = 256 << 10;
   // Bandwidth-bound ops from this size (bytes per rank) carry a stream count
   // proposal (collective/stream_tuner.h).
   size_t stream_tuning_min_bytes = StreamTuner::kMinBytes;
@@ -95,11 +90,12 @@ struct PlannerSettings {
   int alpha_window = 32;
 };
 
-// What a job looks like from this daemon, fixed for its epoch.
+// The participants of an op's network stage, fixed for the job's epoch: one
+// per daemon (the job's executor combines the ranks that share a daemon
+// before and after it, worker/node_collectives.h).
 struct PlanTopology {
-  int world = 1;
+  int world = 1;           // participants
   int nodes = 1;           // distinct daemons
-  bool shares_daemons = false;  // nodes < world: this daemon's ranks can take the hierarchical path
   int ps_shards = 0;       // 0: no parameter-server path
   int streams = 1;         // TCP connections per peer
   int probe_streams = 1;   // what the link probe chose (1 or streams)
@@ -119,12 +115,6 @@ class Planner {
   // whole buffer, CollectiveBufferBytes), with `forced` the forced plan code
   // or kAutoCode. Fused plans (fused()) are decided alike on every rank.
   Plan Propose(CollectiveKind kind, size_t bytes, uint8_t forced);
-
-  // Whether the in-memory rendezvous of a job on one daemon runs this
-  // allreduce itself (see PlannerSettings::hier_rendezvous_max_bytes).
-  bool HierRendezvous(CollectiveKind kind, size_t bytes) const {
-    return kind == CollectiveKind::kAllreduce && bytes <= settings_.hier_rendezvous_max_bytes;
-  }
 
   // `plan` ran an op of `bytes` per rank on `streams` TCP streams (0: not
   // tuned) in `took_us` microseconds, measured from the start of its

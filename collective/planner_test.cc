@@ -76,25 +76,15 @@ TEST(Planner, ForcedPlansWinAndOneshotIsFusedOnlyAcrossDaemons) {
   EXPECT_EQ(flat.Propose(CollectiveKind::kAllreduce, 1 << 20, kAutoCode).streams, 0);
 }
 
-TEST(Planner, RanksSharingDaemonsTakeTheHierarchicalPathForAllreduce) {
-  PlanTopology t = Flat(8);
-  t.nodes = 2;
-  t.shares_daemons = true;
+TEST(Planner, ForcedHierarchicalAndParameterServerPlansAreKept) {
+  PlanTopology t = Flat(2);
+  t.ps_shards = 2;
   Planner planner(PlannerSettings{}, t, Loopback());
-  EXPECT_EQ(planner.Propose(CollectiveKind::kAllreduce, 8, kAutoCode).path,
+  EXPECT_EQ(planner.Propose(CollectiveKind::kAllreduce, 8, kHierarchicalPlanCode).path,
             PlanPath::kHierarchical);
-  EXPECT_EQ(planner.Propose(CollectiveKind::kAllgather, 4096, kAutoCode).path, PlanPath::kFlat);
-  // One daemon: nothing rides on a network exchange.
-  t.nodes = 1;
-  Planner one(PlannerSettings{}, t, Loopback());
-  Plan barrier = one.Propose(CollectiveKind::kBarrier, 0, kAutoCode);
-  EXPECT_EQ(barrier.streams, 0);
-  EXPECT_TRUE(one.HierRendezvous(CollectiveKind::kAllreduce, 256 << 10));
-  EXPECT_FALSE(one.HierRendezvous(CollectiveKind::kAllreduce, (256 << 10) + 1));
-  PlannerSettings small;
-  small.hier_rendezvous_max_bytes = 4096;
-  Planner tuned(small, t, Loopback());
-  EXPECT_FALSE(tuned.HierRendezvous(CollectiveKind::kAllreduce, 8192));
+  EXPECT_EQ(planner.Propose(CollectiveKind::kAllreduce, 8, kParameterServerPlanCode).path,
+            PlanPath::kParameterServer);
+  EXPECT_EQ(planner.Propose(CollectiveKind::kAllreduce, 8, kParameterServerPlanCode).streams, 0);
 }
 
 TEST(Planner, SettingsBoundTheFusedPlan) {

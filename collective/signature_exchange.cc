@@ -24,12 +24,22 @@ absl::Status MissingDataError(const OpSignature& mine, int me, int peer, size_t 
 }
 
 absl::Status DeadlineError(const OpSignature& mine, int me, const std::vector<int>& missing,
-                           int through) {
-  std::string msg = absl::StrCat("timed out at rank ", me, " waiting for rank(s) ",
-                                 absl::StrJoin(missing, ","), " to submit op ", mine.seq, " (",
-                                 mine.Describe(), ")");
+                           int through, const std::vector<std::vector<int>>* participants) {
+  // Participants stand for job ranks (several per daemon) or are the ranks.
+  auto ranks = [participants](const std::vector<int>& ps) {
+    if (participants == nullptr) return absl::StrJoin(ps, ",");
+    std::vector<int> out;
+    for (int p : ps) out.insert(out.end(), (*participants)[p].begin(), (*participants)[p].end());
+    std::sort(out.begin(), out.end());
+    return absl::StrJoin(out, ",");
+  };
+  const std::string at = ranks({me});
+  std::string msg = absl::StrCat("timed out at rank", at.find(',') != std::string::npos ? "s " : " ",
+                                 at, " waiting for rank(s) ", ranks(missing), " to submit op ",
+                                 mine.seq, " (", mine.Describe(), ")");
   if (through >= 0 && (missing.size() > 1 || missing.front() != through)) {
-    absl::StrAppend(&msg, "; their signatures come through rank ", through,
+    absl::StrAppend(&msg, "; their signatures come through rank",
+                    participants == nullptr ? " " : "(s) ", ranks({through}),
                     " (recursive doubling), so some of them may have submitted and wait for "
                     "the others");
   }
@@ -112,7 +122,7 @@ absl::Status AllToAll::TimedOut() const {
     if (p != me_ && !st_.recvs[p].done) missing.push_back(p);
   }
   if (missing.empty()) return absl::DeadlineExceededError("deadline exceeded");  // a send is stuck
-  return DeadlineError(mine_, me_, missing, -1);
+  return DeadlineError(mine_, me_, missing, -1, participants);
 }
 
 absl::Status AllToAll::Finish() {
@@ -171,7 +181,8 @@ absl::Status CheckSignatures(transport::Context& ctx, const OpSignature& mine,
                              SignaturePattern pattern, absl::Time deadline,
                              const std::function<void(int rank)>& on_arrival,
                              uint8_t* agreed, FusedAllreduce* fused, SignatureScratch* scratch,
-                             uint8_t* agreed_streams) {
+                             uint8_t* agreed_streams,
+                             const std::vector<std::vector<int>>* participants) {
   const int n = ctx.size();
   if (fused != nullptr) {
     const size_t bytes = fused->count * DTypeSize(fused->dtype);
@@ -203,10 +214,12 @@ absl::Status CheckSignatures(transport::Context& ctx, const OpSignature& mine,
   };
   if (pattern == SignaturePattern::kAllToAll || n == 2) {
     AllToAll x(ctx, mine, on_arrival, fused, scratch->state());
+    x.participants = participants;
     RETURN_IF_ERROR(x.Start());
     return run(x);
   }
   RdExchange x(ctx, mine, on_arrival, fused, scratch->state());
+  x.participants = participants;
   RETURN_IF_ERROR(x.Start());
   return run(x);
 }

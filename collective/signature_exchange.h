@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
@@ -43,7 +44,7 @@ struct FusedAllreduce {
 // allocates nothing: the receive and send memory with their registrations
 // (a transport registers memory once, not per op), the recursive-doubling
 // schedule of this rank, and the bookkeeping of the signatures it learns.
-// One per thread that runs ops (a session's executor); not thread-safe. It
+// One per thread that runs ops (a job's executor); not thread-safe. It
 // may serve several contexts one after the other (a registration is redone
 // when the context or the memory changes).
 class SignatureScratch {
@@ -77,12 +78,16 @@ class SignatureScratch {
 // On a deadline the error names the ranks whose signatures have not reached
 // this rank ("timed out at rank 1 waiting for rank(s) 2,3 to submit op 5
 // (...)"); with recursive doubling it also names the peer they come through.
+// `participants`: the job ranks each context rank stands for (a daemon's
+// ranks, when the exchange runs among daemons), for the deadline's error;
+// null: the context's ranks are the job's.
 absl::Status CheckSignatures(transport::Context& ctx, const OpSignature& mine,
                              SignaturePattern pattern, absl::Time deadline,
                              const std::function<void(int rank)>& on_arrival = nullptr,
                              uint8_t* agreed = nullptr, FusedAllreduce* fused = nullptr,
                              SignatureScratch* scratch = nullptr,
-                             uint8_t* agreed_streams = nullptr);
+                             uint8_t* agreed_streams = nullptr,
+                             const std::vector<std::vector<int>>* participants = nullptr);
 
 }  // namespace gradsync
 

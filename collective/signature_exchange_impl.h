@@ -71,6 +71,9 @@ class ExchangeImpl {
   virtual absl::Status TimedOut() const = 0;
   uint8_t agreed = OpSignature::kNoAlgorithm;
   uint8_t agreed_streams = 0;
+  // The job ranks each participant stands for (its deadline error names
+  // them), or null: the participants are the ranks.
+  const std::vector<std::vector<int>>* participants = nullptr;
 };
 
 
@@ -86,7 +89,7 @@ inline bool SameOp(absl::string_view a, absl::string_view b) { return SameSignat
 
 absl::Status MissingDataError(const OpSignature& mine, int me, int peer, size_t got, size_t want);
 absl::Status DeadlineError(const OpSignature& mine, int me, const std::vector<int>& missing,
-                           int through);
+                           int through, const std::vector<std::vector<int>>* participants);
 
 }  // namespace signature_internal
 

@@ -322,7 +322,7 @@ absl::Status RdExchange::TimedOut() const {
   // Everyone submitted; only a send is stuck.
   if (missing.empty()) return absl::DeadlineExceededError("deadline exceeded");
   const int through = step_ < st_.steps.size() ? st_.steps[step_].peer : -1;
-  return DeadlineError(mine_, me_, missing, through);
+  return DeadlineError(mine_, me_, missing, through, participants);
 }
 
 absl::Status RdExchange::Finish() {

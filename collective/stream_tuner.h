@@ -21,7 +21,7 @@
 //   3. every kReexploreEvery large ops both are tried once more (the current
 //      choice first), so the choice follows a link whose behaviour changes.
 // "Large" is a ring or rhd allreduce, reduce_scatter or allgather of at
-// least kMinBytes per rank. Not thread-safe: the session's executor owns it.
+// least kMinBytes per rank. Not thread-safe: the job's executor owns it (through its planner).
 #ifndef GRADSYNC_COLLECTIVE_STREAM_TUNER_H_
 #define GRADSYNC_COLLECTIVE_STREAM_TUNER_H_
 

@@ -349,6 +349,69 @@ TEST_F(AllreduceIntegration, EveryCollectiveAndAlgorithmThroughTheDaemons) {
   }
 }
 
+// Every collective where ranks share daemons: every rank here (in memory),
+// two daemons of two ranks, and ranks interleaved over two daemons (5 ranks,
+// 3 and 2). The daemon combines its ranks in memory and carries one share per
+// daemon between them ("hier"), for whatever algorithm was asked; every
+// result is bit-exact (integer-valued inputs), for every root.
+TEST_F(AllreduceIntegration, EveryCollectiveWhereRanksShareDaemons) {
+  const std::vector<std::vector<int>> layouts = {{6, 6, 6}, {0, 0, 1, 1}, {2, 1, 2, 1, 2}};
+  const std::vector<std::pair<CollectiveKind, std::string>> table = {
+      {CollectiveKind::kAllreduce, ""},      {CollectiveKind::kAllreduce, "rd"},
+      {CollectiveKind::kReduceScatter, ""},  {CollectiveKind::kReduceScatter, "rhd"},
+      {CollectiveKind::kAllgather, ""},      {CollectiveKind::kBroadcast, ""},
+      {CollectiveKind::kBroadcast, "tree"},  {CollectiveKind::kReduce, ""},
+      {CollectiveKind::kReduce, "tree"},     {CollectiveKind::kAlltoall, ""},
+      {CollectiveKind::kBarrier, ""},
+  };
+  int job_no = 0;
+  for (const auto& daemons : layouts) {
+    const int world = static_cast<int>(daemons.size());
+    auto job = OpenJob(*cluster_, absl::StrCat("shared-", job_no++), daemons);
+    ASSERT_TRUE(job.ok()) << job.status();
+    for (const auto& [kind, algo] : table) {
+      for (uint64_t count : {uint64_t{0}, uint64_t{1}, uint64_t{1023}, uint64_t{65537}}) {
+        if (kind == CollectiveKind::kBarrier && count > 0) continue;
+        for (int root : {0, world - 1}) {
+          if (!IsRootedCollective(kind) && root != 0) continue;
+          for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax}) {
+            if (!IsReducingCollective(kind) && op != ReduceOp::kSum) continue;
+            std::vector<std::string> errors(world);
+            OnEveryRank(world, [&](int r) {
+              auto& s = *(*job)[r].session;
+              const uint64_t elems = BufferElements(kind, world, count);
+              auto buf = s.AllocateBuffer(std::max<uint64_t>(1, elems * 4));
+              if (!buf.ok()) return void(errors[r] = std::string(buf.status().message()));
+              char* data = static_cast<char*>((*buf)->data());
+              FillInput(kind, DType::kF32, r, world, count, data);
+              client::CollectiveSpec spec;
+              spec.kind = kind;
+              spec.buffer = buf->get();
+              spec.count = count;
+              spec.op = op;
+              spec.root = root;
+              spec.algorithm = algo;
+              spec.name = absl::StrCat(CollectiveName(kind), ".", algo, ".", count);
+              auto res = s.Run(spec);
+              if (!res.ok()) return void(errors[r] = std::string(res.status().message()));
+              if (res->algorithm != "hier") errors[r] = absl::StrCat("ran ", res->algorithm);
+              const uint64_t wrong = CountWrong(kind, DType::kF32, op, root, r, world, count, data);
+              if (wrong > 0) errors[r] = absl::StrCat(wrong, " wrong elements");
+              (void)s.FreeBuffer(std::move(*buf));
+            });
+            for (int r = 0; r < world; ++r) {
+              EXPECT_EQ(errors[r], "") << "layout " << job_no - 1 << " " << CollectiveName(kind)
+                                       << " algo '" << algo << "' " << ReduceOpName(op)
+                                       << " root " << root << " count " << count << " rank " << r;
+            }
+          }
+        }
+      }
+    }
+    for (auto& r : *job) EXPECT_TRUE(r.session->Close().ok());
+  }
+}
+
 // Several ranks per daemon: allreduce takes the hierarchical path (local
 // reduction in shared memory, one rank per daemon on the network) and must
 // give the same bits as any flat algorithm (integer-valued inputs).
@@ -387,8 +450,9 @@ TEST_F(AllreduceIntegration, RanksSharingADaemonUseTheHierarchicalPath) {
           spec.name = absl::StrCat("h.", count);
           auto res = s.Run(spec);
           if (!res.ok()) return void(errors[r] = std::string(res.status().message()));
-          const std::string want_algo =
-              !c.algo.empty() ? c.algo : c.kind != CollectiveKind::kAllreduce ? "" : "hier";
+          // Ranks share daemons: an allreduce combines them in memory
+          // whatever algorithm runs between the daemons.
+          const std::string want_algo = c.kind != CollectiveKind::kAllreduce ? "" : "hier";
           if (!want_algo.empty() && res->algorithm != want_algo) {
             errors[r] = absl::StrCat("ran ", res->algorithm, " instead of ", want_algo);
           }
@@ -421,6 +485,41 @@ TEST_F(AllreduceIntegration, MismatchAmongRanksOfOneDaemonNamesTheRanks) {
     EXPECT_EQ(st[r].message(),
               "op 1 does not match across ranks: rank 1 submitted allreduce 'w' f32[60] sum, "
               "ranks 0,2 submitted allreduce 'w' f32[64] sum");
+  }
+}
+
+// Ranks on two daemons of two ranks each, one of which submits another op:
+// the daemons exchange every rank's signature, so all four name the ranks
+// and both signatures alike; the job goes on.
+TEST_F(AllreduceIntegration, MismatchAcrossDaemonsHostingSeveralRanksNamesTheRanks) {
+  auto job = OpenJob(*cluster_, "shared-mismatch", {0, 0, 1, 1});
+  ASSERT_TRUE(job.ok()) << job.status();
+  for (int odd : {1, 2}) {
+    std::vector<absl::Status> st(4);
+    std::vector<std::string> errors(4);
+    OnEveryRank(4, [&](int r) {
+      auto& s = *(*job)[r].session;
+      auto buf = s.AllocateBuffer(64 * sizeof(float));
+      ASSERT_TRUE(buf.ok());
+      st[r] = s.Allreduce(**buf, 0, r == odd ? 60 : 64, DType::kF32, ReduceOp::kSum, "w").status();
+      for (int i = 0; i < 64; ++i) (*buf)->as<float>()[i] = 1.0f;
+      auto again = s.Allreduce(**buf, 0, 64, DType::kF32, ReduceOp::kSum, "w");
+      if (!again.ok()) errors[r] = std::string(again.status().message());
+      else if ((*buf)->as<float>()[63] != 4.0f) errors[r] = "wrong sum after the mismatch";
+    });
+    std::string others;
+    for (int r = 0; r < 4; ++r) {
+      if (r != odd) absl::StrAppend(&others, others.empty() ? "" : ",", r);
+    }
+    for (int r = 0; r < 4; ++r) {
+      EXPECT_TRUE(absl::IsInvalidArgument(st[r])) << st[r];
+      EXPECT_EQ(st[r].message(),
+                absl::StrCat("op ", 2 * odd - 1, " does not match across ranks: rank ", odd,
+                             " submitted allreduce 'w' f32[60] sum, ranks ", others,
+                             " submitted allreduce 'w' f32[64] sum"))
+          << "rank " << r;
+      EXPECT_EQ(errors[r], "") << "rank " << r;
+    }
   }
 }
 

@@ -101,7 +101,7 @@ TEST(DaemonMetrics, OpsBytesLatencyAndPeersAreExported) {
 }
 
 // Four ranks on one daemon: the daemon combines them in memory ("hier"),
-// small and large ops alike, and counts every rank's op in the daemon-wide
+// small and large ops and barriers alike, and counts every rank's op in the daemon-wide
 // and the per-job series; a mismatch fails on every rank before an
 // algorithm ran ("none").
 TEST(DaemonMetrics, NodeLocalOpsAreCountedPerRank) {
@@ -145,7 +145,7 @@ TEST(DaemonMetrics, NodeLocalOpsAreCountedPerRank) {
                         "\",status=\"", status, "\"}");
   };
   EXPECT_EQ(Sample(port, ops("hier", "allreduce", "ok")), 4 * 11);
-  EXPECT_EQ(Sample(port, ops("oneshot", "barrier", "ok")), 4 * 2);
+  EXPECT_EQ(Sample(port, ops("hier", "barrier", "ok")), 4 * 2);
   EXPECT_EQ(Sample(port, ops("none", "allreduce", "invalid_argument")), 4);
   EXPECT_EQ(Sample(port, "gradsync_daemon_op_bytes_total{collective=\"allreduce\"}"),
             4 * (10 * 16 * 4 + large * 4));

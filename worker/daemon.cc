@@ -135,8 +135,6 @@ absl::StatusOr<std::shared_ptr<Session>> Daemon::OpenSession(const OpenSessionAr
   if (op_ms > 0) info.default_op_timeout = absl::Milliseconds(op_ms);
   info.job_algorithm = jresp.options().algorithm();
   for (const auto& e : jresp.ps_shards()) info.ps_shards.push_back(HostPort{e.host(), e.port()});
-  info.ps_partition_bytes = options_.ps_partition_bytes;
-  info.planner = options_.planner;
   if (jresp.options().timeline()) {
     info.timeline_path = absl::StrCat(options_.timeline_dir, "/", args.job_id, ".epoch",
                                       info.epoch, ".rank", info.rank, ".trace.json");
@@ -148,64 +146,38 @@ absl::StatusOr<std::shared_ptr<Session>> Daemon::OpenSession(const OpenSessionAr
                                                    ParseAlgorithm(info.job_algorithm).status().message()));
   }
 
-  transport::ContextSpec co;
-  co.job_id = args.job_id;
-  co.epoch = static_cast<uint64_t>(jresp.epoch());
-  co.rank = jresp.rank();
-  co.world_size = jresp.world_size();
-  // Every rank must use the job's stream count, whoever created the job.
-  co.lanes = std::max(1, jresp.options().tcp_streams());
-  co.deadline = std::max(deadline, absl::Now() + absl::Seconds(5));
-  for (const auto& m : jresp.members()) {
-    co.peers.push_back(HostPort{m.data_endpoint().host(), m.data_endpoint().port()});
-  }
-  auto ctx = device_->CreateContext(co);
-  if (!ctx.ok()) {
-    LeaveJob(info);
-    return ctx.status();
-  }
-  // Measure the links (and agree on the figures) before the first op.
-  const bool one_host = AllOnOneHost(co.peers);
-  auto link = ProbeLinks(**ctx, one_host, co.deadline);
-  if (!link.ok()) {
-    LeaveJob(info);
-    return absl::Status(link.status().code(),
-                        absl::StrCat("job '", args.job_id, "' link probe: ", link.status().message()));
-  }
-  info.link = link->link;
-  if (options_.observer != nullptr) options_.observer->OnLinkProbe(info.link);
-  for (const HostPort& hp : co.peers) info.peer_daemons.push_back(hp.ToString());
-  // Topology: ranks with the same data endpoint share a daemon.
+  // Where the ranks live: ranks with the same data endpoint share a daemon
+  // (in order of first appearance, so daemon i hosts a rank no higher than
+  // those of daemon i + 1).
+  JobPlacement placement;
+  placement.world = info.world_size;
   std::vector<HostPort> node_endpoints;
-  GroupLayout layout;
-  layout.world_size = info.world_size;
   const HostPort mine{options_.advertise_host, listener_->port()};
-  for (int r = 0; r < static_cast<int>(co.peers.size()); ++r) {
-    const HostPort& hp = co.peers[r];
+  for (const auto& m : jresp.members()) {
+    const HostPort hp{m.data_endpoint().host(), m.data_endpoint().port()};
     auto it = std::find_if(node_endpoints.begin(), node_endpoints.end(), [&](const HostPort& e) {
       return e.host == hp.host && e.port == hp.port;
     });
-    if (it == node_endpoints.end()) node_endpoints.push_back(hp);
-    if (hp.host == mine.host && hp.port == mine.port) layout.local_ranks.push_back(r);
-  }
-  layout.nodes = static_cast<int>(node_endpoints.size());
-  for (int i = 0; i < layout.nodes; ++i) {
-    if (node_endpoints[i].host == mine.host && node_endpoints[i].port == mine.port) {
-      layout.node_index = i;
+    const int node = static_cast<int>(it - node_endpoints.begin());
+    if (it == node_endpoints.end()) {
+      node_endpoints.push_back(hp);
+      placement.ranks_of_node.emplace_back();
+      placement.node_names.push_back(hp.ToString());
     }
+    placement.node_of_rank.push_back(node);
+    placement.ranks_of_node[node].push_back(static_cast<int>(placement.node_of_rank.size()) - 1);
+    if (hp.host == mine.host && hp.port == mine.port) placement.node_index = node;
   }
-  std::shared_ptr<JobGroup> group;
-  if (layout.nodes < info.world_size) {
-    auto g = GetOrCreateGroup(args.job_id, static_cast<uint64_t>(info.epoch), layout,
-                              node_endpoints, link->streams, info.link, co.deadline);
-    if (!g.ok()) {
-      LeaveJob(info);
-      return g.status();
-    }
-    group = *g;
+  const int streams = std::max(1, jresp.options().tcp_streams());
+  auto executor = GetOrCreateExecutor(info, placement, node_endpoints, streams,
+                                      std::max(deadline, absl::Now() + absl::Seconds(5)));
+  if (!executor.ok()) {
+    LeaveJob(info);
+    return executor.status();
   }
-  auto session =
-      std::make_shared<Session>(info, std::move(*ctx), options_.ring, group, options_.observer);
+  info.link = (*executor)->link();
+  auto session = std::make_shared<Session>(info, *executor, options_.observer);
+  (*executor)->Attach(session.get());
   {
     absl::MutexLock l(&mu_);
     if (shut_down_) {
@@ -217,17 +189,8 @@ absl::StatusOr<std::shared_ptr<Session>> Daemon::OpenSession(const OpenSessionAr
   }
   GS_LOG(INFO) << "session " << session_id << " (" << args.client_name << "): job '"
                << args.job_id << "' epoch " << info.epoch << " rank " << info.rank << " of "
-               << info.world_size << "; links: alpha " << info.link.alpha_us << " us, "
-               << (info.link.beta_us_per_byte > 0 ? 1e-3 / info.link.beta_us_per_byte : 0)
-               << " GB/s, all-to-all " << (info.link.burst_us_per_byte > 0 ? 1e-3 / info.link.burst_us_per_byte : 0)
-               << " GB/s, reduce " << (info.link.reduce_us_per_byte > 0 ? 1e-3 / info.link.reduce_us_per_byte : 0)
-               << " GB/s; TCP streams in use " << link->streams << " of " << co.lanes
-               << (link->one_stream_gbps > 0
-                       ? absl::StrCat(" (probe: 1 stream ", link->one_stream_gbps, " GB/s, ",
-                                      co.lanes, " streams ", link->all_streams_gbps, " GB/s)")
-                       : std::string())
-               << "; signatures by " << SignaturePatternName(info.link.signatures)
-               << (one_host ? " (every rank on one host)" : " (ranks on several hosts)");
+               << info.world_size << " (" << placement.local_ranks().size() << " on this daemon, "
+               << placement.nodes() << " daemon(s))";
   return session;
 }
 
@@ -274,26 +237,25 @@ absl::Status Daemon::CloseSession(const std::string& id) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::shared_ptr<JobGroup>> Daemon::GetOrCreateGroup(
-    const std::string& job_id, uint64_t epoch, const GroupLayout& layout,
-    const std::vector<HostPort>& node_endpoints, int streams, const LinkParams& link,
-    absl::Time deadline) {
-  const std::string key = absl::StrCat(job_id, "#", epoch);
-  std::shared_ptr<GroupEntry> entry;
+absl::StatusOr<std::shared_ptr<JobExecutor>> Daemon::GetOrCreateExecutor(
+    const SessionInfo& info, const JobPlacement& placement,
+    const std::vector<HostPort>& node_endpoints, int streams, absl::Time deadline) {
+  const std::string key = absl::StrCat(info.job_id, "#", info.epoch);
+  std::shared_ptr<ExecutorEntry> entry;
   bool create = false;
   {
     absl::MutexLock l(&mu_);
-    for (auto it = groups_.begin(); it != groups_.end();) {  // drop finished groups
-      if (it->second->ready.HasBeenNotified() && it->second->group.expired()) {
-        it = groups_.erase(it);
+    for (auto it = executors_.begin(); it != executors_.end();) {  // drop finished ones
+      if (it->second->ready.HasBeenNotified() && it->second->executor.expired()) {
+        it = executors_.erase(it);
       } else {
         ++it;
       }
     }
-    auto it = groups_.find(key);
-    if (it == groups_.end()) {
-      entry = std::make_shared<GroupEntry>();
-      groups_[key] = entry;
+    auto it = executors_.find(key);
+    if (it == executors_.end()) {
+      entry = std::make_shared<ExecutorEntry>();
+      executors_[key] = entry;
       create = true;
     } else {
       entry = it->second;
@@ -301,40 +263,77 @@ absl::StatusOr<std::shared_ptr<JobGroup>> Daemon::GetOrCreateGroup(
   }
   if (!create) {
     if (!entry->ready.WaitForNotificationWithDeadline(deadline)) {
-      return absl::DeadlineExceededError(absl::StrCat("job '", job_id,
-                                                      "': this daemon's rank group did not form"));
+      return absl::DeadlineExceededError(absl::StrCat(
+          "job '", info.job_id, "': this daemon's executor for the job did not start in time"));
     }
     if (!entry->status.ok()) return entry->status;
-    auto g = entry->group.lock();
-    if (g == nullptr) return absl::AbortedError(absl::StrCat("job '", job_id, "': rank group closed"));
-    return g;
+    auto e = entry->executor.lock();
+    if (e == nullptr) {
+      return absl::AbortedError(absl::StrCat("job '", info.job_id, "': its executor stopped"));
+    }
+    return e;
   }
+  auto fail = [&](absl::Status s) {
+    entry->status = s;
+    entry->ready.Notify();
+    return s;
+  };
+  // The daemons of the job connect (one rank per daemon) and measure their
+  // links; a job whose ranks all use this daemon needs neither.
   std::unique_ptr<transport::Context> node_ctx;
-  if (layout.nodes > 1) {
+  LinkParams link;
+  if (placement.nodes() > 1) {
     transport::ContextSpec co;
-    co.job_id = job_id + "/nodes";  // job ids have no '/': never collides with a job
-    co.epoch = epoch;
-    co.rank = layout.node_index;
-    co.world_size = layout.nodes;
+    co.job_id = info.job_id;
+    co.epoch = static_cast<uint64_t>(info.epoch);
+    co.rank = placement.node_index;
+    co.world_size = placement.nodes();
     co.peers = node_endpoints;
     co.deadline = deadline;
-    co.lanes = streams;
+    co.lanes = streams;  // every daemon uses the job's count, whoever created the job
     auto ctx = device_->CreateContext(co);
-    if (!ctx.ok()) {
-      entry->status = ctx.status();
-      entry->ready.Notify();
-      return ctx.status();
-    }
+    if (!ctx.ok()) return fail(ctx.status());
     node_ctx = std::move(*ctx);
+    const bool one_host = AllOnOneHost(node_endpoints);
+    auto probe = ProbeLinks(*node_ctx, one_host, deadline);
+    if (!probe.ok()) {
+      return fail(absl::Status(probe.status().code(), absl::StrCat("job '", info.job_id,
+                                                                   "' link probe: ",
+                                                                   probe.status().message())));
+    }
+    link = probe->link;
+    if (options_.observer != nullptr) options_.observer->OnLinkProbe(link);
+    GS_LOG(INFO) << "job '" << info.job_id << "' epoch " << info.epoch << ": daemon "
+                 << placement.node_index << " of " << placement.nodes() << "; links: alpha "
+                 << link.alpha_us << " us, "
+                 << (link.beta_us_per_byte > 0 ? 1e-3 / link.beta_us_per_byte : 0)
+                 << " GB/s, all-to-all "
+                 << (link.burst_us_per_byte > 0 ? 1e-3 / link.burst_us_per_byte : 0)
+                 << " GB/s, reduce "
+                 << (link.reduce_us_per_byte > 0 ? 1e-3 / link.reduce_us_per_byte : 0)
+                 << " GB/s; TCP streams in use " << probe->streams << " of " << streams
+                 << (probe->one_stream_gbps > 0
+                         ? absl::StrCat(" (probe: 1 stream ", probe->one_stream_gbps, " GB/s, ",
+                                        streams, " streams ", probe->all_streams_gbps, " GB/s)")
+                         : std::string())
+                 << "; signatures by " << SignaturePatternName(link.signatures)
+                 << (one_host ? " (every daemon on one host)" : " (daemons on several hosts)");
   }
-  auto group = std::make_shared<JobGroup>(layout, std::move(node_ctx), link, options_.ring,
-                                          options_.planner.hier_rendezvous_max_bytes);
-  entry->group = group;
+  JobExecutorOptions eo;
+  eo.job_id = info.job_id;
+  eo.epoch = info.epoch;
+  eo.placement = placement;
+  eo.link = link;
+  eo.planner = options_.planner;
+  eo.ring = options_.ring;
+  eo.ps_shards = info.ps_shards;
+  eo.ps_partition_bytes = options_.ps_partition_bytes;
+  eo.spin = options_.executor_spin;
+  eo.observer = options_.observer;
+  auto executor = std::make_shared<JobExecutor>(std::move(eo), std::move(node_ctx));
+  entry->executor = executor;
   entry->ready.Notify();
-  GS_LOG(INFO) << "job '" << job_id << "' epoch " << epoch << ": " << layout.local_ranks.size()
-               << " rank(s) on this daemon, node " << layout.node_index << " of " << layout.nodes
-               << " (hierarchical allreduce)";
-  return group;
+  return executor;
 }
 
 void Daemon::LeaveJob(const SessionInfo& info) {

@@ -22,7 +22,7 @@
 #include "transport/device.h"
 #include "transport/tcp_listener.h"
 #include "worker/daemon_observer.h"
-#include "worker/job_group.h"
+#include "worker/job_executor.h"
 #include "worker/session.h"
 
 namespace gradsync {
@@ -39,6 +39,9 @@ struct DaemonOptions {
   int socket_buffer_bytes = 0;  // 0: the kernel's autotuned buffers
   int tcp_streams = 2;  // default TCP connections per rank pair for jobs this daemon creates
   int spin_us = 1000;   // data-plane progress spins this long before sleeping
+  // A job's executor polls its ranks' op queues this long after activity
+  // before it sleeps (gradsyncd --queue_spin_us).
+  absl::Duration executor_spin = absl::Microseconds(50);
   std::string timeline_dir = "/var/lib/gradsync/timeline";  // for jobs with timeline on
   uint64_t ps_partition_bytes = 1 << 20;  // parameter-server partition size
   PlannerSettings planner;  // how ops are planned (collective/planner.h)
@@ -90,12 +93,12 @@ class Daemon {
  private:
   explicit Daemon(const DaemonOptions& options);
   void HeartbeatLoop();
-  // This daemon's JobGroup for (job, epoch): created (and connected to the
-  // other daemons' groups) by the first local session, shared by the rest.
-  absl::StatusOr<std::shared_ptr<JobGroup>> GetOrCreateGroup(
-      const std::string& job_id, uint64_t epoch, const GroupLayout& layout,
-      const std::vector<HostPort>& node_endpoints, int streams, const LinkParams& link,
-      absl::Time deadline);
+  // This daemon's executor for (job, epoch): created (its node context
+  // connected to the other daemons' and their links probed) by the first
+  // local session, shared by the rest.
+  absl::StatusOr<std::shared_ptr<JobExecutor>> GetOrCreateExecutor(
+      const SessionInfo& info, const JobPlacement& placement,
+      const std::vector<HostPort>& node_endpoints, int streams, absl::Time deadline);
   void LeaveJob(const SessionInfo& info);
 
   DaemonOptions options_;
@@ -109,12 +112,12 @@ class Daemon {
   std::map<std::string, std::shared_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
-  struct GroupEntry {
+  struct ExecutorEntry {
     absl::Notification ready;
     absl::Status status;
-    std::weak_ptr<JobGroup> group;
+    std::weak_ptr<JobExecutor> executor;
   };
-  std::map<std::string, std::shared_ptr<GroupEntry>> groups_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::shared_ptr<ExecutorEntry>> executors_ ABSL_GUARDED_BY(mu_);
 
   absl::Notification stop_;
   std::thread heartbeat_thread_;

@@ -54,7 +54,7 @@ ABSL_FLAG(int32_t, spin_us, 1000,
           "blocks in poll(2) (0 = never spin); lower latency for small and mid-size ops at the "
           "cost of CPU while an op waits");
 ABSL_FLAG(int32_t, queue_spin_us, 50,
-          "microseconds a session's executor keeps polling its shared-memory op queue after an "
+          "microseconds a job's executor keeps polling its ranks' shared-memory op queues after an "
           "op before it sleeps on the futex (0 = never); saves a wake-up per small op");
 ABSL_FLAG(int32_t, tcp_streams, 2,
           "TCP connections per pair of ranks for jobs this daemon creates (a job's value wins)");
@@ -155,6 +155,7 @@ int main(int argc, char** argv) {
   opts.socket_buffer_bytes = absl::GetFlag(FLAGS_socket_buffer_bytes);
   opts.tcp_streams = absl::GetFlag(FLAGS_tcp_streams);
   opts.spin_us = std::max(0, absl::GetFlag(FLAGS_spin_us));
+  opts.executor_spin = absl::Microseconds(std::max(0, absl::GetFlag(FLAGS_queue_spin_us)));
   opts.timeline_dir = absl::GetFlag(FLAGS_timeline_dir);
   opts.ps_partition_bytes = static_cast<uint64_t>(std::max<int64_t>(4096, absl::GetFlag(FLAGS_ps_partition_bytes)));
   if (opts.heartbeat_interval <= absl::ZeroDuration() || opts.ring.segment_bytes < 4096 ||

@@ -291,7 +291,7 @@ class OpQueueServer::Queue : public std::enable_shared_from_this<Queue> {
     return absl::OkStatus();
   }
 
-  // The session's completion listener (executor thread).
+  // The session's completion listener (the job's executor thread).
   bool OnCompletion(uint64_t op_id, const ipc::OpCompletion& outcome) {
     bool ring = false;
     bool wake_poller = false;
@@ -339,7 +339,7 @@ class OpQueueServer::Queue : public std::enable_shared_from_this<Queue> {
   absl::Status stop_reason_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> stop_{false};
   std::atomic<bool> finished_{false};
-  std::atomic<bool> fed_{false};  // the session's executor takes the submissions
+  std::atomic<bool> fed_{false};  // the job's executor takes the submissions
   absl::Mutex wake_mu_;
   bool wake_ ABSL_GUARDED_BY(wake_mu_) = false;
   std::thread thread_;

@@ -2,7 +2,7 @@
 // segment and one poller thread per session that asked for one
 // (Worker.OpenOpQueue).
 //
-// Submissions: the session's executor takes them itself while it is idle
+// Submissions: the job's executor takes them itself while it is idle
 // (the queue is its SubmissionFeed: it polls the submission doorbell, spinning
 // briefly after activity (OpQueueServerOptions::spin), then sleeping on the
 // futex), so an op goes from the client to the thread that runs it with no

@@ -1,11 +1,10 @@
-// One client's membership in one job epoch: its rank, its data-plane context
-// with every peer, its shared-memory buffers, and the queue of its ops.
+// One client's membership in one job epoch: its rank, its shared-memory
+// buffers, and the queue of its ops.
 //
-// Ops run one at a time, in submission order, on the session's own executor
-// thread (the only thread that drives the context). Each op first checks that
-// every rank submitted the same op (collective/op_signature.h), then runs the
-// algorithm. A signature mismatch fails only that op; any other failure
-// (peer lost, deadline, abort) breaks the epoch: the context tells every peer,
+// The session validates each op and queues it; the job's executor on this
+// daemon (worker/job_executor.h) runs it, together with the same op of the
+// job's other ranks on this daemon, and completes it here (Finish). A
+// signature mismatch fails only that op; any other failure breaks the epoch:
 // the op and everything queued behind it fail with the cause, and later
 // submissions are refused until the client opens a new session.
 #ifndef GRADSYNC_WORKER_SESSION_H_
@@ -33,15 +32,9 @@
 #include "collective/cost_model.h"
 #include "collective/planner.h"
 #include "collective/op_signature.h"
-#include "collective/signature_exchange.h"
-#include "collective/ring_allreduce.h"
-#include "collective/stream_tuner.h"
+#include "common/net.h"
 #include "common/types.h"
-#include "transport/transport.h"
-#include "ps/slicer.h"
-#include "ps/worker_client.h"
 #include "worker/daemon_observer.h"
-#include "worker/job_group.h"
 #include "worker/shm_segment.h"
 #include "worker/submission_feed.h"
 #include "worker/timeline.h"
@@ -58,11 +51,8 @@ struct SessionInfo {
   absl::Duration default_op_timeout = absl::Seconds(60);
   std::string job_algorithm;  // forced for every op of the job; "" = cost model
   LinkParams link;            // measured when the epoch formed, equal on every rank
-  std::vector<std::string> peer_daemons;  // data endpoint of each rank ("host:port")
   std::string timeline_path;  // non-empty: write the job's timeline for this rank here
   std::vector<HostPort> ps_shards;  // the epoch's gradsync-ps shards (algo "ps")
-  uint64_t ps_partition_bytes = 1 << 20;
-  PlannerSettings planner;  // the daemon's
 };
 
 // What a session is doing, for `gradsync status` (answers "which rank is
@@ -112,12 +102,28 @@ struct BufferInfo {
   uint64_t size = 0;
 };
 
+class JobExecutor;
+
+// One queued op, shared by its session and the job's executor.
+struct QueuedOp {
+  uint64_t seq = 0;
+  OpSignature sig;                     // sig.forced: the requested plan code
+  std::shared_ptr<ShmSegment> buffer;  // null for a buffer-less barrier
+  uint64_t offset = 0;
+  absl::Time submitted;
+  absl::Time started;   // when the executor took it
+  absl::Time deadline;
+  OpOutcome outcome;    // guarded by the session's mutex
+
+  char* data() const { return buffer != nullptr ? buffer->data() + offset : nullptr; }
+};
+
 class Session {
  public:
-  // `group`: this daemon's ranks of the job when ranks share daemons (enables
-  // the hierarchical path), else null.
-  Session(SessionInfo info, std::unique_ptr<transport::Context> ctx, RingOptions ring_options,
-          std::shared_ptr<JobGroup> group = nullptr, DaemonObserver* observer = nullptr);
+  // `executor` runs the ops of this daemon's ranks of the job; the session
+  // attaches itself to it (Attach) once it is shared.
+  Session(SessionInfo info, std::shared_ptr<JobExecutor> executor,
+          DaemonObserver* observer = nullptr);
   ~Session();  // Close()
 
   const SessionInfo& info() const { return info_; }
@@ -130,6 +136,20 @@ class Session {
   // Waits up to `timeout` for the op. done=false if still running. Once a
   // finished op has been reported it is forgotten (NotFound afterwards).
   absl::StatusOr<OpOutcome> Wait(uint64_t op_id, absl::Duration timeout);
+
+  // ---- For the job's executor (worker/job_executor.h).
+  // Takes the op at the front of the queue (null if none) and marks it
+  // started ("negotiating").
+  std::shared_ptr<QueuedOp> TakeNext();
+  std::shared_ptr<SubmissionFeed> feed() const;
+  // Records the op's outcome (status, the plan it ran) and tells the client,
+  // once: false if it was already finished. `newly_failed`: this failure
+  // broke the session's epoch.
+  bool Finish(QueuedOp& op, const absl::Status& s, absl::string_view plan, absl::Time end,
+              bool* newly_failed);
+  // What the observer hears of a finished op.
+  OpRecord Record(const QueuedOp& op, absl::Duration arrival_wait) const;
+  Timeline* timeline() const { return timeline_.get(); }
 
   // Called on the executor thread, without locks held, each time an op
   // finishes. If it returns true the outcome was delivered elsewhere (e.g. a
@@ -155,7 +175,8 @@ class Session {
 
   // Fails the epoch from outside (coordinator said so, daemon stopping).
   void AbortEpoch(const absl::Status& reason);
-  // Stops the executor (aborting a running op), frees the buffers. Idempotent.
+  // Leaves the executor (which fails a running op and breaks the epoch),
+  // fails the queued ops, frees the buffers. Idempotent.
   void Close();
 
   SessionStatus Status() const;
@@ -173,63 +194,22 @@ class Session {
   void Touch();
 
  private:
-  struct Op {
-    uint64_t seq = 0;
-    OpSignature sig;
-    std::shared_ptr<ShmSegment> buffer;  // null for a buffer-less barrier
-    uint64_t offset = 0;
-    absl::Time submitted;
-    absl::Time started;  // set under mu_ when the executor takes it
-    absl::Time deadline;
-    OpOutcome outcome;   // guarded by mu_
-  };
-
-  // Status() from this session's own records (mu_).
-  SessionStatus OwnStatus() const;
-  void ExecutorLoop();
-  // The executor's next op, or null to look again (closing, or idle a while).
-  std::shared_ptr<Op> NextOp(absl::Time last_active);  // takes submissions from the feed
-  absl::Status RunOp(Op& op);
-  // Runs the agreed `plan` on the op's data (after the signature exchange).
-  absl::Status RunPlan(Op& op, const Plan& plan, const Plan& mine, char* data);
   // Submit's work under mu_; `wake` receives the feed to ring if the executor
   // sleeps on it.
   absl::StatusOr<uint64_t> Enqueue(const SubmitArgs& args, std::shared_ptr<SubmissionFeed>* wake);
-  // Rings the feed if the executor sleeps on it (no locks held).
-  void WakeExecutor();
-  // Records the outcome and tells the client (the completion listener), once:
-  // false if the op was already finished (by another local rank's thread,
-  // for a small hierarchical op); `outcome` then receives what was posted.
-  bool Finish(Op& op, const absl::Status& s, absl::Time end, bool* newly_failed,
-              OpOutcome* outcome);
-  // What the observer hears of a finished op.
-  OpRecord Record(const Op& op, const OpOutcome& outcome, absl::Duration arrival_wait) const;
-  // Metrics for a finished op (executor thread, after the client was told).
-  void Account(const Op& op, const OpOutcome& outcome, bool newly_failed, absl::Time end);
-  // Reports the bytes moved to and from each peer since the last flush (and,
-  // for a peer that got at least kPeerBandwidthMinBytes, the bandwidth over
-  // `op_run`). Executor thread only.
-  void FlushPeerBytes(absl::Duration op_run, absl::Time now);
-  // The executor has nothing to do and is about to sleep: report what waits.
-  void OnIdle();
-  static constexpr uint64_t kPeerBandwidthMinBytes = 1u << 20;
-  static constexpr absl::Duration kPeerBytesPeriod = absl::Milliseconds(100);
-  const std::string& PeerName(int rank);  // executor thread only
+  absl::Status RefusalLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const SessionInfo info_;
-  std::unique_ptr<transport::Context> ctx_;
-  const RingOptions ring_options_;
-  const std::shared_ptr<JobGroup> group_;
-  std::vector<char> scratch_;    // executor thread only
-  SignatureScratch sig_scratch_;  // executor thread only: CheckSignatures' memory, kept across ops
-  std::unique_ptr<Planner> planner_;  // executor thread only
+  const std::shared_ptr<JobExecutor> executor_;
+  DaemonObserver* const observer_;
+  std::unique_ptr<Timeline> timeline_;  // null unless the job's timeline is on
 
   mutable absl::Mutex mu_;
   std::map<uint64_t, std::shared_ptr<ShmSegment>> buffers_ ABSL_GUARDED_BY(mu_);
   uint64_t next_buffer_id_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
-  std::deque<std::shared_ptr<Op>> queue_ ABSL_GUARDED_BY(mu_);
-  std::map<uint64_t, std::shared_ptr<Op>> ops_ ABSL_GUARDED_BY(mu_);  // queued, running, unreported
+  std::deque<std::shared_ptr<QueuedOp>> queue_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, std::shared_ptr<QueuedOp>> ops_ ABSL_GUARDED_BY(mu_);  // queued, running, unreported
   absl::Status epoch_error_ ABSL_GUARDED_BY(mu_);
   bool closing_ ABSL_GUARDED_BY(mu_) = false;
   std::string not_accepting_ ABSL_GUARDED_BY(mu_);  // non-empty: draining
@@ -238,29 +218,14 @@ class Session {
   // without copying the function (and what it captured) per op.
   std::shared_ptr<const CompletionListener> listener_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<SubmissionFeed> feed_ ABSL_GUARDED_BY(mu_);
-  bool waiting_on_feed_ ABSL_GUARDED_BY(mu_) = false;  // the executor sleeps on feed_
-  DaemonObserver* const observer_;
-  std::vector<uint64_t> peer_sent_, peer_received_, peer_retrans_;  // executor thread only
-  std::vector<std::string> peer_names_;                              // executor thread only
-  absl::Time next_retrans_sample_ = absl::InfinitePast();            // executor thread only
-  absl::Time next_peer_flush_ = absl::InfinitePast();                // executor thread only
-  bool peer_bytes_dirty_ = false;  // executor thread only: small ops' bytes not yet reported
-  absl::Status RefusalLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Status of the op in progress (guarded by mu_).
+  // Status of the op in progress.
   uint64_t current_seq_ ABSL_GUARDED_BY(mu_) = 0;
   OpSignature current_sig_ ABSL_GUARDED_BY(mu_);
-  std::string current_phase_ ABSL_GUARDED_BY(mu_);
   absl::Time current_since_ ABSL_GUARDED_BY(mu_);
-  std::vector<int> current_arrived_ ABSL_GUARDED_BY(mu_);
   uint64_t last_completed_seq_ ABSL_GUARDED_BY(mu_) = 0;
   OpSignature last_completed_sig_ ABSL_GUARDED_BY(mu_);
   absl::StatusCode last_completed_code_ ABSL_GUARDED_BY(mu_) = absl::StatusCode::kOk;
   absl::Time last_completed_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
-  absl::Duration arrival_wait_;  // executor thread only: of the last op
-  std::unique_ptr<Timeline> timeline_;  // null unless the job's timeline is on
-  std::unique_ptr<ps::PsWorker> ps_;  // null unless the job has PS shards
-  ps::BalancedSlicer slicer_;
-  std::thread executor_;
   std::once_flag close_once_;
 };
 

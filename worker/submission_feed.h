@@ -1,4 +1,4 @@
-// A source of submissions that a session's executor polls itself while it is
+// A source of submissions that the job's executor polls itself while it is
 // idle: the shared-memory op queue (worker/op_queue_server.h). Without it a
 // poller thread takes each submission and wakes the executor, one thread
 // hand-off (a futex wake, tens of microseconds on a virtual CPU) per op.

@@ -1,0 +1,557 @@
+#include "worker/job_executor.h"
+
+#include <sched.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "collective/collectives.h"
+#include "collective/trace.h"
+#include "common/clock.h"
+#include "common/logging.h"
+#include "common/process.h"
+#include "kernels/cpu_reduce.h"
+#include "worker/session.h"
+#include "worker/submission_feed.h"
+#include "worker/timeline.h"
+
+namespace gradsync {
+namespace {
+
+// The executor whose thread this is (its own Kicks need no wake-up).
+thread_local const JobExecutor* t_executor = nullptr;
+
+// Sleep bounds while local ranks are missing: the executor sleeps on one
+// missing rank's doorbell and looks at the others this often.
+constexpr absl::Duration kWaitingPoll = absl::Milliseconds(1);
+constexpr absl::Duration kIdlePoll = absl::Milliseconds(1);
+constexpr absl::Duration kLongIdlePoll = absl::Milliseconds(10);
+constexpr absl::Duration kLongIdleAfter = absl::Milliseconds(100);
+constexpr absl::Duration kSingleIdlePoll = absl::Milliseconds(100);
+
+ReduceOp Combine(ReduceOp op) { return op == ReduceOp::kAvg ? ReduceOp::kSum : op; }
+
+std::string RankList(const std::vector<int>& ranks) {
+  return absl::StrCat(ranks.size() == 1 ? "rank " : "ranks ", absl::StrJoin(ranks, ","));
+}
+
+}  // namespace
+
+JobExecutor::JobExecutor(JobExecutorOptions options, std::unique_ptr<transport::Context> node_ctx)
+    : options_(std::move(options)),
+      node_ctx_(std::move(node_ctx)),
+      local_(options_.placement.local_ranks()),
+      one_rank_per_daemon_(options_.placement.nodes() == options_.placement.world) {
+  const JobPlacement& p = options_.placement;
+  PlanTopology topology;  // the network stage: one participant per daemon
+  topology.world = p.nodes();
+  topology.nodes = p.nodes();
+  topology.ps_shards = static_cast<int>(options_.ps_shards.size());
+  const transport::TcpControls* tcp = node_ctx_ != nullptr ? node_ctx_->tcp() : nullptr;
+  topology.streams = tcp != nullptr ? tcp->streams() : 1;
+  topology.probe_streams = tcp != nullptr ? tcp->active_streams() : 1;
+  if (!options_.ps_shards.empty()) {
+    ps::PsWorkerOptions po;
+    po.job_id = options_.job_id;
+    po.epoch = static_cast<uint64_t>(options_.epoch);
+    po.shards = options_.ps_shards;
+    auto w = ps::PsWorker::Create(po);
+    if (w.ok()) {
+      ps_ = std::move(*w);
+    } else {
+      topology.ps_shards = 0;
+      GS_LOG(WARNING) << "job '" << options_.job_id << "': no parameter-server path: "
+                      << w.status().message();
+    }
+  }
+  planner_ = std::make_unique<Planner>(options_.planner, topology, options_.link);
+  slots_.resize(local_.size());
+  encoded_.resize(local_.size());
+  members_.resize(local_.size());
+  peer_sent_.assign(p.nodes(), 0);
+  peer_received_.assign(p.nodes(), 0);
+  peer_retrans_.assign(p.nodes(), 0);
+  progress_arrived_.assign(p.world, false);
+  thread_ = std::thread([this] { Run(); });
+  NameThread(thread_, "gs-exec");
+}
+
+JobExecutor::~JobExecutor() {
+  std::shared_ptr<SubmissionFeed> feed;
+  {
+    absl::MutexLock l(&mu_);
+    stop_ = true;
+    feed = sleep_feed_;
+    cv_.SignalAll();
+  }
+  if (feed != nullptr) feed->Wake();
+  if (node_ctx_ != nullptr) node_ctx_->Abort(absl::CancelledError("job executor stopped"));
+  if (thread_.get_id() == std::this_thread::get_id()) {
+    thread_.detach();  // the last reference went away on the executor itself
+  } else if (thread_.joinable()) {
+    thread_.join();
+  }
+}
+
+void JobExecutor::Attach(Session* session) {
+  const auto it = std::find(local_.begin(), local_.end(), session->info().rank);
+  if (it == local_.end()) return;
+  {
+    absl::MutexLock l(&mu_);
+    members_[it - local_.begin()] = session;
+  }
+  Kick();
+}
+
+void JobExecutor::Detach(int rank, const absl::Status& why) {
+  const auto it = std::find(local_.begin(), local_.end(), rank);
+  if (it == local_.end()) return;
+  uint64_t generation = 0;
+  {
+    absl::MutexLock l(&mu_);
+    members_[it - local_.begin()] = nullptr;
+    if (broken_.ok()) broken_ = why;
+    generation = generation_;
+  }
+  // Tells the other daemons (their ops cannot complete without this rank)
+  // and ends a running op here.
+  if (node_ctx_ != nullptr) node_ctx_->Abort(why);
+  Kick();
+  if (t_executor == this) return;
+  // A running op ends quickly once the context is aborted; an in-memory one
+  // is short. The bound only guards against a bug.
+  absl::MutexLock l(&mu_);
+  auto released = [this, generation]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return !using_ || generation_ != generation || stop_;
+  };
+  if (!mu_.AwaitWithTimeout(absl::Condition(&released), absl::Seconds(30))) {
+    GS_LOG(ERROR) << "job '" << options_.job_id << "': rank " << rank
+                  << "'s session waited 30 s for the executor to let it go";
+  }
+}
+
+void JobExecutor::Abort(const absl::Status& reason) {
+  Break(reason);
+  if (node_ctx_ != nullptr) node_ctx_->Abort(reason);
+}
+
+void JobExecutor::Break(const absl::Status& reason) {
+  {
+    absl::MutexLock l(&mu_);
+    if (broken_.ok()) broken_ = reason;
+  }
+  Kick();
+}
+
+void JobExecutor::Kick() {
+  kicks_.fetch_add(1, std::memory_order_acq_rel);
+  if (t_executor == this) return;
+  std::shared_ptr<SubmissionFeed> feed;
+  {
+    absl::MutexLock l(&mu_);
+    if (!sleeping_) return;
+    feed = sleep_feed_;
+    cv_.SignalAll();
+  }
+  if (feed != nullptr) feed->Wake();
+}
+
+JobExecutor::OpProgress JobExecutor::Progress(uint64_t seq) const {
+  OpProgress p;
+  absl::MutexLock l(&progress_mu_);
+  if (seq != progress_seq_) return p;
+  p.phase = progress_phase_;
+  for (int r = 0; r < static_cast<int>(progress_arrived_.size()); ++r) {
+    if (progress_arrived_[r]) p.arrived.push_back(r);
+  }
+  return p;
+}
+
+void JobExecutor::NoteArrived(int rank) {
+  absl::MutexLock l(&progress_mu_);
+  if (rank >= 0 && rank < static_cast<int>(progress_arrived_.size())) progress_arrived_[rank] = true;
+}
+
+void JobExecutor::SetPhase(std::string phase) {
+  absl::MutexLock l(&progress_mu_);
+  progress_phase_ = std::move(phase);
+}
+
+void JobExecutor::Run() {
+  t_executor = this;
+  absl::Time last_active = FastNow();
+  std::vector<Session*> members;
+  {
+    absl::MutexLock l(&progress_mu_);
+    progress_seq_ = next_seq_;
+    progress_phase_ = "negotiating";
+  }
+  // Marks the end of one look at the members (Detach waits for it).
+  struct Release {
+    JobExecutor* e;
+    ~Release() {
+      absl::MutexLock l(&e->mu_);
+      e->using_ = false;
+    }
+  };
+  while (true) {
+    absl::Status broken;
+    {
+      absl::MutexLock l(&mu_);
+      if (stop_) break;
+      members = members_;
+      broken = broken_;
+      using_ = true;
+      ++generation_;
+    }
+    Release release{this};
+    const bool took = TakeArrivals(members);
+    const bool any = std::any_of(slots_.begin(), slots_.end(), [](const auto& s) { return s != nullptr; });
+    const bool all = std::all_of(slots_.begin(), slots_.end(), [](const auto& s) { return s != nullptr; });
+    if (!broken.ok() && any) {
+      FailTaken(members, absl::Status(broken.code(), absl::StrCat("the epoch failed earlier: ",
+                                                                  broken.message())));
+      last_active = FastNow();
+      continue;
+    }
+    if (broken.ok() && all) {
+      RunCurrent(members);
+      last_active = FastNow();
+      continue;
+    }
+    if (broken.ok() && any && FastNow() >= EarliestDeadline()) {
+      const absl::Status late = LateRankError();
+      GS_LOG(WARNING) << "job '" << options_.job_id << "' epoch " << options_.epoch << ": "
+                      << late.message();
+      Break(late);
+      if (node_ctx_ != nullptr) (void)node_ctx_->Fail(late);
+      FailTaken(members, late);
+      continue;
+    }
+    if (took) {
+      last_active = FastNow();
+      continue;
+    }
+    Idle(members, last_active);
+  }
+  // Stopping: the sessions are gone or going; what was taken is dropped.
+  for (auto& slot : slots_) slot.reset();
+}
+
+bool JobExecutor::TakeArrivals(const std::vector<Session*>& members) {
+  bool took = false;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    if (slots_[i] != nullptr || members[i] == nullptr) continue;
+    slots_[i] = members[i]->TakeNext();
+    if (slots_[i] == nullptr) continue;
+    took = true;
+    NoteArrived(local_[i]);
+  }
+  return took;
+}
+
+absl::Time JobExecutor::EarliestDeadline() const {
+  absl::Time t = absl::InfiniteFuture();
+  for (const auto& op : slots_) {
+    if (op != nullptr) t = std::min(t, op->deadline);
+  }
+  return t;
+}
+
+absl::Status JobExecutor::LateRankError() const {
+  std::vector<int> have, missing;
+  const QueuedOp* any = nullptr;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    if (slots_[i] != nullptr) {
+      have.push_back(local_[i]);
+      any = slots_[i].get();
+    } else {
+      missing.push_back(local_[i]);
+    }
+  }
+  return absl::DeadlineExceededError(absl::StrCat(
+      "timed out at ", RankList(have), " waiting for rank(s) ", absl::StrJoin(missing, ","),
+      " to submit op ", any->seq, " (", any->sig.Describe(), ")"));
+}
+
+void JobExecutor::FailTaken(const std::vector<Session*>& members,
+                            const absl::Status& why) {
+  const absl::Time end = FastNow();
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    std::shared_ptr<QueuedOp> op = std::move(slots_[i]);
+    if (op == nullptr) continue;
+    const absl::Status s(why.code(), absl::StrCat(op->sig.Describe(), " (op ", op->seq,
+                                                  ") failed at rank ", local_[i], ": ",
+                                                  why.message()));
+    bool newly_failed = false;
+    if (members[i] == nullptr) continue;
+    if (members[i]->Finish(*op, s, "", end, &newly_failed) && options_.observer != nullptr) {
+      options_.observer->OnOpDone(members[i]->Record(*op, absl::ZeroDuration()));
+      if (newly_failed) options_.observer->OnEpochFailed(EpochFailureCause(s));
+    }
+  }
+  ++next_seq_;
+  absl::MutexLock l(&progress_mu_);
+  progress_seq_ = next_seq_;
+  progress_phase_ = "negotiating";
+  std::fill(progress_arrived_.begin(), progress_arrived_.end(), false);
+}
+
+void JobExecutor::Idle(const std::vector<Session*>& members,
+                       absl::Time last_active) {
+  const uint64_t seen = kicks_.load(std::memory_order_acquire);
+  bool waiting = false;  // some local rank has submitted the next op
+  std::shared_ptr<SubmissionFeed> feed;  // the doorbell to sleep on
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    if (slots_[i] != nullptr) {
+      waiting = true;
+    } else if (feed == nullptr && members[i] != nullptr) {
+      feed = members[i]->feed();
+    }
+  }
+  const uint32_t snapshot = feed != nullptr ? feed->Snapshot() : 0;
+  // Take the submissions waiting in the missing ranks' queues (they reach
+  // the sessions, which Kick).
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    if (slots_[i] != nullptr || members[i] == nullptr) continue;
+    if (std::shared_ptr<SubmissionFeed> f = members[i]->feed()) f->Pump();
+  }
+  if (kicks_.load(std::memory_order_acquire) != seen) return;
+  const absl::Time now = FastNow();
+  if (now < last_active + options_.spin) {
+    // Soon after activity: poll every missing rank's queue (yielding the
+    // CPU), or the one doorbell when a single rank is missing.
+    int missing = 0;
+    for (size_t i = 0; i < slots_.size(); ++i) missing += slots_[i] == nullptr && members[i] != nullptr;
+    if (missing == 1 && feed != nullptr) {
+      feed->Spin(snapshot, last_active + options_.spin - now);
+      return;
+    }
+    while (FastNow() < last_active + options_.spin &&
+           kicks_.load(std::memory_order_acquire) == seen) {
+      sched_yield();
+      for (size_t i = 0; i < slots_.size(); ++i) {
+        if (slots_[i] != nullptr || members[i] == nullptr) continue;
+        if (std::shared_ptr<SubmissionFeed> f = members[i]->feed()) f->Pump();
+      }
+    }
+    return;
+  }
+  if (peer_bytes_dirty_ && options_.observer != nullptr) FlushPeerBytes(absl::ZeroDuration(), now);
+  absl::Duration timeout = slots_.size() == 1 ? kSingleIdlePoll
+                           : waiting          ? kWaitingPoll
+                           : now - last_active < kLongIdleAfter ? kIdlePoll
+                                                                : kLongIdlePoll;
+  timeout = std::max(absl::ZeroDuration(), std::min(timeout, EarliestDeadline() - now));
+  {
+    absl::MutexLock l(&mu_);
+    if (stop_ || kicks_.load(std::memory_order_acquire) != seen) return;
+    sleeping_ = true;
+    sleep_feed_ = feed;
+    if (feed == nullptr) {
+      cv_.WaitWithTimeout(&mu_, timeout);
+      sleeping_ = false;
+      return;
+    }
+  }
+  feed->Wait(snapshot, timeout);
+  absl::MutexLock l(&mu_);
+  sleeping_ = false;
+  sleep_feed_ = nullptr;
+}
+
+void JobExecutor::RunCurrent(const std::vector<Session*>& members) {
+  const size_t k = slots_.size();
+  std::vector<QueuedOp*> ops(k);
+  for (size_t i = 0; i < k; ++i) ops[i] = slots_[i].get();
+  const QueuedOp& lead = *ops[0];
+  const uint64_t seq = lead.seq;
+  const JobPlacement& place = options_.placement;
+  const size_t bytes = CollectiveBufferBytes(lead.sig.kind, lead.sig.count, lead.sig.dtype, place.world);
+  // Only errors and debug logs use it: built on demand, not for every op.
+  auto what = [&lead] { return absl::StrCat(lead.sig.Describe(), " (op ", lead.seq, ")"); };
+  Timeline* tracer = nullptr;
+  for (size_t i = 0; i < k; ++i) {
+    if (Timeline* t = members[i]->timeline()) {
+      t->SetOp(seq, ops[i]->sig.Describe());
+      t->Event("queued", "op", ops[i]->submitted, ops[i]->started);
+      if (tracer == nullptr) tracer = t;
+    }
+  }
+  ScopedTracer tracing(tracer);
+  const absl::Time negotiate_start = FastNow();
+  absl::Status s;
+  for (size_t i = 0; i < k && s.ok(); ++i) {
+    if (ops[i]->seq != seq) {
+      s = absl::InternalError(absl::StrCat("rank ", local_[i], " is at op ", ops[i]->seq,
+                                           ", rank ", local_[0], " at op ", seq));
+    }
+    absl::Status health = members[i]->health();
+    if (s.ok() && !health.ok()) {
+      s = absl::Status(health.code(), absl::StrCat("the epoch failed earlier: ", health.message()));
+    }
+  }
+  // The local ranks' signatures, compared in memory.
+  bool local_mismatch = false;
+  if (s.ok() && k > 1) {
+    for (size_t i = 0; i < k; ++i) ops[i]->sig.EncodeTo(&encoded_[i]);
+    for (size_t i = 1; i < k; ++i) local_mismatch = local_mismatch || !SameSignature(encoded_[0], encoded_[i]);
+  }
+  std::string plan_name;
+  Plan plan;
+  uint8_t agreed_streams = 0;
+  absl::Duration exchange;
+  if (s.ok() && node_ctx_ == nullptr) {
+    // Every rank is here: the whole op in memory.
+    if (local_mismatch) {
+      s = CompareSignatures(seq, encoded_);  // local index = rank
+    } else {
+      // A job of one rank runs nothing; it reports what it was asked for.
+      plan_name = !one_rank_per_daemon_ ? "hier"
+                  : lead.sig.forced != kAutoCode ? PlanCodeName(lead.sig.forced)
+                                                 : "ring";
+      SetPhase(absl::StrCat("running ", plan_name));
+      LocalCollective c{lead.sig.kind, lead.sig.dtype, lead.sig.op, lead.sig.count, lead.sig.root, {}};
+      for (QueuedOp* op : ops) c.bufs.push_back(op->data());
+      RunInMemory(place, c, &scratch_);
+    }
+    exchange = FastNow() - negotiate_start;
+  } else if (s.ok()) {
+    const Plan mine = planner_->Propose(lead.sig.kind, bytes, lead.sig.forced);
+    const bool fused = mine.fused() && !local_mismatch &&
+                       (lead.sig.kind == CollectiveKind::kAllreduce ||
+                        lead.sig.kind == CollectiveKind::kBarrier);
+    s = Exchange(ops, mine, local_mismatch, fused, &plan, &agreed_streams);
+    exchange = FastNow() - negotiate_start;
+    TraceEvent("negotiate", "op", negotiate_start);
+    if (s.ok()) {
+      plan_name = one_rank_per_daemon_ || plan.path == PlanPath::kParameterServer ? plan.Name() : "hier";
+      bool done = fused;
+      if (!done) {
+        SetPhase(absl::StrCat("running ", plan_name));
+        const absl::Time run_start = TraceNow();
+        s = RunAgreed(ops, plan, &done);
+        TraceEvent(plan_name, "op", run_start);
+      }
+      if (s.ok()) {
+        const std::string line = planner_->Observe(
+            plan, lead.sig.kind, bytes, agreed_streams,
+            absl::ToDoubleMicroseconds(FastNow() - negotiate_start),
+            absl::ToDoubleMicroseconds(exchange), place.node_index == 0);
+        if (!line.empty()) GS_LOG(INFO) << "job '" << options_.job_id << "': " << line;
+        GS_LOG(DEBUG) << "job '" << options_.job_id << "' " << what() << ": plan " << plan_name
+                      << " (rank 0's; this daemon proposed " << mine.Name() << ")";
+      }
+    }
+  }
+  const absl::Time end = FastNow();
+  absl::Status first_failure;
+  for (size_t i = 0; i < k; ++i) {
+    absl::Status st = s;
+    if (!s.ok() && !absl::IsInvalidArgument(s)) {
+      st = absl::Status(s.code(), absl::StrCat(ops[i]->sig.Describe(), " (op ", seq, ") failed at rank ",
+                                               local_[i], ": ", s.message()));
+      if (first_failure.ok()) first_failure = st;
+    }
+    bool newly_failed = false;
+    if (!members[i]->Finish(*ops[i], st, st.ok() ? plan_name : "", end, &newly_failed)) continue;
+    if (Timeline* t = members[i]->timeline()) t->Instant(st.ok() ? "done" : "failed", end);
+    if (options_.observer != nullptr) {
+      options_.observer->OnOpDone(
+          members[i]->Record(*ops[i], std::max(absl::ZeroDuration(), negotiate_start - ops[i]->started) + exchange));
+      if (newly_failed) options_.observer->OnEpochFailed(EpochFailureCause(st));
+    }
+  }
+  if (absl::IsInvalidArgument(s)) {
+    GS_LOG(WARNING) << "job '" << options_.job_id << "' on daemon " << place.node_index << ": "
+                    << s.message();
+  } else if (!first_failure.ok()) {
+    GS_LOG(WARNING) << "job '" << options_.job_id << "' epoch " << options_.epoch << ": "
+                    << first_failure.message();
+    Break(first_failure);
+    if (node_ctx_ != nullptr) (void)node_ctx_->Fail(first_failure);  // tells the other daemons
+  }
+  for (auto& slot : slots_) slot.reset();
+  ++next_seq_;
+  {
+    absl::MutexLock l(&progress_mu_);
+    progress_seq_ = next_seq_;
+    progress_phase_ = "negotiating";
+    std::fill(progress_arrived_.begin(), progress_arrived_.end(), false);
+  }
+  if (options_.observer != nullptr) Account(bytes, end - negotiate_start, end);
+}
+
+absl::Status JobExecutor::RunAgreed(const std::vector<QueuedOp*>& ops, const Plan& plan,
+                                    bool* done) {
+  const QueuedOp& lead = *ops[0];
+  const JobPlacement& place = options_.placement;
+  const CollectiveKind kind = lead.sig.kind;
+  *done = true;
+  if (plan.path == PlanPath::kParameterServer) {
+    if (ps_ == nullptr) {
+      return absl::FailedPreconditionError("rank 0 chose the parameter server; this daemon has no shards");
+    }
+    if (kind != CollectiveKind::kAllreduce) {
+      return absl::InvalidArgumentError(absl::StrCat("rank 0 chose 'ps', which does not implement ",
+                                                     CollectiveName(kind)));
+    }
+    if (one_rank_per_daemon_) {
+      return ps_->PushPull(lead.seq, lead.data(), lead.sig.count, lead.sig.dtype, lead.sig.op,
+                           place.world, local_[0], options_.ps_partition_bytes, slicer_,
+                           lead.deadline);
+    }
+    // This daemon's partial result is one worker's push.
+    std::vector<char*> bufs;
+    for (QueuedOp* op : ops) bufs.push_back(op->data());
+    ReduceInOrder(bufs, lead.sig.count, lead.sig.dtype, lead.sig.op, /*divide_by=*/0);
+    absl::Status s = ps_->PushPull(lead.seq, bufs[0], lead.sig.count, lead.sig.dtype,
+                                   Combine(lead.sig.op), place.nodes(), place.node_index,
+                                   options_.ps_partition_bytes, slicer_, lead.deadline);
+    if (!s.ok()) return s;
+    const size_t data_bytes = lead.sig.count * DTypeSize(lead.sig.dtype);
+    if (lead.sig.op == ReduceOp::kAvg) DivideBy(lead.sig.dtype, bufs[0], lead.sig.count, place.world);
+    for (size_t i = 1; i < bufs.size(); ++i) std::memcpy(bufs[i], bufs[0], data_bytes);
+    return absl::OkStatus();
+  }
+  if (one_rank_per_daemon_) {
+    if (plan.path == PlanPath::kHierarchical) {
+      return absl::FailedPreconditionError(
+          "rank 0 chose the hierarchical path; this job has one rank per daemon");
+    }
+    if (!Implements(plan.algorithm, kind)) {
+      return absl::InvalidArgumentError(absl::StrCat("rank 0 chose '", plan.Name(),
+                                                     "', which does not implement ",
+                                                     CollectiveName(kind)));
+    }
+    CollectiveCall call;
+    call.kind = kind;
+    call.data = lead.data();
+    call.count = lead.sig.count;
+    call.dtype = lead.sig.dtype;
+    call.op = lead.sig.op;
+    call.root = lead.sig.root;
+    call.seq = lead.seq;
+    call.deadline = lead.deadline;
+    call.ring = options_.ring;
+    return RunCollective(*node_ctx_, call, plan.algorithm, &algo_scratch_);
+  }
+  // Ranks share daemons: combined in memory, one share per daemon between them.
+  const CollectiveKind stage = kind == CollectiveKind::kReduceScatter ? CollectiveKind::kAllreduce : kind;
+  Algorithm node_algo = plan.path == PlanPath::kFlat
+                            ? plan.algorithm
+                            : ChooseAlgorithm(stage, CollectiveBufferBytes(kind, lead.sig.count,
+                                                                           lead.sig.dtype, place.world),
+                                              place.nodes(), options_.link, /*allow_oneshot=*/false);
+  if (!Implements(node_algo, stage) || node_algo == Algorithm::kOneShot) node_algo = Algorithm::kRing;
+  LocalCollective c{kind, lead.sig.dtype, lead.sig.op, lead.sig.count, lead.sig.root, {}};
+  for (QueuedOp* op : ops) c.bufs.push_back(op->data());
+  absl::Time deadline = lead.deadline;
+  for (const QueuedOp* op : ops) deadline = std::min(deadline, op->deadline);
+  return RunAcrossNodes(*node_ctx_, place, c, node_algo, lead.seq, deadline, options_.ring,
+                        &scratch_, &algo_scratch_);
+}
+
+}  // namespace gradsync

@@ -1,0 +1,83 @@
+// Collectives of the ranks that share one daemon, run by the job's executor
+// (worker/job_executor.h) on their buffers, all mapped in this process.
+//
+// All ranks on this daemon (RunInMemory): the whole collective is memory
+// copies and reductions, in rank order. Several daemons (RunAcrossNodes):
+// the local ranks are combined in memory, one exchange among the daemons
+// carries the daemon's share on the node context (one rank per daemon), and
+// the result is copied back out:
+//   allreduce       local reduce (rank order) -> node allreduce -> copy
+//   reduce_scatter  local reduce of every block -> node allreduce of all the
+//                   blocks (twice the bytes of a flat reduce_scatter) -> each
+//                   rank keeps its block
+//   allgather       each daemon sends its ranks' blocks to every other
+//   alltoall        each daemon sends every other the blocks its ranks
+//                   address to that daemon's ranks; local pairs swap in place
+//   broadcast       node broadcast from the root's daemon -> copy
+//   reduce          local reduce -> node reduce to the root's daemon -> the
+//                   root's buffer (the others' buffers are left as they were)
+//   barrier         nothing (the signature exchange was the barrier)
+// Every element is combined in a fixed order (local ranks ascending, then the
+// node algorithm's order), so every rank gets the same bits. avg sums and
+// divides once by the world size at the end.
+#ifndef GRADSYNC_WORKER_NODE_COLLECTIVES_H_
+#define GRADSYNC_WORKER_NODE_COLLECTIVES_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "collective/algorithm.h"
+#include "collective/ring_allreduce.h"
+#include "common/types.h"
+#include "transport/transport.h"
+
+namespace gradsync {
+
+// Where a job's ranks live, the same on every daemon of the job.
+struct JobPlacement {
+  int world = 1;
+  int node_index = 0;                           // this daemon
+  std::vector<int> node_of_rank;                // by rank
+  std::vector<std::vector<int>> ranks_of_node;  // by node (daemon), ascending
+  std::vector<std::string> node_names;          // each daemon's data endpoint, "host:port"
+
+  int nodes() const { return static_cast<int>(ranks_of_node.size()); }
+  const std::vector<int>& local_ranks() const { return ranks_of_node[node_index]; }
+};
+
+// One op on this daemon's ranks: their buffers by local index (ranks
+// ascending; null for a buffer-less barrier).
+struct LocalCollective {
+  CollectiveKind kind = CollectiveKind::kAllreduce;
+  DType dtype = DType::kF32;
+  ReduceOp op = ReduceOp::kSum;
+  size_t count = 0;  // per block for the blocked collectives
+  int root = 0;      // a job rank
+  std::vector<char*> bufs;
+};
+
+// Every rank of the job is on this daemon.
+void RunInMemory(const JobPlacement& placement, const LocalCollective& c,
+                 std::vector<char>* scratch);
+
+// Several daemons: `node_ctx` connects them (rank = node index);
+// `node_algo` runs the node stage where one runs (it must implement the
+// stage's collective: allreduce for allreduce and reduce_scatter, broadcast,
+// reduce). Errors name the stage.
+absl::Status RunAcrossNodes(transport::Context& node_ctx, const JobPlacement& placement,
+                            const LocalCollective& c, Algorithm node_algo, uint64_t seq,
+                            absl::Time deadline, const RingOptions& ring,
+                            std::vector<char>* scratch, std::vector<char>* algo_scratch);
+
+// Combines bufs[1..] into bufs[0] in order with `op` (avg: sum), `count`
+// elements; then, for avg and `divide_by` > 0, divides bufs[0] by it.
+void ReduceInOrder(const std::vector<char*>& bufs, size_t count, DType dtype, ReduceOp op,
+                   int divide_by);
+
+}  // namespace gradsync
+
+#endif  // GRADSYNC_WORKER_NODE_COLLECTIVES_H_
