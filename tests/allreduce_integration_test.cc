@@ -431,7 +431,7 @@ TEST_F(AllreduceIntegration, RanksSharingADaemonUseTheHierarchicalPath) {
         {DType::kF32, ReduceOp::kSum, "", CollectiveKind::kReduceScatter},
     };
     for (const Case& c : cases) {
-      for (uint64_t count : {uint64_t{0}, uint64_t{1}, uint64_t{1023}, uint64_t{100003}}) {
+      for (uint64_t count : {uint64_t{0}, uint64_t{1}, uint64_t{1023}, uint64_t{100003}, uint64_t{1000003}}) {
         std::vector<std::string> errors(world);
         OnEveryRank(world, [&](int r) {
           auto& s = *(*job)[r].session;

@@ -67,6 +67,10 @@ JobExecutor::JobExecutor(JobExecutorOptions options, std::unique_ptr<transport::
     }
   }
   planner_ = std::make_unique<Planner>(options_.planner, topology, options_.link);
+  const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  if (local_.size() > 1 && cores > 1) {
+    pool_ = std::make_unique<SlicePool>(std::min(static_cast<int>(local_.size()), cores));
+  }
   slots_.resize(local_.size());
   encoded_.resize(local_.size());
   members_.resize(local_.size());
@@ -415,7 +419,7 @@ void JobExecutor::RunCurrent(const std::vector<Session*>& members) {
       SetPhase(absl::StrCat("running ", plan_name));
       LocalCollective c{lead.sig.kind, lead.sig.dtype, lead.sig.op, lead.sig.count, lead.sig.root, {}};
       for (QueuedOp* op : ops) c.bufs.push_back(op->data());
-      RunInMemory(place, c, &scratch_);
+      RunInMemory(place, c, &scratch_, pool_.get());
     }
     exchange = FastNow() - negotiate_start;
   } else if (s.ok()) {
@@ -551,7 +555,7 @@ absl::Status JobExecutor::RunAgreed(const std::vector<QueuedOp*>& ops, const Pla
   absl::Time deadline = lead.deadline;
   for (const QueuedOp* op : ops) deadline = std::min(deadline, op->deadline);
   return RunAcrossNodes(*node_ctx_, place, c, node_algo, lead.seq, deadline, options_.ring,
-                        &scratch_, &algo_scratch_);
+                        &scratch_, &algo_scratch_, pool_.get());
 }
 
 }  // namespace gradsync

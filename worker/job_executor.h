@@ -141,6 +141,7 @@ class JobExecutor {
   const bool one_rank_per_daemon_;
   std::unique_ptr<Planner> planner_;      // executor thread only
   std::unique_ptr<ps::PsWorker> ps_;      // null unless the job has shards
+  std::unique_ptr<SlicePool> pool_;       // with several local ranks: large in-memory passes
   ps::BalancedSlicer slicer_;             // executor thread only
   SignatureScratch sig_scratch_;          // executor thread only
   std::vector<char> scratch_, algo_scratch_;  // executor thread only

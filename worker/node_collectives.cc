@@ -1,6 +1,7 @@
 #include "worker/node_collectives.h"
 
 #include <algorithm>
+#include <functional>
 #include <cstring>
 #include <memory>
 #include <utility>
@@ -154,6 +155,27 @@ absl::Status BlocksAcrossNodes(transport::Context& ctx, const JobPlacement& p,
   return absl::OkStatus();
 }
 
+// Runs fn over [0, count) in slices on `pool`, or at once.
+void Sliced(SlicePool* pool, size_t count, size_t es,
+            const std::function<void(size_t begin, size_t end)>& fn) {
+  if (pool == nullptr || count * es < 2 * kMinSliceBytes) {
+    fn(0, count);
+  } else {
+    pool->ForRanges(count, es, kMinSliceBytes, fn);
+  }
+}
+
+// The local stage of an allreduce on [begin, end): combined into bufs[0] in
+// rank order; with `finish` also divided (avg) and copied to the others.
+void ReduceSlice(const LocalCollective& c, size_t begin, size_t end, int divide_by, bool copy) {
+  const size_t es = DTypeSize(c.dtype);
+  std::vector<char*> part(c.bufs.size());
+  for (size_t j = 0; j < c.bufs.size(); ++j) part[j] = c.bufs[j] + begin * es;
+  ReduceInOrder(part, end - begin, c.dtype, c.op, divide_by);
+  if (!copy) return;
+  for (size_t j = 1; j < part.size(); ++j) std::memcpy(part[j], part[0], (end - begin) * es);
+}
+
 }  // namespace
 
 void ReduceInOrder(const std::vector<char*>& bufs, size_t count, DType dtype, ReduceOp op,
@@ -163,14 +185,14 @@ void ReduceInOrder(const std::vector<char*>& bufs, size_t count, DType dtype, Re
   if (op == ReduceOp::kAvg && divide_by > 0) DivideBy(dtype, bufs[0], count, divide_by);
 }
 
-void RunInMemory(const JobPlacement& p, const LocalCollective& c, std::vector<char>* scratch) {
+void RunInMemory(const JobPlacement& p, const LocalCollective& c, std::vector<char>* scratch,
+                 SlicePool* pool) {
   const int world = p.world;
   const size_t es = DTypeSize(c.dtype);
   const size_t block = c.count * es;
   switch (c.kind) {
     case CollectiveKind::kAllreduce:
-      ReduceInOrder(c.bufs, c.count, c.dtype, c.op, world);
-      for (size_t j = 1; j < c.bufs.size(); ++j) std::memcpy(c.bufs[j], c.bufs[0], block);
+      Sliced(pool, c.count, es, [&](size_t b, size_t e) { ReduceSlice(c, b, e, world, true); });
       return;
     case CollectiveKind::kReduceScatter:
       scratch->resize(std::max(scratch->size(), block));
@@ -212,7 +234,8 @@ void RunInMemory(const JobPlacement& p, const LocalCollective& c, std::vector<ch
 absl::Status RunAcrossNodes(transport::Context& ctx, const JobPlacement& p,
                             const LocalCollective& c, Algorithm node_algo, uint64_t seq,
                             absl::Time deadline, const RingOptions& ring,
-                            std::vector<char>* scratch, std::vector<char>* algo_scratch) {
+                            std::vector<char>* scratch, std::vector<char>* algo_scratch,
+                            SlicePool* pool) {
   const int world = p.world;
   const size_t es = DTypeSize(c.dtype);
   const size_t block = c.count * es;
@@ -230,13 +253,17 @@ absl::Status RunAcrossNodes(transport::Context& ctx, const JobPlacement& p,
   };
   switch (c.kind) {
     case CollectiveKind::kAllreduce: {
-      ReduceInOrder(c.bufs, c.count, c.dtype, c.op, /*divide_by=*/0);
+      Sliced(pool, c.count, es, [&](size_t b, size_t e) { ReduceSlice(c, b, e, 0, false); });
       call.kind = CollectiveKind::kAllreduce;
       call.data = c.bufs[0];
       call.count = c.count;
       RETURN_IF_ERROR(between(RunCollective(ctx, call, node_algo, algo_scratch)));
-      if (c.op == ReduceOp::kAvg) DivideBy(c.dtype, c.bufs[0], c.count, world);
-      for (size_t j = 1; j < c.bufs.size(); ++j) std::memcpy(c.bufs[j], c.bufs[0], block);
+      Sliced(pool, c.count, es, [&](size_t b, size_t e) {
+        if (c.op == ReduceOp::kAvg) DivideBy(c.dtype, c.bufs[0] + b * es, e - b, world);
+        for (size_t j = 1; j < c.bufs.size(); ++j) {
+          std::memcpy(c.bufs[j] + b * es, c.bufs[0] + b * es, (e - b) * es);
+        }
+      });
       return absl::OkStatus();
     }
     case CollectiveKind::kReduceScatter: {

@@ -34,6 +34,7 @@
 #include "collective/ring_allreduce.h"
 #include "common/types.h"
 #include "transport/transport.h"
+#include "worker/slice_pool.h"
 
 namespace gradsync {
 
@@ -60,9 +61,13 @@ struct LocalCollective {
   std::vector<char*> bufs;
 };
 
+// Large allreduces are reduced and copied in slices on `pool` (null: on the
+// calling thread alone); every element is still combined in rank order.
+inline constexpr size_t kMinSliceBytes = 1 << 20;
+
 // Every rank of the job is on this daemon.
 void RunInMemory(const JobPlacement& placement, const LocalCollective& c,
-                 std::vector<char>* scratch);
+                 std::vector<char>* scratch, SlicePool* pool = nullptr);
 
 // Several daemons: `node_ctx` connects them (rank = node index);
 // `node_algo` runs the node stage where one runs (it must implement the
@@ -71,7 +76,8 @@ void RunInMemory(const JobPlacement& placement, const LocalCollective& c,
 absl::Status RunAcrossNodes(transport::Context& node_ctx, const JobPlacement& placement,
                             const LocalCollective& c, Algorithm node_algo, uint64_t seq,
                             absl::Time deadline, const RingOptions& ring,
-                            std::vector<char>* scratch, std::vector<char>* algo_scratch);
+                            std::vector<char>* scratch, std::vector<char>* algo_scratch,
+                            SlicePool* pool = nullptr);
 
 // Combines bufs[1..] into bufs[0] in order with `op` (avg: sum), `count`
 // elements; then, for avg and `divide_by` > 0, divides bufs[0] by it.
