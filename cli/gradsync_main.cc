@@ -43,7 +43,7 @@ ABSL_FLAG(bool, blocking, false,
 ABSL_FLAG(int32_t, gap_us, 0,
           "bench --blocking: every rank sleeps this long before each op (the compute between a "
           "training step's allreduces), so the daemon's threads may be asleep when it arrives");
-ABSL_FLAG(int32_t, tcp_streams, 0, "bench: TCP connections per rank pair (0: daemon default)");
+ABSL_FLAG(int32_t, tcp_streams, 0, "bench: TCP connections per pair of daemons (0: daemon default)");
 ABSL_FLAG(int32_t, ps_shards, 0,
           "bench/demo: parameter-server shards (gradsync-ps) to start and use (--algo ps)");
 ABSL_FLAG(bool, limits, true, "bench: measure and print link/memory limits before the table");

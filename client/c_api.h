@@ -127,7 +127,7 @@ typedef struct gs_session_options {
   int64_t timeout_ms;           /* rendezvous bound, > 0 (default 60000) */
   int64_t heartbeat_timeout_ms; /* job option */
   int64_t op_timeout_ms;        /* job option: default op timeout */
-  int32_t tcp_streams;          /* job option: TCP connections per pair of ranks */
+  int32_t tcp_streams;          /* job option: TCP connections per pair of daemons */
   const char* algorithm;        /* job option: forced for every op ("" = the planner's choice) */
   int32_t timeline;             /* job option: non-zero = Chrome-trace timeline of every op */
   int32_t ps_shards;            /* job option: parameter-server shards for algorithm "ps" */

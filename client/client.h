@@ -91,7 +91,7 @@ struct SessionOptions {
   int64_t heartbeat_timeout_ms = 0;
   int64_t op_timeout_ms = 0;
   // Used if this session creates the job (0 / "": the daemon's defaults).
-  int tcp_streams = 0;       // TCP connections per pair of ranks
+  int tcp_streams = 0;       // TCP connections per pair of the job's daemons
   std::string algorithm;     // forced for every op of the job; "" = cost model
   bool timeline = false;     // Chrome-trace timeline of every op on every rank (gradsyncd --timeline_dir)
   int ps_shards = 0;         // parameter-server shards (gradsync-ps) for algorithm "ps"

@@ -67,7 +67,7 @@ Algorithm ChooseAlgorithm(CollectiveKind kind, size_t bytes, int world, const Li
 
 // ChooseAlgorithm, remembered: a job's ops come in a few shapes (its
 // gradient buckets) and the answer changes only with the link estimate, so
-// a session asks the model once per shape instead of once per op (ranking
+// a planner asks the model once per shape instead of once per op (ranking
 // every algorithm costs more than a small op's own bookkeeping). Holds up to
 // kEntries answers for one LinkParams; a different link (a refined
 // estimate) forgets them. Not thread-safe.

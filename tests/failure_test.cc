@@ -410,7 +410,7 @@ TEST(Failure, RankLeavingRightAfterTheLastOpDoesNotFailTheOthersLastOp) {
 }
 
 // ---- Node-local jobs: every rank on one daemon, which combines them in
-// memory (worker/job_group.h).
+// memory (worker/node_collectives.h).
 
 TEST(Failure, NodeLocalRankThatNeverSubmitsIsNamedAndTheEpochEnds) {
   auto cluster = StartCluster(1);

@@ -37,7 +37,7 @@ struct DaemonOptions {
   absl::Duration connect_timeout = absl::Seconds(30);
   RingOptions ring;
   int socket_buffer_bytes = 0;  // 0: the kernel's autotuned buffers
-  int tcp_streams = 2;  // default TCP connections per rank pair for jobs this daemon creates
+  int tcp_streams = 2;  // default TCP connections per pair of daemons for jobs this daemon creates
   int spin_us = 1000;   // data-plane progress spins this long before sleeping
   // A job's executor polls its ranks' op queues this long after activity
   // before it sleeps (gradsyncd --queue_spin_us).

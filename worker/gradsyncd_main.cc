@@ -57,7 +57,7 @@ ABSL_FLAG(int32_t, queue_spin_us, 50,
           "microseconds a job's executor keeps polling its ranks' shared-memory op queues after an "
           "op before it sleeps on the futex (0 = never); saves a wake-up per small op");
 ABSL_FLAG(int32_t, tcp_streams, 2,
-          "TCP connections per pair of ranks for jobs this daemon creates (a job's value wins)");
+          "TCP connections per pair of daemons of a job, for jobs this daemon creates (a job's value wins)");
 ABSL_FLAG(std::string, port_file, "",
           "if set, write the data-plane port and the metrics port (one per line) here once serving");
 ABSL_FLAG(int32_t, v, 0, "log verbosity: 0 info, 1 debug");

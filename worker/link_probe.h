@@ -1,7 +1,8 @@
-// The link probe run when a session's job epoch forms: it measures the
-// latency and bandwidth of the ring neighbours' links and the local reduction
-// speed, then agrees on one set of values across ranks (the maximum of each),
-// so every rank's cost model makes the same algorithm choice.
+// The link probe run when a job epoch's daemons have connected (on the job's
+// node context, one participant per daemon): it measures the latency and
+// bandwidth of the ring neighbours' links and the local reduction speed, then
+// agrees on one set of values across the daemons (the maximum of each), so
+// every daemon's planner makes the same choices.
 #ifndef GRADSYNC_WORKER_LINK_PROBE_H_
 #define GRADSYNC_WORKER_LINK_PROBE_H_
 

@@ -17,8 +17,8 @@
 // whose client is blocked in a long wait), and notices that the session was
 // closed.
 //
-// Completions come from the session's completion listener (on its executor
-// thread): the op's token goes with it into the completion ring, then
+// Completions come from the session's completion listener (on the job's
+// executor thread): the op's token goes with it into the completion ring, then
 // FUTEX_WAKE if the client sleeps. A full ring never drops a completion: it
 // waits in a daemon-side overflow list, flushed as the client frees room.
 // Ops taken from the ring and not yet delivered are bounded
@@ -56,7 +56,7 @@ namespace gradsync {
 // thread and must not block for long.
 class OpQueueBackend {
  public:
-  // Called once per finished op, on the session's executor thread, with no
+  // Called once per finished op, on the job's executor thread, with no
   // session lock held. `outcome.token` is 0 (the server fills it in). Return
   // true if the outcome was delivered (the session then forgets the op).
   using Listener = std::function<bool(uint64_t op_id, const ipc::OpCompletion& outcome)>;
@@ -68,7 +68,7 @@ class OpQueueBackend {
   virtual absl::StatusOr<uint64_t> Submit(const ipc::OpDescriptor& op) = 0;
   // Replaces the listener (nullptr removes it).
   virtual void SetCompletionListener(Listener listener) = 0;
-  // Offers the queue as a feed the session's executor polls itself (nullptr
+  // Offers the queue as a feed the job's executor polls itself (nullptr
   // withdraws it). Returns false if the backend does not take feeds; the
   // poller then takes every submission itself.
   virtual bool SetSubmissionFeed(std::shared_ptr<SubmissionFeed> feed) {

@@ -1,0 +1,507 @@
+// Internal to the parameter-server shard (ps/shard.cc: lifecycle,
+// connections, frames; ps/shard_steps.cc: steps, aggregation, timer): its
+// jobs, steps, connections and aggregation threads. Not for other users.
+// The shard engine. Threads:
+//   * the listener's handshake threads hand "ps/..." connections to Adopt();
+//   * per connection, a reader (ServeConnection: step headers, pushes, worker
+//     aborts) and a writer (Conn::WriteLoop: results and errors, in queue order);
+//   * `threads` aggregation threads; partition p's accumulator belongs to
+//     thread p % threads, so reducing never takes a shared lock;
+//   * a timer thread: step deadlines, reaping closed connections, idle jobs.
+// Locks, outermost first: Impl::mu_ (jobs, connections) -> Job::mu (its
+// running step, its connections) -> Conn::mu / Aggregator::mu_ / BufferPool
+// (queues, free lists).
+// The hot path (push -> reduce -> result) takes only the queue locks.
+#ifndef GRADSYNC_PS_SHARD_IMPL_H_
+#define GRADSYNC_PS_SHARD_IMPL_H_
+
+#include <sys/socket.h>
+#include <algorithm>
+#include <atomic>
+#include <deque>
+#include <functional>
+#include <list>
+#include <map>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "kernels/cpu_reduce.h"
+#include "ps/protocol.h"
+#include "transport/tcp_listener.h"
+#include "transport/wire.h"
+#include "ps/shard.h"
+
+namespace gradsync::ps {
+namespace shard_internal {
+
+
+using transport::FrameHeader;
+using transport::FrameType;
+
+// Recycles one connection's push buffers (partitions are mostly of one size),
+// so that steady-state pushes reuse memory instead of page-faulting fresh
+// pages. The reader takes buffers; aggregation threads (staged pushes) and
+// writers (results) give them back. Its lock is per connection.
+class BufferPool {
+ public:
+  static constexpr size_t kMaxPooledBytes = 32 << 20;
+
+  char* Take(size_t n) {
+    {
+      absl::MutexLock l(&mu_);
+      for (size_t i = 0; i < free_.size(); ++i) {
+        if (free_[i].first != n) continue;
+        char* p = free_[i].second;
+        free_[i] = free_.back();
+        free_.pop_back();
+        pooled_ -= n;
+        return p;
+      }
+    }
+    return new char[n];
+  }
+  void Give(char* p, size_t n) {
+    {
+      absl::MutexLock l(&mu_);
+      if (pooled_ + n <= kMaxPooledBytes) {
+        free_.push_back({n, p});
+        pooled_ += n;
+        return;
+      }
+    }
+    delete[] p;
+  }
+  ~BufferPool() {
+    for (auto& [n, p] : free_) delete[] p;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<std::pair<size_t, char*>> free_ ABSL_GUARDED_BY(mu_);
+  size_t pooled_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// Returns a buffer to its pool (which it keeps alive) when dropped.
+struct GiveBack {
+  std::shared_ptr<BufferPool> pool;
+  size_t size = 0;
+  void operator()(char* p) const {
+    if (pool != nullptr) {
+      pool->Give(p, size);
+    } else {
+      delete[] p;
+    }
+  }
+};
+using Buffer = std::unique_ptr<char[], GiveBack>;
+
+enum StepState : int { kRunning = 0, kCompleted = 1, kFailed = 2 };
+
+inline std::string Ranks(const std::vector<int>& ranks) {
+  return absl::StrCat(ranks.size() == 1 ? "rank " : "ranks ", absl::StrJoin(ranks, ","));
+}
+
+// Reads and drops n bytes.
+inline absl::Status Discard(int fd, uint64_t n, absl::Time deadline) {
+  char scratch[64 << 10];
+  while (n > 0) {
+    const size_t chunk = static_cast<size_t>(std::min<uint64_t>(n, sizeof(scratch)));
+    RETURN_IF_ERROR(ReadFull(fd, scratch, chunk, deadline));
+    n -= chunk;
+  }
+  return absl::OkStatus();
+}
+
+// One frame waiting in a connection's send queue.
+struct OutFrame {
+  FrameHeader header;
+  std::shared_ptr<char[]> data;  // a partition result, shared by every worker's frame
+  std::string owned;             // small payloads (ABORT messages)
+  bool last = false;             // close the connection once written
+  const char* payload() const { return data ? data.get() : owned.data(); }
+};
+
+struct Conn;
+struct Step;
+
+// A job as this shard sees it: (data-plane job id, epoch).
+struct Job {
+  Job(std::string id_, uint64_t epoch_, int workers_, int shard_)
+      : id(std::move(id_)),
+        name(JobOfPsJobId(id)),
+        epoch(epoch_),
+        tag(transport::JobTag(id)),
+        workers(workers_),
+        shard(shard_),
+        prefix(absl::StrCat("ps shard ", shard, ": job '", name, "'")) {}
+
+  const std::string id;    // "ps/<job>"
+  const std::string name;  // "<job>"
+  const uint64_t epoch;
+  const uint64_t tag;
+  const int workers;
+  const int shard;           // this server's index in the job's shard list
+  const std::string prefix;  // "ps shard 1: job 'j'", opens every error message
+
+  absl::Mutex mu;
+  std::map<int, std::shared_ptr<Conn>> conns ABSL_GUARDED_BY(mu);  // by rank
+  int connecting ABSL_GUARDED_BY(mu) = 0;                          // handshakes in flight
+  std::shared_ptr<Step> active ABSL_GUARDED_BY(mu);                // the running step
+  bool any_closed ABSL_GUARDED_BY(mu) = false;
+  uint64_t last_closed ABSL_GUARDED_BY(mu) = 0;   // the newest finished step
+  absl::Status last_failure ABSL_GUARDED_BY(mu);  // why it failed (OK: it completed)
+  absl::Time idle_since ABSL_GUARDED_BY(mu) = absl::Now();
+  // Per-job metrics (gradsync_ps_job_*).
+  std::atomic<uint64_t> steps_completed{0};
+  std::atomic<uint64_t> steps_failed{0};
+  std::atomic<uint64_t> bytes_pushed{0};
+  std::atomic<uint64_t> bytes_pulled{0};
+};
+
+// One step of one job on this shard.
+struct Step {
+  Step(std::shared_ptr<Job> job_, StepHeader ref_, absl::Duration timeout)
+      : job(std::move(job_)),
+        ref(std::move(ref_)),
+        workers(ref.workers),
+        elem(DTypeSize(ref.dtype)),
+        started(absl::Now()),
+        deadline(started + timeout),
+        remaining(static_cast<int64_t>(ref.table.size())),
+        pushed(new std::atomic<uint8_t>[ref.table.size() * ref.workers]()),
+        headers(ref.workers),
+        conns(ref.workers),
+        accs(ref.table.size()) {}
+
+  // The index of partition `id` in ref.table, or -1.
+  int LocalIndex(uint32_t id) const {
+    auto it = std::lower_bound(ref.table.begin(), ref.table.end(), id,
+                               [](const Partition& p, uint32_t v) { return p.id < v; });
+    if (it == ref.table.end() || it->id != id) return -1;
+    return static_cast<int>(it - ref.table.begin());
+  }
+  uint64_t step() const { return ref.step; }
+  int PushedCount(int rank) const {
+    int n = 0;
+    for (size_t i = 0; i < ref.table.size(); ++i) n += pushed[i * workers + rank].load();
+    return n;
+  }
+
+  const std::shared_ptr<Job> job;
+  const StepHeader ref;  // the first header; its table is this shard's partitions
+  const int workers;
+  const size_t elem;
+  const absl::Time started;
+  const absl::Time deadline;
+  uint64_t reserved = 0;  // staging bytes reserved; set before the step is published
+
+  std::atomic<int> state{kRunning};
+  std::atomic<int64_t> remaining;  // partitions not reduced yet
+  // [i * workers + rank] = 1 once that push was received (for error messages).
+  std::unique_ptr<std::atomic<uint8_t>[]> pushed;
+
+  // Guarded by job->mu. conns[r] is set with rank r's header, before any of
+  // its pushes reaches an aggregation thread (which reads it without a lock).
+  std::vector<std::unique_ptr<StepHeader>> headers;
+  int headers_seen = 0;
+  bool mismatch = false;
+  std::vector<std::weak_ptr<Conn>> conns;
+
+  // accs[i] belongs to the aggregation thread of partition ref.table[i].
+  struct Acc {
+    int next_rank = 0;           // ranks [0, next_rank) are reduced into `acc`
+    std::vector<Buffer> staged;  // pushes waiting for their turn, by rank
+    Buffer acc;
+  };
+  std::vector<Acc> accs;
+};
+
+// Errors and purges decided under a Job lock, carried out after it is released.
+struct Deferred {
+  std::vector<std::pair<std::shared_ptr<Conn>, OutFrame>> sends;
+  std::vector<std::shared_ptr<Step>> purges;
+};
+
+// One worker's connection: the socket, the send queue and both threads.
+struct Conn : std::enable_shared_from_this<Conn> {
+  Conn(std::shared_ptr<Job> job_, UniqueFd fd_, int rank_, std::string peer_,
+       absl::Duration write_timeout_, std::atomic<uint64_t>* bytes_pulled_)
+      : job(std::move(job_)),
+        fd(std::move(fd_)),
+        rank(rank_),
+        peer(std::move(peer_)),
+        write_timeout(write_timeout_),
+        bytes_pulled(bytes_pulled_) {}
+
+  void Start(std::function<void(std::shared_ptr<Conn>)> serve) {
+    reader = std::thread([this, serve = std::move(serve)] {
+      serve(shared_from_this());
+      reader_done = true;
+    });
+    writer = std::thread([this] {
+      WriteLoop();
+      writer_done = true;
+    });
+  }
+
+  // Queues a frame; dropped once the connection is closed or closing.
+  void Send(OutFrame f) {
+    absl::MutexLock l(&mu);
+    if (closed || closing) return;
+    out.push_back(std::move(f));
+  }
+
+  // Drops what is queued, writes `f` and closes.
+  void SendLast(OutFrame f) {
+    absl::MutexLock l(&mu);
+    if (closed || closing) return;
+    closing = true;
+    out.clear();
+    f.last = true;
+    out.push_back(std::move(f));
+  }
+
+  // Shuts the socket down: both threads return promptly.
+  void Close() {
+    absl::MutexLock l(&mu);
+    if (closed) return;
+    closed = true;
+    out.clear();
+    ::shutdown(fd.get(), SHUT_RDWR);
+  }
+
+  void WriteLoop() {
+    while (true) {
+      OutFrame f;
+      {
+        absl::MutexLock l(&mu);
+        auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return closed || !out.empty(); };
+        mu.Await(absl::Condition(&ready));
+        if (closed) return;
+        f = std::move(out.front());
+        out.pop_front();
+      }
+      const absl::Status s =
+          WriteFrame(fd.get(), f.header, f.payload(), absl::Now() + write_timeout);
+      if (!s.ok()) {
+        GS_LOG(WARNING) << job->prefix << ": cannot write to worker rank " << rank << " at " << peer
+                        << ": " << s.message();
+        Close();
+        return;
+      }
+      if (f.header.type == static_cast<uint8_t>(FrameType::kData)) {
+        bytes_pulled->fetch_add(f.header.length, std::memory_order_relaxed);
+        job->bytes_pulled.fetch_add(f.header.length, std::memory_order_relaxed);
+      }
+      if (f.last) {
+        Close();
+        return;
+      }
+    }
+  }
+
+  bool Finished() const { return reader_done && writer_done; }
+  void Join() {
+    if (reader.joinable()) reader.join();
+    if (writer.joinable()) writer.join();
+  }
+
+  const std::shared_ptr<Job> job;
+  const UniqueFd fd;
+  const int rank;
+  const std::string peer;
+  const absl::Duration write_timeout;
+  std::atomic<uint64_t>* const bytes_pulled;
+  const std::shared_ptr<BufferPool> pool = std::make_shared<BufferPool>();
+
+  absl::Mutex mu;
+  std::deque<OutFrame> out ABSL_GUARDED_BY(mu);
+  bool closing ABSL_GUARDED_BY(mu) = false;
+  bool closed ABSL_GUARDED_BY(mu) = false;
+
+  std::thread reader;
+  std::thread writer;
+  std::atomic<bool> reader_done{false};
+  std::atomic<bool> writer_done{false};
+};
+
+// Work for an aggregation thread: one push to reduce, or (local < 0) the
+// purge of a failed step's partitions.
+struct Task {
+  std::shared_ptr<Step> step;
+  int local = -1;
+  int rank = 0;
+  Buffer data;
+};
+
+class Aggregator {
+ public:
+  explicit Aggregator(std::function<void(Task&)> run) : run_(std::move(run)) {
+    thread_ = std::thread([this] { Loop(); });
+  }
+  ~Aggregator() {
+    {
+      absl::MutexLock l(&mu_);
+      stop_ = true;
+    }
+    thread_.join();
+  }
+  void Post(Task t) {
+    absl::MutexLock l(&mu_);
+    if (!stop_) queue_.push_back(std::move(t));
+  }
+
+ private:
+  void Loop() {
+    std::deque<Task> batch;
+    while (true) {
+      {
+        absl::MutexLock l(&mu_);
+        auto ready = [this]()
+                         ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || !queue_.empty(); };
+        mu_.Await(absl::Condition(&ready));
+        if (stop_) return;  // pending work belongs to steps being torn down
+        batch.swap(queue_);
+      }
+      for (Task& t : batch) run_(t);
+      batch.clear();
+    }
+  }
+
+  const std::function<void(Task&)> run_;
+  absl::Mutex mu_;
+  std::deque<Task> queue_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
+// What a connection's reader knows about its worker.
+struct Reader {
+  std::shared_ptr<Conn> conn;
+  Job* job = nullptr;
+  int rank = 0;
+  bool has_step = false;
+  uint64_t step = 0;            // the step of the worker's latest header
+  std::shared_ptr<Step> cur;    // null: pushes of `step` are discarded
+  std::vector<uint8_t> pushed;  // by local partition index of `cur`
+  size_t pushed_count = 0;
+  bool refused_any = false;
+  uint64_t last_refused = 0;  // one refusal message per stale step
+};
+
+}  // namespace shard_internal
+
+// Only the shard's two source files include this header.
+using namespace shard_internal;  // NOLINT(build/namespaces)
+
+class PsShard::Impl {
+ public:
+  explicit Impl(const PsShardOptions& options) : options_(options) {}
+
+  absl::Status Init();
+
+  ~Impl() { Shutdown(); }
+
+  int port() const { return port_; }
+
+  PsShardStats stats() const;
+
+  void Shutdown();
+
+ private:
+  // ---- connections ---------------------------------------------------------
+
+  void Refuse(transport::RoutedConnection& rc, const absl::Status& why);
+
+  // The listener's route: a worker's connection to this shard.
+  void Adopt(transport::RoutedConnection rc);
+
+  // The reader thread of a connection.
+  void ServeConnection(std::shared_ptr<Conn> c);
+
+  absl::Status ReadFrames(Reader& rd, bool* protocol_error);
+
+  void ConnectionEnded(Reader& rd, const absl::Status& why, bool protocol_error);
+
+  // ---- frames --------------------------------------------------------------
+
+  void SendAbort(const std::shared_ptr<Conn>& c, uint64_t step, const absl::Status& status);
+
+  void HandleStepHeader(Reader& rd, const FrameHeader& h, const std::string& payload);
+
+  // Whether step s may start or be joined (steps only move forward).
+  absl::Status Admissible(Job& job, uint64_t s, int rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu);
+
+  void JoinStepLocked(Job& job, Reader& rd, StepHeader header, Deferred* d)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu);
+
+  absl::Status HandlePush(Reader& rd, const FrameHeader& h, absl::Time deadline);
+
+  void HandleWorkerAbort(Reader& rd, const FrameHeader& h, const std::string& msg);
+
+  // ---- steps ---------------------------------------------------------------
+
+  OutFrame AbortFrame(const Job& job, uint64_t step, const absl::Status& status);
+
+  bool Reserve(uint64_t bytes);
+
+  // Marks `step` failed (if it still runs), closes it in its job and queues
+  // the error for every connected worker of the job.
+  bool FailStepLocked(Job& job, std::shared_ptr<Step> step, const absl::Status& status, Deferred* d)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu);
+
+  void FailStep(const std::shared_ptr<Step>& step, const absl::Status& status);
+
+  bool CompleteStep(const std::shared_ptr<Step>& step);
+
+  void Flush(Deferred& d);
+
+  // " (rank 2 pushed 0 of 4 partitions here; rank 3 sent no step header)", or "".
+  std::string OwedSummary(const Step& st);
+
+  // The timeout error, or OK when no worker owes anything (the remaining
+  // work is local and bounded).
+  absl::Status TimeoutStatus(const Job& job, const Step& st);
+
+  std::string MismatchMessage(const Job& job, const Step& st);
+
+  // ---- aggregation ---------------------------------------------------------
+
+  void Aggregate(int thread, Task& task);
+
+  // ---- timer ---------------------------------------------------------------
+
+  void TimerLoop();
+
+  const PsShardOptions options_;
+  std::unique_ptr<transport::TcpListener> listener_;
+  int port_ = 0;
+  std::vector<std::unique_ptr<Aggregator>> aggregators_;
+  std::thread timer_;
+
+  mutable absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::map<std::pair<std::string, uint64_t>, std::shared_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
+  std::list<std::shared_ptr<Conn>> conns_ ABSL_GUARDED_BY(mu_);
+
+  std::atomic<uint64_t> reserved_{0};
+  std::atomic<uint64_t> connections_{0};
+  std::atomic<uint64_t> connections_refused_{0};
+  std::atomic<uint64_t> steps_completed_{0};
+  std::atomic<uint64_t> steps_failed_{0};
+  std::atomic<uint64_t> bytes_pushed_{0};
+  std::atomic<uint64_t> bytes_pulled_{0};
+  std::atomic<uint64_t> pushes_refused_{0};
+};
+
+}  // namespace gradsync::ps
+
+#endif  // GRADSYNC_PS_SHARD_IMPL_H_
