@@ -55,13 +55,21 @@ absl::Status RunCollective(transport::Context& ctx, const CollectiveCall& call, 
         CollectiveBufferBytes(kind, call.count, call.dtype, ctx.size()),
         " bytes: oneshot carries at most ", kOneShotMaxBytes, " bytes per rank"));
   }
+  // The reducer must work on the buffer's memory (the context refuses a
+  // kind its device cannot move when the algorithm registers the buffer).
+  if (IsReducingCollective(kind) && !(call.reduce().kind() == call.memory)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        CollectiveName(kind), ": the buffer is ", call.memory.ToString(), " memory, the reducer "
+        "works on ", call.reduce().kind().ToString(), " memory"));
+  }
   using A = Algorithm;
   switch (kind) {
     case CollectiveKind::kAllreduce:
       switch (algo) {
         case A::kRing:
           return RingAllreduce(ctx, call.data, call.count, call.dtype, call.op, call.seq,
-                               call.deadline, call.ring, scratch);
+                               call.deadline, call.ring, scratch, nullptr, &call.reduce(),
+                               call.memory);
         case A::kRecursiveHalvingDoubling: return internal::RhdAllreduce(ctx, call, scratch);
         case A::kRecursiveDoubling: return internal::RdAllreduce(ctx, call, scratch);
         case A::kBinomialTree: return internal::TreeAllreduce(ctx, call, scratch);

@@ -64,6 +64,7 @@
 #include "absl/time/time.h"
 #include "collective/algorithm.h"
 #include "collective/op_signature.h"
+#include "collective/reducer.h"
 #include "collective/ring_allreduce.h"
 #include "common/types.h"
 #include "transport/transport.h"
@@ -80,6 +81,13 @@ struct CollectiveCall {
   uint64_t seq = 0;              // MessageTag.op_seq of every message
   absl::Time deadline = absl::InfiniteFuture();
   RingOptions ring;  // segment size and in-flight bound (every algorithm uses the segment size)
+  // Where `data` lives (the context registers it as such) and what reduces
+  // it (null: the CPU reducer, host memory). Scratch the algorithms stage
+  // through is host memory.
+  transport::MemKind memory = transport::MemKind::Host();
+  const Reducer* reducer = nullptr;
+
+  const Reducer& reduce() const { return reducer != nullptr ? *reducer : CpuReducer(); }
 };
 
 // Bytes of the op's buffer on each rank: count*elem for allreduce, broadcast
@@ -98,9 +106,11 @@ absl::Status RunCollective(transport::Context& ctx, const CollectiveCall& call, 
 // return, (x0 OP x1 OP ... OP x_{n-1}) combined left to right in rank order,
 // where x_me is `data` and x_p (p != me) is `peers[p]` (peers.size() = n;
 // peers[me] is ignored); avg sums, then divides once by n. `scratch` keeps
-// this rank's contribution while `data` accumulates.
+// this rank's contribution while `data` accumulates. `reducer`: null, the
+// CPU's.
 void ReduceInRankOrder(DType dtype, ReduceOp op, void* data, size_t count, int me,
-                       const std::vector<const char*>& peers, std::vector<char>* scratch);
+                       const std::vector<const char*>& peers, std::vector<char>* scratch,
+                       const Reducer* reducer = nullptr);
 
 }  // namespace gradsync
 

@@ -67,12 +67,12 @@ struct Fold {
 
 // (mine OP theirs) if mine belongs to the lower virtual rank, else (theirs OP
 // mine), into mine.
-void Combine(DType t, ReduceOp op, bool mine_is_lower, char* mine, const char* theirs,
-             size_t count) {
+void Combine(const Reducer& red, DType t, ReduceOp op, bool mine_is_lower, char* mine,
+             const char* theirs, size_t count) {
   if (mine_is_lower) {
-    ReduceInto(t, op, mine, theirs, count);
+    red.Reduce(t, op, mine, theirs, count);
   } else {
-    ReduceOutOfPlace(t, op, mine, theirs, mine, count);
+    red.Combine(t, op, mine, theirs, mine, count);
   }
 }
 
@@ -116,7 +116,7 @@ struct Schedule {
   absl::Status Register(size_t elements, size_t stage_elements, std::vector<char>* scratch) {
     if (scratch->size() < stage_elements * esize) scratch->resize(stage_elements * esize);
     stage = scratch->data();
-    ASSIGN_OR_RETURN(data_mr, ctx.RegisterMemory(data, elements * esize));
+    ASSIGN_OR_RETURN(data_mr, ctx.RegisterMemory(data, elements * esize, call.memory));
     ASSIGN_OR_RETURN(stage_mr, ctx.RegisterMemory(stage, stage_elements * esize));
     return absl::OkStatus();
   }
@@ -147,10 +147,11 @@ struct Schedule {
     const size_t es = esize;
     char* d = data;
     const char* s = stage;
+    const Reducer* red = &call.reduce();
     ex.Recv(
         peer, *stage_mr, at * es, count, at * es,
         [=](size_t b, size_t c) {
-          Combine(t, op, mine_is_lower, d + (at + b) * es, s + (at + b) * es, c);
+          Combine(*red, t, op, mine_is_lower, d + (at + b) * es, s + (at + b) * es, c);
         },
         after_sends);
   }
@@ -189,7 +190,7 @@ struct Schedule {
       hi = keep_hi;
     }
     if (call.op == ReduceOp::kAvg) {
-      DivideBy(call.dtype, data + g.Begin(v) * esize, g.Size(v, v + 1), n);
+      call.reduce().Divide(call.dtype, data + g.Begin(v) * esize, g.Size(v, v + 1), n);
     }
     return absl::OkStatus();
   }
@@ -301,7 +302,7 @@ absl::Status RdAllreduce(transport::Context& ctx, const CollectiveCall& call,
       sched.RecvCombine(ex, sched.fold.Real(pv), 0, count, v < pv, /*after_sends=*/true);
       RETURN_IF_ERROR(ex.Run(call.deadline, sched.Where("", step, sched.fold.l)));
     }
-    if (call.op == ReduceOp::kAvg) DivideBy(call.dtype, sched.data, count, sched.n);
+    if (call.op == ReduceOp::kAvg) call.reduce().Divide(call.dtype, sched.data, count, sched.n);
   }
   return sched.FoldOut({{0, count}});
 }

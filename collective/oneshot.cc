@@ -20,7 +20,9 @@
 namespace gradsync {
 
 void ReduceInRankOrder(DType dtype, ReduceOp op, void* data, size_t count, int me,
-                       const std::vector<const char*>& peers, std::vector<char>* scratch) {
+                       const std::vector<const char*>& peers, std::vector<char>* scratch,
+                       const Reducer* reducer) {
+  const Reducer& red = reducer != nullptr ? *reducer : CpuReducer();
   const int n = static_cast<int>(peers.size());
   if (n <= 1 || count == 0) return;
   const size_t bytes = count * DTypeSize(dtype);
@@ -32,8 +34,8 @@ void ReduceInRankOrder(DType dtype, ReduceOp op, void* data, size_t count, int m
     own = scratch->data();
     std::memcpy(data, peers[0], bytes);
   }
-  for (int r = 1; r < n; ++r) ReduceInto(dtype, combine, data, r == me ? own : peers[r], count);
-  if (op == ReduceOp::kAvg) DivideBy(dtype, data, count, n);
+  for (int r = 1; r < n; ++r) red.Reduce(dtype, combine, data, r == me ? own : peers[r], count);
+  if (op == ReduceOp::kAvg) red.Divide(dtype, data, count, n);
 }
 
 namespace internal {
@@ -48,7 +50,7 @@ absl::Status OneShotAllreduce(transport::Context& ctx, const CollectiveCall& cal
   // keeps this rank's own (its scratch argument).
   std::vector<char> own;
   if (scratch->size() < bytes * n) scratch->resize(bytes * n);
-  ASSIGN_OR_RETURN(auto data_mr, ctx.RegisterMemory(call.data, bytes));
+  ASSIGN_OR_RETURN(auto data_mr, ctx.RegisterMemory(call.data, bytes, call.memory));
   ASSIGN_OR_RETURN(auto in_mr, ctx.RegisterMemory(scratch->data(), bytes * n));
   Exchange ex(ctx, call.seq, call.dtype, 0, call.ring.segment_bytes);
   std::vector<const char*> peers(n, nullptr);
@@ -59,7 +61,7 @@ absl::Status OneShotAllreduce(transport::Context& ctx, const CollectiveCall& cal
     peers[p] = scratch->data() + p * bytes;
   }
   RETURN_IF_ERROR(ex.Run(call.deadline, "oneshot allreduce"));
-  ReduceInRankOrder(call.dtype, call.op, call.data, call.count, me, peers, &own);
+  ReduceInRankOrder(call.dtype, call.op, call.data, call.count, me, peers, &own, &call.reduce());
   return absl::OkStatus();
 }
 

@@ -30,7 +30,7 @@ absl::Status PairwiseAlltoall(transport::Context& ctx, const CollectiveCall& cal
   const size_t bytes = static_cast<size_t>(n) * block;
   if (scratch->size() < bytes) scratch->resize(bytes);
   std::memcpy(scratch->data(), call.data, bytes);
-  ASSIGN_OR_RETURN(auto data_mr, ctx.RegisterMemory(call.data, bytes));
+  ASSIGN_OR_RETURN(auto data_mr, ctx.RegisterMemory(call.data, bytes, call.memory));
   ASSIGN_OR_RETURN(auto copy_mr, ctx.RegisterMemory(scratch->data(), bytes));
   for (int s = 1; s < n; ++s) {
     const int to = (me + s) % n;

@@ -8,7 +8,8 @@ namespace gradsync {
 absl::Status RingAllreduce(transport::Context& ctx, void* data, size_t count, DType dtype,
                            ReduceOp op, uint64_t seq, absl::Time deadline,
                            const RingOptions& options, std::vector<char>* scratch,
-                           RingStats* stats) {
+                           RingStats* stats, const Reducer* reducer,
+                           transport::MemKind memory) {
   const int n = ctx.size();
   if (n == 1 || count == 0) return absl::OkStatus();  // avg over one rank is the identity
   const size_t esize = DTypeSize(dtype);
@@ -22,6 +23,8 @@ absl::Status RingAllreduce(transport::Context& ctx, void* data, size_t count, DT
   pass.steps = 2 * (n - 1);
   pass.chunk_shift = 0;
   pass.label = "ring";
+  pass.reducer = reducer;
+  pass.memory = memory;
   return internal::RunRingPass(ctx, static_cast<char*>(data), count * esize, dtype, op, seq,
                                deadline, options, pass, scratch, stats);
 }

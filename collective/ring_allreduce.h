@@ -20,6 +20,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "collective/reducer.h"
 #include "common/types.h"
 #include "transport/transport.h"
 
@@ -40,10 +41,12 @@ struct RingStats {
 // In-place allreduce of `count` elements at `data`. `scratch` is reused
 // between calls (grown as needed). Errors: the transport's (Unavailable,
 // Aborted, DataLoss), DeadlineExceeded naming what this rank waited for.
+// `reducer` (null: the CPU's) reduces `data`, which is `memory`.
 absl::Status RingAllreduce(transport::Context& ctx, void* data, size_t count, DType dtype,
                            ReduceOp op, uint64_t seq, absl::Time deadline,
                            const RingOptions& options, std::vector<char>* scratch,
-                           RingStats* stats = nullptr);
+                           RingStats* stats = nullptr, const Reducer* reducer = nullptr,
+                           transport::MemKind memory = transport::MemKind::Host());
 
 }  // namespace gradsync
 

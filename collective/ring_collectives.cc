@@ -47,6 +47,8 @@ absl::Status RingHalf(transport::Context& ctx, const CollectiveCall& call, bool 
   pass.steps = n - 1;
   pass.chunk_shift = -1;
   pass.label = reduce_scatter ? "ring reduce_scatter" : "ring allgather";
+  pass.reducer = &call.reduce();
+  pass.memory = call.memory;
   return RunRingPass(ctx, static_cast<char*>(call.data), n * call.count * esize, call.dtype,
                      call.op, call.seq, call.deadline, call.ring, pass, scratch,
                      /*stats=*/nullptr);
@@ -71,7 +73,7 @@ absl::Status RingBroadcast(transport::Context& ctx, const CollectiveCall& call,
   if (n == 1 || call.count == 0) return absl::OkStatus();
   const size_t bytes = call.count * DTypeSize(call.dtype);
   const int pos = (me - call.root + n) % n;  // 0 = root, n-1 = end of the chain
-  ASSIGN_OR_RETURN(auto mr, ctx.RegisterMemory(call.data, bytes));
+  ASSIGN_OR_RETURN(auto mr, ctx.RegisterMemory(call.data, bytes, call.memory));
   Exchange ex(ctx, call.seq, call.dtype, /*step=*/0, RingSegmentBytes(bytes, call.ring));
   int in = -1;
   if (pos > 0) in = ex.Recv((me - 1 + n) % n, *mr, 0, call.count, 0);
@@ -90,9 +92,10 @@ absl::Status RingReduce(transport::Context& ctx, const CollectiveCall& call,
   const size_t bytes = call.count * esize;
   const int pos = (me - call.root - 1 + 2 * n) % n;  // 0 = first rank, n-1 = root
   char* data = static_cast<char*>(call.data);
+  const Reducer* red = &call.reduce();
   if (pos > 0 && scratch->size() < bytes) scratch->resize(bytes);
   char* acc = scratch->data();
-  ASSIGN_OR_RETURN(auto data_mr, ctx.RegisterMemory(data, bytes));
+  ASSIGN_OR_RETURN(auto data_mr, ctx.RegisterMemory(data, bytes, call.memory));
   ASSIGN_OR_RETURN(auto acc_mr, ctx.RegisterMemory(acc, pos > 0 ? bytes : 0));
   Exchange ex(ctx, call.seq, t, /*step=*/0, RingSegmentBytes(bytes, call.ring));
   const int left = (me - 1 + n) % n;
@@ -101,13 +104,13 @@ absl::Status RingReduce(transport::Context& ctx, const CollectiveCall& call,
     ex.Send(right, *data_mr, 0, call.count, 0);
   } else if (pos < n - 1) {
     const int in = ex.Recv(left, *acc_mr, 0, call.count, 0, [=](size_t b, size_t c) {
-      ReduceOutOfPlace(t, op, acc + b * esize, data + b * esize, acc + b * esize, c);
+      red->Combine(t, op, acc + b * esize, data + b * esize, acc + b * esize, c);
     });
     ex.Send(right, *acc_mr, 0, call.count, 0, /*forward_of=*/in);
   } else {
     ex.Recv(left, *acc_mr, 0, call.count, 0, [=](size_t b, size_t c) {
-      ReduceInto(t, op, data + b * esize, acc + b * esize, c);
-      if (op == ReduceOp::kAvg) DivideBy(t, data + b * esize, c, n);
+      red->Reduce(t, op, data + b * esize, acc + b * esize, c);
+      if (op == ReduceOp::kAvg) red->Divide(t, data + b * esize, c, n);
     });
   }
   return ex.Run(call.deadline, absl::StrCat("ring reduce to root ", call.root));

@@ -34,7 +34,8 @@ absl::Status RunRingPass(transport::Context& ctx, char* data, size_t data_bytes,
   const int right = (me + 1) % n;
   const int left = (me - 1 + n) % n;
 
-  auto data_mr = ctx.RegisterMemory(data, data_bytes);
+  const Reducer& red = pass.reducer != nullptr ? *pass.reducer : CpuReducer();
+  auto data_mr = ctx.RegisterMemory(data, data_bytes, pass.memory);
   if (!data_mr.ok()) return data_mr.status();
   auto scratch_mr = ctx.RegisterMemory(scratch->data(), scratch->size());
   if (!scratch_mr.ok()) return scratch_mr.status();
@@ -89,9 +90,9 @@ absl::Status RunRingPass(transport::Context& ctx, char* data, size_t data_bytes,
       if (m.reduce) {
         char* dst = data + m.range.begin * esize;
         const absl::Time reduce_start = TraceNow();
-        ReduceInto(dtype, op, dst, scratch->data() + (recvs_done % inflight) * slot_bytes,
+        red.Reduce(dtype, op, dst, scratch->data() + (recvs_done % inflight) * slot_bytes,
                    m.range.count);
-        if (op == ReduceOp::kAvg && m.step == n - 2) DivideBy(dtype, dst, m.range.count, n);
+        if (op == ReduceOp::kAvg && m.step == n - 2) red.Divide(dtype, dst, m.range.count, n);
         TraceEvent("reduce", "reduce", reduce_start);
       }
       ++recvs_done;

@@ -29,6 +29,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "collective/ring_allreduce.h"
+#include "collective/reducer.h"
 #include "collective/ring_plan.h"
 #include "common/types.h"
 #include "transport/transport.h"
@@ -41,6 +42,8 @@ struct RingPass {
   int steps = 0;               // ring steps in the pass
   int chunk_shift = 0;         // added to the plan's chunk indices (mod world)
   const char* label = "ring";  // "timed out at rank R in <label> step S of <steps>: ..."
+  const Reducer* reducer = nullptr;  // null: the CPU's
+  transport::MemKind memory = transport::MemKind::Host();  // the data's
 };
 
 // The segment size every ring pass uses for chunks of `chunk_bytes`: at least

@@ -70,7 +70,7 @@ absl::Status Broadcast(transport::Context& ctx, const CollectiveCall& call, int 
                        absl::string_view where) {
   const size_t bytes = call.count * DTypeSize(call.dtype);
   const Tree tree(ctx.size(), ctx.rank(), root);
-  ASSIGN_OR_RETURN(auto mr, ctx.RegisterMemory(call.data, bytes));
+  ASSIGN_OR_RETURN(auto mr, ctx.RegisterMemory(call.data, bytes, call.memory));
   Exchange ex(ctx, call.seq, call.dtype, step, RingSegmentBytes(bytes, call.ring));
   int in = -1;
   if (!tree.is_root()) in = ex.Recv(tree.parent.rank, *mr, 0, call.count, 0);
@@ -96,7 +96,10 @@ absl::Status Reduce(transport::Context& ctx, const CollectiveCall& call, int roo
   char* stage = scratch->data();
   char* acc = separate_acc ? scratch->data() + bytes : data;
   ASSIGN_OR_RETURN(auto stage_mr, ctx.RegisterMemory(stage, tree.children.empty() ? 0 : bytes));
-  ASSIGN_OR_RETURN(auto acc_mr, ctx.RegisterMemory(acc, bytes));
+  ASSIGN_OR_RETURN(auto acc_mr, ctx.RegisterMemory(acc, bytes, separate_acc
+                                                                     ? transport::MemKind::Host()
+                                                                     : call.memory));
+  const Reducer* red = &call.reduce();
   int levels = 0;
   for (int mask = 1; mask < n; mask <<= 1) ++levels;
   for (size_t i = 0; i < tree.children.size(); ++i) {
@@ -105,13 +108,13 @@ absl::Status Reduce(transport::Context& ctx, const CollectiveCall& call, int roo
     const char* own = (separate_acc && i == 0) ? data : acc;
     Exchange ex(ctx, call.seq, t, static_cast<uint32_t>(child.level), call.ring.segment_bytes);
     ex.Recv(child.rank, *stage_mr, 0, call.count, 0, [=](size_t b, size_t c) {
-      ReduceOutOfPlace(t, op, acc + b * esize, own + b * esize, stage + b * esize, c);
+      red->Combine(t, op, acc + b * esize, own + b * esize, stage + b * esize, c);
     });
     RETURN_IF_ERROR(
         ex.Run(call.deadline, absl::StrCat(label, " level ", child.level + 1, " of ", levels)));
   }
   if (tree.is_root()) {
-    if (op == ReduceOp::kAvg) DivideBy(t, data, call.count, n);
+    if (op == ReduceOp::kAvg) red->Divide(t, data, call.count, n);
     return absl::OkStatus();
   }
   Exchange ex(ctx, call.seq, t, static_cast<uint32_t>(tree.parent.level), call.ring.segment_bytes);

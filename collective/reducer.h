@@ -1,0 +1,38 @@
+// What the collective algorithms reduce with: element-wise dst = dst OP src
+// and the final division of avg, for the memory kind the op's buffer lives
+// in. The algorithms take it from their CollectiveCall; the CPU reducer
+// (kernels/cpu_reduce.h, SIMD picked at run time) serves host memory. A CUDA
+// reducer (cuda/cuda_reduce.h) serves device memory on a device that can
+// register it.
+#ifndef GRADSYNC_COLLECTIVE_REDUCER_H_
+#define GRADSYNC_COLLECTIVE_REDUCER_H_
+
+#include <cstddef>
+#include <cstdint>
+
+#include "common/types.h"
+#include "transport/transport.h"
+
+namespace gradsync {
+
+class Reducer {
+ public:
+  virtual ~Reducer() = default;
+  // The memory it reads and writes.
+  virtual transport::MemKind kind() const = 0;
+  // dst[i] = dst[i] OP src[i] for i < count (avg: sum).
+  virtual void Reduce(DType dtype, ReduceOp op, void* dst, const void* src, size_t count) const = 0;
+  // dst[i] = a[i] OP b[i] (the operand order matters for bit-exact floats;
+  // any of the three may be the same pointer).
+  virtual void Combine(DType dtype, ReduceOp op, void* dst, const void* a, const void* b,
+                       size_t count) const = 0;
+  // data[i] /= divisor (avg's last step; integers truncate).
+  virtual void Divide(DType dtype, void* data, size_t count, int64_t divisor) const = 0;
+};
+
+// The host-memory reducer (a process-wide instance).
+const Reducer& CpuReducer();
+
+}  // namespace gradsync
+
+#endif  // GRADSYNC_COLLECTIVE_REDUCER_H_
