@@ -22,19 +22,6 @@ double Sample(int port, const std::string& series) {
   return v.ok() ? *v : -1;
 }
 
-// Polls `series` until it reads `want` or 5 s pass (the daemon reads the
-// counters of the ops clients run themselves every poll or heartbeat
-// interval); returns the last reading.
-double AwaitSample(int port, const std::string& series, double want) {
-  const absl::Time end = absl::Now() + absl::Seconds(5);
-  double v = Sample(port, series);
-  while (v != want && absl::Now() < end) {
-    absl::SleepFor(absl::Milliseconds(50));
-    v = Sample(port, series);
-  }
-  return v;
-}
-
 TEST(DaemonMetrics, OpsBytesLatencyAndPeersAreExported) {
   LocalClusterOptions o;
   o.daemons = 3;
