@@ -94,8 +94,7 @@ struct PlannerSettings {
 // per daemon (the job's executor combines the ranks that share a daemon
 // before and after it, worker/node_collectives.h).
 struct PlanTopology {
-  int world = 1;           // participants
-  int nodes = 1;           // distinct daemons
+  int world = 1;           // participants (daemons)
   int ps_shards = 0;       // 0: no parameter-server path
   int streams = 1;         // TCP connections per peer
   int probe_streams = 1;   // what the link probe chose (1 or streams)

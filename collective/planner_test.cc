@@ -19,7 +19,6 @@ LinkParams Loopback() {
 PlanTopology Flat(int world) {
   PlanTopology t;
   t.world = world;
-  t.nodes = world;
   t.streams = 2;
   t.probe_streams = 2;
   return t;

@@ -31,8 +31,6 @@ constexpr absl::Duration kLongIdlePoll = absl::Milliseconds(10);
 constexpr absl::Duration kLongIdleAfter = absl::Milliseconds(100);
 constexpr absl::Duration kSingleIdlePoll = absl::Milliseconds(100);
 
-ReduceOp Combine(ReduceOp op) { return op == ReduceOp::kAvg ? ReduceOp::kSum : op; }
-
 std::string RankList(const std::vector<int>& ranks) {
   return absl::StrCat(ranks.size() == 1 ? "rank " : "ranks ", absl::StrJoin(ranks, ","));
 }
@@ -47,7 +45,6 @@ JobExecutor::JobExecutor(JobExecutorOptions options, std::unique_ptr<transport::
   const JobPlacement& p = options_.placement;
   PlanTopology topology;  // the network stage: one participant per daemon
   topology.world = p.nodes();
-  topology.nodes = p.nodes();
   topology.ps_shards = static_cast<int>(options_.ps_shards.size());
   const transport::TcpControls* tcp = node_ctx_ != nullptr ? node_ctx_->tcp() : nullptr;
   topology.streams = tcp != nullptr ? tcp->streams() : 1;
@@ -432,11 +429,10 @@ void JobExecutor::RunCurrent(const std::vector<Session*>& members) {
     TraceEvent("negotiate", "op", negotiate_start);
     if (s.ok()) {
       plan_name = one_rank_per_daemon_ || plan.path == PlanPath::kParameterServer ? plan.Name() : "hier";
-      bool done = fused;
-      if (!done) {
+      if (!fused) {  // a fused op is done with the exchange
         SetPhase(absl::StrCat("running ", plan_name));
         const absl::Time run_start = TraceNow();
-        s = RunAgreed(ops, plan, &done);
+        s = RunAgreed(ops, plan);
         TraceEvent(plan_name, "op", run_start);
       }
       if (s.ok()) {
@@ -488,12 +484,10 @@ void JobExecutor::RunCurrent(const std::vector<Session*>& members) {
   if (options_.observer != nullptr) Account(bytes, end - negotiate_start, end);
 }
 
-absl::Status JobExecutor::RunAgreed(const std::vector<QueuedOp*>& ops, const Plan& plan,
-                                    bool* done) {
+absl::Status JobExecutor::RunAgreed(const std::vector<QueuedOp*>& ops, const Plan& plan) {
   const QueuedOp& lead = *ops[0];
   const JobPlacement& place = options_.placement;
   const CollectiveKind kind = lead.sig.kind;
-  *done = true;
   if (plan.path == PlanPath::kParameterServer) {
     if (ps_ == nullptr) {
       return absl::FailedPreconditionError("rank 0 chose the parameter server; this daemon has no shards");
@@ -512,7 +506,7 @@ absl::Status JobExecutor::RunAgreed(const std::vector<QueuedOp*>& ops, const Pla
     for (QueuedOp* op : ops) bufs.push_back(op->data());
     ReduceInOrder(bufs, lead.sig.count, lead.sig.dtype, lead.sig.op, /*divide_by=*/0);
     absl::Status s = ps_->PushPull(lead.seq, bufs[0], lead.sig.count, lead.sig.dtype,
-                                   Combine(lead.sig.op), place.nodes(), place.node_index,
+                                   CombineOp(lead.sig.op), place.nodes(), place.node_index,
                                    options_.ps_partition_bytes, slicer_, lead.deadline);
     if (!s.ok()) return s;
     const size_t data_bytes = lead.sig.count * DTypeSize(lead.sig.dtype);

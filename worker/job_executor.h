@@ -128,7 +128,7 @@ class JobExecutor {
   absl::Status Exchange(const std::vector<QueuedOp*>& ops, const Plan& mine, bool local_mismatch,
                         bool fused, Plan* agreed, uint8_t* agreed_streams);
   absl::Status CompareEverywhere(const std::vector<QueuedOp*>& ops);
-  absl::Status RunAgreed(const std::vector<QueuedOp*>& ops, const Plan& plan, bool* partial_done);
+  absl::Status RunAgreed(const std::vector<QueuedOp*>& ops, const Plan& plan);
   void NoteArrived(int rank);
   void SetPhase(std::string phase);
   // Metrics for finished ops (after the clients were told).

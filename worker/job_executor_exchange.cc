@@ -14,7 +14,6 @@
 namespace gradsync {
 namespace {
 
-ReduceOp Combine(ReduceOp op) { return op == ReduceOp::kAvg ? ReduceOp::kSum : op; }
 constexpr uint64_t kPeerBandwidthMinBytes = 1u << 20;
 constexpr absl::Duration kPeerBytesPeriod = absl::Milliseconds(100);
 
@@ -48,9 +47,9 @@ absl::Status JobExecutor::Exchange(const std::vector<QueuedOp*>& ops, const Plan
     scratch_.resize(std::max(scratch_.size(), data_bytes));
     std::memcpy(scratch_.data(), ops[0]->data(), data_bytes);
     for (size_t i = 1; i < ops.size(); ++i) {
-      ReduceInto(lead.sig.dtype, Combine(lead.sig.op), scratch_.data(), ops[i]->data(), lead.sig.count);
+      ReduceInto(lead.sig.dtype, CombineOp(lead.sig.op), scratch_.data(), ops[i]->data(), lead.sig.count);
     }
-    small = {scratch_.data(), lead.sig.dtype, Combine(lead.sig.op), lead.sig.count};
+    small = {scratch_.data(), lead.sig.dtype, CombineOp(lead.sig.op), lead.sig.count};
   }
   auto arrived = [this, &place](int node) {
     for (int r : place.ranks_of_node[node]) NoteArrived(r);

@@ -16,8 +16,6 @@
 namespace gradsync {
 namespace {
 
-ReduceOp Combine(ReduceOp op) { return op == ReduceOp::kAvg ? ReduceOp::kSum : op; }
-
 int LocalIndex(const JobPlacement& p, int rank) {
   const std::vector<int>& local = p.local_ranks();
   auto it = std::find(local.begin(), local.end(), rank);
@@ -32,7 +30,7 @@ char* Block(char* buf, int b, size_t block_bytes) { return buf + static_cast<siz
 void ReduceLocalInto(const LocalCollective& c, size_t elems, char* out) {
   const size_t bytes = elems * DTypeSize(c.dtype);
   std::memcpy(out, c.bufs[0], bytes);
-  for (size_t j = 1; j < c.bufs.size(); ++j) ReduceInto(c.dtype, Combine(c.op), out, c.bufs[j], elems);
+  for (size_t j = 1; j < c.bufs.size(); ++j) ReduceInto(c.dtype, CombineOp(c.op), out, c.bufs[j], elems);
 }
 
 void SwapBytes(char* a, char* b, size_t n) {
@@ -181,7 +179,7 @@ void ReduceSlice(const LocalCollective& c, size_t begin, size_t end, int divide_
 void ReduceInOrder(const std::vector<char*>& bufs, size_t count, DType dtype, ReduceOp op,
                    int divide_by) {
   if (bufs.empty() || count == 0) return;
-  for (size_t j = 1; j < bufs.size(); ++j) ReduceInto(dtype, Combine(op), bufs[0], bufs[j], count);
+  for (size_t j = 1; j < bufs.size(); ++j) ReduceInto(dtype, CombineOp(op), bufs[0], bufs[j], count);
   if (op == ReduceOp::kAvg && divide_by > 0) DivideBy(dtype, bufs[0], count, divide_by);
 }
 
@@ -199,7 +197,7 @@ void RunInMemory(const JobPlacement& p, const LocalCollective& c, std::vector<ch
       for (int b = 0; b < world; ++b) {
         std::memcpy(scratch->data(), Block(c.bufs[0], b, block), block);
         for (int j = 1; j < world; ++j) {
-          ReduceInto(c.dtype, Combine(c.op), scratch->data(), Block(c.bufs[j], b, block), c.count);
+          ReduceInto(c.dtype, CombineOp(c.op), scratch->data(), Block(c.bufs[j], b, block), c.count);
         }
         if (c.op == ReduceOp::kAvg) DivideBy(c.dtype, scratch->data(), c.count, world);
         std::memcpy(Block(c.bufs[b], b, block), scratch->data(), block);
@@ -242,7 +240,7 @@ absl::Status RunAcrossNodes(transport::Context& ctx, const JobPlacement& p,
   const std::vector<int>& local = p.local_ranks();
   CollectiveCall call;
   call.dtype = c.dtype;
-  call.op = Combine(c.op);
+  call.op = CombineOp(c.op);
   call.seq = seq;
   call.deadline = deadline;
   call.ring = ring;

@@ -163,14 +163,12 @@ absl::Status Session::FreeBuffer(uint64_t id) {
 }
 
 absl::StatusOr<uint64_t> Session::Submit(const SubmitArgs& a) {
-  std::shared_ptr<SubmissionFeed> wake;
-  absl::StatusOr<uint64_t> seq = Enqueue(a, &wake);
+  absl::StatusOr<uint64_t> seq = Enqueue(a);
   if (seq.ok()) executor_->Kick();
   return seq;
 }
 
-absl::StatusOr<uint64_t> Session::Enqueue(const SubmitArgs& a,
-                                          std::shared_ptr<SubmissionFeed>* wake) {
+absl::StatusOr<uint64_t> Session::Enqueue(const SubmitArgs& a) {
   // Only error messages use it: built on demand, not for every op.
   auto what = [&a] { return absl::StrCat(CollectiveName(a.kind), " '", a.name, "'"); };
   if (IsRootedCollective(a.kind) && (a.root < 0 || a.root >= info_.world_size)) {
@@ -253,7 +251,6 @@ absl::StatusOr<uint64_t> Session::Enqueue(const SubmitArgs& a,
   ops_[op->seq] = op;
   queue_.push_back(op);
   if (observer_ != nullptr) observer_->OnOpQueued();
-  (void)wake;
   return op->seq;
 }
 

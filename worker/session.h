@@ -194,9 +194,8 @@ class Session {
   void Touch();
 
  private:
-  // Submit's work under mu_; `wake` receives the feed to ring if the executor
-  // sleeps on it.
-  absl::StatusOr<uint64_t> Enqueue(const SubmitArgs& args, std::shared_ptr<SubmissionFeed>* wake);
+  // Submit's work under mu_.
+  absl::StatusOr<uint64_t> Enqueue(const SubmitArgs& args);
   absl::Status RefusalLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const SessionInfo info_;
