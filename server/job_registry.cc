@@ -1,4 +1,5 @@
 #include "server/job_registry.h"
+#include "server/job_registry_state.h"
 
 #include <algorithm>
 #include <deque>
@@ -14,6 +15,12 @@
 #include "common/logging.h"
 
 namespace gradsync {
+using registry_internal::DescribeMember;
+using registry_internal::FormatEndpoint;
+using registry_internal::MemberState;
+using registry_internal::Rendezvous;
+using registry_internal::Seconds;
+
 namespace {
 
 // How often a blocked JoinJob re-checks cancellation.
@@ -22,22 +29,6 @@ constexpr absl::Duration kCancelPollInterval = absl::Milliseconds(50);
 constexpr int kMaxListedRankGroups = 32;
 constexpr int kMaxListedMembers = 16;
 
-std::string FormatEndpoint(const v1::Endpoint& ep) {
-  if (ep.host().empty() && ep.port() == 0) return "";
-  if (ep.host().find(':') != std::string::npos) return absl::StrCat("[", ep.host(), "]:", ep.port());
-  return absl::StrCat(ep.host(), ":", ep.port());
-}
-
-// "rank 2 (member 'x')" or "rank 2 (member 'x' at host:port)".
-std::string DescribeMember(int rank, const std::string& member_id, const v1::Endpoint* ep) {
-  std::string s = absl::StrCat("rank ", rank, " (member '", member_id, "'");
-  if (ep != nullptr) {
-    const std::string addr = FormatEndpoint(*ep);
-    if (!addr.empty()) absl::StrAppend(&s, " at ", addr);
-  }
-  s += ")";
-  return s;
-}
 
 // Sorted ranks -> "rank 1" / "ranks 1, 3, 5-9".
 std::string FormatRanks(const std::vector<int>& ranks) {
@@ -61,7 +52,6 @@ std::string FormatRanks(const std::vector<int>& ranks) {
   return s;
 }
 
-std::string Seconds(int64_t ms) { return absl::StrFormat("%.1f s", ms / 1000.0); }
 
 // Used when Options::observer is null.
 JobRegistryObserver& NoopObserver() {
@@ -80,36 +70,6 @@ JobRegistryObserver::JoinResult ToJoinResult(const absl::Status& s) {
 // ---------------------------------------------------------------------------
 // JobWatch
 
-struct JobWatch::Queue {
-  absl::Mutex mu;
-  absl::CondVar cv;
-  std::deque<std::shared_ptr<const v1::JobEvent>> events ABSL_GUARDED_BY(mu);
-  bool closed ABSL_GUARDED_BY(mu) = false;  // nothing more will be pushed
-  absl::Status end ABSL_GUARDED_BY(mu);     // returned once `events` is drained
-
-  void Push(std::shared_ptr<const v1::JobEvent> event) {
-    absl::MutexLock lock(&mu);
-    if (closed) return;
-    if (events.size() >= kMaxQueuedWatchEvents) {
-      events.clear();
-      closed = true;
-      end = absl::ResourceExhaustedError(absl::StrCat(
-          "watch of job '", event->job_id(), "' fell ", kMaxQueuedWatchEvents,
-          " events behind; reconnect to get a fresh snapshot"));
-    } else {
-      events.push_back(std::move(event));
-    }
-    cv.Signal();
-  }
-
-  void Close(absl::Status status) {
-    absl::MutexLock lock(&mu);
-    if (closed) return;
-    closed = true;
-    end = std::move(status);
-    cv.Signal();
-  }
-};
 
 JobWatch::JobWatch(std::shared_ptr<Queue> queue) : queue_(std::move(queue)) {}
 // The registry holds only a weak_ptr and prunes it on its next event.
@@ -135,58 +95,7 @@ absl::StatusOr<v1::JobEvent> JobWatch::Next(absl::Duration timeout) {
 // ---------------------------------------------------------------------------
 // JobRegistry state
 
-namespace {
 
-struct MemberState {
-  std::string member_id;
-  v1::Endpoint endpoint;
-  std::string status_endpoint;
-  bool alive = true;   // false once declared dead
-  bool left = false;   // LeaveJob after the rendezvous completed
-  absl::Time last_heartbeat;
-  int waiting_joins = 0;  // JoinJob calls of this member blocked in the rendezvous
-  uint64_t serial = 0;    // distinguishes a re-added member from a removed one
-};
-
-// One epoch's rendezvous; shared with the JoinJob calls waiting on it.
-struct Rendezvous {
-  explicit Rendezvous(int64_t e) : epoch(e) {}
-  const int64_t epoch;
-  bool complete = false;  // guarded by the registry mutex
-  // Set once complete, immutable afterwards (rank left unset).
-  std::shared_ptr<const v1::JoinJobResponse> response;
-};
-
-}  // namespace
-
-struct JobRegistry::Job {
-  std::string id;
-  int world_size = 0;
-  v1::JobOptions options;
-  int64_t epoch = 1;
-  v1::JobState state = v1::JOB_STATE_FORMING;
-  std::vector<std::optional<MemberState>> members;  // by rank, size world_size
-  std::unordered_map<std::string, int> rank_of;     // member_id -> rank
-  std::string abort_reason;
-  std::vector<int> dead_ranks;
-  std::shared_ptr<Rendezvous> rendezvous;
-  std::vector<std::weak_ptr<JobWatch::Queue>> watchers;
-
-  int JoinedCount() const {
-    return static_cast<int>(rank_of.size());
-  }
-  MemberState* FindMember(const std::string& member_id, int rank) {
-    if (!member_id.empty()) {
-      auto it = rank_of.find(member_id);
-      return it == rank_of.end() ? nullptr : &*members[it->second];
-    }
-    if (rank < 0 || rank >= world_size || !members[rank].has_value()) return nullptr;
-    return &*members[rank];
-  }
-  int RankOf(const MemberState* m) const {
-    return rank_of.at(m->member_id);
-  }
-};
 
 absl::Status ValidateJobId(absl::string_view job_id) {
   if (job_id.empty()) return absl::InvalidArgumentError("job id must not be empty");
@@ -599,161 +508,6 @@ absl::StatusOr<std::shared_ptr<const v1::JoinJobResponse>> JobRegistry::JoinAndW
   }
   *rank_out = rank;
   return rv->response;
-}
-
-// ---------------------------------------------------------------------------
-// Heartbeat, LeaveJob, death detection
-
-absl::StatusOr<v1::HeartbeatResponse> JobRegistry::Heartbeat(const v1::HeartbeatRequest& request) {
-  observer().OnHeartbeat();
-  absl::MutexLock lock(&mu_);
-  if (shutdown_) return absl::UnavailableError("coordinator is shutting down");
-  Job* job = FindJobLocked(request.job_id());
-  if (job == nullptr) {
-    return absl::NotFoundError(absl::StrCat("job '", request.job_id(), "' does not exist"));
-  }
-  if (request.epoch() == job->epoch) {
-    MemberState* m = job->FindMember(request.member_id(), request.rank());
-    if (m != nullptr && m->alive && !m->left) m->last_heartbeat = Now();
-  }
-  v1::HeartbeatResponse response;
-  response.set_state(job->state);
-  response.set_epoch(job->epoch);
-  response.set_abort_reason(job->abort_reason);
-  for (int r : job->dead_ranks) response.add_dead_ranks(r);
-  return response;
-}
-
-void JobRegistry::AbortLocked(Job& job, int rank, const std::string& reason,
-                              JobRegistryObserver::AbortCause cause) {
-  SetStateLocked(job, v1::JOB_STATE_ABORTED);
-  observer().OnEpochAborted(cause);
-  job.abort_reason = reason;
-  GS_LOG(WARNING) << "job '" << job.id << "' epoch " << job.epoch << " aborted: " << reason;
-  EmitLocked(job, v1::JobEvent::KIND_EPOCH_ABORTED, rank, reason);
-}
-
-bool JobRegistry::MaybeDeleteLocked(Job& job) {
-  if (job.state == v1::JOB_STATE_FORMING) return false;
-  for (const auto& m : job.members) {
-    if (m.has_value() && m->alive && !m->left) return false;
-  }
-  const std::string message =
-      absl::StrCat("job '", job.id, "' deleted: no member of epoch ", job.epoch, " is left");
-  GS_LOG(INFO) << message;
-  EmitLocked(job, v1::JobEvent::KIND_JOB_DELETED, -1, message);
-  observer().OnJobStateChanged(job.state, v1::JOB_STATE_UNSPECIFIED);
-  jobs_.erase(jobs_.find(job.id));
-  return true;
-}
-
-absl::Status JobRegistry::LeaveJob(const v1::LeaveJobRequest& request) {
-  absl::MutexLock lock(&mu_);
-  if (shutdown_) return absl::UnavailableError("coordinator is shutting down");
-  Job* job = FindJobLocked(request.job_id());
-  if (job == nullptr || request.epoch() != job->epoch) return absl::OkStatus();
-  MemberState* m = job->FindMember(request.member_id(), request.rank());
-  if (m == nullptr || m->left || !m->alive) return absl::OkStatus();
-  const int rank = job->RankOf(m);
-  if (job->state == v1::JOB_STATE_FORMING) {
-    RemoveFormingMemberLocked(*job, rank, "left before the rendezvous completed");
-    return absl::OkStatus();
-  }
-  m->left = true;
-  observer().OnAliveMembersChanged(-1);
-  const std::string message = absl::StrCat(DescribeMember(rank, m->member_id, nullptr), " left the job");
-  GS_LOG(INFO) << "job '" << job->id << "' epoch " << job->epoch << ": " << message;
-  EmitLocked(*job, v1::JobEvent::KIND_MEMBER_LEFT, rank, message);
-  if (job->state == v1::JOB_STATE_RUNNING) {
-    AbortLocked(*job, rank, message, JobRegistryObserver::AbortCause::kMemberLeft);
-  }
-  MaybeDeleteLocked(*job);
-  return absl::OkStatus();
-}
-
-void JobRegistry::CheckLiveness() {
-  absl::MutexLock lock(&mu_);
-  if (shutdown_) return;
-  CheckLivenessLocked(Now());
-}
-
-void JobRegistry::CheckLivenessLocked(absl::Time now) {
-  for (auto it = jobs_.begin(); it != jobs_.end();) {
-    Job& job = *(it++)->second;  // advance first: `job` may be deleted below
-    if (job.state == v1::JOB_STATE_FORMING) continue;
-    const int64_t timeout_ms = job.options.heartbeat_timeout_ms();
-    bool someone_died = false;
-    for (int rank = 0; rank < job.world_size; ++rank) {
-      if (!job.members[rank].has_value()) continue;
-      MemberState& m = *job.members[rank];
-      if (!m.alive || m.left) continue;
-      const int64_t age_ms = absl::ToInt64Milliseconds(now - m.last_heartbeat);
-      if (age_ms <= timeout_ms) continue;
-      m.alive = false;
-      someone_died = true;
-      observer().OnAliveMembersChanged(-1);
-      observer().OnMemberDead();
-      job.dead_ranks.push_back(rank);
-      const std::string reason =
-          absl::StrCat(DescribeMember(rank, m.member_id, nullptr), " missed heartbeats for ",
-                       Seconds(age_ms), " (timeout ", Seconds(timeout_ms), ")");
-      GS_LOG(WARNING) << "job '" << job.id << "' epoch " << job.epoch << ": " << reason;
-      EmitLocked(job, v1::JobEvent::KIND_MEMBER_DEAD, rank, reason);
-      if (job.state == v1::JOB_STATE_RUNNING) {
-        AbortLocked(job, rank, reason, JobRegistryObserver::AbortCause::kMemberDead);
-      }
-    }
-    if (someone_died) MaybeDeleteLocked(job);
-  }
-}
-
-void JobRegistry::LivenessLoop() {
-  absl::MutexLock lock(&mu_);
-  while (!shutdown_) {
-    changed_.WaitWithTimeout(&mu_, options_.liveness_interval);
-    if (shutdown_) break;
-    CheckLivenessLocked(Now());
-  }
-}
-
-// ---------------------------------------------------------------------------
-// Status and watches
-
-absl::StatusOr<v1::JobStatus> JobRegistry::GetJobStatus(absl::string_view job_id) {
-  if (job_id.empty()) return absl::InvalidArgumentError("job id must not be empty");
-  absl::MutexLock lock(&mu_);
-  Job* job = FindJobLocked(job_id);
-  if (job == nullptr) return absl::NotFoundError(absl::StrCat("job '", job_id, "' does not exist"));
-  return StatusLocked(*job, Now());
-}
-
-v1::ListJobsResponse JobRegistry::ListJobs() {
-  absl::MutexLock lock(&mu_);
-  v1::ListJobsResponse response;
-  const absl::Time now = Now();
-  for (const auto& [id, job] : jobs_) *response.add_jobs() = StatusLocked(*job, now);
-  return response;
-}
-
-absl::StatusOr<std::unique_ptr<JobWatch>> JobRegistry::WatchJob(absl::string_view job_id) {
-  if (job_id.empty()) return absl::InvalidArgumentError("job id must not be empty");
-  absl::MutexLock lock(&mu_);
-  if (shutdown_) return absl::UnavailableError("coordinator is shutting down");
-  Job* job = FindJobLocked(job_id);
-  if (job == nullptr) return absl::NotFoundError(absl::StrCat("job '", job_id, "' does not exist"));
-  auto queue = std::make_shared<JobWatch::Queue>();
-  const absl::Time now = Now();
-  auto snapshot = std::make_shared<v1::JobEvent>();
-  snapshot->set_kind(v1::JobEvent::KIND_SNAPSHOT);
-  snapshot->set_job_id(job->id);
-  snapshot->set_epoch(job->epoch);
-  snapshot->set_rank(-1);
-  snapshot->set_message(job->abort_reason);
-  *snapshot->mutable_status() = StatusLocked(*job, now);
-  snapshot->set_unix_time_ms(absl::ToUnixMillis(now));
-  queue->Push(std::move(snapshot));
-  job->watchers.push_back(queue);
-  return std::make_unique<JobWatch>(std::move(queue));
 }
 
 }  // namespace gradsync
