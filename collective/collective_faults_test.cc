@@ -38,14 +38,14 @@ FaultRun RunWithFaults(int n, Algorithm algo, size_t count, const transport::InP
   for (int r = 0; r < n; ++r) run.in[r] = IntegerValuedData(DType::kF32, count, r, 7, ReduceOp::kSum);
   run.out = run.in;
   run.took.resize(n);
-  std::vector<std::vector<char>> scratch(n);
+  std::vector<transport::Scratch> scratch(n);
   RingOptions ring;
   ring.segment_bytes = 16 << 10;  // many messages per op
   ring.min_segment_bytes = 4 << 10;
   run.st = RunOnRanks(n, [&](int r) {
     CollectiveCall call;
     call.kind = CollectiveKind::kAllreduce;
-    call.data = run.out[r].data();
+    call.buffer = testing::HostBuffer(run.out[r]);
     call.count = count;
     call.seq = 1;
     call.deadline = absl::Now() + timeout;

@@ -20,7 +20,7 @@ size_t CollectiveBufferBytes(CollectiveKind kind, size_t count, DType dtype, int
 }
 
 absl::Status RunCollective(transport::Context& ctx, const CollectiveCall& call, Algorithm algo,
-                           std::vector<char>* scratch) {
+                           transport::Scratch* scratch) {
   const CollectiveKind kind = call.kind;
   if (!IsValidCollective(static_cast<int>(kind))) {
     return absl::InvalidArgumentError(absl::StrCat("unknown collective ", static_cast<int>(kind)));
@@ -39,9 +39,15 @@ absl::Status RunCollective(transport::Context& ctx, const CollectiveCall& call, 
       return absl::InvalidArgumentError(
           absl::StrCat(CollectiveName(kind), ": invalid reduce op ", static_cast<int>(call.op)));
     }
-    if (call.data == nullptr && call.count > 0) {
+    if (call.buffer.ptr == nullptr && call.count > 0) {
       return absl::InvalidArgumentError(
           absl::StrCat(CollectiveName(kind), " of ", call.count, " elements: null buffer"));
+    }
+    const size_t need = CollectiveBufferBytes(kind, call.count, call.dtype, ctx.size());
+    if (call.buffer.size < need) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          CollectiveName(kind), " of ", call.count, " ", DTypeName(call.dtype), " elements at ",
+          ctx.size(), " ranks needs a buffer of ", need, " bytes; got ", call.buffer.size));
     }
   }
   if (IsRootedCollective(kind) && (call.root < 0 || call.root >= ctx.size())) {
@@ -55,21 +61,27 @@ absl::Status RunCollective(transport::Context& ctx, const CollectiveCall& call, 
         CollectiveBufferBytes(kind, call.count, call.dtype, ctx.size()),
         " bytes: oneshot carries at most ", kOneShotMaxBytes, " bytes per rank"));
   }
-  // The reducer must work on the buffer's memory (the context refuses a
-  // kind its device cannot move when the algorithm registers the buffer).
-  if (IsReducingCollective(kind) && !(call.reduce().kind() == call.memory)) {
+  // The reducer (which also copies) must work on the buffer's memory (the
+  // context refuses a kind its device cannot move when it is registered).
+  if (kind != CollectiveKind::kBarrier && !(call.reduce().kind() == call.buffer.kind)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        CollectiveName(kind), ": the buffer is ", call.memory.ToString(), " memory, the reducer "
-        "works on ", call.reduce().kind().ToString(), " memory"));
+        CollectiveName(kind), ": the buffer is ", call.buffer.kind.ToString(),
+        " memory, the reducer works on ", call.reduce().kind().ToString(), " memory"));
+  }
+  // The algorithms stage through scratch of the buffer's own memory kind.
+  if (kind != CollectiveKind::kBarrier && !(scratch->kind() == call.buffer.kind)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        CollectiveName(kind), ": the buffer is ", call.buffer.kind.ToString(),
+        " memory, the scratch is ", scratch->kind().ToString(), " memory"));
   }
   using A = Algorithm;
   switch (kind) {
     case CollectiveKind::kAllreduce:
       switch (algo) {
         case A::kRing:
-          return RingAllreduce(ctx, call.data, call.count, call.dtype, call.op, call.seq,
+          return RingAllreduce(ctx, call.buffer, call.count, call.dtype, call.op, call.seq,
                                call.deadline, call.ring, scratch, nullptr, &call.reduce(),
-                               call.memory);
+                               call.region);
         case A::kRecursiveHalvingDoubling: return internal::RhdAllreduce(ctx, call, scratch);
         case A::kRecursiveDoubling: return internal::RdAllreduce(ctx, call, scratch);
         case A::kBinomialTree: return internal::TreeAllreduce(ctx, call, scratch);

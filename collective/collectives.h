@@ -67,26 +67,31 @@
 #include "collective/reducer.h"
 #include "collective/ring_allreduce.h"
 #include "common/types.h"
+#include "transport/memory.h"
 #include "transport/transport.h"
 
 namespace gradsync {
 
 struct CollectiveCall {
   CollectiveKind kind = CollectiveKind::kAllreduce;
-  void* data = nullptr;  // the op's buffer (see the table above for its size)
-  size_t count = 0;      // elements per rank-block
+  // The op's buffer: at least CollectiveBufferBytes, of the memory kind it
+  // lives in (the context registers it as such).
+  transport::Buffer buffer;
+  // A registration on the context that covers `buffer` (a RegistrationCache
+  // entry, made when the buffer was first used); null: the algorithms
+  // register the buffer for this call.
+  const transport::MemoryRegion* region = nullptr;
+  size_t count = 0;  // elements per rank-block
   DType dtype = DType::kF32;
   ReduceOp op = ReduceOp::kSum;  // reducing collectives only
   int root = 0;                  // broadcast and reduce only
   uint64_t seq = 0;              // MessageTag.op_seq of every message
   absl::Time deadline = absl::InfiniteFuture();
   RingOptions ring;  // segment size and in-flight bound (every algorithm uses the segment size)
-  // Where `data` lives (the context registers it as such) and what reduces
-  // it (null: the CPU reducer, host memory). Scratch the algorithms stage
-  // through is host memory.
-  transport::MemKind memory = transport::MemKind::Host();
+  // What reduces the buffer's memory (null: the CPU reducer, host memory).
   const Reducer* reducer = nullptr;
 
+  char* data() const { return buffer.bytes(); }
   const Reducer& reduce() const { return reducer != nullptr ? *reducer : CpuReducer(); }
 };
 
@@ -99,17 +104,17 @@ size_t CollectiveBufferBytes(CollectiveKind kind, size_t count, DType dtype, int
 // same call (same kind, count, dtype, op, root, seq, algorithm and ring
 // options: the signature check in op_signature.h covers all but the last two).
 absl::Status RunCollective(transport::Context& ctx, const CollectiveCall& call, Algorithm algo,
-                           std::vector<char>* scratch);
+                           transport::Scratch* scratch);
 
 // oneshot's local step (oneshot.cc), shared with the daemon's fused signature
 // exchange: `data` holds this rank's `count` elements on entry and, on
 // return, (x0 OP x1 OP ... OP x_{n-1}) combined left to right in rank order,
 // where x_me is `data` and x_p (p != me) is `peers[p]` (peers.size() = n;
-// peers[me] is ignored); avg sums, then divides once by n. `scratch` keeps
-// this rank's contribution while `data` accumulates. `reducer`: null, the
-// CPU's.
+// peers[me] is ignored); avg sums, then divides once by n. `own_copy` (count
+// elements, unused when me = 0) keeps this rank's contribution while `data`
+// accumulates. `reducer`: null, the CPU's.
 void ReduceInRankOrder(DType dtype, ReduceOp op, void* data, size_t count, int me,
-                       const std::vector<const char*>& peers, std::vector<char>* scratch,
+                       const std::vector<const char*>& peers, void* own_copy,
                        const Reducer* reducer = nullptr);
 
 }  // namespace gradsync

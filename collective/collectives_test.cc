@@ -43,6 +43,7 @@
 namespace gradsync {
 namespace {
 
+using testing::HostBuffer;
 using testing::Cluster;
 using testing::DeviceKind;
 using testing::DeviceName;
@@ -62,7 +63,7 @@ constexpr ReduceOp kOps[] = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax};
 // scratch that is reused between ops (as the daemon does).
 struct World {
   Cluster cluster;
-  std::vector<std::vector<char>> scratch;
+  std::vector<transport::Scratch> scratch;
   uint64_t seq = 0;
 };
 
@@ -73,7 +74,7 @@ class Worlds : public ::testing::Environment {
     if (w == nullptr) {
       w = std::make_unique<World>();
       w->cluster = MakeCluster(n, absl::StrCat("collectives-", n), device);
-      w->scratch.resize(n);
+      w->scratch = std::vector<transport::Scratch>(n);
     }
     return *w;
   }
@@ -117,7 +118,7 @@ std::vector<absl::Status> RunEverywhere(World& w, const Case& c, uint64_t seq,
   return RunOnRanks(n, [&](int r) {
     CollectiveCall call;
     call.kind = c.kind;
-    call.data = bufs[r].data();
+    call.buffer = HostBuffer(bufs[r]);
     call.count = c.count;
     call.dtype = c.dtype;
     call.op = c.op;
@@ -418,7 +419,7 @@ TEST(Collectives, OneShotRefusesBuffersAboveItsCap) {
   World& w = Worlds::Get(2);
   std::vector<char> buf(kOneShotMaxBytes + 4);
   CollectiveCall call;
-  call.data = buf.data();
+  call.buffer = HostBuffer(buf);
   call.count = buf.size() / 4;
   call.seq = ++w.seq;
   absl::Status s = RunCollective(*w.cluster.contexts[0], call, Algorithm::kOneShot, &w.scratch[0]);
@@ -466,7 +467,7 @@ TEST(Collectives, RefusesUnimplementedPairsAndBadRootsBeforeMovingData) {
   World& w = Worlds::Get(n);
   std::vector<float> buf(8);
   CollectiveCall call;
-  call.data = buf.data();
+  call.buffer = HostBuffer(buf);
   call.count = 2;
   call.seq = ++w.seq;
   call.kind = CollectiveKind::kAllreduce;
@@ -484,6 +485,14 @@ TEST(Collectives, RefusesUnimplementedPairsAndBadRootsBeforeMovingData) {
   call.root = -1;
   s = RunCollective(*w.cluster.contexts[1], call, Algorithm::kRing, &w.scratch[1]);
   EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  // allgather of 2 elements per rank at 4 ranks needs 32 bytes; 16 are there.
+  call.kind = CollectiveKind::kAllgather;
+  call.root = 0;
+  call.buffer.size = 16;
+  s = RunCollective(*w.cluster.contexts[1], call, Algorithm::kRing, &w.scratch[1]);
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  EXPECT_EQ(s.message(), "allgather of 2 f32 elements at 4 ranks needs a buffer of 32 bytes; got 16");
+  call.buffer = HostBuffer(buf);
   for (CollectiveKind kind : kAllCollectives) {
     for (Algorithm algo : kAllAlgorithms) {
       if (Implements(algo, kind)) continue;
@@ -521,11 +530,11 @@ TEST(Collectives, MissingRankTimesOutWithItsRankNamed) {
     Cluster c = MakeCluster(p.n, absl::StrCat("timeout-", AlgorithmName(p.algo)), device);
     const int missing = p.n - 1;
     std::vector<std::vector<float>> bufs(p.n, std::vector<float>(64 * p.n, 1.0f));
-    std::vector<std::vector<char>> scratch(p.n);
+    std::vector<transport::Scratch> scratch(p.n);
     const std::vector<absl::Status> st = RunOnRanks(missing, [&](int r) {
       CollectiveCall call;
       call.kind = p.kind;
-      call.data = bufs[r].data();
+      call.buffer = HostBuffer(bufs[r]);
       call.count = 64;
       call.seq = 1;
       call.deadline = absl::Now() + absl::Milliseconds(300);
@@ -561,10 +570,42 @@ class CountingReducer final : public Reducer {
     calls_.fetch_add(1);
     CpuReducer().Divide(t, data, count, divisor);
   }
+  void Copy(void* dst, const void* src, size_t bytes) const override {
+    CpuReducer().Copy(dst, src, bytes);
+  }
   int calls() const { return calls_.load(); }
 
  private:
   mutable std::atomic<int> calls_{0};
+};
+
+// Host memory that claims to be cuda:0, to reach the checks that follow the
+// memory-kind ones without a GPU.
+class CudaLabelledReducer final : public Reducer {
+ public:
+  transport::MemKind kind() const override { return transport::MemKind::Cuda(0); }
+  void Reduce(DType t, ReduceOp op, void* dst, const void* src, size_t count) const override {
+    CpuReducer().Reduce(t, op, dst, src, count);
+  }
+  void Combine(DType t, ReduceOp op, void* dst, const void* a, const void* b,
+               size_t count) const override {
+    CpuReducer().Combine(t, op, dst, a, b, count);
+  }
+  void Divide(DType t, void* data, size_t count, int64_t divisor) const override {
+    CpuReducer().Divide(t, data, count, divisor);
+  }
+  void Copy(void* dst, const void* src, size_t bytes) const override {
+    CpuReducer().Copy(dst, src, bytes);
+  }
+};
+
+class CudaLabelledAllocator final : public transport::MemoryAllocator {
+ public:
+  transport::MemKind kind() const override { return transport::MemKind::Cuda(0); }
+  absl::StatusOr<void*> Allocate(size_t bytes) const override {
+    return transport::HostAllocator().Allocate(bytes);
+  }
+  void Free(void* ptr, size_t bytes) const override { transport::HostAllocator().Free(ptr, bytes); }
 };
 
 TEST(Collectives, AlgorithmsReduceWithTheCallsReducerAndCheckItsMemoryKind) {
@@ -591,7 +632,7 @@ TEST(Collectives, AlgorithmsReduceWithTheCallsReducerAndCheckItsMemoryKind) {
     const std::vector<absl::Status> st = RunOnRanks(n, [&](int r) {
       CollectiveCall call;
       call.kind = kind;
-      call.data = bufs[r].data();
+      call.buffer = HostBuffer(bufs[r]);
       call.count = count;
       call.op = ReduceOp::kAvg;
       call.seq = seq;
@@ -613,23 +654,30 @@ TEST(Collectives, AlgorithmsReduceWithTheCallsReducerAndCheckItsMemoryKind) {
       }
     }
   }
+  // Host memory labelled cuda:0: the checks refuse it before anything runs.
   std::vector<float> x(8, 1.0f);
   CollectiveCall call;
-  call.data = x.data();
+  call.buffer = HostBuffer(x);
+  call.buffer.kind = transport::MemKind::Cuda(0);
   call.count = 8;
-  call.memory = transport::MemKind::Cuda(0);
   absl::Status s = RunCollective(*w.cluster.contexts[0], call, Algorithm::kRing, &w.scratch[0]);
   EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
   EXPECT_EQ(s.message(), "allreduce: the buffer is cuda:0 memory, the reducer works on host memory");
-  std::vector<float> y(8 * 2, 1.0f);
+  const CudaLabelledReducer cuda_reducer;
+  call.reducer = &cuda_reducer;
+  s = RunCollective(*w.cluster.contexts[0], call, Algorithm::kRing, &w.scratch[0]);
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  EXPECT_EQ(s.message(), "allreduce: the buffer is cuda:0 memory, the scratch is host memory");
+  // With a reducer and scratch of its kind, the device refuses to register it.
+  const CudaLabelledAllocator cuda_alloc;
+  transport::Scratch cuda_scratch(cuda_alloc);
   transport::InProcDevice dev(2);
   transport::ContextSpec spec;
   spec.world_size = 2;
   auto c0 = dev.CreateContext(spec);
   ASSERT_TRUE(c0.ok());
-  call.kind = CollectiveKind::kBroadcast;  // no reducer: the device refuses the memory
-  call.data = y.data();
-  s = RunCollective(**c0, call, Algorithm::kRing, &w.scratch[0]);
+  call.kind = CollectiveKind::kBroadcast;
+  s = RunCollective(**c0, call, Algorithm::kRing, &cuda_scratch);
   EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
   EXPECT_NE(s.message().find("cuda:0"), std::string::npos) << s;
 }

@@ -90,24 +90,41 @@ transport::MessageTag Exchange::Tag(const Message& m, const Piece& p) const {
   return transport::MessageTag{seq_, p.slot, tag_dtype_, m.tag_offset + p.begin * esize_};
 }
 
-absl::Status Exchange::PostSends(bool* posted_any) {
-  // Sends to one peer leave in queue order: the first message to a peer that
-  // still waits for its data holds back the later ones.
+absl::Status Exchange::Post(bool sends, bool* posted_any) {
+  // Messages to (or from) one peer are posted in queue order: the first one
+  // that cannot post all its pieces (window full, or a forwarded send still
+  // waiting for its data) holds back the later ones.
+  const size_t window = ctx_.max_in_flight() > 0 ? static_cast<size_t>(ctx_.max_in_flight())
+                                                 : ~size_t{0};
+  std::vector<int>& in_flight = sends ? sends_posted_ : recvs_posted_;
   std::vector<char> held(ctx_.size(), 0);
   for (Message& m : msgs_) {
-    if (!m.send || held[m.peer]) continue;
-    while (m.posted < m.pieces.size()) {
+    if (m.send != sends || held[m.peer]) continue;
+    while (m.posted < m.pieces.size() && static_cast<size_t>(in_flight[m.peer]) < window) {
       if (m.forward_of >= 0 && msgs_[m.forward_of].done <= m.posted) break;
       Piece& p = m.pieces[m.posted];
-      absl::Status s = ctx_.PostSend(m.peer, *m.mr, m.byte_offset + p.begin * esize_,
-                                     p.count * esize_, Tag(m, p), &p.req);
+      const size_t offset = m.byte_offset + p.begin * esize_;
+      absl::Status s = sends ? ctx_.PostSend(m.peer, *m.mr, offset, p.count * esize_, Tag(m, p),
+                                             &p.req)
+                             : ctx_.PostRecv(m.peer, *m.mr, offset, p.count * esize_,
+                                             /*exact=*/true, Tag(m, p), &p.req);
       if (!s.ok()) return s;
       ++m.posted;
+      ++in_flight[m.peer];
       *posted_any = true;
     }
     if (m.posted < m.pieces.size()) held[m.peer] = 1;
   }
   return absl::OkStatus();
+}
+
+void Exchange::CountCompletions() {
+  for (Message& m : msgs_) {
+    while (m.completed < m.posted && m.pieces[m.completed].req.done) {
+      ++m.completed;
+      --(m.send ? sends_posted_ : recvs_posted_)[m.peer];
+    }
+  }
 }
 
 std::string Exchange::DescribeWait() const {
@@ -142,17 +159,13 @@ std::string Exchange::DescribeWait() const {
 
 absl::Status Exchange::Run(absl::Time deadline, absl::string_view where) {
   if (!error_.ok()) return error_;
-  for (Message& m : msgs_) {
-    if (m.send) continue;
-    for (Piece& p : m.pieces) {
-      absl::Status s = ctx_.PostRecv(m.peer, *m.mr, m.byte_offset + p.begin * esize_,
-                                     p.count * esize_, /*exact=*/true, Tag(m, p), &p.req);
-      if (!s.ok()) return s;
-    }
-  }
+  sends_posted_.assign(ctx_.size(), 0);
+  recvs_posted_.assign(ctx_.size(), 0);
   while (true) {
     bool progressed = false;
-    absl::Status s = PostSends(&progressed);
+    CountCompletions();
+    absl::Status s = Post(/*sends=*/false, &progressed);
+    if (s.ok()) s = Post(/*sends=*/true, &progressed);
     if (!s.ok()) return s;
     bool sends_done = true;
     for (Message& m : msgs_) {

@@ -19,8 +19,12 @@
 // algorithm here does. Messages of 0 elements are skipped (both ends skip
 // them), except in control exchanges, where every message is empty.
 //
-// Ordering: receives are posted first, in queue order; sends to one peer are
-// posted in queue order (a forwarded send holds back later sends to its peer).
+// Ordering: receives from one peer are posted in queue order, and sends to
+// one peer too (a forwarded send holds back later sends to its peer).
+//
+// Bounded posting: at most Context::max_in_flight() requests per peer and
+// direction are posted at a time; later pieces are posted as earlier ones
+// complete (completions come in posting order per peer and direction).
 #ifndef GRADSYNC_COLLECTIVE_EXCHANGE_H_
 #define GRADSYNC_COLLECTIVE_EXCHANGE_H_
 
@@ -92,14 +96,17 @@ class Exchange {
     bool after_sends = false;
     int forward_of = -1;
     std::vector<Piece> pieces;
-    size_t posted = 0;  // sends: pieces posted
-    size_t done = 0;    // sends: pieces completed; receives: pieces processed
+    size_t posted = 0;     // pieces posted
+    size_t completed = 0;  // pieces the transport completed
+    size_t done = 0;       // sends: pieces completed; receives: pieces processed
   };
 
   int Queue(bool send, int peer, const transport::MemoryRegion& mr, size_t byte_offset,
             size_t count, uint64_t tag_offset);
   transport::MessageTag Tag(const Message& m, const Piece& p) const;
-  absl::Status PostSends(bool* posted_any);
+  absl::Status Post(bool sends, bool* posted_any);
+  // Counts the completions of posted pieces (frees their posting window).
+  void CountCompletions();
   std::string DescribeWait() const;
 
   transport::Context& ctx_;
@@ -111,6 +118,7 @@ class Exchange {
   size_t piece_elems_;
   std::vector<Message> msgs_;
   std::vector<uint32_t> sent_pieces_, recv_pieces_;  // per peer, for the slot numbers
+  std::vector<int> sends_posted_, recvs_posted_;     // per peer: posted, not completed
   absl::Status error_;                               // a queueing error, returned by Run
 };
 

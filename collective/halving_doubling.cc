@@ -43,7 +43,6 @@
 #include "collective/algorithms.h"
 #include "collective/exchange.h"
 #include "common/status_macros.h"
-#include "kernels/cpu_reduce.h"
 
 namespace gradsync::internal {
 namespace {
@@ -109,15 +108,16 @@ struct Schedule {
         me(c.rank()),
         fold(c.size(), c.rank()),
         esize(DTypeSize(cl.dtype)),
-        data(static_cast<char*>(cl.data)),
+        data(cl.data()),
         stage(nullptr) {}
 
   // Registers the buffer (`elements` long) and `stage_elements` of scratch.
-  absl::Status Register(size_t elements, size_t stage_elements, std::vector<char>* scratch) {
-    if (scratch->size() < stage_elements * esize) scratch->resize(stage_elements * esize);
-    stage = scratch->data();
-    ASSIGN_OR_RETURN(data_mr, ctx.RegisterMemory(data, elements * esize, call.memory));
-    ASSIGN_OR_RETURN(stage_mr, ctx.RegisterMemory(stage, stage_elements * esize));
+  absl::Status Register(size_t elements, size_t stage_elements, transport::Scratch* scratch) {
+    ASSIGN_OR_RETURN(const transport::MemoryRegion* s,
+                     scratch->ReserveRegistered(ctx, stage_elements * esize));
+    stage = s->data();
+    stage_mr = std::make_unique<transport::RegionView>(*s, 0, stage_elements * esize);
+    ASSIGN_OR_RETURN(data_mr, CallRegion(ctx, call, elements * esize));
     return absl::OkStatus();
   }
   Exchange Step(uint32_t step) const {
@@ -231,7 +231,7 @@ struct Schedule {
 }  // namespace
 
 absl::Status RhdAllreduce(transport::Context& ctx, const CollectiveCall& call,
-                          std::vector<char>* scratch) {
+                          transport::Scratch* scratch) {
   if (ctx.size() == 1 || call.count == 0) return absl::OkStatus();
   Schedule sched(ctx, call, "rhd allreduce");
   const size_t count = call.count;
@@ -246,7 +246,7 @@ absl::Status RhdAllreduce(transport::Context& ctx, const CollectiveCall& call,
 }
 
 absl::Status RhdReduceScatter(transport::Context& ctx, const CollectiveCall& call,
-                              std::vector<char>* scratch) {
+                              transport::Scratch* scratch) {
   if (ctx.size() == 1 || call.count == 0) return absl::OkStatus();
   Schedule sched(ctx, call, "rhd reduce_scatter");
   const size_t count = call.count;
@@ -261,7 +261,7 @@ absl::Status RhdReduceScatter(transport::Context& ctx, const CollectiveCall& cal
 }
 
 absl::Status RhdAllgather(transport::Context& ctx, const CollectiveCall& call,
-                          std::vector<char>* scratch) {
+                          transport::Scratch* scratch) {
   if (ctx.size() == 1 || call.count == 0) return absl::OkStatus();
   Schedule sched(ctx, call, "rhd allgather");
   const size_t count = call.count;
@@ -285,7 +285,7 @@ absl::Status RhdAllgather(transport::Context& ctx, const CollectiveCall& call,
 }
 
 absl::Status RdAllreduce(transport::Context& ctx, const CollectiveCall& call,
-                         std::vector<char>* scratch) {
+                         transport::Scratch* scratch) {
   if (ctx.size() == 1 || call.count == 0) return absl::OkStatus();
   Schedule sched(ctx, call, "rd allreduce");
   const size_t count = call.count;
@@ -308,7 +308,7 @@ absl::Status RdAllreduce(transport::Context& ctx, const CollectiveCall& call,
 }
 
 absl::Status RdAllgather(transport::Context& ctx, const CollectiveCall& call,
-                         std::vector<char>* scratch) {
+                         transport::Scratch* scratch) {
   const int n = ctx.size();
   if (n == 1 || call.count == 0) return absl::OkStatus();
   Schedule sched(ctx, call, "rd allgather");

@@ -15,12 +15,11 @@
 #include "collective/algorithms.h"
 #include "collective/exchange.h"
 #include "common/status_macros.h"
-#include "kernels/cpu_reduce.h"
 
 namespace gradsync {
 
 void ReduceInRankOrder(DType dtype, ReduceOp op, void* data, size_t count, int me,
-                       const std::vector<const char*>& peers, std::vector<char>* scratch,
+                       const std::vector<const char*>& peers, void* own_copy,
                        const Reducer* reducer) {
   const Reducer& red = reducer != nullptr ? *reducer : CpuReducer();
   const int n = static_cast<int>(peers.size());
@@ -29,10 +28,9 @@ void ReduceInRankOrder(DType dtype, ReduceOp op, void* data, size_t count, int m
   const ReduceOp combine = op == ReduceOp::kAvg ? ReduceOp::kSum : op;
   const char* own = static_cast<const char*>(data);
   if (me != 0) {  // data becomes the accumulator: keep this rank's contribution aside
-    if (scratch->size() < bytes) scratch->resize(bytes);
-    std::memcpy(scratch->data(), data, bytes);
-    own = scratch->data();
-    std::memcpy(data, peers[0], bytes);
+    red.Copy(own_copy, data, bytes);
+    own = static_cast<const char*>(own_copy);
+    red.Copy(data, peers[0], bytes);
   }
   for (int r = 1; r < n; ++r) red.Reduce(dtype, combine, data, r == me ? own : peers[r], count);
   if (op == ReduceOp::kAvg) red.Divide(dtype, data, count, n);
@@ -41,27 +39,27 @@ void ReduceInRankOrder(DType dtype, ReduceOp op, void* data, size_t count, int m
 namespace internal {
 
 absl::Status OneShotAllreduce(transport::Context& ctx, const CollectiveCall& call,
-                              std::vector<char>* scratch) {
+                              transport::Scratch* scratch) {
   const int n = ctx.size();
   const int me = ctx.rank();
   if (n == 1 || call.count == 0) return absl::OkStatus();
   const size_t bytes = call.count * DTypeSize(call.dtype);
   // Slot p holds rank p's contribution; slot `me` is where ReduceInRankOrder
   // keeps this rank's own (its scratch argument).
-  std::vector<char> own;
-  if (scratch->size() < bytes * n) scratch->resize(bytes * n);
-  ASSIGN_OR_RETURN(auto data_mr, ctx.RegisterMemory(call.data, bytes, call.memory));
-  ASSIGN_OR_RETURN(auto in_mr, ctx.RegisterMemory(scratch->data(), bytes * n));
+  ASSIGN_OR_RETURN(const transport::MemoryRegion* in_mr,
+                   scratch->ReserveRegistered(ctx, bytes * n));
+  ASSIGN_OR_RETURN(auto data_mr, CallRegion(ctx, call, bytes));
   Exchange ex(ctx, call.seq, call.dtype, 0, call.ring.segment_bytes);
   std::vector<const char*> peers(n, nullptr);
   for (int p = 0; p < n; ++p) {
     if (p == me) continue;
     ex.Recv(p, *in_mr, p * bytes, call.count, 0);
     ex.Send(p, *data_mr, 0, call.count, 0);
-    peers[p] = scratch->data() + p * bytes;
+    peers[p] = in_mr->data() + p * bytes;
   }
   RETURN_IF_ERROR(ex.Run(call.deadline, "oneshot allreduce"));
-  ReduceInRankOrder(call.dtype, call.op, call.data, call.count, me, peers, &own, &call.reduce());
+  ReduceInRankOrder(call.dtype, call.op, call.data(), call.count, me, peers,
+                    in_mr->data() + me * bytes, &call.reduce());
   return absl::OkStatus();
 }
 

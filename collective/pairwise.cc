@@ -22,16 +22,17 @@
 namespace gradsync::internal {
 
 absl::Status PairwiseAlltoall(transport::Context& ctx, const CollectiveCall& call,
-                              std::vector<char>* scratch) {
+                              transport::Scratch* scratch) {
   const int n = ctx.size();
   const int me = ctx.rank();
   if (n == 1 || call.count == 0) return absl::OkStatus();
   const size_t block = call.count * DTypeSize(call.dtype);
   const size_t bytes = static_cast<size_t>(n) * block;
-  if (scratch->size() < bytes) scratch->resize(bytes);
-  std::memcpy(scratch->data(), call.data, bytes);
-  ASSIGN_OR_RETURN(auto data_mr, ctx.RegisterMemory(call.data, bytes, call.memory));
-  ASSIGN_OR_RETURN(auto copy_mr, ctx.RegisterMemory(scratch->data(), bytes));
+  ASSIGN_OR_RETURN(const transport::MemoryRegion* s, scratch->ReserveRegistered(ctx, bytes));
+  call.reduce().Copy(s->data(), call.data(), bytes);
+  ASSIGN_OR_RETURN(auto data_mr, CallRegion(ctx, call, bytes));
+  const transport::RegionView copy_view(*s, 0, bytes);
+  const transport::MemoryRegion* copy_mr = &copy_view;
   for (int s = 1; s < n; ++s) {
     const int to = (me + s) % n;
     const int from = (me - s + n) % n;

@@ -1,5 +1,7 @@
 #include "collective/reducer.h"
 
+#include <cstring>
+
 #include "kernels/cpu_reduce.h"
 
 namespace gradsync {
@@ -17,6 +19,9 @@ class Cpu final : public Reducer {
   }
   void Divide(DType dtype, void* data, size_t count, int64_t divisor) const override {
     DivideBy(dtype, data, count, divisor);
+  }
+  void Copy(void* dst, const void* src, size_t bytes) const override {
+    if (bytes > 0) std::memcpy(dst, src, bytes);
   }
 };
 

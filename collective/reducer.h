@@ -1,6 +1,6 @@
-// What the collective algorithms reduce with: element-wise dst = dst OP src
-// and the final division of avg, for the memory kind the op's buffer lives
-// in. The algorithms take it from their CollectiveCall; the CPU reducer
+// What the collective algorithms reduce with: element-wise dst = dst OP src,
+// the final division of avg and plain copies, for the memory kind the op's
+// buffer lives in. The algorithms take it from their CollectiveCall; the CPU reducer
 // (kernels/cpu_reduce.h, SIMD picked at run time) serves host memory. A CUDA
 // reducer (cuda/cuda_reduce.h) serves device memory on a device that can
 // register it.
@@ -28,6 +28,8 @@ class Reducer {
                        size_t count) const = 0;
   // data[i] /= divisor (avg's last step; integers truncate).
   virtual void Divide(DType dtype, void* data, size_t count, int64_t divisor) const = 0;
+  // dst[0, bytes) = src[0, bytes) (non-overlapping) in this memory.
+  virtual void Copy(void* dst, const void* src, size_t bytes) const = 0;
 };
 
 // The host-memory reducer (a process-wide instance).

@@ -5,11 +5,11 @@
 
 namespace gradsync {
 
-absl::Status RingAllreduce(transport::Context& ctx, void* data, size_t count, DType dtype,
-                           ReduceOp op, uint64_t seq, absl::Time deadline,
-                           const RingOptions& options, std::vector<char>* scratch,
+absl::Status RingAllreduce(transport::Context& ctx, const transport::Buffer& data, size_t count,
+                           DType dtype, ReduceOp op, uint64_t seq, absl::Time deadline,
+                           const RingOptions& options, transport::Scratch* scratch,
                            RingStats* stats, const Reducer* reducer,
-                           transport::MemKind memory) {
+                           const transport::MemoryRegion* region) {
   const int n = ctx.size();
   if (n == 1 || count == 0) return absl::OkStatus();  // avg over one rank is the identity
   const size_t esize = DTypeSize(dtype);
@@ -24,9 +24,9 @@ absl::Status RingAllreduce(transport::Context& ctx, void* data, size_t count, DT
   pass.chunk_shift = 0;
   pass.label = "ring";
   pass.reducer = reducer;
-  pass.memory = memory;
-  return internal::RunRingPass(ctx, static_cast<char*>(data), count * esize, dtype, op, seq,
-                               deadline, options, pass, scratch, stats);
+  pass.region = region;
+  return internal::RunRingPass(ctx, data.Slice(0, count * esize), dtype, op, seq, deadline,
+                               options, pass, scratch, stats);
 }
 
 }  // namespace gradsync

@@ -22,6 +22,7 @@
 #include "absl/time/time.h"
 #include "collective/reducer.h"
 #include "common/types.h"
+#include "transport/memory.h"
 #include "transport/transport.h"
 
 namespace gradsync {
@@ -42,11 +43,11 @@ struct RingStats {
 // between calls (grown as needed). Errors: the transport's (Unavailable,
 // Aborted, DataLoss), DeadlineExceeded naming what this rank waited for.
 // `reducer` (null: the CPU's) reduces `data`, which is `memory`.
-absl::Status RingAllreduce(transport::Context& ctx, void* data, size_t count, DType dtype,
-                           ReduceOp op, uint64_t seq, absl::Time deadline,
-                           const RingOptions& options, std::vector<char>* scratch,
+absl::Status RingAllreduce(transport::Context& ctx, const transport::Buffer& data, size_t count,
+                           DType dtype, ReduceOp op, uint64_t seq, absl::Time deadline,
+                           const RingOptions& options, transport::Scratch* scratch,
                            RingStats* stats = nullptr, const Reducer* reducer = nullptr,
-                           transport::MemKind memory = transport::MemKind::Host());
+                           const transport::MemoryRegion* region = nullptr);
 
 }  // namespace gradsync
 

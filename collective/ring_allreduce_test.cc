@@ -17,6 +17,7 @@
 namespace gradsync {
 namespace {
 
+using testing::HostBuffer;
 using testing::Cluster;
 using testing::MakeCluster;
 using testing::RandomData;
@@ -32,8 +33,8 @@ void RunAndCheck(Cluster& c, DType t, ReduceOp op, size_t count, uint64_t seq,
   std::vector<absl::Status> st(n);
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
-      std::vector<char> scratch;
-      st[r] = RingAllreduce(*c.contexts[r], buf[r].data(), count, t, op, seq,
+      transport::Scratch scratch;
+      st[r] = RingAllreduce(*c.contexts[r], HostBuffer(buf[r]), count, t, op, seq,
                             absl::Now() + absl::Seconds(30), ro, &scratch);
     });
   }
@@ -125,8 +126,8 @@ TEST(RingAllreduce, LostPeerFailsEveryOtherRankNamingIt) {
   std::vector<std::vector<float>> bufs(n, std::vector<float>(count, 1.0f));
   for (int r : {0, 1, 3}) {
     threads.emplace_back([&, r] {
-      std::vector<char> scratch;
-      st[r] = RingAllreduce(*c.contexts[r], bufs[r].data(), count, DType::kF32, ReduceOp::kSum, 1,
+      transport::Scratch scratch;
+      st[r] = RingAllreduce(*c.contexts[r], HostBuffer(bufs[r]), count, DType::kF32, ReduceOp::kSum, 1,
                             absl::Now() + absl::Seconds(10), RingOptions{}, &scratch);
     });
   }

@@ -29,13 +29,12 @@
 #include "collective/ring_pipeline.h"
 #include "collective/ring_plan.h"
 #include "common/status_macros.h"
-#include "kernels/cpu_reduce.h"
 
 namespace gradsync::internal {
 namespace {
 
 absl::Status RingHalf(transport::Context& ctx, const CollectiveCall& call, bool reduce_scatter,
-                      std::vector<char>* scratch) {
+                      transport::Scratch* scratch) {
   const int n = ctx.size();
   if (n == 1 || call.count == 0) return absl::OkStatus();  // avg over one rank is the identity
   const size_t esize = DTypeSize(call.dtype);
@@ -48,32 +47,31 @@ absl::Status RingHalf(transport::Context& ctx, const CollectiveCall& call, bool 
   pass.chunk_shift = -1;
   pass.label = reduce_scatter ? "ring reduce_scatter" : "ring allgather";
   pass.reducer = &call.reduce();
-  pass.memory = call.memory;
-  return RunRingPass(ctx, static_cast<char*>(call.data), n * call.count * esize, call.dtype,
-                     call.op, call.seq, call.deadline, call.ring, pass, scratch,
-                     /*stats=*/nullptr);
+  pass.region = call.region;
+  return RunRingPass(ctx, call.buffer.Slice(0, n * call.count * esize), call.dtype, call.op,
+                     call.seq, call.deadline, call.ring, pass, scratch, /*stats=*/nullptr);
 }
 
 }  // namespace
 
 absl::Status RingReduceScatter(transport::Context& ctx, const CollectiveCall& call,
-                               std::vector<char>* scratch) {
+                               transport::Scratch* scratch) {
   return RingHalf(ctx, call, /*reduce_scatter=*/true, scratch);
 }
 
 absl::Status RingAllgather(transport::Context& ctx, const CollectiveCall& call,
-                           std::vector<char>* scratch) {
+                           transport::Scratch* scratch) {
   return RingHalf(ctx, call, /*reduce_scatter=*/false, scratch);
 }
 
 absl::Status RingBroadcast(transport::Context& ctx, const CollectiveCall& call,
-                           std::vector<char>* /*scratch*/) {
+                           transport::Scratch* /*scratch*/) {
   const int n = ctx.size();
   const int me = ctx.rank();
   if (n == 1 || call.count == 0) return absl::OkStatus();
   const size_t bytes = call.count * DTypeSize(call.dtype);
   const int pos = (me - call.root + n) % n;  // 0 = root, n-1 = end of the chain
-  ASSIGN_OR_RETURN(auto mr, ctx.RegisterMemory(call.data, bytes, call.memory));
+  ASSIGN_OR_RETURN(auto mr, CallRegion(ctx, call, bytes));
   Exchange ex(ctx, call.seq, call.dtype, /*step=*/0, RingSegmentBytes(bytes, call.ring));
   int in = -1;
   if (pos > 0) in = ex.Recv((me - 1 + n) % n, *mr, 0, call.count, 0);
@@ -82,7 +80,7 @@ absl::Status RingBroadcast(transport::Context& ctx, const CollectiveCall& call,
 }
 
 absl::Status RingReduce(transport::Context& ctx, const CollectiveCall& call,
-                        std::vector<char>* scratch) {
+                        transport::Scratch* scratch) {
   const int n = ctx.size();
   const int me = ctx.rank();
   if (n == 1 || call.count == 0) return absl::OkStatus();
@@ -91,12 +89,14 @@ absl::Status RingReduce(transport::Context& ctx, const CollectiveCall& call,
   const size_t esize = DTypeSize(t);
   const size_t bytes = call.count * esize;
   const int pos = (me - call.root - 1 + 2 * n) % n;  // 0 = first rank, n-1 = root
-  char* data = static_cast<char*>(call.data);
+  char* data = call.data();
   const Reducer* red = &call.reduce();
-  if (pos > 0 && scratch->size() < bytes) scratch->resize(bytes);
-  char* acc = scratch->data();
-  ASSIGN_OR_RETURN(auto data_mr, ctx.RegisterMemory(data, bytes, call.memory));
-  ASSIGN_OR_RETURN(auto acc_mr, ctx.RegisterMemory(acc, pos > 0 ? bytes : 0));
+  ASSIGN_OR_RETURN(const transport::MemoryRegion* s,
+                   scratch->ReserveRegistered(ctx, pos > 0 ? bytes : 0));
+  char* acc = s->data();
+  ASSIGN_OR_RETURN(auto data_mr, CallRegion(ctx, call, bytes));
+  const transport::RegionView acc_view(*s, 0, pos > 0 ? bytes : 0);
+  const transport::MemoryRegion* acc_mr = &acc_view;
   Exchange ex(ctx, call.seq, t, /*step=*/0, RingSegmentBytes(bytes, call.ring));
   const int left = (me - 1 + n) % n;
   const int right = (me + 1) % n;

@@ -6,7 +6,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
-#include "kernels/cpu_reduce.h"
 
 namespace gradsync::internal {
 
@@ -15,9 +14,10 @@ size_t RingSegmentBytes(size_t chunk_bytes, const RingOptions& options) {
                     std::max(options.segment_bytes, options.min_segment_bytes));
 }
 
-absl::Status RunRingPass(transport::Context& ctx, char* data, size_t data_bytes, DType dtype,
+absl::Status RunRingPass(transport::Context& ctx, const transport::Buffer& buffer, DType dtype,
                          ReduceOp op, uint64_t seq, absl::Time deadline, const RingOptions& options,
-                         const RingPass& pass, std::vector<char>* scratch, RingStats* stats) {
+                         const RingPass& pass, transport::Scratch* scratch, RingStats* stats) {
+  char* const data = buffer.bytes();
   const RingPlan& plan = *pass.plan;
   const int n = plan.world();
   const int me = ctx.rank();
@@ -28,16 +28,17 @@ absl::Status RunRingPass(transport::Context& ctx, char* data, size_t data_bytes,
   // The pass's reduce-scatter messages (plan steps < n-1) come first.
   const int rs_steps = std::clamp(n - 1 - pass.first_step, 0, pass.steps);
   const size_t rs_end = static_cast<size_t>(rs_steps) * nseg;
-  const size_t inflight = static_cast<size_t>(std::max(1, options.max_inflight));
+  int bound = std::max(1, options.max_inflight);
+  if (ctx.max_in_flight() > 0) bound = std::min(bound, ctx.max_in_flight());
+  const size_t inflight = static_cast<size_t>(bound);
   const size_t slot_bytes = rs_end > 0 ? plan.max_segment_elements() * esize : 0;
-  if (scratch->size() < inflight * slot_bytes) scratch->resize(inflight * slot_bytes);
   const int right = (me + 1) % n;
   const int left = (me - 1 + n) % n;
 
   const Reducer& red = pass.reducer != nullptr ? *pass.reducer : CpuReducer();
-  auto data_mr = ctx.RegisterMemory(data, data_bytes, pass.memory);
+  auto data_mr = transport::RegionFor(ctx, buffer, pass.region);
   if (!data_mr.ok()) return data_mr.status();
-  auto scratch_mr = ctx.RegisterMemory(scratch->data(), scratch->size());
+  auto scratch_mr = scratch->ReserveRegistered(ctx, inflight * slot_bytes);
   if (!scratch_mr.ok()) return scratch_mr.status();
 
   auto message = [&](size_t i, bool send) {
@@ -90,7 +91,7 @@ absl::Status RunRingPass(transport::Context& ctx, char* data, size_t data_bytes,
       if (m.reduce) {
         char* dst = data + m.range.begin * esize;
         const absl::Time reduce_start = TraceNow();
-        red.Reduce(dtype, op, dst, scratch->data() + (recvs_done % inflight) * slot_bytes,
+        red.Reduce(dtype, op, dst, (*scratch_mr)->data() + (recvs_done % inflight) * slot_bytes,
                    m.range.count);
         if (op == ReduceOp::kAvg && m.step == n - 2) red.Divide(dtype, dst, m.range.count, n);
         TraceEvent("reduce", "reduce", reduce_start);

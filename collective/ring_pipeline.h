@@ -32,6 +32,7 @@
 #include "collective/reducer.h"
 #include "collective/ring_plan.h"
 #include "common/types.h"
+#include "transport/memory.h"
 #include "transport/transport.h"
 
 namespace gradsync::internal {
@@ -43,7 +44,8 @@ struct RingPass {
   int chunk_shift = 0;         // added to the plan's chunk indices (mod world)
   const char* label = "ring";  // "timed out at rank R in <label> step S of <steps>: ..."
   const Reducer* reducer = nullptr;  // null: the CPU's
-  transport::MemKind memory = transport::MemKind::Host();  // the data's
+  // A registration covering the data (null: registered for this pass).
+  const transport::MemoryRegion* region = nullptr;
 };
 
 // The segment size every ring pass uses for chunks of `chunk_bytes`: at least
@@ -52,10 +54,12 @@ struct RingPass {
 size_t RingSegmentBytes(size_t chunk_bytes, const RingOptions& options);
 
 // Runs `pass` on data[0, data_bytes) (the plan's count elements). Requires a
-// world of at least 2. `scratch` holds the staging slots.
-absl::Status RunRingPass(transport::Context& ctx, char* data, size_t data_bytes, DType dtype,
+// world of at least 2. `scratch` (of the data's memory kind) holds the
+// staging slots. At most min(options.max_inflight, ctx.max_in_flight())
+// segments are in flight per direction.
+absl::Status RunRingPass(transport::Context& ctx, const transport::Buffer& data, DType dtype,
                          ReduceOp op, uint64_t seq, absl::Time deadline, const RingOptions& options,
-                         const RingPass& pass, std::vector<char>* scratch, RingStats* stats);
+                         const RingPass& pass, transport::Scratch* scratch, RingStats* stats);
 
 }  // namespace gradsync::internal
 

@@ -10,7 +10,6 @@
 #include "collective/signature_exchange_impl.h"
 #include "common/clock.h"
 #include "common/status_macros.h"
-#include "kernels/cpu_reduce.h"
 #include "transport/wire.h"
 
 namespace gradsync {
@@ -62,10 +61,10 @@ absl::Status AllToAll::Start() {
   const size_t sig_len = st_.my_sig.size();
   const size_t out_len = want_ > 0 ? AlignUp(sig_len) + want_ : sig_len;
   ASSIGN_OR_RETURN(const transport::MemoryRegion* in_mr,
-                   SignatureScratch::State::Register(ctx_, st_.in, kCap * n_));
+                   st_.in.ReserveRegistered(ctx_, kCap * n_));
   ASSIGN_OR_RETURN(const transport::MemoryRegion* out_mr,
-                   SignatureScratch::State::Register(ctx_, st_.out, kCap));
-  char* const outbox = st_.out.bytes.data();
+                   st_.out.ReserveRegistered(ctx_, kCap));
+  char* const outbox = st_.out.data();
   std::memcpy(outbox, st_.my_sig.data(), sig_len);
   if (want_ > 0) {
     std::memset(outbox + sig_len, 0, AlignUp(sig_len) - sig_len);
@@ -126,7 +125,7 @@ absl::Status AllToAll::TimedOut() const {
 }
 
 absl::Status AllToAll::Finish() {
-  const char* const in = st_.in.bytes.data();
+  const char* const in = st_.in.data();
   // The usual case, every signature equal to this rank's, is checked in
   // place; only a mismatch builds the strings for the error.
   const absl::string_view my_sig(st_.my_sig);
@@ -161,8 +160,9 @@ absl::Status AllToAll::Finish() {
     st_.peers[p] = in + kCap * p + st_.data_at[p];
   }
   if (fused_ != nullptr) {
+    st_.own.resize(want_);
     ReduceInRankOrder(fused_->dtype, fused_->op, fused_->data, fused_->count, me_, st_.peers,
-                      &st_.own);
+                      st_.own.data(), &fused_->reduce());
   }
   const absl::string_view rank0 =
       me_ == 0 ? my_sig : absl::string_view(in, EncodedLength(in, st_.recvs[0].bytes));

@@ -12,6 +12,7 @@
 #include "absl/time/time.h"
 #include "collective/algorithm.h"
 #include "collective/op_signature.h"
+#include "collective/reducer.h"
 #include "common/types.h"
 #include "transport/transport.h"
 
@@ -38,6 +39,8 @@ struct FusedAllreduce {
   DType dtype = DType::kF32;
   ReduceOp op = ReduceOp::kSum;
   uint64_t count = 0;  // count * DTypeSize(dtype) <= kOneShotMaxBytes
+  const Reducer* reducer = nullptr;  // host memory; null: the CPU's
+  const Reducer& reduce() const { return reducer != nullptr ? *reducer : CpuReducer(); }
 };
 
 // What CheckSignatures keeps from one op to the next, so that a small op

@@ -18,6 +18,7 @@
 #include "absl/time/time.h"
 #include "collective/signature_exchange.h"
 #include "common/status_macros.h"
+#include "transport/memory.h"
 #include "transport/transport.h"
 
 namespace gradsync {
@@ -94,31 +95,10 @@ absl::Status DeadlineError(const OpSignature& mine, int me, const std::vector<in
 }  // namespace signature_internal
 
 struct SignatureScratch::State {
-  // Memory registered with a context; registered again only when the
-  // context or the memory changes.
-  struct Registered {
-    std::vector<char> bytes;
-    std::unique_ptr<transport::MemoryRegion> mr;
-    const transport::Context* ctx = nullptr;
-  };
-  // `r` with at least `size` bytes, registered with `ctx`.
-  static absl::StatusOr<const transport::MemoryRegion*> Register(transport::Context& ctx,
-                                                                 Registered& r, size_t size) {
-    if (r.bytes.size() < size) {
-      r.bytes.resize(size);
-      r.mr.reset();
-    }
-    if (r.mr == nullptr || r.ctx != &ctx || r.mr->data() != r.bytes.data() ||
-        r.mr->size() != r.bytes.size()) {
-      r.mr.reset();
-      ASSIGN_OR_RETURN(r.mr, ctx.RegisterMemory(r.bytes.data(), r.bytes.size()));
-      r.ctx = &ctx;
-    }
-    return r.mr.get();
-  }
-
-  Registered in;   // what arrives (and, for recursive doubling, what leaves)
-  Registered out;  // all-to-all: what leaves
+  // Host memory registered with the context (again only when it grows or
+  // the context changes).
+  transport::Scratch in;   // what arrives (and, for recursive doubling, what leaves)
+  transport::Scratch out;  // all-to-all: what leaves
   std::string my_sig;
 
   // All-to-all.
@@ -247,7 +227,7 @@ class RdExchange final : public ExchangeBase {
   void Know(absl::string_view sig, uint32_t data_len, int rank);
   void ForgetAll();
   size_t GroupsBytes() const;
-  char* Inbox() const { return st_.in.bytes.data(); }
+  char* Inbox() const { return st_.in.data(); }
 
   int known_count_ = 0;
   bool valid_ = true;

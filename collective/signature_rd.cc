@@ -7,7 +7,6 @@
 #include "collective/signature_exchange_impl.h"
 #include "common/clock.h"
 #include "common/status_macros.h"
-#include "kernels/cpu_reduce.h"
 #include "transport/wire.h"
 
 // Recursive doubling (the message format and the schedule: signature_exchange_impl.h).
@@ -208,12 +207,12 @@ absl::Status RdExchange::Merge(const RdStep& step) {
     const ReduceOp combine = fused_->op == ReduceOp::kAvg ? ReduceOp::kSum : fused_->op;
     switch (step.take) {
       case Take::kLower:  // the result stays where this rank's half is
-        ReduceInto(fused_->dtype, combine, mine_data, theirs, fused_->count);
+        fused_->reduce().Reduce(fused_->dtype, combine, mine_data, theirs, fused_->count);
         break;
       case Take::kUpper:  // the lower half comes first (min/max are not
                           // commutative for NaN and signed zero): combine
                           // into the received message, which now holds it
-        ReduceInto(fused_->dtype, combine, theirs, mine_data, fused_->count);
+        fused_->reduce().Reduce(fused_->dtype, combine, theirs, mine_data, fused_->count);
         msg_slot_ = step.slot;
         break;
       case Take::kAdopt:
@@ -262,7 +261,7 @@ std::vector<int> RdExchange::Unheard() const {
 absl::Status RdExchange::Start() {
   Plan();
   ASSIGN_OR_RETURN(const transport::MemoryRegion* mr,
-                   SignatureScratch::State::Register(ctx_, st_.in, st_.inbox_bytes));
+                   st_.in.ReserveRegistered(ctx_, st_.inbox_bytes));
   for (RdStep& s : st_.steps) {
     s.sreq = transport::Request{};
     s.rreq = transport::Request{};
@@ -295,7 +294,7 @@ absl::Status RdExchange::PostStepSend() {
   const size_t len = Build();
   const transport::MessageTag tag{mine_.seq, transport::kControlSlot, 0, s.round};
   RETURN_IF_ERROR(
-      ctx_.PostSend(s.peer, *st_.in.mr, st_.slots[msg_slot_].offset, len, tag, &s.sreq));
+      ctx_.PostSend(s.peer, *st_.in.region(), st_.slots[msg_slot_].offset, len, tag, &s.sreq));
   sent_ = true;
   return absl::OkStatus();
 }
@@ -364,7 +363,9 @@ absl::Status RdExchange::Finish() {
                                               " got no partial result from its peers"));
     }
     std::memcpy(fused_->data, Inbox() + st_.slots[msg_slot_].offset + sizeof(RdPrefix), want_);
-    if (fused_->op == ReduceOp::kAvg) DivideBy(fused_->dtype, fused_->data, fused_->count, n_);
+    if (fused_->op == ReduceOp::kAvg) {
+      fused_->reduce().Divide(fused_->dtype, fused_->data, fused_->count, n_);
+    }
   }
   return absl::OkStatus();
 }

@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "transport/inproc.h"
 #include "transport/tcp_listener.h"
+#include "transport/memory.h"
 #include "transport/transport.h"
 
 namespace gradsync::testing {
@@ -21,6 +22,12 @@ enum class DeviceKind { kTcp, kInProc };
 inline constexpr DeviceKind kAllDevices[] = {DeviceKind::kTcp, DeviceKind::kInProc};
 // "tcp", "inproc".
 const char* DeviceName(DeviceKind kind);
+
+// The host memory of a vector, as an op's buffer.
+template <class V>
+transport::Buffer HostBuffer(V& v) {
+  return transport::Buffer{v.data(), v.size() * sizeof(v[0])};
+}
 
 struct Cluster {
   std::vector<std::unique_ptr<transport::TcpListener>> listeners;  // TCP only

@@ -29,7 +29,6 @@
 #include "collective/exchange.h"
 #include "collective/ring_pipeline.h"
 #include "common/status_macros.h"
-#include "kernels/cpu_reduce.h"
 
 namespace gradsync::internal {
 namespace {
@@ -70,7 +69,7 @@ absl::Status Broadcast(transport::Context& ctx, const CollectiveCall& call, int 
                        absl::string_view where) {
   const size_t bytes = call.count * DTypeSize(call.dtype);
   const Tree tree(ctx.size(), ctx.rank(), root);
-  ASSIGN_OR_RETURN(auto mr, ctx.RegisterMemory(call.data, bytes, call.memory));
+  ASSIGN_OR_RETURN(auto mr, CallRegion(ctx, call, bytes));
   Exchange ex(ctx, call.seq, call.dtype, step, RingSegmentBytes(bytes, call.ring));
   int in = -1;
   if (!tree.is_root()) in = ex.Recv(tree.parent.rank, *mr, 0, call.count, 0);
@@ -82,23 +81,27 @@ absl::Status Broadcast(transport::Context& ctx, const CollectiveCall& call, int 
 
 // Reduces to `root`. With `keep_buffer`, non-root ranks accumulate in scratch.
 absl::Status Reduce(transport::Context& ctx, const CollectiveCall& call, int root, bool keep_buffer,
-                    std::vector<char>* scratch, absl::string_view label) {
+                    transport::Scratch* scratch, absl::string_view label) {
   const int n = ctx.size();
   const DType t = call.dtype;
   const ReduceOp op = call.op;
   const size_t esize = DTypeSize(t);
   const size_t bytes = call.count * esize;
   const Tree tree(n, ctx.rank(), root);
-  char* data = static_cast<char*>(call.data);
+  char* data = call.data();
   const bool separate_acc = keep_buffer && !tree.is_root() && !tree.children.empty();
-  const size_t need = (tree.children.empty() ? 0 : bytes) + (separate_acc ? bytes : 0);
-  if (scratch->size() < need) scratch->resize(need);
-  char* stage = scratch->data();
-  char* acc = separate_acc ? scratch->data() + bytes : data;
-  ASSIGN_OR_RETURN(auto stage_mr, ctx.RegisterMemory(stage, tree.children.empty() ? 0 : bytes));
-  ASSIGN_OR_RETURN(auto acc_mr, ctx.RegisterMemory(acc, bytes, separate_acc
-                                                                     ? transport::MemKind::Host()
-                                                                     : call.memory));
+  const size_t stage_bytes = tree.children.empty() ? 0 : bytes;
+  ASSIGN_OR_RETURN(const transport::MemoryRegion* s,
+                   scratch->ReserveRegistered(ctx, stage_bytes + (separate_acc ? bytes : 0)));
+  char* stage = s->data();
+  auto stage_mr = std::make_unique<transport::RegionView>(*s, 0, stage_bytes);
+  std::unique_ptr<transport::MemoryRegion> acc_mr;
+  if (separate_acc) {
+    acc_mr = std::make_unique<transport::RegionView>(*s, stage_bytes, bytes);
+  } else {
+    ASSIGN_OR_RETURN(acc_mr, CallRegion(ctx, call, bytes));
+  }
+  char* acc = acc_mr->data();
   const Reducer* red = &call.reduce();
   int levels = 0;
   for (int mask = 1; mask < n; mask <<= 1) ++levels;
@@ -126,21 +129,21 @@ absl::Status Reduce(transport::Context& ctx, const CollectiveCall& call, int roo
 }  // namespace
 
 absl::Status TreeBroadcast(transport::Context& ctx, const CollectiveCall& call,
-                           std::vector<char>* /*scratch*/) {
+                           transport::Scratch* /*scratch*/) {
   if (ctx.size() == 1 || call.count == 0) return absl::OkStatus();
   return Broadcast(ctx, call, call.root, kBroadcastStep,
                    absl::StrCat("tree broadcast from root ", call.root));
 }
 
 absl::Status TreeReduce(transport::Context& ctx, const CollectiveCall& call,
-                        std::vector<char>* scratch) {
+                        transport::Scratch* scratch) {
   if (ctx.size() == 1 || call.count == 0) return absl::OkStatus();
   return Reduce(ctx, call, call.root, /*keep_buffer=*/true, scratch,
                 absl::StrCat("tree reduce to root ", call.root));
 }
 
 absl::Status TreeAllreduce(transport::Context& ctx, const CollectiveCall& call,
-                           std::vector<char>* scratch) {
+                           transport::Scratch* scratch) {
   if (ctx.size() == 1 || call.count == 0) return absl::OkStatus();
   RETURN_IF_ERROR(
       Reduce(ctx, call, /*root=*/0, /*keep_buffer=*/false, scratch, "tree allreduce (reduce)"));

@@ -26,8 +26,8 @@ struct DeviceProperties {
   bool cuda_memory = false;   // can register MemKind::kCuda directly (GPUDirect)
   double link_gbps = 0;       // nominal link bandwidth; 0: unknown (the link probe measures it)
   double latency_us = 0;      // nominal one-way latency; 0: unknown
-  // Requests a context keeps posted per peer and direction before further
-  // posts wait (0: bounded only by the caller, e.g. RingOptions::max_inflight).
+  // Requests a context accepts posted and not yet completed per peer and
+  // direction (Context::max_in_flight(); 0: unbounded).
   int max_in_flight = 0;
   bool Supports(MemKind kind) const {
     return kind.type == MemKind::kHost ? host_memory : cuda_memory;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <deque>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -47,9 +48,33 @@ class InProcDevice::Fabric {
   std::vector<bool> lost ABSL_GUARDED_BY(mu);
   std::vector<uint64_t> sends ABSL_GUARDED_BY(mu);
   std::vector<bool> created ABSL_GUARDED_BY(mu);
+  uint64_t registrations ABSL_GUARDED_BY(mu) = 0;
 };
 
 namespace {
+
+// The live registrations of one context (shared with its regions, which may
+// outlive it).
+struct RegionTable {
+  absl::Mutex mu;
+  std::set<const MemoryRegion*> live ABSL_GUARDED_BY(mu);
+};
+
+class InProcRegion final : public MemoryRegion {
+ public:
+  InProcRegion(char* data, size_t size, MemKind kind, std::shared_ptr<RegionTable> table)
+      : MemoryRegion(data, size, kind), table_(std::move(table)) {
+    absl::MutexLock l(&table_->mu);
+    table_->live.insert(this);
+  }
+  ~InProcRegion() override {
+    absl::MutexLock l(&table_->mu);
+    table_->live.erase(this);
+  }
+
+ private:
+  std::shared_ptr<RegionTable> table_;
+};
 
 class InProcContext final : public Context {
  public:
@@ -69,8 +94,14 @@ class InProcContext final : public Context {
           "registered"));
     }
     if (data == nullptr && size != 0) return absl::InvalidArgumentError("null memory region");
-    return std::make_unique<MemoryRegion>(static_cast<char*>(data), size, kind);
+    {
+      absl::MutexLock l(&f_->mu);
+      ++f_->registrations;
+    }
+    return std::make_unique<InProcRegion>(static_cast<char*>(data), size, kind, regions_);
   }
+
+  int max_in_flight() const override { return InProcDevice::kMaxInFlight; }
 
   absl::Status PostSend(int peer, const MemoryRegion& mr, size_t offset, size_t len,
                         const MessageTag& tag, Request* req) override {
@@ -81,6 +112,7 @@ class InProcContext final : public Context {
       return absl::InvalidArgumentError(absl::StrCat("send range [", offset, ", +", len,
                                                      ") outside region of ", mr.size()));
     }
+    if (absl::Status s = CheckRegistered(mr, "send"); !s.ok()) return s;
     absl::MutexLock l(&f_->mu);
     if (!error_.ok()) return error_;
     const uint64_t n = ++f_->sends[rank_];
@@ -115,8 +147,14 @@ class InProcContext final : public Context {
       return absl::InvalidArgumentError(absl::StrCat("receive range [", offset, ", +", capacity,
                                                      ") outside region of ", mr.size()));
     }
+    if (absl::Status s = CheckRegistered(mr, "receive"); !s.ok()) return s;
     absl::MutexLock l(&f_->mu);
     if (!error_.ok()) return error_;
+    if (recvs_[peer].size() >= static_cast<size_t>(InProcDevice::kMaxInFlight)) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          InProcDevice::kMaxInFlight, " receives from rank ", peer,
+          " already posted (the context's bound); post again once one completed"));
+    }
     recvs_[peer].push_back(RecvItem{mr.data() + offset, capacity, exact, tag, req});
     return absl::OkStatus();
   }
@@ -213,7 +251,24 @@ class InProcContext final : public Context {
     return error_;
   }
 
+  // InvalidArgument unless mr lies in a live registration of this context.
+  absl::Status CheckRegistered(const MemoryRegion& mr, const char* what) const {
+    const MemoryRegion& root = mr.registered();
+    absl::MutexLock l(&regions_->mu);
+    if (regions_->live.count(&root) == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "rank ", rank_, ": ", what, " on memory this context has not registered (or whose "
+          "registration is gone)"));
+    }
+    if (mr.data() < root.data() || mr.data() + mr.size() > root.data() + root.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("rank ", rank_, ": ", what,
+                                                     " on a view outside its registration"));
+    }
+    return absl::OkStatus();
+  }
+
   const std::shared_ptr<InProcDevice::Fabric> f_;
+  const std::shared_ptr<RegionTable> regions_ = std::make_shared<RegionTable>();
   const int rank_;
   absl::Status error_;  // guarded by f_->mu
   std::vector<std::deque<RecvItem>> recvs_;  // by peer; driving thread, under f_->mu
@@ -227,9 +282,15 @@ InProcDevice::InProcDevice(int world_size, InProcFaults faults)
   properties_.name = "inproc";
   properties_.host_memory = true;
   properties_.cuda_memory = false;
+  properties_.max_in_flight = kMaxInFlight;
 }
 
 InProcDevice::~InProcDevice() = default;
+
+uint64_t InProcDevice::registrations() const {
+  absl::MutexLock l(&fabric_->mu);
+  return fabric_->registrations;
+}
 
 absl::StatusOr<std::unique_ptr<Context>> InProcDevice::CreateContext(const ContextSpec& spec) {
   if (spec.world_size != fabric_->n || spec.rank < 0 || spec.rank >= fabric_->n) {

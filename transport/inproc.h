@@ -11,6 +11,11 @@
 // (they fail with Aborted "aborted by rank R: ..."), and a lost peer fails
 // the others with Unavailable naming it. A send completes when it is posted
 // (its bytes are copied into the peer's queue).
+//
+// It checks registrations as an RDMA NIC checks keys: a send or receive on a
+// region that this context did not register, or whose registration is gone,
+// fails with InvalidArgument. Posting is bounded (kMaxInFlight receives per
+// peer), so callers' windowing runs in every test.
 #ifndef GRADSYNC_TRANSPORT_INPROC_H_
 #define GRADSYNC_TRANSPORT_INPROC_H_
 
@@ -39,6 +44,8 @@ struct InProcFaults {
 
 class InProcDevice final : public Device {
  public:
+  static constexpr int kMaxInFlight = 4;
+
   explicit InProcDevice(int world_size, InProcFaults faults = {});
   ~InProcDevice() override;
 
@@ -46,6 +53,9 @@ class InProcDevice final : public Device {
   // The context of spec.rank (once per rank; spec.world_size must be the
   // device's). Never blocks: the fabric needs no handshake.
   absl::StatusOr<std::unique_ptr<Context>> CreateContext(const ContextSpec& spec) override;
+
+  // Regions registered by this device's contexts since creation.
+  uint64_t registrations() const;
 
   class Fabric;  // inproc.cc
 

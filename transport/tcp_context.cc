@@ -29,10 +29,29 @@ TcpContext::TcpContext(const TcpContextOptions& options)
       rank_(options.rank),
       size_(options.world_size),
       streams_(std::max(1, options.streams)),
+      max_in_flight_(std::max(0, options.max_in_flight)),
       active_streams_(streams_),
       spin_(absl::Microseconds(std::max(0, options.spin_us))),
       peers_(static_cast<size_t>(options.world_size) * std::max(1, options.streams)) {
   for (size_t i = 0; i < peers_.size(); ++i) peers_[i].rank = static_cast<int>(i / streams_);
+}
+
+size_t TcpContext::PostedSends(int peer) const {
+  size_t n = 0;
+  for (int s = 0; s < streams_; ++s) n += peers_[static_cast<size_t>(peer) * streams_ + s].sends.size();
+  return n;
+}
+
+size_t TcpContext::PostedRecvs(int peer) const {
+  size_t n = 0;
+  for (int s = 0; s < streams_; ++s) n += peers_[static_cast<size_t>(peer) * streams_ + s].recvs.size();
+  return n;
+}
+
+static absl::Status PostingBoundError(const char* what, int peer, int bound) {
+  return absl::ResourceExhaustedError(absl::StrCat(bound, " ", what, " rank ", peer,
+                                                   " already posted (the context's bound); post "
+                                                   "again once one completed"));
 }
 
 TcpContext::Peer& TcpContext::Conn(int peer, const MessageTag& tag) {
@@ -146,6 +165,9 @@ absl::Status TcpContext::PostSend(int peer, const MemoryRegion& mr, size_t offse
     return absl::InvalidArgumentError(absl::StrCat("send range [", offset, ", +", len,
                                                    ") outside region of ", mr.size(), " bytes"));
   }
+  if (max_in_flight_ > 0 && PostedSends(peer) >= static_cast<size_t>(max_in_flight_)) {
+    return PostingBoundError("sends to", peer, max_in_flight_);
+  }
   req->done = false;
   Peer& p = Conn(peer, tag);
   if (p.closed) return Fail(ClosedPeerError(peer));
@@ -168,6 +190,9 @@ absl::Status TcpContext::PostRecv(int peer, const MemoryRegion& mr, size_t offse
   if (offset > mr.size() || capacity > mr.size() - offset) {
     return absl::InvalidArgumentError(absl::StrCat("receive range [", offset, ", +", capacity,
                                                    ") outside region of ", mr.size(), " bytes"));
+  }
+  if (max_in_flight_ > 0 && PostedRecvs(peer) >= static_cast<size_t>(max_in_flight_)) {
+    return PostingBoundError("receives from", peer, max_in_flight_);
   }
   req->done = false;
   if (Conn(peer, tag).closed) return Fail(ClosedPeerError(peer));

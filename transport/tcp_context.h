@@ -42,6 +42,9 @@ struct TcpContextOptions {
   // Microseconds Progress() polls without blocking (yielding the CPU) before
   // it sleeps in poll(2). 0 = sleep at once.
   int spin_us = 0;
+  // Context::max_in_flight(); 0: unbounded.
+  int max_in_flight = kDefaultMaxInFlight;
+  static constexpr int kDefaultMaxInFlight = 64;
 };
 
 class TcpContext : public Context, public TcpControls {
@@ -71,6 +74,7 @@ class TcpContext : public Context, public TcpControls {
   uint64_t BytesReceivedFrom(int peer) const override;
   TcpControls* tcp() override { return this; }
   uint64_t Retransmits(int peer) const override;
+  int max_in_flight() const override { return max_in_flight_; }
   int streams() const override { return streams_; }
   int active_streams() const override { return active_streams_; }
   void UseStreams(int n) override { active_streams_ = n < 1 ? 1 : (n > streams_ ? streams_ : n); }
@@ -157,6 +161,10 @@ class TcpContext : public Context, public TcpControls {
   const int rank_;
   const int size_;
   const int streams_;
+  const int max_in_flight_;
+  // Posted and not yet completed, over the peer's streams.
+  size_t PostedSends(int peer) const;
+  size_t PostedRecvs(int peer) const;
   int active_streams_;  // driving thread only
   absl::Duration spin_;  // driving thread only (SetSpin)
   static constexpr int kPollEvery = 8;  // spinning: poll every connection every 8th turn

@@ -319,5 +319,32 @@ TEST(TcpContext, MultipleStreamsPerPeerDeliverEveryMessageInPlace) {
   EXPECT_EQ(src, dst);
 }
 
+// Posting is bounded per peer and direction: the receive past the bound is
+// refused (ResourceExhausted) and accepted again once one completed.
+TEST(TcpContext, PostingIsBoundedPerPeer) {
+  Pair p = Connect();
+  EXPECT_EQ(p.ctx->max_in_flight(), TcpContextOptions::kDefaultMaxInFlight);
+  std::vector<char> buf(16 * (TcpContextOptions::kDefaultMaxInFlight + 1));
+  auto mr = p.ctx->RegisterMemory(buf.data(), buf.size());
+  ASSERT_TRUE(mr.ok());
+  const int bound = p.ctx->max_in_flight();
+  std::vector<Request> reqs(bound + 1);
+  for (int i = 0; i < bound; ++i) {
+    ASSERT_TRUE(p.ctx->PostRecv(0, **mr, 16 * i, 16, true, MessageTag{3, static_cast<uint32_t>(i), 1, 0},
+                                &reqs[i]).ok());
+  }
+  const MessageTag next{3, static_cast<uint32_t>(bound), 1, 0};
+  absl::Status s = p.ctx->PostRecv(0, **mr, 16 * bound, 16, true, next, &reqs[bound]);
+  EXPECT_TRUE(absl::IsResourceExhausted(s)) << s;
+  // The peer sends the first message; once it landed, one more may be posted.
+  const FrameHeader h = Header(3, 0, 0, 16);
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  std::vector<char> payload(16, 7);
+  ASSERT_TRUE(WriteFull(p.raw.get(), &h, sizeof(h), deadline).ok());
+  ASSERT_TRUE(WriteFull(p.raw.get(), payload.data(), payload.size(), deadline).ok());
+  while (!reqs[0].done) ASSERT_TRUE(p.ctx->Progress(deadline).ok());
+  EXPECT_TRUE(p.ctx->PostRecv(0, **mr, 16 * bound, 16, true, next, &reqs[bound]).ok());
+}
+
 }  // namespace
 }  // namespace gradsync::transport

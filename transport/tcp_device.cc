@@ -10,6 +10,7 @@ TcpDevice::TcpDevice(TcpDeviceOptions options) : options_(options) {
   properties_.name = "tcp";
   properties_.host_memory = true;
   properties_.cuda_memory = false;
+  properties_.max_in_flight = TcpContextOptions::kDefaultMaxInFlight;
 }
 
 absl::StatusOr<std::unique_ptr<Context>> TcpDevice::CreateContext(const ContextSpec& spec) {
@@ -23,6 +24,7 @@ absl::StatusOr<std::unique_ptr<Context>> TcpDevice::CreateContext(const ContextS
   o.socket_buffer_bytes = options_.socket_buffer_bytes;
   o.streams = std::max(1, spec.lanes);
   o.spin_us = options_.spin_us;
+  o.max_in_flight = properties_.max_in_flight;
   absl::StatusOr<std::unique_ptr<TcpContext>> ctx = TcpContext::Connect(o, options_.listener);
   if (!ctx.ok()) return ctx.status();
   return std::unique_ptr<Context>(std::move(*ctx));

@@ -49,9 +49,10 @@ struct MemKind {
   }
 };
 
-// Memory the transport may read or write. Created by Context::RegisterMemory;
-// the caller keeps [data, data+size) alive while the region exists and while
-// any request on it is pending.
+// Memory the transport may read or write. Created by Context::RegisterMemory
+// (or as a RegionView of part of such a region, memory.h); the caller keeps
+// [data, data+size) alive while the region exists and while any request on it
+// is pending.
 class MemoryRegion {
  public:
   MemoryRegion(char* data, size_t size, MemKind kind = MemKind::Host())
@@ -60,6 +61,10 @@ class MemoryRegion {
   char* data() const { return data_; }
   size_t size() const { return size_; }
   MemKind kind() const { return kind_; }
+  // The region the context registered that this one lies in: itself, or the
+  // parent of a view. Transports with keys (RDMA lkey/rkey) read them there,
+  // at offset data() - registered().data().
+  virtual const MemoryRegion& registered() const { return *this; }
 
  private:
   char* data_;
@@ -101,6 +106,10 @@ struct Request {
 class Context {
  public:
   virtual ~Context() = default;
+
+  // Unique among the contexts of this process (never reused), so caches of
+  // registrations can tell a new context from a destroyed one at the same address.
+  uint64_t id() const { return id_; }
 
   virtual int rank() const = 0;
   virtual int size() const = 0;
@@ -144,9 +153,20 @@ class Context {
   // thread only; for metrics).
   virtual uint64_t BytesSentTo(int peer) const { (void)peer; return 0; }
   virtual uint64_t BytesReceivedFrom(int peer) const { (void)peer; return 0; }
+  // Requests that may be posted and not yet completed per peer and direction
+  // (sends to a peer; receives from a peer); a post beyond it fails with
+  // ResourceExhausted, and the caller posts again once one completed
+  // (collective/exchange.h does). 0: unbounded.
+  virtual int max_in_flight() const { return 0; }
   // The TCP-only knobs (TcpControls), or null for other devices.
   virtual TcpControls* tcp() { return nullptr; }
   const TcpControls* tcp() const { return const_cast<Context*>(this)->tcp(); }
+
+ protected:
+  Context();
+
+ private:
+  const uint64_t id_;
 };
 
 }  // namespace gradsync::transport

@@ -416,7 +416,7 @@ void JobExecutor::RunCurrent(const std::vector<Session*>& members) {
       SetPhase(absl::StrCat("running ", plan_name));
       LocalCollective c{lead.sig.kind, lead.sig.dtype, lead.sig.op, lead.sig.count, lead.sig.root, {}};
       for (QueuedOp* op : ops) c.bufs.push_back(op->data());
-      RunInMemory(place, c, &scratch_, pool_.get());
+      s = RunInMemory(place, c, &scratch_, pool_.get());
     }
     exchange = FastNow() - negotiate_start;
   } else if (s.ok()) {
@@ -504,14 +504,15 @@ absl::Status JobExecutor::RunAgreed(const std::vector<QueuedOp*>& ops, const Pla
     // This daemon's partial result is one worker's push.
     std::vector<char*> bufs;
     for (QueuedOp* op : ops) bufs.push_back(op->data());
-    ReduceInOrder(bufs, lead.sig.count, lead.sig.dtype, lead.sig.op, /*divide_by=*/0);
+    const Reducer& red = CpuReducer();  // the PS path moves host memory
+    ReduceInOrder(red, bufs, lead.sig.count, lead.sig.dtype, lead.sig.op, /*divide_by=*/0);
     absl::Status s = ps_->PushPull(lead.seq, bufs[0], lead.sig.count, lead.sig.dtype,
                                    CombineOp(lead.sig.op), place.nodes(), place.node_index,
                                    options_.ps_partition_bytes, slicer_, lead.deadline);
     if (!s.ok()) return s;
     const size_t data_bytes = lead.sig.count * DTypeSize(lead.sig.dtype);
-    if (lead.sig.op == ReduceOp::kAvg) DivideBy(lead.sig.dtype, bufs[0], lead.sig.count, place.world);
-    for (size_t i = 1; i < bufs.size(); ++i) std::memcpy(bufs[i], bufs[0], data_bytes);
+    if (lead.sig.op == ReduceOp::kAvg) red.Divide(lead.sig.dtype, bufs[0], lead.sig.count, place.world);
+    for (size_t i = 1; i < bufs.size(); ++i) red.Copy(bufs[i], bufs[0], data_bytes);
     return absl::OkStatus();
   }
   if (one_rank_per_daemon_) {
@@ -526,7 +527,13 @@ absl::Status JobExecutor::RunAgreed(const std::vector<QueuedOp*>& ops, const Pla
     }
     CollectiveCall call;
     call.kind = kind;
-    call.data = lead.data();
+    call.buffer = transport::Buffer{lead.data(), CollectiveBufferBytes(kind, lead.sig.count,
+                                                                      lead.sig.dtype, place.world)};
+    if (lead.buffer != nullptr) {
+      absl::StatusOr<const transport::MemoryRegion*> region = BufferRegion(lead);
+      if (!region.ok()) return region.status();
+      call.region = *region;
+    }
     call.count = lead.sig.count;
     call.dtype = lead.sig.dtype;
     call.op = lead.sig.op;
@@ -546,10 +553,21 @@ absl::Status JobExecutor::RunAgreed(const std::vector<QueuedOp*>& ops, const Pla
   if (!Implements(node_algo, stage) || node_algo == Algorithm::kOneShot) node_algo = Algorithm::kRing;
   LocalCollective c{kind, lead.sig.dtype, lead.sig.op, lead.sig.count, lead.sig.root, {}};
   for (QueuedOp* op : ops) c.bufs.push_back(op->data());
+  if (lead.buffer != nullptr) {
+    absl::StatusOr<const transport::MemoryRegion*> region = BufferRegion(lead);
+    if (!region.ok()) return region.status();
+    c.region0 = *region;
+  }
   absl::Time deadline = lead.deadline;
   for (const QueuedOp* op : ops) deadline = std::min(deadline, op->deadline);
   return RunAcrossNodes(*node_ctx_, place, c, node_algo, lead.seq, deadline, options_.ring,
                         &scratch_, &algo_scratch_, pool_.get());
+}
+
+absl::StatusOr<const transport::MemoryRegion*> JobExecutor::BufferRegion(const QueuedOp& op) {
+  const ShmSegment& seg = *op.buffer;
+  return registrations_.Get(*node_ctx_, transport::Buffer{seg.data(), seg.size()},
+                            std::weak_ptr<const void>(op.buffer));
 }
 
 }  // namespace gradsync

@@ -51,6 +51,7 @@
 #include "common/net.h"
 #include "ps/slicer.h"
 #include "ps/worker_client.h"
+#include "transport/memory.h"
 #include "transport/transport.h"
 #include "worker/daemon_observer.h"
 #include "worker/node_collectives.h"
@@ -129,6 +130,8 @@ class JobExecutor {
                         bool fused, Plan* agreed, uint8_t* agreed_streams);
   absl::Status CompareEverywhere(const std::vector<QueuedOp*>& ops);
   absl::Status RunAgreed(const std::vector<QueuedOp*>& ops, const Plan& plan);
+  // The registration on node_ctx_ of the buffer `op` runs on (cached).
+  absl::StatusOr<const transport::MemoryRegion*> BufferRegion(const QueuedOp& op);
   void NoteArrived(int rank);
   void SetPhase(std::string phase);
   // Metrics for finished ops (after the clients were told).
@@ -144,7 +147,10 @@ class JobExecutor {
   std::unique_ptr<SlicePool> pool_;       // with several local ranks: large in-memory passes
   ps::BalancedSlicer slicer_;             // executor thread only
   SignatureScratch sig_scratch_;          // executor thread only
-  std::vector<char> scratch_, algo_scratch_;  // executor thread only
+  // Host staging for in-memory stages and for the algorithms (executor thread only).
+  transport::Scratch scratch_, algo_scratch_;
+  // The clients' buffers registered on node_ctx_, once per buffer (executor thread only).
+  transport::RegistrationCache registrations_;
   uint64_t next_seq_ = 1;                  // executor thread only
   std::vector<std::shared_ptr<QueuedOp>> slots_;  // by local index; executor thread only
   std::vector<std::string> encoded_;       // executor thread only

@@ -7,7 +7,6 @@
 #include "absl/strings/str_cat.h"
 #include "collective/collectives.h"
 #include "common/clock.h"
-#include "kernels/cpu_reduce.h"
 #include "worker/job_executor.h"
 #include "worker/session.h"
 
@@ -41,15 +40,17 @@ absl::Status JobExecutor::Exchange(const std::vector<QueuedOp*>& ops, const Plan
   // divides by the participants, which are the ranks); else this daemon's
   // partial result, in rank order, summed for avg.
   const bool partial = with_data && !one_rank_per_daemon_;
+  const Reducer& red = CpuReducer();  // the clients' buffers are host shared memory
   if (with_data && !partial) {
-    small = {lead.data(), lead.sig.dtype, lead.sig.op, lead.sig.count};
+    small = {lead.data(), lead.sig.dtype, lead.sig.op, lead.sig.count, &red};
   } else if (partial) {
-    scratch_.resize(std::max(scratch_.size(), data_bytes));
-    std::memcpy(scratch_.data(), ops[0]->data(), data_bytes);
+    absl::StatusOr<transport::Buffer> acc = scratch_.Reserve(data_bytes);
+    if (!acc.ok()) return acc.status();
+    red.Copy(acc->ptr, ops[0]->data(), data_bytes);
     for (size_t i = 1; i < ops.size(); ++i) {
-      ReduceInto(lead.sig.dtype, CombineOp(lead.sig.op), scratch_.data(), ops[i]->data(), lead.sig.count);
+      red.Reduce(lead.sig.dtype, CombineOp(lead.sig.op), acc->ptr, ops[i]->data(), lead.sig.count);
     }
-    small = {scratch_.data(), lead.sig.dtype, CombineOp(lead.sig.op), lead.sig.count};
+    small = {acc->ptr, lead.sig.dtype, CombineOp(lead.sig.op), lead.sig.count, &red};
   }
   auto arrived = [this, &place](int node) {
     for (int r : place.ranks_of_node[node]) NoteArrived(r);
@@ -69,8 +70,8 @@ absl::Status JobExecutor::Exchange(const std::vector<QueuedOp*>& ops, const Plan
   }
   *agreed_plan = *p;
   if (partial) {
-    if (lead.sig.op == ReduceOp::kAvg) DivideBy(lead.sig.dtype, scratch_.data(), lead.sig.count, place.world);
-    for (QueuedOp* op : ops) std::memcpy(op->data(), scratch_.data(), data_bytes);
+    if (lead.sig.op == ReduceOp::kAvg) red.Divide(lead.sig.dtype, scratch_.data(), lead.sig.count, place.world);
+    for (QueuedOp* op : ops) red.Copy(op->data(), scratch_.data(), data_bytes);
   }
   return absl::OkStatus();
 }

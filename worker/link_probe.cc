@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "collective/ring_allreduce.h"
-#include "kernels/cpu_reduce.h"
+#include "collective/reducer.h"
 
 namespace gradsync {
 namespace {
@@ -101,9 +101,9 @@ absl::StatusOr<ProbeResult> ProbeLinks(transport::Context& ctx, bool one_host,
   // Local reduction speed: f32 sum over 1 MiB.
   {
     std::vector<float> a(1 << 18, 1.0f), b(1 << 18, 2.0f);
-    ReduceInto(DType::kF32, ReduceOp::kSum, a.data(), b.data(), a.size());  // warm
+    CpuReducer().Reduce(DType::kF32, ReduceOp::kSum, a.data(), b.data(), a.size());  // warm
     const absl::Time t0 = absl::Now();
-    for (int i = 0; i < 4; ++i) ReduceInto(DType::kF32, ReduceOp::kSum, a.data(), b.data(), a.size());
+    for (int i = 0; i < 4; ++i) CpuReducer().Reduce(DType::kF32, ReduceOp::kSum, a.data(), b.data(), a.size());
     p.reduce_us_per_byte = absl::ToDoubleMicroseconds(absl::Now() - t0) / 4 / (a.size() * 4.0);
   }
   if (ctx.size() == 1) return result;
@@ -137,13 +137,14 @@ absl::StatusOr<ProbeResult> ProbeLinks(transport::Context& ctx, bool one_host,
     constexpr size_t kBulkFloats = 1 << 20;  // 4 MiB
     constexpr int kTimed = 3;
     std::vector<float> bulk(kBulkFloats, 1.0f);
-    std::vector<char> ring_scratch;
+    transport::Scratch ring_scratch;
     std::vector<double> took[2];
     for (int i = 0; i <= kTimed; ++i) {
       for (int k = 0; k < 2; ++k) {
         tcp->UseStreams(k == 0 ? 1 : streams);
         const absl::Time t0 = absl::Now();
-        absl::Status st = RingAllreduce(ctx, bulk.data(), bulk.size(), DType::kF32, ReduceOp::kMax,
+        absl::Status st = RingAllreduce(ctx, transport::Buffer{bulk.data(), bulk.size() * sizeof(float)},
+                                        bulk.size(), DType::kF32, ReduceOp::kMax,
                                         kProbeSeq + 8 + 2 * i + k, deadline, RingOptions{},
                                         &ring_scratch);
         if (!st.ok()) return st;
@@ -157,8 +158,8 @@ absl::StatusOr<ProbeResult> ProbeLinks(transport::Context& ctx, bool one_host,
   // Agree: the maximum of each over every rank (the slowest link rules a ring).
   double v[6] = {p.alpha_us, p.beta_us_per_byte, p.reduce_us_per_byte, one_us, all_us,
                  p.burst_us_per_byte};
-  std::vector<char> scratch;
-  absl::Status st = RingAllreduce(ctx, v, 6, DType::kF64, ReduceOp::kMax, kProbeSeq + 2, deadline,
+  transport::Scratch scratch;
+  absl::Status st = RingAllreduce(ctx, transport::Buffer{v, sizeof(v)}, 6, DType::kF64, ReduceOp::kMax, kProbeSeq + 2, deadline,
                                   RingOptions{}, &scratch);
   if (!st.ok()) return st;
   p.alpha_us = v[0];

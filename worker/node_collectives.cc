@@ -11,7 +11,6 @@
 #include "collective/collectives.h"
 #include "common/clock.h"
 #include "common/status_macros.h"
-#include "kernels/cpu_reduce.h"
 
 namespace gradsync {
 namespace {
@@ -29,48 +28,48 @@ char* Block(char* buf, int b, size_t block_bytes) { return buf + static_cast<siz
 // `elems` elements of every local buffer, in rank order, into `out`.
 void ReduceLocalInto(const LocalCollective& c, size_t elems, char* out) {
   const size_t bytes = elems * DTypeSize(c.dtype);
-  std::memcpy(out, c.bufs[0], bytes);
-  for (size_t j = 1; j < c.bufs.size(); ++j) ReduceInto(c.dtype, CombineOp(c.op), out, c.bufs[j], elems);
-}
-
-void SwapBytes(char* a, char* b, size_t n) {
-  for (size_t i = 0; i < n; ++i) std::swap(a[i], b[i]);
+  const Reducer& red = c.reduce();
+  red.Copy(out, c.bufs[0], bytes);
+  for (size_t j = 1; j < c.bufs.size(); ++j) red.Reduce(c.dtype, CombineOp(c.op), out, c.bufs[j], elems);
 }
 
 // alltoall among local ranks: rank s's block d and rank d's block s trade
-// places (the diagonal stays).
-void LocalAlltoall(const JobPlacement& p, const LocalCollective& c, size_t block_bytes) {
+// places (the diagonal stays), through one block of scratch.
+absl::Status LocalAlltoall(const JobPlacement& p, const LocalCollective& c, size_t block_bytes,
+                           transport::Scratch* scratch) {
   const std::vector<int>& local = p.local_ranks();
+  if (local.size() < 2 || block_bytes == 0) return absl::OkStatus();
+  ASSIGN_OR_RETURN(transport::Buffer tmp, scratch->Reserve(block_bytes));
+  const Reducer& red = c.reduce();
   for (size_t i = 0; i < local.size(); ++i) {
     for (size_t j = i + 1; j < local.size(); ++j) {
-      SwapBytes(Block(c.bufs[i], local[j], block_bytes), Block(c.bufs[j], local[i], block_bytes),
-                block_bytes);
+      char* a = Block(c.bufs[i], local[j], block_bytes);
+      char* b = Block(c.bufs[j], local[i], block_bytes);
+      red.Copy(tmp.ptr, a, block_bytes);
+      red.Copy(a, b, block_bytes);
+      red.Copy(b, tmp.ptr, block_bytes);
     }
   }
+  return absl::OkStatus();
 }
 
-// Sends out[q] to every other node q and receives into in[q] (capacity:
-// its size; exactly `exact[q]` bytes), on slot 1 of op `seq`.
+// Sends out[q] to every other node q and receives into in[q] (exactly its
+// size), on slot 1 of op `seq`; both are views of one registered staging area.
 absl::Status ExchangeWithNodes(transport::Context& ctx, uint64_t seq,
-                               std::vector<std::vector<char>>& out,
-                               std::vector<std::vector<char>>& in, absl::Time deadline) {
+                               const std::vector<transport::RegionView>& out,
+                               const std::vector<transport::RegionView>& in, absl::Time deadline) {
   const int n = ctx.size(), me = ctx.rank();
-  std::vector<std::unique_ptr<transport::MemoryRegion>> mrs;
   std::vector<transport::Request> sends(n), recvs(n);
   transport::MessageTag tag;
   tag.op_seq = seq;
   tag.slot = 1;
   for (int q = 0; q < n; ++q) {
     if (q == me) continue;
-    ASSIGN_OR_RETURN(auto rin, ctx.RegisterMemory(in[q].data(), in[q].size()));
-    RETURN_IF_ERROR(ctx.PostRecv(q, *rin, 0, in[q].size(), /*exact=*/true, tag, &recvs[q]));
-    mrs.push_back(std::move(rin));
+    RETURN_IF_ERROR(ctx.PostRecv(q, in[q], 0, in[q].size(), /*exact=*/true, tag, &recvs[q]));
   }
   for (int q = 0; q < n; ++q) {
     if (q == me) continue;
-    ASSIGN_OR_RETURN(auto rout, ctx.RegisterMemory(out[q].data(), out[q].size()));
-    RETURN_IF_ERROR(ctx.PostSend(q, *rout, 0, out[q].size(), tag, &sends[q]));
-    mrs.push_back(std::move(rout));
+    RETURN_IF_ERROR(ctx.PostSend(q, out[q], 0, out[q].size(), tag, &sends[q]));
   }
   auto all_done = [&] {
     for (int q = 0; q < n; ++q) {
@@ -97,30 +96,43 @@ absl::Status ExchangeWithNodes(transport::Context& ctx, uint64_t seq,
 // allgather and alltoall across daemons: the blocks each daemon's ranks send
 // to the ranks of every other daemon, in one message per pair of daemons.
 absl::Status BlocksAcrossNodes(transport::Context& ctx, const JobPlacement& p,
-                               const LocalCollective& c, uint64_t seq, absl::Time deadline) {
+                               const LocalCollective& c, uint64_t seq, absl::Time deadline,
+                               transport::Scratch* scratch) {
   const size_t block = c.count * DTypeSize(c.dtype);
   const int n = p.nodes(), me = p.node_index;
   const std::vector<int>& local = p.local_ranks();
   const bool all = c.kind == CollectiveKind::kAlltoall;
-  std::vector<std::vector<char>> out(n), in(n);
+  const Reducer& red = c.reduce();
+  // One staging area: every outgoing message, then every incoming one.
+  // allgather: each local rank's own block; alltoall: for each local source,
+  // its blocks for each of q's ranks.
+  std::vector<size_t> out_at(n, 0), out_len(n, 0), in_at(n, 0), in_len(n, 0);
+  size_t total = 0;
   for (int q = 0; q < n; ++q) {
     if (q == me) continue;
-    const std::vector<int>& theirs = p.ranks_of_node[q];
-    // allgather: each local rank's own block; alltoall: for each local
-    // source, its blocks for each of q's ranks.
-    const size_t out_blocks = all ? local.size() * theirs.size() : local.size();
-    const size_t in_blocks = all ? theirs.size() * local.size() : theirs.size();
-    out[q].resize(out_blocks * block);
-    in[q].resize(in_blocks * block);
+    const size_t theirs = p.ranks_of_node[q].size();
+    out_len[q] = (all ? local.size() * theirs : local.size()) * block;
+    in_len[q] = (all ? theirs * local.size() : theirs) * block;
+  }
+  for (int q = 0; q < n; ++q) out_at[q] = total, total += out_len[q];
+  for (int q = 0; q < n; ++q) in_at[q] = total, total += in_len[q];
+  ASSIGN_OR_RETURN(const transport::MemoryRegion* staging, scratch->ReserveRegistered(ctx, total));
+  std::vector<transport::RegionView> out, in;
+  for (int q = 0; q < n; ++q) {
+    out.emplace_back(*staging, out_at[q], out_len[q]);
+    in.emplace_back(*staging, in_at[q], in_len[q]);
+  }
+  for (int q = 0; q < n; ++q) {
+    if (q == me) continue;
     char* w = out[q].data();
     for (size_t i = 0; i < local.size(); ++i) {
       if (all) {
-        for (int d : theirs) {
-          std::memcpy(w, Block(c.bufs[i], d, block), block);
+        for (int d : p.ranks_of_node[q]) {
+          red.Copy(w, Block(c.bufs[i], d, block), block);
           w += block;
         }
       } else {
-        std::memcpy(w, Block(c.bufs[i], local[i], block), block);
+        red.Copy(w, Block(c.bufs[i], local[i], block), block);
         w += block;
       }
     }
@@ -132,22 +144,19 @@ absl::Status BlocksAcrossNodes(transport::Context& ctx, const JobPlacement& p,
     for (int s : p.ranks_of_node[q]) {
       if (all) {
         for (size_t i = 0; i < local.size(); ++i) {
-          std::memcpy(Block(c.bufs[i], s, block), r, block);
+          red.Copy(Block(c.bufs[i], s, block), r, block);
           r += block;
         }
       } else {
-        for (size_t i = 0; i < local.size(); ++i) std::memcpy(Block(c.bufs[i], s, block), r, block);
+        for (size_t i = 0; i < local.size(); ++i) red.Copy(Block(c.bufs[i], s, block), r, block);
         r += block;
       }
     }
   }
-  if (all) {
-    LocalAlltoall(p, c, block);
-  } else {
-    for (size_t i = 0; i < local.size(); ++i) {
-      for (size_t j = 0; j < local.size(); ++j) {
-        if (i != j) std::memcpy(Block(c.bufs[j], local[i], block), Block(c.bufs[i], local[i], block), block);
-      }
+  if (all) return LocalAlltoall(p, c, block, scratch);
+  for (size_t i = 0; i < local.size(); ++i) {
+    for (size_t j = 0; j < local.size(); ++j) {
+      if (i != j) red.Copy(Block(c.bufs[j], local[i], block), Block(c.bufs[i], local[i], block), block);
     }
   }
   return absl::OkStatus();
@@ -169,76 +178,82 @@ void ReduceSlice(const LocalCollective& c, size_t begin, size_t end, int divide_
   const size_t es = DTypeSize(c.dtype);
   std::vector<char*> part(c.bufs.size());
   for (size_t j = 0; j < c.bufs.size(); ++j) part[j] = c.bufs[j] + begin * es;
-  ReduceInOrder(part, end - begin, c.dtype, c.op, divide_by);
+  ReduceInOrder(c.reduce(), part, end - begin, c.dtype, c.op, divide_by);
   if (!copy) return;
-  for (size_t j = 1; j < part.size(); ++j) std::memcpy(part[j], part[0], (end - begin) * es);
+  for (size_t j = 1; j < part.size(); ++j) c.reduce().Copy(part[j], part[0], (end - begin) * es);
 }
 
 }  // namespace
 
-void ReduceInOrder(const std::vector<char*>& bufs, size_t count, DType dtype, ReduceOp op,
-                   int divide_by) {
+void ReduceInOrder(const Reducer& red, const std::vector<char*>& bufs, size_t count, DType dtype,
+                   ReduceOp op, int divide_by) {
   if (bufs.empty() || count == 0) return;
-  for (size_t j = 1; j < bufs.size(); ++j) ReduceInto(dtype, CombineOp(op), bufs[0], bufs[j], count);
-  if (op == ReduceOp::kAvg && divide_by > 0) DivideBy(dtype, bufs[0], count, divide_by);
+  for (size_t j = 1; j < bufs.size(); ++j) red.Reduce(dtype, CombineOp(op), bufs[0], bufs[j], count);
+  if (op == ReduceOp::kAvg && divide_by > 0) red.Divide(dtype, bufs[0], count, divide_by);
 }
 
-void RunInMemory(const JobPlacement& p, const LocalCollective& c, std::vector<char>* scratch,
-                 SlicePool* pool) {
+absl::Status RunInMemory(const JobPlacement& p, const LocalCollective& c,
+                         transport::Scratch* scratch, SlicePool* pool) {
   const int world = p.world;
   const size_t es = DTypeSize(c.dtype);
   const size_t block = c.count * es;
+  const Reducer& red = c.reduce();
   switch (c.kind) {
     case CollectiveKind::kAllreduce:
       Sliced(pool, c.count, es, [&](size_t b, size_t e) { ReduceSlice(c, b, e, world, true); });
-      return;
-    case CollectiveKind::kReduceScatter:
-      scratch->resize(std::max(scratch->size(), block));
+      return absl::OkStatus();
+    case CollectiveKind::kReduceScatter: {
+      ASSIGN_OR_RETURN(transport::Buffer tmp, scratch->Reserve(block));
       for (int b = 0; b < world; ++b) {
-        std::memcpy(scratch->data(), Block(c.bufs[0], b, block), block);
+        red.Copy(tmp.ptr, Block(c.bufs[0], b, block), block);
         for (int j = 1; j < world; ++j) {
-          ReduceInto(c.dtype, CombineOp(c.op), scratch->data(), Block(c.bufs[j], b, block), c.count);
+          red.Reduce(c.dtype, CombineOp(c.op), tmp.ptr, Block(c.bufs[j], b, block), c.count);
         }
-        if (c.op == ReduceOp::kAvg) DivideBy(c.dtype, scratch->data(), c.count, world);
-        std::memcpy(Block(c.bufs[b], b, block), scratch->data(), block);
+        if (c.op == ReduceOp::kAvg) red.Divide(c.dtype, tmp.ptr, c.count, world);
+        red.Copy(Block(c.bufs[b], b, block), tmp.ptr, block);
       }
-      return;
+      return absl::OkStatus();
+    }
     case CollectiveKind::kAllgather:
       for (int r = 0; r < world; ++r) {
         for (int j = 0; j < world; ++j) {
-          if (j != r) std::memcpy(Block(c.bufs[j], r, block), Block(c.bufs[r], r, block), block);
+          if (j != r) red.Copy(Block(c.bufs[j], r, block), Block(c.bufs[r], r, block), block);
         }
       }
-      return;
+      return absl::OkStatus();
     case CollectiveKind::kBroadcast:
       for (int j = 0; j < world; ++j) {
-        if (j != c.root) std::memcpy(c.bufs[j], c.bufs[c.root], block);
+        if (j != c.root) red.Copy(c.bufs[j], c.bufs[c.root], block);
       }
-      return;
-    case CollectiveKind::kReduce:
-      scratch->resize(std::max(scratch->size(), block));
-      ReduceLocalInto(c, c.count, scratch->data());
-      if (c.op == ReduceOp::kAvg) DivideBy(c.dtype, scratch->data(), c.count, world);
-      std::memcpy(c.bufs[c.root], scratch->data(), block);
-      return;
+      return absl::OkStatus();
+    case CollectiveKind::kReduce: {
+      ASSIGN_OR_RETURN(transport::Buffer tmp, scratch->Reserve(block));
+      ReduceLocalInto(c, c.count, tmp.bytes());
+      if (c.op == ReduceOp::kAvg) red.Divide(c.dtype, tmp.ptr, c.count, world);
+      red.Copy(c.bufs[c.root], tmp.ptr, block);
+      return absl::OkStatus();
+    }
     case CollectiveKind::kAlltoall:
-      LocalAlltoall(p, c, block);
-      return;
+      return LocalAlltoall(p, c, block, scratch);
     case CollectiveKind::kBarrier:
-      return;
+      return absl::OkStatus();
   }
+  return absl::InternalError("unknown collective");
 }
 
 absl::Status RunAcrossNodes(transport::Context& ctx, const JobPlacement& p,
                             const LocalCollective& c, Algorithm node_algo, uint64_t seq,
                             absl::Time deadline, const RingOptions& ring,
-                            std::vector<char>* scratch, std::vector<char>* algo_scratch,
+                            transport::Scratch* scratch, transport::Scratch* algo_scratch,
                             SlicePool* pool) {
   const int world = p.world;
   const size_t es = DTypeSize(c.dtype);
   const size_t block = c.count * es;
   const std::vector<int>& local = p.local_ranks();
+  const Reducer& red = c.reduce();
+  const transport::MemKind kind = red.kind();
   CollectiveCall call;
+  call.reducer = &red;
   call.dtype = c.dtype;
   call.op = CombineOp(c.op);
   call.seq = seq;
@@ -253,60 +268,65 @@ absl::Status RunAcrossNodes(transport::Context& ctx, const JobPlacement& p,
     case CollectiveKind::kAllreduce: {
       Sliced(pool, c.count, es, [&](size_t b, size_t e) { ReduceSlice(c, b, e, 0, false); });
       call.kind = CollectiveKind::kAllreduce;
-      call.data = c.bufs[0];
+      call.buffer = transport::Buffer{c.bufs[0], block, kind};
+      call.region = c.region0;
       call.count = c.count;
       RETURN_IF_ERROR(between(RunCollective(ctx, call, node_algo, algo_scratch)));
       Sliced(pool, c.count, es, [&](size_t b, size_t e) {
-        if (c.op == ReduceOp::kAvg) DivideBy(c.dtype, c.bufs[0] + b * es, e - b, world);
+        if (c.op == ReduceOp::kAvg) red.Divide(c.dtype, c.bufs[0] + b * es, e - b, world);
         for (size_t j = 1; j < c.bufs.size(); ++j) {
-          std::memcpy(c.bufs[j] + b * es, c.bufs[0] + b * es, (e - b) * es);
+          red.Copy(c.bufs[j] + b * es, c.bufs[0] + b * es, (e - b) * es);
         }
       });
       return absl::OkStatus();
     }
     case CollectiveKind::kReduceScatter: {
       const size_t elems = c.count * static_cast<size_t>(world);
-      scratch->resize(std::max(scratch->size(), elems * es));
-      ReduceLocalInto(c, elems, scratch->data());
+      ASSIGN_OR_RETURN(const transport::MemoryRegion* acc,
+                       scratch->ReserveRegistered(ctx, elems * es));
+      ReduceLocalInto(c, elems, acc->data());
       call.kind = CollectiveKind::kAllreduce;
-      call.data = scratch->data();
+      call.buffer = transport::Buffer{acc->data(), elems * es, kind};
+      call.region = acc;
       call.count = elems;
       RETURN_IF_ERROR(between(RunCollective(ctx, call, node_algo, algo_scratch)));
       for (size_t i = 0; i < local.size(); ++i) {
         char* mine = Block(c.bufs[i], local[i], block);
-        std::memcpy(mine, Block(scratch->data(), local[i], block), block);
-        if (c.op == ReduceOp::kAvg) DivideBy(c.dtype, mine, c.count, world);
+        red.Copy(mine, Block(acc->data(), local[i], block), block);
+        if (c.op == ReduceOp::kAvg) red.Divide(c.dtype, mine, c.count, world);
       }
       return absl::OkStatus();
     }
     case CollectiveKind::kAllgather:
     case CollectiveKind::kAlltoall:
-      return between(BlocksAcrossNodes(ctx, p, c, seq, deadline));
+      return between(BlocksAcrossNodes(ctx, p, c, seq, deadline, scratch));
     case CollectiveKind::kBroadcast: {
       const int root_local = LocalIndex(p, c.root);
       char* src = root_local >= 0 ? c.bufs[root_local] : c.bufs[0];
       call.kind = CollectiveKind::kBroadcast;
-      call.data = src;
+      call.buffer = transport::Buffer{src, block, kind};
+      call.region = src == c.bufs[0] ? c.region0 : nullptr;
       call.count = c.count;
       call.root = p.node_of_rank[c.root];
       RETURN_IF_ERROR(between(RunCollective(ctx, call, node_algo, algo_scratch)));
       for (char* b : c.bufs) {
-        if (b != src) std::memcpy(b, src, block);
+        if (b != src) red.Copy(b, src, block);
       }
       return absl::OkStatus();
     }
     case CollectiveKind::kReduce: {
-      scratch->resize(std::max(scratch->size(), block));
-      ReduceLocalInto(c, c.count, scratch->data());
+      ASSIGN_OR_RETURN(const transport::MemoryRegion* acc, scratch->ReserveRegistered(ctx, block));
+      ReduceLocalInto(c, c.count, acc->data());
       call.kind = CollectiveKind::kReduce;
-      call.data = scratch->data();
+      call.buffer = transport::Buffer{acc->data(), block, kind};
+      call.region = acc;
       call.count = c.count;
       call.root = p.node_of_rank[c.root];
       RETURN_IF_ERROR(between(RunCollective(ctx, call, node_algo, algo_scratch)));
       const int root_local = LocalIndex(p, c.root);
       if (root_local >= 0) {
-        if (c.op == ReduceOp::kAvg) DivideBy(c.dtype, scratch->data(), c.count, world);
-        std::memcpy(c.bufs[root_local], scratch->data(), block);
+        if (c.op == ReduceOp::kAvg) red.Divide(c.dtype, acc->data(), c.count, world);
+        red.Copy(c.bufs[root_local], acc->data(), block);
       }
       return absl::OkStatus();
     }

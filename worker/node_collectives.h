@@ -20,6 +20,10 @@
 // Every element is combined in a fixed order (local ranks ascending, then the
 // node algorithm's order), so every rank gets the same bits. avg sums and
 // divides once by the world size at the end.
+//
+// Memory: every reduction and copy goes through the op's Reducer (the CPU's
+// for host buffers), and staging comes from the executor's Scratch of the
+// buffers' memory kind; nothing here touches the bytes itself.
 #ifndef GRADSYNC_WORKER_NODE_COLLECTIVES_H_
 #define GRADSYNC_WORKER_NODE_COLLECTIVES_H_
 
@@ -31,8 +35,10 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "collective/algorithm.h"
+#include "collective/reducer.h"
 #include "collective/ring_allreduce.h"
 #include "common/types.h"
+#include "transport/memory.h"
 #include "transport/transport.h"
 #include "worker/slice_pool.h"
 
@@ -59,6 +65,12 @@ struct LocalCollective {
   size_t count = 0;  // per block for the blocked collectives
   int root = 0;      // a job rank
   std::vector<char*> bufs;
+  // What reduces and copies the buffers' memory (null: the CPU's; host).
+  const Reducer* reducer = nullptr;
+  // bufs[0]'s registration on the node context (null: registered per op).
+  const transport::MemoryRegion* region0 = nullptr;
+
+  const Reducer& reduce() const { return reducer != nullptr ? *reducer : CpuReducer(); }
 };
 
 // Large allreduces are reduced and copied in slices on `pool` (null: on the
@@ -66,8 +78,9 @@ struct LocalCollective {
 inline constexpr size_t kMinSliceBytes = 1 << 20;
 
 // Every rank of the job is on this daemon.
-void RunInMemory(const JobPlacement& placement, const LocalCollective& c,
-                 std::vector<char>* scratch, SlicePool* pool = nullptr);
+// `scratch` must be of the buffers' memory kind.
+absl::Status RunInMemory(const JobPlacement& placement, const LocalCollective& c,
+                         transport::Scratch* scratch, SlicePool* pool = nullptr);
 
 // Several daemons: `node_ctx` connects them (rank = node index);
 // `node_algo` runs the node stage where one runs (it must implement the
@@ -76,7 +89,7 @@ void RunInMemory(const JobPlacement& placement, const LocalCollective& c,
 absl::Status RunAcrossNodes(transport::Context& node_ctx, const JobPlacement& placement,
                             const LocalCollective& c, Algorithm node_algo, uint64_t seq,
                             absl::Time deadline, const RingOptions& ring,
-                            std::vector<char>* scratch, std::vector<char>* algo_scratch,
+                            transport::Scratch* scratch, transport::Scratch* algo_scratch,
                             SlicePool* pool = nullptr);
 
 // The element-wise operator of a reduction (avg sums; its division comes last).
@@ -84,8 +97,8 @@ inline ReduceOp CombineOp(ReduceOp op) { return op == ReduceOp::kAvg ? ReduceOp:
 
 // Combines bufs[1..] into bufs[0] in order with `op` (avg: sum), `count`
 // elements; then, for avg and `divide_by` > 0, divides bufs[0] by it.
-void ReduceInOrder(const std::vector<char*>& bufs, size_t count, DType dtype, ReduceOp op,
-                   int divide_by);
+void ReduceInOrder(const Reducer& red, const std::vector<char*>& bufs, size_t count, DType dtype,
+                   ReduceOp op, int divide_by);
 
 }  // namespace gradsync
 
