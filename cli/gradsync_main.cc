@@ -1,4 +1,4 @@
-// gradsync: the command-line tool. Commands: demo, bench. See docs/cli.md.
+// gradsync: the command-line tool. Commands: demo, bench, status, cluster. See docs/cli.md.
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -10,10 +10,16 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
 #include "cli/bench.h"
+#include "cli/cluster.h"
 #include "cli/demo.h"
 #include "cli/status.h"
 
-ABSL_FLAG(int32_t, ranks, 4, "demo/bench: ranks of the embedded local cluster (one gradsyncd each)");
+ABSL_FLAG(int32_t, ranks, 4,
+          "demo/bench: ranks of the embedded local cluster (one gradsyncd each); cluster: "
+          "daemons to start (default 2)");
+ABSL_FLAG(std::string, env_file, "",
+          "cluster: also write the GRADSYNC_* variables (where everything listens) to this file");
+ABSL_FLAG(int32_t, duration_s, 0, "cluster: stop after this many seconds (0: at SIGINT/SIGTERM)");
 ABSL_FLAG(std::string, max_bytes, "64M", "largest message (K/M/G suffixes)");
 ABSL_FLAG(int32_t, ranks_per_daemon, 1,
           "bench: clients sharing one gradsyncd (> 1 exercises the hierarchical node path)");
@@ -66,7 +72,9 @@ constexpr char kUsage[] =
     "  bench   nccl-tests style table for one collective over a range of sizes, next to the\n"
     "          link limits measured in the same run (--op, --min_bytes, --max_bytes, ...)\n"
     "  status  ask the coordinator (--coordinator, default 127.0.0.1:7070) and every daemon\n"
-    "          what each rank of each job (--job) is doing, and who an op is waiting for\n";
+    "          what each rank of each job (--job) is doing, and who an op is waiting for\n"
+    "  cluster start a local cluster (1 coordinator + --ranks daemons, default 2) and keep it\n"
+    "          up until Ctrl-C; prints GRADSYNC_COORDINATOR / GRADSYNC_DAEMONS (--env_file)\n";
 
 int Fail(const char* cmd, const std::string& msg) {
   std::fprintf(stderr, "gradsync %s: %s\n", cmd, msg.c_str());
@@ -187,6 +195,27 @@ int main(int argc, char** argv) {
     auto hanging = gradsync::RunStatus(o);
     if (!hanging.ok()) {
       std::fprintf(stderr, "gradsync status: %s\n", std::string(hanging.status().message()).c_str());
+      return 1;
+    }
+    return 0;
+  }
+  if (cmd == "cluster") {
+    gradsync::ClusterOptions o;
+    // --ranks defaults to 4 for demo/bench; a cluster defaults to 2 daemons.
+    const bool ranks_set = [&] {
+      for (int i = 1; i < argc; ++i) {
+        if (std::string(argv[i]).rfind("--ranks", 0) == 0) return true;
+      }
+      return false;
+    }();
+    o.daemons = ranks_set ? absl::GetFlag(FLAGS_ranks) : 2;
+    o.ps_shards = absl::GetFlag(FLAGS_ps_shards);
+    o.env_file = absl::GetFlag(FLAGS_env_file);
+    o.keep_logs = absl::GetFlag(FLAGS_keep_logs);
+    if (absl::GetFlag(FLAGS_duration_s) > 0) o.duration = absl::Seconds(absl::GetFlag(FLAGS_duration_s));
+    absl::Status s = gradsync::RunCluster(o);
+    if (!s.ok()) {
+      std::fprintf(stderr, "gradsync cluster: %s\n", std::string(s.message()).c_str());
       return 1;
     }
     return 0;

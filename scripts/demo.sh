@@ -5,5 +5,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
+scripts/install-sdk.sh > /dev/null  # libgradsync.so, headers, pkg-config, `import gradsync`
 scripts/bazel.sh build //cli:gradsync //server:gradsync-coordinator //worker:gradsyncd
 exec bazel-bin/cli/gradsync demo "$@"

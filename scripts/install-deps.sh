@@ -9,6 +9,8 @@ PACKAGES=(
   protobuf-compiler protobuf-compiler-grpc libprotobuf-dev libgrpc++-dev libgrpc-dev
   libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev prometheus-cpp-dev
   libibverbs-dev libsystemd-dev zlib1g-dev systemd python3 python3-yaml procps
+  # The Python package (python/gradsync) and its tests.
+  python3-numpy
   # The Prometheus server (//tests:prometheus_test) and promtool (deploy/validate.sh).
   prometheus
 )

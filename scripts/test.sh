@@ -4,6 +4,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh || exit 1
+scripts/install-sdk.sh > /dev/null || exit 1  # libgradsync.so, headers, pkg-config, `import gradsync`
 log=$(mktemp)
 scripts/bazel.sh test //... --test_output=errors --nocache_test_results "$@" 2>&1 | tee "$log"
 rc=${PIPESTATUS[0]}

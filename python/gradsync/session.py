@@ -1,0 +1,391 @@
+"""Client, Session, Buffer and Work: the gradsync SDK in Python (see help(gradsync))."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+import weakref
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Tuple, Union
+
+from . import _capi
+from .errors import error
+
+DEFAULT_DAEMON = "unix:/run/gradsync/gradsyncd.sock"
+
+# Element types: gradsync's names, their C API values and element sizes.
+DTYPES: Dict[str, Tuple[int, int]] = {
+    "f32": (1, 4), "f64": (2, 8), "f16": (3, 2), "bf16": (4, 2),
+    "i32": (5, 4), "i64": (6, 8), "u8": (7, 1),
+}
+_NUMPY_NAMES = {"float32": "f32", "float64": "f64", "float16": "f16", "int32": "i32",
+                "int64": "i64", "uint8": "u8"}
+_TORCH_NAMES = {"torch.float32": "f32", "torch.float64": "f64", "torch.float16": "f16",
+                "torch.bfloat16": "bf16", "torch.int32": "i32", "torch.int64": "i64",
+                "torch.uint8": "u8"}
+OPS = {"sum": 1, "avg": 2, "min": 3, "max": 4, "prod": 5}
+COLLECTIVES = {"allreduce": 1, "reduce_scatter": 2, "allgather": 3, "broadcast": 4,
+               "reduce": 5, "alltoall": 6, "barrier": 7}
+_BLOCKED = {"reduce_scatter", "allgather", "alltoall"}
+
+
+def dtype_name(dtype: Any) -> str:
+    """gradsync's name ("f32", ...) for a name, a numpy dtype or a torch dtype."""
+    if isinstance(dtype, str) and dtype in DTYPES:
+        return dtype
+    text = str(dtype)
+    if text in _TORCH_NAMES:
+        return _TORCH_NAMES[text]
+    try:
+        import numpy
+        name = numpy.dtype(dtype).name
+        if name in _NUMPY_NAMES:
+            return _NUMPY_NAMES[name]
+    except Exception:
+        pass
+    raise error(3, f"unsupported dtype {dtype!r} (gradsync: {', '.join(DTYPES)})")
+
+
+def _check(code: int) -> None:
+    if code != 0:
+        raise error(code, _capi.last_error())
+
+
+def _ms(seconds: Optional[float], default: int) -> int:
+    return default if seconds is None else max(1, int(seconds * 1000))
+
+
+@dataclass(frozen=True)
+class Result:
+    """What a completed op reports: the plan it ran ("ring", "oneshot", "hier",
+    ...), and how long it waited in the queue and ran, in microseconds."""
+    algorithm: str
+    queued_us: int
+    run_us: int
+
+
+class Buffer:
+    """A shared-memory buffer of a session: the daemon reads and writes these
+    very bytes, so ops on it copy nothing. `buf.bytes`, `buf.numpy()` and
+    `buf.torch()` are views of the same memory. The mapping lives as long as
+    the buffer or any view of it, also after the session closed (the daemon
+    then no longer uses it); `free()` frees it at once and invalidates views."""
+
+    def __init__(self, session: "Session", handle: int):
+        self._session = session
+        self._handle = handle
+        lib = _capi.lib()
+        self.address: int = lib.gs_buffer_data(handle)
+        self.nbytes: int = lib.gs_buffer_size(handle)
+        self._bytes = (ctypes.c_char * self.nbytes).from_address(self.address)
+        # Views hold self._bytes: the mapping is released when the last one goes.
+        self._unmap = weakref.finalize(self._bytes, lib.gs_buffer_free, None, handle)
+
+    def __buffer__(self, flags):  # Python 3.12+; older ones use memoryview(buf.bytes)
+        return memoryview(self._bytes)
+
+    @property
+    def bytes(self) -> memoryview:
+        """The buffer's bytes, writable (the buffer protocol)."""
+        return memoryview(self._bytes).cast("B")
+
+    def numpy(self, dtype: Any = "float32", count: Optional[int] = None, offset: int = 0):
+        """A numpy array over `count` elements at byte `offset` (default: all that fit)."""
+        import numpy
+        dt = numpy.dtype(dtype)
+        if count is None:
+            count = (self.nbytes - offset) // dt.itemsize
+        return numpy.frombuffer(self._bytes, dtype=dt, count=count, offset=offset)
+
+    def torch(self, dtype: Any = None, count: Optional[int] = None, offset: int = 0):
+        """A CPU torch tensor over the buffer (no copy)."""
+        import torch
+        dtype = torch.float32 if dtype is None else dtype
+        esize = torch.empty((), dtype=dtype).element_size()
+        if count is None:
+            count = (self.nbytes - offset) // esize
+        return torch.frombuffer(self._bytes, dtype=dtype, count=count, offset=offset)
+
+    def free(self) -> None:
+        """Frees the buffer at the daemon and unmaps it now: every view of it
+        becomes invalid (touching one afterwards crashes the process)."""
+        if self._handle:
+            handle, self._handle = self._handle, 0
+            self._unmap.detach()
+            self._session._forget(self)
+            _check(_capi.lib().gs_buffer_free(self._session._handle or None, handle))
+
+
+class Work:
+    """A submitted op. `wait()` blocks (the GIL released) until it is done and
+    returns its Result, or raises its error; `done()` polls."""
+
+    def __init__(self, session: "Session", op_id: int, what: str, keep: Any = None):
+        self._session = session
+        self.op_id = op_id
+        self.what = what
+        self._keep = keep  # the arrays the op runs on stay alive until it is done
+        self._result: Optional[Result] = None
+        self._error: Optional[Exception] = None
+
+    def wait(self, timeout: Optional[float] = None) -> Result:
+        """Waits up to `timeout` seconds (None: until the op ends, which its
+        deadline at the daemon bounds). DeadlineExceeded if it is still running."""
+        if self._result is not None:
+            return self._result
+        if self._error is not None:
+            raise self._error
+        res = _capi.Result()
+        code = _capi.lib().gs_wait_result(self._session._live(), self.op_id,
+                                          -1 if timeout is None else int(timeout * 1000),
+                                          ctypes.byref(res))
+        return self._finish(code, res)
+
+    def done(self) -> bool:
+        """True once the op ended (then wait() returns or raises at once)."""
+        if self._result is not None or self._error is not None:
+            return True
+        res = _capi.Result()
+        code = _capi.lib().gs_poll(self._session._live(), self.op_id, ctypes.byref(res))
+        if code == 4:
+            return False
+        try:
+            self._finish(code, res)
+        except Exception:
+            pass
+        return True
+
+    def _finish(self, code: int, res: _capi.Result) -> Result:
+        if code == 4:  # still running: the op is not over, so nothing is recorded
+            raise error(code, _capi.last_error())
+        if code != 0:
+            self._error = error(code, _capi.last_error())
+            self._keep = None
+            raise self._error
+        self._result = Result(res.algorithm.decode(), res.queued_us, res.run_us)
+        self._keep = None
+        return self._result
+
+
+class Session:
+    """One rank of a job: open with Client.open_session. Collectives run on
+    arrays made by `empty()` (or views of a Buffer), in place, and return a
+    Work; every rank of the job must issue the same ops in the same order."""
+
+    def __init__(self, handle: int, job: str):
+        self._handle = handle
+        self.job = job
+        lib = _capi.lib()
+        self.rank: int = lib.gs_session_rank(handle)
+        self.world_size: int = lib.gs_session_world_size(handle)
+        self._buffers: List[Buffer] = []
+        self._lock = threading.Lock()
+
+    def _live(self) -> int:
+        if not self._handle:
+            raise error(9, f"session of job '{self.job}' (rank {self.rank}) is closed")
+        return self._handle
+
+    def _forget(self, buf: Buffer) -> None:
+        with self._lock:
+            if buf in self._buffers:
+                self._buffers.remove(buf)
+
+    def alloc(self, nbytes: int) -> Buffer:
+        """A new shared-memory buffer of at least `nbytes` bytes."""
+        out = ctypes.c_void_p()
+        _check(_capi.lib().gs_buffer_alloc(self._live(), int(nbytes), ctypes.byref(out)))
+        buf = Buffer(self, out.value)
+        with self._lock:
+            self._buffers.append(buf)
+        return buf
+
+    def empty(self, count: int, dtype: Any = "float32"):
+        """A numpy array of `count` elements in a new shared-memory buffer."""
+        import numpy
+        dt = numpy.dtype(dtype)
+        return self.alloc(max(1, count * dt.itemsize)).numpy(dt, count)
+
+    def empty_tensor(self, count: int, dtype: Any = None):
+        """A CPU torch tensor of `count` elements in a new shared-memory buffer."""
+        import torch
+        dtype = torch.float32 if dtype is None else dtype
+        esize = torch.empty((), dtype=dtype).element_size()
+        return self.alloc(max(1, count * esize)).torch(dtype, count)
+
+    def _locate(self, array: Any) -> Tuple[Buffer, int, int]:
+        """(buffer, byte offset, byte length) of an array that views a buffer of this session."""
+        if isinstance(array, Buffer):
+            return array, 0, array.nbytes
+        if hasattr(array, "data_ptr"):  # torch
+            if not array.is_contiguous():
+                raise error(3, "gradsync: the tensor must be contiguous")
+            addr, nbytes = array.data_ptr(), array.numel() * array.element_size()
+        elif hasattr(array, "__array_interface__"):
+            if not array.flags["C_CONTIGUOUS"]:
+                raise error(3, "gradsync: the array must be C-contiguous")
+            addr, nbytes = array.__array_interface__["data"][0], array.nbytes
+        else:
+            raise error(3, f"gradsync: {type(array).__name__} is not an array of a session buffer")
+        with self._lock:
+            for buf in self._buffers:
+                if buf.address <= addr and addr + nbytes <= buf.address + buf.nbytes:
+                    return buf, addr - buf.address, nbytes
+        raise error(3, "gradsync: the array does not lie in a buffer of this session (make it "
+                       "with session.empty(), empty_tensor() or a Buffer's numpy()/torch())")
+
+    def submit(self, kind: str, array: Any = None, op: str = "sum", root: int = 0,
+               dtype: Any = None, name: Optional[str] = None, algorithm: Optional[str] = None,
+               timeout: Optional[float] = None) -> Work:
+        """Submits collective `kind` on `array` in place and returns its Work.
+        Blocked collectives (reduce_scatter, allgather, alltoall) take an array
+        of world_size equal blocks. `dtype` defaults to the array's."""
+        self._live()
+        if kind not in COLLECTIVES:
+            raise error(3, f"gradsync: unknown collective '{kind}' ({', '.join(COLLECTIVES)})")
+        if op not in OPS:
+            raise error(3, f"gradsync: unknown reduce op '{op}' ({', '.join(OPS)})")
+        spec = _capi.CollectiveSpec()
+        lib = _capi.lib()
+        lib.gs_collective_spec_init(ctypes.byref(spec))
+        spec.kind = COLLECTIVES[kind]
+        if kind != "barrier":
+            buf, offset, nbytes = self._locate(array)
+            dname = dtype_name(dtype if dtype is not None else getattr(array, "dtype", "u8"))
+            code, esize = DTYPES[dname]
+            count = nbytes // esize
+            if kind in _BLOCKED:
+                if count % self.world_size:
+                    raise error(3, f"gradsync: {kind} needs {self.world_size} equal blocks; "
+                                   f"{count} elements do not divide")
+                count //= self.world_size
+            spec.buffer = buf._handle
+            spec.offset_bytes = offset
+            spec.count = count
+            spec.dtype = code
+        spec.op = OPS[op]
+        spec.root = root
+        spec.name = name.encode() if name else None
+        spec.algorithm = algorithm.encode() if algorithm else None
+        spec.timeout_ms = 0 if timeout is None else max(1, int(timeout * 1000))
+        op_id = ctypes.c_uint64()
+        _check(lib.gs_submit(self._live(), ctypes.byref(spec), ctypes.byref(op_id)))
+        return Work(self, op_id.value, kind, keep=array)
+
+    def allreduce(self, array, op: str = "sum", **kw) -> Work:
+        """Every rank ends with the reduction (sum, avg, min, max, prod) of every rank's array."""
+        return self.submit("allreduce", array, op=op, **kw)
+
+    def reduce_scatter(self, array, op: str = "sum", **kw) -> Work:
+        """Block r of rank r's array ends with the reduction of every rank's block r."""
+        return self.submit("reduce_scatter", array, op=op, **kw)
+
+    def allgather(self, array, **kw) -> Work:
+        """Block j of every rank's array ends with rank j's block j."""
+        return self.submit("allgather", array, **kw)
+
+    def broadcast(self, array, root: int = 0, **kw) -> Work:
+        """Every rank ends with root's array."""
+        return self.submit("broadcast", array, root=root, **kw)
+
+    def reduce(self, array, root: int = 0, op: str = "sum", **kw) -> Work:
+        """Root ends with the reduction; the other ranks' arrays stay as they were."""
+        return self.submit("reduce", array, op=op, root=root, **kw)
+
+    def alltoall(self, array, **kw) -> Work:
+        """Block j of rank i's array goes to block i of rank j."""
+        return self.submit("alltoall", array, **kw)
+
+    def barrier(self, **kw) -> Work:
+        """Completes on each rank once every rank entered it."""
+        return self.submit("barrier", None, **kw)
+
+    def event_fd(self) -> int:
+        """A file descriptor that becomes readable when ops complete (for
+        select/asyncio; read 8 bytes to re-arm it). Owned by the session."""
+        fd = ctypes.c_int()
+        _check(_capi.lib().gs_session_event_fd(self._live(), ctypes.byref(fd)))
+        return fd.value
+
+    def close(self) -> None:
+        """Leaves the job. The daemon frees the session's buffers; their
+        mappings (and the arrays over them) stay valid until released."""
+        if self._handle:
+            handle, self._handle = self._handle, 0
+            with self._lock:
+                buffers, self._buffers = self._buffers, []
+            for b in buffers:
+                b._handle = 0  # the mapping goes with its last view (Buffer._unmap)
+            _check(_capi.lib().gs_session_close(handle))
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class Client:
+    """A connection to the local gradsyncd. `target` defaults to
+    $GRADSYNC_DAEMON, else unix:/run/gradsync/gradsyncd.sock."""
+
+    def __init__(self, target: Optional[str] = None, timeout: float = 10.0):
+        self.target = target or os.environ.get("GRADSYNC_DAEMON") or DEFAULT_DAEMON
+        out = ctypes.c_void_p()
+        _check(_capi.lib().gs_client_connect(self.target.encode(), _ms(timeout, 10000),
+                                             ctypes.byref(out)))
+        self._handle = out.value
+
+    def open_session(self, job: str, world_size: int, rank: int = -1,
+                     timeout: float = 60.0, algorithm: Optional[str] = None,
+                     op_timeout: Optional[float] = None, tcp_streams: int = 0,
+                     timeline: bool = False, ps_shards: int = 0,
+                     heartbeat_timeout: Optional[float] = None,
+                     client_name: Optional[str] = None) -> Session:
+        """Joins `job` of `world_size` ranks as `rank` (-1: any free rank),
+        waiting up to `timeout` seconds for every rank. The job options
+        (algorithm, op_timeout, ...) count only for the session that creates the job."""
+        o = _capi.SessionOptions()
+        lib = _capi.lib()
+        lib.gs_session_options_init(ctypes.byref(o))
+        o.job_id = job.encode()
+        o.world_size = world_size
+        o.rank = rank
+        o.timeout_ms = _ms(timeout, 60000)
+        o.heartbeat_timeout_ms = 0 if heartbeat_timeout is None else _ms(heartbeat_timeout, 0)
+        o.op_timeout_ms = 0 if op_timeout is None else _ms(op_timeout, 0)
+        o.tcp_streams = tcp_streams
+        o.algorithm = algorithm.encode() if algorithm else None
+        o.timeline = 1 if timeline else 0
+        o.ps_shards = ps_shards
+        o.client_name = (client_name or f"python pid {os.getpid()}").encode()
+        out = ctypes.c_void_p()
+        if not self._handle:
+            raise error(9, "gradsync: the client is closed")
+        _check(lib.gs_session_open_with(self._handle, ctypes.byref(o), ctypes.byref(out)))
+        return Session(out.value, job)
+
+    def close(self) -> None:
+        """Frees the client (its sessions stay usable)."""
+        if self._handle:
+            handle, self._handle = self._handle, 0
+            _capi.lib().gs_client_free(handle)
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass

@@ -1,0 +1,236 @@
+"""The Python package against a real local cluster (GRADSYNC_DAEMONS, from
+`gradsync cluster`): every collective, every dtype and reduce op, checked
+exactly against numpy; errors as exceptions with gradsync's message."""
+
+import os
+import threading
+import unittest
+
+import numpy as np
+
+import gradsync
+
+TARGETS = os.environ["GRADSYNC_DAEMONS"].split(",")
+WORLD = len(TARGETS)
+NP = {"f32": np.float32, "f64": np.float64, "f16": np.float16, "i32": np.int32,
+      "i64": np.int64, "u8": np.uint8}
+_job = [0]
+
+
+def job_name(what):
+    _job[0] += 1
+    return f"py-{what}-{os.getpid()}-{_job[0]}"
+
+
+def on_ranks(fn, world=WORLD):
+    """Runs fn(rank, session) on every rank (a thread each, its own daemon)."""
+    job = job_name(fn.__name__)
+    out, errors = [None] * world, [None] * world
+
+    def run(r):
+        try:
+            with gradsync.Client(TARGETS[r]) as c, c.open_session(job, world, rank=r, timeout=30) as s:
+                out[r] = fn(r, s)
+        except Exception as e:  # reported by the caller
+            errors[r] = e
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return out, errors
+
+
+def data(dtype, count, rank, op):
+    """Small integers: every reduction order gives the same exact result."""
+    rng = np.random.default_rng(rank * 7919 + count)
+    lo, hi = (1, 3) if op == "prod" else (-4, 5)
+    if dtype == "u8":
+        lo, hi = (1, 3) if op == "prod" else (0, 9)
+    return rng.integers(lo, hi, size=count)
+
+
+def as_dtype(values, dtype):
+    """Values as the array the session holds (bf16: the top 16 bits of f32)."""
+    if dtype == "bf16":
+        return (values.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    return values.astype(NP[dtype])
+
+
+def from_dtype(array, dtype):
+    if dtype == "bf16":
+        return (array.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    return array.astype(np.float64)
+
+
+def reduce(values, op):
+    stack = np.stack(values).astype(np.float64)
+    if op in ("sum", "avg"):
+        r = stack.sum(axis=0)
+        return r / len(values) if op == "avg" else r
+    return {"min": stack.min(axis=0), "max": stack.max(axis=0), "prod": stack.prod(axis=0)}[op]
+
+
+class Collectives(unittest.TestCase):
+    def test_allreduce_every_dtype_and_op(self):
+        count = 777
+        for dtype in ["f32", "f64", "f16", "bf16", "i32", "i64", "u8"]:
+            for op in ["sum", "avg", "min", "max", "prod"]:
+                def fn(r, s):
+                    a = s.empty(count, np.uint16 if dtype == "bf16" else NP[dtype])
+                    a[:] = as_dtype(data(dtype, count, r, op), dtype)
+                    s.allreduce(a, op=op, dtype=dtype).wait(30)
+                    return from_dtype(a, dtype)
+                out, errors = on_ranks(fn)
+                self.assertEqual(errors, [None] * WORLD, (dtype, op))
+                want = reduce([data(dtype, count, r, op) for r in range(WORLD)], op)
+                if dtype in ("i32", "i64", "u8") and op == "avg":
+                    want = np.trunc(want)
+                for r in range(WORLD):
+                    np.testing.assert_array_equal(out[r], want, err_msg=f"{dtype} {op} rank {r}")
+
+    def test_blocked_and_rooted_collectives(self):
+        block = 50
+
+        def fn(r, s):
+            res = {}
+            rs = s.empty(WORLD * block, np.float32)
+            rs[:] = np.arange(WORLD * block) + 100 * r
+            s.reduce_scatter(rs).wait(30)
+            res["rs"] = rs[r * block:(r + 1) * block].copy()
+            ag = s.empty(WORLD * block, np.int32)
+            ag[r * block:(r + 1) * block] = r + 1
+            s.allgather(ag).wait(30)
+            res["ag"] = ag.copy()
+            bc = s.empty(block, np.float64)
+            bc[:] = 3.5 if r == WORLD - 1 else 0
+            s.broadcast(bc, root=WORLD - 1).wait(30)
+            res["bc"] = bc.copy()
+            rd = s.empty(block, np.int64)
+            rd[:] = r + 1
+            s.reduce(rd, root=0, op="max").wait(30)
+            res["rd"] = rd.copy()
+            a2a = s.empty(WORLD * block, np.uint8)
+            for j in range(WORLD):
+                a2a[j * block:(j + 1) * block] = 10 * r + j
+            s.alltoall(a2a).wait(30)
+            res["a2a"] = a2a.copy()
+            res["barrier"] = s.barrier().wait(30).algorithm
+            return res
+        out, errors = on_ranks(fn)
+        self.assertEqual(errors, [None] * WORLD)
+        for r in range(WORLD):
+            want_rs = sum(np.arange(r * block, (r + 1) * block) + 100 * q for q in range(WORLD))
+            np.testing.assert_array_equal(out[r]["rs"], want_rs)
+            np.testing.assert_array_equal(out[r]["ag"], np.repeat(np.arange(1, WORLD + 1), block))
+            np.testing.assert_array_equal(out[r]["bc"], np.full(block, 3.5))
+            for i in range(WORLD):
+                np.testing.assert_array_equal(out[r]["a2a"][i * block:(i + 1) * block], 10 * i + r)
+        np.testing.assert_array_equal(out[0]["rd"], np.full(block, WORLD))
+        np.testing.assert_array_equal(out[1]["rd"], np.full(block, 2))  # non-roots unchanged
+
+    def test_async_ops_overlap_and_report_their_plan(self):
+        def fn(r, s):
+            arrays = [s.empty(1000 * (i + 1), np.float32) for i in range(4)]
+            for i, a in enumerate(arrays):
+                a[:] = r + i
+            works = [s.allreduce(a, name=f"bucket{i}") for i, a in enumerate(arrays)]
+            results = [w.wait(30) for w in works]
+            return [a[0] for a in arrays], results
+        out, errors = on_ranks(fn)
+        self.assertEqual(errors, [None] * WORLD)
+        for r in range(WORLD):
+            firsts, results = out[r]
+            self.assertEqual(firsts, [sum(q + i for q in range(WORLD)) for i in range(4)])
+            for res in results:
+                self.assertTrue(res.algorithm)
+                self.assertGreaterEqual(res.run_us, 0)
+
+
+class Errors(unittest.TestCase):
+    def test_bad_arguments_raise_before_anything_runs(self):
+        def fn(r, s):
+            a = s.empty(10, np.float32)
+            caught = []
+            for call in (lambda: s.allreduce(a, op="median"),
+                         lambda: s.allreduce(np.zeros(10, np.float32)),
+                         lambda: s.submit("allscatter", a),
+                         lambda: s.allgather(s.empty(WORLD * 3 + 1, np.float32))):
+                with self.assertRaises(gradsync.InvalidArgument) as cm:
+                    call()
+                caught.append(str(cm.exception))
+            s.allreduce(a).wait(30)  # the session still works
+            return caught
+        out, errors = on_ranks(fn)
+        self.assertEqual(errors, [None] * WORLD)
+        msgs = out[0]
+        self.assertIn("unknown reduce op 'median'", msgs[0])
+        self.assertIn("does not lie in a buffer of this session", msgs[1])
+        self.assertIn("unknown collective 'allscatter'", msgs[2])
+        self.assertIn("equal blocks", msgs[3])
+
+    def test_an_op_a_rank_never_submits_fails_naming_it(self):
+        gave_up = threading.Event()
+
+        def fn(r, s):
+            if r == 1:  # never submits; stays in the job until rank 0 gave up
+                gave_up.wait(30)
+                return None
+            a = s.empty(100, np.float32)
+            w = s.allreduce(a, timeout=1.5)
+            with self.assertRaises(gradsync.GradsyncError) as cm:
+                w.wait(20)
+            gave_up.set()
+            return cm.exception
+        out, errors = on_ranks(fn, world=2)
+        self.assertEqual(errors, [None, None])
+        e = out[0]
+        self.assertIsInstance(e, gradsync.DeadlineExceeded)
+        self.assertIn("waiting for rank(s) 1 to submit op 1", str(e))
+
+    def test_a_wait_that_runs_out_says_so_and_the_op_goes_on(self):
+        def fn(r, s):
+            a = s.empty(10, np.float32)
+            a[:] = 1
+            if r == 0:
+                w = s.allreduce(a)
+                with self.assertRaises(gradsync.DeadlineExceeded):
+                    w.wait(0.2)  # rank 1 comes later
+                self.assertFalse(w.done())
+                return w.wait(30).algorithm, a[0]
+            import time
+            time.sleep(1.0)
+            s.allreduce(a).wait(30)
+            return None, a[0]
+        out, errors = on_ranks(fn, world=2)
+        self.assertEqual(errors, [None, None])
+        self.assertEqual(out[0][1], 2.0)
+        self.assertEqual(out[1][1], 2.0)
+
+    def test_closed_session(self):
+        c = gradsync.Client(TARGETS[0])
+        s = c.open_session(job_name("closed"), 1, rank=0, timeout=10)
+        a = s.empty(4, np.float32)
+        s.close()
+        a[:] = 2  # the mapping outlives the session
+        with self.assertRaises(gradsync.FailedPrecondition) as cm:
+            s.allreduce(a)
+        self.assertIn("closed", str(cm.exception))
+        c.close()
+
+    def test_unreachable_daemon(self):
+        with self.assertRaises(gradsync.Unavailable) as cm:
+            gradsync.Client("unix-abstract:gradsync-no-such-daemon", timeout=0.5)
+        self.assertIn("no-such-daemon", str(cm.exception))
+
+
+class Docs(unittest.TestCase):
+    def test_help_is_useful(self):
+        import pydoc
+        text = pydoc.render_doc(gradsync, renderer=pydoc.plaintext)
+        for word in ("allreduce", "open_session", "GradsyncError", "wait"):
+            self.assertIn(word, text)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
