@@ -11,6 +11,8 @@ PACKAGES=(
   libibverbs-dev libsystemd-dev zlib1g-dev systemd python3 python3-yaml procps
   # The Python package (python/gradsync) and its tests.
   python3-numpy
+  # PyTorch (the torch.distributed backend, the DDP hook, examples/train_ddp.py).
+  python3-torch python3-sklearn
   # The Prometheus server (//tests:prometheus_test) and promtool (deploy/validate.sh).
   prometheus
 )

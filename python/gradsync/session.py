@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import os
 import threading
@@ -13,6 +14,19 @@ from . import _capi
 from .errors import error
 
 DEFAULT_DAEMON = "unix:/run/gradsync/gradsyncd.sock"
+
+# Sessions and clients still open at exit are closed then, while the C++
+# runtime (gRPC's threads) is still whole.
+_open: "weakref.WeakSet" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open() -> None:
+    for obj in [o for o in list(_open) if isinstance(o, Session)] + list(_open):
+        try:
+            obj.close()
+        except Exception:
+            pass
 
 # Element types: gradsync's names, their C API values and element sizes.
 DTYPES: Dict[str, Tuple[int, int]] = {
@@ -181,6 +195,7 @@ class Session:
         self.world_size: int = lib.gs_session_world_size(handle)
         self._buffers: List[Buffer] = []
         self._lock = threading.Lock()
+        _open.add(self)
 
     def _live(self) -> int:
         if not self._handle:
@@ -342,6 +357,7 @@ class Client:
         _check(_capi.lib().gs_client_connect(self.target.encode(), _ms(timeout, 10000),
                                              ctypes.byref(out)))
         self._handle = out.value
+        _open.add(self)
 
     def open_session(self, job: str, world_size: int, rank: int = -1,
                      timeout: float = 60.0, algorithm: Optional[str] = None,

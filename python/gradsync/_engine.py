@@ -1,0 +1,161 @@
+"""Runs torch tensors' collectives through one gradsync session: staging
+through pooled shared-memory buffers, and completion of torch futures on a
+progress thread (in submission order, the order the daemon runs them).
+Internal to gradsync.torch."""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import os
+import threading
+import uuid
+import weakref
+from typing import Callable, Deque, Dict, List, Optional, Tuple
+
+import torch
+
+from .session import Client, Session, Work
+
+_TORCH_DTYPES = {torch.float32: "f32", torch.float64: "f64", torch.float16: "f16",
+                 torch.bfloat16: "bf16", torch.int32: "i32", torch.int64: "i64",
+                 torch.uint8: "u8"}
+
+
+def gradsync_dtype(t: torch.Tensor) -> str:
+    name = _TORCH_DTYPES.get(t.dtype)
+    if name is None:
+        raise ValueError(f"gradsync: unsupported tensor dtype {t.dtype} "
+                         f"(supported: {', '.join(str(d) for d in _TORCH_DTYPES)})")
+    if t.device.type != "cpu":
+        raise ValueError(f"gradsync: tensors on {t.device} are not supported yet (CPU tensors only)")
+    return name
+
+
+def daemon_target() -> str:
+    """Where the local gradsyncd listens: $GRADSYNC_DAEMON, else entry
+    $LOCAL_RANK of $GRADSYNC_DAEMONS (comma-separated; for several daemons on
+    one test host), else the default socket."""
+    if os.environ.get("GRADSYNC_DAEMON"):
+        return os.environ["GRADSYNC_DAEMON"]
+    many = os.environ.get("GRADSYNC_DAEMONS")
+    if many:
+        targets = many.split(",")
+        return targets[int(os.environ.get("LOCAL_RANK", "0")) % len(targets)]
+    return "unix:/run/gradsync/gradsyncd.sock"
+
+
+def agree_job_id(store, rank: int, prefix: str) -> str:
+    """A job id every rank of the group learns through the c10d store."""
+    key = "gradsync/job_id"
+    if rank == 0:
+        store.set(key, f"{prefix}-{uuid.uuid4().hex[:16]}")
+    return store.get(key).decode()
+
+
+_live_engines: "weakref.WeakSet[Engine]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:
+    """At exit, before the interpreter and the C++ runtime go away: every
+    progress thread stopped and every session closed (a process group torch
+    still holds is never collected)."""
+    for e in list(_live_engines):
+        try:
+            e.close()
+        except Exception:
+            pass
+
+
+class Engine:
+    """One gradsync session with a staging pool and a progress thread."""
+
+    def __init__(self, store, rank: int, world_size: int, timeout_s: float, prefix: str,
+                 algorithm: Optional[str] = None):
+        self.rank, self.world_size, self.timeout_s = rank, world_size, timeout_s
+        job = agree_job_id(store, rank, prefix)
+        self._client = Client(daemon_target())
+        self.session: Session = self._client.open_session(
+            job, world_size, rank=rank, timeout=timeout_s, algorithm=algorithm,
+            client_name=f"torch rank {rank} pid {os.getpid()}")
+        self._pool: Dict[int, List] = collections.defaultdict(list)
+        self._pool_lock = threading.Lock()
+        self._queue: Deque[Tuple[Work, Callable[[], object], torch.futures.Future, list]] = collections.deque()
+        self._cv = threading.Condition()
+        self._closing = False
+        self._thread = threading.Thread(target=self._progress, name="gradsync-progress", daemon=True)
+        self._thread.start()
+        _live_engines.add(self)
+
+    # Staging: shared-memory buffers by size class (powers of two), reused.
+    def stage(self, nbytes: int):
+        size = 1 << max(12, (max(1, nbytes) - 1).bit_length())
+        with self._pool_lock:
+            free = self._pool[size]
+            if free:
+                return free.pop()
+        buf = self.session.alloc(size)
+        buf.size_class = size
+        return buf
+
+    def unstage(self, buf) -> None:
+        with self._pool_lock:
+            self._pool[buf.size_class].append(buf)
+
+    def view(self, buf, dtype: torch.dtype, count: int) -> torch.Tensor:
+        return buf.torch(dtype, count) if count > 0 else torch.empty(0, dtype=dtype)
+
+    def submit(self, kind: str, buf, dtype: torch.dtype, count: int, finish: Callable[[], object],
+               op: str = "sum", root: int = 0, name: Optional[str] = None,
+               staged: Optional[list] = None) -> torch.futures.Future:
+        """Submits `kind` on the first `count` elements of staging buffer `buf`;
+        the future gets finish()'s value once the op is done and finish() ran."""
+        fut = torch.futures.Future()
+        if kind == "barrier":
+            work = self.session.barrier(timeout=self.timeout_s)
+        else:
+            array = self.view(buf, dtype, count)
+            work = self.session.submit(kind, array, op=op, root=root, dtype=_TORCH_DTYPES[dtype],
+                                       name=name, timeout=self.timeout_s)
+        with self._cv:
+            self._queue.append((work, finish, fut, staged or []))
+            self._cv.notify()
+        return fut
+
+    def _progress(self) -> None:
+        while True:
+            with self._cv:
+                while not self._queue and not self._closing:
+                    self._cv.wait()
+                if not self._queue:
+                    return
+                work, finish, fut, staged = self._queue[0]
+            try:
+                work.wait(self.timeout_s + 5)
+                value = finish()
+            except Exception as e:  # surfaces in Work.wait() / the future
+                value, error = None, e
+            else:
+                error = None
+            for buf in staged:
+                self.unstage(buf)
+            with self._cv:
+                self._queue.popleft()
+            if error is None:
+                fut.set_result(value)
+            else:
+                fut.set_exception(RuntimeError(f"gradsync: {error}"))
+
+    def close(self) -> None:
+        with self._cv:
+            if self._closing:
+                return
+            self._closing = True
+            self._cv.notify()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(self.timeout_s + 10)
+        try:
+            self.session.close()
+        finally:
+            self._client.close()

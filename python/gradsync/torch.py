@@ -1,0 +1,274 @@
+"""gradsync for PyTorch: a torch.distributed backend and a DDP comm hook.
+
+    import torch.distributed as dist
+    import gradsync.torch                     # registers backend "gradsync"
+    dist.init_process_group("gradsync")       # torchrun env: RANK, WORLD_SIZE, MASTER_ADDR/PORT
+    dist.all_reduce(t)                        # through the local gradsyncd
+
+    # Or keep another backend and send DDP's gradient buckets through gradsync:
+    model.register_comm_hook(gradsync.torch.HookState(), gradsync.torch.allreduce_hook)
+
+The daemon is $GRADSYNC_DAEMON (or entry $LOCAL_RANK of $GRADSYNC_DAEMONS),
+default unix:/run/gradsync/gradsyncd.sock. Ranks agree on a gradsync job id
+through the process group's c10d store. CPU tensors of f32, f64, f16, bf16,
+i32, i64 and u8. Each op is staged through a pooled shared-memory buffer (one
+copy in, one copy out) and completes on a progress thread; errors (which rank,
+which op) surface from Work.wait() as RuntimeError. See docs/python.md.
+"""
+
+import collections
+import datetime
+import os
+from typing import List, Optional
+
+import torch
+import torch.distributed as dist
+
+from ._engine import Engine, gradsync_dtype
+
+__all__ = ["ProcessGroupGradsync", "HookState", "allreduce_hook", "BACKEND"]
+
+BACKEND = "gradsync"
+
+_OPS = {
+    dist.ReduceOp.SUM: "sum", dist.ReduceOp.PRODUCT: "prod", dist.ReduceOp.MIN: "min",
+    dist.ReduceOp.MAX: "max",
+}
+if hasattr(dist.ReduceOp, "AVG"):
+    _OPS[dist.ReduceOp.AVG] = "avg"
+
+
+def _op(reduce_op) -> str:
+    for k, v in _OPS.items():
+        if reduce_op == k:
+            return v
+    raise ValueError(f"gradsync: unsupported reduce op {reduce_op} (sum, avg, min, max, prod)")
+
+
+class _Work(dist.Work):
+    """A c10d Work over a torch future: wait() raises the op's error (torch
+    1.13's future-wrapping Work swallows it) and get_future() is what DDP
+    chains on."""
+
+    def __init__(self, fut: torch.futures.Future):
+        super().__init__()
+        self._fut = fut
+
+    def wait(self, timeout: datetime.timedelta = None) -> bool:
+        self._fut.wait()  # raises the op's error
+        return True
+
+    def is_completed(self) -> bool:
+        return self._fut.done()
+
+    def is_success(self) -> bool:
+        if not self._fut.done():
+            return False
+        try:
+            self._fut.wait()
+            return True
+        except Exception:
+            return False
+
+    def result(self):
+        return self._fut.wait()
+
+    def get_future(self) -> torch.futures.Future:
+        return self._fut
+
+
+# C++ callers (DDP, broadcast_coalesced) hold a Work only as a C++ pointer;
+# once its Python object is gone, pybind11 no longer dispatches wait() to it.
+# So the last works stay referenced here (far more than are ever in flight).
+_RECENT_WORKS: "collections.deque[_Work]" = collections.deque(maxlen=1 << 14)
+
+
+def _work(fut: torch.futures.Future) -> "_Work":
+    w = _Work(fut)
+    _RECENT_WORKS.append(w)
+    return w
+
+
+class ProcessGroupGradsync(dist.ProcessGroup):
+    """A torch.distributed process group whose collectives run on gradsyncd."""
+
+    def __init__(self, store, rank: int, size: int, timeout: datetime.timedelta):
+        super().__init__(rank, size)
+        self._engine = Engine(store, rank, size, timeout.total_seconds(), prefix="torch")
+
+    def getBackendName(self) -> str:
+        return BACKEND
+
+    # One tensor in place (allreduce, broadcast, reduce).
+    def _in_place(self, kind: str, tensor: torch.Tensor, op: str = "sum", root: int = 0):
+        gradsync_dtype(tensor)
+        e = self._engine
+        n = tensor.numel()
+        buf = e.stage(n * tensor.element_size())
+        staging = e.view(buf, tensor.dtype, n)
+        staging.copy_(tensor.reshape(-1))
+
+        me = self.rank()
+
+        def finish():
+            if kind != "reduce" or me == root:
+                tensor.copy_(staging.view(tensor.shape))
+            return [tensor]
+        return _work(
+            e.submit(kind, buf, tensor.dtype, n, finish, op=op, root=root, staged=[buf]))
+
+    def allreduce(self, tensors: List[torch.Tensor], opts=None):
+        if len(tensors) != 1:
+            raise ValueError("gradsync: one tensor per call (no multi-device lists)")
+        return self._in_place("allreduce", tensors[0], _op(opts.reduceOp))
+
+    def broadcast(self, tensors: List[torch.Tensor], opts=None):
+        if len(tensors) != 1:
+            raise ValueError("gradsync: one tensor per call")
+        return self._in_place("broadcast", tensors[0], root=opts.rootRank)
+
+    def reduce(self, tensors: List[torch.Tensor], opts=None):
+        if len(tensors) != 1:
+            raise ValueError("gradsync: one tensor per call")
+        return self._in_place("reduce", tensors[0], _op(opts.reduceOp), root=opts.rootRank)
+
+    # Blocked collectives: world_size equal blocks in one staging buffer.
+    def _blocked(self, kind: str, inputs: List[torch.Tensor], outputs: List[torch.Tensor],
+                 op: str = "sum", keep_block: Optional[int] = None):
+        n = self.size()
+        ref = inputs[0]
+        gradsync_dtype(ref)
+        for t in list(inputs) + list(outputs):
+            if t.numel() != ref.numel() or t.dtype != ref.dtype:
+                raise ValueError(f"gradsync: {kind} needs {n} tensors of {ref.numel()} {ref.dtype} "
+                                 f"elements each; got {t.numel()} {t.dtype}")
+        e = self._engine
+        block = ref.numel()
+        buf = e.stage(n * block * ref.element_size())
+        staging = e.view(buf, ref.dtype, n * block)
+        if len(inputs) == n:
+            for j, t in enumerate(inputs):
+                staging[j * block:(j + 1) * block].copy_(t.reshape(-1))
+        else:  # allgather: this rank's block only
+            staging[self.rank() * block:(self.rank() + 1) * block].copy_(inputs[0].reshape(-1))
+
+        def finish():
+            if keep_block is not None:
+                outputs[0].copy_(staging[keep_block * block:(keep_block + 1) * block].view(outputs[0].shape))
+            else:
+                for j, t in enumerate(outputs):
+                    t.copy_(staging[j * block:(j + 1) * block].view(t.shape))
+            return outputs
+        return _work(
+            e.submit(kind, buf, ref.dtype, n * block, finish, op=op, staged=[buf]))
+
+    def allgather(self, output_tensors: List[List[torch.Tensor]], input_tensors: List[torch.Tensor],
+                  opts=None):
+        if len(input_tensors) != 1 or len(output_tensors) != 1:
+            raise ValueError("gradsync: one tensor per call")
+        return self._blocked("allgather", input_tensors, output_tensors[0])
+
+    def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts=None):
+        outs = list(output.view(self.size(), -1).unbind(0))
+        return self._blocked("allgather", [input], outs)
+
+    def reduce_scatter(self, output_tensors: List[torch.Tensor],
+                       input_tensors: List[List[torch.Tensor]], opts=None):
+        if len(output_tensors) != 1 or len(input_tensors) != 1:
+            raise ValueError("gradsync: one tensor per call")
+        return self._blocked("reduce_scatter", input_tensors[0], output_tensors,
+                             _op(opts.reduceOp), keep_block=self.rank())
+
+    def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts=None):
+        ins = list(input.view(self.size(), -1).unbind(0))
+        return self._blocked("reduce_scatter", ins, [output], _op(opts.reduceOp),
+                             keep_block=self.rank())
+
+    def alltoall(self, output_tensors: List[torch.Tensor], input_tensors: List[torch.Tensor],
+                 opts=None):
+        return self._blocked("alltoall", input_tensors, output_tensors)
+
+    def alltoall_base(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes,
+                      input_split_sizes, opts=None):
+        n = self.size()
+        if (output_split_sizes and len(set(output_split_sizes)) > 1) or \
+           (input_split_sizes and len(set(input_split_sizes)) > 1):
+            raise ValueError("gradsync: all_to_all_single with unequal splits is not supported")
+        if input.numel() % n:
+            raise ValueError(f"gradsync: all_to_all_single of {input.numel()} elements does not "
+                             f"split into {n} equal blocks")
+        ins = list(input.reshape(n, -1).unbind(0))
+        outs = list(output.reshape(n, -1).unbind(0))
+        return self._blocked("alltoall", ins, outs)
+
+    def barrier(self, opts=None):
+        e = self._engine
+        return _work(e.submit("barrier", None, torch.uint8, 0, lambda: []))
+
+    def __del__(self):
+        engine = getattr(self, "_engine", None)
+        if engine is not None:
+            self._engine = None
+            try:
+                engine.close()
+            except Exception:
+                pass
+
+
+def _create(store, rank: int, size: int, timeout: datetime.timedelta) -> ProcessGroupGradsync:
+    return ProcessGroupGradsync(store, rank, size, timeout)
+
+
+if not hasattr(dist.Backend, BACKEND.upper()):  # once per process
+    dist.Backend.register_backend(BACKEND, _create)
+
+
+class HookState:
+    """The DDP comm hook's state: its own gradsync session (a job the ranks
+    agree on through `process_group`'s store, default: the default group's),
+    with optional job options. Create it after init_process_group, on every rank."""
+
+    def __init__(self, process_group=None, algorithm: Optional[str] = None,
+                 timeout: float = 300.0):
+        from torch.distributed import distributed_c10d as c10d
+        pg = process_group or c10d._get_default_group()
+        store = c10d._get_default_store()
+        rank, size = dist.get_rank(pg), dist.get_world_size(pg)
+        self.engine = Engine(_HookStore(store), rank, size, timeout, prefix="ddp-hook",
+                             algorithm=algorithm)
+        self.buckets = 0
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+class _HookStore:
+    """The default store, under a key of its own (it may also serve the backend)."""
+
+    def __init__(self, store):
+        self._store = store
+
+    def set(self, key, value):
+        self._store.set("ddp_hook/" + key, value)
+
+    def get(self, key):
+        return self._store.get("ddp_hook/" + key)
+
+
+def allreduce_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP comm hook: averages the bucket's gradients over the ranks through
+    gradsync (avg: one division at the end, so every rank gets the same bits).
+    Buckets are submitted as DDP hands them over, during the backward pass."""
+    tensor = bucket.buffer()
+    e = state.engine
+    n = tensor.numel()
+    buf = e.stage(n * tensor.element_size())
+    staging = e.view(buf, tensor.dtype, n)
+    staging.copy_(tensor)
+    state.buckets += 1
+
+    def finish():
+        tensor.copy_(staging)
+        return tensor
+    return e.submit("allreduce", buf, tensor.dtype, n, finish, op="avg",
+                    name=f"bucket{bucket.index()}", staged=[buf])

@@ -1,0 +1,127 @@
+"""The torch.distributed backend "gradsync" on real processes and a real
+daemon ($GRADSYNC_DAEMON): every collective the backend implements, every
+dtype and reduce op, exact against values every rank can compute; async ops;
+errors (a rank that never submits, an unsupported dtype) surfacing from
+wait(); and destroy_process_group followed by a fresh group.
+
+Run without --worker it launches WORLD processes of itself and fails if any
+rank fails."""
+
+import datetime
+import os
+import socket
+import subprocess
+import sys
+
+WORLD = 3
+
+
+def worker():
+    import torch
+    import torch.distributed as dist
+    import gradsync.torch  # noqa: F401  registers "gradsync"
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dist.init_process_group("gradsync", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=20))
+    assert dist.get_backend() == "gradsync"
+    R = dist.ReduceOp
+    dtypes = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32,
+              torch.int64, torch.uint8]
+    ops = {R.SUM: lambda v: sum(v), R.MIN: min, R.MAX: max, R.AVG: lambda v: sum(v) / len(v),
+           R.PRODUCT: lambda v: v[0] * v[1] * v[2]}
+    vals = lambda r: [r + 1, 2 * r + 1, 5 - r]  # per element position, small exact values
+    for dt in dtypes:
+        for op, ref in ops.items():
+            t = torch.tensor([vals(rank)] * 7, dtype=dt).reshape(-1)
+            dist.all_reduce(t, op=op)
+            want = [ref([vals(r)[i] for r in range(world)]) for i in range(3)] * 7
+            if not dt.is_floating_point and op == R.AVG:
+                want = [int(w) for w in want]
+            got = t.double().tolist()
+            assert got == [float(w) for w in want], (dt, op, got[:3], want[:3])
+    # broadcast, reduce
+    b = torch.full((100,), float(rank), dtype=torch.float64)
+    dist.broadcast(b, src=world - 1)
+    assert b.eq(world - 1).all(), b[:3]
+    r = torch.full((10,), rank + 1, dtype=torch.int64)
+    dist.reduce(r, dst=1, op=R.SUM)
+    assert r.tolist() == ([sum(range(1, world + 1))] * 10 if rank == 1 else [rank + 1] * 10), r
+    # allgather (list and into one tensor)
+    outs = [torch.zeros(5, dtype=torch.bfloat16) for _ in range(world)]
+    dist.all_gather(outs, torch.full((5,), rank + 0.5, dtype=torch.bfloat16))
+    assert [o[0].item() for o in outs] == [q + 0.5 for q in range(world)], outs
+    flat = torch.zeros(world * 4, dtype=torch.int32)
+    dist.all_gather_into_tensor(flat, torch.full((4,), rank, dtype=torch.int32))
+    assert flat.tolist() == sum(([q] * 4 for q in range(world)), []), flat
+    # reduce_scatter (list and from one tensor)
+    o = torch.zeros(6, dtype=torch.float32)
+    dist.reduce_scatter(o, [torch.full((6,), float(10 * rank + j)) for j in range(world)])
+    assert o.tolist() == [float(sum(10 * q + rank for q in range(world)))] * 6, o
+    o2 = torch.zeros(2, dtype=torch.float16)
+    dist.reduce_scatter_tensor(o2, torch.arange(world * 2, dtype=torch.float16), op=R.MAX)
+    assert o2.tolist() == [2.0 * rank, 2.0 * rank + 1], o2
+    # alltoall (single tensor and lists)
+    x = torch.arange(world * 3, dtype=torch.uint8) + 50 * rank
+    y = torch.empty_like(x)
+    dist.all_to_all_single(y, x)
+    assert y.tolist() == sum(([50 * q + 3 * rank + k for k in range(3)] for q in range(world)), []), y
+    ins = [torch.full((2,), 100 * rank + j, dtype=torch.int64) for j in range(world)]
+    outs = [torch.zeros(2, dtype=torch.int64) for _ in range(world)]
+    dist.all_to_all(outs, ins)
+    assert [v[0].item() for v in outs] == [100 * q + rank for q in range(world)], outs
+    # async: several in flight, completed in order
+    ts = [torch.full((1000 * (i + 1),), float(rank)) for i in range(4)]
+    works = [dist.all_reduce(t, async_op=True) for t in ts]
+    for w in works:
+        w.wait()
+        assert w.is_completed()
+    assert all(t.eq(sum(range(world))).all() for t in ts)
+    dist.barrier()
+    # An unsupported dtype is refused at once, naming it.
+    try:
+        dist.all_reduce(torch.zeros(3, dtype=torch.int16))
+        raise AssertionError("int16 accepted")
+    except ValueError as e:
+        assert "torch.int16" in str(e), e
+    dist.barrier()
+    dist.destroy_process_group()
+    # A fresh group (a new gradsync job); an op rank 2 never submits fails on
+    # the others within the group timeout, naming rank 2.
+    dist.init_process_group("gradsync", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=2))
+    t = torch.ones(10)
+    dist.all_reduce(t)
+    assert t.eq(world).all()
+    store = dist.distributed_c10d._get_default_store()
+    if rank != 2:
+        w = dist.all_reduce(torch.ones(10), async_op=True)
+        try:
+            w.wait()
+            raise AssertionError("an op rank 2 never submitted completed")
+        except RuntimeError as e:
+            assert "waiting for rank(s) 2" in str(e), e
+            print(f"rank {rank}: {e}")
+        store.set(f"gave_up_{rank}", "1")
+    else:  # stays in the job (submitting nothing) until the others gave up
+        store.wait([f"gave_up_{r}" for r in range(world) if r != 2], datetime.timedelta(seconds=60))
+    dist.destroy_process_group()
+    print(f"rank {rank}: ok")
+
+
+def main():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for r in range(WORLD):
+        env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(WORLD), MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(port))
+        procs.append(subprocess.Popen([sys.executable, __file__, "--worker"], env=env))
+    codes = [p.wait(timeout=300) for p in procs]
+    if any(codes):
+        sys.exit(f"torch backend test: exit codes by rank {codes}")
+    print("torch backend test: PASS")
+
+
+if __name__ == "__main__":
+    worker() if "--worker" in sys.argv else main()

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# PyTorch through gradsync on a real local cluster (one gradsyncd, every rank
+# on it as on one GPU node): the torch.distributed backend's tests, then a
+# short run of examples/train_ddp.py (DDP on the digits data set, 4 ranks:
+# gloo, the gradsync backend and gradsync's DDP comm hook with one seed),
+# which must agree with gloo step by step (--check).
+set -uo pipefail
+abs() { [[ "$1" == /* ]] && echo "$1" || echo "$PWD/$1"; }
+GRADSYNC="$(abs "$1")"
+export GRADSYNC_LIB="$(abs "$2")"
+fail() { echo "FAIL: $*"; exit 1; }
+T="${TEST_TMPDIR:-$(mktemp -d)}"
+ROOT="${TEST_SRCDIR:-$(cd "$(dirname "$0")/../.." && pwd)}/${TEST_WORKSPACE:-}"
+export PYTHONPATH="$ROOT/python"
+
+"$GRADSYNC" cluster --ranks=1 --env_file="$T/cluster.env" > "$T/cluster.log" 2>&1 &
+cluster=$!
+trap 'kill $cluster 2>/dev/null; wait $cluster 2>/dev/null' EXIT
+for _ in $(seq 200); do [[ -f "$T/cluster.env" ]] && break; sleep 0.1; done
+[[ -f "$T/cluster.env" ]] || fail "gradsync cluster did not come up: $(cat "$T/cluster.log")"
+source "$T/cluster.env"
+export GRADSYNC_DAEMON="$GRADSYNC_DAEMON_0"
+
+/usr/bin/python3 "$ROOT/tests/sdk/torch_backend_test.py" 2>&1 | grep -v "deprecated" \
+  || fail "torch backend tests failed"
+[[ ${PIPESTATUS[0]} -eq 0 ]] || fail "torch backend tests failed"
+out=$(/usr/bin/python3 "$ROOT/examples/train_ddp.py" --ranks 4 --epochs 1 --check 2>&1) \
+  || fail "train_ddp.py --check failed: $out"
+echo "$out"
+grep -q "^# gradsync vs gloo: .*: agree" <<<"$out" || fail "no gradsync vs gloo agreement line"
+grep -q "^# hook vs gloo: .*: agree" <<<"$out" || fail "no hook vs gloo agreement line"
+echo PASS
