@@ -72,12 +72,12 @@ class Engine:
     """One gradsync session with a staging pool and a progress thread."""
 
     def __init__(self, store, rank: int, world_size: int, timeout_s: float, prefix: str,
-                 algorithm: Optional[str] = None):
+                 algorithm: Optional[str] = None, timeline: bool = False):
         self.rank, self.world_size, self.timeout_s = rank, world_size, timeout_s
         job = agree_job_id(store, rank, prefix)
         self._client = Client(daemon_target())
         self.session: Session = self._client.open_session(
-            job, world_size, rank=rank, timeout=timeout_s, algorithm=algorithm,
+            job, world_size, rank=rank, timeout=timeout_s, algorithm=algorithm, timeline=timeline,
             client_name=f"torch rank {rank} pid {os.getpid()}")
         self._pool: Dict[int, List] = collections.defaultdict(list)
         self._pool_lock = threading.Lock()

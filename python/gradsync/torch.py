@@ -19,6 +19,7 @@ which op) surface from Work.wait() as RuntimeError. See docs/python.md.
 import collections
 import datetime
 import os
+import time
 from typing import List, Optional
 
 import torch
@@ -226,17 +227,23 @@ if not hasattr(dist.Backend, BACKEND.upper()):  # once per process
 class HookState:
     """The DDP comm hook's state: its own gradsync session (a job the ranks
     agree on through `process_group`'s store, default: the default group's),
-    with optional job options. Create it after init_process_group, on every rank."""
+    with optional job options (`algorithm`; `timeline`: the daemons write a
+    Chrome trace of every bucket's op, gradsyncd --timeline_dir). `trace`
+    records when each bucket was submitted (HookState.trace). Create it after
+    init_process_group, on every rank."""
 
     def __init__(self, process_group=None, algorithm: Optional[str] = None,
-                 timeout: float = 300.0):
+                 timeout: float = 300.0, timeline: bool = False, trace: bool = False):
         from torch.distributed import distributed_c10d as c10d
         pg = process_group or c10d._get_default_group()
         store = c10d._get_default_store()
         rank, size = dist.get_rank(pg), dist.get_world_size(pg)
         self.engine = Engine(_HookStore(store), rank, size, timeout, prefix="ddp-hook",
-                             algorithm=algorithm)
+                             algorithm=algorithm, timeline=timeline)
         self.buckets = 0
+        # With `trace`: (bucket index, time.perf_counter() at submission, bytes)
+        # of every bucket, to see them leave during the backward pass.
+        self.trace: Optional[List[tuple]] = [] if trace else None
 
     def close(self) -> None:
         self.engine.close()
@@ -266,6 +273,8 @@ def allreduce_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.F
     staging = e.view(buf, tensor.dtype, n)
     staging.copy_(tensor)
     state.buckets += 1
+    if state.trace is not None:
+        state.trace.append((bucket.index(), time.perf_counter(), n * tensor.element_size()))
 
     def finish():
         tensor.copy_(staging)
