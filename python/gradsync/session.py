@@ -182,7 +182,26 @@ class Work:
         return self._result
 
 
-class Session:
+class _Closable:
+    """close() on leaving a `with` block and when collected."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class Session(_Closable):
     """One rank of a job: open with Client.open_session. Collectives run on
     arrays made by `empty()` (or views of a Buffer), in place, and return a
     Work; every rank of the job must issue the same ops in the same order."""
@@ -334,20 +353,9 @@ class Session:
                 b._handle = 0  # the mapping goes with its last view (Buffer._unmap)
             _check(_capi.lib().gs_session_close(handle))
 
-    def __enter__(self) -> "Session":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
 
 
-class Client:
+class Client(_Closable):
     """A connection to the local gradsyncd. `target` defaults to
     $GRADSYNC_DAEMON, else unix:/run/gradsync/gradsyncd.sock."""
 
@@ -394,14 +402,3 @@ class Client:
             handle, self._handle = self._handle, 0
             _capi.lib().gs_client_free(handle)
 
-    def __enter__(self) -> "Client":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass

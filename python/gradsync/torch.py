@@ -19,6 +19,7 @@ which op) surface from Work.wait() as RuntimeError. See docs/python.md.
 import collections
 import datetime
 import os
+import threading
 import time
 from typing import List, Optional
 
@@ -54,8 +55,16 @@ class _Work(dist.Work):
     def __init__(self, fut: torch.futures.Future):
         super().__init__()
         self._fut = fut
+        self._done = threading.Event()
+        fut.add_done_callback(lambda _: self._done.set())
 
     def wait(self, timeout: datetime.timedelta = None) -> bool:
+        """Waits for the op (at most `timeout`, if given and not zero) and
+        raises its error; RuntimeError if the wait runs out first."""
+        seconds = None if timeout is None else timeout.total_seconds()
+        if seconds and not self._done.wait(seconds):
+            raise RuntimeError(f"gradsync: Work.wait timed out after {seconds:g} s; the op is "
+                               "still running (its deadline at the daemon is the group's timeout)")
         self._fut.wait()  # raises the op's error
         return True
 

@@ -95,6 +95,11 @@ def worker():
     store = dist.distributed_c10d._get_default_store()
     if rank != 2:
         w = dist.all_reduce(torch.ones(10), async_op=True)
+        try:  # a wait shorter than the op's deadline runs out first
+            w.wait(datetime.timedelta(seconds=0.3))
+            raise AssertionError("a 0.3 s wait on a stuck op returned")
+        except RuntimeError as e:
+            assert "Work.wait timed out after 0.3 s" in str(e), e
         try:
             w.wait()
             raise AssertionError("an op rank 2 never submitted completed")
