@@ -64,6 +64,8 @@ absl::Status RunCluster(const ClusterOptions& options) {
     if (sig == SIGINT || sig == SIGTERM) break;
     for (int i = 0; i < (*cluster)->size(); ++i) {
       if (!(*cluster)->DaemonAlive(i)) {
+        (*cluster)->KeepLogs();  // the error points at the log: it must stay
+        if (!options.env_file.empty()) std::remove(options.env_file.c_str());
         return absl::UnavailableError(absl::StrCat("gradsyncd #", i, " exited; its log: ",
                                                    (*cluster)->daemon_log(i)));
       }

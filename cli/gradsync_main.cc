@@ -28,7 +28,8 @@ ABSL_FLAG(std::string, step_factor, "2", "bench: multiply the size by this betwe
 ABSL_FLAG(int32_t, iters, -1, "timed iterations per size (demo: 3, bench: 20)");
 ABSL_FLAG(int32_t, warmup, -1, "untimed iterations per size (demo: 1, bench: 5)");
 ABSL_FLAG(int64_t, timeout_ms, 60000, "deadline of each collective");
-ABSL_FLAG(bool, keep_logs, false, "demo, bench: keep the embedded cluster's logs even when all is well");
+ABSL_FLAG(bool, keep_logs, false,
+          "demo, bench, cluster: keep the embedded cluster's logs even when all is well");
 ABSL_FLAG(std::string, op, "allreduce",
           "bench: allreduce|reduce_scatter|allgather|broadcast|reduce|alltoall|barrier");
 ABSL_FLAG(std::string, dtype, "f32", "bench: f32|f64|f16|bf16|i32|i64|u8");
@@ -204,7 +205,8 @@ int main(int argc, char** argv) {
     // --ranks defaults to 4 for demo/bench; a cluster defaults to 2 daemons.
     const bool ranks_set = [&] {
       for (int i = 1; i < argc; ++i) {
-        if (std::string(argv[i]).rfind("--ranks", 0) == 0) return true;
+        const std::string a = argv[i];
+        if (a == "--ranks" || a.rfind("--ranks=", 0) == 0) return true;
       }
       return false;
     }();

@@ -168,7 +168,9 @@ int gs_allreduce_async(gs_session* session, gs_buffer* buffer, size_t offset_byt
                        int dtype, int op, const char* name, int64_t timeout_ms, uint64_t* op_id);
 /* Waits up to timeout_ms (0: poll; -1: until the op ends, which its deadline
  * at the daemon bounds) for op `op_id`. GS_OK: done; GS_DEADLINE_EXCEEDED:
- * still running; otherwise the op's own error (e.g. GS_ABORTED). */
+ * still running (the message says "still running after ..."), or the op
+ * itself ran past its deadline (the message names who it waited for);
+ * otherwise the op's own error (e.g. GS_ABORTED). */
 int gs_wait(gs_session* session, uint64_t op_id, int64_t timeout_ms);
 /* One collective for gs_submit / gs_run. */
 typedef struct gs_collective_spec {

@@ -131,6 +131,13 @@ class Buffer:
             _check(_capi.lib().gs_buffer_free(self._session._handle or None, handle))
 
 
+def _still_running(code: int) -> bool:
+    """Whether a wait/poll code means "not done yet" rather than the op's own
+    DEADLINE_EXCEEDED (the C API returns code 4 for both; the SDK's wait says
+    "still running after")."""
+    return code == 4 and "still running after" in _capi.last_error()
+
+
 class Work:
     """A submitted op. `wait()` blocks (the GIL released) until it is done and
     returns its Result, or raises its error; `done()` polls."""
@@ -162,7 +169,7 @@ class Work:
             return True
         res = _capi.Result()
         code = _capi.lib().gs_poll(self._session._live(), self.op_id, ctypes.byref(res))
-        if code == 4:
+        if _still_running(code):
             return False
         try:
             self._finish(code, res)
@@ -171,7 +178,7 @@ class Work:
         return True
 
     def _finish(self, code: int, res: _capi.Result) -> Result:
-        if code == 4:  # still running: the op is not over, so nothing is recorded
+        if _still_running(code):  # the op is not over, so nothing is recorded
             raise error(code, _capi.last_error())
         if code != 0:
             self._error = error(code, _capi.last_error())

@@ -235,7 +235,8 @@ if not hasattr(dist.Backend, BACKEND.upper()):  # once per process
 
 class HookState:
     """The DDP comm hook's state: its own gradsync session (a job the ranks
-    agree on through `process_group`'s store, default: the default group's),
+    agree on through the default group's c10d store; `process_group` gives
+    the ranks and the world size, default: the default group's),
     with optional job options (`algorithm`; `timeline`: the daemons write a
     Chrome trace of every bucket's op, gradsyncd --timeline_dir). `trace`
     records when each bucket was submitted (HookState.trace). Create it after

@@ -180,6 +180,11 @@ class Errors(unittest.TestCase):
             w = s.allreduce(a, timeout=1.5)
             with self.assertRaises(gradsync.GradsyncError) as cm:
                 w.wait(20)
+            # The failure is the op's own: remembered, not mistaken for "still running".
+            self.assertTrue(w.done())
+            with self.assertRaises(gradsync.DeadlineExceeded) as again:
+                w.wait(1)
+            self.assertIs(again.exception, cm.exception)
             gave_up.set()
             return cm.exception
         out, errors = on_ranks(fn, world=2)
