@@ -126,11 +126,12 @@ void PsShard::Impl::Adopt(transport::RoutedConnection rc) {
     }
   }
   if (!refuse.ok()) return Refuse(rc, refuse);
-  const absl::Time deadline = absl::Now() + absl::Seconds(2);
-  transport::HelloAck ack{transport::kHelloMagic, 0, 0};
-  absl::Status s = WriteFull(rc.fd.get(), &ack, sizeof(ack), deadline);
-  if (s.ok()) s = TuneDataSocket(rc.fd.get(), options_.socket_buffer_bytes);
-  std::shared_ptr<Conn> old;
+  absl::Status s = TuneDataSocket(rc.fd.get(), options_.socket_buffer_bytes);
+  // The connection is rank `rank`'s before the worker hears the HelloAck:
+  // a worker connects again only after an ack, so registrations follow the
+  // order of its connections, and a slow handshake can never replace (and
+  // close) the connection the worker made after it.
+  std::shared_ptr<Conn> c, old;
   {
     absl::MutexLock l(&mu_);
     absl::MutexLock jl(&job->mu);
@@ -141,15 +142,23 @@ void PsShard::Impl::Adopt(transport::RoutedConnection rc) {
       if (job->conns.empty()) job->idle_since = absl::Now();
       return;
     }
-    auto c = std::make_shared<Conn>(job, std::move(rc.fd), rank, rc.peer, options_.step_timeout,
-                                    &bytes_pulled_);
+    c = std::make_shared<Conn>(job, std::move(rc.fd), rank, rc.peer, options_.step_timeout,
+                               &bytes_pulled_);
     auto it = job->conns.find(rank);
     if (it != job->conns.end()) old = it->second;
     job->conns[rank] = c;
     conns_.push_back(c);
     c->Start([this](std::shared_ptr<Conn> self) { ServeConnection(std::move(self)); });
   }
-  ++connections_;
+  const transport::HelloAck ack{transport::kHelloMagic, 0, 0};
+  s = WriteFull(c->fd.get(), &ack, sizeof(ack), absl::Now() + absl::Seconds(2));
+  if (!s.ok()) {
+    GS_LOG(WARNING) << job->prefix << ": handshake with rank " << rank << " at " << c->peer
+                    << " failed: " << s.message();
+    c->Close();  // its reader sees the end and unregisters it
+  } else {
+    ++connections_;
+  }
   GS_LOG(DEBUG) << job->prefix << ": worker rank " << rank << " of " << workers
                 << " connected from " << rc.peer;
   if (old != nullptr) old->Close();  // a reconnect replaces the old connection
