@@ -53,6 +53,11 @@ def agree_job_id(store, rank: int, prefix: str) -> str:
     return store.get(key).decode()
 
 
+# The rendezvous waits at least this long: ranks reach init_process_group at
+# different times (imports, data loading), and a short op timeout should not
+# make the set-up fail.
+MIN_RENDEZVOUS_S = 60.0
+
 _live_engines: "weakref.WeakSet[Engine]" = weakref.WeakSet()
 
 
@@ -77,7 +82,8 @@ class Engine:
         job = agree_job_id(store, rank, prefix)
         self._client = Client(daemon_target())
         self.session: Session = self._client.open_session(
-            job, world_size, rank=rank, timeout=timeout_s, algorithm=algorithm, timeline=timeline,
+            job, world_size, rank=rank, timeout=max(timeout_s, MIN_RENDEZVOUS_S),
+            algorithm=algorithm, timeline=timeline,
             client_name=f"torch rank {rank} pid {os.getpid()}")
         self._pool: Dict[int, List] = collections.defaultdict(list)
         self._pool_lock = threading.Lock()
