@@ -102,9 +102,12 @@ def start_cluster(gradsync, daemons, tmp):
     p = subprocess.Popen([gradsync, "cluster", f"--ranks={daemons}", f"--env_file={env_file}"],
                          stdout=subprocess.DEVNULL)
     for _ in range(300):
-        if os.path.exists(env_file):
+        if os.path.exists(env_file) or p.poll() is not None:
             break
         time.sleep(0.1)
+    if not os.path.exists(env_file):
+        p.terminate()
+        sys.exit(f"ddp_step_bench: gradsync cluster ({gradsync}) did not start")
     env = dict(line.strip().split("=", 1) for line in open(env_file) if "=" in line)
     return p, env
 
@@ -113,7 +116,8 @@ def run(a, mode, ranks, extra_env):
     port = free_port()
     procs = []
     for r in range(ranks):
-        env = dict(os.environ, **extra_env, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(ranks),
+        env = {k: v for k, v in os.environ.items() if k not in ("GRADSYNC_DAEMON", "GRADSYNC_DAEMONS")}
+        env.update(extra_env, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(ranks),
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--mode", mode]
         for k in ("inputs", "hidden", "batch", "bucket_mb", "steps", "warmup"):

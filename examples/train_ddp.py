@@ -111,6 +111,8 @@ def run_mode(args, mode, tmp, env):
     results = []
     for p, out in procs:
         if p.wait(timeout=args.timeout) != 0:
+            for q, _ in procs:  # the others would wait for the failed rank
+                q.kill()
             sys.exit(f"train_ddp: a {mode} rank failed (exit {p.returncode})")
         with open(out) as f:
             results.append(json.load(f))

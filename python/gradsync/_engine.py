@@ -45,12 +45,23 @@ def daemon_target() -> str:
     return "unix:/run/gradsync/gradsyncd.sock"
 
 
-def agree_job_id(store, rank: int, prefix: str) -> str:
-    """A job id every rank of the group learns through the c10d store."""
+def agree_job_id(store, rank: int, world_size: int, prefix: str) -> str:
+    """A job id every rank of the group learns through the c10d store. A
+    store can outlive a destroyed group, so rank 0 deletes the key once every
+    rank read it: a later group on the same store never reads an old id."""
     key = "gradsync/job_id"
-    if rank == 0:
-        store.set(key, f"{prefix}-{uuid.uuid4().hex[:16]}")
-    return store.get(key).decode()
+    if rank != 0:
+        job = store.get(key).decode()
+        store.set(f"{key}/read/{rank}", "1")
+        return job
+    job = f"{prefix}-{uuid.uuid4().hex[:16]}"
+    store.set(key, job)
+    read = [f"{key}/read/{r}" for r in range(1, world_size)]
+    if read:
+        store.wait(read)
+    for k in [key] + read:
+        store.delete_key(k)
+    return job
 
 
 # The rendezvous waits at least this long: ranks reach init_process_group at
@@ -79,7 +90,7 @@ class Engine:
     def __init__(self, store, rank: int, world_size: int, timeout_s: float, prefix: str,
                  algorithm: Optional[str] = None, timeline: bool = False):
         self.rank, self.world_size, self.timeout_s = rank, world_size, timeout_s
-        job = agree_job_id(store, rank, prefix)
+        job = agree_job_id(store, rank, world_size, prefix)
         self._client = Client(daemon_target())
         self.session: Session = self._client.open_session(
             job, world_size, rank=rank, timeout=max(timeout_s, MIN_RENDEZVOUS_S),
@@ -90,11 +101,16 @@ class Engine:
         self._queue: Deque[Tuple[Work, Callable[[], object], torch.futures.Future, list]] = collections.deque()
         self._cv = threading.Condition()
         self._closing = False
+        self._broken: Optional[str] = None
         self._thread = threading.Thread(target=self._progress, name="gradsync-progress", daemon=True)
         self._thread.start()
         _live_engines.add(self)
 
-    # Staging: shared-memory buffers by size class (powers of two), reused.
+    # Staging: shared-memory buffers by size class (powers of two), reused;
+    # at most POOL_PER_CLASS per class are kept, none above POOL_MAX_BYTES.
+    POOL_PER_CLASS = 4
+    POOL_MAX_BYTES = 64 << 20
+
     def stage(self, nbytes: int):
         size = 1 << max(12, (max(1, nbytes) - 1).bit_length())
         with self._pool_lock:
@@ -106,61 +122,99 @@ class Engine:
         return buf
 
     def unstage(self, buf) -> None:
+        """Returns a staging buffer whose op is over (never one that may still run)."""
         with self._pool_lock:
-            self._pool[buf.size_class].append(buf)
+            free = self._pool[buf.size_class]
+            if buf.size_class <= self.POOL_MAX_BYTES and len(free) < self.POOL_PER_CLASS:
+                free.append(buf)
+                return
+        buf.free()
 
     def view(self, buf, dtype: torch.dtype, count: int) -> torch.Tensor:
-        return buf.torch(dtype, count) if count > 0 else torch.empty(0, dtype=dtype)
+        return buf.torch(dtype, count)
 
     def submit(self, kind: str, buf, dtype: torch.dtype, count: int, finish: Callable[[], object],
                op: str = "sum", root: int = 0, name: Optional[str] = None,
                staged: Optional[list] = None) -> torch.futures.Future:
         """Submits `kind` on the first `count` elements of staging buffer `buf`;
-        the future gets finish()'s value once the op is done and finish() ran."""
+        the future gets finish()'s value once the op is done and finish() ran.
+        The staged buffers go back to the pool once the op is over."""
+        staged = staged or []
         fut = torch.futures.Future()
-        if kind == "barrier":
-            work = self.session.barrier(timeout=self.timeout_s)
-        else:
-            array = self.view(buf, dtype, count)
-            work = self.session.submit(kind, array, op=op, root=root, dtype=_TORCH_DTYPES[dtype],
-                                       name=name, timeout=self.timeout_s)
+        try:
+            with self._cv:
+                if self._broken is not None:
+                    raise RuntimeError(f"gradsync: this process group is unusable: {self._broken}")
+            if kind == "barrier":
+                work = self.session.barrier(timeout=self.timeout_s)
+            else:
+                array = self.view(buf, dtype, count)
+                work = self.session.submit(kind, array, op=op, root=root,
+                                           dtype=_TORCH_DTYPES[dtype], name=name,
+                                           timeout=self.timeout_s)
+        except BaseException:
+            for b in staged:  # nothing was submitted on them
+                self.unstage(b)
+            raise
         with self._cv:
-            self._queue.append((work, finish, fut, staged or []))
+            self._queue.append((work, finish, fut, staged))
             self._cv.notify()
         return fut
 
     def _progress(self) -> None:
-        while True:
-            with self._cv:
-                while not self._queue and not self._closing:
-                    self._cv.wait()
-                if not self._queue:
-                    return
-                work, finish, fut, staged = self._queue[0]
-            try:
-                work.wait(self.timeout_s + 5)
-                value = finish()
-            except Exception as e:  # surfaces in Work.wait() / the future
-                value, error = None, e
-            else:
-                error = None
-            for buf in staged:
-                self.unstage(buf)
-            with self._cv:
-                self._queue.popleft()
-            if error is None:
-                fut.set_result(value)
-            else:
-                fut.set_exception(RuntimeError(f"gradsync: {error}"))
+        try:
+            while True:
+                with self._cv:
+                    while not self._queue and not self._closing:
+                        self._cv.wait()
+                    if not self._queue:
+                        return
+                    work, finish, fut, staged = self._queue[0]
+                over = True  # the op ended (done, or failed with its own error)
+                try:
+                    work.wait(self.timeout_s + 5)
+                    value, error = finish(), None
+                except Exception as e:  # surfaces in Work.wait() / the future
+                    value, error = None, e
+                    over = work.done()  # a wait that ran out leaves the op running
+                for b in staged:
+                    if over:
+                        self.unstage(b)
+                    # else: dropped, never reused while the daemon may still use it
+                with self._cv:
+                    self._queue.popleft()
+                if error is None:
+                    fut.set_result(value)
+                else:
+                    fut.set_exception(RuntimeError(f"gradsync: {error}"))
+        except BaseException as e:  # never leave futures that nobody completes
+            self._fail_pending(f"the progress thread failed: {e!r}")
+            raise
+
+    def _fail_pending(self, why: str) -> None:
+        with self._cv:
+            self._broken = self._broken or why
+            pending, self._queue = list(self._queue), collections.deque()
+        for _, _, fut, _ in pending:
+            if not fut.done():
+                fut.set_exception(RuntimeError(f"gradsync: {why}"))
 
     def close(self) -> None:
+        """Stops taking ops, lets the queued ones finish (each bounded by its
+        deadline), then closes the session."""
         with self._cv:
             if self._closing:
                 return
             self._closing = True
+            self._broken = self._broken or "it was destroyed"
             self._cv.notify()
         if threading.current_thread() is not self._thread:
             self._thread.join(self.timeout_s + 10)
+        if self._thread.is_alive():
+            # Still inside a wait on the session: closing it now would free it
+            # under that call. Fail what is queued and leave the session to exit.
+            self._fail_pending("destroyed while an op was still running")
+            return
         try:
             self.session.close()
         finally:

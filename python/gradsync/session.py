@@ -67,7 +67,11 @@ def _check(code: int) -> None:
 
 
 def _ms(seconds: Optional[float], default: int) -> int:
-    return default if seconds is None else max(1, int(seconds * 1000))
+    """Milliseconds for the C API: None -> `default`, 0 -> 0 (its "default"),
+    anything positive at least 1."""
+    if seconds is None:
+        return default
+    return 0 if seconds <= 0 else max(1, int(seconds * 1000))
 
 
 @dataclass(frozen=True)
@@ -79,12 +83,19 @@ class Result:
     run_us: int
 
 
+def _release(session: "Session", handle: int) -> None:
+    """Frees a buffer nobody refers to any more: at the daemon while the
+    session is open, and its mapping."""
+    _capi.lib().gs_buffer_free(session._handle or None, handle)
+
+
 class Buffer:
     """A shared-memory buffer of a session: the daemon reads and writes these
     very bytes, so ops on it copy nothing. `buf.bytes`, `buf.numpy()` and
-    `buf.torch()` are views of the same memory. The mapping lives as long as
-    the buffer or any view of it, also after the session closed (the daemon
-    then no longer uses it); `free()` frees it at once and invalidates views."""
+    `buf.torch()` are views of the same memory. The buffer lives as long as
+    it or any view of it is referenced (then the daemon frees it too), also
+    after the session closed (the daemon then no longer uses it); `free()`
+    frees it at once and invalidates views."""
 
     def __init__(self, session: "Session", handle: int):
         self._session = session
@@ -93,8 +104,11 @@ class Buffer:
         self.address: int = lib.gs_buffer_data(handle)
         self.nbytes: int = lib.gs_buffer_size(handle)
         self._bytes = (ctypes.c_char * self.nbytes).from_address(self.address)
-        # Views hold self._bytes: the mapping is released when the last one goes.
-        self._unmap = weakref.finalize(self._bytes, lib.gs_buffer_free, None, handle)
+        self._bytes._owner = self  # a view (which holds _bytes) keeps its Buffer alive
+        # Released when the buffer and its last view are gone; not at exit,
+        # where other threads may still use the memory (the exit unmaps it).
+        self._unmap = weakref.finalize(self._bytes, _release, session, handle)
+        self._unmap.atexit = False
 
     def __buffer__(self, flags):  # Python 3.12+; older ones use memoryview(buf.bytes)
         return memoryview(self._bytes)
@@ -127,7 +141,6 @@ class Buffer:
         if self._handle:
             handle, self._handle = self._handle, 0
             self._unmap.detach()
-            self._session._forget(self)
             _check(_capi.lib().gs_buffer_free(self._session._handle or None, handle))
 
 
@@ -159,7 +172,7 @@ class Work:
             raise self._error
         res = _capi.Result()
         code = _capi.lib().gs_wait_result(self._session._live(), self.op_id,
-                                          -1 if timeout is None else int(timeout * 1000),
+                                          -1 if timeout is None else max(0, int(timeout * 1000)),
                                           ctypes.byref(res))
         return self._finish(code, res)
 
@@ -219,7 +232,8 @@ class Session(_Closable):
         lib = _capi.lib()
         self.rank: int = lib.gs_session_rank(handle)
         self.world_size: int = lib.gs_session_world_size(handle)
-        self._buffers: List[Buffer] = []
+        # Live buffers by address (weak: a buffer nobody refers to is freed).
+        self._buffers: "weakref.WeakValueDictionary[int, Buffer]" = weakref.WeakValueDictionary()
         self._lock = threading.Lock()
         _open.add(self)
 
@@ -228,18 +242,13 @@ class Session(_Closable):
             raise error(9, f"session of job '{self.job}' (rank {self.rank}) is closed")
         return self._handle
 
-    def _forget(self, buf: Buffer) -> None:
-        with self._lock:
-            if buf in self._buffers:
-                self._buffers.remove(buf)
-
     def alloc(self, nbytes: int) -> Buffer:
         """A new shared-memory buffer of at least `nbytes` bytes."""
         out = ctypes.c_void_p()
         _check(_capi.lib().gs_buffer_alloc(self._live(), int(nbytes), ctypes.byref(out)))
         buf = Buffer(self, out.value)
         with self._lock:
-            self._buffers.append(buf)
+            self._buffers[buf.address] = buf
         return buf
 
     def empty(self, count: int, dtype: Any = "float32"):
@@ -270,8 +279,8 @@ class Session(_Closable):
         else:
             raise error(3, f"gradsync: {type(array).__name__} is not an array of a session buffer")
         with self._lock:
-            for buf in self._buffers:
-                if buf.address <= addr and addr + nbytes <= buf.address + buf.nbytes:
+            for buf in list(self._buffers.values()):
+                if buf._handle and buf.address <= addr and addr + nbytes <= buf.address + buf.nbytes:
                     return buf, addr - buf.address, nbytes
         raise error(3, "gradsync: the array does not lie in a buffer of this session (make it "
                        "with session.empty(), empty_tensor() or a Buffer's numpy()/torch())")
@@ -309,7 +318,7 @@ class Session(_Closable):
         spec.root = root
         spec.name = name.encode() if name else None
         spec.algorithm = algorithm.encode() if algorithm else None
-        spec.timeout_ms = 0 if timeout is None else max(1, int(timeout * 1000))
+        spec.timeout_ms = _ms(timeout, 0)
         op_id = ctypes.c_uint64()
         _check(lib.gs_submit(self._live(), ctypes.byref(spec), ctypes.byref(op_id)))
         return Work(self, op_id.value, kind, keep=array)
@@ -355,9 +364,7 @@ class Session(_Closable):
         if self._handle:
             handle, self._handle = self._handle, 0
             with self._lock:
-                buffers, self._buffers = self._buffers, []
-            for b in buffers:
-                b._handle = 0  # the mapping goes with its last view (Buffer._unmap)
+                self._buffers.clear()  # the mappings go with their last views (Buffer._unmap)
             _check(_capi.lib().gs_session_close(handle))
 
 
@@ -389,9 +396,9 @@ class Client(_Closable):
         o.job_id = job.encode()
         o.world_size = world_size
         o.rank = rank
-        o.timeout_ms = _ms(timeout, 60000)
-        o.heartbeat_timeout_ms = 0 if heartbeat_timeout is None else _ms(heartbeat_timeout, 0)
-        o.op_timeout_ms = 0 if op_timeout is None else _ms(op_timeout, 0)
+        o.timeout_ms = _ms(timeout, 60000) or 60000
+        o.heartbeat_timeout_ms = _ms(heartbeat_timeout, 0)
+        o.op_timeout_ms = _ms(op_timeout, 0)
         o.tcp_streams = tcp_streams
         o.algorithm = algorithm.encode() if algorithm else None
         o.timeline = 1 if timeline else 0

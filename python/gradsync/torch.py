@@ -56,7 +56,8 @@ class _Work(dist.Work):
         super().__init__()
         self._fut = fut
         self._done = threading.Event()
-        fut.add_done_callback(lambda _: self._done.set())
+        self._taken = False
+        fut.add_done_callback(lambda _: self._on_done())
 
     def wait(self, timeout: datetime.timedelta = None) -> bool:
         """Waits for the op (at most `timeout`, if given and not zero) and
@@ -65,6 +66,7 @@ class _Work(dist.Work):
         if seconds and not self._done.wait(seconds):
             raise RuntimeError(f"gradsync: Work.wait timed out after {seconds:g} s; the op is "
                                "still running (its deadline at the daemon is the group's timeout)")
+        self._consumed()
         self._fut.wait()  # raises the op's error
         return True
 
@@ -84,19 +86,45 @@ class _Work(dist.Work):
         return self._fut.wait()
 
     def get_future(self) -> torch.futures.Future:
+        self._consumed()
         return self._fut
 
+    # C++ callers (DDP, broadcast_coalesced) hold a Work only as a C++ pointer;
+    # once its Python object is gone, pybind11 no longer dispatches wait() or
+    # get_future() to it. So a work stays referenced (in _LIVE) until its op is
+    # done and someone took its result (wait() or get_future()).
+    def _consumed(self) -> None:
+        self._taken = True
+        if self._fut.done():
+            _LIVE.discard(self)
 
-# C++ callers (DDP, broadcast_coalesced) hold a Work only as a C++ pointer;
-# once its Python object is gone, pybind11 no longer dispatches wait() to it.
-# So the last works stay referenced here (far more than are ever in flight).
-_RECENT_WORKS: "collections.deque[_Work]" = collections.deque(maxlen=1 << 14)
+    def _on_done(self) -> None:
+        self._done.set()
+        if self._taken:
+            _LIVE.discard(self)
+
+
+_LIVE: "set[_Work]" = set()
 
 
 def _work(fut: torch.futures.Future) -> "_Work":
     w = _Work(fut)
-    _RECENT_WORKS.append(w)
+    _LIVE.add(w)
     return w
+
+
+def _completed(value) -> "_Work":
+    fut = torch.futures.Future()
+    fut.set_result(value)
+    return _work(fut)
+
+
+def _tensor_list(t) -> List[torch.Tensor]:
+    """c10d passes one tensor or a list of them; gradsync takes one."""
+    ts = [t] if isinstance(t, torch.Tensor) else list(t)
+    if len(ts) != 1:
+        raise ValueError(f"gradsync: one tensor per call, got {len(ts)}")
+    return ts
 
 
 class ProcessGroupGradsync(dist.ProcessGroup):
@@ -109,94 +137,127 @@ class ProcessGroupGradsync(dist.ProcessGroup):
     def getBackendName(self) -> str:
         return BACKEND
 
-    # One tensor in place (allreduce, broadcast, reduce).
+    # One tensor in place: allreduce and reduce in its dtype; broadcast as bytes
+    # (any dtype: bool, int8, complex, ... move as they are).
     def _in_place(self, kind: str, tensor: torch.Tensor, op: str = "sum", root: int = 0):
-        gradsync_dtype(tensor)
+        if tensor.device.type != "cpu":
+            raise ValueError(f"gradsync: tensors on {tensor.device} are not supported yet (CPU only)")
+        if tensor.numel() == 0:
+            return _completed([tensor])
+        as_bytes = kind == "broadcast"
+        dtype = torch.uint8 if as_bytes else tensor.dtype
+        if not as_bytes:
+            gradsync_dtype(tensor)
         e = self._engine
-        n = tensor.numel()
-        buf = e.stage(n * tensor.element_size())
-        staging = e.view(buf, tensor.dtype, n)
-        staging.copy_(tensor.reshape(-1))
-
+        n = tensor.numel() * tensor.element_size() if as_bytes else tensor.numel()
+        buf = e.stage(tensor.numel() * tensor.element_size())
+        staging = e.view(buf, dtype, n)
+        flat = tensor.reshape(-1)
+        staging.copy_(flat.contiguous().view(torch.uint8) if as_bytes else flat)
         me = self.rank()
 
         def finish():
             if kind != "reduce" or me == root:
-                tensor.copy_(staging.view(tensor.shape))
+                result = staging.view(tensor.dtype) if as_bytes else staging
+                tensor.copy_(result.view(tensor.shape))
             return [tensor]
-        return _work(
-            e.submit(kind, buf, tensor.dtype, n, finish, op=op, root=root, staged=[buf]))
+        return _work(e.submit(kind, buf, dtype, n, finish, op=op, root=root, staged=[buf]))
 
-    def allreduce(self, tensors: List[torch.Tensor], opts=None):
-        if len(tensors) != 1:
-            raise ValueError("gradsync: one tensor per call (no multi-device lists)")
-        return self._in_place("allreduce", tensors[0], _op(opts.reduceOp))
+    def allreduce(self, tensors, opts=None):
+        opts = opts or dist.AllreduceOptions()
+        return self._in_place("allreduce", _tensor_list(tensors)[0], _op(opts.reduceOp))
 
-    def broadcast(self, tensors: List[torch.Tensor], opts=None):
-        if len(tensors) != 1:
-            raise ValueError("gradsync: one tensor per call")
-        return self._in_place("broadcast", tensors[0], root=opts.rootRank)
+    def broadcast(self, tensors, opts=None):
+        if isinstance(opts, int):  # broadcast(tensor, root)
+            root, opts = opts, dist.BroadcastOptions()
+            opts.rootRank = root
+        opts = opts or dist.BroadcastOptions()
+        return self._in_place("broadcast", _tensor_list(tensors)[0], root=opts.rootRank)
 
-    def reduce(self, tensors: List[torch.Tensor], opts=None):
-        if len(tensors) != 1:
-            raise ValueError("gradsync: one tensor per call")
-        return self._in_place("reduce", tensors[0], _op(opts.reduceOp), root=opts.rootRank)
+    def reduce(self, tensors, opts=None):
+        opts = opts or dist.ReduceOptions()
+        return self._in_place("reduce", _tensor_list(tensors)[0], _op(opts.reduceOp),
+                              root=opts.rootRank)
 
-    # Blocked collectives: world_size equal blocks in one staging buffer.
+    # Blocked collectives: world_size equal blocks in one staging buffer;
+    # reduce_scatter in its dtype, allgather and alltoall as bytes.
     def _blocked(self, kind: str, inputs: List[torch.Tensor], outputs: List[torch.Tensor],
                  op: str = "sum", keep_block: Optional[int] = None):
         n = self.size()
+        want_in = 1 if kind == "allgather" else n
+        want_out = 1 if kind == "reduce_scatter" else n
+        if len(inputs) != want_in or len(outputs) != want_out:
+            raise ValueError(f"gradsync: {kind} at {n} ranks takes {want_in} input and {want_out} "
+                             f"output tensors; got {len(inputs)} and {len(outputs)}")
         ref = inputs[0]
-        gradsync_dtype(ref)
         for t in list(inputs) + list(outputs):
-            if t.numel() != ref.numel() or t.dtype != ref.dtype:
-                raise ValueError(f"gradsync: {kind} needs {n} tensors of {ref.numel()} {ref.dtype} "
-                                 f"elements each; got {t.numel()} {t.dtype}")
+            if t.numel() != ref.numel() or t.dtype != ref.dtype or t.device.type != "cpu":
+                raise ValueError(f"gradsync: {kind} needs CPU tensors of {ref.numel()} {ref.dtype} "
+                                 f"elements each; got {t.numel()} {t.dtype} on {t.device}")
+        if ref.numel() == 0:
+            return _completed(outputs)
+        as_bytes = kind != "reduce_scatter"
+        if not as_bytes:
+            gradsync_dtype(ref)
+        dtype = torch.uint8 if as_bytes else ref.dtype
+        block = ref.numel() * ref.element_size() if as_bytes else ref.numel()
         e = self._engine
-        block = ref.numel()
-        buf = e.stage(n * block * ref.element_size())
-        staging = e.view(buf, ref.dtype, n * block)
-        if len(inputs) == n:
+        buf = e.stage(n * ref.numel() * ref.element_size())
+        staging = e.view(buf, dtype, n * block)
+
+        def put(j: int, t: torch.Tensor) -> None:
+            flat = t.reshape(-1)
+            staging[j * block:(j + 1) * block].copy_(flat.contiguous().view(torch.uint8)
+                                                     if as_bytes else flat)
+
+        def get(j: int, t: torch.Tensor) -> None:
+            part = staging[j * block:(j + 1) * block]
+            t.copy_((part.view(t.dtype) if as_bytes else part).view(t.shape))
+        if kind == "allgather":
+            put(self.rank(), inputs[0])
+        else:
             for j, t in enumerate(inputs):
-                staging[j * block:(j + 1) * block].copy_(t.reshape(-1))
-        else:  # allgather: this rank's block only
-            staging[self.rank() * block:(self.rank() + 1) * block].copy_(inputs[0].reshape(-1))
+                put(j, t)
 
         def finish():
             if keep_block is not None:
-                outputs[0].copy_(staging[keep_block * block:(keep_block + 1) * block].view(outputs[0].shape))
+                get(keep_block, outputs[0])
             else:
                 for j, t in enumerate(outputs):
-                    t.copy_(staging[j * block:(j + 1) * block].view(t.shape))
+                    get(j, t)
             return outputs
-        return _work(
-            e.submit(kind, buf, ref.dtype, n * block, finish, op=op, staged=[buf]))
+        return _work(e.submit(kind, buf, dtype, n * block, finish, op=op, staged=[buf]))
 
-    def allgather(self, output_tensors: List[List[torch.Tensor]], input_tensors: List[torch.Tensor],
-                  opts=None):
-        if len(input_tensors) != 1 or len(output_tensors) != 1:
-            raise ValueError("gradsync: one tensor per call")
-        return self._blocked("allgather", input_tensors, output_tensors[0])
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        if len(output_tensors) != 1:
+            raise ValueError(f"gradsync: one output list per call, got {len(output_tensors)}")
+        return self._blocked("allgather", _tensor_list(input_tensors), list(output_tensors[0]))
+
+    @staticmethod
+    def _contiguous(t: torch.Tensor, what: str) -> torch.Tensor:
+        if not t.is_contiguous():
+            raise ValueError(f"gradsync: {what} must be a contiguous tensor")
+        return t
 
     def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts=None):
-        outs = list(output.view(self.size(), -1).unbind(0))
+        outs = list(self._contiguous(output, "the output").view(self.size(), -1).unbind(0))
         return self._blocked("allgather", [input], outs)
 
-    def reduce_scatter(self, output_tensors: List[torch.Tensor],
-                       input_tensors: List[List[torch.Tensor]], opts=None):
-        if len(output_tensors) != 1 or len(input_tensors) != 1:
-            raise ValueError("gradsync: one tensor per call")
-        return self._blocked("reduce_scatter", input_tensors[0], output_tensors,
+    def reduce_scatter(self, output_tensors, input_tensors, opts=None):
+        opts = opts or dist.ReduceScatterOptions()
+        if len(input_tensors) != 1:
+            raise ValueError(f"gradsync: one input list per call, got {len(input_tensors)}")
+        return self._blocked("reduce_scatter", list(input_tensors[0]), _tensor_list(output_tensors),
                              _op(opts.reduceOp), keep_block=self.rank())
 
     def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts=None):
-        ins = list(input.view(self.size(), -1).unbind(0))
+        opts = opts or dist.ReduceScatterOptions()
+        ins = list(self._contiguous(input, "the input").view(self.size(), -1).unbind(0))
         return self._blocked("reduce_scatter", ins, [output], _op(opts.reduceOp),
                              keep_block=self.rank())
 
-    def alltoall(self, output_tensors: List[torch.Tensor], input_tensors: List[torch.Tensor],
-                 opts=None):
-        return self._blocked("alltoall", input_tensors, output_tensors)
+    def alltoall(self, output_tensors, input_tensors, opts=None):
+        return self._blocked("alltoall", list(input_tensors), list(output_tensors))
 
     def alltoall_base(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes,
                       input_split_sizes, opts=None):
@@ -208,7 +269,7 @@ class ProcessGroupGradsync(dist.ProcessGroup):
             raise ValueError(f"gradsync: all_to_all_single of {input.numel()} elements does not "
                              f"split into {n} equal blocks")
         ins = list(input.reshape(n, -1).unbind(0))
-        outs = list(output.reshape(n, -1).unbind(0))
+        outs = list(self._contiguous(output, "the output").view(n, -1).unbind(0))
         return self._blocked("alltoall", ins, outs)
 
     def barrier(self, opts=None):
@@ -248,7 +309,14 @@ class HookState:
         pg = process_group or c10d._get_default_group()
         store = c10d._get_default_store()
         rank, size = dist.get_rank(pg), dist.get_world_size(pg)
-        self.engine = Engine(_HookStore(store), rank, size, timeout, prefix="ddp-hook",
+        if rank < 0:
+            raise ValueError("gradsync: HookState on a process group this rank is not part of")
+        # Each group agrees on its job id under keys of its own (in the default
+        # store, which every group shares).
+        ranks = c10d._pg_group_ranks.get(pg)
+        group = ",".join(str(r) for r in sorted(ranks)) if ranks else "default"
+        key = f"ddp_hook/{group}/"
+        self.engine = Engine(_HookStore(store, key), rank, size, timeout, prefix="ddp-hook",
                              algorithm=algorithm, timeline=timeline)
         self.buckets = 0
         # With `trace`: (bucket index, time.perf_counter() at submission, bytes)
@@ -260,16 +328,22 @@ class HookState:
 
 
 class _HookStore:
-    """The default store, under a key of its own (it may also serve the backend)."""
+    """The default store, under a prefix of its own (it may also serve the backend)."""
 
-    def __init__(self, store):
-        self._store = store
+    def __init__(self, store, prefix: str):
+        self._store, self._prefix = store, prefix
 
     def set(self, key, value):
-        self._store.set("ddp_hook/" + key, value)
+        self._store.set(self._prefix + key, value)
 
     def get(self, key):
-        return self._store.get("ddp_hook/" + key)
+        return self._store.get(self._prefix + key)
+
+    def wait(self, keys):
+        self._store.wait([self._prefix + k for k in keys])
+
+    def delete_key(self, key):
+        return self._store.delete_key(self._prefix + key)
 
 
 def allreduce_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:

@@ -36,8 +36,10 @@ def on_ranks(fn, world=WORLD):
     threads = [threading.Thread(target=run, args=(r,)) for r in range(world)]
     for t in threads:
         t.start()
-    for t in threads:
+    for r, t in enumerate(threads):
         t.join(60)
+        if t.is_alive():
+            errors[r] = TimeoutError(f"rank {r} still running after 60 s")
     return out, errors
 
 

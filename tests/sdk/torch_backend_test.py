@@ -76,6 +76,30 @@ def worker():
         w.wait()
         assert w.is_completed()
     assert all(t.eq(sum(range(world))).all() for t in ts)
+    # Data-movement collectives take any dtype (moved as bytes), e.g. DDP's bool buffers.
+    mask = torch.tensor([rank % 2 == 0, True, False])
+    dist.broadcast(mask, src=1)
+    assert mask.tolist() == [False, True, False], mask
+    q = [torch.zeros(2, dtype=torch.int8) for _ in range(world)]
+    dist.all_gather(q, torch.full((2,), -rank, dtype=torch.int8))
+    assert [v[0].item() for v in q] == [-r for r in range(world)], q
+    z = torch.full((2,), complex(rank, -rank), dtype=torch.complex64)
+    dist.broadcast(z, src=2)
+    assert z.tolist() == [complex(2, -2)] * 2, z
+    # Zero elements complete at once; a wrong list length is refused, naming it.
+    e0 = torch.empty(0)
+    dist.all_reduce(e0)
+    try:
+        dist.reduce_scatter(torch.zeros(2), [torch.zeros(2)])
+        raise AssertionError("reduce_scatter with 1 of 3 inputs accepted")
+    except ValueError as err:
+        assert "takes 3 input" in str(err), err
+    # Two DDP hook states in one process get jobs of their own.
+    import gradsync.torch as gt
+    h1, h2 = gt.HookState(timeout=30), gt.HookState(timeout=30)
+    assert h1.engine.session.job != h2.engine.session.job
+    h1.close()
+    h2.close()
     dist.barrier()
     # An unsupported dtype is refused at once, naming it.
     try:
