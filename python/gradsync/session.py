@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ctypes
 import os
 import threading
@@ -11,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple, Union
 
 from . import _capi
-from .errors import error
+from .errors import GradsyncError, error
 
 DEFAULT_DAEMON = "unix:/run/gradsync/gradsyncd.sock"
 
@@ -83,10 +84,19 @@ class Result:
     run_us: int
 
 
+def _free_buffer(session: "Session", handle: int) -> int:
+    """gs_buffer_free: at the daemon too while the session is open."""
+    lib = _capi.lib()
+    try:
+        with session._using() as h:
+            return lib.gs_buffer_free(h, handle)
+    except GradsyncError:  # closed: the daemon freed it already
+        return lib.gs_buffer_free(None, handle)
+
+
 def _release(session: "Session", handle: int) -> None:
-    """Frees a buffer nobody refers to any more: at the daemon while the
-    session is open, and its mapping."""
-    _capi.lib().gs_buffer_free(session._handle or None, handle)
+    """Frees a buffer nobody refers to any more."""
+    _free_buffer(session, handle)
 
 
 class Buffer:
@@ -141,7 +151,7 @@ class Buffer:
         if self._handle:
             handle, self._handle = self._handle, 0
             self._unmap.detach()
-            _check(_capi.lib().gs_buffer_free(self._session._handle or None, handle))
+            _check(_free_buffer(self._session, handle))
 
 
 def _still_running(code: int) -> bool:
@@ -171,9 +181,10 @@ class Work:
         if self._error is not None:
             raise self._error
         res = _capi.Result()
-        code = _capi.lib().gs_wait_result(self._session._live(), self.op_id,
-                                          -1 if timeout is None else max(0, int(timeout * 1000)),
-                                          ctypes.byref(res))
+        with self._session._using() as handle:
+            code = _capi.lib().gs_wait_result(handle, self.op_id,
+                                              -1 if timeout is None else max(0, int(timeout * 1000)),
+                                              ctypes.byref(res))
         return self._finish(code, res)
 
     def done(self) -> bool:
@@ -181,7 +192,8 @@ class Work:
         if self._result is not None or self._error is not None:
             return True
         res = _capi.Result()
-        code = _capi.lib().gs_poll(self._session._live(), self.op_id, ctypes.byref(res))
+        with self._session._using() as handle:
+            code = _capi.lib().gs_poll(handle, self.op_id, ctypes.byref(res))
         if _still_running(code):
             return False
         try:
@@ -235,6 +247,8 @@ class Session(_Closable):
         # Live buffers by address (weak: a buffer nobody refers to is freed).
         self._buffers: "weakref.WeakValueDictionary[int, Buffer]" = weakref.WeakValueDictionary()
         self._lock = threading.Lock()
+        self._cv = threading.Condition()
+        self._calls = 0  # C calls using the handle now
         _open.add(self)
 
     def _live(self) -> int:
@@ -242,10 +256,25 @@ class Session(_Closable):
             raise error(9, f"session of job '{self.job}' (rank {self.rank}) is closed")
         return self._handle
 
+    @contextlib.contextmanager
+    def _using(self):
+        """The handle, for one C call; close() waits until no call uses it
+        (the C API frees the session in gs_session_close)."""
+        with self._cv:
+            handle = self._live()
+            self._calls += 1
+        try:
+            yield handle
+        finally:
+            with self._cv:
+                self._calls -= 1
+                self._cv.notify_all()
+
     def alloc(self, nbytes: int) -> Buffer:
         """A new shared-memory buffer of at least `nbytes` bytes."""
         out = ctypes.c_void_p()
-        _check(_capi.lib().gs_buffer_alloc(self._live(), int(nbytes), ctypes.byref(out)))
+        with self._using() as handle:
+            _check(_capi.lib().gs_buffer_alloc(handle, int(nbytes), ctypes.byref(out)))
         buf = Buffer(self, out.value)
         with self._lock:
             self._buffers[buf.address] = buf
@@ -320,7 +349,8 @@ class Session(_Closable):
         spec.algorithm = algorithm.encode() if algorithm else None
         spec.timeout_ms = _ms(timeout, 0)
         op_id = ctypes.c_uint64()
-        _check(lib.gs_submit(self._live(), ctypes.byref(spec), ctypes.byref(op_id)))
+        with self._using() as handle:
+            _check(lib.gs_submit(handle, ctypes.byref(spec), ctypes.byref(op_id)))
         return Work(self, op_id.value, kind, keep=array)
 
     def allreduce(self, array, op: str = "sum", **kw) -> Work:
@@ -355,14 +385,20 @@ class Session(_Closable):
         """A file descriptor that becomes readable when ops complete (for
         select/asyncio; read 8 bytes to re-arm it). Owned by the session."""
         fd = ctypes.c_int()
-        _check(_capi.lib().gs_session_event_fd(self._live(), ctypes.byref(fd)))
+        with self._using() as handle:
+            _check(_capi.lib().gs_session_event_fd(handle, ctypes.byref(fd)))
         return fd.value
 
     def close(self) -> None:
         """Leaves the job. The daemon frees the session's buffers; their
-        mappings (and the arrays over them) stay valid until released."""
-        if self._handle:
-            handle, self._handle = self._handle, 0
+        mappings (and the arrays over them) stay valid until released. Waits
+        for calls other threads are making on the session (a wait ends at its
+        op's deadline at the latest)."""
+        with self._cv:
+            handle, self._handle = self._handle, 0  # no new call starts
+            while handle and self._calls:
+                self._cv.wait()
+        if handle:
             with self._lock:
                 self._buffers.clear()  # the mappings go with their last views (Buffer._unmap)
             _check(_capi.lib().gs_session_close(handle))

@@ -214,6 +214,39 @@ class Errors(unittest.TestCase):
         self.assertEqual(out[0][1], 2.0)
         self.assertEqual(out[1][1], 2.0)
 
+    def test_close_waits_for_a_wait_on_another_thread(self):
+        # Rank 1 never submits: rank 0's op fails at its 1 s deadline while
+        # another thread of rank 0 waits for it and the session is closed.
+        gave_up = threading.Event()
+
+        def fn(r, sess):
+            if r == 1:
+                gave_up.wait(30)
+                return None
+            a = sess.empty(8, np.float32)
+            w = sess.allreduce(a, timeout=1.0)
+            got = []
+            t = threading.Thread(target=lambda: got.append(self._raises(w)))
+            t.start()
+            import time
+            time.sleep(0.2)  # the other thread is inside the C wait now
+            sess.close()     # waits for that call instead of freeing the session under it
+            t.join(20)
+            gave_up.set()
+            return got
+        out, errors = on_ranks(fn, world=2)
+        self.assertEqual(errors, [None, None])
+        self.assertEqual(len(out[0]), 1)
+        self.assertIsInstance(out[0][0], gradsync.DeadlineExceeded)
+
+    @staticmethod
+    def _raises(work):
+        try:
+            work.wait(20)
+        except gradsync.GradsyncError as e:
+            return e
+        return None
+
     def test_closed_session(self):
         c = gradsync.Client(TARGETS[0])
         s = c.open_session(job_name("closed"), 1, rank=0, timeout=10)
