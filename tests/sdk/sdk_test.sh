@@ -30,7 +30,14 @@ cc -O1 -Wall -Werror -o ext_c "$ROOT/tests/sdk/external_c.c" $(pkg-config --cfla
   || fail "the C program did not build against the installed SDK"
 c++ -std=c++17 -O1 -Wall -Werror -o ext_cpp "$ROOT/tests/sdk/external_cpp.cc" \
   $(pkg-config --cflags --libs gradsync) || fail "the C++ program did not build against the installed SDK"
-ldd ext_c | grep -q "$PREFIX/lib/libgradsync.so" || fail "ext_c does not load the installed library"
+# The .pc puts the prefix on the program's RUNPATH, and the loader resolves the
+# library there (LD_LIBRARY_PATH, which outranks RUNPATH, is the caller's choice
+# and is left out of this check).
+readelf -d ext_c | grep -E 'R(UN)?PATH' | grep -qF "$PREFIX/lib" \
+  || fail "ext_c's RUNPATH lacks $PREFIX/lib: $(readelf -d ext_c | grep -E 'R(UN)?PATH')"
+resolved=$(env -u LD_LIBRARY_PATH -u LD_PRELOAD ldd ext_c | awk '/libgradsync/ { print $3 }')
+[[ -n "$resolved" && "$(realpath "$resolved")" == "$(realpath "$PREFIX/lib/libgradsync.so.1")" ]] \
+  || fail "ext_c loads '$resolved', not $PREFIX/lib/libgradsync.so.1: $(env -u LD_LIBRARY_PATH ldd ext_c 2>&1)"
 
 "$GRADSYNC" cluster --ranks=2 --env_file="$T/cluster.env" > "$T/cluster.log" 2>&1 &
 cluster=$!
@@ -40,9 +47,9 @@ for _ in $(seq 200); do [[ -f "$T/cluster.env" ]] && break; sleep 0.1; done
 source "$T/cluster.env"
 
 for prog in ext_c ext_cpp; do
-  ./$prog "$GRADSYNC_DAEMON_0" "job-$prog-$$" 2 0 > "$T/$prog.0" 2>&1 &
+  env -u LD_LIBRARY_PATH ./$prog "$GRADSYNC_DAEMON_0" "job-$prog-$$" 2 0 > "$T/$prog.0" 2>&1 &
   r0=$!
-  ./$prog "$GRADSYNC_DAEMON_1" "job-$prog-$$" 2 1 > "$T/$prog.1" 2>&1 || fail "$prog rank 1: $(cat "$T/$prog.1")"
+  env -u LD_LIBRARY_PATH ./$prog "$GRADSYNC_DAEMON_1" "job-$prog-$$" 2 1 > "$T/$prog.1" 2>&1 || fail "$prog rank 1: $(cat "$T/$prog.1")"
   wait $r0 || fail "$prog rank 0: $(cat "$T/$prog.0")"
   grep -q '^ok ' "$T/$prog.0" && grep -q '^ok ' "$T/$prog.1" || fail "$prog did not print ok"
   echo "$prog: $(grep '^ok' "$T/$prog.0")"
