@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import datetime
 import os
 import threading
 import uuid
@@ -50,7 +51,11 @@ def agree_job_id(store, rank: int, world_size: int, prefix: str) -> str:
     store can outlive a destroyed group, so rank 0 deletes the key once every
     rank read it: a later group on the same store never reads an old id."""
     key = "gradsync/job_id"
+    # The waits take the rendezvous deadline, not the store's own timeout
+    # (the group's op timeout, which may be a second or two).
+    deadline = datetime.timedelta(seconds=MIN_RENDEZVOUS_S)
     if rank != 0:
+        store.wait([key], deadline)
         job = store.get(key).decode()
         store.set(f"{key}/read/{rank}", "1")
         return job
@@ -58,7 +63,7 @@ def agree_job_id(store, rank: int, world_size: int, prefix: str) -> str:
     store.set(key, job)
     read = [f"{key}/read/{r}" for r in range(1, world_size)]
     if read:
-        store.wait(read)
+        store.wait(read, deadline)
     for k in [key] + read:
         store.delete_key(k)
     return job

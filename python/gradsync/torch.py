@@ -339,8 +339,8 @@ class _HookStore:
     def get(self, key):
         return self._store.get(self._prefix + key)
 
-    def wait(self, keys):
-        self._store.wait([self._prefix + k for k in keys])
+    def wait(self, keys, *timeout):
+        self._store.wait([self._prefix + k for k in keys], *timeout)
 
     def delete_key(self, key):
         return self._store.delete_key(self._prefix + key)

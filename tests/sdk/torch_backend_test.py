@@ -111,7 +111,10 @@ def worker():
     dist.destroy_process_group()
     # A fresh group (a new gradsync job); an op rank 2 never submits fails on
     # the others within the group timeout, naming rank 2.
+    # Its store is on a port of its own: ranks leaving the first group's
+    # barrier may otherwise reach rank 0's old store as it closes (a reset).
     dist.init_process_group("gradsync", rank=rank, world_size=world,
+                            init_method=f"tcp://127.0.0.1:{os.environ['SECOND_PORT']}",
                             timeout=datetime.timedelta(seconds=2))
     t = torch.ones(10)
     dist.all_reduce(t)
@@ -138,13 +141,14 @@ def worker():
 
 
 def main():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    with socket.socket() as s1, socket.socket() as s2:
+        s1.bind(("127.0.0.1", 0))
+        s2.bind(("127.0.0.1", 0))
+        port, second_port = s1.getsockname()[1], s2.getsockname()[1]
     procs = []
     for r in range(WORLD):
         env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(WORLD), MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(port))
+                   MASTER_PORT=str(port), SECOND_PORT=str(second_port))
         procs.append(subprocess.Popen([sys.executable, __file__, "--worker"], env=env))
     codes = [p.wait(timeout=300) for p in procs]
     if any(codes):
