@@ -265,6 +265,16 @@ int gs_buffer_alloc(gs_session* session, size_t bytes, gs_buffer** out) {
   return GS_OK;
 }
 
+int gs_buffer_register_fd(gs_session* session, int fd, uint64_t offset, size_t bytes,
+                          gs_buffer** out) {
+  if (session == nullptr) return NullArg("gs_buffer_register_fd", "session");
+  if (out == nullptr) return NullArg("gs_buffer_register_fd", "out");
+  auto buffer = session->impl->RegisterBuffer(fd, bytes, offset);
+  if (!buffer.ok()) return Fail(buffer.status());
+  *out = new gs_buffer{std::move(*buffer)};
+  return GS_OK;
+}
+
 void* gs_buffer_data(gs_buffer* buffer) {
   return buffer == nullptr ? nullptr : buffer->impl->data();
 }

@@ -150,6 +150,15 @@ int gs_session_close(gs_session* session);
 
 /* Allocates and maps a shared-memory buffer of `bytes` (> 0) bytes. */
 int gs_buffer_alloc(gs_session* session, size_t bytes, gs_buffer** out);
+/* Registers memory this process already holds: [offset, offset+bytes) of the
+ * file behind `fd` (a memfd made with MFD_ALLOW_SEALING, or a tmpfs file),
+ * opened read-write; `offset` is a multiple of the page size. The daemon maps
+ * the same pages (the descriptor travels over its unix fd socket), so ops
+ * read and write the file in place. The file is sealed against shrinking
+ * first. The caller keeps `fd`. Release the buffer with gs_buffer_free. Needs
+ * a daemon reached over a unix socket. */
+int gs_buffer_register_fd(gs_session* session, int fd, uint64_t offset, size_t bytes,
+                          gs_buffer** out);
 /* The mapped bytes and their size (NULL / 0 if buffer is NULL). The size may
  * exceed the requested one. */
 void* gs_buffer_data(gs_buffer* buffer);

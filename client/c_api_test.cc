@@ -1,6 +1,8 @@
 #include "client/c_api.h"
 
 #include <dirent.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <string>
 #include <vector>
@@ -146,6 +148,22 @@ TEST_F(CApiTest, BuffersOutliveTheirSession) {
   EXPECT_EQ(fake_->live_segments(), 0);  // the daemon freed it at close
   static_cast<char*>(gs_buffer_data(buf))[0] = 1;  // still mapped
   EXPECT_EQ(gs_buffer_free(NULL, buf), GS_OK);
+}
+
+// The fake worker announces no fd socket (as a daemon reached over TCP):
+// registering memory is refused with the reason, before anything is sent.
+TEST_F(CApiTest, RegisterFdNeedsTheDaemonsFdSocket) {
+  const int fd = memfd_create("c_api_test", MFD_ALLOW_SEALING | MFD_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, 4096), 0);
+  gs_buffer* buf = nullptr;
+  EXPECT_EQ(gs_buffer_register_fd(session_, fd, 0, 4096, &buf), GS_FAILED_PRECONDITION);
+  EXPECT_THAT(gs_last_error(), HasSubstr("has no fd socket"));
+  EXPECT_EQ(buf, nullptr);
+  EXPECT_EQ(gs_buffer_register_fd(session_, fd, 0, 4096, NULL), GS_INVALID_ARGUMENT);
+  EXPECT_EQ(gs_buffer_register_fd(session_, fd, 0, 0, &buf), GS_INVALID_ARGUMENT);
+  EXPECT_THAT(gs_last_error(), HasSubstr("bytes must be > 0"));
+  close(fd);
 }
 
 TEST(CApi, ConnectToMissingDaemonIsUnavailable) {

@@ -462,6 +462,8 @@ absl::StatusOr<std::unique_ptr<Session>> Client::OpenSession(const SessionOption
   Session::JobFacts job;
   job.algorithm = resp.job_algorithm();
   job.ps_shards = resp.ps_shards();
+  job.fd_socket = resp.fd_socket();
+  job.registration_token = resp.registration_token();
   job.default_op_timeout = absl::Milliseconds(
       resp.op_timeout_ms() > 0 ? resp.op_timeout_ms() : options.op_timeout_ms);
   std::unique_ptr<internal::OpChannel> ops =

@@ -116,7 +116,8 @@ class Buffer {
   size_t size() const { return size_; }
   // The daemon's id of the buffer (unique within its session).
   uint64_t id() const { return id_; }
-  // The segment's shm_open name, e.g. "/gradsync.1234.7" (for diagnostics).
+  // The segment's shm_open name, e.g. "/gradsync.1234.7", or "fd N" for a
+  // registered buffer (for diagnostics).
   const std::string& shm_name() const { return shm_name_; }
   // The session the buffer belongs to.
   const std::string& session_id() const { return session_id_; }
@@ -208,6 +209,21 @@ class Session {
   // daemon). Blocks for one RPC.
   absl::StatusOr<std::unique_ptr<Buffer>> AllocateBuffer(size_t bytes);
 
+  // Registers memory this process already holds: [offset, offset+bytes) of
+  // the file behind `fd`, a memfd (memfd_create with MFD_ALLOW_SEALING) or a
+  // file on tmpfs, opened read-write. The descriptor travels to the daemon
+  // over its fd socket (ipc/fd_registration.h); both then map the same pages,
+  // so writes through any mapping of the file (this process's own, or the
+  // returned Buffer's data()) are what the ops read, and results land there
+  // with no copy. The SDK seals the file against shrinking (F_SEAL_SHRINK)
+  // first, as the daemon requires; the file may still grow. `offset` must be
+  // a multiple of the page size. The caller keeps `fd` (the daemon holds its
+  // own reference). FreeBuffer and Close release it as any buffer.
+  // FailedPrecondition when the daemon has no fd socket (it serves clients
+  // over TCP) or the file cannot be sealed; the daemon's refusals otherwise
+  // (the range beyond the file's end, a read-only descriptor, ...).
+  absl::StatusOr<std::unique_ptr<Buffer>> RegisterBuffer(int fd, size_t bytes, uint64_t offset = 0);
+
   // Unmaps `buffer` and tells the daemon to free its segment. The buffer is
   // unmapped even when the RPC fails. InvalidArgument if null or if it
   // belongs to another session. Do not free a buffer an op is still using.
@@ -275,6 +291,8 @@ class Session {
     std::string algorithm;  // forced for every op; "" = cost model
     int ps_shards = 0;
     absl::Duration default_op_timeout;  // zero = unknown
+    std::string fd_socket;              // "" = the daemon has none
+    std::string registration_token;     // proves this session on fd_socket
   };
   Session(std::shared_ptr<internal::WorkerConnection> conn, std::string id, int rank,
           int world_size, int64_t epoch, JobFacts job, std::unique_ptr<internal::OpChannel> ops);

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 #include "common/logging.h"
+#include "ipc/fd_registration.h"
 #include "transport/tcp_device.h"
 #include "worker/link_probe.h"
 
@@ -135,6 +136,12 @@ absl::StatusOr<std::shared_ptr<Session>> Daemon::OpenSession(const OpenSessionAr
   if (op_ms > 0) info.default_op_timeout = absl::Milliseconds(op_ms);
   info.job_algorithm = jresp.options().algorithm();
   for (const auto& e : jresp.ps_shards()) info.ps_shards.push_back(HostPort{e.host(), e.port()});
+  absl::StatusOr<std::string> token = ipc::RandomBytes(ipc::kRegistrationTokenBytes);
+  if (!token.ok()) {
+    LeaveJob(info);
+    return token.status();
+  }
+  info.registration_token = std::move(*token);
   if (jresp.options().timeline()) {
     info.timeline_path = absl::StrCat(options_.timeline_dir, "/", args.job_id, ".epoch",
                                       info.epoch, ".rank", info.rank, ".trace.json");
@@ -218,6 +225,32 @@ absl::StatusOr<std::shared_ptr<Session>> Daemon::FindSession(const std::string& 
   }
   it->second->Touch();
   return it->second;
+}
+
+absl::StatusOr<BufferInfo> Daemon::RegisterFdBuffer(const ipc::RegisterRequest& request, int fd,
+                                                    const ucred& peer) {
+  std::shared_ptr<Session> session;
+  {
+    absl::MutexLock l(&mu_);
+    auto it = sessions_.find(request.session_id);
+    if (it != sessions_.end()) session = it->second;
+  }
+  // One answer for an unknown session and a wrong token: the fd socket does
+  // not tell which session ids exist. The token comparison takes the same
+  // time whatever the bytes.
+  const std::string& want = session != nullptr ? session->info().registration_token : request.token;
+  unsigned char diff = session == nullptr || want.size() != request.token.size() ? 1 : 0;
+  for (size_t i = 0; i < std::min(want.size(), request.token.size()); ++i) {
+    diff |= static_cast<unsigned char>(want[i] ^ request.token[i]);
+  }
+  if (diff != 0) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("no session '", request.session_id,
+                     "' on this daemon with that registration token"));
+  }
+  session->Touch();
+  return session->RegisterBuffer(fd, request.offset, request.size,
+                                 absl::StrCat("fd of pid ", peer.pid, " (uid ", peer.uid, ")"));
 }
 
 absl::Status Daemon::CloseSession(const std::string& id) {

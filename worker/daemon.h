@@ -18,6 +18,7 @@
 #include "collective/planner.h"
 #include "collective/ring_allreduce.h"
 #include "common/net.h"
+#include "ipc/fd_registration.h"
 #include "proto/coordinator.grpc.pb.h"
 #include "transport/device.h"
 #include "transport/tcp_listener.h"
@@ -72,6 +73,11 @@ class Daemon {
   absl::StatusOr<std::shared_ptr<Session>> OpenSession(const OpenSessionArgs& args);
   // NotFound naming the id if there is no such session.
   absl::StatusOr<std::shared_ptr<Session>> FindSession(const std::string& id);
+  // Registers the client memory behind `fd` as a buffer of the session the
+  // request names (its fd socket request, ipc/fd_registration.h), once the
+  // request's token proves the session. PermissionDenied otherwise.
+  absl::StatusOr<BufferInfo> RegisterFdBuffer(const ipc::RegisterRequest& request, int fd,
+                                              const ucred& peer);
   // Closes the session and leaves the job. Idempotent for a known id.
   absl::Status CloseSession(const std::string& id);
   // Graceful stop, first half: refuses new sessions and ops (Unavailable

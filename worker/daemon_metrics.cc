@@ -348,6 +348,15 @@ void DaemonMetrics::OnEpochFailed(const std::string& cause) {
 
 void DaemonMetrics::OnHeartbeatFailed() { heartbeat_failures_->Increment(); }
 
+void DaemonMetrics::OnFdRegistration(absl::StatusCode code) {
+  const std::string result =
+      code == absl::StatusCode::kOk ? "ok" : absl::AsciiStrToLower(absl::StatusCodeToString(code));
+  if (auto* c = Counter("gradsync_daemon_fd_registrations_total",
+                        "Memory registrations on the fd socket, by result", {{"result", result}})) {
+    c->Increment();
+  }
+}
+
 void DaemonMetrics::OnLinkProbe(const LinkParams& link) {
   link_latency_->Set(link.alpha_us * 1e-6);
   if (link.beta_us_per_byte > 0) link_bandwidth_->Set(1e6 / link.beta_us_per_byte);

@@ -53,6 +53,8 @@ class DaemonObserver {
   // "coordinator", "closed", "other").
   virtual void OnEpochFailed(const std::string& cause) { (void)cause; }
   virtual void OnHeartbeatFailed() {}
+  // A registration on the fd socket ended with `code` (kOk: registered).
+  virtual void OnFdRegistration(absl::StatusCode code) { (void)code; }
   virtual void OnLinkProbe(const LinkParams& link) { (void)link; }
 };
 

@@ -21,6 +21,7 @@
 #include "common/net.h"
 #include "common/sd_notify.h"
 #include "worker/daemon_metrics.h"
+#include "worker/buffer_fd_server.h"
 #include "worker/daemon.h"
 #include "worker/shm_segment.h"
 #include "worker/status_service.h"
@@ -65,6 +66,10 @@ ABSL_FLAG(std::string, status_listen, "0.0.0.0:7072",
           "TCP address of the read-only status service used by `gradsync status` (empty = off)");
 ABSL_FLAG(std::string, metrics_listen, "0.0.0.0:9471",
           "Prometheus /metrics HTTP address (empty = off; port 0 = any free port)");
+ABSL_FLAG(std::string, fd_socket, "auto",
+          "unix socket where local clients register memory by passing its descriptor: "
+          "unix:PATH or unix-abstract:NAME; auto = --listen + \".fd\" for a unix --listen, "
+          "none for a TCP one; empty = off");
 ABSL_FLAG(std::string, config, "",
           "config file of `flag = value` lines (docs/operations.md); command-line flags win");
 
@@ -204,7 +209,23 @@ int main(int argc, char** argv) {
   }
   gradsync::OpQueueServerOptions queue_options;
   queue_options.spin = absl::Microseconds(std::max(0, absl::GetFlag(FLAGS_queue_spin_us)));
-  gradsync::WorkerService service(daemon->get(), queue_options);
+  std::string fd_socket = absl::GetFlag(FLAGS_fd_socket);
+  if (fd_socket == "auto") fd_socket = gradsync::BufferFdServer::DefaultAddress(listen);
+  std::unique_ptr<gradsync::BufferFdServer> fd_server;
+  if (!fd_socket.empty()) {
+    gradsync::Daemon* core = daemon->get();
+    auto started = gradsync::BufferFdServer::Start(
+        fd_socket, [core](const gradsync::ipc::RegisterRequest& request, int fd, const ucred& peer) {
+          return core->RegisterFdBuffer(request, fd, peer);
+        },
+        opts.observer);
+    if (!started.ok()) {
+      GS_LOG(ERROR) << "--fd_socket: " << started.status().message();
+      return 1;
+    }
+    fd_server = std::move(*started);
+  }
+  gradsync::WorkerService service(daemon->get(), queue_options, fd_socket);
   grpc::ServerBuilder builder;
   builder.AddListeningPort(listen, grpc::InsecureServerCredentials());
   builder.RegisterService(&service);
@@ -224,7 +245,8 @@ int main(int argc, char** argv) {
     }
   }
   const std::string serving = absl::StrCat(
-      "serving clients on ", listen, ", data plane on port ", (*daemon)->data_port(), ", metrics ",
+      "serving clients on ", listen, fd_server ? absl::StrCat(" (fd socket ", fd_socket, ")") : "",
+      ", data plane on port ", (*daemon)->data_port(), ", metrics ",
       metrics_server ? absl::StrCat("on http://", metrics_server->address(), "/metrics")
                      : std::string("off"));
   GS_LOG(INFO) << serving << " (node " << (*daemon)->node_id() << ")";

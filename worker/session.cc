@@ -137,20 +137,37 @@ absl::Status Session::RefusalLocked() const {
 }
 
 absl::StatusOr<BufferInfo> Session::AllocateBuffer(uint64_t size) {
-  constexpr uint64_t kMaxBuffer = 64ull << 30;
-  if (size > kMaxBuffer) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("buffer of ", size, " bytes exceeds the limit of ", kMaxBuffer, " bytes"));
+  if (size > kMaxBufferBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("buffer of ", size,
+                                                   " bytes exceeds the limit of ",
+                                                   kMaxBufferBytes, " bytes"));
   }
   const std::string name = absl::StrCat("/gradsync.", ::getpid(), ".", ProcessNonce(), "-",
                                        ++g_segment_counter);
   auto seg = ShmSegment::Create(name, size);
   if (!seg.ok()) return seg.status();
+  return AddBuffer(std::move(*seg));
+}
+
+absl::StatusOr<BufferInfo> Session::RegisterBuffer(int fd, uint64_t offset, uint64_t size,
+                                                   const std::string& description) {
+  if (size > kMaxBufferBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("a registered range of ", size,
+                                                   " bytes exceeds the limit of ",
+                                                   kMaxBufferBytes, " bytes"));
+  }
+  auto seg = ShmSegment::MapFd(fd, offset, size, description);
+  if (!seg.ok()) return seg.status();
+  return AddBuffer(std::move(*seg));
+}
+
+absl::StatusOr<BufferInfo> Session::AddBuffer(std::unique_ptr<ShmSegment> segment) {
   absl::MutexLock l(&mu_);
   if (closing_) return absl::FailedPreconditionError("session is closing");
   const uint64_t id = next_buffer_id_++;
-  buffers_[id] = std::shared_ptr<ShmSegment>(std::move(*seg));
-  return BufferInfo{id, name, size};
+  BufferInfo info{id, segment->name(), segment->size()};
+  buffers_[id] = std::shared_ptr<ShmSegment>(std::move(segment));
+  return info;
 }
 
 absl::Status Session::FreeBuffer(uint64_t id) {

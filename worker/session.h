@@ -53,6 +53,10 @@ struct SessionInfo {
   LinkParams link;            // measured when the epoch formed, equal on every rank
   std::string timeline_path;  // non-empty: write the job's timeline for this rank here
   std::vector<HostPort> ps_shards;  // the epoch's gradsync-ps shards (algo "ps")
+  // Random bytes (ipc::kRegistrationTokenBytes) handed only to the session's
+  // client; they prove the session on the daemon's fd socket. Never logged
+  // or shown in status.
+  std::string registration_token;
 };
 
 // What a session is doing, for `gradsync status` (answers "which rank is
@@ -129,7 +133,14 @@ class Session {
   const SessionInfo& info() const { return info_; }
 
   absl::StatusOr<BufferInfo> AllocateBuffer(uint64_t size);
+  // Maps [offset, offset+size) of the client's file `fd` as a buffer of this
+  // session (ShmSegment::MapFd says what is checked); same id space and
+  // lifetime as allocated buffers.
+  absl::StatusOr<BufferInfo> RegisterBuffer(int fd, uint64_t offset, uint64_t size,
+                                            const std::string& description);
   absl::Status FreeBuffer(uint64_t id);
+  // The largest buffer a session may allocate or register.
+  static constexpr uint64_t kMaxBufferBytes = 64ull << 30;
 
   // Validates and queues; returns the op id (= its sequence number).
   absl::StatusOr<uint64_t> Submit(const SubmitArgs& args);
@@ -194,6 +205,7 @@ class Session {
   void Touch();
 
  private:
+  absl::StatusOr<BufferInfo> AddBuffer(std::unique_ptr<ShmSegment> segment);
   // Submit's work under mu_.
   absl::StatusOr<uint64_t> Enqueue(const SubmitArgs& args);
   absl::Status RefusalLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -37,12 +37,69 @@ absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::Create(const std::string
     return absl::ResourceExhaustedError(
         absl::StrCat("cannot map ", size, " bytes of shared memory ", name, ": ", ErrnoString(err)));
   }
-  return std::unique_ptr<ShmSegment>(new ShmSegment(name, size, static_cast<char*>(p), mapped));
+  return std::unique_ptr<ShmSegment>(
+      new ShmSegment(name, size, static_cast<char*>(p), mapped, true));
+}
+
+absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::MapFd(int fd, uint64_t offset,
+                                                              uint64_t size,
+                                                              const std::string& description) {
+  const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  if (size == 0) return absl::InvalidArgumentError("a registered range must not be empty");
+  if (offset % page != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("offset ", offset,
+                                                   " is not a multiple of the page size (", page,
+                                                   " bytes)"));
+  }
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("fstat of the fd: ", ErrnoString(errno)));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    return absl::InvalidArgumentError(
+        "the fd is not a regular file (pass a memfd or a file on tmpfs, not a socket, pipe or "
+        "device)");
+  }
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags < 0 || (flags & O_ACCMODE) != O_RDWR) {
+    return absl::PermissionDeniedError(
+        "the fd is not open for reading and writing (the daemon writes results in place)");
+  }
+  const int seals = ::fcntl(fd, F_GET_SEALS);
+  if (seals < 0 || (seals & F_SEAL_SHRINK) == 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the fd is not sealed against shrinking (F_SEAL_SHRINK",
+        seals < 0 ? ": the file cannot be sealed" : "",
+        "); a file that shrank under the daemon's mapping would crash it, so only sealed files "
+        "are mapped: pass a memfd made with MFD_ALLOW_SEALING (the SDK adds the seal)"));
+  }
+  int write_seals = F_SEAL_WRITE;
+#ifdef F_SEAL_FUTURE_WRITE
+  write_seals |= F_SEAL_FUTURE_WRITE;
+#endif
+  if ((seals & write_seals) != 0) {
+    return absl::FailedPreconditionError(
+        "the fd is sealed against writing (F_SEAL_WRITE); the daemon writes results in place");
+  }
+  if (offset > static_cast<uint64_t>(st.st_size) ||
+      size > static_cast<uint64_t>(st.st_size) - offset) {
+    return absl::InvalidArgumentError(absl::StrCat("the file has ", st.st_size,
+                                                   " bytes; registering [", offset, ", +", size,
+                                                   ") needs ", offset + size));
+  }
+  void* p =
+      ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, static_cast<off_t>(offset));
+  if (p == MAP_FAILED) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot map ", size, " bytes of the fd: ", ErrnoString(errno)));
+  }
+  return std::unique_ptr<ShmSegment>(
+      new ShmSegment(description, size, static_cast<char*>(p), size, false));
 }
 
 ShmSegment::~ShmSegment() {
   ::munmap(data_, mapped_);
-  ::shm_unlink(name_.c_str());
+  if (created_) ::shm_unlink(name_.c_str());
 }
 
 int SweepStaleSegments() {

@@ -1,8 +1,11 @@
-// POSIX shared-memory segment owned by the daemon and mapped by a client.
+// Shared memory the daemon and a client both map: a POSIX shared-memory
+// segment the daemon created (AllocateBuffer), or a range of a file the
+// client passed by descriptor (RegisterFd, ipc/fd_registration.h).
 #ifndef GRADSYNC_WORKER_SHM_SEGMENT_H_
 #define GRADSYNC_WORKER_SHM_SEGMENT_H_
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -15,19 +18,28 @@ class ShmSegment {
   // Creates (O_EXCL) and maps a segment of `size` bytes (at least one page is
   // mapped for size 0). Names look like "/gradsync.<pid>.<nonce>-<n>".
   static absl::StatusOr<std::unique_ptr<ShmSegment>> Create(const std::string& name, size_t size);
-  ~ShmSegment();  // unmaps and unlinks
+  // Maps [offset, offset+size) of the file behind `fd` (a client's memfd),
+  // after checking that it can be shared safely: a regular file opened
+  // read-write, sealed against shrinking (F_SEAL_SHRINK: a file that shrank
+  // under the mapping would fault the daemon with SIGBUS), at least
+  // offset+size bytes long, `offset` page-aligned. The errors name the check
+  // that failed. `description` names it in logs and status ("fd of pid 42").
+  static absl::StatusOr<std::unique_ptr<ShmSegment>> MapFd(int fd, uint64_t offset, uint64_t size,
+                                                           const std::string& description);
+  ~ShmSegment();  // unmaps, and unlinks a segment it created
 
   const std::string& name() const { return name_; }
   size_t size() const { return size_; }
   char* data() const { return data_; }
 
  private:
-  ShmSegment(std::string name, size_t size, char* data, size_t mapped)
-      : name_(std::move(name)), size_(size), data_(data), mapped_(mapped) {}
+  ShmSegment(std::string name, size_t size, char* data, size_t mapped, bool created)
+      : name_(std::move(name)), size_(size), data_(data), mapped_(mapped), created_(created) {}
   std::string name_;
   size_t size_;
   char* data_;
   size_t mapped_;
+  bool created_;  // shm_open'ed here: unlinked with the mapping
 };
 
 // Unlinks /dev/shm/gradsync.<pid>.* segments whose pid is no longer alive and

@@ -89,6 +89,10 @@ grpc::Status WorkerService::OpenSession(grpc::ServerContext* ctx,
   if (!s.ok()) return ToGrpcStatus(s.status());
   const SessionInfo& info = (*s)->info();
   resp->set_session_id(info.session_id);
+  if (!fd_socket_.empty()) {
+    resp->set_fd_socket(fd_socket_);
+    resp->set_registration_token(info.registration_token);
+  }
   resp->set_rank(info.rank);
   resp->set_world_size(info.world_size);
   resp->set_epoch(info.epoch);

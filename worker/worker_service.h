@@ -12,8 +12,11 @@ namespace gradsync {
 
 class WorkerService final : public v1::Worker::Service {
  public:
-  explicit WorkerService(Daemon* daemon, OpQueueServerOptions queue_options = {})
-      : daemon_(daemon), queues_(std::move(queue_options)) {}
+  // `fd_socket`: the daemon's fd socket (worker/buffer_fd_server.h) that
+  // OpenSession announces to clients; "" = none.
+  explicit WorkerService(Daemon* daemon, OpQueueServerOptions queue_options = {},
+                         std::string fd_socket = "")
+      : daemon_(daemon), queues_(std::move(queue_options)), fd_socket_(std::move(fd_socket)) {}
   // Stops every op queue (each tells its client the daemon is shutting down).
   ~WorkerService() override = default;
 
@@ -35,6 +38,7 @@ class WorkerService final : public v1::Worker::Service {
  private:
   Daemon* daemon_;
   OpQueueServer queues_;
+  const std::string fd_socket_;
 };
 
 }  // namespace gradsync

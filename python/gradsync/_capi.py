@@ -105,6 +105,7 @@ def _declare(l):
         "gs_session_world_size": (c_int, [c_void_p]),
         "gs_session_close": (c_int, [c_void_p]),
         "gs_buffer_alloc": (c_int, [c_void_p, c_size_t, P(c_void_p)]),
+        "gs_buffer_register_fd": (c_int, [c_void_p, c_int, c_uint64, c_size_t, P(c_void_p)]),
         "gs_buffer_data": (c_void_p, [c_void_p]),
         "gs_buffer_size": (c_size_t, [c_void_p]),
         "gs_buffer_free": (c_int, [c_void_p, c_void_p]),

@@ -280,6 +280,22 @@ class Session(_Closable):
             self._buffers[buf.address] = buf
         return buf
 
+    def register_fd(self, fd: int, nbytes: int, offset: int = 0) -> Buffer:
+        """Registers `nbytes` at `offset` (page-aligned) of the file behind
+        `fd`, a memfd (os.memfd_create(name, os.MFD_ALLOW_SEALING)) or tmpfs
+        file opened read-write: the daemon maps the same pages, so ops on the
+        returned buffer read and write the file in place, and any other
+        mapping of it sees the results. The file is sealed against shrinking.
+        The caller keeps `fd`. Needs a daemon reached over a unix socket."""
+        out = ctypes.c_void_p()
+        with self._using() as handle:
+            _check(_capi.lib().gs_buffer_register_fd(handle, int(fd), int(offset), int(nbytes),
+                                                     ctypes.byref(out)))
+        buf = Buffer(self, out.value)
+        with self._lock:
+            self._buffers[buf.address] = buf
+        return buf
+
     def empty(self, count: int, dtype: Any = "float32"):
         """A numpy array of `count` elements in a new shared-memory buffer."""
         import numpy

@@ -258,6 +258,37 @@ class Errors(unittest.TestCase):
         self.assertIn("closed", str(cm.exception))
         c.close()
 
+    def test_registered_memfd_is_reduced_in_place(self):
+        import mmap
+        count = 5000
+
+        def fn(r, s):
+            fd = os.memfd_create(f"py-rank{r}", os.MFD_ALLOW_SEALING)
+            try:
+                os.ftruncate(fd, mmap.PAGESIZE + count * 4)
+                mine = mmap.mmap(fd, mmap.PAGESIZE + count * 4)
+                view = np.frombuffer(mine, np.int32, count, offset=mmap.PAGESIZE)
+                view[:] = data("i32", count, r, "sum")
+                buf = s.register_fd(fd, count * 4, offset=mmap.PAGESIZE)
+                s.allreduce(buf.numpy(np.int32, count)).wait(30)
+                got = view.copy()  # read through this process's own mapping
+                buf.free()
+                with self.assertRaises(OSError):  # sealed against shrinking
+                    os.ftruncate(fd, 0)
+                with self.assertRaises(gradsync.InvalidArgument) as cm:
+                    s.register_fd(fd, 1 << 30)
+                del view
+                mine.close()
+                return got, str(cm.exception)
+            finally:
+                os.close(fd)
+        out, errors = on_ranks(fn)
+        self.assertEqual(errors, [None] * WORLD)
+        want = reduce([data("i32", count, r, "sum") for r in range(WORLD)], "sum")
+        for r in range(WORLD):
+            np.testing.assert_array_equal(out[r][0], want)
+            self.assertIn("needs 1073741824", out[r][1])
+
     def test_unreachable_daemon(self):
         with self.assertRaises(gradsync.Unavailable) as cm:
             gradsync.Client("unix-abstract:gradsync-no-such-daemon", timeout=0.5)

@@ -1,0 +1,268 @@
+// Registered external memory against real processes (a coordinator and two
+// gradsyncd on loopback): ranks pass memfds they filled themselves over the
+// daemons' fd sockets, allreduce in place, and read the results through
+// their own mappings; the fd socket refuses what it must and the daemon goes
+// on serving.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "cli/local_cluster.h"
+#include "collective/reference.h"
+#include "common/metrics_testing.h"
+#include "common/net.h"
+#include "gtest/gtest.h"
+#include "ipc/fd_registration.h"
+#include "tests/cluster_util.h"
+
+namespace gradsync {
+namespace {
+
+using testing::OnEveryRank;
+using testing::OpenJob;
+
+const size_t kPage = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+
+class ExternalMemory : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    LocalClusterOptions o;
+    o.daemons = 2;
+    auto c = LocalCluster::Start(o);
+    ASSERT_TRUE(c.ok()) << c.status();
+    cluster_ = c->release();
+  }
+  static void TearDownTestSuite() {
+    if (cluster_ != nullptr) {
+      EXPECT_TRUE(cluster_->StopAll().ok());
+      delete cluster_;
+      cluster_ = nullptr;
+    }
+  }
+  static LocalCluster* cluster_;
+};
+LocalCluster* ExternalMemory::cluster_ = nullptr;
+
+// A memfd of `bytes` bytes that the caller may seal (MFD_ALLOW_SEALING).
+UniqueFd Memfd(size_t bytes) {
+  UniqueFd fd(::memfd_create("external_memory_test", MFD_ALLOW_SEALING | MFD_CLOEXEC));
+  EXPECT_TRUE(fd.valid());
+  EXPECT_EQ(::ftruncate(fd.get(), static_cast<off_t>(bytes)), 0);
+  return fd;
+}
+
+// This process's own mapping of [offset, offset+bytes) of `fd`.
+struct Mapping {
+  Mapping(int fd, size_t offset, size_t bytes) : size(bytes) {
+    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd,
+                     static_cast<off_t>(offset));
+    data = p == MAP_FAILED ? nullptr : static_cast<char*>(p);
+  }
+  ~Mapping() {
+    if (data != nullptr) ::munmap(data, size);
+  }
+  char* data;
+  size_t size;
+};
+
+// Every rank fills a memfd through a mapping of its own, registers the range
+// past its first page, and allreduces it twice: the results (bit-exact
+// against the ring-order reference) appear in that mapping, with no copy
+// through the SDK's buffer. The registered file can no longer shrink.
+TEST_F(ExternalMemory, RegisteredMemfdsAllreduceInPlace) {
+  auto job = OpenJob(*cluster_, "external-inplace", testing::FirstN(2));
+  ASSERT_TRUE(job.ok()) << job.status();
+  const size_t count = 300007;  // f32: a few pages, not a page multiple
+  const size_t bytes = count * sizeof(float);
+  std::vector<std::vector<char>> in(2);
+  for (int r = 0; r < 2; ++r) in[r] = testing::RandomData(DType::kF32, count, r, 7);
+  const std::vector<char> once = testing::RingOrderReference(in, DType::kF32, ReduceOp::kSum, count);
+  const std::vector<char> twice =
+      testing::RingOrderReference({once, once}, DType::kF32, ReduceOp::kSum, count);
+  std::vector<std::string> errors(2);
+  OnEveryRank(2, [&](int r) {
+    auto fail = [&](const std::string& what) { errors[r] = what; };
+    client::Session& s = *(*job)[r].session;
+    UniqueFd fd = Memfd(kPage + bytes);
+    Mapping mine(fd.get(), kPage, bytes);
+    if (mine.data == nullptr) return fail("mmap of the memfd failed");
+    std::memcpy(mine.data, in[r].data(), bytes);
+    auto buf = s.RegisterBuffer(fd.get(), bytes, kPage);
+    if (!buf.ok()) return fail(absl::StrCat("RegisterBuffer: ", buf.status().ToString()));
+    if ((*buf)->size() != bytes) return fail(absl::StrCat("registered ", (*buf)->size()));
+    if (::ftruncate(fd.get(), 0) == 0 || errno != EPERM) {
+      return fail("a registered memfd could still shrink");
+    }
+    for (const std::vector<char>* want : {&once, &twice}) {
+      client::CollectiveSpec spec;
+      spec.buffer = buf->get();
+      spec.count = count;
+      spec.dtype = DType::kF32;
+      spec.op = ReduceOp::kSum;
+      spec.name = want == &once ? "external.1" : "external.2";
+      spec.algorithm = "ring";
+      auto res = s.Run(spec);
+      if (!res.ok()) return fail(absl::StrCat(spec.name, ": ", res.status().ToString()));
+      if (std::memcmp(mine.data, want->data(), bytes) != 0) {
+        return fail(absl::StrCat(spec.name, ": the memfd's bytes differ from the reference"));
+      }
+    }
+    absl::Status freed = s.FreeBuffer(std::move(*buf));
+    if (!freed.ok()) return fail(absl::StrCat("FreeBuffer: ", freed.ToString()));
+  });
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+  for (auto& r : *job) EXPECT_TRUE(r.session->Close().ok());
+}
+
+// The daemon's own checks reach the client with its reasons; requests that
+// bypass the SDK (a wrong token, no descriptor, a raw unsealed file) are
+// refused on the socket alike; the daemon then serves the job as before.
+TEST_F(ExternalMemory, RefusalsNameTheCauseAndTheDaemonGoesOn) {
+  auto job = OpenJob(*cluster_, "external-refusals", testing::FirstN(2));
+  ASSERT_TRUE(job.ok()) << job.status();
+  client::Session& s = *(*job)[0].session;
+
+  UniqueFd small = Memfd(kPage);
+  auto beyond = s.RegisterBuffer(small.get(), 2 * kPage);
+  ASSERT_FALSE(beyond.ok());
+  EXPECT_EQ(beyond.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(beyond.status().message().find(absl::StrCat("the file has ", kPage, " bytes")),
+            std::string::npos)
+      << beyond.status();
+
+  UniqueFd read_only(::open(absl::StrCat("/proc/self/fd/", small.get()).c_str(), O_RDONLY));
+  ASSERT_TRUE(read_only.valid());
+  auto ro = s.RegisterBuffer(read_only.get(), kPage);
+  ASSERT_FALSE(ro.ok());
+  EXPECT_NE(ro.status().message().find("cannot map"), std::string::npos) << ro.status();
+
+  UniqueFd locked = Memfd(kPage);  // sealing itself sealed: the SDK cannot add F_SEAL_SHRINK
+  ASSERT_EQ(::fcntl(locked.get(), F_ADD_SEALS, F_SEAL_SEAL), 0);
+  auto unsealable = s.RegisterBuffer(locked.get(), kPage);
+  ASSERT_FALSE(unsealable.ok());
+  EXPECT_EQ(unsealable.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(unsealable.status().message().find("cannot seal fd"), std::string::npos)
+      << unsealable.status();
+
+  auto unaligned = s.RegisterBuffer(small.get(), 64, 100);
+  ASSERT_FALSE(unaligned.ok());
+  EXPECT_NE(unaligned.status().message().find("not a multiple of the page size"),
+            std::string::npos);
+
+  // Raw requests on daemon 0's fd socket.
+  const std::string fd_socket = cluster_->daemon_target(0) + ".fd";
+  ipc::RegisterRequest forged;
+  forged.session_id = s.id();
+  forged.token = std::string(ipc::kRegistrationTokenBytes, 'x');
+  forged.size = kPage;
+  UniqueFd unsealed = Memfd(kPage);  // never sealed: the daemon's own check would refuse it too
+  auto wrong_token =
+      ipc::RegisterFd(fd_socket, forged, unsealed.get(), absl::Now() + absl::Seconds(10));
+  ASSERT_TRUE(wrong_token.ok()) << wrong_token.status();
+  EXPECT_EQ(wrong_token->status.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(wrong_token->status.message(),
+            absl::StrCat("no session '", s.id(), "' on this daemon with that registration token"));
+  auto no_fd = ipc::RegisterFd(fd_socket, forged, -1, absl::Now() + absl::Seconds(10));
+  ASSERT_TRUE(no_fd.ok()) << no_fd.status();
+  EXPECT_EQ(no_fd->status.message(), "the registration request carried no descriptor");
+  {  // garbage instead of a request
+    auto address = ipc::ParseUnixAddress(fd_socket);
+    ASSERT_TRUE(address.ok());
+    auto conn = ipc::ConnectSeqpacket(*address, absl::Now() + absl::Seconds(10));
+    ASSERT_TRUE(conn.ok()) << conn.status();
+    ASSERT_TRUE(ipc::SendMessage(conn->get(), "not a request", -1,
+                                 absl::Now() + absl::Seconds(10)).ok());
+    UniqueFd none;
+    auto reply = ipc::ReceiveMessage(conn->get(), 4096, &none, absl::Now() + absl::Seconds(10));
+    ASSERT_TRUE(reply.ok()) << reply.status();
+    auto decoded = ipc::DecodeResponse(*reply);
+    ASSERT_TRUE(decoded.ok()) << decoded.status();
+    EXPECT_EQ(decoded->status.code(), absl::StatusCode::kInvalidArgument) << decoded->status;
+  }
+  {  // a client that connects and says nothing is answered with a timeout and dropped
+    auto address = ipc::ParseUnixAddress(fd_socket);
+    ASSERT_TRUE(address.ok());
+    auto silent = ipc::ConnectSeqpacket(*address, absl::Now() + absl::Seconds(10));
+    ASSERT_TRUE(silent.ok());
+    UniqueFd none;
+    auto reply = ipc::ReceiveMessage(silent->get(), 4096, &none, absl::Now() + absl::Seconds(30));
+    ASSERT_TRUE(reply.ok()) << reply.status();
+    auto decoded = ipc::DecodeResponse(*reply);
+    ASSERT_TRUE(decoded.ok()) << decoded.status();
+    EXPECT_EQ(decoded->status.code(), absl::StatusCode::kDeadlineExceeded) << decoded->status;
+    auto closed = ipc::ReceiveMessage(silent->get(), 4096, &none, absl::Now() + absl::Seconds(30));
+    EXPECT_EQ(closed.status().code(), absl::StatusCode::kUnavailable) << closed.status();
+  }
+
+  // The job goes on: a registered buffer on every rank still allreduces.
+  std::vector<std::string> errors(2);
+  OnEveryRank(2, [&](int r) {
+    client::Session& rs = *(*job)[r].session;
+    UniqueFd fd = Memfd(kPage);
+    Mapping mine(fd.get(), 0, kPage);
+    auto* v = reinterpret_cast<int32_t*>(mine.data);
+    for (size_t i = 0; i < kPage / 4; ++i) v[i] = static_cast<int32_t>(i) * (r + 1);
+    auto buf = rs.RegisterBuffer(fd.get(), kPage);
+    if (!buf.ok()) return void(errors[r] = buf.status().ToString());
+    client::CollectiveSpec spec;
+    spec.buffer = buf->get();
+    spec.count = kPage / 4;
+    spec.dtype = DType::kI32;
+    spec.op = ReduceOp::kSum;
+    spec.name = "after-refusals";
+    auto res = rs.Run(spec);
+    if (!res.ok()) return void(errors[r] = res.status().ToString());
+    for (size_t i = 0; i < kPage / 4; ++i) {
+      if (v[i] != static_cast<int32_t>(i) * 3) {
+        return void(errors[r] = absl::StrCat("element ", i, " is ", v[i]));
+      }
+    }
+  });
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+  for (auto& r : *job) EXPECT_TRUE(r.session->Close().ok());
+
+  // Daemon 0 counted each result (its refusals of the SDK's requests too).
+  auto page = HttpGet("127.0.0.1", cluster_->daemon_metrics_port(0), "/metrics");
+  ASSERT_TRUE(page.ok()) << page.status();
+  const std::string series = "gradsync_daemon_fd_registrations_total";
+  auto denied = FindSample(*page, series + "{result=\"permission_denied\"}");
+  ASSERT_TRUE(denied.ok()) << denied.status();
+  EXPECT_EQ(*denied, 1);
+  auto invalid = FindSample(*page, series + "{result=\"invalid_argument\"}");
+  ASSERT_TRUE(invalid.ok()) << invalid.status();
+  EXPECT_EQ(*invalid, 3);  // beyond the end, no descriptor, not a request
+  auto deadline = FindSample(*page, series + "{result=\"deadline_exceeded\"}");
+  ASSERT_TRUE(deadline.ok()) << deadline.status();
+  EXPECT_EQ(*deadline, 1);
+  auto ok = FindSample(*page, series + "{result=\"ok\"}");
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_GE(*ok, 1);
+}
+
+// A daemon running without an fd socket (--fd_socket=) tells the client why
+// it cannot register memory.
+TEST(ExternalMemoryWithoutFdSocket, RegisterBufferSaysTheDaemonHasNone) {
+  LocalClusterOptions o;
+  o.daemons = 1;
+  o.daemon_flags = {"--fd_socket="};
+  auto cluster = LocalCluster::Start(o);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  auto job = OpenJob(**cluster, "external-none", testing::FirstN(1));
+  ASSERT_TRUE(job.ok()) << job.status();
+  UniqueFd fd = Memfd(kPage);
+  auto buf = (*job)[0].session->RegisterBuffer(fd.get(), kPage);
+  ASSERT_FALSE(buf.ok());
+  EXPECT_EQ(buf.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(buf.status().message().find("has no fd socket"), std::string::npos) << buf.status();
+  EXPECT_TRUE((*job)[0].session->Close().ok());
+  EXPECT_TRUE((*cluster)->StopAll().ok());
+}
+
+}  // namespace
+}  // namespace gradsync
