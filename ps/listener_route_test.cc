@@ -7,6 +7,7 @@
 #include "absl/synchronization/mutex.h"
 #include "gtest/gtest.h"
 #include "ps/protocol.h"
+#include "ps/ps_testing.h"
 #include "transport/tcp_listener.h"
 #include "transport/wire.h"
 
@@ -61,7 +62,7 @@ TEST(ListenerRoute, HandsPrefixedJobsToTheCallbackWithShardIndexAsDstRank) {
   Routed routed;
   auto l = StartRouting(&routed);
   // One worker, shard 3: dst_rank is outside the job's world, as PS hellos are.
-  auto fd = ps::ConnectToShard({"127.0.0.1", l->port()}, "ps/train", 1, 0, 1, 3,
+  auto fd = ps::testing::ConnectToShard({"127.0.0.1", l->port()}, "ps/train", 1, 0, 1, 3,
                                absl::Now() + absl::Seconds(5), 0);
   ASSERT_TRUE(fd.ok()) << fd.status();
   absl::MutexLock lock(&routed.mu);

@@ -125,14 +125,6 @@ absl::Status AbortStatus(const transport::FrameHeader& h, absl::string_view mess
 absl::Status WriteFrame(int fd, const transport::FrameHeader& h, const void* payload,
                         absl::Time deadline);
 
-// The worker side of the handshake: connects to a shard, sends the Hello for
-// `ps_job_id` (a PsJobId), reads the HelloAck and tunes the socket
-// (TCP_NODELAY, buffers, non-blocking). A refusal comes back with the shard's
-// code and "refused: <message>".
-absl::StatusOr<UniqueFd> ConnectToShard(const HostPort& addr, const std::string& ps_job_id,
-                                        uint64_t epoch, int rank, int workers, int shard,
-                                        absl::Time deadline, int socket_buffer_bytes);
-
 }  // namespace gradsync::ps
 
 #endif  // GRADSYNC_PS_PROTOCOL_H_

@@ -24,6 +24,7 @@ namespace {
 
 using testing::Addresses;
 using ::testing::HasSubstr;
+using testing::ConnectToShard;
 using testing::MakeWorkers;
 using testing::RandomData;
 using testing::RankOrderReference;
@@ -437,7 +438,7 @@ TEST(PsFailure, ConnectionWithAnotherWorldSizeIsRefused) {
   EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
   EXPECT_THAT(std::string(s.message()), HasSubstr("ps shard 0 (127.0.0.1:"));
   EXPECT_THAT(std::string(s.message()),
-              HasSubstr("cannot connect for step 2: refused: ps shard 0: job 'sizes' epoch 1 has 2 "
+              HasSubstr("cannot connect: refused: ps shard 0: job 'sizes' epoch 1 has 2 "
                         "workers here, rank 1 connected with 3"));
 }
 

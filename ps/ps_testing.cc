@@ -5,7 +5,10 @@
 #include <thread>
 
 #include "gtest/gtest.h"
+#include "common/status_macros.h"
 #include "kernels/cpu_reduce.h"
+#include "ps/protocol.h"
+#include "transport/wire.h"
 
 namespace gradsync::ps::testing {
 
@@ -110,6 +113,36 @@ std::vector<absl::Status> RunRanks(const std::vector<int>& ranks,
   }
   for (auto& t : threads) t.join();
   return st;
+}
+
+absl::StatusOr<UniqueFd> ConnectToShard(const HostPort& addr, const std::string& ps_job_id,
+                                        uint64_t epoch, int rank, int workers, int shard,
+                                        absl::Time deadline, int socket_buffer_bytes) {
+  ASSIGN_OR_RETURN(UniqueFd fd, TcpConnect(addr, deadline));
+  transport::Hello hello{transport::kHelloMagic,
+                         transport::kWireVersion,
+                         static_cast<uint16_t>(ps_job_id.size()),
+                         epoch,
+                         rank,
+                         shard,
+                         workers,
+                         0};
+  RETURN_IF_ERROR(WriteFull(fd.get(), &hello, sizeof(hello), deadline));
+  RETURN_IF_ERROR(WriteFull(fd.get(), ps_job_id.data(), ps_job_id.size(), deadline));
+  transport::HelloAck ack;
+  RETURN_IF_ERROR(ReadFull(fd.get(), &ack, sizeof(ack), deadline));
+  if (ack.magic != transport::kHelloMagic) return absl::DataLossError("bad handshake reply");
+  if (ack.code != 0) {
+    std::string msg(std::min<size_t>(ack.message_len, 1024), '\0');
+    (void)ReadFull(fd.get(), msg.data(), msg.size(), deadline);
+    const absl::StatusCode code =
+        ack.code <= static_cast<uint16_t>(absl::StatusCode::kUnauthenticated)
+            ? static_cast<absl::StatusCode>(ack.code)
+            : absl::StatusCode::kUnknown;
+    return absl::Status(code, "refused: " + msg);
+  }
+  RETURN_IF_ERROR(TuneDataSocket(fd.get(), socket_buffer_bytes));
+  return fd;
 }
 
 }  // namespace gradsync::ps::testing

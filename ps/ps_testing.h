@@ -11,6 +11,8 @@
 
 #include "absl/status/status.h"
 #include "common/net.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "common/types.h"
 #include "ps/shard.h"
 #include "ps/worker_client.h"
@@ -33,6 +35,14 @@ std::vector<HostPort> Addresses(const std::vector<std::unique_ptr<PsShard>>& sha
 std::vector<std::unique_ptr<PsWorker>> MakeWorkers(int n, const std::string& job,
                                                    const std::vector<HostPort>& shards,
                                                    int max_inflight = 8);
+
+// A hand-driven worker connection (PsWorker uses transport::Device::ConnectToServers): connects to a shard, sends the Hello for
+// `ps_job_id` (a PsJobId), reads the HelloAck and tunes the socket
+// (TCP_NODELAY, buffers, non-blocking). A refusal comes back with the shard's
+// code and "refused: <message>".
+absl::StatusOr<UniqueFd> ConnectToShard(const HostPort& addr, const std::string& ps_job_id,
+                                        uint64_t epoch, int rank, int workers, int shard,
+                                        absl::Time deadline, int socket_buffer_bytes);
 
 // Runs fn(rank) for every rank in `ranks`, each on its own thread; returns
 // the statuses in the same order.

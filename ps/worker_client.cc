@@ -1,30 +1,22 @@
 #include "ps/worker_client.h"
 
-#include <errno.h>
-#include <poll.h>
-#include <sys/eventfd.h>
-#include <sys/socket.h>
-#include <sys/uio.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "ps/protocol.h"
+#include "transport/tcp_device.h"
 #include "transport/wire.h"
 
 namespace gradsync::ps {
 
-using transport::FrameHeader;
-using transport::FrameType;
+using transport::MessageTag;
+using transport::PeerFault;
+using transport::Request;
 
 namespace {
-
-constexpr size_t kHeaderBytes = sizeof(FrameHeader);
 
 // Checks a slicer's output against the Slicer contract.
 absl::Status CheckPartitions(const std::vector<Partition>& parts, uint64_t bytes, size_t es,
@@ -76,122 +68,156 @@ absl::Status CheckPartitions(const std::vector<Partition>& parts, uint64_t bytes
 // The state of one PushPull over the shards that own partitions.
 class PsWorker::Run {
  public:
-  Run(PsWorker& w, uint64_t step, char* data, DType dtype, absl::Time deadline)
-      : w_(w), step_(step), data_(data), dtype_(dtype), deadline_(deadline), shards_(w.shards()) {}
+  Run(PsWorker& w, transport::Context& ctx, uint64_t step, char* data, uint64_t bytes,
+      DType dtype, absl::Time deadline)
+      : w_(w),
+        ctx_(ctx),
+        step_(step),
+        data_(data),
+        bytes_(bytes),
+        dtype_(dtype),
+        deadline_(deadline),
+        shards_(w.shards()) {
+    const int bound = ctx.max_in_flight();  // sends: the header and the pushes
+    inflight_ = static_cast<size_t>(
+        bound > 1 ? std::min(w.options_.max_inflight, bound - 1) : w.options_.max_inflight);
+  }
 
   struct Shard {
     std::vector<const Partition*> parts;  // id order
     std::string header_payload;
-    FrameHeader header_frame;
-    // Sending.
-    bool header_sent = false;
-    size_t started = 0;         // partition frames started
-    std::vector<uint8_t> sent;  // partition frame fully written
-    bool sending = false;       // a frame is partly written
-    FrameHeader out;
-    const char* out_payload = nullptr;
-    size_t out_done = 0;
-    int out_local = -1;  // -1: the step header
-    // Receiving.
-    enum class In { kResult, kAbort, kDiscard };
-    FrameHeader in;
-    size_t in_header_got = 0;
-    In in_kind = In::kDiscard;
-    size_t in_got = 0;
-    int in_local = -1;
-    std::string in_msg;
-    std::vector<uint8_t> got;
+    std::unique_ptr<transport::MemoryRegion> header_mr;
+    Request header_req;
+    // By local partition index; stable addresses once the step runs.
+    std::vector<Request> push, pull;
+    std::vector<uint8_t> sent, got;
+    size_t started = 0;     // partitions posted (receive, then push)
+    size_t sent_count = 0;  // pushes completed, a prefix (sends complete in order)
     size_t pulled = 0;
-    bool dead = false;  // the connection broke or is out of step
   };
 
   std::vector<Shard>& shards() { return shards_; }
 
   absl::Status Go() {
-    std::vector<struct pollfd> pfds;
-    std::vector<int> owner;
+    absl::StatusOr<std::unique_ptr<transport::MemoryRegion>> mr =
+        ctx_.RegisterMemory(data_, bytes_);
+    if (!mr.ok()) return mr.status();
+    data_mr_ = std::move(*mr);
+    for (int k = 0; k < static_cast<int>(shards_.size()); ++k) {
+      Shard& s = shards_[k];
+      if (s.parts.empty()) continue;
+      mr = ctx_.RegisterMemory(s.header_payload.data(), s.header_payload.size());
+      if (!mr.ok()) return mr.status();
+      s.header_mr = std::move(*mr);
+      RETURN_IF_ERROR(Posted(k, ctx_.PostSend(k, *s.header_mr, 0, s.header_payload.size(),
+                                              MessageTag{step_, transport::kControlSlot,
+                                                         static_cast<uint8_t>(dtype_), 0},
+                                              &s.header_req)));
+    }
     while (true) {
       bool done = true;
-      // Every shard's connection is read before any error is returned: when
-      // one shard is lost and another reports the step's failure (often
-      // the same loss, seen through another worker that left), the loss is
-      // the cause and wins.
-      absl::Status failed;
-      bool failed_lost = false;
       for (int k = 0; k < static_cast<int>(shards_.size()); ++k) {
-        if (shards_[k].parts.empty()) continue;
-        absl::Status r = PumpRecv(k);
-        if (r.ok() || failed_lost) continue;
-        if (failed.ok() || shards_[k].dead) {
-          failed = std::move(r);
-          failed_lost = shards_[k].dead;
-        }
-      }
-      if (!failed.ok()) return failed;
-      for (int k = 0; k < static_cast<int>(shards_.size()); ++k) {
-        Shard& s = shards_[k];
-        if (s.parts.empty()) continue;
-        RETURN_IF_ERROR(PumpSend(k));
-        if (s.pulled < s.parts.size()) done = false;
+        RETURN_IF_ERROR(PostMore(k));
+        if (shards_[k].pulled < shards_[k].parts.size()) done = false;
       }
       if (done) return absl::OkStatus();
-      pfds.clear();
-      owner.clear();
-      pfds.push_back({w_.wake_fd_.get(), POLLIN, 0});
-      owner.push_back(-1);
-      for (int k = 0; k < static_cast<int>(shards_.size()); ++k) {
-        Shard& s = shards_[k];
-        if (s.parts.empty()) continue;
-        short events = POLLIN;
-        if (WantsToSend(s)) events |= POLLOUT;
-        pfds.push_back({w_.links_[k].get(), events, 0});
-        owner.push_back(k);
-      }
-      const int n = ::poll(pfds.data(), pfds.size(), PollTimeoutMs(deadline_, 1000));
-      if (n < 0 && errno != EINTR) return absl::InternalError("poll: " + ErrnoString(errno));
-      if (w_.is_aborted_) {
-        absl::MutexLock l(&w_.mu_);
-        return w_.aborted_;
-      }
-      if (n == 0 && absl::Now() >= deadline_) return Timeout();
+      const absl::Status s = ctx_.Progress(deadline_);
+      if (absl::IsDeadlineExceeded(s) && ctx_.health().ok()) return Timeout();
+      if (!s.ok()) return Failure(s);
+      for (int k = 0; k < static_cast<int>(shards_.size()); ++k) Collect(k);
     }
   }
 
-  // Whether shard k's send side is between frames (an ABORT may follow).
-  bool FrameAligned(int k) const { return !shards_[k].dead && !shards_[k].sending; }
-
  private:
-  bool WantsToSend(const Shard& s) const {
-    return s.sending || !s.header_sent ||
-           (s.started < s.parts.size() &&
-            s.started - s.pulled < static_cast<size_t>(w_.options_.max_inflight));
+  // Posts receive-then-push for shard k's next partitions, up to the bound.
+  absl::Status PostMore(int k) {
+    Shard& s = shards_[k];
+    while (s.started < s.parts.size() && s.started - s.pulled < inflight_) {
+      const size_t i = s.started;
+      const Partition& p = *s.parts[i];
+      const MessageTag tag{step_, p.id, static_cast<uint8_t>(dtype_), p.offset_bytes};
+      RETURN_IF_ERROR(Posted(k, ctx_.PostRecv(k, *data_mr_, p.offset_bytes, p.bytes,
+                                              /*exact=*/true, tag, &s.pull[i])));
+      RETURN_IF_ERROR(
+          Posted(k, ctx_.PostSend(k, *data_mr_, p.offset_bytes, p.bytes, tag, &s.push[i])));
+      ++s.started;
+    }
+    return absl::OkStatus();
+  }
+
+  // A post's error: a shard's fault named the PS way, else as it is.
+  absl::Status Posted(int k, const absl::Status& s) {
+    (void)k;
+    if (s.ok()) return s;
+    return ctx_.health().ok() ? s : Failure(s);
+  }
+
+  void Collect(int k) {
+    Shard& s = shards_[k];
+    while (s.sent_count < s.started && s.push[s.sent_count].done) {
+      if (!s.sent[s.sent_count]) {
+        s.sent[s.sent_count] = 1;
+        w_.bytes_pushed_.fetch_add(s.parts[s.sent_count]->bytes, std::memory_order_relaxed);
+      }
+      ++s.sent_count;
+    }
+    for (size_t i = 0; i < s.started; ++i) {
+      if (s.got[i] || !s.pull[i].done) continue;
+      s.got[i] = 1;
+      ++s.pulled;
+      w_.bytes_pulled_.fetch_add(s.parts[i]->bytes, std::memory_order_relaxed);
+      if (!s.sent[i]) {  // its push completed before its result could come back
+        s.sent[i] = 1;
+        w_.bytes_pushed_.fetch_add(s.parts[i]->bytes, std::memory_order_relaxed);
+      }
+    }
   }
 
   // The first partition of shard k not pulled yet (its id), for messages.
   uint32_t Waiting(const Shard& s) const {
-    if (s.in_kind == Shard::In::kResult && s.in_header_got == kHeaderBytes) {
-      return s.parts[s.in_local]->id;
-    }
     for (size_t i = 0; i < s.parts.size(); ++i) {
-      if (!s.got[i]) return s.parts[i]->id;
+      if (!s.got[i] && !s.pull[i].done) return s.parts[i]->id;
     }
     return s.parts.back()->id;
   }
 
-  absl::Status Lost(int k, const std::string& what, absl::string_view why,
-                    absl::StatusCode code = absl::StatusCode::kUnavailable) {
-    shards_[k].dead = true;
-    return absl::Status(
-        code, absl::StrCat(w_.ShardName(k), " lost while ", what, " of step ", step_, ": ", why));
-  }
-  absl::Status LostPulling(int k, absl::string_view why,
-                           absl::StatusCode code = absl::StatusCode::kUnavailable) {
-    return Lost(k, absl::StrCat("pulling partition ", Waiting(shards_[k])), why, code);
-  }
-  absl::Status ProtocolError(int k, absl::string_view what) {
-    shards_[k].dead = true;
-    return absl::DataLossError(
-        absl::StrCat(w_.ShardName(k), ": protocol error in step ", step_, ": ", what));
+  // What the context's failure means for this step.
+  absl::Status Failure(const absl::Status& s) {
+    const PeerFault f = ctx_.fault();
+    if (f.peer < 0 || f.peer >= static_cast<int>(shards_.size())) return ctx_.health();
+    const int k = f.peer;
+    Shard& sh = shards_[k];
+    const std::string name = w_.ShardName(k);
+    switch (f.kind) {
+      case PeerFault::kLost: {
+        std::string what;
+        if (f.while_sending && !sh.parts.empty()) {
+          size_t i = 0;
+          while (i < sh.started && sh.push[i].done) ++i;
+          what = !sh.header_req.done ? std::string("sending the step header")
+                                     : absl::StrCat("pushing partition ",
+                                                    sh.parts[std::min(i, sh.parts.size() - 1)]->id);
+        } else {
+          what = absl::StrCat("pulling partition ", sh.parts.empty() ? 0 : Waiting(sh));
+        }
+        return absl::UnavailableError(
+            absl::StrCat(name, " lost while ", what, " of step ", step_, ": ", f.cause));
+      }
+      case PeerFault::kAborted:
+        if (f.op_seq == kConnectionStep) {
+          return absl::Status(
+              f.code, absl::StrCat(name, " lost while pulling partition ",
+                                   sh.parts.empty() ? 0 : Waiting(sh), " of step ", step_,
+                                   ": the shard closed the connection: ", f.cause));
+        }
+        return absl::Status(f.code, f.cause);  // the shard's error, verbatim
+      case PeerFault::kProtocol:
+        return absl::DataLossError(
+            absl::StrCat(name, ": protocol error in step ", step_, ": ", f.cause));
+      case PeerFault::kNone:
+        break;
+    }
+    return s;
   }
 
   absl::Status Timeout() {
@@ -201,187 +227,26 @@ class PsWorker::Run {
       size_t i = 0;
       while (i < s.parts.size() && s.got[i]) ++i;
       size_t pushed = 0;
-      for (uint8_t v : s.sent) pushed += v;
+      for (size_t j = 0; j < s.started; ++j) pushed += s.push[j].done ? 1 : 0;
+      const bool pushed_i = i < s.started && s.push[i].done;
       return absl::DeadlineExceededError(
           absl::StrCat(w_.ShardName(k), ": step ", step_, " timed out ",
-                       s.sent[i] ? "waiting for partition " : "waiting to push partition ",
+                       pushed_i ? "waiting for partition " : "waiting to push partition ",
                        s.parts[i]->id, " (pulled ", s.pulled, " of ", s.parts.size(),
                        " partitions from this shard, pushed ", pushed, ")"));
     }
     return absl::DeadlineExceededError(absl::StrCat("ps step ", step_, " timed out"));
   }
 
-  absl::Status PumpSend(int k) {
-    Shard& s = shards_[k];
-    const int fd = w_.links_[k].get();
-    while (true) {
-      if (!s.sending) {
-        if (!s.header_sent) {
-          s.out = s.header_frame;
-          s.out_payload = s.header_payload.data();
-          s.out_local = -1;
-        } else if (s.started < s.parts.size() &&
-                   s.started - s.pulled < static_cast<size_t>(w_.options_.max_inflight)) {
-          const Partition& p = *s.parts[s.started];
-          s.out = MakeFrame(FrameType::kData, w_.job_tag_, w_.options_.epoch, step_, p.id,
-                            static_cast<uint8_t>(dtype_), p.offset_bytes,
-                            static_cast<uint32_t>(p.bytes));
-          s.out_payload = data_ + p.offset_bytes;
-          s.out_local = static_cast<int>(s.started);
-          ++s.started;
-        } else {
-          return absl::OkStatus();
-        }
-        s.sending = true;
-        s.out_done = 0;
-      }
-      const size_t total = kHeaderBytes + s.out.length;
-      struct iovec iov[2];
-      int n = 0;
-      if (s.out_done < kHeaderBytes) {
-        iov[n++] = {reinterpret_cast<char*>(&s.out) + s.out_done, kHeaderBytes - s.out_done};
-        if (s.out.length > 0) iov[n++] = {const_cast<char*>(s.out_payload), s.out.length};
-      } else {
-        iov[n++] = {const_cast<char*>(s.out_payload) + (s.out_done - kHeaderBytes),
-                    total - s.out_done};
-      }
-      struct msghdr m = {};
-      m.msg_iov = iov;
-      m.msg_iovlen = n;
-      const ssize_t wr = ::sendmsg(fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
-      if (wr < 0) {
-        if (errno == EAGAIN || errno == EWOULDBLOCK) return absl::OkStatus();
-        if (errno == EINTR) continue;
-        const std::string what = s.out_local < 0
-                                     ? std::string("sending the step header")
-                                     : absl::StrCat("pushing partition ", s.parts[s.out_local]->id);
-        return Lost(k, what, ErrnoString(errno));
-      }
-      s.out_done += static_cast<size_t>(wr);
-      if (s.out_done == total) {
-        s.sending = false;
-        if (s.out_local < 0) {
-          s.header_sent = true;
-        } else {
-          s.sent[s.out_local] = 1;
-          w_.bytes_pushed_.fetch_add(s.out.length, std::memory_order_relaxed);
-        }
-      }
-    }
-  }
-
-  // recv() into dst: > 0 bytes, 0 would block, or an error status.
-  absl::StatusOr<size_t> Read(int k, char* dst, size_t n) {
-    while (true) {
-      const ssize_t r = ::recv(w_.links_[k].get(), dst, n, MSG_DONTWAIT);
-      if (r > 0) return static_cast<size_t>(r);
-      if (r < 0 && errno == EINTR) continue;
-      if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return size_t{0};
-      return LostPulling(k, r == 0 ? std::string("closed by peer") : ErrnoString(errno));
-    }
-  }
-
-  absl::Status StartFrame(int k) {
-    Shard& s = shards_[k];
-    const FrameHeader& h = s.in;
-    absl::Status v = transport::ValidateFrameHeader(h);
-    if (v.ok() && (h.job_tag != w_.job_tag_ || h.epoch != w_.options_.epoch)) {
-      v = absl::DataLossError(
-          absl::StrCat("frame of another job or epoch ", transport::DescribeFrame(h)));
-    }
-    if (!v.ok()) return ProtocolError(k, v.message());
-    s.in_got = 0;
-    if (h.type == static_cast<uint8_t>(FrameType::kAbort)) {
-      s.in_kind = Shard::In::kAbort;
-      s.in_msg.assign(h.length, '\0');
-      return absl::OkStatus();
-    }
-    if (h.op_seq < step_) {  // a leftover of an older step
-      s.in_kind = Shard::In::kDiscard;
-      return absl::OkStatus();
-    }
-    auto it = std::lower_bound(s.parts.begin(), s.parts.end(), h.slot,
-                               [](const Partition* p, uint32_t id) { return p->id < id; });
-    const int i =
-        it == s.parts.end() || (*it)->id != h.slot ? -1 : static_cast<int>(it - s.parts.begin());
-    if (h.op_seq != step_ || h.slot == transport::kControlSlot || i < 0 ||
-        h.offset != s.parts[i]->offset_bytes || h.length != s.parts[i]->bytes ||
-        h.dtype != static_cast<uint8_t>(dtype_) || s.got[i] || !s.sent[i]) {
-      return ProtocolError(k,
-                           absl::StrCat("unexpected result frame ", transport::DescribeFrame(h)));
-    }
-    s.in_kind = Shard::In::kResult;
-    s.in_local = i;
-    return absl::OkStatus();
-  }
-
-  absl::Status FinishFrame(int k) {
-    Shard& s = shards_[k];
-    const FrameHeader& h = s.in;
-    s.in_header_got = 0;
-    switch (s.in_kind) {
-      case Shard::In::kResult:
-        s.got[s.in_local] = 1;
-        ++s.pulled;
-        w_.bytes_pulled_.fetch_add(h.length, std::memory_order_relaxed);
-        return absl::OkStatus();
-      case Shard::In::kDiscard:
-        return absl::OkStatus();
-      case Shard::In::kAbort:
-        break;
-    }
-    const absl::Status reported = AbortStatus(h, s.in_msg);
-    if (h.op_seq == kConnectionStep) {
-      return LostPulling(k, absl::StrCat("the shard closed the connection: ", reported.message()),
-                         reported.code());
-    }
-    if (h.op_seq == step_) return reported;  // verbatim
-    GS_LOG(DEBUG) << w_.ShardName(k) << ": ignoring an error for step " << h.op_seq
-                  << " during step " << step_ << ": " << reported.message();
-    return absl::OkStatus();
-  }
-
-  absl::Status PumpRecv(int k) {
-    Shard& s = shards_[k];
-    char scratch[16 << 10];
-    while (true) {
-      if (s.in_header_got < kHeaderBytes) {
-        ASSIGN_OR_RETURN(size_t r, Read(k, reinterpret_cast<char*>(&s.in) + s.in_header_got,
-                                        kHeaderBytes - s.in_header_got));
-        if (r == 0) return absl::OkStatus();
-        s.in_header_got += r;
-        if (s.in_header_got < kHeaderBytes) continue;
-        RETURN_IF_ERROR(StartFrame(k));
-      }
-      while (s.in_got < s.in.length) {
-        const size_t left = s.in.length - s.in_got;
-        char* dst;
-        size_t want = left;
-        switch (s.in_kind) {
-          case Shard::In::kResult:
-            dst = data_ + s.in.offset + s.in_got;
-            break;
-          case Shard::In::kAbort:
-            dst = s.in_msg.data() + s.in_got;
-            break;
-          default:
-            dst = scratch;
-            want = std::min(left, sizeof(scratch));
-            break;
-        }
-        ASSIGN_OR_RETURN(size_t r, Read(k, dst, want));
-        if (r == 0) return absl::OkStatus();
-        s.in_got += r;
-      }
-      RETURN_IF_ERROR(FinishFrame(k));
-    }
-  }
-
   PsWorker& w_;
+  transport::Context& ctx_;
   const uint64_t step_;
   char* const data_;
+  const uint64_t bytes_;
   const DType dtype_;
   const absl::Time deadline_;
+  size_t inflight_ = 1;
+  std::unique_ptr<transport::MemoryRegion> data_mr_;
   std::vector<Shard> shards_;
 };
 
@@ -394,17 +259,19 @@ absl::StatusOr<std::unique_ptr<PsWorker>> PsWorker::Create(PsWorkerOptions optio
   if (options.max_inflight < 1) {
     return absl::InvalidArgumentError("ps worker: max_inflight must be >= 1");
   }
-  std::unique_ptr<PsWorker> w(new PsWorker(std::move(options), std::move(ps_job_id)));
-  w->wake_fd_.Reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
-  if (!w->wake_fd_.valid()) return absl::InternalError("eventfd: " + ErrnoString(errno));
-  return w;
+  return std::unique_ptr<PsWorker>(new PsWorker(std::move(options), std::move(ps_job_id)));
 }
 
 PsWorker::PsWorker(PsWorkerOptions options, std::string ps_job_id)
-    : options_(std::move(options)),
-      ps_job_id_(std::move(ps_job_id)),
-      job_tag_(transport::JobTag(ps_job_id_)),
-      links_(options_.shards.size()) {}
+    : options_(std::move(options)), ps_job_id_(std::move(ps_job_id)) {
+  device_ = options_.device;
+  if (device_ == nullptr) {
+    transport::TcpDeviceOptions o;
+    o.socket_buffer_bytes = options_.socket_buffer_bytes;
+    own_device_ = std::make_unique<transport::TcpDevice>(o);
+    device_ = own_device_.get();
+  }
+}
 
 PsWorker::~PsWorker() = default;
 
@@ -413,13 +280,10 @@ std::string PsWorker::ShardName(int k) const {
 }
 
 void PsWorker::Abort(const absl::Status& reason) {
-  {
-    absl::MutexLock l(&mu_);
-    if (aborted_.ok()) aborted_ = reason.ok() ? absl::AbortedError("aborted") : reason;
-  }
+  absl::MutexLock l(&mu_);
+  if (aborted_.ok()) aborted_ = reason.ok() ? absl::AbortedError("aborted") : reason;
   is_aborted_ = true;
-  uint64_t one = 1;
-  (void)!::write(wake_fd_.get(), &one, sizeof(one));
+  if (running_ != nullptr) running_->Abort(aborted_);
 }
 
 PsWorkerStats PsWorker::stats() const {
@@ -432,42 +296,40 @@ PsWorkerStats PsWorker::stats() const {
   return s;
 }
 
-absl::Status PsWorker::Connect(int k, uint64_t step, absl::Time deadline) {
-  UniqueFd& fd = links_[k];
-  if (fd.valid()) {
-    // A connection that died since the last step (the shard restarted, say)
-    // is replaced now rather than failing this step. Readable bytes are
-    // frames for older steps; the step skips them.
-    struct pollfd p = {fd.get(), POLLIN, 0};
-    if (::poll(&p, 1, 0) <= 0) return absl::OkStatus();
-    char c;
-    const ssize_t r = ::recv(fd.get(), &c, 1, MSG_PEEK | MSG_DONTWAIT);
-    if (r > 0) return absl::OkStatus();
-    fd.Reset();
+void PsWorker::DropContext() {
+  {
+    absl::MutexLock l(&mu_);
+    running_ = nullptr;
   }
-  absl::StatusOr<UniqueFd> c = ConnectToShard(options_.shards[k], ps_job_id_, options_.epoch, rank_,
-                                              world_, k, deadline, options_.socket_buffer_bytes);
-  if (!c.ok()) {
-    return absl::Status(c.status().code(), absl::StrCat(ShardName(k), ": cannot connect for step ",
-                                                        step, ": ", c.status().message()));
-  }
-  fd = std::move(*c);
-  ++connects_;
-  return absl::OkStatus();
+  ctx_.reset();
 }
 
-void PsWorker::Disconnect(uint64_t step, const absl::Status& why,
-                          const std::vector<bool>& can_abort) {
-  const absl::Time deadline = absl::Now() + absl::Milliseconds(200);
-  for (size_t k = 0; k < links_.size(); ++k) {
-    if (!links_[k].valid()) continue;
-    if (k < can_abort.size() && can_abort[k]) {
-      std::string payload;
-      const FrameHeader h = MakeAbortFrame(job_tag_, options_.epoch, step, why, &payload);
-      (void)WriteFrame(links_[k].get(), h, payload.data(), deadline);
-    }
-    links_[k].Reset();
+absl::Status PsWorker::EnsureContext(absl::Time deadline) {
+  if (ctx_ != nullptr) {
+    // A shard that closed the connection since the last step (it restarted,
+    // say) is reconnected now rather than failing this step.
+    (void)ctx_->Progress(absl::InfinitePast());
+    bool usable = ctx_->health().ok();
+    for (int k = 0; usable && k < shards(); ++k) usable = !ctx_->PeerClosed(k);
+    if (usable) return absl::OkStatus();
+    DropContext();
   }
+  transport::ServerSetSpec spec;
+  spec.job_id = ps_job_id_;
+  spec.epoch = options_.epoch;
+  spec.rank = rank_;
+  spec.clients = world_;
+  spec.servers = options_.shards;
+  for (int k = 0; k < shards(); ++k) spec.server_names.push_back(ShardName(k));
+  spec.self_name = absl::StrCat("ps worker rank ", rank_);
+  spec.deadline = deadline;
+  ASSIGN_OR_RETURN(std::unique_ptr<transport::Context> ctx, device_->ConnectToServers(spec));
+  connects_ += static_cast<uint64_t>(shards());
+  ctx_ = std::move(ctx);
+  absl::MutexLock l(&mu_);
+  running_ = ctx_.get();
+  if (!aborted_.ok()) running_->Abort(aborted_);
+  return absl::OkStatus();
 }
 
 absl::Status PsWorker::PushPull(uint64_t step, void* data, size_t count, DType dtype, ReduceOp op,
@@ -500,18 +362,24 @@ absl::Status PsWorker::PushPull(uint64_t step, void* data, size_t count, DType d
   if (absl::Status s = CheckPartitions(parts, bytes, es, K); !s.ok()) return invalid(s.message());
 
   if (world != world_ || rank != rank_) {
-    Disconnect(step, absl::OkStatus(), {});
+    DropContext();
     world_ = world;
     rank_ = rank;
   }
-  Run run(*this, step, static_cast<char*>(data), dtype, deadline);
+  absl::Status status = EnsureContext(deadline);
+  if (!status.ok()) {
+    ++steps_failed_;
+    return status;
+  }
+  Run run(*this, *ctx_, step, static_cast<char*>(data), bytes, dtype, deadline);
   std::vector<Run::Shard>& shards = run.shards();
   shards.resize(K);
   for (const Partition& p : parts) shards[p.shard].parts.push_back(&p);
-  absl::Status status;
-  for (int k = 0; k < K && status.ok(); ++k) {
+  for (int k = 0; k < K; ++k) {
     Run::Shard& s = shards[k];
     if (s.parts.empty()) continue;
+    s.push.resize(s.parts.size());
+    s.pull.resize(s.parts.size());
     s.sent.assign(s.parts.size(), 0);
     s.got.assign(s.parts.size(), 0);
     StepHeader h;
@@ -527,22 +395,17 @@ absl::Status PsWorker::PushPull(uint64_t step, void* data, size_t count, DType d
     h.partitions = static_cast<uint32_t>(parts.size());
     for (const Partition* p : s.parts) h.table.push_back(*p);
     s.header_payload = EncodeStepHeader(h);
-    s.header_frame =
-        MakeFrame(FrameType::kData, job_tag_, options_.epoch, step, transport::kControlSlot,
-                  static_cast<uint8_t>(dtype), 0, static_cast<uint32_t>(s.header_payload.size()));
-    status = Connect(k, step, deadline);
   }
-  if (status.ok()) status = run.Go();
+  status = run.Go();
   if (status.ok()) {
     ++steps_;
     return status;
   }
   ++steps_failed_;
-  std::vector<bool> can_abort(K);
-  for (int k = 0; k < K; ++k) {
-    can_abort[k] = shards[k].parts.empty() ? links_[k].valid() : run.FrameAligned(k);
-  }
-  Disconnect(step, status, can_abort);
+  // Tell every shard (those still connected) why, with the step's code; the
+  // next step connects anew.
+  (void)ctx_->Fail(status);
+  DropContext();
   return status;
 }
 

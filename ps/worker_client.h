@@ -1,15 +1,20 @@
 // The worker-daemon side of the parameter-server data path.
 //
-// A PsWorker connects one worker rank of one job to the job's K shards (one
-// TCP connection per shard, made on first use) and runs synchronous steps:
-// PushPull cuts the tensor with the Slicer, sends each shard a step header,
-// pushes every partition to its shard and receives every partition's reduced
-// result straight into the caller's buffer.
+// A PsWorker connects one worker rank of one job to the job's K shards and
+// runs synchronous steps: PushPull cuts the tensor with the Slicer, sends each
+// shard a step header, pushes every partition to its shard and receives every
+// partition's reduced result straight into the caller's buffer.
 //
-// Pipelining: one thread (the caller's) drives all K connections with
-// non-blocking sockets and poll(2): pushes and results interleave, so
-// partition 0's result arrives while partition 7 is still being pushed. At
-// most `max_inflight` partitions per shard are pushed and not yet pulled back.
+// Transport: the connections are one client context of the data plane's
+// device (transport::Device::ConnectToServers: shard k = peer k), made at the
+// first step and kept while steps succeed. The result of every partition in
+// flight is a posted receive, so results complete in whatever order the
+// shards finish them.
+//
+// Pipelining: one thread (the caller's) drives the context: pushes and
+// results interleave, so partition 0's result arrives while partition 7 is
+// still being pushed. At most `max_inflight` partitions per shard are pushed
+// and not yet pulled back.
 //
 // Result: each partition's bytes are the shard's rank-order reduction (see
 // ps/shard.h), the same on every worker.
@@ -17,15 +22,16 @@
 // Errors (the step is then failed on every worker of the job):
 //   * Unavailable "ps shard 1 (127.0.0.1:5000) lost while pulling partition 7
 //     of step 3: closed by peer" when a shard connection breaks (also
-//     "...while pushing partition 7..." / "...cannot connect...");
+//     "...while pushing partition 7...", "ps shard 1 (...): cannot connect: ...");
 //   * DeadlineExceeded "ps shard 1 (127.0.0.1:5000): step 3 timed out waiting
 //     for partition 7 (...)" at `deadline`;
 //   * errors the shard reports (a rank that never pushed, mismatched step
 //     headers, a refused stale step, ...) verbatim, with the shard's code;
 //   * InvalidArgument for bad arguments or a slicer that breaks its contract;
 //   * the Abort() reason.
-// After an error the PsWorker tells every shard it can reach (ABORT frame for
-// the step) and closes its connections; the next PushPull reconnects.
+// After an error the PsWorker tells every shard it can reach (an ABORT for
+// the step with the error's code) and closes the context; the next PushPull
+// reconnects. So does a step after a shard closed an idle connection.
 //
 // Thread-safety: PushPull from one thread at a time; Abort and stats from any.
 #ifndef GRADSYNC_PS_WORKER_CLIENT_H_
@@ -46,6 +52,7 @@
 #include "common/net.h"
 #include "common/types.h"
 #include "ps/slicer.h"
+#include "transport/device.h"
 
 namespace gradsync::ps {
 
@@ -59,6 +66,9 @@ struct PsWorkerOptions {
   std::vector<HostPort> shards;
   // Partitions pushed to one shard and not yet pulled back (>= 1).
   int max_inflight = 8;
+  // The data plane's device (not owned; outlives the PsWorker). Null: a
+  // dial-only TCP device of the PsWorker's own, with socket_buffer_bytes.
+  transport::Device* device = nullptr;
   int socket_buffer_bytes = 0;  // 0: the kernel's autotuned buffers
 };
 
@@ -97,20 +107,21 @@ class PsWorker {
   class Run;  // one PushPull's state (worker_client.cc)
   explicit PsWorker(PsWorkerOptions options, std::string ps_job_id);
   std::string ShardName(int k) const;
-  absl::Status Connect(int k, uint64_t step, absl::Time deadline);
-  // Tells reachable shards that `step` failed, closes every connection.
-  void Disconnect(uint64_t step, const absl::Status& why, const std::vector<bool>& can_abort);
+  // Keeps the context if every shard is still there, else connects anew.
+  absl::Status EnsureContext(absl::Time deadline);
+  void DropContext();
 
   const PsWorkerOptions options_;
   const std::string ps_job_id_;
-  const uint64_t job_tag_;
-  std::vector<UniqueFd> links_;  // by shard; invalid: not connected
+  std::unique_ptr<transport::Device> own_device_;  // when options_.device is null
+  transport::Device* device_ = nullptr;
+  std::unique_ptr<transport::Context> ctx_;  // the shards; null: not connected
   int world_ = -1;
   int rank_ = -1;
-  UniqueFd wake_fd_;  // eventfd, signalled by Abort()
 
   mutable absl::Mutex mu_;
   absl::Status aborted_ ABSL_GUARDED_BY(mu_);
+  transport::Context* running_ ABSL_GUARDED_BY(mu_) = nullptr;  // ctx_, for Abort()
   std::atomic<bool> is_aborted_{false};
 
   std::atomic<uint64_t> steps_{0};

@@ -47,12 +47,40 @@ struct ContextSpec {
   int lanes = 1;
 };
 
+// A client's connections to a set of servers of one job (the
+// parameter-server shards): peer k of the context is server k. The Hello
+// to server k names the job, the epoch, src_rank = `rank`, dst_rank = k and
+// world_size = `clients`. A server's ABORT fails the context with the
+// server's own code and message (the servers speak for the job), not
+// Aborted("aborted by ..."); a server's fault (loss, ABORT, protocol error)
+// is told to the other servers only by the owner's Fail(reason), in its words.
+struct ServerSetSpec {
+  std::string job_id;  // the data-plane job id (e.g. "ps/<job>")
+  uint64_t epoch = 0;
+  int rank = 0;     // this client among the job's clients
+  int clients = 1;  // the job's clients
+  std::vector<HostPort> servers;
+  // How the context's errors name server k (default "server k (host:port)")
+  // and this client (default "client rank R").
+  std::vector<std::string> server_names;
+  std::string self_name;
+  absl::Time deadline;  // for the whole set-up
+};
+
 class Device {
  public:
   virtual ~Device() = default;
   virtual const DeviceProperties& properties() const = 0;
   // Connects `spec.rank` to every peer (blocks up to spec.deadline).
   virtual absl::StatusOr<std::unique_ptr<Context>> CreateContext(const ContextSpec& spec) = 0;
+  // Connects a client to every server of `spec` (blocks up to spec.deadline).
+  // A refusal or an unreachable server fails with "<server name>: cannot
+  // connect: <cause>" and the cause's code. Unimplemented where the device
+  // has no client contexts.
+  virtual absl::StatusOr<std::unique_ptr<Context>> ConnectToServers(const ServerSetSpec& spec) {
+    (void)spec;
+    return absl::UnimplementedError(properties().name + " device has no client contexts");
+  }
 };
 
 }  // namespace gradsync::transport

@@ -186,12 +186,16 @@ class InProcContext final : public Context {
             next_due = std::min(next_due, m.deliver_at);
             break;
           }
-          RecvItem& r = recvs_[p].front();
-          if (!SameTag(m.tag, r.tag)) {
+          // The posted receive with the message's tag (the first of equals).
+          auto match = std::find_if(recvs_[p].begin(), recvs_[p].end(),
+                                    [&](const RecvItem& r) { return SameTag(m.tag, r.tag); });
+          if (match == recvs_[p].end()) {
             return FailLocked(absl::DataLossError(absl::StrCat(
                 "rank ", rank_, ": protocol error from rank ", p, ": message for ",
-                TagText(m.tag), " where ", TagText(r.tag), " was expected")));
+                TagText(m.tag), " where ", TagText(recvs_[p].front().tag),
+                recvs_[p].size() > 1 ? " (or another posted receive)" : "", " was expected")));
           }
+          RecvItem& r = *match;
           const size_t got = m.bytes.size();
           if (got > r.capacity || (r.exact && got != r.capacity)) {
             return FailLocked(absl::DataLossError(absl::StrCat(
@@ -202,7 +206,7 @@ class InProcContext final : public Context {
           r.req->done = true;
           r.req->bytes = got;
           received_[p] += got;
-          recvs_[p].pop_front();
+          recvs_[p].erase(match);
           in.pop_front();
           ++completed;
         }

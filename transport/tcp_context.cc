@@ -22,18 +22,48 @@ namespace {
 constexpr size_t kHeaderBytes = sizeof(FrameHeader);
 }  // namespace
 
-TcpContext::TcpContext(const TcpContextOptions& options)
+TcpContext::TcpContext(const TcpContextOptions& options, int peers, int self)
     : job_id_(options.job_id),
       job_tag_(JobTag(options.job_id)),
+      self_name_(options.self_name.empty() ? absl::StrCat("rank ", options.rank)
+                                           : options.self_name),
+      verbatim_aborts_(options.verbatim_aborts),
+      relay_faults_(options.relay_faults),
       epoch_(options.epoch),
-      rank_(options.rank),
-      size_(options.world_size),
+      rank_(self),
+      size_(peers),
       streams_(std::max(1, options.streams)),
       max_in_flight_(std::max(0, options.max_in_flight)),
       active_streams_(streams_),
       spin_(absl::Microseconds(std::max(0, options.spin_us))),
-      peers_(static_cast<size_t>(options.world_size) * std::max(1, options.streams)) {
+      peers_(static_cast<size_t>(peers) * std::max(1, options.streams)) {
   for (size_t i = 0; i < peers_.size(); ++i) peers_[i].rank = static_cast<int>(i / streams_);
+  for (int p = 0; p < peers; ++p) {
+    peer_names_.push_back(static_cast<size_t>(p) < options.peer_names.size() &&
+                                  !options.peer_names[p].empty()
+                              ? options.peer_names[p]
+                              : absl::StrCat("rank ", p));
+  }
+}
+
+void TcpContext::FailBy(PeerFault f, const absl::Status& reason) {
+  if (!failed_ && fault_.kind == PeerFault::kNone) fault_ = std::move(f);
+  if (relay_faults_) {
+    (void)Fail(reason);
+    return;
+  }
+  {
+    absl::MutexLock l(&mu_);
+    if (error_.ok()) error_ = reason;
+  }
+  failed_ = true;
+}
+
+bool TcpContext::PeerClosed(int peer) const {
+  for (const Peer& p : peers_) {
+    if (p.rank == peer && p.closed) return true;
+  }
+  return false;
 }
 
 size_t TcpContext::PostedSends(int peer) const {
@@ -60,74 +90,6 @@ TcpContext::Peer& TcpContext::Conn(int peer, const MessageTag& tag) {
 }
 
 TcpContext::~TcpContext() = default;
-
-absl::StatusOr<std::unique_ptr<TcpContext>> TcpContext::Connect(const TcpContextOptions& options,
-                                                                TcpListener* listener) {
-  if (options.world_size < 1 || options.rank < 0 || options.rank >= options.world_size ||
-      static_cast<int>(options.peers.size()) != options.world_size) {
-    return absl::InvalidArgumentError(absl::StrCat("bad context: rank ", options.rank, " of ",
-                                                   options.world_size, " with ",
-                                                   options.peers.size(), " peer addresses"));
-  }
-  std::unique_ptr<TcpContext> ctx(new TcpContext(options));
-  ctx->wake_fd_.Reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
-  if (!ctx->wake_fd_.valid()) return absl::InternalError("eventfd: " + ErrnoString(errno));
-  const int me = options.rank;
-  const absl::Time deadline = options.deadline;
-  auto peer_error = [&](int p, const absl::Status& s) {
-    return absl::Status(s.code(), absl::StrCat("job '", options.job_id, "' epoch ", options.epoch,
-                                               ": rank ", me, " could not connect to rank ", p,
-                                               " at ", options.peers[p].ToString(), ": ",
-                                               s.message()));
-  };
-  // Phase 1: connect to every higher rank and send our Hello.
-  const int S = ctx->streams_;
-  for (int p = me + 1; p < options.world_size; ++p) {
-    for (int st = 0; st < S; ++st) {
-      auto fd = TcpConnect(options.peers[p], deadline, /*retry_refused=*/true);
-      if (!fd.ok()) return peer_error(p, fd.status());
-      Hello hello{kHelloMagic, kWireVersion, static_cast<uint16_t>(options.job_id.size()),
-                  options.epoch, me, p, options.world_size, static_cast<uint32_t>(st)};
-      absl::Status s = WriteFull(fd->get(), &hello, sizeof(hello), deadline);
-      if (s.ok()) s = WriteFull(fd->get(), options.job_id.data(), options.job_id.size(), deadline);
-      if (!s.ok()) return peer_error(p, s);
-      ctx->peers_[p * S + st].fd = std::move(*fd);
-    }
-  }
-  // Phase 2: take the connections of every lower rank and accept them.
-  for (int p = 0; p < me; ++p) {
-    for (int st = 0; st < S; ++st) {
-      if (listener == nullptr) return absl::FailedPreconditionError("no data-plane listener");
-      auto fd = listener->Claim(options.job_id, options.epoch, p, me, st, deadline);
-      if (!fd.ok()) return fd.status();
-      HelloAck ack{kHelloMagic, 0, 0};
-      absl::Status s = WriteFull(fd->get(), &ack, sizeof(ack), deadline);
-      if (!s.ok()) return peer_error(p, s);
-      ctx->peers_[p * S + st].fd = std::move(*fd);
-    }
-  }
-  // Phase 3: every higher rank accepted us.
-  for (int p = me + 1; p < options.world_size; ++p) {
-    for (int st = 0; st < S; ++st) {
-      const int fd = ctx->peers_[p * S + st].fd.get();
-      HelloAck ack;
-      absl::Status s = ReadFull(fd, &ack, sizeof(ack), deadline);
-      if (s.ok() && ack.magic != kHelloMagic) s = absl::DataLossError("bad handshake reply");
-      if (s.ok() && ack.code != 0) {
-        std::string msg(std::min<size_t>(ack.message_len, 1024), '\0');
-        (void)ReadFull(fd, msg.data(), msg.size(), deadline);
-        s = absl::Status(static_cast<absl::StatusCode>(ack.code), "refused: " + msg);
-      }
-      if (!s.ok()) return peer_error(p, s);
-    }
-  }
-  for (Peer& c : ctx->peers_) {
-    if (c.rank == me) continue;
-    absl::Status s = TuneDataSocket(c.fd.get(), options.socket_buffer_bytes);
-    if (!s.ok()) return s;
-  }
-  return ctx;
-}
 
 absl::StatusOr<std::unique_ptr<MemoryRegion>> TcpContext::RegisterMemory(void* data, size_t size,
                                                                          MemKind kind) {
@@ -169,8 +131,9 @@ absl::Status TcpContext::PostSend(int peer, const MemoryRegion& mr, size_t offse
     return PostingBoundError("sends to", peer, max_in_flight_);
   }
   req->done = false;
+  last_op_seq_ = tag.op_seq;
   Peer& p = Conn(peer, tag);
-  if (p.closed) return Fail(ClosedPeerError(peer));
+  if (p.closed) return ClosedPeerError(peer);
   p.sends.push_back(SendItem{MakeHeader(FrameType::kData, tag, static_cast<uint32_t>(len)),
                              mr.data() + offset, len, 0, req});
   if (p.sends.size() == 1) {  // eager: most small messages leave right here
@@ -195,7 +158,8 @@ absl::Status TcpContext::PostRecv(int peer, const MemoryRegion& mr, size_t offse
     return PostingBoundError("receives from", peer, max_in_flight_);
   }
   req->done = false;
-  if (Conn(peer, tag).closed) return Fail(ClosedPeerError(peer));
+  last_op_seq_ = tag.op_seq;
+  if (Conn(peer, tag).closed) return ClosedPeerError(peer);
   Conn(peer, tag).recvs.push_back(RecvItem{mr.data() + offset, capacity, exact, tag, req});
   return absl::OkStatus();
 }
@@ -219,8 +183,10 @@ bool TcpContext::DoSend(Peer& p, bool* completed) {
     if (w < 0) {
       if (errno == EAGAIN || errno == EWOULDBLOCK) return true;
       if (errno == EINTR) continue;
-      (void)Fail(absl::UnavailableError(absl::StrCat("rank ", rank_, ": connection to rank ", p.rank,
-                                               " lost while sending: ", ErrnoString(errno))));
+      const std::string cause = ErrnoString(errno);
+      FailBy(PeerFault{PeerFault::kLost, p.rank, true, cause},
+             absl::UnavailableError(absl::StrCat(self_name_, ": connection to ", PeerName(p.rank),
+                                                 " lost while sending: ", cause)));
       return false;
     }
     s.done += static_cast<size_t>(w);
@@ -248,9 +214,10 @@ ssize_t TcpContext::ReadSome(Peer& p, char* dst, size_t n, const char* where, bo
     }
     if (r < 0 && errno == EINTR) continue;
     if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return kWouldBlock;
-    (void)Fail(absl::UnavailableError(absl::StrCat(
-        "rank ", rank_, ": connection to rank ", p.rank, " lost", where, ": ",
-        r == 0 ? std::string("closed by peer") : ErrnoString(errno))));
+    const std::string cause = r == 0 ? std::string("closed by peer") : ErrnoString(errno);
+    FailBy(PeerFault{PeerFault::kLost, p.rank, false, cause},
+           absl::UnavailableError(absl::StrCat(self_name_, ": connection to ", PeerName(p.rank),
+                                               " lost", where, ": ", cause)));
     return kLost;
   }
 }
@@ -296,8 +263,9 @@ bool TcpContext::DoRecv(Peer& p, bool* completed) {
                                              ", this is job '", job_id_, "' epoch ", epoch_, ")"));
       }
       if (!s.ok()) {
-        (void)Fail(absl::DataLossError(absl::StrCat("rank ", rank_, ": protocol error from rank ",
-                                              p.rank, ": ", s.message())));
+        FailBy(PeerFault{PeerFault::kProtocol, p.rank, false, std::string(s.message())},
+               absl::DataLossError(absl::StrCat(self_name_, ": protocol error from ",
+                                                PeerName(p.rank), ": ", s.message())));
         return false;
       }
       if (h.type == static_cast<uint8_t>(FrameType::kAbort)) {
@@ -307,27 +275,43 @@ bool TcpContext::DoRecv(Peer& p, bool* completed) {
         p.stage_begin += staged;
         (void)ReadFull(p.fd.get(), msg.data() + staged, msg.size() - staged,
                        FastNow() + absl::Seconds(1));
-        (void)Fail(absl::AbortedError(absl::StrCat("aborted by rank ", p.rank, ": ", msg)));
+        PeerFault f{PeerFault::kAborted, p.rank, false, msg};
+        if (h.offset > 0 && h.offset <= static_cast<uint64_t>(absl::StatusCode::kUnauthenticated)) {
+          f.code = static_cast<absl::StatusCode>(h.offset);
+        }
+        f.op_seq = h.op_seq;
+        const absl::Status why =
+            verbatim_aborts_ ? absl::Status(f.code, msg)
+                             : absl::AbortedError(absl::StrCat("aborted by ", PeerName(p.rank),
+                                                               ": ", msg));
+        FailBy(std::move(f), why);
         return false;
       }
       p.in_payload_got = 0;
     }
     if (p.recvs.empty()) return true;  // parked until a receive is posted
-    RecvItem& rv = p.recvs.front();
     const FrameHeader& h = p.in_header;
     if (p.in_payload_got == 0) {
-      const bool tag_ok = h.op_seq == rv.tag.op_seq && h.slot == rv.tag.slot &&
-                          h.offset == rv.tag.offset && h.dtype == rv.tag.dtype;
+      // The posted receive this message completes: the first with its tag.
+      size_t i = 0;
+      while (i < p.recvs.size() && !p.recvs[i].Expects(h)) ++i;
+      const RecvItem& rv = p.recvs[i < p.recvs.size() ? i : 0];
       const bool len_ok = rv.exact ? h.length == rv.capacity : h.length <= rv.capacity;
-      if (!tag_ok || !len_ok) {
-        (void)Fail(absl::DataLossError(absl::StrCat(
-            "rank ", rank_, ": protocol error from rank ", p.rank, ": expected op ", rv.tag.op_seq,
-            " slot ", static_cast<int64_t>(rv.tag.slot == kControlSlot ? -1 : rv.tag.slot),
-            " offset ", rv.tag.offset, " (", rv.exact ? "" : "up to ", rv.capacity,
-            " bytes), got ", DescribeFrame(h))));
+      if (i == p.recvs.size() || !len_ok) {
+        const std::string what = absl::StrCat(
+            "expected op ", rv.tag.op_seq, " slot ",
+            static_cast<int64_t>(rv.tag.slot == kControlSlot ? -1 : rv.tag.slot), " offset ",
+            rv.tag.offset, " (", rv.exact ? "" : "up to ", rv.capacity, " bytes)",
+            p.recvs.size() > 1 ? absl::StrCat(" or one of ", p.recvs.size() - 1, " more") : "",
+            ", got ", DescribeFrame(h));
+        FailBy(PeerFault{PeerFault::kProtocol, p.rank, false, what},
+               absl::DataLossError(absl::StrCat(self_name_, ": protocol error from ",
+                                                PeerName(p.rank), ": ", what)));
         return false;
       }
+      p.in_match = i;
     }
+    RecvItem& rv = p.recvs[p.in_match];
     while (p.in_payload_got < h.length) {
       const ssize_t r = Take(p, rv.data + p.in_payload_got, h.length - p.in_payload_got,
                              " mid-frame", /*eof_ok=*/false, /*direct=*/true);
@@ -336,7 +320,7 @@ bool TcpContext::DoRecv(Peer& p, bool* completed) {
     }
     rv.req->bytes = h.length;
     rv.req->done = true;
-    p.recvs.pop_front();
+    p.recvs.erase(p.recvs.begin() + static_cast<std::ptrdiff_t>(p.in_match));
     p.in_header_got = 0;
     p.in_payload_got = 0;
     *completed = true;
@@ -462,7 +446,9 @@ absl::Status TcpContext::Fail(const absl::Status& reason) {
   failed_ = true;
   if (!told_peers_) {
     told_peers_ = true;
-    BroadcastAbort(std::string(health().message()));
+    // Without relaying, a peer's fault is told in the words of the owner's
+    // first Fail().
+    BroadcastAbort(relay_faults_ || reason.ok() ? health() : reason);
   }
   return health();
 }
@@ -476,8 +462,11 @@ uint64_t TcpContext::BytesSentTo(int peer) const {
 }
 
 absl::Status TcpContext::ClosedPeerError(int peer) {
-  return absl::UnavailableError(absl::StrCat("rank ", rank_, ": connection to rank ", peer,
-                                             " lost: closed by peer (it left or stopped)"));
+  const std::string cause = "closed by peer (it left or stopped)";
+  FailBy(PeerFault{PeerFault::kLost, peer, false, cause},
+         absl::UnavailableError(
+             absl::StrCat(self_name_, ": connection to ", PeerName(peer), " lost: ", cause)));
+  return health();
 }
 
 uint64_t TcpContext::Retransmits(int peer) const {
@@ -506,8 +495,8 @@ absl::Status TcpContext::health() const {
   return error_;
 }
 
-void TcpContext::BroadcastAbort(const std::string& reason) {
-  const std::string msg = reason.substr(0, kMaxAbortBytes);
+void TcpContext::BroadcastAbort(const absl::Status& reason) {
+  const std::string msg(reason.message().substr(0, kMaxAbortBytes));
   const absl::Time deadline = FastNow() + absl::Milliseconds(300);
   for (Peer& p : peers_) {
     if (p.rank == rank_ || !p.fd.valid()) continue;
@@ -524,7 +513,9 @@ void TcpContext::BroadcastAbort(const std::string& reason) {
                                   s.len - (s.done - kHeaderBytes), deadline);
       if (!st.ok()) continue;
     }
-    FrameHeader h = MakeHeader(FrameType::kAbort, MessageTag{0, kControlSlot, 0, 0},
+    FrameHeader h = MakeHeader(FrameType::kAbort,
+                               MessageTag{last_op_seq_, kControlSlot, 0,
+                                          static_cast<uint64_t>(reason.code())},
                                static_cast<uint32_t>(msg.size()));
     if (WriteFull(p.fd.get(), &h, sizeof(h), deadline).ok()) {
       (void)WriteFull(p.fd.get(), msg.data(), msg.size(), deadline);

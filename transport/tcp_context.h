@@ -45,6 +45,16 @@ struct TcpContextOptions {
   // Context::max_in_flight(); 0: unbounded.
   int max_in_flight = kDefaultMaxInFlight;
   static constexpr int kDefaultMaxInFlight = 64;
+  // How errors name this rank and peer p: default "rank R", "rank p".
+  std::string self_name;
+  std::vector<std::string> peer_names;
+  // A peer's ABORT fails the context with the peer's code and message
+  // verbatim, instead of Aborted("aborted by <peer>: <message>").
+  bool verbatim_aborts = false;
+  // A peer's fault (loss, ABORT, protocol error) is told to the other peers
+  // at once, in the context's words. Off: the owner's Fail(reason) tells them
+  // in its own words (the PS worker names the shard, step and partition).
+  bool relay_faults = true;
 };
 
 class TcpContext : public Context, public TcpControls {
@@ -55,6 +65,13 @@ class TcpContext : public Context, public TcpControls {
   // form. Fails with the first peer that could not be reached by the deadline.
   static absl::StatusOr<std::unique_ptr<TcpContext>> Connect(const TcpContextOptions& options,
                                                              TcpListener* listener);
+  // A client context (Device::ConnectToServers): dials every address of
+  // `options.peers` (server k = peer k, one stream each), Hello src_rank =
+  // options.rank, dst_rank = k, world_size = options.world_size (the
+  // clients). rank() is -1 and size() the number of servers. Errors:
+  // "<peer name>: cannot connect: <cause>" with the cause's code.
+  static absl::StatusOr<std::unique_ptr<TcpContext>> ConnectToServers(
+      const TcpContextOptions& options);
   ~TcpContext() override;
 
   int rank() const override { return rank_; }
@@ -70,6 +87,8 @@ class TcpContext : public Context, public TcpControls {
   void Abort(const absl::Status& reason) override;
   absl::Status Fail(const absl::Status& reason) override;
   absl::Status health() const override;
+  PeerFault fault() const override { return fault_; }
+  bool PeerClosed(int peer) const override;
   uint64_t BytesSentTo(int peer) const override;
   uint64_t BytesReceivedFrom(int peer) const override;
   TcpControls* tcp() override { return this; }
@@ -106,6 +125,10 @@ class TcpContext : public Context, public TcpControls {
     bool exact;
     MessageTag tag;
     Request* req;
+    bool Expects(const FrameHeader& h) const {
+      return h.op_seq == tag.op_seq && h.slot == tag.slot && h.offset == tag.offset &&
+             h.dtype == tag.dtype;
+    }
   };
   struct Peer {
     int rank = -1;
@@ -115,6 +138,7 @@ class TcpContext : public Context, public TcpControls {
     FrameHeader in_header;
     size_t in_header_got = 0;
     size_t in_payload_got = 0;
+    size_t in_match = 0;  // the receive (index in `recvs`) the frame being read completes
     uint64_t sent = 0;
     uint64_t received = 0;
     // Receive staging: one recv() takes a small frame's header and payload
@@ -131,7 +155,12 @@ class TcpContext : public Context, public TcpControls {
     bool closed = false;
   };
 
-  TcpContext(const TcpContextOptions& options);
+  // `peers` contexts (connections) per stream; `self` this rank's index, or
+  // -1 for a client of servers.
+  TcpContext(const TcpContextOptions& options, int peers, int self);
+  const std::string& PeerName(int peer) const { return peer_names_[peer]; }
+  // Records what `peer` did (the first fault wins) and fails the context.
+  void FailBy(PeerFault f, const absl::Status& reason);
   std::vector<::pollfd> pfds_;  // Progress' poll set (reused)
   std::vector<Peer*> owners_;
   // The connection that carries messages with this tag to/from `peer`.
@@ -153,10 +182,18 @@ class TcpContext : public Context, public TcpControls {
   ssize_t Take(Peer& p, char* dst, size_t n, const char* where, bool eof_ok, bool direct);
   static constexpr size_t kStageBytes = 16 << 10;
   absl::Status ClosedPeerError(int peer);
-  void BroadcastAbort(const std::string& reason);
+  // Tells every peer (an ABORT frame: reason's code in `offset`, the latest
+  // posted op in `op_seq`, its message) and drops what is posted.
+  void BroadcastAbort(const absl::Status& reason);
 
   const std::string job_id_;
   const uint64_t job_tag_;
+  const std::string self_name_;
+  std::vector<std::string> peer_names_;
+  const bool verbatim_aborts_;
+  const bool relay_faults_;
+  PeerFault fault_;          // driving thread only
+  uint64_t last_op_seq_ = 0;  // of the latest post; ABORT frames name it
   const uint64_t epoch_;
   const int rank_;
   const int size_;

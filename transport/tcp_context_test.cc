@@ -210,6 +210,27 @@ TEST(TcpContext, OrderlyCloseOfAnIdlePeerFailsOnlyWhenItIsNeededAgain) {
   EXPECT_NE(s.message().find("connection to rank 0 lost: closed by peer"), std::string::npos) << s;
 }
 
+// A server may answer requests in any order: a message completes the posted
+// receive with its tag, wherever that receive is in posting order.
+TEST(TcpContext, ReceivesMatchTheirTagInAnyOrder) {
+  Pair p = Connect();
+  std::vector<char> buf(16, 0);
+  auto mr = p.ctx->RegisterMemory(buf.data(), buf.size());
+  Request first, second;
+  ASSERT_TRUE(p.ctx->PostRecv(0, **mr, 0, 8, true, MessageTag{3, 0, 1, 0}, &first).ok());
+  ASSERT_TRUE(p.ctx->PostRecv(0, **mr, 8, 8, true, MessageTag{3, 1, 1, 8}, &second).ok());
+  FrameHeader h1 = Header(3, 1, 8, 8);
+  Send(p, &h1, sizeof(h1));
+  Send(p, "second!!", 8);
+  FrameHeader h0 = Header(3, 0, 0, 8);
+  Send(p, &h0, sizeof(h0));
+  Send(p, "first!!!", 8);
+  while (!first.done || !second.done) {
+    ASSERT_TRUE(p.ctx->Progress(absl::Now() + absl::Seconds(5)).ok());
+  }
+  EXPECT_EQ(std::string(buf.data(), 16), "first!!!second!!");
+}
+
 TEST(TcpContext, AbortFrameCarriesThePeersReason) {
   Pair p = Connect();
   const std::string why = "rank 0: connection to rank 5 lost";
@@ -221,14 +242,40 @@ TEST(TcpContext, AbortFrameCarriesThePeersReason) {
   absl::Status s = ReceiveOne(p, &buf);
   EXPECT_TRUE(absl::IsAborted(s)) << s;
   EXPECT_EQ(s.message(), "aborted by rank 0: rank 0: connection to rank 5 lost");
+  const PeerFault f = p.ctx->fault();
+  EXPECT_EQ(f.kind, PeerFault::kAborted);
+  EXPECT_EQ(f.peer, 0);
+  EXPECT_EQ(f.cause, why);
+}
+
+TEST(TcpContext, AbortFrameCodeAndOpReachTheFault) {
+  Pair p = Connect();
+  const std::string why = "step 4 does not match";
+  FrameHeader h = Header(4, kControlSlot, static_cast<uint64_t>(absl::StatusCode::kInvalidArgument),
+                         static_cast<uint32_t>(why.size()));
+  h.type = static_cast<uint8_t>(FrameType::kAbort);
+  Send(p, &h, sizeof(h));
+  Send(p, why.data(), why.size());
+  std::vector<char> buf;
+  absl::Status s = ReceiveOne(p, &buf);
+  EXPECT_TRUE(absl::IsAborted(s)) << s;  // a collective context keeps its own code
+  const PeerFault f = p.ctx->fault();
+  EXPECT_EQ(f.code, absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(f.op_seq, 4u);
 }
 
 TEST(TcpContext, FailTellsThePeerWhy) {
   Pair p = Connect();
+  std::vector<char> buf(16);
+  auto mr = p.ctx->RegisterMemory(buf.data(), buf.size());
+  Request req;
+  ASSERT_TRUE(p.ctx->PostRecv(0, **mr, 0, 16, true, MessageTag{9, 0, 1, 0}, &req).ok());
   (void)p.ctx->Fail(absl::DeadlineExceededError("op 9 timed out at rank 1"));
   FrameHeader h;
   ASSERT_TRUE(ReadFull(p.raw.get(), &h, sizeof(h), absl::Now() + absl::Seconds(5)).ok());
   EXPECT_EQ(h.type, static_cast<uint8_t>(FrameType::kAbort));
+  EXPECT_EQ(h.op_seq, 9u);  // the op it was posting for
+  EXPECT_EQ(h.offset, static_cast<uint64_t>(absl::StatusCode::kDeadlineExceeded));
   std::string msg(h.length, '\0');
   ASSERT_TRUE(ReadFull(p.raw.get(), msg.data(), msg.size(), absl::Now() + absl::Seconds(5)).ok());
   EXPECT_EQ(msg, "op 9 timed out at rank 1");

@@ -30,4 +30,24 @@ absl::StatusOr<std::unique_ptr<Context>> TcpDevice::CreateContext(const ContextS
   return std::unique_ptr<Context>(std::move(*ctx));
 }
 
+absl::StatusOr<std::unique_ptr<Context>> TcpDevice::ConnectToServers(const ServerSetSpec& spec) {
+  TcpContextOptions o;
+  o.job_id = spec.job_id;
+  o.epoch = spec.epoch;
+  o.rank = spec.rank;
+  o.world_size = spec.clients;
+  o.peers = spec.servers;
+  o.deadline = spec.deadline;
+  o.socket_buffer_bytes = options_.socket_buffer_bytes;
+  o.spin_us = options_.spin_us;
+  o.max_in_flight = properties_.max_in_flight;
+  o.self_name = spec.self_name;
+  o.peer_names = spec.server_names;
+  o.verbatim_aborts = true;
+  o.relay_faults = false;
+  absl::StatusOr<std::unique_ptr<TcpContext>> ctx = TcpContext::ConnectToServers(o);
+  if (!ctx.ok()) return ctx.status();
+  return std::unique_ptr<Context>(std::move(*ctx));
+}
+
 }  // namespace gradsync::transport

@@ -11,7 +11,9 @@
 namespace gradsync::transport {
 
 struct TcpDeviceOptions {
-  TcpListener* listener = nullptr;  // the data-plane listener; not owned, outlives the device
+  // The data-plane listener; not owned, outlives the device. Null: a
+  // dial-only device (client contexts, and CreateContext for rank 0 of 1).
+  TcpListener* listener = nullptr;
   int socket_buffer_bytes = 0;      // SO_SNDBUF/SO_RCVBUF; 0: the kernel's autotuning
   int spin_us = 0;                  // TcpContextOptions::spin_us
 };
@@ -22,6 +24,8 @@ class TcpDevice final : public Device {
   const DeviceProperties& properties() const override { return properties_; }
   // A TcpContext (Context::tcp() is non-null); spec.lanes = its streams.
   absl::StatusOr<std::unique_ptr<Context>> CreateContext(const ContextSpec& spec) override;
+  // A TcpContext::ConnectToServers context (needs no listener).
+  absl::StatusOr<std::unique_ptr<Context>> ConnectToServers(const ServerSetSpec& spec) override;
 
  private:
   const TcpDeviceOptions options_;

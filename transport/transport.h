@@ -10,10 +10,13 @@
 // WRITE once the CTS arrived; Progress polls the completion queue. The TCP
 // transport (tcp_context.h) implements the same calls over framed streams.
 //
-// Ordering: sends to one peer complete in posting order, receives from one
-// peer match incoming messages in posting order; each receive states the tag
-// it expects, and a message with another tag fails the context (a protocol
-// error, never silently wrong data).
+// Ordering: sends to one peer complete in posting order. Each receive states
+// the tag it expects; an incoming message completes the posted receive from
+// its peer with the same tag (receives with equal tags in posting order), so
+// a server may answer a client's requests in any order. A message that no
+// posted receive expects, while receives from that peer are posted, fails
+// the context (a protocol error, never silently wrong data); one that
+// arrives while none is posted waits for one.
 //
 // Threading: a Context is driven by one thread at a time (the job's op
 // thread). Only Abort() may be called from any thread.
@@ -103,6 +106,20 @@ struct Request {
   size_t bytes = 0;  // bytes transferred (the actual length of a received message)
 };
 
+// What a peer did to fail a context (Context::fault()).
+struct PeerFault {
+  enum Kind : uint8_t { kNone = 0, kLost, kAborted, kProtocol };
+  Kind kind = kNone;
+  int peer = -1;
+  bool while_sending = false;  // kLost: the connection broke while sending to the peer
+  // kLost: "closed by peer" or the socket error; kAborted: the reason the
+  // peer's ABORT carried; kProtocol: what was wrong with its message.
+  std::string cause;
+  // kAborted: the status code and the op sequence number its ABORT carried.
+  absl::StatusCode code = absl::StatusCode::kAborted;
+  uint64_t op_seq = 0;
+};
+
 class Context {
  public:
   virtual ~Context() = default;
@@ -111,6 +128,9 @@ class Context {
   // registrations can tell a new context from a destroyed one at the same address.
   uint64_t id() const { return id_; }
 
+  // This rank, and the number of ranks (peers are 0..size()-1 but rank()).
+  // A context that connects a client to a set of servers
+  // (Device::ConnectToServers) has rank() -1: every peer is a server.
   virtual int rank() const = 0;
   virtual int size() const = 0;
 
@@ -148,6 +168,13 @@ class Context {
 
   // OK, or the error the context failed with.
   virtual absl::Status health() const = 0;
+
+  // The peer that failed the context and how (kind kNone when no peer did:
+  // a deadline, Abort(), Fail()). Driving thread only.
+  virtual PeerFault fault() const { return {}; }
+  // Whether `peer` closed its connections at a message boundary while
+  // nothing was expected from it (it left); posting to or from it then fails.
+  virtual bool PeerClosed(int peer) const { (void)peer; return false; }
 
   // Payload and header bytes moved to / from `peer` since creation (driving
   // thread only; for metrics).

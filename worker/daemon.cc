@@ -360,6 +360,7 @@ absl::StatusOr<std::shared_ptr<JobExecutor>> Daemon::GetOrCreateExecutor(
   eo.planner = options_.planner;
   eo.ring = options_.ring;
   eo.ps_shards = info.ps_shards;
+  eo.device = device_.get();
   eo.ps_partition_bytes = options_.ps_partition_bytes;
   eo.spin = options_.executor_spin;
   eo.observer = options_.observer;

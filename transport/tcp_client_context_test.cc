@@ -1,0 +1,196 @@
+// TcpContext::ConnectToServers (a client of several servers, as the PS
+// worker uses it) against servers the test drives by hand.
+#include <sys/socket.h>
+
+#include <thread>
+
+#include "absl/synchronization/mutex.h"
+#include "gtest/gtest.h"
+#include "transport/tcp_context.h"
+#include "transport/tcp_device.h"
+#include "transport/tcp_listener.h"
+#include "transport/wire.h"
+
+namespace gradsync::transport {
+namespace {
+
+constexpr char kJob[] = "ps/client-test";
+
+// A server that answers every "ps/" Hello with `code` (0: accept, with no
+// message otherwise "no such job") and keeps the accepted connections.
+class RawServer {
+ public:
+  explicit RawServer(uint16_t code = 0) {
+    ListenerOptions lo;
+    lo.listen = {"127.0.0.1", 0};
+    lo.route_prefix = "ps/";
+    lo.route = [this, code](RoutedConnection rc) {
+      const int fd = rc.fd.get();
+      {  // registered before the client hears the ack, so fd() is valid after connecting
+        absl::MutexLock l(&mu_);
+        hellos_.push_back(rc.hello);
+        conns_.push_back(std::move(rc.fd));
+      }
+      const std::string msg = code == 0 ? "" : "no such job";
+      HelloAck ack{kHelloMagic, code, static_cast<uint16_t>(msg.size())};
+      const absl::Time deadline = absl::Now() + absl::Seconds(5);
+      if (!WriteFull(fd, &ack, sizeof(ack), deadline).ok()) return;
+      (void)WriteFull(fd, msg.data(), msg.size(), deadline);
+    };
+    auto l = TcpListener::Start(lo);
+    EXPECT_TRUE(l.ok()) << l.status();
+    listener_ = std::move(*l);
+  }
+  HostPort address() const { return {"127.0.0.1", listener_->port()}; }
+  int fd() {
+    absl::MutexLock l(&mu_);
+    return conns_.empty() ? -1 : conns_[0].get();
+  }
+  Hello hello() {
+    absl::MutexLock l(&mu_);
+    return hellos_.at(0);
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<Hello> hellos_;
+  std::vector<UniqueFd> conns_;
+  std::unique_ptr<TcpListener> listener_;
+};
+
+ServerSetSpec Spec(const std::vector<HostPort>& servers) {
+  ServerSetSpec spec;
+  spec.job_id = kJob;
+  spec.epoch = 3;
+  spec.rank = 1;
+  spec.clients = 4;
+  spec.servers = servers;
+  spec.server_names = {"shard A", "shard B"};
+  spec.deadline = absl::Now() + absl::Seconds(10);
+  return spec;
+}
+
+FrameHeader Frame(FrameType type, uint64_t op, uint32_t slot, uint64_t offset, uint32_t len) {
+  FrameHeader h{};
+  h.magic = kFrameMagic;
+  h.version = kWireVersion;
+  h.type = static_cast<uint8_t>(type);
+  h.dtype = 1;
+  h.length = len;
+  h.slot = slot;
+  h.job_tag = JobTag(kJob);
+  h.epoch = 3;
+  h.op_seq = op;
+  h.offset = offset;
+  return h;
+}
+
+TEST(TcpClientContext, NamesItselfInTheHelloAndReachesEveryServer) {
+  RawServer a, b;
+  TcpDevice device(TcpDeviceOptions{});
+  auto ctx = device.ConnectToServers(Spec({a.address(), b.address()}));
+  ASSERT_TRUE(ctx.ok()) << ctx.status();
+  EXPECT_EQ((*ctx)->rank(), -1);
+  EXPECT_EQ((*ctx)->size(), 2);
+  EXPECT_EQ(a.hello().src_rank, 1);
+  EXPECT_EQ(a.hello().world_size, 4);
+  EXPECT_EQ(a.hello().dst_rank, 0);
+  EXPECT_EQ(b.hello().dst_rank, 1);
+  // A request to each server, answered by server B first.
+  std::vector<char> buf(8, 0);
+  auto mr = (*ctx)->RegisterMemory(buf.data(), buf.size());
+  Request ra, rb;
+  ASSERT_TRUE((*ctx)->PostRecv(0, **mr, 0, 4, true, MessageTag{1, 0, 1, 0}, &ra).ok());
+  ASSERT_TRUE((*ctx)->PostRecv(1, **mr, 4, 4, true, MessageTag{1, 1, 1, 4}, &rb).ok());
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  FrameHeader hb = Frame(FrameType::kData, 1, 1, 4, 4);
+  ASSERT_TRUE(WriteFull(b.fd(), &hb, sizeof(hb), deadline).ok());
+  ASSERT_TRUE(WriteFull(b.fd(), "BBBB", 4, deadline).ok());
+  FrameHeader ha = Frame(FrameType::kData, 1, 0, 0, 4);
+  ASSERT_TRUE(WriteFull(a.fd(), &ha, sizeof(ha), deadline).ok());
+  ASSERT_TRUE(WriteFull(a.fd(), "AAAA", 4, deadline).ok());
+  while (!ra.done || !rb.done) ASSERT_TRUE((*ctx)->Progress(deadline).ok());
+  EXPECT_EQ(std::string(buf.data(), 8), "AAAABBBB");
+}
+
+TEST(TcpClientContext, ARefusalNamesTheServerAndKeepsItsCode) {
+  RawServer a;
+  RawServer b(static_cast<uint16_t>(absl::StatusCode::kFailedPrecondition));
+  TcpDevice device(TcpDeviceOptions{});
+  auto ctx = device.ConnectToServers(Spec({a.address(), b.address()}));
+  ASSERT_FALSE(ctx.ok());
+  EXPECT_TRUE(absl::IsFailedPrecondition(ctx.status())) << ctx.status();
+  EXPECT_EQ(ctx.status().message(), "shard B: cannot connect: refused: no such job");
+}
+
+// A server's ABORT is the context's error verbatim, with its code; it is told
+// to the other servers only by the owner's Fail, in the owner's words.
+TEST(TcpClientContext, AServersAbortIsVerbatimAndRelayedInTheOwnersWords) {
+  RawServer a, b;
+  TcpDevice device(TcpDeviceOptions{});
+  auto ctx = device.ConnectToServers(Spec({a.address(), b.address()}));
+  ASSERT_TRUE(ctx.ok()) << ctx.status();
+  std::vector<char> buf(4);
+  auto mr = (*ctx)->RegisterMemory(buf.data(), buf.size());
+  Request r;
+  ASSERT_TRUE((*ctx)->PostRecv(0, **mr, 0, 4, true, MessageTag{6, 0, 1, 0}, &r).ok());
+  const std::string why = "shard A: step 6 does not match across workers";
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  FrameHeader h = Frame(FrameType::kAbort, 6, kControlSlot,
+                        static_cast<uint64_t>(absl::StatusCode::kInvalidArgument),
+                        static_cast<uint32_t>(why.size()));
+  ASSERT_TRUE(WriteFull(a.fd(), &h, sizeof(h), deadline).ok());
+  ASSERT_TRUE(WriteFull(a.fd(), why.data(), why.size(), deadline).ok());
+  absl::Status s = (*ctx)->Progress(deadline);
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  EXPECT_EQ(s.message(), why);
+  EXPECT_EQ((*ctx)->fault().peer, 0);
+  EXPECT_EQ((*ctx)->fault().op_seq, 6u);
+  // Nothing reached server B yet.
+  char c;
+  EXPECT_EQ(::recv(b.fd(), &c, 1, MSG_DONTWAIT), -1);
+  (void)(*ctx)->Fail(absl::InternalError("worker rank 1 gives up on step 6"));
+  FrameHeader told;
+  ASSERT_TRUE(ReadFull(b.fd(), &told, sizeof(told), deadline).ok());
+  EXPECT_EQ(told.type, static_cast<uint8_t>(FrameType::kAbort));
+  EXPECT_EQ(told.op_seq, 6u);
+  EXPECT_EQ(told.offset, static_cast<uint64_t>(absl::StatusCode::kInternal));
+  std::string msg(told.length, '\0');
+  ASSERT_TRUE(ReadFull(b.fd(), msg.data(), msg.size(), deadline).ok());
+  EXPECT_EQ(msg, "worker rank 1 gives up on step 6");
+}
+
+TEST(TcpClientContext, ALostServerIsAFaultNamingIt) {
+  RawServer a;
+  HostPort gone;
+  {
+    RawServer b;
+    gone = b.address();
+    TcpDevice device(TcpDeviceOptions{});
+    auto ctx = device.ConnectToServers(Spec({a.address(), gone}));
+    ASSERT_TRUE(ctx.ok()) << ctx.status();
+    std::vector<char> buf(4);
+    auto mr = (*ctx)->RegisterMemory(buf.data(), buf.size());
+    Request r;
+    ASSERT_TRUE((*ctx)->PostRecv(1, **mr, 0, 4, true, MessageTag{2, 0, 1, 0}, &r).ok());
+    ::shutdown(b.fd(), SHUT_RDWR);
+    absl::Status s = (*ctx)->Progress(absl::Now() + absl::Seconds(5));
+    EXPECT_TRUE(absl::IsUnavailable(s)) << s;
+    EXPECT_EQ(s.message(), "client rank 1: connection to shard B lost: closed by peer");
+    const PeerFault f = (*ctx)->fault();
+    EXPECT_EQ(f.kind, PeerFault::kLost);
+    EXPECT_EQ(f.peer, 1);
+    EXPECT_FALSE(f.while_sending);
+    EXPECT_EQ(f.cause, "closed by peer");
+  }
+  // A server that is not there is named with the cause.
+  TcpDevice device(TcpDeviceOptions{});
+  auto ctx = device.ConnectToServers(Spec({a.address(), gone}));
+  ASSERT_FALSE(ctx.ok());
+  EXPECT_TRUE(absl::IsUnavailable(ctx.status())) << ctx.status();
+  EXPECT_NE(ctx.status().message().find("shard B: cannot connect: "), std::string::npos)
+      << ctx.status();
+}
+
+}  // namespace
+}  // namespace gradsync::transport

@@ -1,0 +1,138 @@
+// TcpContext's connection set-up: the full mesh of a job epoch's ranks
+// (Connect) and a client's connections to a set of servers (ConnectToServers).
+#include <errno.h>
+#include <sys/eventfd.h>
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "transport/tcp_context.h"
+
+namespace gradsync::transport {
+
+absl::StatusOr<std::unique_ptr<TcpContext>> TcpContext::Connect(const TcpContextOptions& options,
+                                                                TcpListener* listener) {
+  if (options.world_size < 1 || options.rank < 0 || options.rank >= options.world_size ||
+      static_cast<int>(options.peers.size()) != options.world_size) {
+    return absl::InvalidArgumentError(absl::StrCat("bad context: rank ", options.rank, " of ",
+                                                   options.world_size, " with ",
+                                                   options.peers.size(), " peer addresses"));
+  }
+  std::unique_ptr<TcpContext> ctx(new TcpContext(options, options.world_size, options.rank));
+  ctx->wake_fd_.Reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  if (!ctx->wake_fd_.valid()) return absl::InternalError("eventfd: " + ErrnoString(errno));
+  const int me = options.rank;
+  const absl::Time deadline = options.deadline;
+  auto peer_error = [&](int p, const absl::Status& s) {
+    return absl::Status(s.code(), absl::StrCat("job '", options.job_id, "' epoch ", options.epoch,
+                                               ": rank ", me, " could not connect to rank ", p,
+                                               " at ", options.peers[p].ToString(), ": ",
+                                               s.message()));
+  };
+  // Phase 1: connect to every higher rank and send our Hello.
+  const int S = ctx->streams_;
+  for (int p = me + 1; p < options.world_size; ++p) {
+    for (int st = 0; st < S; ++st) {
+      auto fd = TcpConnect(options.peers[p], deadline, /*retry_refused=*/true);
+      if (!fd.ok()) return peer_error(p, fd.status());
+      Hello hello{kHelloMagic, kWireVersion, static_cast<uint16_t>(options.job_id.size()),
+                  options.epoch, me, p, options.world_size, static_cast<uint32_t>(st)};
+      absl::Status s = WriteFull(fd->get(), &hello, sizeof(hello), deadline);
+      if (s.ok()) s = WriteFull(fd->get(), options.job_id.data(), options.job_id.size(), deadline);
+      if (!s.ok()) return peer_error(p, s);
+      ctx->peers_[p * S + st].fd = std::move(*fd);
+    }
+  }
+  // Phase 2: take the connections of every lower rank and accept them.
+  for (int p = 0; p < me; ++p) {
+    for (int st = 0; st < S; ++st) {
+      if (listener == nullptr) return absl::FailedPreconditionError("no data-plane listener");
+      auto fd = listener->Claim(options.job_id, options.epoch, p, me, st, deadline);
+      if (!fd.ok()) return fd.status();
+      HelloAck ack{kHelloMagic, 0, 0};
+      absl::Status s = WriteFull(fd->get(), &ack, sizeof(ack), deadline);
+      if (!s.ok()) return peer_error(p, s);
+      ctx->peers_[p * S + st].fd = std::move(*fd);
+    }
+  }
+  // Phase 3: every higher rank accepted us.
+  for (int p = me + 1; p < options.world_size; ++p) {
+    for (int st = 0; st < S; ++st) {
+      const int fd = ctx->peers_[p * S + st].fd.get();
+      HelloAck ack;
+      absl::Status s = ReadFull(fd, &ack, sizeof(ack), deadline);
+      if (s.ok() && ack.magic != kHelloMagic) s = absl::DataLossError("bad handshake reply");
+      if (s.ok() && ack.code != 0) {
+        std::string msg(std::min<size_t>(ack.message_len, 1024), '\0');
+        (void)ReadFull(fd, msg.data(), msg.size(), deadline);
+        s = absl::Status(static_cast<absl::StatusCode>(ack.code), "refused: " + msg);
+      }
+      if (!s.ok()) return peer_error(p, s);
+    }
+  }
+  for (Peer& c : ctx->peers_) {
+    if (c.rank == me) continue;
+    absl::Status s = TuneDataSocket(c.fd.get(), options.socket_buffer_bytes);
+    if (!s.ok()) return s;
+  }
+  return ctx;
+}
+
+absl::StatusOr<std::unique_ptr<TcpContext>> TcpContext::ConnectToServers(
+    const TcpContextOptions& options) {
+  const int servers = static_cast<int>(options.peers.size());
+  if (servers < 1 || options.world_size < 1 || options.rank < 0 ||
+      options.rank >= options.world_size) {
+    return absl::InvalidArgumentError(absl::StrCat("bad client context: rank ", options.rank,
+                                                   " of ", options.world_size, " clients, ",
+                                                   servers, " servers"));
+  }
+  TcpContextOptions o = options;
+  o.streams = 1;
+  if (o.self_name.empty()) o.self_name = absl::StrCat("client rank ", options.rank);
+  o.peer_names.resize(servers);
+  for (int k = 0; k < servers; ++k) {
+    if (o.peer_names[k].empty()) {
+      o.peer_names[k] = absl::StrCat("server ", k, " (", options.peers[k].ToString(), ")");
+    }
+  }
+  std::unique_ptr<TcpContext> ctx(new TcpContext(o, servers, /*self=*/-1));
+  ctx->wake_fd_.Reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  if (!ctx->wake_fd_.valid()) return absl::InternalError("eventfd: " + ErrnoString(errno));
+  const absl::Time deadline = options.deadline;
+  auto server_error = [&](int k, const absl::Status& s) {
+    return absl::Status(s.code(),
+                        absl::StrCat(ctx->PeerName(k), ": cannot connect: ", s.message()));
+  };
+  // Every Hello first, then every HelloAck: the servers answer in parallel.
+  for (int k = 0; k < servers; ++k) {
+    auto fd = TcpConnect(options.peers[k], deadline);
+    if (!fd.ok()) return server_error(k, fd.status());
+    Hello hello{kHelloMagic, kWireVersion, static_cast<uint16_t>(options.job_id.size()),
+                options.epoch, options.rank, k, options.world_size, 0};
+    absl::Status s = WriteFull(fd->get(), &hello, sizeof(hello), deadline);
+    if (s.ok()) s = WriteFull(fd->get(), options.job_id.data(), options.job_id.size(), deadline);
+    if (!s.ok()) return server_error(k, s);
+    ctx->peers_[k].fd = std::move(*fd);
+  }
+  for (int k = 0; k < servers; ++k) {
+    const int fd = ctx->peers_[k].fd.get();
+    HelloAck ack;
+    absl::Status s = ReadFull(fd, &ack, sizeof(ack), deadline);
+    if (s.ok() && ack.magic != kHelloMagic) s = absl::DataLossError("bad handshake reply");
+    if (s.ok() && ack.code != 0) {
+      std::string msg(std::min<size_t>(ack.message_len, 1024), '\0');
+      (void)ReadFull(fd, msg.data(), msg.size(), deadline);
+      const absl::StatusCode code =
+          ack.code <= static_cast<uint16_t>(absl::StatusCode::kUnauthenticated)
+              ? static_cast<absl::StatusCode>(ack.code)
+              : absl::StatusCode::kUnknown;
+      s = absl::Status(code, "refused: " + msg);
+    }
+    if (s.ok()) s = TuneDataSocket(fd, options.socket_buffer_bytes);
+    if (!s.ok()) return server_error(k, s);
+  }
+  return ctx;
+}
+
+}  // namespace gradsync::transport
