@@ -120,10 +120,6 @@ transport::FrameHeader MakeAbortFrame(uint64_t job_tag, uint64_t epoch, uint64_t
 // The status an ABORT frame carries (Aborted if its code is not a valid one).
 absl::Status AbortStatus(const transport::FrameHeader& h, absl::string_view message);
 
-// Writes header + payload (writev) within the deadline, on a blocking or
-// non-blocking socket. Unavailable on a socket error, DeadlineExceeded.
-absl::Status WriteFrame(int fd, const transport::FrameHeader& h, const void* payload,
-                        absl::Time deadline);
 
 }  // namespace gradsync::ps
 

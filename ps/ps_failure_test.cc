@@ -30,6 +30,7 @@ using testing::RandomData;
 using testing::RankOrderReference;
 using testing::RunRanks;
 using testing::StartShards;
+using testing::WriteFrame;
 using transport::FrameHeader;
 using transport::FrameType;
 

@@ -1,5 +1,10 @@
 #include "ps/ps_testing.h"
 
+#include <errno.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+
 #include <cstring>
 #include <random>
 #include <thread>
@@ -143,6 +148,39 @@ absl::StatusOr<UniqueFd> ConnectToShard(const HostPort& addr, const std::string&
   }
   RETURN_IF_ERROR(TuneDataSocket(fd.get(), socket_buffer_bytes));
   return fd;
+}
+
+absl::Status WriteFrame(int fd, const transport::FrameHeader& h, const void* payload, absl::Time deadline) {
+  const size_t total = sizeof(h) + h.length;
+  size_t done = 0;
+  while (done < total) {
+    struct iovec iov[2];
+    int n = 0;
+    if (done < sizeof(h)) {
+      iov[n++] = {const_cast<char*>(reinterpret_cast<const char*>(&h)) + done, sizeof(h) - done};
+      if (h.length > 0) iov[n++] = {const_cast<void*>(payload), h.length};
+    } else {
+      iov[n++] = {const_cast<char*>(static_cast<const char*>(payload)) + (done - sizeof(h)),
+                  total - done};
+    }
+    struct msghdr m = {};
+    m.msg_iov = iov;
+    m.msg_iovlen = n;
+    const ssize_t w = ::sendmsg(fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (w >= 0) {
+      done += static_cast<size_t>(w);
+      continue;
+    }
+    if (errno == EINTR) continue;
+    if (errno != EAGAIN && errno != EWOULDBLOCK) {
+      return absl::UnavailableError(absl::StrCat("write: ", ErrnoString(errno)));
+    }
+    struct pollfd p = {fd, POLLOUT, 0};
+    const int r = ::poll(&p, 1, PollTimeoutMs(deadline));
+    if (r == 0) return absl::DeadlineExceededError("write timed out");
+    if (r < 0 && errno != EINTR) return absl::InternalError("poll: " + ErrnoString(errno));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace gradsync::ps::testing

@@ -16,6 +16,7 @@
 #include "common/types.h"
 #include "ps/shard.h"
 #include "ps/worker_client.h"
+#include "transport/wire.h"
 
 namespace gradsync::ps::testing {
 
@@ -35,6 +36,11 @@ std::vector<HostPort> Addresses(const std::vector<std::unique_ptr<PsShard>>& sha
 std::vector<std::unique_ptr<PsWorker>> MakeWorkers(int n, const std::string& job,
                                                    const std::vector<HostPort>& shards,
                                                    int max_inflight = 8);
+
+// Writes header + payload (writev) within the deadline, on a blocking or
+// non-blocking socket. Unavailable on a socket error, DeadlineExceeded.
+absl::Status WriteFrame(int fd, const transport::FrameHeader& h, const void* payload,
+                        absl::Time deadline);
 
 // A hand-driven worker connection (PsWorker uses transport::Device::ConnectToServers): connects to a shard, sends the Hello for
 // `ps_job_id` (a PsJobId), reads the HelloAck and tunes the socket

@@ -2,10 +2,18 @@
 #include "ps/shard.h"
 
 #include "ps/shard_impl.h"
+#include "transport/tcp_device.h"
 
 namespace gradsync::ps {
 
 absl::Status PsShard::Impl::Init() {
+  device_ = options_.device;
+  if (device_ == nullptr) {
+    transport::TcpDeviceOptions o;
+    o.socket_buffer_bytes = options_.socket_buffer_bytes;
+    own_device_ = std::make_unique<transport::TcpDevice>(o);
+    device_ = own_device_.get();
+  }
   for (int t = 0; t < options_.threads; ++t) {
     aggregators_.push_back(
         std::make_unique<Aggregator>([this, t](Task& task) { Aggregate(t, task); }));
@@ -68,9 +76,9 @@ void PsShard::Impl::Shutdown() {
   }
   const absl::Time until = absl::Now() + absl::Milliseconds(500);
   for (auto& c : conns) {
-    while (!c->writer_done && absl::Now() < until) absl::SleepFor(absl::Milliseconds(2));
+    while (!c->Finished() && absl::Now() < until) absl::SleepFor(absl::Milliseconds(2));
   }
-  for (auto& c : conns) c->Close();
+  for (auto& c : conns) c->Close(absl::UnavailableError("ps shard: shutting down"));
   for (auto& c : conns) c->Join();
   aggregators_.clear();
   absl::MutexLock l(&mu_);
@@ -126,7 +134,6 @@ void PsShard::Impl::Adopt(transport::RoutedConnection rc) {
     }
   }
   if (!refuse.ok()) return Refuse(rc, refuse);
-  absl::Status s = TuneDataSocket(rc.fd.get(), options_.socket_buffer_bytes);
   // The connection is rank `rank`'s before the worker hears the HelloAck:
   // a worker connects again only after an ack, so registrations follow the
   // order of its connections, and a slow handshake can never replace (and
@@ -136,32 +143,46 @@ void PsShard::Impl::Adopt(transport::RoutedConnection rc) {
     absl::MutexLock l(&mu_);
     absl::MutexLock jl(&job->mu);
     --job->connecting;
-    if (!s.ok()) {
-      GS_LOG(WARNING) << job->prefix << ": handshake with rank " << rank << " at " << rc.peer
-                      << " failed: " << s.message();
-      if (job->conns.empty()) job->idle_since = absl::Now();
-      return;
-    }
-    c = std::make_shared<Conn>(job, std::move(rc.fd), rank, rc.peer, options_.step_timeout,
-                               &bytes_pulled_);
+    c = std::make_shared<Conn>(job, rank, rc.peer, &bytes_pulled_);
     auto it = job->conns.find(rank);
     if (it != job->conns.end()) old = it->second;
     job->conns[rank] = c;
     conns_.push_back(c);
-    c->Start([this](std::shared_ptr<Conn> self) { ServeConnection(std::move(self)); });
   }
   const transport::HelloAck ack{transport::kHelloMagic, 0, 0};
-  s = WriteFull(c->fd.get(), &ack, sizeof(ack), absl::Now() + absl::Seconds(2));
+  absl::Status s = WriteFull(rc.fd.get(), &ack, sizeof(ack), absl::Now() + absl::Seconds(2));
+  if (s.ok()) {
+    transport::ClientSpec spec;
+    spec.job_id = job->id;
+    spec.epoch = job->epoch;
+    spec.client_name = absl::StrCat("worker rank ", rank);
+    spec.self_name = job->prefix;
+    absl::StatusOr<std::unique_ptr<transport::Context>> ctx =
+        device_->AcceptClient(std::move(rc.fd), spec);
+    s = ctx.status();
+    if (s.ok() && !c->Start(std::move(*ctx), [this](std::shared_ptr<Conn> self) {
+          ServeConnection(std::move(self));
+        })) {
+      s = absl::CancelledError("replaced by a newer connection");
+    }
+  }
   if (!s.ok()) {
     GS_LOG(WARNING) << job->prefix << ": handshake with rank " << rank << " at " << c->peer
                     << " failed: " << s.message();
-    c->Close();  // its reader sees the end and unregisters it
+    Reader rd;
+    rd.conn = c;
+    rd.job = job.get();
+    rd.rank = rank;
+    ConnectionEnded(rd, s);
+    c->Finish();
+    c->done = true;
   } else {
     ++connections_;
   }
   GS_LOG(DEBUG) << job->prefix << ": worker rank " << rank << " of " << workers
-                << " connected from " << rc.peer;
-  if (old != nullptr) old->Close();  // a reconnect replaces the old connection
+                << " connected from " << c->peer;
+  if (old != nullptr) old->Close(absl::CancelledError(absl::StrCat(
+      job->prefix, ": worker rank ", rank, " connected again; this connection is replaced")));
 }
 
 void PsShard::Impl::ServeConnection(std::shared_ptr<Conn> c) {
@@ -169,56 +190,146 @@ void PsShard::Impl::ServeConnection(std::shared_ptr<Conn> c) {
   rd.conn = c;
   rd.job = c->job.get();
   rd.rank = c->rank;
-  bool protocol_error = false;
-  const absl::Status why = ReadFrames(rd, &protocol_error);
-  ConnectionEnded(rd, why, protocol_error);
+  transport::Context* ctx;
+  {
+    absl::MutexLock l(&c->mu);
+    ctx = c->ctx.get();
+  }
+  const absl::Status why = Serve(rd, *ctx);
+  if (!why.ok() && ctx->health().ok()) (void)ctx->Fail(why);  // tells the worker
+  ConnectionEnded(rd, why);
 }
 
-absl::Status PsShard::Impl::ReadFrames(Reader& rd, bool* protocol_error) {
-  const int fd = rd.conn->fd.get();
+absl::Status PsShard::Impl::Serve(Reader& rd, transport::Context& ctx) {
+  Conn& c = *rd.conn;
   Job& job = *rd.job;
+  using transport::Request;
+  // Frames posted (in order) and frames taken but beyond the posting bound.
+  struct Outgoing {
+    OutFrame frame;
+    std::unique_ptr<transport::MemoryRegion> mr;
+    Request req;
+    absl::Time posted;
+  };
+  std::deque<Outgoing> sending;
+  std::deque<OutFrame> waiting;
+  const size_t bound = ctx.max_in_flight() > 0 ? static_cast<size_t>(ctx.max_in_flight()) : 64;
+  // The one frame being received (frames on a connection arrive in order).
+  struct Incoming {
+    transport::Incoming in;
+    enum Kind { kHeader, kPush, kDiscard } kind = kDiscard;
+    int local = -1;
+    std::string header;
+    Buffer buf;
+    std::unique_ptr<transport::MemoryRegion> mr;
+    Request req;
+    absl::Time deadline;
+  };
+  std::unique_ptr<Incoming> pending;
   while (true) {
-    FrameHeader h;
-    char* hp = reinterpret_cast<char*>(&h);
-    // Idle connections wait as long as it takes; a started frame must
-    // arrive within the step timeout.
-    RETURN_IF_ERROR(ReadFull(fd, hp, 1, absl::InfiniteFuture()));
-    const absl::Time deadline = absl::Now() + options_.step_timeout;
-    RETURN_IF_ERROR(ReadFull(fd, hp + 1, sizeof(h) - 1, deadline));
-    absl::Status v = transport::ValidateFrameHeader(h);
-    if (v.ok() && (h.job_tag != job.tag || h.epoch != job.epoch)) {
-      v = absl::DataLossError(
-          absl::StrCat("frame of another job or epoch ", transport::DescribeFrame(h)));
+    c.TakeQueued(&waiting);
+    while (!waiting.empty() && sending.size() < bound) {
+      Outgoing& o = sending.emplace_back();
+      o.frame = std::move(waiting.front());
+      waiting.pop_front();
+      o.posted = absl::Now();
+      const FrameHeader& h = o.frame.header;
+      absl::Status st;
+      if (h.type == static_cast<uint8_t>(FrameType::kAbort)) {
+        st = ctx.PostAbort(0, h.op_seq, AbortStatus(h, o.frame.owned), &o.req);
+      } else {
+        absl::StatusOr<std::unique_ptr<transport::MemoryRegion>> mr =
+            ctx.RegisterMemory(const_cast<char*>(o.frame.payload()), h.length);
+        st = mr.status();
+        if (st.ok()) {
+          o.mr = std::move(*mr);
+          st = ctx.PostSend(0, *o.mr, 0, h.length,
+                            transport::MessageTag{h.op_seq, h.slot, h.dtype, h.offset}, &o.req);
+        }
+      }
+      if (!st.ok()) return st;
     }
-    if (!v.ok()) {
-      *protocol_error = true;
-      return absl::DataLossError(absl::StrCat(job.prefix, ": protocol error from worker rank ",
-                                              rd.rank, ": ", v.message()));
+    while (!sending.empty() && sending.front().req.done) {
+      const Outgoing& o = sending.front();
+      if (o.frame.header.type == static_cast<uint8_t>(FrameType::kData)) {
+        c.bytes_pulled->fetch_add(o.frame.header.length, std::memory_order_relaxed);
+        job.bytes_pulled.fetch_add(o.frame.header.length, std::memory_order_relaxed);
+      }
+      if (o.frame.last) {
+        return absl::UnavailableError(
+            absl::StrCat("closed by the shard: ", AbortStatus(o.frame.header, o.frame.owned).message()));
+      }
+      sending.pop_front();
     }
-    if (h.type == static_cast<uint8_t>(FrameType::kAbort)) {
-      std::string msg(h.length, '\0');
-      RETURN_IF_ERROR(ReadFull(fd, msg.data(), msg.size(), deadline));
-      HandleWorkerAbort(rd, h, msg);
-    } else if (h.slot == transport::kControlSlot) {
-      std::string payload(h.length, '\0');
-      RETURN_IF_ERROR(ReadFull(fd, payload.data(), payload.size(), deadline));
-      HandleStepHeader(rd, h, payload);
-    } else {
-      RETURN_IF_ERROR(HandlePush(rd, h, deadline));
+    if (pending != nullptr && pending->req.done) {
+      std::unique_ptr<Incoming> got = std::move(pending);
+      if (got->kind == Incoming::kHeader) {
+        HandleStepHeader(rd, got->in, got->header);
+      } else if (got->kind == Incoming::kPush) {
+        AcceptPush(rd, got->local, std::move(got->buf));
+      }
+      continue;  // what it queued goes out first
     }
+    if (pending == nullptr) {
+      transport::Incoming in;
+      if (ctx.Probe(0, &in)) {
+        pending = std::make_unique<Incoming>();
+        Incoming& p = *pending;
+        p.in = in;
+        p.deadline = absl::Now() + options_.step_timeout;  // a started frame must arrive
+        char* dst;
+        if (in.tag.slot == transport::kControlSlot) {
+          p.kind = Incoming::kHeader;
+          p.header.assign(in.bytes, '\0');
+          dst = p.header.data();
+        } else {
+          p.local = AdmitPush(rd, in);
+          p.kind = p.local >= 0 ? Incoming::kPush : Incoming::kDiscard;
+          p.buf = Buffer(c.pool->Take(in.bytes), GiveBack{c.pool, in.bytes});
+          dst = p.buf.get();
+        }
+        absl::StatusOr<std::unique_ptr<transport::MemoryRegion>> mr =
+            ctx.RegisterMemory(dst, in.bytes);
+        if (!mr.ok()) return mr.status();
+        p.mr = std::move(*mr);
+        RETURN_IF_ERROR(ctx.PostRecv(0, *p.mr, 0, in.bytes, /*exact=*/true, in.tag, &p.req));
+        continue;
+      }
+      if (ctx.PeerClosed(0)) return absl::UnavailableError("closed by peer");
+    }
+    absl::Time deadline = absl::Now() + absl::Seconds(1);
+    if (pending != nullptr) deadline = std::min(deadline, pending->deadline);
+    if (!sending.empty()) deadline = std::min(deadline, sending.front().posted + options_.step_timeout);
+    const absl::Status st = ctx.Progress(deadline);
+    if (st.ok()) continue;
+    if (absl::IsDeadlineExceeded(st) && ctx.health().ok()) {
+      const absl::Time now = absl::Now();
+      if (pending != nullptr && now >= pending->deadline) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            "a frame from worker rank ", rd.rank, " did not arrive within ",
+            absl::ToInt64Milliseconds(options_.step_timeout), " ms"));
+      }
+      if (!sending.empty() && now >= sending.front().posted + options_.step_timeout) {
+        GS_LOG(WARNING) << job.prefix << ": cannot write to worker rank " << rd.rank << " at "
+                        << c.peer << ": it has read nothing for "
+                        << absl::ToInt64Milliseconds(options_.step_timeout) << " ms";
+        return absl::DeadlineExceededError(absl::StrCat("worker rank ", rd.rank,
+                                                        " reads no results"));
+      }
+      continue;  // woken (Interrupt) or a tick
+    }
+    const transport::PeerFault f = ctx.fault();
+    if (f.kind == transport::PeerFault::kAborted) {
+      HandleWorkerAbort(rd, f.op_seq, absl::Status(f.code, f.cause));
+    } else if (f.kind == transport::PeerFault::kProtocol) {
+      GS_LOG(WARNING) << st.message();
+    }
+    return st;
   }
 }
 
-void PsShard::Impl::ConnectionEnded(Reader& rd, const absl::Status& why, bool protocol_error) {
+void PsShard::Impl::ConnectionEnded(Reader& rd, const absl::Status& why) {
   Job& job = *rd.job;
-  if (protocol_error) {
-    GS_LOG(WARNING) << why.message();
-    OutFrame f;
-    f.header = MakeAbortFrame(job.tag, job.epoch, kConnectionStep, why, &f.owned);
-    rd.conn->SendLast(std::move(f));
-  } else {
-    rd.conn->Close();
-  }
   Deferred d;
   {
     absl::MutexLock l(&job.mu);
@@ -246,14 +357,15 @@ void PsShard::Impl::SendAbort(const std::shared_ptr<Conn>& c, uint64_t step, con
   c->Send(std::move(f));
 }
 
-void PsShard::Impl::HandleStepHeader(Reader& rd, const FrameHeader& h, const std::string& payload) {
+void PsShard::Impl::HandleStepHeader(Reader& rd, const transport::Incoming& in,
+                                     const std::string& payload) {
   Job& job = *rd.job;
-  const uint64_t s = h.op_seq;
+  const uint64_t s = in.tag.op_seq;
   absl::StatusOr<StepHeader> header = DecodeStepHeader(s, payload);
   absl::Status bad = header.status();
   if (bad.ok() &&
       (header->rank != rd.rank || header->workers != job.workers || header->shard != job.shard ||
-       h.dtype != static_cast<uint8_t>(header->dtype))) {
+       in.tag.dtype != static_cast<uint8_t>(header->dtype))) {
     bad = absl::InvalidArgumentError(
         absl::StrCat("it is for rank ", header->rank, " of ", header->workers,
                      " workers at shard ", header->shard, ", this connection is rank ", rd.rank,
@@ -366,39 +478,38 @@ void PsShard::Impl::JoinStepLocked(Job& job, Reader& rd, StepHeader header, Defe
   rd.pushed.assign(st.ref.table.size(), 0);
 }
 
-absl::Status PsShard::Impl::HandlePush(Reader& rd, const FrameHeader& h, absl::Time deadline) {
+int PsShard::Impl::AdmitPush(Reader& rd, const transport::Incoming& in) {
   Job& job = *rd.job;
-  const int fd = rd.conn->fd.get();
-  const uint64_t s = h.op_seq;
+  const uint64_t s = in.tag.op_seq;
   if (!rd.has_step || s != rd.step) {
     ++pushes_refused_;
-    RETURN_IF_ERROR(Discard(fd, h.length, deadline));
     if (!rd.refused_any || rd.last_refused != s) {
       rd.refused_any = true;
       rd.last_refused = s;
       SendAbort(rd.conn, s,
                 absl::FailedPreconditionError(
-                    absl::StrCat(job.prefix, ": refused push of partition ", h.slot, " of step ",
-                                 s, " from worker rank ", rd.rank, ": ",
+                    absl::StrCat(job.prefix, ": refused push of partition ", in.tag.slot,
+                                 " of step ", s, " from worker rank ", rd.rank, ": ",
                                  rd.has_step ? absl::StrCat("its current step is ", rd.step)
                                              : std::string("it sent no step header"))));
     }
-    return absl::OkStatus();
+    return -1;
   }
   if (rd.cur == nullptr || rd.cur->state.load() != kRunning) {
     ++pushes_refused_;  // refused, mismatched or failed step: the error went out already
-    return Discard(fd, h.length, deadline);
+    return -1;
   }
   Step& st = *rd.cur;
-  const int i = st.LocalIndex(h.slot);
+  const int i = st.LocalIndex(in.tag.slot);
   std::string bad;
   if (i < 0) {
-    bad = absl::StrCat("partition ", h.slot, " is not on this shard");
+    bad = absl::StrCat("partition ", in.tag.slot, " is not on this shard");
   } else {
     const Partition& p = st.ref.table[i];
-    if (h.offset != p.offset_bytes || h.length != p.bytes ||
-        h.dtype != static_cast<uint8_t>(st.ref.dtype)) {
-      bad = absl::StrCat("partition ", p.id, " arrived as ", transport::DescribeFrame(h),
+    if (in.tag.offset != p.offset_bytes || in.bytes != p.bytes ||
+        in.tag.dtype != static_cast<uint8_t>(st.ref.dtype)) {
+      bad = absl::StrCat("partition ", p.id, " arrived at offset ", in.tag.offset, " with ",
+                         in.bytes, " bytes of dtype ", static_cast<int>(in.tag.dtype),
                          ", expected offset ", p.offset_bytes, " length ", p.bytes);
     } else if (rd.pushed[i]) {
       bad = absl::StrCat("partition ", p.id, " was pushed twice");
@@ -406,36 +517,38 @@ absl::Status PsShard::Impl::HandlePush(Reader& rd, const FrameHeader& h, absl::T
   }
   if (!bad.empty()) {
     ++pushes_refused_;
-    RETURN_IF_ERROR(Discard(fd, h.length, deadline));
     FailStep(rd.cur, absl::InvalidArgumentError(absl::StrCat(
                          job.prefix, " step ", s, ": worker rank ", rd.rank, ": ", bad)));
-    return absl::OkStatus();
+    return -1;
   }
-  Buffer buf(rd.conn->pool->Take(h.length), GiveBack{rd.conn->pool, h.length});
-  RETURN_IF_ERROR(ReadFull(fd, buf.get(), h.length, deadline));
+  return i;
+}
+
+void PsShard::Impl::AcceptPush(Reader& rd, int i, Buffer buf) {
+  Job& job = *rd.job;
+  Step& st = *rd.cur;
+  const uint64_t bytes = st.ref.table[i].bytes;
   rd.pushed[i] = 1;
   ++rd.pushed_count;
   st.pushed[static_cast<size_t>(i) * st.workers + rd.rank].store(1, std::memory_order_relaxed);
-  bytes_pushed_.fetch_add(h.length, std::memory_order_relaxed);
-  job.bytes_pushed.fetch_add(h.length, std::memory_order_relaxed);
+  bytes_pushed_.fetch_add(bytes, std::memory_order_relaxed);
+  job.bytes_pushed.fetch_add(bytes, std::memory_order_relaxed);
   Task t;
   t.step = rd.cur;
   t.local = i;
   t.rank = rd.rank;
   t.data = std::move(buf);
   aggregators_[st.ref.table[i].id % aggregators_.size()]->Post(std::move(t));
-  return absl::OkStatus();
 }
 
-void PsShard::Impl::HandleWorkerAbort(Reader& rd, const FrameHeader& h, const std::string& msg) {
+void PsShard::Impl::HandleWorkerAbort(Reader& rd, uint64_t step, const absl::Status& reason) {
   Job& job = *rd.job;
   Deferred d;
   {
     absl::MutexLock l(&job.mu);
-    if (job.active != nullptr && job.active->step() == h.op_seq) {
-      const absl::Status reason = AbortStatus(h, msg);
+    if (job.active != nullptr && job.active->step() == step) {
       FailStepLocked(job, job.active,
-                     absl::Status(reason.code(), absl::StrCat(job.prefix, " step ", h.op_seq,
+                     absl::Status(reason.code(), absl::StrCat(job.prefix, " step ", step,
                                                               " aborted by worker rank ", rd.rank,
                                                               ": ", reason.message())),
                      &d);

@@ -8,8 +8,9 @@
 //
 // Partitions: every partition is pinned to one aggregation thread (partition
 // id % threads) that owns its accumulator, so pushes of different partitions
-// never share a lock. Each connection has a reader thread (frames in) and a
-// writer thread (results and errors out).
+// never share a lock. Each worker connection is a server context of the
+// data plane's device (transport::Device::AcceptClient) driven by one thread:
+// step headers, pushes and worker aborts in; results and errors out.
 //
 // Determinism: partition p's result is exactly
 //     acc = x_0; ReduceInto(acc, x_1); ReduceInto(acc, x_2); ... x_{N-1}
@@ -46,6 +47,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/net.h"
+#include "transport/device.h"
 
 namespace gradsync::ps {
 
@@ -61,6 +63,9 @@ struct PsShardOptions {
   // ResourceExhausted. Results waiting in send queues come on top.
   uint64_t max_memory_bytes = 8ull << 30;
   int socket_buffer_bytes = 0;  // 0: the kernel's autotuned buffers
+  // Makes the server contexts of the workers' connections (not owned;
+  // outlives the shard). Null: a TCP device of the shard's own.
+  transport::Device* device = nullptr;
   // A job with no connections for this long is forgotten (its step history:
   // steps at or below the last finished one are refused until then).
   absl::Duration idle_job_timeout = absl::Seconds(300);

@@ -2,9 +2,10 @@
 // connections, frames; ps/shard_steps.cc: steps, aggregation, timer): its
 // jobs, steps, connections and aggregation threads. Not for other users.
 // The shard engine. Threads:
-//   * the listener's handshake threads hand "ps/..." connections to Adopt();
-//   * per connection, a reader (ServeConnection: step headers, pushes, worker
-//     aborts) and a writer (Conn::WriteLoop: results and errors, in queue order);
+//   * the listener's handshake threads hand "ps/..." connections to Adopt(),
+//     which makes each a server context of the device (Device::AcceptClient);
+//   * per connection, one thread driving its context (Serve: step headers,
+//     pushes and worker aborts in; results and errors out, in queue order);
 //   * `threads` aggregation threads; partition p's accumulator belongs to
 //     thread p % threads, so reducing never takes a shared lock;
 //   * a timer thread: step deadlines, reaping closed connections, idle jobs.
@@ -35,6 +36,7 @@
 #include "common/status_macros.h"
 #include "kernels/cpu_reduce.h"
 #include "ps/protocol.h"
+#include "transport/device.h"
 #include "transport/tcp_listener.h"
 #include "transport/wire.h"
 #include "ps/shard.h"
@@ -107,17 +109,6 @@ enum StepState : int { kRunning = 0, kCompleted = 1, kFailed = 2 };
 
 inline std::string Ranks(const std::vector<int>& ranks) {
   return absl::StrCat(ranks.size() == 1 ? "rank " : "ranks ", absl::StrJoin(ranks, ","));
-}
-
-// Reads and drops n bytes.
-inline absl::Status Discard(int fd, uint64_t n, absl::Time deadline) {
-  char scratch[64 << 10];
-  while (n > 0) {
-    const size_t chunk = static_cast<size_t>(std::min<uint64_t>(n, sizeof(scratch)));
-    RETURN_IF_ERROR(ReadFull(fd, scratch, chunk, deadline));
-    n -= chunk;
-  }
-  return absl::OkStatus();
 }
 
 // One frame waiting in a connection's send queue.
@@ -230,26 +221,28 @@ struct Deferred {
   std::vector<std::shared_ptr<Step>> purges;
 };
 
-// One worker's connection: the socket, the send queue and both threads.
+// One worker's connection: a server context of the data plane's device
+// (Device::AcceptClient), driven by one thread (PsShard::Impl::Serve), and
+// the queue of frames other threads (aggregation, timer, other connections'
+// threads) want sent on it; queueing wakes the thread (Context::Interrupt).
 struct Conn : std::enable_shared_from_this<Conn> {
-  Conn(std::shared_ptr<Job> job_, UniqueFd fd_, int rank_, std::string peer_,
-       absl::Duration write_timeout_, std::atomic<uint64_t>* bytes_pulled_)
-      : job(std::move(job_)),
-        fd(std::move(fd_)),
-        rank(rank_),
-        peer(std::move(peer_)),
-        write_timeout(write_timeout_),
-        bytes_pulled(bytes_pulled_) {}
+  Conn(std::shared_ptr<Job> job_, int rank_, std::string peer_,
+       std::atomic<uint64_t>* bytes_pulled_)
+      : job(std::move(job_)), rank(rank_), peer(std::move(peer_)), bytes_pulled(bytes_pulled_) {}
 
-  void Start(std::function<void(std::shared_ptr<Conn>)> serve) {
-    reader = std::thread([this, serve = std::move(serve)] {
+  // Runs serve(self) on the connection's thread over `context`; false (and
+  // nothing runs) when the connection was closed before it started.
+  bool Start(std::unique_ptr<transport::Context> context,
+             std::function<void(std::shared_ptr<Conn>)> serve) {
+    absl::MutexLock l(&mu);
+    if (closed) return false;
+    ctx = std::move(context);
+    thread = std::thread([this, serve = std::move(serve)] {
       serve(shared_from_this());
-      reader_done = true;
+      Finish();
+      done = true;
     });
-    writer = std::thread([this] {
-      WriteLoop();
-      writer_done = true;
-    });
+    return true;
   }
 
   // Queues a frame; dropped once the connection is closed or closing.
@@ -257,9 +250,10 @@ struct Conn : std::enable_shared_from_this<Conn> {
     absl::MutexLock l(&mu);
     if (closed || closing) return;
     out.push_back(std::move(f));
+    if (ctx != nullptr) ctx->Interrupt();
   }
 
-  // Drops what is queued, writes `f` and closes.
+  // Drops what is queued, sends `f` and closes.
   void SendLast(OutFrame f) {
     absl::MutexLock l(&mu);
     if (closed || closing) return;
@@ -267,58 +261,44 @@ struct Conn : std::enable_shared_from_this<Conn> {
     out.clear();
     f.last = true;
     out.push_back(std::move(f));
+    if (ctx != nullptr) ctx->Interrupt();
   }
 
-  // Shuts the socket down: both threads return promptly.
-  void Close() {
+  // Fails the context (the worker hears why): the thread returns promptly.
+  void Close(const absl::Status& why) {
     absl::MutexLock l(&mu);
     if (closed) return;
     closed = true;
     out.clear();
-    ::shutdown(fd.get(), SHUT_RDWR);
+    if (ctx != nullptr) ctx->Abort(why);
   }
 
-  void WriteLoop() {
-    while (true) {
-      OutFrame f;
-      {
-        absl::MutexLock l(&mu);
-        auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return closed || !out.empty(); };
-        mu.Await(absl::Condition(&ready));
-        if (closed) return;
-        f = std::move(out.front());
-        out.pop_front();
-      }
-      const absl::Status s =
-          WriteFrame(fd.get(), f.header, f.payload(), absl::Now() + write_timeout);
-      if (!s.ok()) {
-        GS_LOG(WARNING) << job->prefix << ": cannot write to worker rank " << rank << " at " << peer
-                        << ": " << s.message();
-        Close();
-        return;
-      }
-      if (f.header.type == static_cast<uint8_t>(FrameType::kData)) {
-        bytes_pulled->fetch_add(f.header.length, std::memory_order_relaxed);
-        job->bytes_pulled.fetch_add(f.header.length, std::memory_order_relaxed);
-      }
-      if (f.last) {
-        Close();
-        return;
-      }
+  // The connection's thread, when it is done: closes the connection.
+  void Finish() {
+    std::unique_ptr<transport::Context> gone;
+    absl::MutexLock l(&mu);
+    closed = true;
+    out.clear();
+    gone = std::move(ctx);
+  }
+
+  // The serving thread takes what is queued.
+  void TakeQueued(std::deque<OutFrame>* into) {
+    absl::MutexLock l(&mu);
+    while (!out.empty()) {
+      into->push_back(std::move(out.front()));
+      out.pop_front();
     }
   }
 
-  bool Finished() const { return reader_done && writer_done; }
+  bool Finished() const { return done; }
   void Join() {
-    if (reader.joinable()) reader.join();
-    if (writer.joinable()) writer.join();
+    if (thread.joinable()) thread.join();
   }
 
   const std::shared_ptr<Job> job;
-  const UniqueFd fd;
   const int rank;
   const std::string peer;
-  const absl::Duration write_timeout;
   std::atomic<uint64_t>* const bytes_pulled;
   const std::shared_ptr<BufferPool> pool = std::make_shared<BufferPool>();
 
@@ -326,11 +306,11 @@ struct Conn : std::enable_shared_from_this<Conn> {
   std::deque<OutFrame> out ABSL_GUARDED_BY(mu);
   bool closing ABSL_GUARDED_BY(mu) = false;
   bool closed ABSL_GUARDED_BY(mu) = false;
+  // Driven by `thread` only; other threads call Interrupt/Abort under mu.
+  std::unique_ptr<transport::Context> ctx ABSL_GUARDED_BY(mu);
 
-  std::thread reader;
-  std::thread writer;
-  std::atomic<bool> reader_done{false};
-  std::atomic<bool> writer_done{false};
+  std::thread thread;
+  std::atomic<bool> done{false};  // the thread ended, or never started
 };
 
 // Work for an aggregation thread: one push to reduce, or (local < 0) the
@@ -424,18 +404,20 @@ class PsShard::Impl {
   // The listener's route: a worker's connection to this shard.
   void Adopt(transport::RoutedConnection rc);
 
-  // The reader thread of a connection.
+  // The thread of a connection: Serve, then ConnectionEnded.
   void ServeConnection(std::shared_ptr<Conn> c);
 
-  absl::Status ReadFrames(Reader& rd, bool* protocol_error);
+  // Sends what is queued and receives the worker's frames until the
+  // connection ends; returns why.
+  absl::Status Serve(Reader& rd, transport::Context& ctx);
 
-  void ConnectionEnded(Reader& rd, const absl::Status& why, bool protocol_error);
+  void ConnectionEnded(Reader& rd, const absl::Status& why);
 
   // ---- frames --------------------------------------------------------------
 
   void SendAbort(const std::shared_ptr<Conn>& c, uint64_t step, const absl::Status& status);
 
-  void HandleStepHeader(Reader& rd, const FrameHeader& h, const std::string& payload);
+  void HandleStepHeader(Reader& rd, const transport::Incoming& in, const std::string& payload);
 
   // Whether step s may start or be joined (steps only move forward).
   absl::Status Admissible(Job& job, uint64_t s, int rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu);
@@ -443,9 +425,14 @@ class PsShard::Impl {
   void JoinStepLocked(Job& job, Reader& rd, StepHeader header, Deferred* d)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu);
 
-  absl::Status HandlePush(Reader& rd, const FrameHeader& h, absl::Time deadline);
+  // Whether the push `in` is taken: the partition's local index, or -1 when
+  // it is refused or discarded (errors queued already).
+  int AdmitPush(Reader& rd, const transport::Incoming& in);
 
-  void HandleWorkerAbort(Reader& rd, const FrameHeader& h, const std::string& msg);
+  // A received push of local partition `i`: on to its aggregation thread.
+  void AcceptPush(Reader& rd, int i, Buffer buf);
+
+  void HandleWorkerAbort(Reader& rd, uint64_t step, const absl::Status& reason);
 
   // ---- steps ---------------------------------------------------------------
 
@@ -482,6 +469,8 @@ class PsShard::Impl {
   void TimerLoop();
 
   const PsShardOptions options_;
+  std::unique_ptr<transport::Device> own_device_;  // when options_.device is null
+  transport::Device* device_ = nullptr;
   std::unique_ptr<transport::TcpListener> listener_;
   int port_ = 0;
   std::vector<std::unique_ptr<Aggregator>> aggregators_;

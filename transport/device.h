@@ -67,6 +67,18 @@ struct ServerSetSpec {
   absl::Time deadline;  // for the whole set-up
 };
 
+// The server side of ConnectToServers: a context over one client's
+// connection, accepted and handshaken by the server's listener (peer 0 = the
+// client, rank() -1). It reports messages no posted receive expects (Probe)
+// and the client's close, and when it fails, its ABORT names no op
+// (kConnectionOp): the connection ends.
+struct ClientSpec {
+  std::string job_id;  // the data-plane job id the Hello named
+  uint64_t epoch = 0;
+  std::string client_name;  // how errors name the client ("worker rank 2")
+  std::string self_name;    // and this server ("ps shard 0: job 'j'")
+};
+
 class Device {
  public:
   virtual ~Device() = default;
@@ -80,6 +92,15 @@ class Device {
   virtual absl::StatusOr<std::unique_ptr<Context>> ConnectToServers(const ServerSetSpec& spec) {
     (void)spec;
     return absl::UnimplementedError(properties().name + " device has no client contexts");
+  }
+  // A server context over `connection` (TCP: it becomes the data connection;
+  // a transport with its own links bootstraps them over it). Unimplemented
+  // where the device has no server contexts.
+  virtual absl::StatusOr<std::unique_ptr<Context>> AcceptClient(UniqueFd connection,
+                                                                const ClientSpec& spec) {
+    (void)connection;
+    (void)spec;
+    return absl::UnimplementedError(properties().name + " device has no server contexts");
   }
 };
 

@@ -163,6 +163,10 @@ class InProcContext final : public Context {
     absl::MutexLock l(&f_->mu);
     while (true) {
       if (!error_.ok()) return error_;
+      if (interrupted_) {
+        interrupted_ = false;
+        return absl::DeadlineExceededError("interrupted");
+      }
       for (int p = 0; p < f_->n; ++p) {
         if (p == rank_) continue;
         if (f_->lost[p]) {
@@ -223,6 +227,12 @@ class InProcContext final : public Context {
     FailLocked(reason);
   }
 
+  void Interrupt() override {
+    absl::MutexLock l(&f_->mu);
+    interrupted_ = true;
+    f_->cv.SignalAll();
+  }
+
   absl::Status Fail(const absl::Status& reason) override {
     absl::MutexLock l(&f_->mu);
     return FailLocked(reason);
@@ -274,7 +284,8 @@ class InProcContext final : public Context {
   const std::shared_ptr<InProcDevice::Fabric> f_;
   const std::shared_ptr<RegionTable> regions_ = std::make_shared<RegionTable>();
   const int rank_;
-  absl::Status error_;  // guarded by f_->mu
+  absl::Status error_;        // guarded by f_->mu
+  bool interrupted_ = false;  // guarded by f_->mu
   std::vector<std::deque<RecvItem>> recvs_;  // by peer; driving thread, under f_->mu
   std::vector<uint64_t> sent_, received_;    // driving thread only
 };

@@ -192,5 +192,100 @@ TEST(TcpClientContext, ALostServerIsAFaultNamingIt) {
       << ctx.status();
 }
 
+// The server side: a context over one accepted connection, as the PS shard
+// serves each worker.
+struct ServerSide {
+  std::unique_ptr<Context> server;
+  UniqueFd client;
+};
+
+ServerSide Accept() {
+  ServerSide side;
+  int fds[2];
+  EXPECT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, fds), 0);
+  side.client.Reset(fds[1]);
+  TcpDevice device(TcpDeviceOptions{});
+  ClientSpec spec;
+  spec.job_id = kJob;
+  spec.epoch = 3;
+  spec.client_name = "worker rank 2";
+  spec.self_name = "shard A";
+  auto ctx = device.AcceptClient(UniqueFd(fds[0]), spec);
+  EXPECT_TRUE(ctx.ok()) << ctx.status();
+  side.server = std::move(*ctx);
+  return side;
+}
+
+TEST(TcpServerContext, ReportsAMessageNobodyExpectedAndTakesItWhenAsked) {
+  ServerSide side = Accept();
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  FrameHeader h = Frame(FrameType::kData, 7, 3, 96, 5);
+  ASSERT_TRUE(WriteFull(side.client.get(), &h, sizeof(h), deadline).ok());
+  ASSERT_TRUE(WriteFull(side.client.get(), "hello", 5, deadline).ok());
+  Incoming in;
+  while (!side.server->Probe(0, &in)) ASSERT_TRUE(side.server->Progress(deadline).ok());
+  EXPECT_EQ(in.tag.op_seq, 7u);
+  EXPECT_EQ(in.tag.slot, 3u);
+  EXPECT_EQ(in.tag.offset, 96u);
+  EXPECT_EQ(in.bytes, 5u);
+  std::string buf(5, '\0');
+  auto mr = side.server->RegisterMemory(buf.data(), buf.size());
+  Request r;
+  ASSERT_TRUE(side.server->PostRecv(0, **mr, 0, 5, true, in.tag, &r).ok());
+  while (!r.done) ASSERT_TRUE(side.server->Progress(deadline).ok());
+  EXPECT_EQ(buf, "hello");
+  EXPECT_FALSE(side.server->Probe(0, &in));
+  // The client leaving is reported too.
+  side.client.Reset();
+  while (!side.server->PeerClosed(0)) ASSERT_TRUE(side.server->Progress(deadline).ok());
+  EXPECT_TRUE(side.server->health().ok());
+}
+
+TEST(TcpServerContext, AnOpScopedAbortLeavesTheConnectionUsable) {
+  ServerSide side = Accept();
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  Request r;
+  ASSERT_TRUE(side.server
+                  ->PostAbort(0, 4, absl::FailedPreconditionError("step 4 is over"), &r)
+                  .ok());
+  while (!r.done) ASSERT_TRUE(side.server->Progress(deadline).ok());
+  FrameHeader h;
+  ASSERT_TRUE(ReadFull(side.client.get(), &h, sizeof(h), deadline).ok());
+  EXPECT_EQ(h.type, static_cast<uint8_t>(FrameType::kAbort));
+  EXPECT_EQ(h.op_seq, 4u);
+  EXPECT_EQ(h.offset, static_cast<uint64_t>(absl::StatusCode::kFailedPrecondition));
+  std::string msg(h.length, '\0');
+  ASSERT_TRUE(ReadFull(side.client.get(), msg.data(), msg.size(), deadline).ok());
+  EXPECT_EQ(msg, "step 4 is over");
+  EXPECT_TRUE(side.server->health().ok());
+  // Failing the context names no op: the connection ends.
+  (void)side.server->Fail(absl::DataLossError("shard A: protocol error from worker rank 2"));
+  ASSERT_TRUE(ReadFull(side.client.get(), &h, sizeof(h), deadline).ok());
+  EXPECT_EQ(h.type, static_cast<uint8_t>(FrameType::kAbort));
+  EXPECT_EQ(h.op_seq, kConnectionOp);
+}
+
+TEST(TcpServerContext, AClientsAbortFailsTheContextWithItsCodeAndStep) {
+  ServerSide side = Accept();
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  const std::string why = "the training process went away";
+  FrameHeader h = Frame(FrameType::kAbort, 9, kControlSlot,
+                        static_cast<uint64_t>(absl::StatusCode::kCancelled),
+                        static_cast<uint32_t>(why.size()));
+  ASSERT_TRUE(WriteFull(side.client.get(), &h, sizeof(h), deadline).ok());
+  ASSERT_TRUE(WriteFull(side.client.get(), why.data(), why.size(), deadline).ok());
+  absl::Status s;
+  do {
+    s = side.server->Progress(deadline);
+  } while (s.ok());
+  EXPECT_TRUE(absl::IsAborted(s)) << s;
+  EXPECT_EQ(s.message(), "aborted by worker rank 2: the training process went away");
+  const PeerFault f = side.server->fault();
+  EXPECT_EQ(f.kind, PeerFault::kAborted);
+  EXPECT_EQ(f.code, absl::StatusCode::kCancelled);
+  EXPECT_EQ(f.op_seq, 9u);
+  EXPECT_EQ(f.cause, why);
+}
+
 }  // namespace
 }  // namespace gradsync::transport

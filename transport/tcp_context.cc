@@ -22,6 +22,12 @@ namespace {
 constexpr size_t kHeaderBytes = sizeof(FrameHeader);
 }  // namespace
 
+static absl::Status PostingBoundError(const char* what, int peer, int bound) {
+  return absl::ResourceExhaustedError(absl::StrCat(bound, " ", what, " rank ", peer,
+                                                   " already posted (the context's bound); post "
+                                                   "again once one completed"));
+}
+
 TcpContext::TcpContext(const TcpContextOptions& options, int peers, int self)
     : job_id_(options.job_id),
       job_tag_(JobTag(options.job_id)),
@@ -29,6 +35,7 @@ TcpContext::TcpContext(const TcpContextOptions& options, int peers, int self)
                                            : options.self_name),
       verbatim_aborts_(options.verbatim_aborts),
       relay_faults_(options.relay_faults),
+      server_(options.server),
       epoch_(options.epoch),
       rank_(self),
       size_(peers),
@@ -59,6 +66,59 @@ void TcpContext::FailBy(PeerFault f, const absl::Status& reason) {
   failed_ = true;
 }
 
+bool TcpContext::Probe(int peer, Incoming* in) {
+  for (Peer& p : peers_) {
+    if (p.rank != peer || p.in_header_got != kHeaderBytes || !p.recvs.empty()) continue;
+    const FrameHeader& h = p.in_header;
+    in->tag = MessageTag{h.op_seq, h.slot, h.dtype, h.offset};
+    in->bytes = h.length;
+    return true;
+  }
+  return false;
+}
+
+bool TcpContext::AnnounceArrivals() {
+  bool any = false;
+  for (Peer& p : peers_) {
+    if (p.rank == rank_) continue;
+    if (p.in_header_got == kHeaderBytes && p.recvs.empty() && !p.announced) {
+      p.announced = true;
+      any = true;
+    }
+    if (p.closed && !p.close_announced) {
+      p.close_announced = true;
+      any = true;
+    }
+  }
+  return any;
+}
+
+absl::Status TcpContext::PostAbort(int peer, uint64_t op_seq, const absl::Status& why,
+                                   Request* req) {
+  if (failed_) return health();
+  if (peer < 0 || peer >= size_ || peer == rank_) {
+    return absl::InvalidArgumentError(absl::StrCat("bad peer rank ", peer));
+  }
+  if (max_in_flight_ > 0 && PostedSends(peer) >= static_cast<size_t>(max_in_flight_)) {
+    return PostingBoundError("sends to", peer, max_in_flight_);
+  }
+  Peer& p = peers_[static_cast<size_t>(peer) * streams_];
+  if (p.closed) return ClosedPeerError(peer);
+  req->done = false;
+  auto msg = std::make_shared<const std::string>(why.message().substr(0, kMaxAbortBytes));
+  const absl::StatusCode code = why.ok() ? absl::StatusCode::kAborted : why.code();
+  p.sends.push_back(SendItem{
+      MakeHeader(FrameType::kAbort,
+                 MessageTag{op_seq, kControlSlot, 0, static_cast<uint64_t>(code)},
+                 static_cast<uint32_t>(msg->size())),
+      msg->data(), msg->size(), 0, req, msg});
+  if (p.sends.size() == 1) {
+    bool completed = false;
+    if (!DoSend(p, &completed)) return health();
+  }
+  return absl::OkStatus();
+}
+
 bool TcpContext::PeerClosed(int peer) const {
   for (const Peer& p : peers_) {
     if (p.rank == peer && p.closed) return true;
@@ -78,11 +138,6 @@ size_t TcpContext::PostedRecvs(int peer) const {
   return n;
 }
 
-static absl::Status PostingBoundError(const char* what, int peer, int bound) {
-  return absl::ResourceExhaustedError(absl::StrCat(bound, " ", what, " rank ", peer,
-                                                   " already posted (the context's bound); post "
-                                                   "again once one completed"));
-}
 
 TcpContext::Peer& TcpContext::Conn(int peer, const MessageTag& tag) {
   const int stream = tag.slot == kControlSlot ? 0 : static_cast<int>(tag.slot % active_streams_);
@@ -323,6 +378,7 @@ bool TcpContext::DoRecv(Peer& p, bool* completed) {
     p.recvs.erase(p.recvs.begin() + static_cast<std::ptrdiff_t>(p.in_match));
     p.in_header_got = 0;
     p.in_payload_got = 0;
+    p.announced = false;
     *completed = true;
   }
 }
@@ -342,7 +398,7 @@ absl::Status TcpContext::Progress(absl::Time deadline) {
         return health();
       }
     }
-    if (completed_early) return absl::OkStatus();
+    if (completed_early || (server_ && AnnounceArrivals())) return absl::OkStatus();
     pfds.clear();
     owners.clear();
     pfds.push_back({wake_fd_.get(), POLLIN, 0});
@@ -378,7 +434,7 @@ absl::Status TcpContext::Progress(absl::Time deadline) {
             if (!DoRecv(p, &completed)) return health();
           }
         }
-        if (completed) return absl::OkStatus();
+        if (completed || (server_ && AnnounceArrivals())) return absl::OkStatus();
         if (failed_) return Fail(health());  // Abort() from another thread
         if (interrupted_.load(std::memory_order_relaxed)) break;  // poll() sees the eventfd
       } else {
@@ -418,7 +474,7 @@ absl::Status TcpContext::Progress(absl::Time deadline) {
         if (!DoRecv(p, &completed)) return health();
       }
     }
-    if (completed) return absl::OkStatus();
+    if (completed || (server_ && AnnounceArrivals())) return absl::OkStatus();
   }
 }
 
@@ -514,8 +570,8 @@ void TcpContext::BroadcastAbort(const absl::Status& reason) {
       if (!st.ok()) continue;
     }
     FrameHeader h = MakeHeader(FrameType::kAbort,
-                               MessageTag{last_op_seq_, kControlSlot, 0,
-                                          static_cast<uint64_t>(reason.code())},
+                               MessageTag{server_ ? kConnectionOp : last_op_seq_, kControlSlot,
+                                          0, static_cast<uint64_t>(reason.code())},
                                static_cast<uint32_t>(msg.size()));
     if (WriteFull(p.fd.get(), &h, sizeof(h), deadline).ok()) {
       (void)WriteFull(p.fd.get(), msg.data(), msg.size(), deadline);

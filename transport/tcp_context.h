@@ -55,6 +55,10 @@ struct TcpContextOptions {
   // at once, in the context's words. Off: the owner's Fail(reason) tells them
   // in its own words (the PS worker names the shard, step and partition).
   bool relay_faults = true;
+  // Server contexts (Adopt): Progress also returns OK when a message no
+  // posted receive expects arrives (Probe) or the peer closes; the context's
+  // own ABORT names kConnectionOp.
+  bool server = false;
 };
 
 class TcpContext : public Context, public TcpControls {
@@ -72,6 +76,10 @@ class TcpContext : public Context, public TcpControls {
   // "<peer name>: cannot connect: <cause>" with the cause's code.
   static absl::StatusOr<std::unique_ptr<TcpContext>> ConnectToServers(
       const TcpContextOptions& options);
+  // A server context (Device::AcceptClient) over one handshaken connection:
+  // peer 0 is the client, rank() -1; options.server is implied.
+  static absl::StatusOr<std::unique_ptr<TcpContext>> Adopt(UniqueFd fd,
+                                                           const TcpContextOptions& options);
   ~TcpContext() override;
 
   int rank() const override { return rank_; }
@@ -88,6 +96,9 @@ class TcpContext : public Context, public TcpControls {
   absl::Status Fail(const absl::Status& reason) override;
   absl::Status health() const override;
   PeerFault fault() const override { return fault_; }
+  bool Probe(int peer, Incoming* in) override;
+  absl::Status PostAbort(int peer, uint64_t op_seq, const absl::Status& why,
+                         Request* req) override;
   bool PeerClosed(int peer) const override;
   uint64_t BytesSentTo(int peer) const override;
   uint64_t BytesReceivedFrom(int peer) const override;
@@ -105,7 +116,7 @@ class TcpContext : public Context, public TcpControls {
   // DeadlineExceeded at once (as if its deadline had passed), without
   // failing the context: a thread that waits in Progress can hand the
   // context over to another.
-  void Interrupt();
+  void Interrupt() override;
 
   // Bytes moved since creation (for metrics and the link probe).
   uint64_t bytes_sent() const { return bytes_sent_; }
@@ -118,6 +129,7 @@ class TcpContext : public Context, public TcpControls {
     size_t len;
     size_t done;  // bytes of header+payload written
     Request* req;
+    std::shared_ptr<const std::string> owned;  // the payload of a PostAbort
   };
   struct RecvItem {
     char* data;
@@ -153,7 +165,13 @@ class TcpContext : public Context, public TcpControls {
     // expected from it (e.g. it finished the job and left). Not an error
     // until something is posted to or from it.
     bool closed = false;
+    // Server contexts: this parked header / this close was reported by Progress.
+    bool announced = false;
+    bool close_announced = false;
   };
+  // Server contexts: a parked header or a close Progress has not reported yet
+  // (marks it reported).
+  bool AnnounceArrivals();
 
   // `peers` contexts (connections) per stream; `self` this rank's index, or
   // -1 for a client of servers.
@@ -192,6 +210,7 @@ class TcpContext : public Context, public TcpControls {
   std::vector<std::string> peer_names_;
   const bool verbatim_aborts_;
   const bool relay_faults_;
+  const bool server_;
   PeerFault fault_;          // driving thread only
   uint64_t last_op_seq_ = 0;  // of the latest post; ABORT frames name it
   const uint64_t epoch_;

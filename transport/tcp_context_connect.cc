@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "transport/tcp_context.h"
 
 namespace gradsync::transport {
@@ -132,6 +133,22 @@ absl::StatusOr<std::unique_ptr<TcpContext>> TcpContext::ConnectToServers(
     if (s.ok()) s = TuneDataSocket(fd, options.socket_buffer_bytes);
     if (!s.ok()) return server_error(k, s);
   }
+  return ctx;
+}
+
+absl::StatusOr<std::unique_ptr<TcpContext>> TcpContext::Adopt(UniqueFd fd,
+                                                              const TcpContextOptions& options) {
+  TcpContextOptions o = options;
+  o.streams = 1;
+  o.server = true;
+  o.world_size = 1;
+  if (o.peer_names.empty()) o.peer_names = {"client"};
+  if (o.self_name.empty()) o.self_name = "server";
+  std::unique_ptr<TcpContext> ctx(new TcpContext(o, 1, /*self=*/-1));
+  ctx->wake_fd_.Reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  if (!ctx->wake_fd_.valid()) return absl::InternalError("eventfd: " + ErrnoString(errno));
+  RETURN_IF_ERROR(TuneDataSocket(fd.get(), options.socket_buffer_bytes));
+  ctx->peers_[0].fd = std::move(fd);
   return ctx;
 }
 

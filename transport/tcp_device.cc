@@ -50,4 +50,19 @@ absl::StatusOr<std::unique_ptr<Context>> TcpDevice::ConnectToServers(const Serve
   return std::unique_ptr<Context>(std::move(*ctx));
 }
 
+absl::StatusOr<std::unique_ptr<Context>> TcpDevice::AcceptClient(UniqueFd connection,
+                                                                const ClientSpec& spec) {
+  TcpContextOptions o;
+  o.job_id = spec.job_id;
+  o.epoch = spec.epoch;
+  o.socket_buffer_bytes = options_.socket_buffer_bytes;
+  o.max_in_flight = properties_.max_in_flight;
+  o.self_name = spec.self_name;
+  o.peer_names = {spec.client_name};
+  absl::StatusOr<std::unique_ptr<TcpContext>> ctx =
+      TcpContext::Adopt(std::move(connection), o);
+  if (!ctx.ok()) return ctx.status();
+  return std::unique_ptr<Context>(std::move(*ctx));
+}
+
 }  // namespace gradsync::transport

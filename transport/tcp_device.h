@@ -26,6 +26,9 @@ class TcpDevice final : public Device {
   absl::StatusOr<std::unique_ptr<Context>> CreateContext(const ContextSpec& spec) override;
   // A TcpContext::ConnectToServers context (needs no listener).
   absl::StatusOr<std::unique_ptr<Context>> ConnectToServers(const ServerSetSpec& spec) override;
+  // A TcpContext::Adopt context over the connection.
+  absl::StatusOr<std::unique_ptr<Context>> AcceptClient(UniqueFd connection,
+                                                        const ClientSpec& spec) override;
 
  private:
   const TcpDeviceOptions options_;

@@ -99,6 +99,15 @@ struct MessageTag {
   uint64_t offset = 0;  // byte offset of the payload within the op's buffer
 };
 
+// op_seq of an ABORT about the whole connection rather than one op.
+inline constexpr uint64_t kConnectionOp = ~0ull;
+
+// A message that arrived while no posted receive expected it (Context::Probe).
+struct Incoming {
+  MessageTag tag;
+  size_t bytes = 0;
+};
+
 // A posted send or receive; owned by the caller, who keeps it alive until it
 // is done or the context failed. Written only by the thread calling Progress.
 struct Request {
@@ -161,6 +170,25 @@ class Context {
 
   // Fails the context from any thread; wakes Progress. The first reason wins.
   virtual void Abort(const absl::Status& reason) = 0;
+
+  // From any thread: the Progress running now, or the next one, returns
+  // DeadlineExceeded at once without failing the context (a server's
+  // connection thread is woken so to post what other threads queued).
+  virtual void Interrupt() = 0;
+
+  // Servers: whether a message from `peer` waits that no posted receive
+  // expects (its tag and length in *in); post a receive with that tag to
+  // take it. Contexts from Device::AcceptClient make Progress return OK when
+  // such a message arrives, or when the peer closes its connection.
+  virtual bool Probe(int peer, Incoming* in) { (void)peer; (void)in; return false; }
+
+  // Tells `peer` that op `op_seq` failed with `why` (an ABORT frame with the
+  // code), without failing the context; completes like a send. Servers use it
+  // to fail one request of a client that goes on using the connection.
+  virtual absl::Status PostAbort(int peer, uint64_t op_seq, const absl::Status& why, Request* req) {
+    (void)peer; (void)op_seq; (void)why; (void)req;
+    return absl::UnimplementedError("this transport has no op-scoped aborts");
+  }
 
   // Fails the context from the driving thread and tells the peers. The first
   // reason wins; returns the context's error.
