@@ -9,9 +9,7 @@ namespace gradsync::ps {
 absl::Status PsShard::Impl::Init() {
   device_ = options_.device;
   if (device_ == nullptr) {
-    transport::TcpDeviceOptions o;
-    o.socket_buffer_bytes = options_.socket_buffer_bytes;
-    own_device_ = std::make_unique<transport::TcpDevice>(o);
+    own_device_ = transport::TcpDevice::DialOnly(options_.socket_buffer_bytes);
     device_ = own_device_.get();
   }
   for (int t = 0; t < options_.threads; ++t) {

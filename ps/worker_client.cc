@@ -266,9 +266,7 @@ PsWorker::PsWorker(PsWorkerOptions options, std::string ps_job_id)
     : options_(std::move(options)), ps_job_id_(std::move(ps_job_id)) {
   device_ = options_.device;
   if (device_ == nullptr) {
-    transport::TcpDeviceOptions o;
-    o.socket_buffer_bytes = options_.socket_buffer_bytes;
-    own_device_ = std::make_unique<transport::TcpDevice>(o);
+    own_device_ = transport::TcpDevice::DialOnly(options_.socket_buffer_bytes);
     device_ = own_device_.get();
   }
 }

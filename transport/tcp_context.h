@@ -176,6 +176,9 @@ class TcpContext : public Context, public TcpControls {
   // `peers` contexts (connections) per stream; `self` this rank's index, or
   // -1 for a client of servers.
   TcpContext(const TcpContextOptions& options, int peers, int self);
+  // The context with its wake-up eventfd, no connections yet.
+  static absl::StatusOr<std::unique_ptr<TcpContext>> Create(const TcpContextOptions& options,
+                                                            int peers, int self);
   const std::string& PeerName(int peer) const { return peer_names_[peer]; }
   // Records what `peer` did (the first fault wins) and fails the context.
   void FailBy(PeerFault f, const absl::Status& reason);

@@ -11,6 +11,32 @@
 
 namespace gradsync::transport {
 
+namespace {
+
+// Reads a HelloAck: OK, or the acceptor's refusal with its code and message.
+absl::Status ReadHelloAck(int fd, absl::Time deadline) {
+  HelloAck ack;
+  RETURN_IF_ERROR(ReadFull(fd, &ack, sizeof(ack), deadline));
+  if (ack.magic != kHelloMagic) return absl::DataLossError("bad handshake reply");
+  if (ack.code == 0) return absl::OkStatus();
+  std::string msg(std::min<size_t>(ack.message_len, 1024), '\0');
+  (void)ReadFull(fd, msg.data(), msg.size(), deadline);
+  const absl::StatusCode code = ack.code <= static_cast<uint16_t>(absl::StatusCode::kUnauthenticated)
+                                    ? static_cast<absl::StatusCode>(ack.code)
+                                    : absl::StatusCode::kUnknown;
+  return absl::Status(code, "refused: " + msg);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<TcpContext>> TcpContext::Create(const TcpContextOptions& options,
+                                                               int peers, int self) {
+  std::unique_ptr<TcpContext> ctx(new TcpContext(options, peers, self));
+  ctx->wake_fd_.Reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  if (!ctx->wake_fd_.valid()) return absl::InternalError("eventfd: " + ErrnoString(errno));
+  return ctx;
+}
+
 absl::StatusOr<std::unique_ptr<TcpContext>> TcpContext::Connect(const TcpContextOptions& options,
                                                                 TcpListener* listener) {
   if (options.world_size < 1 || options.rank < 0 || options.rank >= options.world_size ||
@@ -19,9 +45,8 @@ absl::StatusOr<std::unique_ptr<TcpContext>> TcpContext::Connect(const TcpContext
                                                    options.world_size, " with ",
                                                    options.peers.size(), " peer addresses"));
   }
-  std::unique_ptr<TcpContext> ctx(new TcpContext(options, options.world_size, options.rank));
-  ctx->wake_fd_.Reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
-  if (!ctx->wake_fd_.valid()) return absl::InternalError("eventfd: " + ErrnoString(errno));
+  ASSIGN_OR_RETURN(std::unique_ptr<TcpContext> ctx,
+                   Create(options, options.world_size, options.rank));
   const int me = options.rank;
   const absl::Time deadline = options.deadline;
   auto peer_error = [&](int p, const absl::Status& s) {
@@ -59,15 +84,7 @@ absl::StatusOr<std::unique_ptr<TcpContext>> TcpContext::Connect(const TcpContext
   // Phase 3: every higher rank accepted us.
   for (int p = me + 1; p < options.world_size; ++p) {
     for (int st = 0; st < S; ++st) {
-      const int fd = ctx->peers_[p * S + st].fd.get();
-      HelloAck ack;
-      absl::Status s = ReadFull(fd, &ack, sizeof(ack), deadline);
-      if (s.ok() && ack.magic != kHelloMagic) s = absl::DataLossError("bad handshake reply");
-      if (s.ok() && ack.code != 0) {
-        std::string msg(std::min<size_t>(ack.message_len, 1024), '\0');
-        (void)ReadFull(fd, msg.data(), msg.size(), deadline);
-        s = absl::Status(static_cast<absl::StatusCode>(ack.code), "refused: " + msg);
-      }
+      const absl::Status s = ReadHelloAck(ctx->peers_[p * S + st].fd.get(), deadline);
       if (!s.ok()) return peer_error(p, s);
     }
   }
@@ -97,9 +114,7 @@ absl::StatusOr<std::unique_ptr<TcpContext>> TcpContext::ConnectToServers(
       o.peer_names[k] = absl::StrCat("server ", k, " (", options.peers[k].ToString(), ")");
     }
   }
-  std::unique_ptr<TcpContext> ctx(new TcpContext(o, servers, /*self=*/-1));
-  ctx->wake_fd_.Reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
-  if (!ctx->wake_fd_.valid()) return absl::InternalError("eventfd: " + ErrnoString(errno));
+  ASSIGN_OR_RETURN(std::unique_ptr<TcpContext> ctx, Create(o, servers, /*self=*/-1));
   const absl::Time deadline = options.deadline;
   auto server_error = [&](int k, const absl::Status& s) {
     return absl::Status(s.code(),
@@ -118,18 +133,7 @@ absl::StatusOr<std::unique_ptr<TcpContext>> TcpContext::ConnectToServers(
   }
   for (int k = 0; k < servers; ++k) {
     const int fd = ctx->peers_[k].fd.get();
-    HelloAck ack;
-    absl::Status s = ReadFull(fd, &ack, sizeof(ack), deadline);
-    if (s.ok() && ack.magic != kHelloMagic) s = absl::DataLossError("bad handshake reply");
-    if (s.ok() && ack.code != 0) {
-      std::string msg(std::min<size_t>(ack.message_len, 1024), '\0');
-      (void)ReadFull(fd, msg.data(), msg.size(), deadline);
-      const absl::StatusCode code =
-          ack.code <= static_cast<uint16_t>(absl::StatusCode::kUnauthenticated)
-              ? static_cast<absl::StatusCode>(ack.code)
-              : absl::StatusCode::kUnknown;
-      s = absl::Status(code, "refused: " + msg);
-    }
+    absl::Status s = ReadHelloAck(fd, deadline);
     if (s.ok()) s = TuneDataSocket(fd, options.socket_buffer_bytes);
     if (!s.ok()) return server_error(k, s);
   }
@@ -144,9 +148,7 @@ absl::StatusOr<std::unique_ptr<TcpContext>> TcpContext::Adopt(UniqueFd fd,
   o.world_size = 1;
   if (o.peer_names.empty()) o.peer_names = {"client"};
   if (o.self_name.empty()) o.self_name = "server";
-  std::unique_ptr<TcpContext> ctx(new TcpContext(o, 1, /*self=*/-1));
-  ctx->wake_fd_.Reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
-  if (!ctx->wake_fd_.valid()) return absl::InternalError("eventfd: " + ErrnoString(errno));
+  ASSIGN_OR_RETURN(std::unique_ptr<TcpContext> ctx, Create(o, 1, /*self=*/-1));
   RETURN_IF_ERROR(TuneDataSocket(fd.get(), options.socket_buffer_bytes));
   ctx->peers_[0].fd = std::move(fd);
   return ctx;

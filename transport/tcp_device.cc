@@ -13,34 +13,40 @@ TcpDevice::TcpDevice(TcpDeviceOptions options) : options_(options) {
   properties_.max_in_flight = TcpContextOptions::kDefaultMaxInFlight;
 }
 
-absl::StatusOr<std::unique_ptr<Context>> TcpDevice::CreateContext(const ContextSpec& spec) {
+TcpContextOptions TcpDevice::Options(const std::string& job_id, uint64_t epoch) const {
   TcpContextOptions o;
-  o.job_id = spec.job_id;
-  o.epoch = spec.epoch;
+  o.job_id = job_id;
+  o.epoch = epoch;
+  o.socket_buffer_bytes = options_.socket_buffer_bytes;
+  o.spin_us = options_.spin_us;
+  o.max_in_flight = properties_.max_in_flight;
+  return o;
+}
+
+std::unique_ptr<TcpDevice> TcpDevice::DialOnly(int socket_buffer_bytes) {
+  TcpDeviceOptions o;
+  o.socket_buffer_bytes = socket_buffer_bytes;
+  return std::make_unique<TcpDevice>(o);
+}
+
+absl::StatusOr<std::unique_ptr<Context>> TcpDevice::CreateContext(const ContextSpec& spec) {
+  TcpContextOptions o = Options(spec.job_id, spec.epoch);
   o.rank = spec.rank;
   o.world_size = spec.world_size;
   o.peers = spec.peers;
   o.deadline = spec.deadline;
-  o.socket_buffer_bytes = options_.socket_buffer_bytes;
   o.streams = std::max(1, spec.lanes);
-  o.spin_us = options_.spin_us;
-  o.max_in_flight = properties_.max_in_flight;
   absl::StatusOr<std::unique_ptr<TcpContext>> ctx = TcpContext::Connect(o, options_.listener);
   if (!ctx.ok()) return ctx.status();
   return std::unique_ptr<Context>(std::move(*ctx));
 }
 
 absl::StatusOr<std::unique_ptr<Context>> TcpDevice::ConnectToServers(const ServerSetSpec& spec) {
-  TcpContextOptions o;
-  o.job_id = spec.job_id;
-  o.epoch = spec.epoch;
+  TcpContextOptions o = Options(spec.job_id, spec.epoch);
   o.rank = spec.rank;
   o.world_size = spec.clients;
   o.peers = spec.servers;
   o.deadline = spec.deadline;
-  o.socket_buffer_bytes = options_.socket_buffer_bytes;
-  o.spin_us = options_.spin_us;
-  o.max_in_flight = properties_.max_in_flight;
   o.self_name = spec.self_name;
   o.peer_names = spec.server_names;
   o.verbatim_aborts = true;
@@ -52,11 +58,8 @@ absl::StatusOr<std::unique_ptr<Context>> TcpDevice::ConnectToServers(const Serve
 
 absl::StatusOr<std::unique_ptr<Context>> TcpDevice::AcceptClient(UniqueFd connection,
                                                                 const ClientSpec& spec) {
-  TcpContextOptions o;
-  o.job_id = spec.job_id;
-  o.epoch = spec.epoch;
-  o.socket_buffer_bytes = options_.socket_buffer_bytes;
-  o.max_in_flight = properties_.max_in_flight;
+  TcpContextOptions o = Options(spec.job_id, spec.epoch);
+  o.spin_us = 0;  // a server thread sleeps between a client's frames
   o.self_name = spec.self_name;
   o.peer_names = {spec.client_name};
   absl::StatusOr<std::unique_ptr<TcpContext>> ctx =

@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "transport/device.h"
+#include "transport/tcp_context.h"
 #include "transport/tcp_listener.h"
 
 namespace gradsync::transport {
@@ -21,6 +22,9 @@ struct TcpDeviceOptions {
 class TcpDevice final : public Device {
  public:
   explicit TcpDevice(TcpDeviceOptions options);
+  // A device without a listener, for client contexts and server contexts
+  // over connections accepted elsewhere (the PS worker's and shard's own).
+  static std::unique_ptr<TcpDevice> DialOnly(int socket_buffer_bytes);
   const DeviceProperties& properties() const override { return properties_; }
   // A TcpContext (Context::tcp() is non-null); spec.lanes = its streams.
   absl::StatusOr<std::unique_ptr<Context>> CreateContext(const ContextSpec& spec) override;
@@ -31,6 +35,8 @@ class TcpDevice final : public Device {
                                                         const ClientSpec& spec) override;
 
  private:
+  // The options every context of this device shares.
+  TcpContextOptions Options(const std::string& job_id, uint64_t epoch) const;
   const TcpDeviceOptions options_;
   DeviceProperties properties_;
 };
