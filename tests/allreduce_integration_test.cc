@@ -21,28 +21,7 @@ namespace {
 using testing::OnEveryRank;
 using testing::OpenJob;
 
-class AllreduceIntegration : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    LocalClusterOptions o;
-    o.daemons = 8;
-    auto c = LocalCluster::Start(o);
-    ASSERT_TRUE(c.ok()) << c.status();
-    cluster_ = c->release();
-  }
-  static void TearDownTestSuite() {
-    if (cluster_ != nullptr) {
-      EXPECT_TRUE(cluster_->StopAll().ok());
-      delete cluster_;
-      cluster_ = nullptr;
-    }
-  }
-  static LocalCluster* cluster_;
-
- public:
-  static LocalCluster* cluster() { return cluster_; }
-};
-LocalCluster* AllreduceIntegration::cluster_ = nullptr;
+using AllreduceIntegration = testing::SharedClusterTest<8>;
 
 // Runs one allreduce on every rank of `job` and checks it against the
 // reference (ring order: exact for ring, and for any algorithm with integer

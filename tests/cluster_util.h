@@ -1,6 +1,7 @@
-// Helpers for multi-process tests: open one session per rank of a job on the
-// daemons of a LocalCluster (in parallel, since the rendezvous blocks), and
-// run a function on every rank's thread.
+// Helpers for multi-process tests: start a LocalCluster (or share one across
+// a test suite), open one session per rank of a job on its daemons (in
+// parallel, since the rendezvous blocks), and run a function on every rank's
+// thread.
 #ifndef GRADSYNC_TESTS_CLUSTER_UTIL_H_
 #define GRADSYNC_TESTS_CLUSTER_UTIL_H_
 
@@ -15,8 +16,43 @@
 #include "absl/strings/str_cat.h"
 #include "cli/local_cluster.h"
 #include "client/client.h"
+#include "gtest/gtest.h"
 
 namespace gradsync::testing {
+
+// A cluster of `daemons` gradsyncd (with `flags`) and a coordinator; null
+// (and the test failed) if it did not start.
+inline std::unique_ptr<LocalCluster> StartCluster(int daemons,
+                                                  std::vector<std::string> flags = {}) {
+  LocalClusterOptions o;
+  o.daemons = daemons;
+  o.daemon_flags = std::move(flags);
+  auto c = LocalCluster::Start(o);
+  EXPECT_TRUE(c.ok()) << c.status();
+  return c.ok() ? std::move(*c) : nullptr;
+}
+
+// A test suite whose tests share one cluster of `Daemons` daemons, started
+// before its first test and stopped after its last.
+template <int Daemons>
+class SharedClusterTest : public ::testing::Test {
+ public:
+  static LocalCluster* cluster() { return cluster_; }
+
+ protected:
+  static void SetUpTestSuite() { cluster_ = StartCluster(Daemons).release(); }
+  static void TearDownTestSuite() {
+    if (cluster_ != nullptr) {
+      EXPECT_TRUE(cluster_->StopAll().ok());
+      delete cluster_;
+      cluster_ = nullptr;
+    }
+  }
+  void SetUp() override { ASSERT_NE(cluster_, nullptr); }
+  static LocalCluster* cluster_;
+};
+template <int Daemons>
+LocalCluster* SharedClusterTest<Daemons>::cluster_ = nullptr;
 
 struct RankHandle {
   std::unique_ptr<client::Client> client;

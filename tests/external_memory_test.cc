@@ -29,25 +29,7 @@ using testing::OpenJob;
 
 const size_t kPage = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
 
-class ExternalMemory : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    LocalClusterOptions o;
-    o.daemons = 2;
-    auto c = LocalCluster::Start(o);
-    ASSERT_TRUE(c.ok()) << c.status();
-    cluster_ = c->release();
-  }
-  static void TearDownTestSuite() {
-    if (cluster_ != nullptr) {
-      EXPECT_TRUE(cluster_->StopAll().ok());
-      delete cluster_;
-      cluster_ = nullptr;
-    }
-  }
-  static LocalCluster* cluster_;
-};
-LocalCluster* ExternalMemory::cluster_ = nullptr;
+using ExternalMemory = testing::SharedClusterTest<2>;
 
 // A memfd of `bytes` bytes that the caller may seal (MFD_ALLOW_SEALING).
 UniqueFd Memfd(size_t bytes) {

@@ -26,14 +26,8 @@ namespace {
 
 using testing::OnEveryRank;
 using testing::OpenJob;
+using testing::StartCluster;
 
-std::unique_ptr<LocalCluster> StartCluster(int daemons) {
-  LocalClusterOptions o;
-  o.daemons = daemons;
-  auto c = LocalCluster::Start(o);
-  EXPECT_TRUE(c.ok()) << c.status();
-  return c.ok() ? std::move(*c) : nullptr;
-}
 
 // Every rank sums ones; checks the result on every rank.
 void ExpectWorkingAllreduce(LocalCluster& cluster, const std::string& job,

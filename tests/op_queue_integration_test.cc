@@ -29,6 +29,7 @@ namespace {
 
 using testing::OnEveryRank;
 using testing::OpenJob;
+using testing::StartCluster;
 
 // Op queue segments of daemon `i` that still exist in /dev/shm. The names
 // come from the daemon's log ("op queue /gradsync.<pid>.<nonce>-q<n>"), not
@@ -53,29 +54,8 @@ std::vector<std::string> QueueSegments(const LocalCluster& cluster, int i) {
   return out;
 }
 
-std::unique_ptr<LocalCluster> StartCluster(int daemons, std::vector<std::string> flags = {}) {
-  LocalClusterOptions o;
-  o.daemons = daemons;
-  o.daemon_flags = std::move(flags);
-  auto c = LocalCluster::Start(o);
-  EXPECT_TRUE(c.ok()) << c.status();
-  return c.ok() ? std::move(*c) : nullptr;
-}
 
-class OpQueueIntegration : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() { cluster_ = StartCluster(2).release(); }
-  static void TearDownTestSuite() {
-    if (cluster_ != nullptr) {
-      EXPECT_TRUE(cluster_->StopAll().ok());
-      delete cluster_;
-      cluster_ = nullptr;
-    }
-  }
-  void SetUp() override { ASSERT_NE(cluster_, nullptr); }
-  static LocalCluster* cluster_;
-};
-LocalCluster* OpQueueIntegration::cluster_ = nullptr;
+using OpQueueIntegration = testing::SharedClusterTest<2>;
 
 TEST_F(OpQueueIntegration, CollectivesThroughTheQueueGiveCorrectResults) {
   auto job = OpenJob(*cluster_, "q-collectives", {0, 1});

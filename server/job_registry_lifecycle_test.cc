@@ -1,0 +1,293 @@
+// JobRegistry over a job's life: heartbeats and death, leaving, watching,
+// shutdown, the observer's totals, the real-clock liveness thread.
+#include "server/job_registry.h"
+
+#include <atomic>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "server/job_registry_testing.h"
+
+namespace gradsync {
+namespace {
+
+using job_registry_testing::CountingObserver;
+using job_registry_testing::FakeClock;
+using job_registry_testing::JobRegistryTest;
+using v1::JobEvent;
+
+TEST_F(JobRegistryTest, MissedHeartbeatsAbortTheEpochAndNameTheRank) {
+  Create("j", 2, /*heartbeat_timeout_ms=*/300);
+  auto replies = JoinAll("j", {"a", "b"}, {0, 1});
+  ASSERT_TRUE(replies[0].ok() && replies[1].ok());
+
+  clock_.Advance(absl::Milliseconds(200));
+  ASSERT_TRUE(Beat("j", 0, 1, "a").ok());
+  registry_.CheckLiveness();
+  EXPECT_EQ(registry_.GetJobStatus("j")->state(), v1::JOB_STATE_RUNNING);
+
+  clock_.Advance(absl::Milliseconds(200));  // b: 400 ms silent, a: 200 ms
+  registry_.CheckLiveness();
+  auto st = registry_.GetJobStatus("j");
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->state(), v1::JOB_STATE_ABORTED);
+  EXPECT_EQ(st->abort_reason(), "rank 1 (member 'b') missed heartbeats for 0.4 s (timeout 0.3 s)");
+  EXPECT_TRUE(st->members(0).alive());
+  EXPECT_FALSE(st->members(1).alive());
+  EXPECT_EQ(st->members(1).last_heartbeat_age_ms(), 400);
+
+  auto hb = Beat("j", 0, 1, "a");
+  ASSERT_TRUE(hb.ok());
+  EXPECT_EQ(hb->state(), v1::JOB_STATE_ABORTED);
+  EXPECT_EQ(hb->epoch(), 1);
+  EXPECT_EQ(hb->abort_reason(), st->abort_reason());
+  ASSERT_EQ(hb->dead_ranks_size(), 1);
+  EXPECT_EQ(hb->dead_ranks(0), 1);
+
+  // A later death in the same epoch only adds to dead_ranks; with nobody
+  // left alive the job is deleted.
+  clock_.Advance(absl::Milliseconds(350));
+  auto watch = registry_.WatchJob("j");
+  ASSERT_TRUE(watch.ok());
+  registry_.CheckLiveness();
+  std::vector<JobEvent::Kind> kinds;
+  while (true) {
+    auto ev = (*watch)->Next(absl::Milliseconds(100));
+    if (!ev.ok()) {
+      EXPECT_EQ(ev.status().code(), absl::StatusCode::kOutOfRange);
+      break;
+    }
+    kinds.push_back(ev->kind());
+    if (ev->kind() == JobEvent::KIND_MEMBER_DEAD) {
+      EXPECT_EQ(ev->rank(), 0);
+      EXPECT_EQ(ev->status().abort_reason(), st->abort_reason());  // unchanged
+    }
+  }
+  EXPECT_EQ(kinds, (std::vector<JobEvent::Kind>{JobEvent::KIND_SNAPSHOT,
+                                                JobEvent::KIND_MEMBER_DEAD,
+                                                JobEvent::KIND_JOB_DELETED}));
+  EXPECT_EQ(registry_.GetJobStatus("j").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(JobRegistryTest, LeaveAbortsRunningJobAndRejoinStartsEpochTwo) {
+  Create("j", 2);
+  ASSERT_TRUE(JoinAll("j", {"a", "b"}, {0, 1})[1].ok());
+  ASSERT_TRUE(Leave("j", 1, 1, "b").ok());
+  auto st = registry_.GetJobStatus("j");
+  EXPECT_EQ(st->state(), v1::JOB_STATE_ABORTED);
+  EXPECT_EQ(st->abort_reason(), "rank 1 (member 'b') left the job");
+  EXPECT_TRUE(Leave("j", 1, 1, "b").ok());      // idempotent
+  EXPECT_TRUE(Leave("nope", 0, 1, "b").ok());   // unknown job
+  EXPECT_TRUE(Leave("j", 0, 7, "a").ok());      // stale epoch: no effect
+  EXPECT_EQ(registry_.GetJobStatus("j")->members_size(), 2);
+
+  // Rejoining an aborted job starts epoch 2 with cleared members.
+  auto replies = JoinAll("j", {"b", "a"}, {1, 0});
+  ASSERT_TRUE(replies[0].ok() && replies[1].ok()) << replies[0].status();
+  EXPECT_EQ(replies[0]->epoch(), 2);
+  EXPECT_EQ(replies[0]->rank(), 1);
+  st = registry_.GetJobStatus("j");
+  EXPECT_EQ(st->epoch(), 2);
+  EXPECT_EQ(st->state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(st->abort_reason(), "");
+
+  // A member of epoch 1 learns from its heartbeat that it is gone.
+  auto stale = Beat("j", 0, 1, "a");
+  ASSERT_TRUE(stale.ok());
+  EXPECT_EQ(stale->epoch(), 2);
+  EXPECT_EQ(stale->state(), v1::JOB_STATE_RUNNING);
+
+  // Both leave: the job is deleted.
+  ASSERT_TRUE(Leave("j", 0, 2, "a").ok());
+  EXPECT_TRUE(registry_.GetJobStatus("j").ok());
+  ASSERT_TRUE(Leave("j", 1, 2, "b").ok());
+  EXPECT_EQ(registry_.GetJobStatus("j").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(JobRegistryTest, LeaveWhileFormingOnlyRemovesTheMember) {
+  Create("j", 3);
+  absl::StatusOr<v1::JoinJobResponse> r = absl::UnknownError("not run");
+  std::thread t([&] { r = Join("j", "a", 1, 5000); });
+  AwaitJoined("j", 1);
+  ASSERT_TRUE(Leave("j", 1, 1, "a").ok());
+  t.join();
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kAborted);
+  auto st = registry_.GetJobStatus("j");
+  EXPECT_EQ(st->state(), v1::JOB_STATE_FORMING);
+  EXPECT_EQ(st->members_size(), 0);
+}
+
+TEST_F(JobRegistryTest, WatchSeesEveryEventInOrder) {
+  Create("j", 2, /*heartbeat_timeout_ms=*/300);
+  auto watch = registry_.WatchJob("j");
+  ASSERT_TRUE(watch.ok());
+  ASSERT_TRUE(JoinAll("j", {"a", "b"}, {0, 1})[0].ok());
+  clock_.Advance(absl::Milliseconds(250));
+  ASSERT_TRUE(Beat("j", 0, 1, "a").ok());
+  clock_.Advance(absl::Milliseconds(250));
+  registry_.CheckLiveness();
+  ASSERT_TRUE(Leave("j", 0, 1, "a").ok());
+
+  std::vector<JobEvent> events;
+  while (true) {
+    auto ev = (*watch)->Next(absl::Milliseconds(100));
+    if (!ev.ok()) {
+      EXPECT_EQ(ev.status().code(), absl::StatusCode::kOutOfRange) << ev.status();
+      break;
+    }
+    events.push_back(*ev);
+  }
+  std::vector<JobEvent::Kind> kinds;
+  for (const auto& e : events) kinds.push_back(e.kind());
+  EXPECT_EQ(kinds, (std::vector<JobEvent::Kind>{
+                       JobEvent::KIND_SNAPSHOT, JobEvent::KIND_MEMBER_JOINED,
+                       JobEvent::KIND_MEMBER_JOINED, JobEvent::KIND_JOB_RUNNING,
+                       JobEvent::KIND_MEMBER_DEAD, JobEvent::KIND_EPOCH_ABORTED,
+                       JobEvent::KIND_MEMBER_LEFT, JobEvent::KIND_JOB_DELETED}));
+  ASSERT_EQ(events.size(), 8u);
+  EXPECT_EQ(events[0].status().state(), v1::JOB_STATE_FORMING);
+  EXPECT_EQ(events[0].rank(), -1);
+  EXPECT_EQ(events[2].status().members_size(), 2);
+  EXPECT_EQ(events[3].status().state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(events[4].rank(), 1);
+  EXPECT_EQ(events[4].message(), "rank 1 (member 'b') missed heartbeats for 0.5 s (timeout 0.3 s)");
+  EXPECT_EQ(events[5].status().state(), v1::JOB_STATE_ABORTED);
+  EXPECT_EQ(events[6].rank(), 0);
+  EXPECT_EQ(events[6].message(), "rank 0 (member 'a') left the job");
+  for (const auto& e : events) {
+    EXPECT_EQ(e.job_id(), "j");
+    EXPECT_EQ(e.epoch(), 1);
+  }
+  EXPECT_EQ(registry_.WatchJob("nope").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(JobRegistryTest, ShutdownWakesJoinersAndEndsWatches) {
+  Create("j", 2);
+  auto watch = registry_.WatchJob("j");
+  ASSERT_TRUE(watch.ok());
+  absl::StatusOr<v1::JoinJobResponse> r = absl::UnknownError("not run");
+  std::thread t([&] { r = Join("j", "a", -1, 5000, 60000); });
+  AwaitJoined("j", 1);
+  const absl::Time start = absl::Now();
+  registry_.Shutdown();
+  t.join();
+  EXPECT_LT(absl::Now() - start, absl::Milliseconds(500));
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable);
+  absl::StatusCode end = absl::StatusCode::kOk;
+  for (int i = 0; i < 10 && end == absl::StatusCode::kOk; ++i) {
+    end = (*watch)->Next(absl::Milliseconds(100)).status().code();
+  }
+  EXPECT_EQ(end, absl::StatusCode::kUnavailable);
+}
+
+TEST_F(JobRegistryTest, ObserverSeesTheLifecycle) {
+  using R = JobRegistryObserver::JoinResult;
+  using C = JobRegistryObserver::AbortCause;
+  Create("j", 2, /*heartbeat_timeout_ms=*/1000);
+  EXPECT_EQ(observer_.jobs(v1::JOB_STATE_FORMING), 1);
+  auto replies = JoinAll("j", {"a", "b"});
+  ASSERT_TRUE(replies[0].ok() && replies[1].ok());
+  EXPECT_EQ(observer_.jobs(v1::JOB_STATE_FORMING), 0);
+  EXPECT_EQ(observer_.jobs(v1::JOB_STATE_RUNNING), 1);
+  EXPECT_EQ(observer_.alive(), 2);
+  EXPECT_EQ(observer_.joins(R::kOk), 2);
+  ASSERT_TRUE(Join("j", "a", -1, 5000).ok());  // idempotent retry
+  EXPECT_EQ(observer_.joins(R::kOk), 3);
+  EXPECT_EQ(observer_.alive(), 2);
+
+  // "b" keeps beating, "a" goes silent and is declared dead.
+  const int64_t epoch = replies[1]->epoch();
+  clock_.Advance(absl::Milliseconds(600));
+  ASSERT_TRUE(Beat("j", replies[1]->rank(), epoch, "b").ok());
+  clock_.Advance(absl::Milliseconds(600));
+  registry_.CheckLiveness();
+  EXPECT_EQ(observer_.heartbeats(), 1);
+  EXPECT_EQ(observer_.dead(), 1);
+  EXPECT_EQ(observer_.aborts(C::kMemberDead), 1);
+  EXPECT_EQ(observer_.jobs(v1::JOB_STATE_RUNNING), 0);
+  EXPECT_EQ(observer_.jobs(v1::JOB_STATE_ABORTED), 1);
+  EXPECT_EQ(observer_.alive(), 1);
+
+  // A rejoin starts epoch 2 (the survivor no longer counts), then a leave
+  // aborts it.
+  std::thread first([&] { EXPECT_TRUE(Join("j", "c", -1, 6000).ok()); });
+  AwaitJoined("j", 1);
+  EXPECT_EQ(observer_.jobs(v1::JOB_STATE_FORMING), 1);
+  EXPECT_EQ(observer_.jobs(v1::JOB_STATE_ABORTED), 0);
+  EXPECT_EQ(observer_.alive(), 1);
+  auto d = Join("j", "d", -1, 6001);
+  first.join();
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(observer_.alive(), 2);
+  ASSERT_TRUE(Leave("j", d->rank(), d->epoch(), "d").ok());
+  EXPECT_EQ(observer_.aborts(C::kMemberLeft), 1);
+  EXPECT_EQ(observer_.alive(), 1);
+  EXPECT_EQ(observer_.jobs(v1::JOB_STATE_ABORTED), 1);
+  ASSERT_TRUE(Leave("j", 1 - d->rank(), d->epoch(), "c").ok());
+  EXPECT_EQ(observer_.alive(), 0);
+  EXPECT_EQ(observer_.jobs(v1::JOB_STATE_ABORTED), 0);  // deleted
+  EXPECT_EQ(registry_.JobCount(), 0u);
+
+  // Timeouts and errors.
+  Create("k", 2);
+  EXPECT_EQ(Join("k", "x", -1, 5000, /*timeout_ms=*/50).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(observer_.joins(R::kTimeout), 1);
+  EXPECT_EQ(observer_.alive(), 0);  // the timed-out member was removed
+  EXPECT_EQ(Join("nope", "x", -1, 5000).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(Join("k", "", -1, 5000).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(observer_.joins(R::kError), 2);
+  EXPECT_EQ(observer_.jobs(v1::JOB_STATE_FORMING), 1);
+}
+
+TEST(JobRegistryThreadTest, BackgroundThreadDetectsDeathWithRealClock) {
+  JobRegistry::Options o;
+  o.default_heartbeat_timeout_ms = 200;
+  o.liveness_interval = absl::Milliseconds(20);
+  JobRegistry registry(o);
+  v1::CreateJobRequest create;
+  create.set_job_id("j");
+  create.set_world_size(1);
+  ASSERT_TRUE(registry.CreateJob(create).ok());
+  v1::JoinJobRequest join;
+  join.set_job_id("j");
+  join.set_member_id("solo");
+  join.set_requested_rank(-1);
+  auto r = registry.JoinJob(join, {});
+  ASSERT_TRUE(r.ok()) << r.status();
+  const absl::Time deadline = absl::Now() + absl::Seconds(3);
+  absl::StatusCode code = absl::StatusCode::kOk;
+  while (absl::Now() < deadline && code == absl::StatusCode::kOk) {
+    code = registry.GetJobStatus("j").status().code();  // deleted once its only member dies
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_EQ(code, absl::StatusCode::kNotFound);
+}
+
+TEST(FormatTest, LongRankListsAreCompressed) {
+  JobRegistry registry(JobRegistry::Options{});
+  v1::CreateJobRequest create;
+  create.set_job_id("big");
+  create.set_world_size(100);
+  ASSERT_TRUE(registry.CreateJob(create).ok());
+  v1::JoinJobRequest join;
+  join.set_job_id("big");
+  join.set_member_id("m");
+  join.set_requested_rank(50);
+  join.set_timeout_ms(1);
+  auto r = registry.JoinJob(join, {});
+  EXPECT_EQ(r.status().message(),
+            "job 'big' epoch 1: rendezvous timed out after 1 ms: 99 of 100 ranks missing "
+            "(ranks 0-49, 51-99); joined: rank 50 (member 'm')");
+}
+
+}  // namespace
+}  // namespace gradsync
