@@ -195,6 +195,7 @@ void PsShard::Impl::ServeConnection(std::shared_ptr<Conn> c) {
   }
   const absl::Status why = Serve(rd, *ctx);
   if (!why.ok() && ctx->health().ok()) (void)ctx->Fail(why);  // tells the worker
+  c->pool->ForgetRegistrations();
   ConnectionEnded(rd, why);
 }
 
@@ -219,7 +220,8 @@ absl::Status PsShard::Impl::Serve(Reader& rd, transport::Context& ctx) {
     int local = -1;
     std::string header;
     Buffer buf;
-    std::unique_ptr<transport::MemoryRegion> mr;
+    std::unique_ptr<transport::MemoryRegion> mr;  // the header's (a push's is the pool's)
+    const transport::MemoryRegion* region = nullptr;
     Request req;
     absl::Time deadline;
   };
@@ -275,22 +277,18 @@ absl::Status PsShard::Impl::Serve(Reader& rd, transport::Context& ctx) {
         Incoming& p = *pending;
         p.in = in;
         p.deadline = absl::Now() + options_.step_timeout;  // a started frame must arrive
-        char* dst;
         if (in.tag.slot == transport::kControlSlot) {
           p.kind = Incoming::kHeader;
           p.header.assign(in.bytes, '\0');
-          dst = p.header.data();
+          ASSIGN_OR_RETURN(p.mr, ctx.RegisterMemory(p.header.data(), in.bytes));
+          p.region = p.mr.get();
         } else {
           p.local = AdmitPush(rd, in);
           p.kind = p.local >= 0 ? Incoming::kPush : Incoming::kDiscard;
           p.buf = Buffer(c.pool->Take(in.bytes), GiveBack{c.pool, in.bytes});
-          dst = p.buf.get();
+          ASSIGN_OR_RETURN(p.region, c.pool->Registration(ctx, p.buf.get(), in.bytes));
         }
-        absl::StatusOr<std::unique_ptr<transport::MemoryRegion>> mr =
-            ctx.RegisterMemory(dst, in.bytes);
-        if (!mr.ok()) return mr.status();
-        p.mr = std::move(*mr);
-        RETURN_IF_ERROR(ctx.PostRecv(0, *p.mr, 0, in.bytes, /*exact=*/true, in.tag, &p.req));
+        RETURN_IF_ERROR(ctx.PostRecv(0, *p.region, 0, in.bytes, /*exact=*/true, in.tag, &p.req));
         continue;
       }
       if (ctx.PeerClosed(0)) return absl::UnavailableError("closed by peer");

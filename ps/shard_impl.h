@@ -50,8 +50,11 @@ using transport::FrameType;
 
 // Recycles one connection's push buffers (partitions are mostly of one size),
 // so that steady-state pushes reuse memory instead of page-faulting fresh
-// pages. The reader takes buffers; aggregation threads (staged pushes) and
-// writers (results) give them back. Its lock is per connection.
+// pages, and keeps each buffer's registration on the connection's context
+// (made on its first receive, dropped when the buffer is freed or the
+// connection ends). The connection's thread takes buffers; aggregation
+// threads (staged pushes) and senders (results) give them back. Its lock is
+// per connection.
 class BufferPool {
  public:
   static constexpr size_t kMaxPooledBytes = 32 << 20;
@@ -78,8 +81,30 @@ class BufferPool {
         pooled_ += n;
         return;
       }
+      regions_.erase(p);
     }
     delete[] p;
+  }
+
+  // The registration of buffer [p, p+n) on `ctx` (the connection's), made once.
+  absl::StatusOr<const transport::MemoryRegion*> Registration(transport::Context& ctx, char* p,
+                                                               size_t n) {
+    absl::MutexLock l(&mu_);
+    std::unique_ptr<transport::MemoryRegion>& r = regions_[p];
+    if (r == nullptr || r->size() != n) {
+      absl::StatusOr<std::unique_ptr<transport::MemoryRegion>> mr = ctx.RegisterMemory(p, n);
+      if (!mr.ok()) {
+        regions_.erase(p);
+        return mr.status();
+      }
+      r = std::move(*mr);
+    }
+    return r.get();
+  }
+  // The connection's context is going away.
+  void ForgetRegistrations() {
+    absl::MutexLock l(&mu_);
+    regions_.clear();
   }
   ~BufferPool() {
     for (auto& [n, p] : free_) delete[] p;
@@ -89,6 +114,7 @@ class BufferPool {
   absl::Mutex mu_;
   std::vector<std::pair<size_t, char*>> free_ ABSL_GUARDED_BY(mu_);
   size_t pooled_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<char*, std::unique_ptr<transport::MemoryRegion>> regions_ ABSL_GUARDED_BY(mu_);
 };
 
 // Returns a buffer to its pool (which it keeps alive) when dropped.

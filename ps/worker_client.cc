@@ -69,8 +69,9 @@ absl::Status CheckPartitions(const std::vector<Partition>& parts, uint64_t bytes
 class PsWorker::Run {
  public:
   Run(PsWorker& w, transport::Context& ctx, uint64_t step, char* data, uint64_t bytes,
-      DType dtype, absl::Time deadline)
+      DType dtype, absl::Time deadline, const PsMemory* memory)
       : w_(w),
+        memory_(memory),
         ctx_(ctx),
         step_(step),
         data_(data),
@@ -99,8 +100,13 @@ class PsWorker::Run {
   std::vector<Shard>& shards() { return shards_; }
 
   absl::Status Go() {
+    const transport::MemoryRegion* registered = nullptr;
+    if (memory_ != nullptr) {
+      ASSIGN_OR_RETURN(registered,
+                       w_.registrations_.Get(ctx_, memory_->whole, memory_->owner));
+    }
     absl::StatusOr<std::unique_ptr<transport::MemoryRegion>> mr =
-        ctx_.RegisterMemory(data_, bytes_);
+        transport::RegionFor(ctx_, transport::Buffer{data_, bytes_}, registered);
     if (!mr.ok()) return mr.status();
     data_mr_ = std::move(*mr);
     for (int k = 0; k < static_cast<int>(shards_.size()); ++k) {
@@ -239,6 +245,7 @@ class PsWorker::Run {
   }
 
   PsWorker& w_;
+  const PsMemory* const memory_;
   transport::Context& ctx_;
   const uint64_t step_;
   char* const data_;
@@ -299,6 +306,7 @@ void PsWorker::DropContext() {
     absl::MutexLock l(&mu_);
     running_ = nullptr;
   }
+  registrations_.Clear();
   ctx_.reset();
 }
 
@@ -332,7 +340,7 @@ absl::Status PsWorker::EnsureContext(absl::Time deadline) {
 
 absl::Status PsWorker::PushPull(uint64_t step, void* data, size_t count, DType dtype, ReduceOp op,
                                 int world, int rank, uint64_t partition_bytes, const Slicer& slicer,
-                                absl::Time deadline) {
+                                absl::Time deadline, const PsMemory* memory) {
   if (is_aborted_) {
     absl::MutexLock l(&mu_);
     return aborted_;
@@ -369,7 +377,7 @@ absl::Status PsWorker::PushPull(uint64_t step, void* data, size_t count, DType d
     ++steps_failed_;
     return status;
   }
-  Run run(*this, *ctx_, step, static_cast<char*>(data), bytes, dtype, deadline);
+  Run run(*this, *ctx_, step, static_cast<char*>(data), bytes, dtype, deadline, memory);
   std::vector<Run::Shard>& shards = run.shards();
   shards.resize(K);
   for (const Partition& p : parts) shards[p.shard].parts.push_back(&p);

@@ -53,6 +53,7 @@
 #include "common/types.h"
 #include "ps/slicer.h"
 #include "transport/device.h"
+#include "transport/memory.h"
 
 namespace gradsync::ps {
 
@@ -80,6 +81,14 @@ struct PsWorkerStats {
   uint64_t connects = 0;  // shard connections made
 };
 
+// The buffer a PushPull's data lies in and what keeps it alive (a daemon's
+// shared-memory segment): the PsWorker registers it once per connection to
+// the shards instead of once per step.
+struct PsMemory {
+  transport::Buffer whole;
+  std::weak_ptr<const void> owner;
+};
+
 class PsWorker {
  public:
   // Checks the options (InvalidArgument); connects nothing yet.
@@ -92,9 +101,10 @@ class PsWorker {
   // `slicer` cut the tensor (every worker must pass the same). count == 0
   // returns OK at once. `world` and `rank` name this worker in the
   // connections: a call with other values than the previous one reconnects.
+  // With `memory` (data lies in memory->whole), the registration is cached.
   absl::Status PushPull(uint64_t step, void* data, size_t count, DType dtype, ReduceOp op,
                         int world, int rank, uint64_t partition_bytes, const Slicer& slicer,
-                        absl::Time deadline);
+                        absl::Time deadline, const PsMemory* memory = nullptr);
 
   // Fails the running PushPull (it returns promptly) and every later one with
   // `reason`. Any thread.
@@ -116,6 +126,7 @@ class PsWorker {
   std::unique_ptr<transport::Device> own_device_;  // when options_.device is null
   transport::Device* device_ = nullptr;
   std::unique_ptr<transport::Context> ctx_;  // the shards; null: not connected
+  transport::RegistrationCache registrations_;  // PsMemory buffers on ctx_
   int world_ = -1;
   int rank_ = -1;
 

@@ -497,10 +497,16 @@ absl::Status JobExecutor::RunAgreed(const std::vector<QueuedOp*>& ops, const Pla
       return absl::InvalidArgumentError(absl::StrCat("rank 0 chose 'ps', which does not implement ",
                                                      CollectiveName(kind)));
     }
+    ps::PsMemory memory;  // the client's shared-memory buffer, registered once
+    if (lead.buffer != nullptr) {
+      memory.whole = transport::Buffer{lead.buffer->data(), lead.buffer->size()};
+      memory.owner = lead.buffer;
+    }
+    const ps::PsMemory* mem = lead.buffer != nullptr ? &memory : nullptr;
     if (one_rank_per_daemon_) {
       return ps_->PushPull(lead.seq, lead.data(), lead.sig.count, lead.sig.dtype, lead.sig.op,
                            place.world, local_[0], options_.ps_partition_bytes, slicer_,
-                           lead.deadline);
+                           lead.deadline, mem);
     }
     // This daemon's partial result is one worker's push.
     std::vector<char*> bufs;
@@ -509,7 +515,7 @@ absl::Status JobExecutor::RunAgreed(const std::vector<QueuedOp*>& ops, const Pla
     ReduceInOrder(red, bufs, lead.sig.count, lead.sig.dtype, lead.sig.op, /*divide_by=*/0);
     absl::Status s = ps_->PushPull(lead.seq, bufs[0], lead.sig.count, lead.sig.dtype,
                                    CombineOp(lead.sig.op), place.nodes(), place.node_index,
-                                   options_.ps_partition_bytes, slicer_, lead.deadline);
+                                   options_.ps_partition_bytes, slicer_, lead.deadline, mem);
     if (!s.ok()) return s;
     const size_t data_bytes = lead.sig.count * DTypeSize(lead.sig.dtype);
     if (lead.sig.op == ReduceOp::kAvg) red.Divide(lead.sig.dtype, bufs[0], lead.sig.count, place.world);
