@@ -18,6 +18,7 @@
 #include "proto/coordinator.grpc.pb.h"
 #include "server/coordinator_service.h"
 #include "server/job_registry.h"
+#include "server/job_registry_testing.h"
 
 namespace gradsync {
 namespace {
@@ -28,21 +29,7 @@ double Sample(const MetricsRegistry& metrics, const std::string& series) {
   return v.value_or(-1);
 }
 
-class FakeClock {
- public:
-  absl::Time Now() {
-    absl::MutexLock lock(&mu_);
-    return now_;
-  }
-  void Advance(absl::Duration d) {
-    absl::MutexLock lock(&mu_);
-    now_ += d;
-  }
-
- private:
-  absl::Mutex mu_;
-  absl::Time now_ = absl::FromUnixSeconds(1700000000);
-};
+using job_registry_testing::FakeClock;
 
 v1::JoinJobRequest JoinRequest(const std::string& job, const std::string& member,
                                int64_t timeout_ms = 5000) {
