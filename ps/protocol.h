@@ -82,6 +82,10 @@ struct PartitionEntryWire {
 };
 static_assert(sizeof(PartitionEntryWire) == 24, "PartitionEntryWire is 24 bytes on the wire");
 
+// The largest step-header payload: the fixed part and one entry per partition.
+inline constexpr uint64_t kMaxStepHeaderBytes =
+    sizeof(StepHeaderWire) + uint64_t{kMaxPartitions} * sizeof(PartitionEntryWire);
+
 // A step header, decoded.
 struct StepHeader {
   uint64_t step = 0;  // op_seq of the frame

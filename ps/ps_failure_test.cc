@@ -427,6 +427,75 @@ TEST(PsFailure, StepThatDoesNotFitTheMemoryBoundIsRefused) {
   ExpectExactSum(bufs, in);
 }
 
+// What a peer announces is charged against the staging budget before memory
+// is allocated: 16 connections each announcing a 4 MiB frame (a step header,
+// or a push without one) to a shard with an 8 MiB budget get at most two
+// frames held at once; the rest are refused at the header, naming the
+// budget, and every charge is returned when the connections end.
+TEST(PsFailure, AnnouncedFramesAreChargedAgainstTheStagingBudgetFirst) {
+  PsShardOptions o = Fast();
+  o.max_memory_bytes = 8 << 20;
+  auto servers = StartShards(1, o);
+  const uint64_t tag = transport::JobTag("ps/hog");
+  const uint8_t f32 = static_cast<uint8_t>(DType::kF32);
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  std::vector<UniqueFd> conns;
+  for (int i = 0; i < 16; ++i) {
+    auto fd = ConnectToShard({"127.0.0.1", servers[0]->port()}, "ps/hog", 1, i, 16, 0, deadline,
+                             0);
+    ASSERT_TRUE(fd.ok()) << fd.status();
+    const FrameHeader h = MakeFrame(FrameType::kData, tag, 1, 1,
+                                    i % 2 == 0 ? transport::kControlSlot : 0, f32, 0, 4 << 20);
+    ASSERT_TRUE(WriteFull(fd->get(), &h, sizeof(h), deadline).ok());  // the payload never comes
+    conns.push_back(std::move(*fd));
+  }
+  int over_budget = 0;
+  for (UniqueFd& fd : conns) {
+    absl::Status last;
+    while (true) {
+      FrameHeader f;
+      ASSERT_TRUE(ReadFull(fd.get(), &f, sizeof(f), deadline).ok());
+      std::string payload(f.length, '\0');
+      ASSERT_TRUE(ReadFull(fd.get(), payload.data(), payload.size(), deadline).ok());
+      ASSERT_EQ(f.type, static_cast<uint8_t>(FrameType::kAbort));
+      if (f.op_seq != kConnectionStep) continue;  // a refusal of the push alone
+      last = AbortStatus(f, payload);
+      break;
+    }
+    if (absl::IsResourceExhausted(last)) {
+      ++over_budget;
+      EXPECT_THAT(std::string(last.message()),
+                  HasSubstr("-byte frame from worker rank "));
+      EXPECT_THAT(std::string(last.message()),
+                  HasSubstr("does not fit into the shard's staging memory"));
+    } else {  // held until the step timeout
+      EXPECT_TRUE(absl::IsDeadlineExceeded(last)) << last;
+    }
+  }
+  EXPECT_GE(over_budget, 14);
+  conns.clear();
+  WaitFor([&] { return servers[0]->stats().reserved_bytes == 0; });
+  // A step header larger than any step can have is refused outright.
+  auto fd = ConnectToShard({"127.0.0.1", servers[0]->port()}, "ps/hog", 1, 0, 16, 0, deadline, 0);
+  ASSERT_TRUE(fd.ok()) << fd.status();
+  const FrameHeader h = MakeFrame(FrameType::kData, tag, 1, 2, transport::kControlSlot, f32, 0,
+                                  static_cast<uint32_t>(kMaxStepHeaderBytes + 1));
+  ASSERT_TRUE(WriteFull(fd->get(), &h, sizeof(h), deadline).ok());
+  FrameHeader f;
+  ASSERT_TRUE(ReadFull(fd->get(), &f, sizeof(f), deadline).ok());
+  std::string payload(f.length, '\0');
+  ASSERT_TRUE(ReadFull(fd->get(), payload.data(), payload.size(), deadline).ok());
+  const absl::Status refused = AbortStatus(f, payload);
+  EXPECT_TRUE(absl::IsInvalidArgument(refused)) << refused;
+  EXPECT_THAT(std::string(refused.message()), HasSubstr("announced a step header of"));
+  // The shard still serves a real job.
+  auto w = MakeWorkers(2, "after-hog", Addresses(servers));
+  std::vector<std::vector<float>> in(2, Floats(1000, 1));
+  std::vector<std::vector<float>> bufs = in;
+  for (const absl::Status& s : Step(w, bufs, {0, 1}, 1)) EXPECT_TRUE(s.ok()) << s;
+  ExpectExactSum(bufs, in);
+}
+
 TEST(PsFailure, ConnectionWithAnotherWorldSizeIsRefused) {
   auto servers = StartShards(1);
   auto w = MakeWorkers(2, "sizes", Addresses(servers));

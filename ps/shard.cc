@@ -224,8 +224,23 @@ absl::Status PsShard::Impl::Serve(Reader& rd, transport::Context& ctx) {
     const transport::MemoryRegion* region = nullptr;
     Request req;
     absl::Time deadline;
+    uint64_t charged = 0;  // of the staging budget, while the frame is held
   };
   std::unique_ptr<Incoming> pending;
+  // A frame this connection receives outside a running step's reservation
+  // (a step header, a push that is discarded) is charged against the staging
+  // budget before its memory is allocated, so what a hostile peer announces
+  // cannot grow the shard past max_memory_bytes.
+  auto release = [this](Incoming& p) {
+    if (p.charged > 0) reserved_.fetch_sub(p.charged);
+    p.charged = 0;
+  };
+  struct Releaser {
+    std::function<void()> f;
+    ~Releaser() { f(); }
+  } release_pending{[&] {
+    if (pending != nullptr) release(*pending);
+  }};
   while (true) {
     c.TakeQueued(&waiting);
     while (!waiting.empty() && sending.size() < bound) {
@@ -268,6 +283,11 @@ absl::Status PsShard::Impl::Serve(Reader& rd, transport::Context& ctx) {
       } else if (got->kind == Incoming::kPush) {
         AcceptPush(rd, got->local, std::move(got->buf));
       }
+      got->mr.reset();
+      got->buf.reset();
+      got->header.clear();
+      got->header.shrink_to_fit();
+      release(*got);
       continue;  // what it queued goes out first
     }
     if (pending == nullptr) {
@@ -279,14 +299,35 @@ absl::Status PsShard::Impl::Serve(Reader& rd, transport::Context& ctx) {
         p.deadline = absl::Now() + options_.step_timeout;  // a started frame must arrive
         if (in.tag.slot == transport::kControlSlot) {
           p.kind = Incoming::kHeader;
-          p.header.assign(in.bytes, '\0');
-          ASSIGN_OR_RETURN(p.mr, ctx.RegisterMemory(p.header.data(), in.bytes));
-          p.region = p.mr.get();
+          if (in.bytes > kMaxStepHeaderBytes) {
+            return absl::InvalidArgumentError(absl::StrCat(
+                job.prefix, ": worker rank ", rd.rank, " announced a step header of ", in.bytes,
+                " bytes; at most ", kMaxStepHeaderBytes, " (", kMaxPartitions, " partitions)"));
+          }
         } else {
           p.local = AdmitPush(rd, in);
           p.kind = p.local >= 0 ? Incoming::kPush : Incoming::kDiscard;
+        }
+        if (p.kind != Incoming::kPush) {
+          if (!Reserve(in.bytes)) {
+            return absl::ResourceExhaustedError(absl::StrCat(
+                job.prefix, ": a ", in.bytes, "-byte frame from worker rank ", rd.rank,
+                " does not fit into the shard's staging memory (", reserved_.load(), " of ",
+                options_.max_memory_bytes, " bytes in use)"));
+          }
+          p.charged = in.bytes;
+        }
+        if (p.kind == Incoming::kHeader) {
+          p.header.assign(in.bytes, '\0');
+          ASSIGN_OR_RETURN(p.mr, ctx.RegisterMemory(p.header.data(), in.bytes));
+          p.region = p.mr.get();
+        } else if (p.kind == Incoming::kPush) {  // within its step's reservation
           p.buf = Buffer(c.pool->Take(in.bytes), GiveBack{c.pool, in.bytes});
           ASSIGN_OR_RETURN(p.region, c.pool->Registration(ctx, p.buf.get(), in.bytes));
+        } else {  // discarded: not pooled, freed once read
+          p.buf = Buffer(new char[in.bytes], GiveBack{nullptr, in.bytes});
+          ASSIGN_OR_RETURN(p.mr, ctx.RegisterMemory(p.buf.get(), in.bytes));
+          p.region = p.mr.get();
         }
         RETURN_IF_ERROR(ctx.PostRecv(0, *p.region, 0, in.bytes, /*exact=*/true, in.tag, &p.req));
         continue;
