@@ -221,6 +221,34 @@ void JobRegistry::EmitLocked(Job& job, v1::JobEvent::Kind kind, int rank,
 // ---------------------------------------------------------------------------
 // CreateJob
 
+absl::Status ValidateJobOptions(absl::string_view job_id, const v1::JobOptions& o) {
+  auto bad = [&](absl::string_view field, int64_t value, int64_t lo, int64_t hi) {
+    return absl::InvalidArgumentError(absl::StrCat("job '", job_id, "': ", field, " ", value,
+                                                   " is out of range (", lo, "..", hi,
+                                                   ", or 0 for the default)"));
+  };
+  if (o.heartbeat_timeout_ms() != 0 && (o.heartbeat_timeout_ms() < kMinHeartbeatTimeoutMs ||
+                                        o.heartbeat_timeout_ms() > kMaxHeartbeatTimeoutMs)) {
+    return bad("heartbeat_timeout_ms", o.heartbeat_timeout_ms(), kMinHeartbeatTimeoutMs,
+               kMaxHeartbeatTimeoutMs);
+  }
+  if (o.op_timeout_ms() < 0 || o.op_timeout_ms() > kMaxOpTimeoutMs) {
+    return bad("op_timeout_ms", o.op_timeout_ms(), 1, kMaxOpTimeoutMs);
+  }
+  if (o.tcp_streams() < 0 || o.tcp_streams() > kMaxJobTcpStreams) {
+    return bad("tcp_streams", o.tcp_streams(), 1, kMaxJobTcpStreams);
+  }
+  if (o.ps_shards() < 0 || o.ps_shards() > kMaxJobPsShards) {
+    return bad("ps_shards", o.ps_shards(), 1, kMaxJobPsShards);
+  }
+  if (o.algorithm().size() > kMaxAlgorithmNameLength) {
+    return absl::InvalidArgumentError(absl::StrCat("job '", job_id, "': algorithm name of ",
+                                                   o.algorithm().size(), " characters; at most ",
+                                                   kMaxAlgorithmNameLength));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<v1::CreateJobResponse> JobRegistry::CreateJob(const v1::CreateJobRequest& request) {
   if (absl::Status s = ValidateJobId(request.job_id()); !s.ok()) return s;
   if (request.world_size() < 1 || request.world_size() > kMaxWorldSize) {
@@ -234,6 +262,7 @@ absl::StatusOr<v1::CreateJobResponse> JobRegistry::CreateJob(const v1::CreateJob
         "job '", request.job_id(), "': heartbeat_timeout_ms (", options.heartbeat_timeout_ms(),
         ") and op_timeout_ms (", options.op_timeout_ms(), ") must not be negative (0: default)"));
   }
+  if (absl::Status s = ValidateJobOptions(request.job_id(), options); !s.ok()) return s;
   if (options.heartbeat_timeout_ms() == 0) {
     options.set_heartbeat_timeout_ms(options_.default_heartbeat_timeout_ms);
   }

@@ -49,8 +49,19 @@ inline constexpr int kMaxWorldSize = 4096;
 inline constexpr std::size_t kMaxJobIdLength = 128;
 inline constexpr std::size_t kMaxMemberIdLength = 256;
 inline constexpr std::size_t kMaxJobs = 10000;
+// Limits of a job's options (0 keeps meaning "the coordinator's default").
+inline constexpr int64_t kMinHeartbeatTimeoutMs = 100;
+inline constexpr int64_t kMaxHeartbeatTimeoutMs = 3'600'000;  // 1 h
+inline constexpr int64_t kMaxOpTimeoutMs = 86'400'000;        // 24 h
+inline constexpr int kMaxJobTcpStreams = 16;
+inline constexpr int kMaxJobPsShards = 256;
+inline constexpr std::size_t kMaxAlgorithmNameLength = 64;
 // A watcher that falls this many events behind is disconnected.
 inline constexpr std::size_t kMaxQueuedWatchEvents = 10000;
+
+// OK if every option of a new job is within the limits above (0: the
+// default); INVALID_ARGUMENT naming the field, its value and its range.
+absl::Status ValidateJobOptions(absl::string_view job_id, const v1::JobOptions& options);
 
 // OK if `job_id` is 1..128 characters of [A-Za-z0-9._-]; INVALID_ARGUMENT
 // naming the problem otherwise.

@@ -68,6 +68,40 @@ TEST_F(JobRegistryTest, CreateJobRejectsBadIdsAndWorldSizes) {
   EXPECT_EQ(registry_.CreateJob(neg).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// Every option has a documented range; an out-of-range value (a 2^62 ms
+// heartbeat timeout that would keep a dead member alive forever, a 1 ms one
+// that kills a job at once) is refused naming the field and the range.
+TEST_F(JobRegistryTest, CreateJobRejectsOptionsOutOfRange) {
+  auto create = [&](auto set) {
+    v1::CreateJobRequest req;
+    req.set_job_id("opts");
+    req.set_world_size(2);
+    set(req.mutable_options());
+    return registry_.CreateJob(req).status();
+  };
+  absl::Status s = create([](v1::JobOptions* o) { o->set_heartbeat_timeout_ms(int64_t{1} << 62); });
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  EXPECT_EQ(s.message(), "job 'opts': heartbeat_timeout_ms 4611686018427387904 is out of range "
+                         "(100..3600000, or 0 for the default)");
+  s = create([](v1::JobOptions* o) { o->set_heartbeat_timeout_ms(1); });
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  s = create([](v1::JobOptions* o) { o->set_op_timeout_ms(kMaxOpTimeoutMs + 1); });
+  EXPECT_NE(s.message().find("op_timeout_ms"), absl::string_view::npos) << s;
+  s = create([](v1::JobOptions* o) { o->set_tcp_streams(17); });
+  EXPECT_NE(s.message().find("tcp_streams 17 is out of range (1..16"), absl::string_view::npos)
+      << s;
+  s = create([](v1::JobOptions* o) { o->set_ps_shards(-1); });
+  EXPECT_NE(s.message().find("ps_shards -1"), absl::string_view::npos) << s;
+  s = create([](v1::JobOptions* o) { o->set_algorithm(std::string(65, 'r')); });
+  EXPECT_NE(s.message().find("algorithm name of 65 characters"), absl::string_view::npos) << s;
+  // The bounds themselves are accepted.
+  EXPECT_TRUE(create([](v1::JobOptions* o) {
+                o->set_heartbeat_timeout_ms(kMinHeartbeatTimeoutMs);
+                o->set_op_timeout_ms(kMaxOpTimeoutMs);
+                o->set_tcp_streams(kMaxJobTcpStreams);
+              }).ok());
+}
+
 TEST_F(JobRegistryTest, FourJoinersRendezvousWithDistinctRanksAndEndpoints) {
   Create("j", 4);
   auto replies = JoinAll("j", {"a", "b", "c", "d"});
