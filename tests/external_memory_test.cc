@@ -246,5 +246,36 @@ TEST(ExternalMemoryWithoutFdSocket, RegisterBufferSaysTheDaemonHasNone) {
   EXPECT_TRUE((*cluster)->StopAll().ok());
 }
 
+// A session holds at most --session_memory_limit_mb of buffers, allocated and
+// registered together (a client was granted 200 buffers of 64 GiB before);
+// beyond it is ResourceExhausted naming the quota, and freeing a buffer
+// gives its bytes back.
+TEST(SessionMemoryQuota, BuffersBeyondTheQuotaAreRefusedNamingIt) {
+  auto cluster = testing::StartCluster(1, {"--session_memory_limit_mb=1"});
+  ASSERT_NE(cluster, nullptr);
+  auto job = OpenJob(*cluster, "quota", testing::FirstN(1));
+  ASSERT_TRUE(job.ok()) << job.status();
+  client::Session& s = *(*job)[0].session;
+  auto a = s.AllocateBuffer(512 << 10);
+  ASSERT_TRUE(a.ok()) << a.status();
+  UniqueFd fd = Memfd(256 << 10);
+  auto registered = s.RegisterBuffer(fd.get(), 256 << 10);
+  ASSERT_TRUE(registered.ok()) << registered.status();
+  auto b = s.AllocateBuffer(512 << 10);
+  ASSERT_FALSE(b.ok());
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kResourceExhausted) << b.status();
+  EXPECT_NE(b.status().message().find("allocating a buffer of 524288 bytes would exceed the "
+                                      "session's buffer quota of 1048576 bytes (786432 in use"),
+            std::string::npos)
+      << b.status();
+  auto huge = s.AllocateBuffer(size_t{64} << 30);
+  EXPECT_EQ(huge.status().code(), absl::StatusCode::kResourceExhausted) << huge.status();
+  ASSERT_TRUE(s.FreeBuffer(std::move(*a)).ok());
+  b = s.AllocateBuffer(512 << 10);
+  EXPECT_TRUE(b.ok()) << b.status();
+  EXPECT_TRUE(s.Close().ok());
+  EXPECT_TRUE(cluster->StopAll().ok());
+}
+
 }  // namespace
 }  // namespace gradsync

@@ -183,6 +183,7 @@ absl::StatusOr<std::shared_ptr<Session>> Daemon::OpenSession(const OpenSessionAr
     return executor.status();
   }
   info.link = (*executor)->link();
+  info.memory_limit_bytes = options_.session_memory_limit_bytes;
   auto session = std::make_shared<Session>(info, *executor, options_.observer);
   (*executor)->Attach(session.get());
   {

@@ -35,6 +35,9 @@ struct DaemonOptions {
   std::string node_id;                     // default: hostname
   absl::Duration heartbeat_interval = absl::Milliseconds(500);
   absl::Duration session_lease = absl::Minutes(2);  // idle sessions are closed
+  // The most buffer memory one session may hold (SessionInfo::memory_limit_bytes);
+  // 0: unlimited.
+  uint64_t session_memory_limit_bytes = 0;
   absl::Duration connect_timeout = absl::Seconds(30);
   RingOptions ring;
   int socket_buffer_bytes = 0;  // 0: the kernel's autotuned buffers

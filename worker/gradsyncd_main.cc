@@ -5,6 +5,8 @@
 #include <sys/stat.h>
 
 #include <cstdio>
+#include <unistd.h>
+
 #include <string>
 #include <thread>
 #include <vector>
@@ -39,6 +41,9 @@ ABSL_FLAG(std::string, node_id, "", "name of this node in logs and member ids (d
 ABSL_FLAG(int64_t, heartbeat_interval_ms, 500, "heartbeat period to the coordinator");
 ABSL_FLAG(int64_t, session_lease_ms, 120000,
           "a session with no client call and no running op for this long is closed");
+ABSL_FLAG(int64_t, session_memory_limit_mb, 0,
+          "the most buffer memory (allocated and registered) one session may hold, MiB; "
+          "0 = the machine's physical memory");
 ABSL_FLAG(int64_t, segment_bytes, 1 << 20, "largest pipelined ring message");
 ABSL_FLAG(int32_t, max_inflight, 4, "ring segments in flight per direction");
 ABSL_FLAG(int32_t, socket_buffer_bytes, 0,
@@ -155,6 +160,15 @@ int main(int argc, char** argv) {
   opts.node_id = absl::GetFlag(FLAGS_node_id);
   opts.heartbeat_interval = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_interval_ms));
   opts.session_lease = absl::Milliseconds(absl::GetFlag(FLAGS_session_lease_ms));
+  if (const int64_t mb = absl::GetFlag(FLAGS_session_memory_limit_mb); mb < 0) {
+    GS_LOG(ERROR) << "--session_memory_limit_mb must be >= 0, got " << mb;
+    return 2;
+  } else {
+    opts.session_memory_limit_bytes =
+        mb > 0 ? static_cast<uint64_t>(mb) << 20
+               : static_cast<uint64_t>(::sysconf(_SC_PHYS_PAGES)) *
+                     static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  }
   opts.ring.segment_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_segment_bytes));
   opts.ring.max_inflight = absl::GetFlag(FLAGS_max_inflight);
   opts.socket_buffer_bytes = absl::GetFlag(FLAGS_socket_buffer_bytes);

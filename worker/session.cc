@@ -142,6 +142,10 @@ absl::StatusOr<BufferInfo> Session::AllocateBuffer(uint64_t size) {
                                                    " bytes exceeds the limit of ",
                                                    kMaxBufferBytes, " bytes"));
   }
+  {
+    absl::MutexLock l(&mu_);
+    RETURN_IF_ERROR(CheckQuotaLocked(size, "allocating"));
+  }
   const std::string name = absl::StrCat("/gradsync.", ::getpid(), ".", ProcessNonce(), "-",
                                        ++g_segment_counter);
   auto seg = ShmSegment::Create(name, size);
@@ -156,26 +160,49 @@ absl::StatusOr<BufferInfo> Session::RegisterBuffer(int fd, uint64_t offset, uint
                                                    " bytes exceeds the limit of ",
                                                    kMaxBufferBytes, " bytes"));
   }
+  {
+    absl::MutexLock l(&mu_);
+    RETURN_IF_ERROR(CheckQuotaLocked(size, "registering"));
+  }
   auto seg = ShmSegment::MapFd(fd, offset, size, description);
   if (!seg.ok()) return seg.status();
   return AddBuffer(std::move(*seg));
 }
 
+absl::Status Session::CheckQuotaLocked(uint64_t size, const char* what) const {
+  const uint64_t limit = info_.memory_limit_bytes;
+  if (limit == 0 || (size <= limit && buffer_bytes_ <= limit - size)) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "session ", info_.session_id, " (job '", info_.job_id, "' rank ", info_.rank, "): ", what,
+      " a buffer of ", size, " bytes would exceed the session's buffer quota of ", limit,
+      " bytes (", buffer_bytes_, " in use; gradsyncd --session_memory_limit_mb)"));
+}
+
+uint64_t Session::buffer_bytes() const {
+  absl::MutexLock l(&mu_);
+  return buffer_bytes_;
+}
+
 absl::StatusOr<BufferInfo> Session::AddBuffer(std::unique_ptr<ShmSegment> segment) {
   absl::MutexLock l(&mu_);
   if (closing_) return absl::FailedPreconditionError("session is closing");
+  RETURN_IF_ERROR(CheckQuotaLocked(segment->size(), "adding"));
   const uint64_t id = next_buffer_id_++;
   BufferInfo info{id, segment->name(), segment->size()};
+  buffer_bytes_ += segment->size();
   buffers_[id] = std::shared_ptr<ShmSegment>(std::move(segment));
   return info;
 }
 
 absl::Status Session::FreeBuffer(uint64_t id) {
   absl::MutexLock l(&mu_);
-  if (buffers_.erase(id) == 0) {
+  auto it = buffers_.find(id);
+  if (it == buffers_.end()) {
     return absl::NotFoundError(absl::StrCat("buffer ", id, " does not exist in session ",
                                             info_.session_id));
   }
+  buffer_bytes_ -= it->second->size();
+  buffers_.erase(it);
   return absl::OkStatus();  // an op still using it keeps the mapping alive
 }
 
@@ -349,6 +376,7 @@ void Session::Close() {
     }
     absl::MutexLock l(&mu_);
     buffers_.clear();
+    buffer_bytes_ = 0;
   });
 }
 

@@ -57,6 +57,9 @@ struct SessionInfo {
   // client; they prove the session on the daemon's fd socket. Never logged
   // or shown in status.
   std::string registration_token;
+  // The most buffer memory (allocated and registered, bytes) the session may
+  // hold at once; 0: unlimited.
+  uint64_t memory_limit_bytes = 0;
 };
 
 // What a session is doing, for `gradsync status` (answers "which rank is
@@ -139,6 +142,8 @@ class Session {
   absl::StatusOr<BufferInfo> RegisterBuffer(int fd, uint64_t offset, uint64_t size,
                                             const std::string& description);
   absl::Status FreeBuffer(uint64_t id);
+  // Bytes of the session's live buffers.
+  uint64_t buffer_bytes() const;
   // The largest buffer a session may allocate or register.
   static constexpr uint64_t kMaxBufferBytes = 64ull << 30;
 
@@ -217,6 +222,10 @@ class Session {
 
   mutable absl::Mutex mu_;
   std::map<uint64_t, std::shared_ptr<ShmSegment>> buffers_ ABSL_GUARDED_BY(mu_);
+  uint64_t buffer_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // of buffers_
+  // ResourceExhausted when `size` more bytes would exceed the quota.
+  absl::Status CheckQuotaLocked(uint64_t size, const char* what) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint64_t next_buffer_id_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
   std::deque<std::shared_ptr<QueuedOp>> queue_ ABSL_GUARDED_BY(mu_);
