@@ -3,7 +3,8 @@
 //
 //   gradsync-coordinator [--config=/etc/gradsync/gradsync-coordinator.conf]
 //       [--listen=0.0.0.0:7070] [--port_file=PATH] [--metrics_listen=0.0.0.0:9470]
-//       [--heartbeat_timeout_ms=3000] [--op_timeout_ms=60000] [--v=0|1]
+//       [--heartbeat_timeout_ms=3000] [--op_timeout_ms=60000]
+//       [--forming_job_timeout_ms=10000] [--v=0|1]
 //
 // --config: a `key = value` file of these flags (common/config_file.h);
 // flags given on the command line win. Prometheus metrics are served at
@@ -48,6 +49,9 @@ ABSL_FLAG(std::string, port_file, "",
 ABSL_FLAG(int64_t, heartbeat_timeout_ms, 3000,
           "default heartbeat timeout of new jobs: a member silent for longer is declared dead");
 ABSL_FLAG(int64_t, op_timeout_ms, 60000, "default deadline of one collective of new jobs");
+ABSL_FLAG(int64_t, forming_job_timeout_ms, 10000,
+          "a job whose first rendezvous never completed and that no member has waited in for "
+          "this long is deleted (its id is free again)");
 ABSL_FLAG(std::string, metrics_listen, "0.0.0.0:9470",
           "Prometheus metrics endpoint (http://ADDRESS/metrics), IPv4:port or [IPv6]:port; "
           "port 0 picks a free port; empty: no metrics endpoint");
@@ -64,9 +68,10 @@ constexpr absl::Duration kShutdownGrace = absl::Seconds(2);
 int Run() {
   const int64_t heartbeat_ms = absl::GetFlag(FLAGS_heartbeat_timeout_ms);
   const int64_t op_ms = absl::GetFlag(FLAGS_op_timeout_ms);
-  if (heartbeat_ms <= 0 || op_ms <= 0 || absl::GetFlag(FLAGS_listen).empty()) {
-    GS_LOG(ERROR) << "--heartbeat_timeout_ms and --op_timeout_ms must be > 0 and --listen "
-                     "must not be empty";
+  const int64_t forming_ms = absl::GetFlag(FLAGS_forming_job_timeout_ms);
+  if (heartbeat_ms <= 0 || op_ms <= 0 || forming_ms <= 0 || absl::GetFlag(FLAGS_listen).empty()) {
+    GS_LOG(ERROR) << "--heartbeat_timeout_ms, --op_timeout_ms and --forming_job_timeout_ms must "
+                     "be > 0 and --listen must not be empty";
     return 1;
   }
 
@@ -105,6 +110,7 @@ int Run() {
   options.listen_address = absl::GetFlag(FLAGS_listen);
   options.registry.default_heartbeat_timeout_ms = heartbeat_ms;
   options.registry.default_op_timeout_ms = op_ms;
+  options.registry.forming_job_timeout = absl::Milliseconds(forming_ms);
   options.registry.observer = coordinator_metrics->get();
   options.rpc_observer = coordinator_metrics->get();
   absl::StatusOr<std::unique_ptr<CoordinatorServer>> server =

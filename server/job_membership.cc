@@ -93,7 +93,21 @@ void JobRegistry::CheckLiveness() {
 void JobRegistry::CheckLivenessLocked(absl::Time now) {
   for (auto it = jobs_.begin(); it != jobs_.end();) {
     Job& job = *(it++)->second;  // advance first: `job` may be deleted below
-    if (job.state == v1::JOB_STATE_FORMING) continue;
+    if (job.state == v1::JOB_STATE_FORMING) {
+      // A first rendezvous nobody waits in any more: free the id (a later
+      // CreateJob may use it with another world size).
+      if (job.epoch == 1 && job.JoinedCount() == 0 &&
+          now - job.idle_since > options_.forming_job_timeout) {
+        const std::string message = absl::StrCat(
+            "job '", job.id, "' deleted: its rendezvous never completed and no member has "
+            "waited in it for ", absl::FormatDuration(now - job.idle_since));
+        GS_LOG(INFO) << message;
+        EmitLocked(job, v1::JobEvent::KIND_JOB_DELETED, -1, message);
+        observer().OnJobStateChanged(job.state, v1::JOB_STATE_UNSPECIFIED);
+        jobs_.erase(jobs_.find(job.id));
+      }
+      continue;
+    }
     const int64_t timeout_ms = job.options.heartbeat_timeout_ms();
     bool someone_died = false;
     for (int rank = 0; rank < job.world_size; ++rank) {

@@ -289,6 +289,7 @@ absl::StatusOr<v1::CreateJobResponse> JobRegistry::CreateJob(const v1::CreateJob
   job->id = request.job_id();
   job->world_size = request.world_size();
   job->options = options;
+  job->idle_since = Now();
   job->members.resize(job->world_size);
   job->rendezvous = std::make_shared<Rendezvous>(job->epoch);
   GS_LOG(INFO) << "created job '" << job->id << "' (world size " << job->world_size
@@ -357,6 +358,7 @@ void JobRegistry::RemoveFormingMemberLocked(Job& job, int rank, const std::strin
   job.members[rank].reset();
   observer().OnAliveMembersChanged(-1);
   EmitLocked(job, v1::JobEvent::KIND_MEMBER_LEFT, rank, message);
+  if (job.JoinedCount() == 0) job.idle_since = Now();
   changed_.SignalAll();  // wakes this member's other JoinJob calls, if any
 }
 

@@ -101,6 +101,9 @@ class JobRegistry {
     int64_t default_join_timeout_ms = 5 * 60 * 1000;
     // How often the background thread runs death detection.
     absl::Duration liveness_interval = absl::Milliseconds(100);
+    // A job whose first rendezvous never completed and that no member has
+    // been waiting in for this long is deleted: its id is free again.
+    absl::Duration forming_job_timeout = absl::Seconds(10);
     // false: no background thread; tests call CheckLiveness() themselves.
     bool start_liveness_thread = true;
     // Clock for heartbeat ages, death detection and event times; absl::Now

@@ -125,6 +125,34 @@ TEST_F(JobRegistryTest, LeaveWhileFormingOnlyRemovesTheMember) {
   EXPECT_EQ(st->members_size(), 0);
 }
 
+// A job whose rendezvous never completes expires once nobody waits in it (its
+// id poisoned the coordinator before: "already exists with world size 2;
+// requested world size 1"); a member waiting keeps it.
+TEST_F(JobRegistryTest, AFormingJobNobodyWaitsInExpiresAndFreesItsId) {
+  Create("stuck", 2);
+  clock_.Advance(absl::Seconds(9));
+  registry_.CheckLiveness();
+  ASSERT_TRUE(registry_.GetJobStatus("stuck").ok());  // not yet: 10 s by default
+  absl::StatusOr<v1::JoinJobResponse> r = absl::UnknownError("not run");
+  std::thread t([&] { r = Join("stuck", "a", 0, 7000, /*timeout_ms=*/500); });
+  AwaitJoined("stuck", 1);
+  clock_.Advance(absl::Seconds(60));
+  registry_.CheckLiveness();
+  ASSERT_TRUE(registry_.GetJobStatus("stuck").ok());  // a member waits
+  t.join();
+  EXPECT_TRUE(absl::IsDeadlineExceeded(r.status())) << r.status();
+  clock_.Advance(absl::Seconds(11));
+  registry_.CheckLiveness();
+  const absl::Status gone = registry_.GetJobStatus("stuck").status();
+  EXPECT_TRUE(absl::IsNotFound(gone)) << gone;
+  v1::CreateJobRequest again;
+  again.set_job_id("stuck");
+  again.set_world_size(1);
+  auto created = registry_.CreateJob(again);
+  ASSERT_TRUE(created.ok()) << created.status();
+  EXPECT_TRUE(created->created());
+}
+
 TEST_F(JobRegistryTest, WatchSeesEveryEventInOrder) {
   Create("j", 2, /*heartbeat_timeout_ms=*/300);
   auto watch = registry_.WatchJob("j");

@@ -102,6 +102,9 @@ struct JobRegistry::Job {
   std::unordered_map<std::string, int> rank_of;     // member_id -> rank
   std::string abort_reason;
   std::vector<int> dead_ranks;
+  // While FORMING: when the last member waiting in JoinJob left (or the job
+  // was created); the job expires forming_job_timeout later.
+  absl::Time idle_since;
   std::shared_ptr<registry_internal::Rendezvous> rendezvous;
   std::vector<std::weak_ptr<JobWatch::Queue>> watchers;
 
