@@ -32,6 +32,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "bench/bench_util.h"
+#include "common/build_info.h"
 
 ABSL_FLAG(std::string, sizes, "", "comma-separated buffer sizes, e.g. 4K,1M,64M (overrides min/max)");
 ABSL_FLAG(std::string, min_bytes, "4K", "smallest buffer (K/M/G suffixes)");
@@ -170,10 +171,10 @@ int Main() {
 }  // namespace gradsync
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
+  gradsync::InitFlagsUsage("gradsync-membw", 
       "gradsync-membw [--min_bytes 4K --max_bytes 64M --step_factor 4 | --sizes 4K,64M] "
       "[--iters I --warmup W]\n"
-      "Single-thread memory bandwidth: `membw,op=add_f32|memcpy,bytes=B,time_us=T,gbps=G`.");
+      "Single-thread memory bandwidth: `membw,op=add_f32|memcpy,bytes=B,time_us=T,gbps=G`.", __FILE__);
   std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
   if (rest.size() > 1) {
     std::fprintf(stderr, "gradsync-membw: unexpected argument '%s'\n", rest[1]);

@@ -70,6 +70,7 @@
 #include <string>
 #include <vector>
 
+#include "common/build_info.h"
 #include "common/process.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -566,13 +567,13 @@ absl::StatusOr<Config> ConfigFromFlags() {
 
 int main(int argc, char** argv) {
   using namespace gradsync::bench;
-  absl::SetProgramUsageMessage(
+  gradsync::InitFlagsUsage("gradsync-ring-limit", 
       "gradsync-ring-limit [--ranks N] [--streams S] [--min_bytes 4K --max_bytes 64M "
       "--step_factor 4 | --sizes 8,1M | --bytes B] [--iters I --warmup W] "
       "[--single_stream_throughput]\n"
       "Moves a ring allreduce's bytes (no reduction) between N processes over loopback TCP "
       "and prints `ring_limit,ranks=N,streams=S,bytes=B,time_us=T,busbw_gbps=G` per size; "
-      "with --single_stream_throughput, one-way throughput `tcp_link,streams=S,...,gbps=G`.");
+      "with --single_stream_throughput, one-way throughput `tcp_link,streams=S,...,gbps=G`.", __FILE__);
   std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
   gradsync::InitProcess();
   if (rest.size() > 1) {

@@ -3,6 +3,7 @@
 #include <string>
 #include <vector>
 
+#include "common/build_info.h"
 #include "common/process.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -75,7 +76,8 @@ constexpr char kUsage[] =
     "  status  ask the coordinator (--coordinator, default 127.0.0.1:7070) and every daemon\n"
     "          what each rank of each job (--job) is doing, and who an op is waiting for\n"
     "  cluster start a local cluster (1 coordinator + --ranks daemons, default 2) and keep it\n"
-    "          up until Ctrl-C; prints GRADSYNC_COORDINATOR / GRADSYNC_DAEMONS (--env_file)\n";
+    "          up until Ctrl-C; prints GRADSYNC_COORDINATOR / GRADSYNC_DAEMONS (--env_file)\n"
+    "  version the version, the source commit and the build mode (as --version)\n";
 
 int Fail(const char* cmd, const std::string& msg) {
   std::fprintf(stderr, "gradsync %s: %s\n", cmd, msg.c_str());
@@ -101,7 +103,7 @@ std::vector<std::string> NormalizeFlagNames(int argc, char** argv) {
 }
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(kUsage);
+  gradsync::InitFlagsUsage("gradsync", kUsage, __FILE__);
   std::vector<std::string> normalized = NormalizeFlagNames(argc, argv);
   std::vector<char*> argv2;
   for (auto& a : normalized) argv2.push_back(a.data());
@@ -119,6 +121,10 @@ int main(int argc, char** argv) {
   if (!max_bytes.ok()) return Fail(cmd.c_str(), "--max_bytes: " + std::string(max_bytes.status().message()));
   const int iters = absl::GetFlag(FLAGS_iters);
   const int warmup = absl::GetFlag(FLAGS_warmup);
+  if (cmd == "version") {
+    std::printf("%s\n", gradsync::VersionLine("gradsync").c_str());
+    return 0;
+  }
   if (cmd == "demo") {
     gradsync::DemoOptions o;
     o.ranks = absl::GetFlag(FLAGS_ranks);

@@ -35,6 +35,7 @@
 #include <prometheus/registry.h>
 
 #include "absl/status/status.h"
+#include "common/build_info.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
@@ -45,7 +46,6 @@ class Exposer;
 namespace gradsync {
 
 // The version every binary reports in gradsync_build_info.
-inline constexpr char kGradsyncVersion[] = "0.1.0";
 
 // Histogram buckets in base units.
 // Latencies: 100 µs .. 300 s, about 3 buckets per decade (20 buckets).

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "common/build_info.h"
 #include "common/process.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -298,11 +299,11 @@ int Run() {
 }  // namespace gradsync::ps
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
+  gradsync::InitFlagsUsage("gradsync-ps", 
       "gradsync parameter-server shard.\n"
       "  gradsync-ps [--listen=0.0.0.0:7073] [--threads=4] [--step_timeout_ms=30000]\n"
       "      [--max_memory_mb=8192] [--coordinator=HOST:PORT] [--shard_id=ID]\n"
-      "      [--metrics_listen=0.0.0.0:9472] [--config=FILE] [--port_file=PATH] [--v=0|1]");
+      "      [--metrics_listen=0.0.0.0:9472] [--config=FILE] [--port_file=PATH] [--v=0|1]", __FILE__);
   std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
   gradsync::InitProcess();
   if (positional.size() > 1) {

@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "common/build_info.h"
 #include "common/process.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -168,10 +169,10 @@ int Run() {
 }  // namespace gradsync
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
+  gradsync::InitFlagsUsage("gradsync-coordinator", 
       "gradsync control plane: jobs, rendezvous, heartbeats, epochs.\n"
       "  gradsync-coordinator [--config=FILE] [--listen=0.0.0.0:7070] [--port_file=PATH]\n"
-      "      [--metrics_listen=0.0.0.0:9470]");
+      "      [--metrics_listen=0.0.0.0:9470]", __FILE__);
   std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
   gradsync::InitProcess();
   if (positional.size() > 1) {

@@ -16,6 +16,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/build_info.h"
 #include "common/config_file.h"
 #include "common/logging.h"
 #include "common/port_file.h"
@@ -100,6 +101,14 @@ absl::Status PrepareUnixSocket(const std::string& listen) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  gradsync::InitFlagsUsage(
+      "gradsyncd",
+      "gradsync node daemon: serves the training processes of this node (unix socket, shared-"
+      "memory op queues) and runs their collectives with the other daemons.\n"
+      "  gradsyncd [--config=FILE] [--listen=unix:/run/gradsync/gradsyncd.sock]\n"
+      "      [--coordinator=HOST:7070] [--data_listen=0.0.0.0:7071] [--status_listen=0.0.0.0:7072]\n"
+      "      [--metrics_listen=0.0.0.0:9471] [--port_file=PATH] [--v=0|1]",
+      __FILE__);
   std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
   gradsync::InitProcess();
   if (positional.size() > 1) {
