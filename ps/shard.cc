@@ -193,58 +193,32 @@ void PsShard::Impl::ServeConnection(std::shared_ptr<Conn> c) {
     absl::MutexLock l(&c->mu);
     ctx = c->ctx.get();
   }
-  const absl::Status why = Serve(rd, *ctx);
+  // The state outlives the context's last use: a failing context finishes
+  // the frame half on the wire from the sends' memory before its ABORT.
+  ServeState state;
+  const absl::Status why = Serve(rd, *ctx, state);
   if (!why.ok() && ctx->health().ok()) (void)ctx->Fail(why);  // tells the worker
+  if (state.pending != nullptr) Release(*state.pending);
   c->pool->ForgetRegistrations();
   ConnectionEnded(rd, why);
 }
 
-absl::Status PsShard::Impl::Serve(Reader& rd, transport::Context& ctx) {
+absl::Status PsShard::Impl::Serve(Reader& rd, transport::Context& ctx, ServeState& state) {
   Conn& c = *rd.conn;
   Job& job = *rd.job;
-  using transport::Request;
-  // Frames posted (in order) and frames taken but beyond the posting bound.
-  struct Outgoing {
-    OutFrame frame;
-    std::unique_ptr<transport::MemoryRegion> mr;
-    Request req;
-    absl::Time posted;
-  };
-  std::deque<Outgoing> sending;
-  std::deque<OutFrame> waiting;
+  std::deque<ServeState::Outgoing>& sending = state.sending;
+  std::deque<OutFrame>& waiting = state.waiting;
+  std::unique_ptr<ServeState::Incoming>& pending = state.pending;
+  using Incoming = ServeState::Incoming;
+  // A frame received outside a running step's reservation (a step header, a
+  // push that is discarded) is charged against the staging budget before its
+  // memory is allocated, so what a hostile peer announces cannot grow the
+  // shard past max_memory_bytes (ServeConnection returns what is held).
   const size_t bound = ctx.max_in_flight() > 0 ? static_cast<size_t>(ctx.max_in_flight()) : 64;
-  // The one frame being received (frames on a connection arrive in order).
-  struct Incoming {
-    transport::Incoming in;
-    enum Kind { kHeader, kPush, kDiscard } kind = kDiscard;
-    int local = -1;
-    std::string header;
-    Buffer buf;
-    std::unique_ptr<transport::MemoryRegion> mr;  // the header's (a push's is the pool's)
-    const transport::MemoryRegion* region = nullptr;
-    Request req;
-    absl::Time deadline;
-    uint64_t charged = 0;  // of the staging budget, while the frame is held
-  };
-  std::unique_ptr<Incoming> pending;
-  // A frame this connection receives outside a running step's reservation
-  // (a step header, a push that is discarded) is charged against the staging
-  // budget before its memory is allocated, so what a hostile peer announces
-  // cannot grow the shard past max_memory_bytes.
-  auto release = [this](Incoming& p) {
-    if (p.charged > 0) reserved_.fetch_sub(p.charged);
-    p.charged = 0;
-  };
-  struct Releaser {
-    std::function<void()> f;
-    ~Releaser() { f(); }
-  } release_pending{[&] {
-    if (pending != nullptr) release(*pending);
-  }};
   while (true) {
     c.TakeQueued(&waiting);
     while (!waiting.empty() && sending.size() < bound) {
-      Outgoing& o = sending.emplace_back();
+      ServeState::Outgoing& o = sending.emplace_back();
       o.frame = std::move(waiting.front());
       waiting.pop_front();
       o.posted = absl::Now();
@@ -265,7 +239,7 @@ absl::Status PsShard::Impl::Serve(Reader& rd, transport::Context& ctx) {
       if (!st.ok()) return st;
     }
     while (!sending.empty() && sending.front().req.done) {
-      const Outgoing& o = sending.front();
+      const ServeState::Outgoing& o = sending.front();
       if (o.frame.header.type == static_cast<uint8_t>(FrameType::kData)) {
         c.bytes_pulled->fetch_add(o.frame.header.length, std::memory_order_relaxed);
         job.bytes_pulled.fetch_add(o.frame.header.length, std::memory_order_relaxed);
@@ -287,7 +261,7 @@ absl::Status PsShard::Impl::Serve(Reader& rd, transport::Context& ctx) {
       got->buf.reset();
       got->header.clear();
       got->header.shrink_to_fit();
-      release(*got);
+      Release(*got);
       continue;  // what it queued goes out first
     }
     if (pending == nullptr) {

@@ -389,6 +389,33 @@ class Aggregator {
   std::thread thread_;
 };
 
+// A connection thread's frames: those posted to the context (in order),
+// those taken from the queue beyond the posting bound, and the one being
+// received. Owned by ServeConnection, so it outlives the context's last use.
+struct ServeState {
+  struct Outgoing {
+    OutFrame frame;
+    std::unique_ptr<transport::MemoryRegion> mr;
+    transport::Request req;
+    absl::Time posted;
+  };
+  struct Incoming {
+    transport::Incoming in;
+    enum Kind { kHeader, kPush, kDiscard } kind = kDiscard;
+    int local = -1;
+    std::string header;
+    Buffer buf;
+    std::unique_ptr<transport::MemoryRegion> mr;  // the header's (a push's is the pool's)
+    const transport::MemoryRegion* region = nullptr;
+    transport::Request req;
+    absl::Time deadline;
+    uint64_t charged = 0;  // of the staging budget, while the frame is held
+  };
+  std::deque<Outgoing> sending;
+  std::deque<OutFrame> waiting;
+  std::unique_ptr<Incoming> pending;
+};
+
 // What a connection's reader knows about its worker.
 struct Reader {
   std::shared_ptr<Conn> conn;
@@ -435,7 +462,13 @@ class PsShard::Impl {
 
   // Sends what is queued and receives the worker's frames until the
   // connection ends; returns why.
-  absl::Status Serve(Reader& rd, transport::Context& ctx);
+  absl::Status Serve(Reader& rd, transport::Context& ctx, ServeState& state);
+
+  // Returns a frame's charge against the staging budget.
+  void Release(ServeState::Incoming& in) {
+    if (in.charged > 0) reserved_.fetch_sub(in.charged);
+    in.charged = 0;
+  }
 
   void ConnectionEnded(Reader& rd, const absl::Status& why);
 
