@@ -273,6 +273,15 @@ absl::StatusOr<v1::CreateJobResponse> JobRegistry::CreateJob(const v1::CreateJob
   v1::CreateJobResponse response;
   if (Job* job = FindJobLocked(request.job_id())) {
     if (job->world_size != request.world_size()) {
+      if (job->state == v1::JOB_STATE_FORMING && job->JoinedCount() > 0) {
+        // The ranks already waiting would wait out their deadline for a
+        // rendezvous that cannot complete: they fail now, as this caller does.
+        job->rendezvous->conflict = absl::FailedPreconditionError(absl::StrCat(
+            "job '", job->id, "': another rank asked for world size ", request.world_size(),
+            " while this job was created with world size ", job->world_size,
+            "; every rank must pass the same world size"));
+        changed_.SignalAll();
+      }
       return absl::AlreadyExistsError(absl::StrCat(
           "job '", job->id, "' already exists with world size ", job->world_size,
           "; requested world size ", request.world_size()));
@@ -358,7 +367,10 @@ void JobRegistry::RemoveFormingMemberLocked(Job& job, int rank, const std::strin
   job.members[rank].reset();
   observer().OnAliveMembersChanged(-1);
   EmitLocked(job, v1::JobEvent::KIND_MEMBER_LEFT, rank, message);
-  if (job.JoinedCount() == 0) job.idle_since = Now();
+  if (job.JoinedCount() == 0) {
+    job.idle_since = Now();
+    job.rendezvous->conflict = absl::OkStatus();  // nobody waits for it any more
+  }
   changed_.SignalAll();  // wakes this member's other JoinJob calls, if any
 }
 
@@ -519,18 +531,21 @@ absl::StatusOr<std::shared_ptr<const v1::JoinJobResponse>> JobRegistry::JoinAndW
                                              job_id, "' epoch ", rv->epoch,
                                              " while it waited for the rendezvous"));
     }
-    const bool timed_out = absl::Now() >= deadline;
-    const bool cancelled = !timed_out && wait.is_cancelled && wait.is_cancelled();
-    if (timed_out || cancelled) {
+    const bool conflict = !rv->conflict.ok();
+    const bool timed_out = !conflict && absl::Now() >= deadline;
+    const bool cancelled = !conflict && !timed_out && wait.is_cancelled && wait.is_cancelled();
+    if (conflict || timed_out || cancelled) {
       absl::Status status =
-          timed_out ? absl::DeadlineExceededError(DescribeTimeoutLocked(*job, waited_ms))
-                    : absl::CancelledError(absl::StrCat("join of job '", job_id, "' by member '",
-                                                        member_id, "' was cancelled"));
+          conflict    ? rv->conflict
+          : timed_out ? absl::DeadlineExceededError(DescribeTimeoutLocked(*job, waited_ms))
+                      : absl::CancelledError(absl::StrCat("join of job '", job_id, "' by member '",
+                                                          member_id, "' was cancelled"));
       if (--job->members[rank]->waiting_joins <= 0) {
         RemoveFormingMemberLocked(
             *job, rank,
-            timed_out ? absl::StrCat("gave up after waiting ", waited_ms, " ms for the rendezvous")
-                      : std::string("cancelled its join"));
+            conflict    ? std::string("left: the ranks disagree on the world size")
+            : timed_out ? absl::StrCat("gave up after waiting ", waited_ms, " ms for the rendezvous")
+                        : std::string("cancelled its join"));
       }
       GS_LOG(INFO) << status.message();
       return status;

@@ -153,6 +153,30 @@ TEST_F(JobRegistryTest, AFormingJobNobodyWaitsInExpiresAndFreesItsId) {
   EXPECT_TRUE(created->created());
 }
 
+// Ranks that disagree on the world size both learn it at once: the waiting
+// one used to wait out its whole rendezvous deadline in silence.
+TEST_F(JobRegistryTest, RanksThatDisagreeOnTheWorldSizeBothFailAtOnce) {
+  Create("sizes", 2);
+  absl::StatusOr<v1::JoinJobResponse> r = absl::UnknownError("not run");
+  const absl::Time start = absl::Now();
+  std::thread t([&] { r = Join("sizes", "a", 0, 7000, /*timeout_ms=*/30000); });
+  AwaitJoined("sizes", 1);
+  v1::CreateJobRequest other;
+  other.set_job_id("sizes");
+  other.set_world_size(3);
+  const absl::Status refused = registry_.CreateJob(other).status();
+  EXPECT_TRUE(absl::IsAlreadyExists(refused)) << refused;
+  t.join();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  EXPECT_TRUE(absl::IsFailedPrecondition(r.status())) << r.status();
+  EXPECT_EQ(r.status().message(),
+            "job 'sizes': another rank asked for world size 3 while this job was created with "
+            "world size 2; every rank must pass the same world size");
+  // Nobody waits any more: a new attempt with the right size can form.
+  auto replies = JoinAll("sizes", {"a", "b"}, {0, 1});
+  EXPECT_TRUE(replies[0].ok() && replies[1].ok()) << replies[0].status() << replies[1].status();
+}
+
 TEST_F(JobRegistryTest, WatchSeesEveryEventInOrder) {
   Create("j", 2, /*heartbeat_timeout_ms=*/300);
   auto watch = registry_.WatchJob("j");

@@ -55,6 +55,10 @@ struct Rendezvous {
   explicit Rendezvous(int64_t e) : epoch(e) {}
   const int64_t epoch;
   bool complete = false;  // guarded by the registry mutex
+  // Set when another rank asked for this job with a different world size:
+  // every member waiting in this rendezvous fails with it at once (guarded
+  // by the registry mutex; cleared once nobody waits).
+  absl::Status conflict;
   // Set once complete, immutable afterwards (rank left unset).
   std::shared_ptr<const v1::JoinJobResponse> response;
 };
