@@ -119,8 +119,8 @@ void PrintLimits(int n, uint64_t bytes, int streams) {
 }  // namespace
 
 double BusBandwidthFactor(CollectiveKind kind, int n) {
-  if (n <= 1) return 1.0;
-  switch (kind) {
+  if (n < 1) return 0.0;
+  switch (kind) {  // 0 for the exchanging collectives at 1 rank: nothing crosses a link
     case CollectiveKind::kAllreduce: return 2.0 * (n - 1) / n;
     case CollectiveKind::kReduceScatter:
     case CollectiveKind::kAllgather:
@@ -135,7 +135,15 @@ double BusBandwidthFactor(CollectiveKind kind, int n) {
 absl::StatusOr<uint64_t> RunBench(const BenchOptions& o) {
   const bool external = !o.coordinator.empty();
   const int n = external ? o.world_size : o.ranks;
-  if (n < 1 || n > 64) return absl::InvalidArgumentError(absl::StrCat("rank count ", n, " out of range [1, 64]"));
+  if (external && o.world_size == 0) {
+    return absl::InvalidArgumentError(
+        "--world_size is required with --coordinator: the ranks of the bench job (every rank "
+        "passes the same)");
+  }
+  if (n < 1 || n > 64) {
+    return absl::InvalidArgumentError(absl::StrCat(external ? "--world_size " : "--ranks ", n,
+                                                   " out of range [1, 64]"));
+  }
   if (o.step_factor <= 1.0) return absl::InvalidArgumentError("--step_factor must be > 1");
   if (o.min_bytes > o.max_bytes) return absl::InvalidArgumentError("--min_bytes > --max_bytes");
   if (o.iters < 1 || o.warmup < 0) return absl::InvalidArgumentError("--iters >= 1, --warmup >= 0");
@@ -242,6 +250,8 @@ absl::StatusOr<uint64_t> RunBench(const BenchOptions& o) {
 
   Barrier barrier(local_ranks);
   uint64_t total_wrong = 0;
+  double busbw_sum = 0;  // of the sizes that ran, for the summary line
+  int busbw_rows = 0;
   const absl::Time start = absl::Now();
   for (size_t si = 0; si < sizes.size(); ++si) {
     const uint64_t bytes = sizes[si];
@@ -355,6 +365,10 @@ absl::StatusOr<uint64_t> RunBench(const BenchOptions& o) {
     for (const Row& row : rows) total_wrong += row.wrong;
     const double algbw = agg.time_us > 0 ? bytes / agg.time_us / 1e3 : 0;
     const double busbw = algbw * BusBandwidthFactor(o.op, n);
+    if (agg.error.empty()) {
+      busbw_sum += busbw;
+      ++busbw_rows;
+    }
     if (print && !agg.error.empty()) {  // no figures for a size that failed
       std::printf("%12llu %12llu %5s %6s %9s %12s %11s %11s %7s\n",
                   static_cast<unsigned long long>(bytes), static_cast<unsigned long long>(count),
@@ -393,6 +407,8 @@ absl::StatusOr<uint64_t> RunBench(const BenchOptions& o) {
   }
   if (o.check && print) std::printf("# %s: %llu wrong elements\n", total_wrong == 0 ? "OK" : "FAILED",
                                     static_cast<unsigned long long>(total_wrong));
+  // nccl-tests' summary line, over the sizes of the table.
+  if (print && busbw_rows > 0) std::printf("# Avg bus bandwidth    : %.3f\n", busbw_sum / busbw_rows);
   return total_wrong;
 }
 

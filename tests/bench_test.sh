@@ -18,6 +18,7 @@ for b in 4096 16384 65536; do
     || fail "no checked row for $b bytes"
 done
 grep -q '^# OK: 0 wrong elements' <<<"$out" || fail "no OK line"
+grep -qE "^# Avg bus bandwidth    : $NUM\$" <<<"$out" || fail "no nccl-tests summary line"
 [[ $(head -1 "$T/b.csv") == "op,ranks,bytes,count,dtype,redop,algo,time_us,algbw_gbps,busbw_gbps,wrong" ]] \
   || fail "bad CSV header: $(head -1 "$T/b.csv")"
 [[ $(tail -n +2 "$T/b.csv" | grep -cE "^allreduce,3,[0-9]+,[0-9]+,f32,sum,[a-z]+,$NUM,$NUM,$NUM,0\$") -eq 3 ]] \
@@ -64,4 +65,15 @@ out=$("$GRADSYNC" bench --ranks=2 --min_bytes=8 --max_bytes=8 --iters=1 --algo=b
 grep -q "unknown algorithm 'bogus' (choose one of ring, rhd, rd, tree, pairwise, oneshot)" <<<"$out" \
   || fail "unclear --algo error: $out"
 grep -qE "^ +8 +2 +f32 +sum +- +- +- +- +-\$" <<<"$out" || fail "a failed size printed figures: $out"
+# One rank: nothing crosses a link, so busbw is 0 (nccl-tests' 2(n-1)/n).
+out=$("$GRADSYNC" bench --ranks=1 --min_bytes=4K --max_bytes=4K --iters=1 --warmup=0 \
+      --limits=false 2>&1) || fail "1-rank bench exited $?: $out"
+grep -qE "busbw = algbw \* 0\.000 " <<<"$out" || fail "1-rank busbw factor is not 0: $out"
+grep -qE "^ +4096 +1024 +f32 +sum +[a-z]+ +$NUM +$NUM +0\.000 +-\$" <<<"$out" \
+  || fail "1-rank row with a non-zero busbw: $out"
+# An existing cluster needs the bench job's world size.
+out=$("$GRADSYNC" bench --coordinator=127.0.0.1:1 2>&1)
+[[ $? -ne 0 ]] || fail "--coordinator without --world_size was accepted"
+grep -q -- "--world_size is required with --coordinator" <<<"$out" \
+  || fail "unclear --world_size error: $out"
 echo "PASS"
