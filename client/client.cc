@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -16,6 +17,7 @@
 #include <grpcpp/security/credentials.h>
 #include <grpcpp/support/channel_arguments.h>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "client/op_channel.h"
 #include "client/shm_op_channel.h"
@@ -398,6 +400,19 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& targe
   if (timeout <= absl::ZeroDuration() || timeout == absl::InfiniteDuration()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "Connect: timeout must be finite and > 0, got ", absl::FormatDuration(timeout)));
+  }
+  // gRPC would only log its own complaint about a path the kernel cannot
+  // take and then time out; say what is wrong at once.
+  if (absl::StartsWith(target, "unix:") && !absl::StartsWith(target, "unix-abstract:")) {
+    absl::string_view path = absl::string_view(target).substr(5);
+    if (absl::StartsWith(path, "//")) path.remove_prefix(2);  // unix:///abs/path
+    constexpr size_t kMaxPath = sizeof(sockaddr_un::sun_path) - 1;
+    if (path.size() > kMaxPath) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Connect: the unix socket path '", path, "' is ", path.size(),
+          " bytes; the kernel allows at most ", kMaxPath,
+          " (start gradsyncd with a shorter --listen, e.g. under /run)"));
+    }
   }
   grpc::ChannelArguments args;
   // A local daemon that is starting up should be picked up quickly, not after

@@ -98,6 +98,23 @@ TEST(ClientConnect, RejectsEmptyTargetAndBadTimeout) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// A unix socket path longer than the kernel's limit is named at once, not
+// after the timeout behind gRPC's own log lines.
+TEST(ClientConnect, AUnixPathLongerThanTheKernelAllowsIsNamedAtOnce) {
+  const std::string path = "/tmp/" + std::string(120, 'p') + ".sock";
+  const absl::Time start = absl::Now();
+  for (const std::string& target : {"unix:" + path, "unix://" + path}) {
+    auto client = Client::Connect(target, absl::Seconds(5));
+    ASSERT_FALSE(client.ok());
+    EXPECT_EQ(client.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(client.status().message(),
+              absl::StrCat("Connect: the unix socket path '", path, "' is ", path.size(),
+                           " bytes; the kernel allows at most 107 (start gradsyncd with a "
+                           "shorter --listen, e.g. under /run)"));
+  }
+  EXPECT_LT(absl::Now() - start, absl::Seconds(1));
+}
+
 TEST(ClientConnect, WaitsForADaemonThatStartsLate) {
   const std::string address = NewAddress();
   std::unique_ptr<FakeWorker> fake;
