@@ -25,6 +25,7 @@
 #include "collective/op_signature.h"
 #include "collective/planner.h"
 #include "common/clock.h"
+#include "ipc/fd_registration.h"
 #include "ipc/shared_memory.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
@@ -162,7 +163,9 @@ absl::StatusOr<std::unique_ptr<Buffer>> Session::AllocateBuffer(size_t bytes) {
     error = absl::InternalError(absl::StrCat("gradsyncd returned a ", resp.size_bytes(),
                                              "-byte buffer for a ", bytes, "-byte request"));
   } else {
-    absl::StatusOr<void*> mapped = MapSegment(resp.shm_name(), resp.size_bytes(), resp.buffer_id());
+    absl::StatusOr<void*> mapped =
+        resp.by_descriptor() ? FetchAndMap(resp.buffer_id(), resp.size_bytes())
+                             : MapSegment(resp.shm_name(), resp.size_bytes(), resp.buffer_id());
     if (mapped.ok()) {
       data = *mapped;
     } else {
@@ -180,8 +183,43 @@ absl::StatusOr<std::unique_ptr<Buffer>> Session::AllocateBuffer(size_t bytes) {
     conn_->stub->FreeBuffer(&free_ctx, free_req, &free_resp).IgnoreError();
     return error;
   }
-  return std::unique_ptr<Buffer>(
-      new Buffer(id_, resp.buffer_id(), resp.shm_name(), data, resp.size_bytes()));
+  return std::unique_ptr<Buffer>(new Buffer(
+      id_, resp.buffer_id(),
+      resp.by_descriptor() ? absl::StrCat("sealed memfd of buffer ", resp.buffer_id())
+                           : resp.shm_name(),
+      data, resp.size_bytes()));
+}
+
+absl::StatusOr<void*> Session::FetchAndMap(uint64_t buffer_id, size_t size) {
+  if (job_.fd_socket.empty()) {
+    return absl::InternalError(absl::StrCat("gradsyncd at ", conn_->target,
+                                            " hands out buffer ", buffer_id,
+                                            " by descriptor but announced no fd socket"));
+  }
+  ipc::FetchRequest request;
+  request.session_id = id_;
+  request.token = job_.registration_token;
+  request.kind = ipc::SegmentKind::kBuffer;
+  request.id = buffer_id;
+  absl::StatusOr<ipc::FetchedSegment> fetched =
+      ipc::FetchSegment(job_.fd_socket, request, absl::Now() + kRpcTimeout);
+  if (!fetched.ok()) {
+    return absl::Status(fetched.status().code(),
+                        absl::StrCat("cannot fetch buffer ", buffer_id, " from ", job_.fd_socket,
+                                     ": ", fetched.status().message()));
+  }
+  if (fetched->size < size) {
+    return absl::InternalError(absl::StrCat("buffer ", buffer_id, " has ", fetched->size,
+                                            " bytes, but gradsyncd reported ", size));
+  }
+  void* data = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fetched->fd.get(), 0);
+  if (data == MAP_FAILED) {
+    const int err = errno;
+    return absl::Status(absl::ErrnoToStatusCode(err),
+                        absl::StrCat("cannot map buffer ", buffer_id, " (", size,
+                                     " bytes): ", ErrnoText(err)));
+  }
+  return data;
 }
 
 absl::Status Session::FreeBuffer(std::unique_ptr<Buffer> buffer) {
@@ -482,7 +520,8 @@ absl::StatusOr<std::unique_ptr<Session>> Client::OpenSession(const SessionOption
   job.default_op_timeout = absl::Milliseconds(
       resp.op_timeout_ms() > 0 ? resp.op_timeout_ms() : options.op_timeout_ms);
   std::unique_ptr<internal::OpChannel> ops =
-      internal::NewSessionOpChannel(conn_, resp.session_id(), job.default_op_timeout);
+      internal::NewSessionOpChannel(conn_, resp.session_id(), job.default_op_timeout,
+                                    job.fd_socket, job.registration_token);
   return std::unique_ptr<Session>(new Session(conn_, resp.session_id(), resp.rank(),
                                               resp.world_size(), resp.epoch(), std::move(job),
                                               std::move(ops)));

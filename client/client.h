@@ -298,6 +298,9 @@ class Session {
           int world_size, int64_t epoch, JobFacts job, std::unique_ptr<internal::OpChannel> ops);
 
   absl::Status CheckOpen() const;
+  // Fetches the descriptor of a buffer the daemon hands out by descriptor (a
+  // sealed memfd) on its fd socket and maps `size` bytes of it.
+  absl::StatusOr<void*> FetchAndMap(uint64_t buffer_id, size_t size);
 
   const std::shared_ptr<internal::WorkerConnection> conn_;
   const std::unique_ptr<internal::OpChannel> ops_;

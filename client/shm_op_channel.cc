@@ -21,6 +21,7 @@
 #include "common/clock.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "ipc/fd_registration.h"
 #include "ipc/op_queue.h"
 
 namespace gradsync {
@@ -395,9 +396,32 @@ absl::StatusOr<std::unique_ptr<OpChannel>> NewShmOpChannel(std::unique_ptr<ipc::
                                                      std::move(session_id), options));
 }
 
+namespace {
+// The op queue of a daemon that hands it out by descriptor (a sealed memfd).
+absl::StatusOr<std::unique_ptr<ipc::SharedMemory>> FetchQueue(const std::string& fd_socket,
+                                                              const std::string& session_id,
+                                                              const std::string& token,
+                                                              uint64_t size) {
+  if (fd_socket.empty()) {
+    return absl::InternalError(
+        "gradsyncd hands out the op queue by descriptor but announced no fd socket");
+  }
+  ipc::FetchRequest request;
+  request.session_id = session_id;
+  request.token = token;
+  request.kind = ipc::SegmentKind::kOpQueue;
+  ASSIGN_OR_RETURN(ipc::FetchedSegment fetched,
+                   ipc::FetchSegment(fd_socket, request, absl::Now() + kRpcTimeout));
+  return ipc::SharedMemory::MapFd(fetched.fd.get(), size,
+                                  absl::StrCat("op queue of session ", session_id));
+}
+}  // namespace
+
 std::unique_ptr<OpChannel> NewSessionOpChannel(const std::shared_ptr<WorkerConnection>& conn,
                                                const std::string& session_id,
-                                               absl::Duration default_op_timeout) {
+                                               absl::Duration default_op_timeout,
+                                               const std::string& fd_socket,
+                                               const std::string& token) {
   // The one place this environment variable is read (documented in client.h).
   const char* forced = std::getenv("GRADSYNC_OP_CHANNEL");
   if (forced != nullptr && std::string(forced) == "grpc") {
@@ -422,7 +446,9 @@ std::unique_ptr<OpChannel> NewSessionOpChannel(const std::shared_ptr<WorkerConne
   absl::Status error = RpcError(s, *conn, "OpenOpQueue", deadline, kRpcTimeout);
   if (error.ok()) {
     absl::StatusOr<std::unique_ptr<ipc::SharedMemory>> mem =
-        ipc::SharedMemory::Open(resp.shm_name(), resp.size_bytes());
+        resp.by_descriptor()
+            ? FetchQueue(fd_socket, session_id, token, resp.size_bytes())
+            : ipc::SharedMemory::Open(resp.shm_name(), resp.size_bytes());
     if (mem.ok()) {
       absl::StatusOr<std::unique_ptr<OpChannel>> channel = NewShmOpChannel(
           *std::move(mem), conn->target, session_id,

@@ -75,10 +75,14 @@ absl::Duration WaitSpin(absl::Duration fallback);
 // channel if the daemon answers UNIMPLEMENTED (an older gradsyncd; logged once
 // per process) or the queue cannot be set up (logged). The environment
 // variable GRADSYNC_OP_CHANNEL=grpc forces the gRPC channel.
-// `default_op_timeout` (zero = unknown) is the session's op timeout.
+// `default_op_timeout` (zero = unknown) is the session's op timeout. A queue
+// handed out by descriptor is fetched on `fd_socket` with the session's
+// registration `token` (OpenSessionResponse).
 std::unique_ptr<OpChannel> NewSessionOpChannel(const std::shared_ptr<WorkerConnection>& conn,
                                                const std::string& session_id,
-                                               absl::Duration default_op_timeout);
+                                               absl::Duration default_op_timeout,
+                                               const std::string& fd_socket,
+                                               const std::string& token);
 
 }  // namespace internal
 }  // namespace client

@@ -34,48 +34,117 @@ absl::Status WaitFor(int sock, short events, absl::Time deadline, const char* wh
   }
 }
 
+// Checks the common head of a request (magic, version, session id length)
+// and returns the session id that follows it.
+template <typename Wire>
+absl::StatusOr<std::string> DecodeHead(absl::string_view bytes, uint32_t magic, const char* what,
+                                       Wire* w) {
+  if (bytes.size() < sizeof(Wire)) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " of ", bytes.size(),
+                                                   " bytes; at least ", sizeof(Wire), " expected"));
+  }
+  std::memcpy(w, bytes.data(), sizeof(Wire));
+  if (w->magic != magic) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " with bad magic 0x", absl::Hex(w->magic)));
+  }
+  if (w->version != kFdProtocolVersion) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " of protocol version ", w->version,
+                                                   "; this daemon speaks ", kFdProtocolVersion));
+  }
+  if (w->session_id_len == 0 || w->session_id_len > kMaxSessionIdBytes ||
+      bytes.size() != sizeof(Wire) + w->session_id_len) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, " announces a ", w->session_id_len, "-byte session id (1 to ", kMaxSessionIdBytes,
+        ") in a message of ", bytes.size(), " bytes"));
+  }
+  return std::string(bytes.substr(sizeof(Wire)));
+}
+
+template <typename Wire>
+std::string EncodeHead(Wire* w, uint32_t magic, const std::string& session_id,
+                       const std::string& token) {
+  w->magic = magic;
+  w->version = kFdProtocolVersion;
+  w->session_id_len = static_cast<uint16_t>(std::min(session_id.size(), kMaxSessionIdBytes));
+  std::memcpy(w->token, token.data(), std::min(token.size(), kRegistrationTokenBytes));
+  std::string out(reinterpret_cast<const char*>(w), sizeof(Wire));
+  out.append(session_id, 0, w->session_id_len);
+  return out;
+}
+
+// One request and its answer on a fresh connection to the fd socket: sends
+// `bytes` with `send_fd` (-1: none) and takes a descriptor from the answer
+// into *received (null: none expected).
+absl::StatusOr<RegisterResponse> Exchange(const std::string& fd_socket, const std::string& bytes,
+                                          int send_fd, UniqueFd* received, absl::Time deadline) {
+  absl::StatusOr<UnixAddress> address = ParseUnixAddress(fd_socket);
+  if (!address.ok()) return address.status();
+  absl::StatusOr<UniqueFd> sock = ConnectSeqpacket(*address, deadline);
+  if (!sock.ok()) {
+    return absl::Status(sock.status().code(),
+                        absl::StrCat("gradsyncd's fd socket: ", sock.status().message()));
+  }
+  if (absl::Status s = SendMessage(sock->get(), bytes, send_fd, deadline); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("sending to ", fd_socket, ": ", s.message()));
+  }
+  absl::StatusOr<std::string> reply = ReceiveMessage(
+      sock->get(), sizeof(RegisterResponseWire) + kMaxResponseMessageBytes, received, deadline);
+  if (!reply.ok()) {
+    return absl::Status(reply.status().code(),
+                        absl::StrCat("no answer from ", fd_socket, ": ", reply.status().message()));
+  }
+  return DecodeResponse(*reply);
+}
+
 }  // namespace
+
+uint32_t RequestMagic(absl::string_view bytes) {
+  uint32_t magic = 0;
+  if (bytes.size() >= sizeof(magic)) std::memcpy(&magic, bytes.data(), sizeof(magic));
+  return magic;
+}
 
 std::string EncodeRequest(const RegisterRequest& r) {
   RegisterRequestWire w{};
-  w.magic = kRegisterRequestMagic;
-  w.version = kFdProtocolVersion;
-  w.session_id_len = static_cast<uint16_t>(std::min(r.session_id.size(), kMaxSessionIdBytes));
-  std::memcpy(w.token, r.token.data(), std::min(r.token.size(), kRegistrationTokenBytes));
   w.offset = r.offset;
   w.size = r.size;
-  std::string out(reinterpret_cast<const char*>(&w), sizeof(w));
-  out.append(r.session_id, 0, w.session_id_len);
-  return out;
+  return EncodeHead(&w, kRegisterRequestMagic, r.session_id, r.token);
 }
 
 absl::StatusOr<RegisterRequest> DecodeRequest(absl::string_view bytes) {
   RegisterRequestWire w;
-  if (bytes.size() < sizeof(w)) {
-    return absl::InvalidArgumentError(absl::StrCat("registration request of ", bytes.size(),
-                                                   " bytes; at least ", sizeof(w), " expected"));
-  }
-  std::memcpy(&w, bytes.data(), sizeof(w));
-  if (w.magic != kRegisterRequestMagic) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("registration request with bad magic 0x", absl::Hex(w.magic)));
-  }
-  if (w.version != kFdProtocolVersion) {
-    return absl::InvalidArgumentError(absl::StrCat("registration request of protocol version ",
-                                                   w.version, "; this daemon speaks ",
-                                                   kFdProtocolVersion));
-  }
-  if (w.session_id_len == 0 || w.session_id_len > kMaxSessionIdBytes ||
-      bytes.size() != sizeof(w) + w.session_id_len) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "registration request announces a ", w.session_id_len, "-byte session id (1 to ",
-        kMaxSessionIdBytes, ") in a message of ", bytes.size(), " bytes"));
-  }
+  absl::StatusOr<std::string> session =
+      DecodeHead(bytes, kRegisterRequestMagic, "registration request", &w);
+  if (!session.ok()) return session.status();
   RegisterRequest r;
-  r.session_id = std::string(bytes.substr(sizeof(w)));
+  r.session_id = *std::move(session);
   r.token.assign(reinterpret_cast<const char*>(w.token), kRegistrationTokenBytes);
   r.offset = w.offset;
   r.size = w.size;
+  return r;
+}
+
+std::string EncodeFetchRequest(const FetchRequest& r) {
+  FetchRequestWire w{};
+  w.kind = static_cast<uint32_t>(r.kind);
+  w.id = r.id;
+  return EncodeHead(&w, kFetchRequestMagic, r.session_id, r.token);
+}
+
+absl::StatusOr<FetchRequest> DecodeFetchRequest(absl::string_view bytes) {
+  FetchRequestWire w;
+  absl::StatusOr<std::string> session = DecodeHead(bytes, kFetchRequestMagic, "fetch request", &w);
+  if (!session.ok()) return session.status();
+  if (w.kind != static_cast<uint32_t>(SegmentKind::kBuffer) &&
+      w.kind != static_cast<uint32_t>(SegmentKind::kOpQueue)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "fetch request for segment kind ", w.kind, " (1: buffer, 2: op queue)"));
+  }
+  FetchRequest r;
+  r.session_id = *std::move(session);
+  r.token.assign(reinterpret_cast<const char*>(w.token), kRegistrationTokenBytes);
+  r.kind = static_cast<SegmentKind>(w.kind);
+  r.id = w.id;
   return r;
 }
 
@@ -147,7 +216,17 @@ absl::StatusOr<UnixAddress> ParseUnixAddress(absl::string_view text) {
 absl::StatusOr<UniqueFd> ListenSeqpacket(const UnixAddress& address, mode_t mode) {
   UniqueFd fd(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   if (!fd.valid()) return absl::InternalError(absl::StrCat("socket: ", ErrnoString(errno)));
-  if (!address.abstract) ::unlink(address.path.c_str());  // a stale socket of an earlier run
+  if (!address.abstract) {
+    // A socket file left by an earlier run is removed; one a live process
+    // still serves is not taken over.
+    UniqueFd probe(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+    if (probe.valid() && ::connect(probe.get(), reinterpret_cast<const sockaddr*>(&address.addr),
+                                   address.len) == 0) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "another process serves the fd socket ", address.text, " (a second gradsyncd?)"));
+    }
+    ::unlink(address.path.c_str());
+  }
   if (::bind(fd.get(), reinterpret_cast<const sockaddr*>(&address.addr), address.len) != 0) {
     return absl::UnavailableError(
         absl::StrCat("cannot bind the fd socket ", address.text, ": ", ErrnoString(errno)));
@@ -255,23 +334,22 @@ absl::StatusOr<std::string> ReceiveMessage(int sock, size_t max_bytes, UniqueFd*
 absl::StatusOr<RegisterResponse> RegisterFd(const std::string& fd_socket,
                                             const RegisterRequest& request, int fd,
                                             absl::Time deadline) {
-  absl::StatusOr<UnixAddress> address = ParseUnixAddress(fd_socket);
-  if (!address.ok()) return address.status();
-  absl::StatusOr<UniqueFd> sock = ConnectSeqpacket(*address, deadline);
-  if (!sock.ok()) {
-    return absl::Status(sock.status().code(),
-                        absl::StrCat("gradsyncd's fd socket: ", sock.status().message()));
+  return Exchange(fd_socket, EncodeRequest(request), fd, nullptr, deadline);
+}
+
+absl::StatusOr<FetchedSegment> FetchSegment(const std::string& fd_socket,
+                                            const FetchRequest& request, absl::Time deadline) {
+  FetchedSegment out;
+  absl::StatusOr<RegisterResponse> response =
+      Exchange(fd_socket, EncodeFetchRequest(request), -1, &out.fd, deadline);
+  if (!response.ok()) return response.status();
+  if (!response->status.ok()) return response->status;
+  if (!out.fd.valid()) {
+    return absl::DataLossError(
+        absl::StrCat(fd_socket, " answered a fetch without a descriptor"));
   }
-  if (absl::Status s = SendMessage(sock->get(), EncodeRequest(request), fd, deadline); !s.ok()) {
-    return absl::Status(s.code(), absl::StrCat("sending to ", fd_socket, ": ", s.message()));
-  }
-  absl::StatusOr<std::string> reply = ReceiveMessage(
-      sock->get(), sizeof(RegisterResponseWire) + kMaxResponseMessageBytes, nullptr, deadline);
-  if (!reply.ok()) {
-    return absl::Status(reply.status().code(),
-                        absl::StrCat("no answer from ", fd_socket, ": ", reply.status().message()));
-  }
-  return DecodeResponse(*reply);
+  out.size = response->size;
+  return out;
 }
 
 absl::StatusOr<std::string> RandomBytes(size_t n) {

@@ -20,6 +20,12 @@
 // opened read-write and sealed against shrinking (F_SEAL_SHRINK): a file
 // that shrank under the daemon's mapping would make it fault (SIGBUS).
 //
+// The same socket hands out the descriptors of segments the daemon made for a
+// session (sealed memfds, ipc/shared_memory.h): a FetchRequestWire names the
+// session (with its token), the kind and id of the segment, and the answer
+// is a RegisterResponseWire with the descriptor attached. Each segment's
+// descriptor is handed out once.
+//
 // Everything here is stateless; both the SDK and the daemon link it.
 #ifndef GRADSYNC_IPC_FD_REGISTRATION_H_
 #define GRADSYNC_IPC_FD_REGISTRATION_H_
@@ -40,6 +46,7 @@ namespace gradsync::ipc {
 
 inline constexpr uint32_t kRegisterRequestMagic = 0x52444647;   // "GFDR"
 inline constexpr uint32_t kRegisterResponseMagic = 0x41444647;  // "GFDA"
+inline constexpr uint32_t kFetchRequestMagic = 0x46444647;      // "GFDF"
 inline constexpr uint16_t kFdProtocolVersion = 1;
 inline constexpr size_t kRegistrationTokenBytes = 16;
 inline constexpr size_t kMaxSessionIdBytes = 256;
@@ -64,6 +71,23 @@ struct RegisterResponseWire {
 };
 static_assert(sizeof(RegisterResponseWire) == 24, "RegisterResponseWire is 24 bytes on the wire");
 
+// What a fetch asks for.
+enum class SegmentKind : uint32_t {
+  kBuffer = 1,   // a buffer of AllocateBuffer (id: the buffer id)
+  kOpQueue = 2,  // the session's op queue of OpenOpQueue (id: 0)
+};
+
+struct FetchRequestWire {
+  uint32_t magic;           // kFetchRequestMagic
+  uint16_t version;         // kFdProtocolVersion
+  uint16_t session_id_len;  // bytes that follow this struct
+  uint8_t token[kRegistrationTokenBytes];
+  uint32_t kind;  // SegmentKind
+  uint32_t reserved;
+  uint64_t id;
+};
+static_assert(sizeof(FetchRequestWire) == 40, "FetchRequestWire is 40 bytes on the wire");
+
 struct RegisterRequest {
   std::string session_id;
   std::string token;  // kRegistrationTokenBytes bytes
@@ -77,9 +101,22 @@ struct RegisterResponse {
   uint64_t size = 0;
 };
 
+struct FetchRequest {
+  std::string session_id;
+  std::string token;  // kRegistrationTokenBytes bytes
+  SegmentKind kind = SegmentKind::kBuffer;
+  uint64_t id = 0;
+};
+
+// The magic number a request starts with (0 for fewer than 4 bytes): tells a
+// registration from a fetch.
+uint32_t RequestMagic(absl::string_view bytes);
 std::string EncodeRequest(const RegisterRequest& r);
 // InvalidArgument naming what is wrong (magic, version, lengths).
 absl::StatusOr<RegisterRequest> DecodeRequest(absl::string_view bytes);
+std::string EncodeFetchRequest(const FetchRequest& r);
+// InvalidArgument naming what is wrong (magic, version, lengths, kind).
+absl::StatusOr<FetchRequest> DecodeFetchRequest(absl::string_view bytes);
 std::string EncodeResponse(const RegisterResponse& r);
 absl::StatusOr<RegisterResponse> DecodeResponse(absl::string_view bytes);
 
@@ -112,6 +149,17 @@ absl::StatusOr<std::string> ReceiveMessage(int sock, size_t max_bytes, UniqueFd*
 absl::StatusOr<RegisterResponse> RegisterFd(const std::string& fd_socket,
                                             const RegisterRequest& request, int fd,
                                             absl::Time deadline);
+
+// A fetched segment: its descriptor and size.
+struct FetchedSegment {
+  UniqueFd fd;
+  uint64_t size = 0;
+};
+
+// The client's fetch: the daemon's refusal comes back as the status (its code
+// and message); an OK answer without a descriptor is DataLoss.
+absl::StatusOr<FetchedSegment> FetchSegment(const std::string& fd_socket,
+                                            const FetchRequest& request, absl::Time deadline);
 
 // `n` random bytes from the kernel (getrandom).
 absl::StatusOr<std::string> RandomBytes(size_t n);

@@ -4,6 +4,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cstddef>
 #include <cstring>
 #include <string>
 
@@ -50,6 +51,34 @@ TEST(FdRegistration, MalformedRequestsNameTheProblem) {
   expect(bad_version, "protocol version 9");
   expect(good + "x", "session id");                      // length disagrees
   expect(good.substr(0, sizeof(RegisterRequestWire)), "session id");  // empty id
+}
+
+TEST(FdRegistration, FetchRequestRoundTripsAndIsToldFromARegistration) {
+  FetchRequest in;
+  in.session_id = "node-1-42-7";
+  in.token = std::string(kRegistrationTokenBytes, '\x11');
+  in.kind = SegmentKind::kOpQueue;
+  in.id = 77;
+  const std::string bytes = EncodeFetchRequest(in);
+  EXPECT_EQ(RequestMagic(bytes), kFetchRequestMagic);
+  EXPECT_EQ(RequestMagic(EncodeRequest(SampleRequest())), kRegisterRequestMagic);
+  EXPECT_EQ(RequestMagic("ab"), 0u);
+  auto out = DecodeFetchRequest(bytes);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(out->session_id, in.session_id);
+  EXPECT_EQ(out->token, in.token);
+  EXPECT_EQ(out->kind, SegmentKind::kOpQueue);
+  EXPECT_EQ(out->id, 77u);
+  // A registration is not a fetch, and an unknown kind is named.
+  auto wrong = DecodeFetchRequest(EncodeRequest(SampleRequest()));
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_NE(wrong.status().message().find("fetch request with bad magic"), std::string::npos);
+  std::string bad_kind = bytes;
+  bad_kind[offsetof(FetchRequestWire, kind)] = 9;
+  auto unknown = DecodeFetchRequest(bad_kind);
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_NE(unknown.status().message().find("segment kind 9"), std::string::npos)
+      << unknown.status();
 }
 
 TEST(FdRegistration, ResponseCarriesTheDaemonsStatus) {
@@ -163,6 +192,26 @@ TEST(FdRegistration, ListensAndConnectsOnAnAbstractName) {
   // Nobody listens here.
   auto none = ParseUnixAddress("unix-abstract:gradsync-fd-test-nobody");
   EXPECT_EQ(ConnectSeqpacket(*none, deadline).status().code(), absl::StatusCode::kUnavailable);
+}
+
+// A socket file that a live process serves is not taken over (a second
+// daemon on the same path); one left by a process that is gone is replaced.
+TEST(FdRegistration, ListeningOnALiveSocketPathIsRefused) {
+  const std::string path = absl::StrCat("/tmp/gradsync-fdreg-", ::getpid(), ".sock");
+  auto address = ParseUnixAddress("unix:" + path);
+  ASSERT_TRUE(address.ok()) << address.status();
+  {
+    auto first = ListenSeqpacket(*address, 0660);
+    ASSERT_TRUE(first.ok()) << first.status();
+    auto second = ListenSeqpacket(*address, 0660);
+    ASSERT_FALSE(second.ok());
+    EXPECT_EQ(second.status().code(), absl::StatusCode::kAlreadyExists);
+    EXPECT_NE(second.status().message().find("another process serves"), std::string::npos)
+        << second.status();
+  }
+  auto after = ListenSeqpacket(*address, 0660);  // the file stayed; nobody serves it
+  EXPECT_TRUE(after.ok()) << after.status();
+  ::unlink(path.c_str());
 }
 
 TEST(FdRegistration, RandomBytesDiffer) {

@@ -16,7 +16,68 @@ namespace {
 
 std::string ErrnoText(int err) { return absl::StrCat(std::strerror(err), " (errno ", err, ")"); }
 
+// Maps `size` bytes of `fd` read-write after checking the file holds them.
+absl::StatusOr<void*> MapWhole(int fd, size_t size, const std::string& name) {
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    return absl::InternalError(absl::StrCat("fstat of '", name, "': ", ErrnoText(err)));
+  }
+  if (static_cast<uint64_t>(st.st_size) < size) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "shared-memory segment '", name, "' has ", st.st_size, " bytes, expected ", size));
+  }
+  void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) {
+    const int err = errno;
+    return absl::Status(absl::ErrnoToStatusCode(err),
+                        absl::StrCat("cannot map shared-memory segment '", name, "' (", size,
+                                     " bytes): ", ErrnoText(err)));
+  }
+  return p;
+}
+
 }  // namespace
+
+absl::StatusOr<UniqueFd> CreateSealedMemfd(const std::string& description, size_t size) {
+  UniqueFd fd(::memfd_create(description.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  if (!fd.valid()) {
+    const int err = errno;
+    return absl::Status(absl::ErrnoToStatusCode(err),
+                        absl::StrCat("memfd_create(", description, "): ", ErrnoText(err)));
+  }
+  if (::ftruncate(fd.get(), static_cast<off_t>(size)) != 0) {
+    const int err = errno;
+    return absl::ResourceExhaustedError(absl::StrCat("cannot size shared memory ", description,
+                                                     " to ", size, " bytes: ", ErrnoText(err)));
+  }
+  if (::fcntl(fd.get(), F_ADD_SEALS, kSegmentSeals) != 0) {
+    const int err = errno;
+    return absl::InternalError(
+        absl::StrCat("cannot seal shared memory ", description, ": ", ErrnoText(err)));
+  }
+  return fd;
+}
+
+absl::StatusOr<std::unique_ptr<SharedMemory>> SharedMemory::CreateSealed(
+    const std::string& description, size_t size) {
+  if (size == 0) return absl::InvalidArgumentError("shared memory of 0 bytes");
+  absl::StatusOr<UniqueFd> fd = CreateSealedMemfd(description, size);
+  if (!fd.ok()) return fd.status();
+  absl::StatusOr<void*> p = MapWhole(fd->get(), size, description);
+  if (!p.ok()) return p.status();
+  std::unique_ptr<SharedMemory> mem(new SharedMemory(description, *p, size, /*owner=*/false));
+  mem->fd_ = *std::move(fd);
+  return mem;
+}
+
+absl::StatusOr<std::unique_ptr<SharedMemory>> SharedMemory::MapFd(int fd, size_t size,
+                                                                  const std::string& description) {
+  if (size == 0) return absl::InvalidArgumentError("shared memory of 0 bytes");
+  absl::StatusOr<void*> p = MapWhole(fd, size, description);
+  if (!p.ok()) return p.status();
+  return std::unique_ptr<SharedMemory>(new SharedMemory(description, *p, size, /*owner=*/false));
+}
 
 absl::StatusOr<std::unique_ptr<SharedMemory>> SharedMemory::Create(const std::string& name,
                                                                    size_t size) {
@@ -55,26 +116,10 @@ absl::StatusOr<std::unique_ptr<SharedMemory>> SharedMemory::Open(const std::stri
                         absl::StrCat("cannot open shared-memory segment '", name,
                                      "': ", ErrnoText(err)));
   }
-  struct stat st;
-  if (::fstat(fd, &st) != 0) {
-    const int err = errno;
-    ::close(fd);
-    return absl::InternalError(absl::StrCat("fstat of '", name, "': ", ErrnoText(err)));
-  }
-  if (static_cast<uint64_t>(st.st_size) < size) {
-    ::close(fd);
-    return absl::FailedPreconditionError(absl::StrCat(
-        "shared-memory segment '", name, "' has ", st.st_size, " bytes, expected ", size));
-  }
-  void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  const int err = errno;
+  absl::StatusOr<void*> p = MapWhole(fd, size, name);
   ::close(fd);
-  if (p == MAP_FAILED) {
-    return absl::Status(absl::ErrnoToStatusCode(err),
-                        absl::StrCat("cannot map shared-memory segment '", name, "' (", size,
-                                     " bytes): ", ErrnoText(err)));
-  }
-  return std::unique_ptr<SharedMemory>(new SharedMemory(name, p, size, /*owner=*/false));
+  if (!p.ok()) return p.status();
+  return std::unique_ptr<SharedMemory>(new SharedMemory(name, *p, size, /*owner=*/false));
 }
 
 absl::StatusOr<std::unique_ptr<SharedMemory>> SharedMemory::Anonymous(size_t size) {

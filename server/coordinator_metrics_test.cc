@@ -33,14 +33,7 @@ using job_registry_testing::FakeClock;
 
 v1::JoinJobRequest JoinRequest(const std::string& job, const std::string& member,
                                int64_t timeout_ms = 5000) {
-  v1::JoinJobRequest req;
-  req.set_job_id(job);
-  req.set_member_id(member);
-  req.set_requested_rank(-1);
-  req.mutable_data_endpoint()->set_host("127.0.0.1");
-  req.mutable_data_endpoint()->set_port(5000);
-  req.set_timeout_ms(timeout_ms);
-  return req;
+  return job_registry_testing::JoinRequest(job, member, -1, 5000, timeout_ms);
 }
 
 TEST(CoordinatorMetrics, EverySeriesIsExportedFromTheStart) {
@@ -105,6 +98,7 @@ TEST(CoordinatorMetrics, FollowTheRegistryThroughFormingRunningAndDeath) {
   beat.set_job_id("train");
   beat.set_epoch(b->epoch());
   beat.set_member_id("b");
+  beat.set_member_key(job_registry_testing::MemberKey("b"));
   clock.Advance(absl::Milliseconds(600));
   ASSERT_TRUE(registry.Heartbeat(beat).ok());
   clock.Advance(absl::Milliseconds(600));

@@ -21,6 +21,8 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
+#include "server/job_registry_testing.h"
+
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -73,36 +75,21 @@ class CoordinatorServiceTest : public ::testing::Test {
       ctx = &local;
       ctx->set_deadline(In(absl::Seconds(10)));
     }
-    v1::JoinJobRequest req;
-    req.set_job_id(job);
-    req.set_member_id(member);
-    req.set_requested_rank(rank);
-    req.mutable_data_endpoint()->set_host("127.0.0.1");
-    req.mutable_data_endpoint()->set_port(port);
-    req.set_timeout_ms(timeout_ms);
-    return stub_->JoinJob(ctx, req, resp);
+    return stub_->JoinJob(ctx, job_registry_testing::JoinRequest(job, member, rank, port, timeout_ms),
+                          resp);
   }
 
   grpc::Status Heartbeat(const std::string& job, int rank, int64_t epoch,
                          const std::string& member, v1::HeartbeatResponse* resp) {
     grpc::ClientContext ctx;
-    v1::HeartbeatRequest req;
-    req.set_job_id(job);
-    req.set_rank(rank);
-    req.set_epoch(epoch);
-    req.set_member_id(member);
-    return stub_->Heartbeat(&ctx, req, resp);
+    return stub_->Heartbeat(&ctx, job_registry_testing::HeartbeatRequest(job, rank, epoch, member),
+                            resp);
   }
 
   grpc::Status Leave(const std::string& job, int rank, int64_t epoch, const std::string& member) {
     grpc::ClientContext ctx;
-    v1::LeaveJobRequest req;
-    req.set_job_id(job);
-    req.set_rank(rank);
-    req.set_epoch(epoch);
-    req.set_member_id(member);
     v1::LeaveJobResponse resp;
-    return stub_->LeaveJob(&ctx, req, &resp);
+    return stub_->LeaveJob(&ctx, job_registry_testing::LeaveRequest(job, rank, epoch, member), &resp);
   }
 
   grpc::Status Status(const std::string& job, v1::JobStatus* st) {
@@ -502,6 +489,7 @@ TEST(CoordinatorBinaryTest, ServesOnPortFileAndExitsZeroOnSigterm) {
     v1::JoinJobRequest jreq;
     jreq.set_job_id("bin-job");
     jreq.set_member_id("lonely");
+    jreq.set_member_key(job_registry_testing::MemberKey("lonely"));
     jreq.set_requested_rank(-1);
     jreq.set_timeout_ms(10000);
     v1::JoinJobResponse jresp;

@@ -26,7 +26,14 @@ absl::StatusOr<v1::HeartbeatResponse> JobRegistry::Heartbeat(const v1::Heartbeat
     return absl::NotFoundError(absl::StrCat("job '", request.job_id(), "' does not exist"));
   }
   if (request.epoch() == job->epoch) {
-    MemberState* m = job->FindMember(request.member_id(), request.rank());
+    bool wrong_key = false;
+    MemberState* m =
+        job->FindMemberWithKey(request.member_id(), request.rank(), request.member_key(), &wrong_key);
+    if (wrong_key) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "heartbeat for rank ", request.rank(), " of job '", job->id, "' epoch ", job->epoch,
+          " does not carry that member's key"));
+    }
     if (m != nullptr && m->alive && !m->left) m->last_heartbeat = Now();
   }
   v1::HeartbeatResponse response;
@@ -65,7 +72,14 @@ absl::Status JobRegistry::LeaveJob(const v1::LeaveJobRequest& request) {
   if (shutdown_) return absl::UnavailableError("coordinator is shutting down");
   Job* job = FindJobLocked(request.job_id());
   if (job == nullptr || request.epoch() != job->epoch) return absl::OkStatus();
-  MemberState* m = job->FindMember(request.member_id(), request.rank());
+  bool wrong_key = false;
+  MemberState* m =
+      job->FindMemberWithKey(request.member_id(), request.rank(), request.member_key(), &wrong_key);
+  if (wrong_key) {
+    return absl::PermissionDeniedError(absl::StrCat("leave of rank ", request.rank(), " of job '",
+                                                    job->id, "' epoch ", job->epoch,
+                                                    " does not carry that member's key"));
+  }
   if (m == nullptr || m->left || !m->alive) return absl::OkStatus();
   const int rank = job->RankOf(m);
   if (job->state == v1::JOB_STATE_FORMING) {

@@ -1,4 +1,6 @@
 #include "server/job_registry.h"
+
+#include "common/status_macros.h"
 #include "server/job_registry_state.h"
 
 #include <algorithm>
@@ -412,6 +414,14 @@ absl::StatusOr<v1::JoinJobResponse> JobRegistry::JoinJob(const v1::JoinJobReques
         absl::StrCat("join of job '", request.job_id(), "': member_id must be 1..",
                      kMaxMemberIdLength, " characters (got ", member_id.size(), ")"));
   }
+  if (request.member_key().size() < kMinMemberKeyBytes ||
+      request.member_key().size() > kMaxMemberKeyBytes) {
+    observer().OnJoinFinished(JobRegistryObserver::JoinResult::kError);
+    return absl::InvalidArgumentError(absl::StrCat(
+        "join of job '", request.job_id(), "' by member '", member_id, "': member_key must be ",
+        kMinMemberKeyBytes, "..", kMaxMemberKeyBytes, " bytes (got ", request.member_key().size(),
+        ")"));
+  }
   if (request.data_endpoint().port() < 0 || request.data_endpoint().port() > 65535 ||
       request.data_endpoint().host().size() > 255) {
     observer().OnJoinFinished(JobRegistryObserver::JoinResult::kError);
@@ -430,6 +440,18 @@ absl::StatusOr<v1::JoinJobResponse> JobRegistry::JoinJob(const v1::JoinJobReques
   response.set_rank(rank);
   return response;
 }
+
+namespace {
+// A join for a member that exists is a retry only with the key it joined
+// with: member ids are public (status, events), keys are not.
+absl::Status CheckRetryKey(const std::string& job_id, int64_t epoch, const MemberState& m,
+                           const v1::JoinJobRequest& request) {
+  if (registry_internal::KeysEqual(m.key, request.member_key())) return absl::OkStatus();
+  return absl::PermissionDeniedError(absl::StrCat(
+      "member '", m.member_id, "' of job '", job_id, "' epoch ", epoch,
+      " joined with another member key; a retried join must come from the daemon that joined it"));
+}
+}  // namespace
 
 absl::StatusOr<std::shared_ptr<const v1::JoinJobResponse>> JobRegistry::JoinAndWait(
     const v1::JoinJobRequest& request, const WaitControl& wait, absl::Time deadline,
@@ -458,6 +480,7 @@ absl::StatusOr<std::shared_ptr<const v1::JoinJobResponse>> JobRegistry::JoinAndW
           job->world_size, " ranks; member '", member_id,
           "' can join only after the epoch is aborted"));
     }
+    RETURN_IF_ERROR(CheckRetryKey(job->id, job->epoch, *job->members[it->second], request));
     if (requested >= 0 && requested != it->second) {
       return absl::AlreadyExistsError(absl::StrCat("member '", member_id, "' already holds rank ",
                                                    it->second, " of job '", job->id, "' epoch ",
@@ -472,6 +495,7 @@ absl::StatusOr<std::shared_ptr<const v1::JoinJobResponse>> JobRegistry::JoinAndW
   int rank;
   if (auto it = job->rank_of.find(member_id); it != job->rank_of.end()) {
     rank = it->second;
+    RETURN_IF_ERROR(CheckRetryKey(job->id, job->epoch, *job->members[rank], request));
     if (requested >= 0 && requested != rank) {
       return absl::AlreadyExistsError(absl::StrCat("member '", member_id, "' already holds rank ",
                                                    rank, " of job '", job->id, "' epoch ",
@@ -498,6 +522,7 @@ absl::StatusOr<std::shared_ptr<const v1::JoinJobResponse>> JobRegistry::JoinAndW
     }
     MemberState m;
     m.member_id = member_id;
+    m.key = request.member_key();
     m.endpoint = request.data_endpoint();
     m.status_endpoint = request.status_endpoint().substr(0, 300);
     m.last_heartbeat = Now();

@@ -48,6 +48,9 @@ namespace gradsync {
 inline constexpr int kMaxWorldSize = 4096;
 inline constexpr std::size_t kMaxJobIdLength = 128;
 inline constexpr std::size_t kMaxMemberIdLength = 256;
+// JoinJobRequest.member_key: the member's secret.
+inline constexpr std::size_t kMinMemberKeyBytes = 16;
+inline constexpr std::size_t kMaxMemberKeyBytes = 64;
 inline constexpr std::size_t kMaxJobs = 10000;
 // Limits of a job's options (0 keeps meaning "the coordinator's default").
 inline constexpr int64_t kMinHeartbeatTimeoutMs = 100;
@@ -140,7 +143,10 @@ class JobRegistry {
   // same member_id gets the same rank (also after the rendezvous completed).
   // requested_rank -1 takes the lowest free rank.
   //   NOT_FOUND: no such job.
-  //   INVALID_ARGUMENT: empty/oversized member_id, rank out of range, bad port.
+  //   INVALID_ARGUMENT: empty/oversized member_id, a member_key outside
+  //     kMinMemberKeyBytes..kMaxMemberKeyBytes, rank out of range, bad port.
+  //   PERMISSION_DENIED: a join for a member that exists with another key
+  //     (a retry must come from the daemon that joined it).
   //   ALREADY_EXISTS: the requested rank is held by another member, or this
   //     member already holds a different rank.
   //   FAILED_PRECONDITION: the epoch is RUNNING and this is a new member.
@@ -156,13 +162,15 @@ class JobRegistry {
   // Records a heartbeat if request.epoch is the job's current epoch and the
   // member (by member_id, or by rank when member_id is empty) is alive. Always
   // returns the job's state, epoch, abort_reason and dead_ranks.
-  // NOT_FOUND: no such job.
+  // NOT_FOUND: no such job. PERMISSION_DENIED: the member's key differs
+  // (nothing recorded).
   absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& request);
 
   // Graceful exit of a member (by member_id, or by rank when it is empty).
   // FORMING: the member is removed. RUNNING: the epoch is aborted ("rank r
   // (member 'x') left the job"). Idempotent: unknown job, stale epoch or
-  // unknown member are OK.
+  // unknown member are OK. PERMISSION_DENIED: the member's key differs
+  // (nothing changes).
   absl::Status LeaveJob(const v1::LeaveJobRequest& request);
 
   // NOT_FOUND: no such job. INVALID_ARGUMENT: empty id.

@@ -312,6 +312,7 @@ TEST(JobRegistryThreadTest, BackgroundThreadDetectsDeathWithRealClock) {
   v1::JoinJobRequest join;
   join.set_job_id("j");
   join.set_member_id("solo");
+  join.set_member_key(job_registry_testing::MemberKey("solo"));
   join.set_requested_rank(-1);
   auto r = registry.JoinJob(join, {});
   ASSERT_TRUE(r.ok()) << r.status();
@@ -333,6 +334,7 @@ TEST(FormatTest, LongRankListsAreCompressed) {
   v1::JoinJobRequest join;
   join.set_job_id("big");
   join.set_member_id("m");
+  join.set_member_key(job_registry_testing::MemberKey("m"));
   join.set_requested_rank(50);
   join.set_timeout_ms(1);
   auto r = registry.JoinJob(join, {});

@@ -4,6 +4,7 @@
 #ifndef GRADSYNC_SERVER_JOB_REGISTRY_STATE_H_
 #define GRADSYNC_SERVER_JOB_REGISTRY_STATE_H_
 
+#include <algorithm>
 #include <deque>
 #include <memory>
 #include <optional>
@@ -39,8 +40,18 @@ inline std::string DescribeMember(int rank, const std::string& member_id, const 
 inline std::string Seconds(int64_t ms) { return absl::StrFormat("%.1f s", ms / 1000.0); }
 
 
+// Compares member keys in time independent of where they differ.
+inline bool KeysEqual(const std::string& a, const std::string& b) {
+  unsigned char diff = a.size() == b.size() ? 0 : 1;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+    diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  }
+  return diff == 0;
+}
+
 struct MemberState {
   std::string member_id;
+  std::string key;  // JoinJobRequest.member_key: proves the member; never shown
   v1::Endpoint endpoint;
   std::string status_endpoint;
   bool alive = true;   // false once declared dead
@@ -122,6 +133,14 @@ struct JobRegistry::Job {
     }
     if (rank < 0 || rank >= world_size || !members[rank].has_value()) return nullptr;
     return &*members[rank];
+  }
+  // The member a heartbeat or leave names whose key is `key`; null if none.
+  // *wrong_key: a member was found but the key differs.
+  registry_internal::MemberState* FindMemberWithKey(const std::string& member_id, int rank,
+                                                    const std::string& key, bool* wrong_key) {
+    registry_internal::MemberState* m = FindMember(member_id, rank);
+    *wrong_key = m != nullptr && !registry_internal::KeysEqual(m->key, key);
+    return *wrong_key ? nullptr : m;
   }
   int RankOf(const registry_internal::MemberState* m) const {
     return rank_of.at(m->member_id);

@@ -236,7 +236,7 @@ TEST_F(JobRegistryTest, CancelledJoinReturnsCancelledAndLeaves) {
   JobRegistry::WaitControl wait;
   wait.is_cancelled = [&] { return cancel.load(); };
   absl::StatusOr<v1::JoinJobResponse> r = absl::UnknownError("not run");
-  std::thread t([&] { r = registry_.JoinJob(JoinRequest("j", "a", -1, 5000), wait); });
+  std::thread t([&] { r = registry_.JoinJob(job_registry_testing::JoinRequest("j", "a", -1, 5000), wait); });
   AwaitJoined("j", 1);
   cancel = true;
   t.join();

@@ -101,6 +101,48 @@ class CountingObserver : public JobRegistryObserver {
   int aborts_[2] ABSL_GUARDED_BY(mu_) = {};
 };
 
+
+// The member key a test gives `member` (16..64 bytes, derived from its id).
+inline std::string MemberKey(const std::string& member) {
+  return absl::StrCat("test-member-key:", member).substr(0, 64);
+}
+
+// Requests as a daemon sends them for `member`, with its key.
+inline v1::JoinJobRequest JoinRequest(const std::string& job, const std::string& member, int rank,
+                                      int port, int64_t timeout_ms = 5000) {
+  v1::JoinJobRequest req;
+  req.set_job_id(job);
+  req.set_member_id(member);
+  req.set_member_key(MemberKey(member));
+  req.set_requested_rank(rank);
+  req.mutable_data_endpoint()->set_host("127.0.0.1");
+  req.mutable_data_endpoint()->set_port(port);
+  req.set_timeout_ms(timeout_ms);
+  return req;
+}
+
+inline v1::HeartbeatRequest HeartbeatRequest(const std::string& job, int rank, int64_t epoch,
+                                             const std::string& member) {
+  v1::HeartbeatRequest req;
+  req.set_job_id(job);
+  req.set_rank(rank);
+  req.set_epoch(epoch);
+  req.set_member_id(member);
+  req.set_member_key(MemberKey(member));
+  return req;
+}
+
+inline v1::LeaveJobRequest LeaveRequest(const std::string& job, int rank, int64_t epoch,
+                                        const std::string& member) {
+  v1::LeaveJobRequest req;
+  req.set_job_id(job);
+  req.set_rank(rank);
+  req.set_epoch(epoch);
+  req.set_member_id(member);
+  req.set_member_key(MemberKey(member));
+  return req;
+}
+
 class JobRegistryTest : public ::testing::Test {
  protected:
   JobRegistryTest() : registry_(MakeOptions(&clock_, &observer_)) {}
@@ -139,18 +181,6 @@ class JobRegistryTest : public ::testing::Test {
     ASSERT_TRUE(registry_.CreateJob(req).ok());
   }
 
-  static v1::JoinJobRequest JoinRequest(const std::string& job, const std::string& member,
-                                        int rank, int port, int64_t timeout_ms = 5000) {
-    v1::JoinJobRequest req;
-    req.set_job_id(job);
-    req.set_member_id(member);
-    req.set_requested_rank(rank);
-    req.mutable_data_endpoint()->set_host("127.0.0.1");
-    req.mutable_data_endpoint()->set_port(port);
-    req.set_timeout_ms(timeout_ms);
-    return req;
-  }
-
   absl::StatusOr<v1::JoinJobResponse> Join(const std::string& job, const std::string& member,
                                            int rank, int port, int64_t timeout_ms = 5000) {
     return registry_.JoinJob(JoinRequest(job, member, rank, port, timeout_ms), {});
@@ -187,21 +217,11 @@ class JobRegistryTest : public ::testing::Test {
 
   absl::StatusOr<v1::HeartbeatResponse> Beat(const std::string& job, int rank, int64_t epoch,
                                              const std::string& member) {
-    v1::HeartbeatRequest req;
-    req.set_job_id(job);
-    req.set_rank(rank);
-    req.set_epoch(epoch);
-    req.set_member_id(member);
-    return registry_.Heartbeat(req);
+    return registry_.Heartbeat(HeartbeatRequest(job, rank, epoch, member));
   }
 
   absl::Status Leave(const std::string& job, int rank, int64_t epoch, const std::string& member) {
-    v1::LeaveJobRequest req;
-    req.set_job_id(job);
-    req.set_rank(rank);
-    req.set_epoch(epoch);
-    req.set_member_id(member);
-    return registry_.LeaveJob(req);
+    return registry_.LeaveJob(LeaveRequest(job, rank, epoch, member));
   }
 
   FakeClock clock_;

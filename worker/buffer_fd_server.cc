@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <poll.h>
 #include <sys/eventfd.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "absl/strings/match.h"
@@ -21,6 +22,7 @@ std::string BufferFdServer::DefaultAddress(const std::string& listen) {
 
 absl::StatusOr<std::unique_ptr<BufferFdServer>> BufferFdServer::Start(const std::string& address,
                                                                        Handler handler,
+                                                                       FetchHandler fetch,
                                                                        DaemonObserver* observer) {
   absl::StatusOr<ipc::UnixAddress> parsed = ipc::ParseUnixAddress(address);
   if (!parsed.ok()) return parsed.status();
@@ -29,23 +31,33 @@ absl::StatusOr<std::unique_ptr<BufferFdServer>> BufferFdServer::Start(const std:
   UniqueFd wake(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!wake.valid()) return absl::InternalError(absl::StrCat("eventfd: ", ErrnoString(errno)));
   return std::unique_ptr<BufferFdServer>(new BufferFdServer(
-      std::move(*parsed), std::move(*listener), std::move(wake), std::move(handler), observer));
+      std::move(*parsed), std::move(*listener), std::move(wake), std::move(handler),
+      std::move(fetch), observer));
 }
 
 BufferFdServer::BufferFdServer(ipc::UnixAddress address, UniqueFd listener, UniqueFd wake,
-                               Handler handler, DaemonObserver* observer)
+                               Handler handler, FetchHandler fetch, DaemonObserver* observer)
     : address_(std::move(address)),
       listener_(std::move(listener)),
       wake_(std::move(wake)),
       handler_(std::move(handler)),
+      fetch_(std::move(fetch)),
       observer_(observer),
-      thread_([this] { Loop(); }) {}
+      thread_([this] { Loop(); }) {
+  struct stat st;
+  if (!address_.abstract && ::stat(address_.path.c_str(), &st) == 0) inode_ = st.st_ino;
+}
 
 BufferFdServer::~BufferFdServer() {
   const uint64_t one = 1;
   if (::write(wake_.get(), &one, sizeof(one)) < 0) GS_LOG(WARNING) << "fd socket: cannot wake";
   thread_.join();
-  if (!address_.abstract) ::unlink(address_.path.c_str());
+  // Only the socket file this server made: a daemon started on the same
+  // path after this one began to stop has its own.
+  struct stat st;
+  if (!address_.abstract && ::stat(address_.path.c_str(), &st) == 0 && st.st_ino == inode_) {
+    ::unlink(address_.path.c_str());
+  }
 }
 
 void BufferFdServer::Loop() {
@@ -69,17 +81,46 @@ void BufferFdServer::Loop() {
   }
 }
 
+namespace {
+
+std::string Who(const ucred& peer) { return absl::StrCat("pid ", peer.pid, " uid ", peer.uid); }
+
+void Answer(int conn, const ipc::RegisterResponse& response, int fd) {
+  // Best effort: a client that went away does not need the answer.
+  ipc::SendMessage(conn, ipc::EncodeResponse(response), fd,
+                   absl::Now() + BufferFdServer::kRequestTimeout)
+      .IgnoreError();
+}
+
+}  // namespace
+
 void BufferFdServer::Serve(int conn) {
   ucred peer{};
   socklen_t len = sizeof(peer);
   if (::getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &peer, &len) != 0) peer.pid = 0;
   const absl::Time deadline = absl::Now() + kRequestTimeout;
   UniqueFd fd;
-  ipc::RegisterResponse response;
   absl::StatusOr<std::string> bytes = ipc::ReceiveMessage(
       conn, sizeof(ipc::RegisterRequestWire) + ipc::kMaxSessionIdBytes, &fd, deadline);
-  absl::StatusOr<ipc::RegisterRequest> request =
-      bytes.ok() ? ipc::DecodeRequest(*bytes) : absl::StatusOr<ipc::RegisterRequest>(bytes.status());
+  if (bytes.ok() && ipc::RequestMagic(*bytes) == ipc::kFetchRequestMagic) {
+    ServeFetch(conn, *bytes, fd.valid(), peer);
+    return;
+  }
+  if (!bytes.ok()) {
+    ipc::RegisterResponse response;
+    response.status = bytes.status();
+    if (observer_ != nullptr) observer_->OnFdRegistration(response.status.code());
+    GS_LOG(WARNING) << "fd socket: no request from " << Who(peer) << ": " << response.status;
+    if (bytes.status().code() != absl::StatusCode::kUnavailable) Answer(conn, response, -1);
+    return;
+  }
+  ServeRegistration(conn, *bytes, std::move(fd), peer);
+}
+
+void BufferFdServer::ServeRegistration(int conn, absl::string_view bytes, UniqueFd fd,
+                                       const ucred& peer) {
+  ipc::RegisterResponse response;
+  absl::StatusOr<ipc::RegisterRequest> request = ipc::DecodeRequest(bytes);
   if (!request.ok()) {
     response.status = request.status();
   } else if (!fd.valid()) {
@@ -94,19 +135,48 @@ void BufferFdServer::Serve(int conn) {
     }
   }
   if (observer_ != nullptr) observer_->OnFdRegistration(response.status.code());
-  const std::string who = absl::StrCat("pid ", peer.pid, " uid ", peer.uid);
   if (response.status.ok()) {
-    GS_LOG(DEBUG) << "fd socket: " << who << " registered buffer " << response.buffer_id << " ("
-                  << response.size << " bytes) in session " << request->session_id;
+    GS_LOG(DEBUG) << "fd socket: " << Who(peer) << " registered buffer " << response.buffer_id
+                  << " (" << response.size << " bytes) in session " << request->session_id;
   } else {
-    GS_LOG(WARNING) << "fd socket: refused a registration from " << who << ": "
+    GS_LOG(WARNING) << "fd socket: refused a registration from " << Who(peer) << ": "
                     << response.status;
   }
-  if (bytes.ok() || bytes.status().code() != absl::StatusCode::kUnavailable) {
-    // Best effort: a client that went away does not need the answer.
-    ipc::SendMessage(conn, ipc::EncodeResponse(response), -1, absl::Now() + kRequestTimeout)
-        .IgnoreError();
+  Answer(conn, response, -1);
+}
+
+void BufferFdServer::ServeFetch(int conn, absl::string_view bytes, bool carried_fd,
+                                const ucred& peer) {
+  ipc::RegisterResponse response;
+  ipc::FetchedSegment segment;
+  absl::StatusOr<ipc::FetchRequest> request = ipc::DecodeFetchRequest(bytes);
+  if (!request.ok()) {
+    response.status = request.status();
+  } else if (carried_fd) {
+    response.status = absl::InvalidArgumentError("a fetch request must not carry a descriptor");
+  } else if (fetch_ == nullptr) {
+    response.status = absl::UnimplementedError("this fd socket hands out no segments");
+  } else {
+    absl::StatusOr<ipc::FetchedSegment> fetched = fetch_(*request, peer);
+    if (fetched.ok()) {
+      segment = *std::move(fetched);
+      response.buffer_id = request->id;
+      response.size = segment.size;
+    } else {
+      response.status = fetched.status();
+    }
   }
+  if (observer_ != nullptr) observer_->OnFdFetch(response.status.code());
+  if (response.status.ok()) {
+    GS_LOG(DEBUG) << "fd socket: handed " << Who(peer) << " the "
+                  << (request->kind == ipc::SegmentKind::kBuffer
+                          ? absl::StrCat("buffer ", request->id)
+                          : std::string("op queue"))
+                  << " of session " << request->session_id;
+  } else {
+    GS_LOG(WARNING) << "fd socket: refused a fetch from " << Who(peer) << ": " << response.status;
+  }
+  Answer(conn, response, segment.fd.get());
 }
 
 }  // namespace gradsync

@@ -1,5 +1,7 @@
 // gradsyncd's fd socket: where local clients register memory they already
-// hold by passing its file descriptor (ipc/fd_registration.h).
+// hold by passing its file descriptor, and fetch the descriptors of the
+// sealed segments (buffers, op queue) the daemon made for their session
+// (ipc/fd_registration.h).
 //
 // One thread serves the socket, one connection at a time: a registration is
 // one message each way, and a connection that has not sent its request
@@ -10,6 +12,7 @@
 #define GRADSYNC_WORKER_BUFFER_FD_SERVER_H_
 
 #include <sys/socket.h>
+#include <sys/types.h>
 
 #include <functional>
 #include <memory>
@@ -30,12 +33,17 @@ class BufferFdServer {
   // Registers the memory behind `fd` for the request's session.
   using Handler = std::function<absl::StatusOr<BufferInfo>(const ipc::RegisterRequest& request,
                                                            int fd, const ucred& peer)>;
+  // Hands out the descriptor of the segment a fetch names.
+  using FetchHandler =
+      std::function<absl::StatusOr<ipc::FetchedSegment>(const ipc::FetchRequest& request,
+                                                        const ucred& peer)>;
   static constexpr absl::Duration kRequestTimeout = absl::Seconds(1);
 
   // Listens on `address` ("unix:PATH", mode 0660, or "unix-abstract:NAME").
   // `observer` (may be null; outlives the server) hears every result.
   static absl::StatusOr<std::unique_ptr<BufferFdServer>> Start(const std::string& address,
                                                                Handler handler,
+                                                               FetchHandler fetch,
                                                                DaemonObserver* observer);
   ~BufferFdServer();  // stops the thread, removes a path socket
 
@@ -48,15 +56,19 @@ class BufferFdServer {
 
  private:
   BufferFdServer(ipc::UnixAddress address, UniqueFd listener, UniqueFd wake, Handler handler,
-                 DaemonObserver* observer);
+                 FetchHandler fetch, DaemonObserver* observer);
   void Loop();
   void Serve(int conn);
+  void ServeRegistration(int conn, absl::string_view bytes, UniqueFd fd, const ucred& peer);
+  void ServeFetch(int conn, absl::string_view bytes, bool carried_fd, const ucred& peer);
 
   const ipc::UnixAddress address_;
   const UniqueFd listener_;
   const UniqueFd wake_;  // eventfd: stop
   const Handler handler_;
+  const FetchHandler fetch_;
   DaemonObserver* const observer_;
+  ino_t inode_ = 0;  // of the socket file bound at a path
   std::thread thread_;
 };
 

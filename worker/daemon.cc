@@ -1,5 +1,7 @@
 #include "worker/daemon.h"
 
+#include "common/status_macros.h"
+
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
@@ -16,6 +18,9 @@
 
 namespace gradsync {
 namespace {
+
+// Bytes of a member's key at the coordinator (JoinJobRequest.member_key).
+constexpr size_t kMemberKeyBytes = 16;
 
 std::unique_ptr<grpc::ClientContext> RpcContext(absl::Duration timeout) {
   auto ctx = std::make_unique<grpc::ClientContext>();
@@ -109,9 +114,14 @@ absl::StatusOr<std::shared_ptr<Session>> Daemon::OpenSession(const OpenSessionAr
                                                ": create job '", args.job_id, "': ", s.message()));
   }
 
+  // The member's secret at the coordinator: its id is public, the key proves
+  // this daemon's heartbeats, retries and leave.
+  absl::StatusOr<std::string> member_key = ipc::RandomBytes(kMemberKeyBytes);
+  if (!member_key.ok()) return member_key.status();
   v1::JoinJobRequest jreq;
   jreq.set_job_id(args.job_id);
   jreq.set_member_id(session_id);
+  jreq.set_member_key(*member_key);
   jreq.set_requested_rank(args.rank);
   jreq.mutable_data_endpoint()->set_host(options_.advertise_host);
   jreq.mutable_data_endpoint()->set_port(listener_->port());
@@ -129,6 +139,7 @@ absl::StatusOr<std::shared_ptr<Session>> Daemon::OpenSession(const OpenSessionAr
   info.session_id = session_id;
   info.job_id = args.job_id;
   info.member_id = session_id;
+  info.member_key = *std::move(member_key);
   info.rank = jresp.rank();
   info.world_size = jresp.world_size();
   info.epoch = jresp.epoch();
@@ -228,28 +239,34 @@ absl::StatusOr<std::shared_ptr<Session>> Daemon::FindSession(const std::string& 
   return it->second;
 }
 
-absl::StatusOr<BufferInfo> Daemon::RegisterFdBuffer(const ipc::RegisterRequest& request, int fd,
-                                                    const ucred& peer) {
+absl::StatusOr<std::shared_ptr<Session>> Daemon::AuthorizeFdRequest(const std::string& session_id,
+                                                                    const std::string& token) {
   std::shared_ptr<Session> session;
   {
     absl::MutexLock l(&mu_);
-    auto it = sessions_.find(request.session_id);
+    auto it = sessions_.find(session_id);
     if (it != sessions_.end()) session = it->second;
   }
   // One answer for an unknown session and a wrong token: the fd socket does
   // not tell which session ids exist. The token comparison takes the same
   // time whatever the bytes.
-  const std::string& want = session != nullptr ? session->info().registration_token : request.token;
-  unsigned char diff = session == nullptr || want.size() != request.token.size() ? 1 : 0;
-  for (size_t i = 0; i < std::min(want.size(), request.token.size()); ++i) {
-    diff |= static_cast<unsigned char>(want[i] ^ request.token[i]);
+  const std::string& want = session != nullptr ? session->info().registration_token : token;
+  unsigned char diff = session == nullptr || want.size() != token.size() ? 1 : 0;
+  for (size_t i = 0; i < std::min(want.size(), token.size()); ++i) {
+    diff |= static_cast<unsigned char>(want[i] ^ token[i]);
   }
   if (diff != 0) {
-    return absl::PermissionDeniedError(
-        absl::StrCat("no session '", request.session_id,
-                     "' on this daemon with that registration token"));
+    return absl::PermissionDeniedError(absl::StrCat(
+        "no session '", session_id, "' on this daemon with that registration token"));
   }
   session->Touch();
+  return session;
+}
+
+absl::StatusOr<BufferInfo> Daemon::RegisterFdBuffer(const ipc::RegisterRequest& request, int fd,
+                                                    const ucred& peer) {
+  ASSIGN_OR_RETURN(std::shared_ptr<Session> session,
+                   AuthorizeFdRequest(request.session_id, request.token));
   return session->RegisterBuffer(fd, request.offset, request.size,
                                  absl::StrCat("fd of pid ", peer.pid, " (uid ", peer.uid, ")"));
 }
@@ -377,6 +394,7 @@ void Daemon::LeaveJob(const SessionInfo& info) {
   req.set_rank(info.rank);
   req.set_epoch(info.epoch);
   req.set_member_id(info.member_id);
+  req.set_member_key(info.member_key);
   v1::LeaveJobResponse resp;
   auto rpc = RpcContext(absl::Seconds(2));
   grpc::Status s = coordinator_->LeaveJob(rpc.get(), req, &resp);
@@ -417,6 +435,7 @@ void Daemon::HeartbeatLoop() {
       req.set_rank(info.rank);
       req.set_epoch(info.epoch);
       req.set_member_id(info.member_id);
+      req.set_member_key(info.member_key);
       v1::HeartbeatResponse resp;
       auto rpc = RpcContext(options_.heartbeat_interval * 2);
       grpc::Status st = coordinator_->Heartbeat(rpc.get(), req, &resp);

@@ -81,6 +81,10 @@ class Daemon {
   // request's token proves the session. PermissionDenied otherwise.
   absl::StatusOr<BufferInfo> RegisterFdBuffer(const ipc::RegisterRequest& request, int fd,
                                               const ucred& peer);
+  // The session `session_id` if `token` is its registration token;
+  // PermissionDenied (one answer for an unknown session and a wrong token).
+  absl::StatusOr<std::shared_ptr<Session>> AuthorizeFdRequest(const std::string& session_id,
+                                                              const std::string& token);
   // Closes the session and leaves the job. Idempotent for a known id.
   absl::Status CloseSession(const std::string& id);
   // Graceful stop, first half: refuses new sessions and ops (Unavailable

@@ -348,11 +348,26 @@ void DaemonMetrics::OnEpochFailed(const std::string& cause) {
 
 void DaemonMetrics::OnHeartbeatFailed() { heartbeat_failures_->Increment(); }
 
+namespace {
+std::string ResultLabel(absl::StatusCode code) {
+  return code == absl::StatusCode::kOk ? "ok"
+                                       : absl::AsciiStrToLower(absl::StatusCodeToString(code));
+}
+}  // namespace
+
 void DaemonMetrics::OnFdRegistration(absl::StatusCode code) {
-  const std::string result =
-      code == absl::StatusCode::kOk ? "ok" : absl::AsciiStrToLower(absl::StatusCodeToString(code));
   if (auto* c = Counter("gradsync_daemon_fd_registrations_total",
-                        "Memory registrations on the fd socket, by result", {{"result", result}})) {
+                        "Memory registrations on the fd socket, by result",
+                        {{"result", ResultLabel(code)}})) {
+    c->Increment();
+  }
+}
+
+void DaemonMetrics::OnFdFetch(absl::StatusCode code) {
+  if (auto* c = Counter("gradsync_daemon_fd_fetches_total",
+                        "Descriptors of daemon-made segments (buffers, op queues) handed to "
+                        "clients on the fd socket, by result",
+                        {{"result", ResultLabel(code)}})) {
     c->Increment();
   }
 }

@@ -32,6 +32,7 @@ class DaemonMetrics final : public DaemonObserver {
   void OnEpochFailed(const std::string& cause) override;
   void OnHeartbeatFailed() override;
   void OnFdRegistration(absl::StatusCode code) override;
+  void OnFdFetch(absl::StatusCode code) override;
   void OnLinkProbe(const LinkParams& link) override;
 
   // Size classes used as the `size` label (bounded): "le_4k", "le_64k",

@@ -55,6 +55,8 @@ class DaemonObserver {
   virtual void OnHeartbeatFailed() {}
   // A registration on the fd socket ended with `code` (kOk: registered).
   virtual void OnFdRegistration(absl::StatusCode code) { (void)code; }
+  // A segment fetch on the fd socket ended with `code` (kOk: handed out).
+  virtual void OnFdFetch(absl::StatusCode code) { (void)code; }
   virtual void OnLinkProbe(const LinkParams& link) { (void)link; }
 };
 

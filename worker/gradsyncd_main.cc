@@ -234,12 +234,23 @@ int main(int argc, char** argv) {
   queue_options.spin = absl::Microseconds(std::max(0, absl::GetFlag(FLAGS_queue_spin_us)));
   std::string fd_socket = absl::GetFlag(FLAGS_fd_socket);
   if (fd_socket == "auto") fd_socket = gradsync::BufferFdServer::DefaultAddress(listen);
+  if (fd_socket.empty()) {
+    GS_LOG(WARNING) << "no fd socket (--fd_socket is empty or --listen is TCP): buffers and op "
+                       "queues are named POSIX shared memory that a local client can truncate, "
+                       "which makes gradsyncd fault (SIGBUS); give --fd_socket on a shared node";
+  }
+  gradsync::WorkerService service(daemon->get(), queue_options, fd_socket);
+  // Declared after `service`, whose segments it hands out: stops first.
   std::unique_ptr<gradsync::BufferFdServer> fd_server;
   if (!fd_socket.empty()) {
     gradsync::Daemon* core = daemon->get();
     auto started = gradsync::BufferFdServer::Start(
-        fd_socket, [core](const gradsync::ipc::RegisterRequest& request, int fd, const ucred& peer) {
+        fd_socket,
+        [core](const gradsync::ipc::RegisterRequest& request, int fd, const ucred& peer) {
           return core->RegisterFdBuffer(request, fd, peer);
+        },
+        [&service](const gradsync::ipc::FetchRequest& request, const ucred& peer) {
+          return service.FetchSegment(request, peer);
         },
         opts.observer);
     if (!started.ok()) {
@@ -248,7 +259,6 @@ int main(int argc, char** argv) {
     }
     fd_server = std::move(*started);
   }
-  gradsync::WorkerService service(daemon->get(), queue_options, fd_socket);
   grpc::ServerBuilder builder;
   builder.AddListeningPort(listen, grpc::InsecureServerCredentials());
   builder.RegisterService(&service);

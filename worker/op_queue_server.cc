@@ -44,6 +44,7 @@ class OpQueueServer::Queue : public std::enable_shared_from_this<Queue> {
 
   const std::string& session_id() const { return backend_->session_id(); }
   const std::string& name() const { return mem_->name(); }
+  UniqueFd TakeFd() { return mem_->TakeFd(); }
   bool finished() const { return finished_.load(); }
 
   // Registers the completion listener and the feed, and starts the poller.
@@ -366,12 +367,15 @@ absl::StatusOr<OpQueueInfo> OpQueueServer::Open(std::shared_ptr<OpQueueBackend> 
     if (queues_.count(id) != 0) {
       return absl::AlreadyExistsError(absl::StrCat("session ", id, " already has an op queue"));
     }
-    name = absl::StrCat(name_prefix_, next_segment_++);
+    name = options_.by_descriptor ? absl::StrCat("gradsync-queue-", next_segment_++)
+                                  : absl::StrCat(name_prefix_, next_segment_++);
   }
   ASSIGN_OR_RETURN(std::unique_ptr<ipc::SharedMemory> mem,
-                   ipc::SharedMemory::Create(name, ipc::OpQueueBytes(cap)));
+                   options_.by_descriptor
+                       ? ipc::SharedMemory::CreateSealed(name, ipc::OpQueueBytes(cap))
+                       : ipc::SharedMemory::Create(name, ipc::OpQueueBytes(cap)));
   ASSIGN_OR_RETURN(ipc::DaemonEnd end, ipc::DaemonEnd::Format(mem->data(), mem->size(), cap));
-  OpQueueInfo info{name, mem->size(), cap};
+  OpQueueInfo info{name, options_.by_descriptor, mem->size(), cap};
   auto queue = std::make_shared<Queue>(backend, std::move(mem), end, options_);
   {
     absl::MutexLock l(&mu_);
@@ -385,6 +389,22 @@ absl::StatusOr<OpQueueInfo> OpQueueServer::Open(std::shared_ptr<OpQueueBackend> 
   GS_LOG(INFO) << "session " << id << ": op queue " << name << " (" << cap << " entries, "
                << info.size_bytes << " bytes)";
   return info;
+}
+
+absl::StatusOr<UniqueFd> OpQueueServer::TakeQueueFd(const std::string& session_id) {
+  absl::MutexLock l(&mu_);
+  auto it = queues_.find(session_id);
+  if (it == queues_.end()) {
+    return absl::NotFoundError(absl::StrCat("session ", session_id, " has no op queue"));
+  }
+  UniqueFd fd = it->second->TakeFd();
+  if (!fd.valid()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the op queue of session ", session_id,
+        options_.by_descriptor ? " was already fetched (it is handed out once)"
+                               : " is a named segment, not handed out by descriptor"));
+  }
+  return fd;
 }
 
 void OpQueueServer::CloseSession(const std::string& session_id, const absl::Status& reason) {

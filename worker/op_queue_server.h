@@ -44,6 +44,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/net.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "ipc/op_queue.h"
@@ -93,6 +94,9 @@ struct OpQueueServerOptions {
   // Segment names are <prefix><n>; "" = "/gradsync.<pid>.<nonce>-q", which
   // the daemon's start-up sweep recognizes.
   std::string name_prefix;
+  // Queues are sealed memfds whose descriptor the client fetches on the fd
+  // socket (TakeQueueFd): a daemon with an fd socket. Else named segments.
+  bool by_descriptor = false;
   // Ops taken from one queue and not yet delivered to its completion ring.
   size_t max_outstanding = 4096;
   // After taking submissions, the poller keeps looking (yielding the CPU)
@@ -103,7 +107,8 @@ struct OpQueueServerOptions {
 };
 
 struct OpQueueInfo {
-  std::string shm_name;
+  std::string shm_name;  // a named segment's name, else a description
+  bool by_descriptor = false;  // the client fetches the descriptor
   uint64_t size_bytes = 0;
   uint32_t capacity = 0;
 };
@@ -121,6 +126,10 @@ class OpQueueServer {
   // AlreadyExists if the session has one; FailedPrecondition if it is
   // closed; Unavailable after Shutdown.
   absl::StatusOr<OpQueueInfo> Open(std::shared_ptr<OpQueueBackend> backend, uint32_t capacity);
+
+  // The descriptor of the session's queue (by_descriptor), handed out once.
+  // NotFound without a queue; FailedPrecondition once taken.
+  absl::StatusOr<UniqueFd> TakeQueueFd(const std::string& session_id);
 
   // Stops serving the session's queue now, telling the client `reason`, and
   // unlinks the segment. No-op without a queue.

@@ -136,7 +136,7 @@ absl::Status Session::RefusalLocked() const {
   return absl::OkStatus();
 }
 
-absl::StatusOr<BufferInfo> Session::AllocateBuffer(uint64_t size) {
+absl::StatusOr<BufferInfo> Session::AllocateBuffer(uint64_t size, bool by_descriptor) {
   if (size > kMaxBufferBytes) {
     return absl::InvalidArgumentError(absl::StrCat("buffer of ", size,
                                                    " bytes exceeds the limit of ",
@@ -145,12 +145,42 @@ absl::StatusOr<BufferInfo> Session::AllocateBuffer(uint64_t size) {
   {
     absl::MutexLock l(&mu_);
     RETURN_IF_ERROR(CheckQuotaLocked(size, "allocating"));
+    if (by_descriptor && unfetched_ >= kMaxUnfetchedBuffers) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "session ", info_.session_id, ": ", unfetched_,
+          " buffers were allocated and their descriptors never fetched on the fd socket; at most ",
+          kMaxUnfetchedBuffers, " may wait"));
+    }
   }
-  const std::string name = absl::StrCat("/gradsync.", ::getpid(), ".", ProcessNonce(), "-",
-                                       ++g_segment_counter);
-  auto seg = ShmSegment::Create(name, size);
+  const uint64_t n = ++g_segment_counter;
+  auto seg = by_descriptor
+                 ? ShmSegment::CreateSealed(absl::StrCat("gradsync-buffer-", n), size)
+                 : ShmSegment::Create(absl::StrCat("/gradsync.", ::getpid(), ".", ProcessNonce(),
+                                                   "-", n),
+                                      size);
   if (!seg.ok()) return seg.status();
   return AddBuffer(std::move(*seg));
+}
+
+absl::StatusOr<UniqueFd> Session::TakeBufferFd(uint64_t id) {
+  absl::MutexLock l(&mu_);
+  auto it = buffers_.find(id);
+  if (it == buffers_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("session ", info_.session_id, " has no buffer ", id));
+  }
+  if (!it->second->by_descriptor()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "buffer ", id, " of session ", info_.session_id, " is not handed out by descriptor"));
+  }
+  UniqueFd fd = it->second->TakeFd();
+  if (!fd.valid()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the descriptor of buffer ", id, " of session ", info_.session_id,
+        " was already fetched (each is handed out once)"));
+  }
+  --unfetched_;
+  return fd;
 }
 
 absl::StatusOr<BufferInfo> Session::RegisterBuffer(int fd, uint64_t offset, uint64_t size,
@@ -188,8 +218,9 @@ absl::StatusOr<BufferInfo> Session::AddBuffer(std::unique_ptr<ShmSegment> segmen
   if (closing_) return absl::FailedPreconditionError("session is closing");
   RETURN_IF_ERROR(CheckQuotaLocked(segment->size(), "adding"));
   const uint64_t id = next_buffer_id_++;
-  BufferInfo info{id, segment->name(), segment->size()};
+  BufferInfo info{id, segment->name(), segment->size(), segment->by_descriptor()};
   buffer_bytes_ += segment->size();
+  if (segment->by_descriptor()) ++unfetched_;
   buffers_[id] = std::shared_ptr<ShmSegment>(std::move(segment));
   return info;
 }
@@ -202,6 +233,7 @@ absl::Status Session::FreeBuffer(uint64_t id) {
                                             info_.session_id));
   }
   buffer_bytes_ -= it->second->size();
+  if (it->second->holds_fd()) --unfetched_;
   buffers_.erase(it);
   return absl::OkStatus();  // an op still using it keeps the mapping alive
 }
@@ -377,6 +409,7 @@ void Session::Close() {
     absl::MutexLock l(&mu_);
     buffers_.clear();
     buffer_bytes_ = 0;
+    unfetched_ = 0;
   });
 }
 

@@ -45,6 +45,7 @@ struct SessionInfo {
   std::string session_id;
   std::string job_id;
   std::string member_id;
+  std::string member_key;  // the member's secret at the coordinator; never logged or shown
   int rank = 0;
   int world_size = 1;
   int64_t epoch = 0;
@@ -105,8 +106,11 @@ struct OpOutcome {
 
 struct BufferInfo {
   uint64_t id = 0;
-  std::string shm_name;
+  std::string shm_name;  // a named segment's name, else a description
   uint64_t size = 0;
+  // The client fetches the segment's descriptor on the fd socket (a sealed
+  // memfd) instead of opening shm_name.
+  bool by_descriptor = false;
 };
 
 class JobExecutor;
@@ -135,7 +139,17 @@ class Session {
 
   const SessionInfo& info() const { return info_; }
 
-  absl::StatusOr<BufferInfo> AllocateBuffer(uint64_t size);
+  // `by_descriptor`: a sealed memfd whose descriptor the client fetches
+  // (TakeBufferFd) — a daemon with an fd socket; else a named POSIX segment
+  // the client opens (its size is not sealed).
+  absl::StatusOr<BufferInfo> AllocateBuffer(uint64_t size, bool by_descriptor = false);
+  // The descriptor of allocated buffer `id`, handed out once. NotFound for no
+  // such buffer, FailedPrecondition once taken or for a named or registered
+  // buffer.
+  absl::StatusOr<UniqueFd> TakeBufferFd(uint64_t id);
+  // Buffers whose descriptor was never fetched hold one each in the daemon;
+  // a session may have this many at once.
+  static constexpr size_t kMaxUnfetchedBuffers = 16;
   // Maps [offset, offset+size) of the client's file `fd` as a buffer of this
   // session (ShmSegment::MapFd says what is checked); same id space and
   // lifetime as allocated buffers.
@@ -223,6 +237,7 @@ class Session {
   mutable absl::Mutex mu_;
   std::map<uint64_t, std::shared_ptr<ShmSegment>> buffers_ ABSL_GUARDED_BY(mu_);
   uint64_t buffer_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // of buffers_
+  size_t unfetched_ ABSL_GUARDED_BY(mu_) = 0;  // buffers still holding their descriptor
   // ResourceExhausted when `size` more bytes would exceed the quota.
   absl::Status CheckQuotaLocked(uint64_t size, const char* what) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

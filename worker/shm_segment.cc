@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/net.h"
+#include "ipc/shared_memory.h"
 
 namespace gradsync {
 
@@ -39,6 +40,23 @@ absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::Create(const std::string
   }
   return std::unique_ptr<ShmSegment>(
       new ShmSegment(name, size, static_cast<char*>(p), mapped, true));
+}
+
+absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::CreateSealed(
+    const std::string& description, size_t size) {
+  const size_t mapped = size == 0 ? 1 : size;
+  absl::StatusOr<UniqueFd> fd = ipc::CreateSealedMemfd(description, mapped);
+  if (!fd.ok()) return fd.status();
+  void* p = ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_SHARED, fd->get(), 0);
+  if (p == MAP_FAILED) {
+    return absl::ResourceExhaustedError(absl::StrCat("cannot map ", size, " bytes of shared memory ",
+                                                     description, ": ", ErrnoString(errno)));
+  }
+  std::unique_ptr<ShmSegment> segment(
+      new ShmSegment(description, size, static_cast<char*>(p), mapped, false));
+  segment->by_descriptor_ = true;
+  segment->fd_ = *std::move(fd);
+  return segment;
 }
 
 absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::MapFd(int fd, uint64_t offset,

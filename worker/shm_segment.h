@@ -1,6 +1,8 @@
-// Shared memory the daemon and a client both map: a POSIX shared-memory
-// segment the daemon created (AllocateBuffer), or a range of a file the
-// client passed by descriptor (RegisterFd, ipc/fd_registration.h).
+// Shared memory the daemon and a client both map: a sealed memfd the daemon
+// created and hands to the client by descriptor (AllocateBuffer on a daemon
+// with an fd socket), a named POSIX segment the daemon created (a daemon
+// without one), or a range of a file the client passed by descriptor
+// (RegisterFd, ipc/fd_registration.h).
 #ifndef GRADSYNC_WORKER_SHM_SEGMENT_H_
 #define GRADSYNC_WORKER_SHM_SEGMENT_H_
 
@@ -10,6 +12,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "common/net.h"
 
 namespace gradsync {
 
@@ -18,6 +21,11 @@ class ShmSegment {
   // Creates (O_EXCL) and maps a segment of `size` bytes (at least one page is
   // mapped for size 0). Names look like "/gradsync.<pid>.<nonce>-<n>".
   static absl::StatusOr<std::unique_ptr<ShmSegment>> Create(const std::string& name, size_t size);
+  // Creates and maps a memfd of `size` bytes sealed against any size change
+  // (ipc::kSegmentSeals), so the client it is handed to cannot make the
+  // daemon's mapping fault. Its descriptor waits for TakeFd.
+  static absl::StatusOr<std::unique_ptr<ShmSegment>> CreateSealed(const std::string& description,
+                                                                  size_t size);
   // Maps [offset, offset+size) of the file behind `fd` (a client's memfd),
   // after checking that it can be shared safely: a regular file opened
   // read-write, sealed against shrinking (F_SEAL_SHRINK: a file that shrank
@@ -31,6 +39,11 @@ class ShmSegment {
   const std::string& name() const { return name_; }
   size_t size() const { return size_; }
   char* data() const { return data_; }
+  // A CreateSealed segment's descriptor, once (then invalid).
+  UniqueFd TakeFd() { return std::move(fd_); }
+  // Whether the client gets this segment by descriptor (CreateSealed).
+  bool by_descriptor() const { return by_descriptor_; }
+  bool holds_fd() const { return fd_.valid(); }
 
  private:
   ShmSegment(std::string name, size_t size, char* data, size_t mapped, bool created)
@@ -40,6 +53,8 @@ class ShmSegment {
   char* data_;
   size_t mapped_;
   bool created_;  // shm_open'ed here: unlinked with the mapping
+  bool by_descriptor_ = false;
+  UniqueFd fd_;  // CreateSealed: until TakeFd
 };
 
 // Unlinks /dev/shm/gradsync.<pid>.* segments whose pid is no longer alive and

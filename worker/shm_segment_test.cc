@@ -1,5 +1,6 @@
-// ShmSegment::MapFd: which descriptors the daemon maps, and what it says
-// about the ones it refuses.
+// ShmSegment: the sealed segments the daemon makes (CreateSealed), and
+// which client descriptors it maps (MapFd) and what it says about the ones
+// it refuses.
 #include "worker/shm_segment.h"
 
 #include <fcntl.h>
@@ -26,6 +27,30 @@ UniqueFd Memfd(size_t bytes, bool seal = true) {
     EXPECT_EQ(::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK), 0);
   }
   return fd;
+}
+
+// The descriptor handed to the client maps the daemon's bytes, cannot
+// change size or take seals, and is handed out once.
+TEST(ShmSegmentCreateSealed, HandsOutOneDescriptorThatCannotResize) {
+  auto seg = ShmSegment::CreateSealed("shm_segment_test", 3 * kPage + 5);
+  ASSERT_TRUE(seg.ok()) << seg.status();
+  EXPECT_TRUE((*seg)->by_descriptor());
+  std::memset((*seg)->data(), 0x5a, 3 * kPage + 5);
+  UniqueFd fd = (*seg)->TakeFd();
+  ASSERT_TRUE(fd.valid());
+  EXPECT_FALSE((*seg)->TakeFd().valid());
+  EXPECT_FALSE((*seg)->holds_fd());
+  EXPECT_EQ(::fcntl(fd.get(), F_GET_SEALS), F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
+  EXPECT_EQ(::ftruncate(fd.get(), 0), -1);
+  EXPECT_EQ(errno, EPERM);
+  EXPECT_EQ(::ftruncate(fd.get(), static_cast<off_t>(8 * kPage)), -1);
+  EXPECT_EQ(::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_WRITE), -1);
+  void* p = ::mmap(nullptr, 3 * kPage + 5, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+  ASSERT_NE(p, MAP_FAILED);
+  EXPECT_EQ(static_cast<unsigned char*>(p)[3 * kPage + 4], 0x5a);
+  static_cast<char*>(p)[0] = 1;
+  EXPECT_EQ((*seg)->data()[0], 1);
+  ::munmap(p, 3 * kPage + 5);
 }
 
 TEST(ShmSegmentMapFd, MapsTheRangeSharedWithTheFile) {

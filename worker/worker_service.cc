@@ -1,10 +1,16 @@
 #include "worker/worker_service.h"
 
+#include <errno.h>
+#include <sys/stat.h>
+
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
 #include "collective/algorithm.h"
 #include "common/grpc_status.h"
+#include "common/logging.h"
+#include "common/net.h"
+#include "common/status_macros.h"
 
 namespace gradsync {
 namespace {
@@ -68,6 +74,38 @@ class SessionBackend final : public OpQueueBackend {
 
 }  // namespace
 
+namespace {
+OpQueueServerOptions WithDescriptors(OpQueueServerOptions o, bool by_descriptor) {
+  o.by_descriptor = by_descriptor;
+  return o;
+}
+}  // namespace
+
+WorkerService::WorkerService(Daemon* daemon, OpQueueServerOptions queue_options,
+                             std::string fd_socket)
+    : daemon_(daemon),
+      queues_(WithDescriptors(std::move(queue_options), !fd_socket.empty())),
+      fd_socket_(std::move(fd_socket)) {}
+
+absl::StatusOr<ipc::FetchedSegment> WorkerService::FetchSegment(const ipc::FetchRequest& request,
+                                                                const ucred& peer) {
+  ASSIGN_OR_RETURN(std::shared_ptr<Session> session,
+                   daemon_->AuthorizeFdRequest(request.session_id, request.token));
+  ipc::FetchedSegment out;
+  if (request.kind == ipc::SegmentKind::kOpQueue) {
+    ASSIGN_OR_RETURN(out.fd, queues_.TakeQueueFd(request.session_id));
+  } else {
+    ASSIGN_OR_RETURN(out.fd, session->TakeBufferFd(request.id));
+  }
+  struct stat st;
+  if (::fstat(out.fd.get(), &st) != 0) {
+    return absl::InternalError(absl::StrCat("fstat of a segment: ", ErrnoString(errno)));
+  }
+  out.size = static_cast<uint64_t>(st.st_size);
+  GS_LOG(DEBUG) << "session " << request.session_id << ": segment handed to pid " << peer.pid;
+  return out;
+}
+
 grpc::Status WorkerService::OpenSession(grpc::ServerContext* ctx,
                                         const v1::OpenSessionRequest* req,
                                         v1::OpenSessionResponse* resp) {
@@ -107,10 +145,14 @@ grpc::Status WorkerService::AllocateBuffer(grpc::ServerContext*,
                                            v1::AllocateBufferResponse* resp) {
   auto s = daemon_->FindSession(req->session_id());
   if (!s.ok()) return ToGrpcStatus(s.status());
-  auto b = (*s)->AllocateBuffer(req->size_bytes());
+  auto b = (*s)->AllocateBuffer(req->size_bytes(), /*by_descriptor=*/!fd_socket_.empty());
   if (!b.ok()) return ToGrpcStatus(b.status());
   resp->set_buffer_id(b->id);
-  resp->set_shm_name(b->shm_name);
+  if (b->by_descriptor) {
+    resp->set_by_descriptor(true);
+  } else {
+    resp->set_shm_name(b->shm_name);
+  }
   resp->set_size_bytes(b->size);
   return grpc::Status::OK;
 }
@@ -193,7 +235,11 @@ grpc::Status WorkerService::OpenOpQueue(grpc::ServerContext*, const v1::OpenOpQu
   if (!s.ok()) return ToGrpcStatus(s.status());
   auto info = queues_.Open(std::make_shared<SessionBackend>(*s), req->capacity());
   if (!info.ok()) return ToGrpcStatus(info.status());
-  resp->set_shm_name(info->shm_name);
+  if (info->by_descriptor) {
+    resp->set_by_descriptor(true);
+  } else {
+    resp->set_shm_name(info->shm_name);
+  }
   resp->set_size_bytes(info->size_bytes);
   resp->set_capacity(info->capacity);
   return grpc::Status::OK;

@@ -4,6 +4,9 @@
 #ifndef GRADSYNC_WORKER_WORKER_SERVICE_H_
 #define GRADSYNC_WORKER_WORKER_SERVICE_H_
 
+#include <sys/socket.h>
+
+#include "ipc/fd_registration.h"
 #include "proto/worker.grpc.pb.h"
 #include "worker/daemon.h"
 #include "worker/op_queue_server.h"
@@ -13,10 +16,11 @@ namespace gradsync {
 class WorkerService final : public v1::Worker::Service {
  public:
   // `fd_socket`: the daemon's fd socket (worker/buffer_fd_server.h) that
-  // OpenSession announces to clients; "" = none.
+  // OpenSession announces to clients; "" = none. With one, buffers and op
+  // queues are sealed memfds the clients fetch there (FetchSegment); without
+  // one, named POSIX segments.
   explicit WorkerService(Daemon* daemon, OpQueueServerOptions queue_options = {},
-                         std::string fd_socket = "")
-      : daemon_(daemon), queues_(std::move(queue_options)), fd_socket_(std::move(fd_socket)) {}
+                         std::string fd_socket = "");
   // Stops every op queue (each tells its client the daemon is shutting down).
   ~WorkerService() override = default;
 
@@ -34,6 +38,11 @@ class WorkerService final : public v1::Worker::Service {
                             v1::CloseSessionResponse* resp) override;
   grpc::Status OpenOpQueue(grpc::ServerContext* ctx, const v1::OpenOpQueueRequest* req,
                            v1::OpenOpQueueResponse* resp) override;
+
+  // The fd socket's fetch (BufferFdServer::FetchHandler): the descriptor of a
+  // buffer or of the op queue of the session whose token the request holds.
+  absl::StatusOr<ipc::FetchedSegment> FetchSegment(const ipc::FetchRequest& request,
+                                                   const ucred& peer);
 
  private:
   Daemon* daemon_;
