@@ -418,7 +418,9 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
   if (absl::Status s = ParseListenAddress(address, &civet, &host); !s.ok()) return s;
   std::unique_ptr<MetricsServer> server(new MetricsServer());
   try {
-    server->exposer_ = std::make_unique<prometheus::Exposer>(civet, /*num_threads=*/2);
+    server->exposer_ = std::make_unique<prometheus::Exposer>(std::vector<std::string>{
+        "listening_ports", civet, "num_threads", std::to_string(kThreads), "request_timeout_ms",
+        std::to_string(kRequestTimeoutMs)});
     server->exposer_->RegisterCollectable(registry.collectable());
     const std::vector<int> ports = server->exposer_->GetListeningPorts();
     if (ports.empty() || ports[0] <= 0) {

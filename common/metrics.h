@@ -123,7 +123,7 @@ class MetricsRegistry {
 };
 
 // An HTTP server that serves a MetricsRegistry at /metrics (prometheus-cpp's
-// Exposer, on civetweb, with 2 threads). It holds only a weak reference to the
+// Exposer, on civetweb, with kThreads threads). It holds only a weak reference to the
 // registry: destroying the registry first is safe (scrapes then return no
 // gradsync metrics). The Exposer adds its own exposer_* metrics.
 class MetricsServer {
@@ -141,6 +141,12 @@ class MetricsServer {
   // The bound port, and "host:port" with it.
   int port() const { return port_; }
   const std::string& address() const { return address_; }
+
+  // Server threads, and how long a connection may take to send its request:
+  // a connection that sends nothing holds a thread at most that long, so
+  // idle connections delay a scrape by seconds, not block it.
+  static constexpr int kThreads = 4;
+  static constexpr int kRequestTimeoutMs = 2000;
 
  private:
   MetricsServer() = default;

@@ -97,14 +97,24 @@ void TcpListener::AcceptLoop() {
                           SOCK_CLOEXEC));
     if (!fd.valid()) continue;
     std::string peer = PeerName(ss);
+    std::string source = peer.substr(0, peer.rfind(':'));
     absl::MutexLock l(&mu_);
     if (static_cast<int>(handshakes_.size()) >= options_.max_pending_handshakes) {
       ++stats_.rejected;
       GS_LOG(WARNING) << "data plane: too many pending handshakes, refusing " << peer;
       continue;  // fd closes
     }
+    int from_source = 0;
+    for (const auto& h : handshakes_) from_source += !h->done && h->source == source ? 1 : 0;
+    if (from_source >= options_.max_handshakes_per_source) {
+      ++stats_.rejected;
+      GS_LOG(WARNING) << "data plane: " << from_source << " handshakes from " << source
+                      << " in progress, refusing " << peer;
+      continue;  // fd closes
+    }
     ++stats_.accepted;
     auto h = std::make_unique<Handshake>();
+    h->source = std::move(source);
     Handshake* raw = h.get();
     handshakes_.push_back(std::move(h));
     raw->thread = std::thread(
@@ -177,9 +187,39 @@ void TcpListener::DoHandshake(UniqueFd fd, std::string peer, Handshake* self) {
     return;
   }
   absl::MutexLock l(&mu_);
-  parked_[Key{job_id, hello.epoch, hello.src_rank, hello.dst_rank, hello.stream}] =
-      Parked{std::move(fd), absl::Now()};
+  absl::Status parked = ParkLocked(Key{job_id, hello.epoch, hello.src_rank, hello.dst_rank,
+                                       hello.stream},
+                                   std::move(fd), self->source);
+  if (!parked.ok()) {
+    ++stats_.rejected;
+    GS_LOG(WARNING) << "data plane: refused " << peer << ": " << parked.message();
+  }
   self->done = true;
+}
+
+absl::Status TcpListener::ParkLocked(Key key, UniqueFd fd, const std::string& source) {
+  if (auto it = parked_.find(key); it != parked_.end()) {
+    // A connection that is still open keeps its place: a second Hello with
+    // the same key does not replace it.
+    struct pollfd p = {it->second.fd.get(), POLLIN | POLLRDHUP, 0};
+    const bool gone = ::poll(&p, 1, 0) > 0 && (p.revents & (POLLHUP | POLLRDHUP | POLLERR)) != 0;
+    if (!gone) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "a connection for job '", std::get<0>(key), "' epoch ", std::get<1>(key), " rank ",
+          std::get<2>(key), " -> ", std::get<3>(key), " stream ", std::get<4>(key),
+          " is already waiting (from ", it->second.source, ")"));
+    }
+    parked_.erase(it);
+    ++stats_.replaced;
+  }
+  int from_source = 0;
+  for (const auto& [k, v] : parked_) from_source += v.source == source ? 1 : 0;
+  if (from_source >= options_.max_parked_per_source) {
+    return absl::ResourceExhaustedError(absl::StrCat(from_source, " unclaimed connections from ",
+                                                     source, " are waiting already"));
+  }
+  parked_[std::move(key)] = Parked{std::move(fd), absl::Now(), source};
+  return absl::OkStatus();
 }
 
 absl::StatusOr<UniqueFd> TcpListener::Claim(const std::string& job_id, uint64_t epoch,
@@ -203,7 +243,9 @@ absl::StatusOr<UniqueFd> TcpListener::Claim(const std::string& job_id, uint64_t 
 
 ListenerStats TcpListener::stats() const {
   absl::MutexLock l(&mu_);
-  return stats_;
+  ListenerStats out = stats_;
+  out.parked = parked_.size();
+  return out;
 }
 
 }  // namespace gradsync::transport

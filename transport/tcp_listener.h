@@ -42,6 +42,11 @@ struct ListenerOptions {
   absl::Duration handshake_timeout = absl::Seconds(5);
   absl::Duration park_timeout = absl::Seconds(60);
   int max_pending_handshakes = 64;
+  // Per source address (the connector's IP): handshakes in progress, and
+  // parked connections. One host that opens silent connections, or parks
+  // Hellos nobody claims, cannot take every slot from the others.
+  int max_handshakes_per_source = 8;
+  int max_parked_per_source = 1024;
 
   // Optional routing. When `route_prefix` is non-empty and `route` is set,
   // every well-formed connection whose job id starts with `route_prefix` is
@@ -60,9 +65,11 @@ struct ListenerOptions {
 
 struct ListenerStats {
   uint64_t accepted = 0;
-  uint64_t rejected = 0;  // bad handshakes (garbage, truncated, wrong version)
+  uint64_t rejected = 0;  // bad handshakes (garbage, truncated, wrong version), over a limit
   uint64_t expired = 0;   // parked but never claimed
   uint64_t routed = 0;    // handed to ListenerOptions::route
+  uint64_t replaced = 0;  // parked, then the peer closed and a new one took the key
+  uint64_t parked = 0;    // waiting to be claimed now
 };
 
 class TcpListener {
@@ -86,15 +93,22 @@ class TcpListener {
   struct Parked {
     UniqueFd fd;
     absl::Time arrived;
+    std::string source;  // the connector's address, without the port
   };
   struct Handshake {
     std::thread thread;
     std::atomic<bool> done{false};
+    std::string source;
   };
 
   TcpListener(const ListenerOptions& options, UniqueFd fd, int port);
   void AcceptLoop();
   void DoHandshake(UniqueFd fd, std::string peer, Handshake* self);
+  // Parks a handshaken connection unless its source has too many parked or a
+  // live connection with the same key is already waiting (the first one
+  // stays; a dead one is replaced). Returns why it was refused.
+  absl::Status ParkLocked(Key key, UniqueFd fd, const std::string& source)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReapLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const ListenerOptions options_;

@@ -1,0 +1,144 @@
+// TcpListener's limits against one hostile host: silent connections and
+// unclaimed Hellos from one source address take that source's slots only,
+// and a Hello cannot replace a live connection already waiting with the same
+// key. The hostile host is 127.0.0.2 (loopback), the real peer 127.0.0.1.
+#include "transport/tcp_listener.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+#include "transport/wire.h"
+
+namespace gradsync::transport {
+namespace {
+
+// A connection to 127.0.0.1:port from `source` (an address of lo).
+UniqueFd ConnectFrom(const char* source, int port) {
+  UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  EXPECT_TRUE(fd.valid());
+  sockaddr_in from{};
+  from.sin_family = AF_INET;
+  ::inet_pton(AF_INET, source, &from.sin_addr);
+  EXPECT_EQ(::bind(fd.get(), reinterpret_cast<sockaddr*>(&from), sizeof(from)), 0);
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_port = htons(static_cast<uint16_t>(port));
+  to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(::connect(fd.get(), reinterpret_cast<sockaddr*>(&to), sizeof(to)), 0);
+  return fd;
+}
+
+// One byte from `fd` within 5 s, else -1.
+int ReadByte(int fd) {
+  struct pollfd p = {fd, POLLIN, 0};
+  if (::poll(&p, 1, 5000) != 1) return -1;
+  char c = 0;
+  return ::read(fd, &c, 1) == 1 ? c : -1;
+}
+
+void SendHello(int fd, const std::string& job, uint64_t epoch, int src, int dst) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  Hello h{kHelloMagic, kWireVersion, static_cast<uint16_t>(job.size()), epoch, src, dst, 4, 0};
+  ASSERT_TRUE(WriteFull(fd, &h, sizeof(h), deadline).ok());
+  ASSERT_TRUE(WriteFull(fd, job.data(), job.size(), deadline).ok());
+}
+
+// Waits (up to 10 s) until `done` holds for the listener's stats.
+template <typename Pred>
+bool AwaitStats(const TcpListener& l, Pred done) {
+  const absl::Time until = absl::Now() + absl::Seconds(10);
+  while (!done(l.stats())) {
+    if (absl::Now() > until) return false;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  return true;
+}
+
+std::unique_ptr<TcpListener> Start(ListenerOptions o) {
+  o.listen = {"0.0.0.0", 0};  // reachable from 127.0.0.2 as well
+  auto l = TcpListener::Start(o);
+  EXPECT_TRUE(l.ok()) << l.status();
+  return l.ok() ? std::move(*l) : nullptr;
+}
+
+// With every handshake slot of the listener taken by silent connections of
+// one host (64 of 64 before), a real peer could not connect at all.
+TEST(TcpListenerLimits, SilentConnectionsOfOneHostLeaveSlotsForOthers) {
+  ListenerOptions o;
+  o.max_pending_handshakes = 16;
+  o.max_handshakes_per_source = 4;
+  auto l = Start(o);
+  ASSERT_NE(l, nullptr);
+  std::vector<UniqueFd> silent;
+  for (int i = 0; i < 16; ++i) silent.push_back(ConnectFrom("127.0.0.2", l->port()));
+  ASSERT_TRUE(AwaitStats(*l, [](const ListenerStats& s) { return s.accepted + s.rejected >= 16; }));
+  UniqueFd real = ConnectFrom("127.0.0.1", l->port());
+  SendHello(real.get(), "job", 1, 0, 1);
+  auto claimed = l->Claim("job", 1, 0, 1, 0, absl::Now() + absl::Seconds(5));
+  ASSERT_TRUE(claimed.ok()) << claimed.status();
+  EXPECT_EQ(l->stats().rejected, 12u);  // 16 silent, 4 admitted
+}
+
+TEST(TcpListenerLimits, UnclaimedHellosOfOneHostAreCapped) {
+  ListenerOptions o;
+  o.max_parked_per_source = 3;
+  auto l = Start(o);
+  ASSERT_NE(l, nullptr);
+  std::vector<UniqueFd> forged;
+  for (int i = 0; i < 6; ++i) {
+    forged.push_back(ConnectFrom("127.0.0.2", l->port()));
+    SendHello(forged.back().get(), "squat-" + std::to_string(i), 1, 0, 1);
+  }
+  UniqueFd real = ConnectFrom("127.0.0.1", l->port());
+  SendHello(real.get(), "job", 1, 0, 1);
+  auto claimed = l->Claim("job", 1, 0, 1, 0, absl::Now() + absl::Seconds(5));
+  ASSERT_TRUE(claimed.ok()) << claimed.status();
+  ASSERT_TRUE(AwaitStats(*l, [](const ListenerStats& s) { return s.rejected + s.parked >= 6; }));
+  EXPECT_EQ(l->stats().rejected, 3u);
+  EXPECT_EQ(l->stats().parked, 3u);
+}
+
+// A second Hello with the key of a waiting connection does not replace it
+// (it did: a forger's connection was then claimed as the real peer); once
+// the waiting one has closed, a new one takes its place.
+TEST(TcpListenerLimits, AWaitingConnectionIsNotReplaced) {
+  auto l = Start(ListenerOptions{});
+  ASSERT_NE(l, nullptr);
+  UniqueFd first = ConnectFrom("127.0.0.1", l->port());
+  SendHello(first.get(), "job", 1, 0, 1);
+  ASSERT_TRUE(AwaitStats(*l, [](const ListenerStats& s) { return s.parked == 1; }));
+  UniqueFd forged = ConnectFrom("127.0.0.2", l->port());
+  SendHello(forged.get(), "job", 1, 0, 1);
+  ASSERT_TRUE(AwaitStats(*l, [](const ListenerStats& s) { return s.rejected == 1; }));
+  auto claimed = l->Claim("job", 1, 0, 1, 0, absl::Now() + absl::Seconds(5));
+  ASSERT_TRUE(claimed.ok()) << claimed.status();
+  // The claimed connection is the first: a byte written there arrives here.
+  const char x = 'x';
+  ASSERT_EQ(::write(claimed->get(), &x, 1), 1);
+  EXPECT_EQ(ReadByte(first.get()), 'x');
+
+  // A closed waiting connection is replaced by the next one.
+  UniqueFd dead = ConnectFrom("127.0.0.1", l->port());
+  SendHello(dead.get(), "job", 2, 0, 1);
+  ASSERT_TRUE(AwaitStats(*l, [](const ListenerStats& s) { return s.parked == 1; }));
+  dead.Reset();
+  UniqueFd retry = ConnectFrom("127.0.0.1", l->port());
+  SendHello(retry.get(), "job", 2, 0, 1);
+  ASSERT_TRUE(AwaitStats(*l, [](const ListenerStats& s) { return s.replaced == 1; }));
+  EXPECT_EQ(l->stats().rejected, 1u);
+  auto second = l->Claim("job", 2, 0, 1, 0, absl::Now() + absl::Seconds(5));
+  ASSERT_TRUE(second.ok()) << second.status();
+  ASSERT_EQ(::write(second->get(), &x, 1), 1);
+  EXPECT_EQ(ReadByte(retry.get()), 'x');
+}
+
+}  // namespace
+}  // namespace gradsync::transport
