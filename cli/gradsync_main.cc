@@ -4,6 +4,8 @@
 #include <vector>
 
 #include "common/build_info.h"
+#include "common/certs.h"
+#include "common/tls_flags.h"
 #include "common/process.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -15,6 +17,11 @@
 #include "cli/demo.h"
 #include "cli/status.h"
 
+ABSL_FLAG(std::string, dir, "", "certs: the directory to write ca.pem and ROLE.{pem,key} into");
+ABSL_FLAG(std::string, hosts, "",
+          "certs: comma-separated host names and IP addresses every certificate names "
+          "(localhost and 127.0.0.1 are always included)");
+ABSL_FLAG(int, days, 365, "certs: validity in days");
 ABSL_FLAG(int32_t, ranks, 4,
           "demo/bench: ranks of the embedded local cluster (one gradsyncd each); cluster: "
           "daemons to start (default 2)");
@@ -77,6 +84,8 @@ constexpr char kUsage[] =
     "          what each rank of each job (--job) is doing, and who an op is waiting for\n"
     "  cluster start a local cluster (1 coordinator + --ranks daemons, default 2) and keep it\n"
     "          up until Ctrl-C; prints GRADSYNC_COORDINATOR / GRADSYNC_DAEMONS (--env_file)\n"
+    "  certs   write a lab CA and certificates for each role (node, ps, operator) into --dir,\n"
+    "          naming --hosts, for mutual TLS (--tls_cert/--tls_key/--tls_ca)\n"
     "  version the version, the source commit and the build mode (as --version)\n";
 
 int Fail(const char* cmd, const std::string& msg) {
@@ -121,6 +130,24 @@ int main(int argc, char** argv) {
   if (!max_bytes.ok()) return Fail(cmd.c_str(), "--max_bytes: " + std::string(max_bytes.status().message()));
   const int iters = absl::GetFlag(FLAGS_iters);
   const int warmup = absl::GetFlag(FLAGS_warmup);
+  if (cmd == "certs") {
+    const std::string dir = absl::GetFlag(FLAGS_dir);
+    if (dir.empty()) return Fail("certs", "--dir is required (where to write the certificates)");
+    std::vector<std::string> hosts;
+    for (absl::string_view h : absl::StrSplit(absl::GetFlag(FLAGS_hosts), ',', absl::SkipEmpty())) {
+      hosts.emplace_back(h);
+    }
+    auto certs = gradsync::MakeLabCerts(dir, hosts, absl::GetFlag(FLAGS_days));
+    if (!certs.ok()) return Fail("certs", std::string(certs.status().message()));
+    std::printf("CA %s (key %s/ca.key: keep it off the nodes)\n", certs->ca.c_str(), dir.c_str());
+    for (const auto& [role, c] : {std::pair<const char*, gradsync::TlsConfig>{"node", certs->node},
+                                  {"ps", certs->ps},
+                                  {"operator", certs->operator_}}) {
+      std::printf("%-8s --tls_cert=%s --tls_key=%s --tls_ca=%s\n", role, c.cert.c_str(),
+                  c.key.c_str(), c.ca.c_str());
+    }
+    return 0;
+  }
   if (cmd == "version") {
     std::printf("%s\n", gradsync::VersionLine("gradsync").c_str());
     return 0;
@@ -199,6 +226,7 @@ int main(int argc, char** argv) {
     const std::string coordinator = absl::GetFlag(FLAGS_coordinator);
     if (!coordinator.empty()) o.coordinator = coordinator;
     o.job = absl::GetFlag(FLAGS_job);
+    o.tls = gradsync::TlsConfigFromFlags();
     auto hanging = gradsync::RunStatus(o);
     if (!hanging.ok()) {
       std::fprintf(stderr, "gradsync status: %s\n", std::string(hanging.status().message()).c_str());

@@ -133,11 +133,24 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
   const std::string daemon_bin =
       options.daemon_bin.empty() ? FindBinary("gradsyncd") : options.daemon_bin;
   const absl::Time deadline = absl::Now() + options.start_timeout;
+  if (options.tls) {
+    absl::StatusOr<LabCerts> certs = MakeLabCerts(c->work_dir_ + "/certs", {});
+    if (!certs.ok()) return certs.status();
+    c->certs_ = *std::move(certs);
+  }
+  // --tls_* flags for a process with `config` (none without TLS).
+  auto tls_flags = [&](const TlsConfig& config) {
+    std::vector<std::string> f;
+    if (!options.tls) return f;
+    f = {"--tls_cert=" + config.cert, "--tls_key=" + config.key, "--tls_ca=" + config.ca};
+    return f;
+  };
 
   const std::string coord_port_file = c->work_dir_ + "/coordinator.port";
   const std::string coord_log = c->work_dir_ + "/coordinator.log";
   std::vector<std::string> cargs = {"--listen=127.0.0.1:0", "--port_file=" + coord_port_file,
                                     "--metrics_listen=127.0.0.1:0"};
+  for (std::string& f : tls_flags(c->certs_.node)) cargs.push_back(std::move(f));
   cargs.insert(cargs.end(), options.coordinator_flags.begin(), options.coordinator_flags.end());
   auto cpid = Spawn(coord_bin, cargs, coord_log);
   if (!cpid.ok()) return cpid.status();
@@ -162,6 +175,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
         absl::StrCat("--node_id=local", i),
         "--port_file=" + port_file,
     };
+    for (std::string& f : tls_flags(c->certs_.node)) args.push_back(std::move(f));
     args.insert(args.end(), options.daemon_flags.begin(), options.daemon_flags.end());
     auto pid = Spawn(daemon_bin, args, c->daemon_log(i));
     if (!pid.ok()) return pid.status();
@@ -178,6 +192,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
         absl::StrCat("--shard_id=ps", i),
         "--metrics_listen=127.0.0.1:0",
     };
+    for (std::string& f : tls_flags(c->certs_.ps)) args.push_back(std::move(f));
     auto pid = Spawn(ps_bin, args, absl::StrCat(c->work_dir_, "/ps", i, ".log"));
     if (!pid.ok()) return pid.status();
     c->shards_.push_back(Child{*pid, absl::StrCat("gradsync-ps #", i)});

@@ -14,6 +14,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/certs.h"
 
 namespace gradsync {
 
@@ -28,6 +29,10 @@ struct LocalClusterOptions {
   std::string work_dir;  // logs and port files; empty: a fresh directory under $TMPDIR or /tmp
   absl::Duration start_timeout = absl::Seconds(20);
   bool keep_logs = false;  // otherwise the work dir is removed when all is well
+  // Mutual TLS between every process and the coordinator (and the daemons'
+  // status services), with certificates made for this cluster in
+  // WORK_DIR/certs (common/certs.h); tls() has the operator's.
+  bool tls = false;
 };
 
 class LocalCluster {
@@ -36,6 +41,8 @@ class LocalCluster {
   ~LocalCluster();  // StopAll()
 
   const std::string& coordinator_address() const { return coordinator_address_; }
+  // The cluster's certificates (LocalClusterOptions::tls), else empty.
+  const LabCerts& certs() const { return certs_; }
   // gRPC target of daemon i ("unix-abstract:...").
   std::string daemon_target(int i) const;
   pid_t daemon_pid(int i) const { return daemons_[i].pid; }
@@ -80,6 +87,7 @@ class LocalCluster {
   bool keep_logs_ = false;
   std::string tag_;
   std::string coordinator_address_;
+  LabCerts certs_;
   Child coordinator_;
   std::vector<Child> daemons_;
   std::vector<Child> shards_;

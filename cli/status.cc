@@ -41,8 +41,10 @@ std::unique_ptr<grpc::ClientContext> Ctx(absl::Duration timeout) {
 }  // namespace
 
 absl::StatusOr<int> RunStatus(const StatusOptions& o) {
-  auto coord = v1::Coordinator::NewStub(
-      grpc::CreateChannel(o.coordinator, grpc::InsecureChannelCredentials()));
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+      MakeChannelCredentials(o.tls);
+  if (!credentials.ok()) return credentials.status();
+  auto coord = v1::Coordinator::NewStub(grpc::CreateChannel(o.coordinator, *credentials));
   std::vector<v1::JobStatus> jobs;
   if (o.job.empty()) {
     v1::ListJobsResponse resp;
@@ -76,8 +78,7 @@ absl::StatusOr<int> RunStatus(const StatusOptions& o) {
     for (const auto& m : job.members()) {
       const std::string& ep = m.status_endpoint();
       if (ep.empty() || daemons.count(ep) || daemon_errors.count(ep)) continue;
-      auto stub = v1::DaemonStatus::NewStub(
-          grpc::CreateChannel(ep, grpc::InsecureChannelCredentials()));
+      auto stub = v1::DaemonStatus::NewStub(grpc::CreateChannel(ep, *credentials));
       v1::DaemonStatusResponse resp;
       auto ctx = Ctx(o.timeout);
       grpc::Status s = stub->GetStatus(ctx.get(), v1::GetDaemonStatusRequest(), &resp);

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "common/tls.h"
 #include "absl/time/time.h"
 
 namespace gradsync {
@@ -15,6 +16,7 @@ struct StatusOptions {
   std::string coordinator = "127.0.0.1:7070";
   std::string job;  // "" = every job
   absl::Duration timeout = absl::Seconds(5);
+  TlsConfig tls;  // toward the coordinator and the daemons' status services
 };
 
 // Prints the report to stdout. Returns the number of ranks found hanging

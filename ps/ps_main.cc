@@ -28,6 +28,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/logging.h"
+#include "common/tls_flags.h"
 #include "common/port_file.h"
 #include "common/net.h"
 #include "absl/synchronization/notification.h"
@@ -77,9 +78,10 @@ std::string HostName() {
 // heartbeat).
 class Registrar {
  public:
-  Registrar(const std::string& coordinator, std::string id, std::string host, int port)
-      : stub_(v1::Coordinator::NewStub(
-            grpc::CreateChannel(coordinator, grpc::InsecureChannelCredentials()))),
+  Registrar(const std::string& coordinator,
+            const std::shared_ptr<grpc::ChannelCredentials>& credentials, std::string id,
+            std::string host, int port)
+      : stub_(v1::Coordinator::NewStub(grpc::CreateChannel(coordinator, credentials))),
         id_(std::move(id)),
         host_(std::move(host)),
         port_(port) {}
@@ -251,7 +253,18 @@ int Run() {
                                    : absl::GetFlag(FLAGS_shard_id);
   std::unique_ptr<Registrar> registrar;
   if (const std::string coord = absl::GetFlag(FLAGS_coordinator); !coord.empty()) {
-    registrar = std::make_unique<Registrar>(coord, shard_id, host, (*shard)->port());
+    const gradsync::TlsConfig tls = gradsync::TlsConfigFromFlags();
+    if (!tls.enabled()) {
+      GS_LOG(WARNING) << "no --tls_cert/--tls_key/--tls_ca: the coordinator connection is "
+                         "plaintext and unauthenticated";
+    }
+    auto credentials = gradsync::MakeChannelCredentials(tls);
+    if (!credentials.ok()) {
+      GS_LOG(ERROR) << "cannot start: " << credentials.status().message();
+      return 2;
+    }
+    registrar =
+        std::make_unique<Registrar>(coord, *credentials, shard_id, host, (*shard)->port());
     if (absl::Status s = registrar->RegisterOnce(); !s.ok()) {
       GS_LOG(ERROR) << "cannot register with the coordinator " << coord << ": " << s.message();
       return 1;

@@ -9,6 +9,8 @@ PACKAGES=(
   protobuf-compiler protobuf-compiler-grpc libprotobuf-dev libgrpc++-dev libgrpc-dev
   libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev prometheus-cpp-dev
   libibverbs-dev libsystemd-dev zlib1g-dev systemd python3 python3-yaml procps
+  # libcrypto: lab and test certificates for mutual TLS (common/certs.h).
+  libssl-dev
   # The Python package (python/gradsync) and its tests.
   python3-numpy
   # PyTorch (the torch.distributed backend, the DDP hook, examples/train_ddp.py).

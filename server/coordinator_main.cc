@@ -36,6 +36,7 @@
 #include "absl/time/time.h"
 #include "common/config_file.h"
 #include "common/logging.h"
+#include "common/tls_flags.h"
 #include "common/port_file.h"
 #include "common/metrics.h"
 #include "common/sd_notify.h"
@@ -114,6 +115,7 @@ int Run() {
   options.registry.forming_job_timeout = absl::Milliseconds(forming_ms);
   options.registry.observer = coordinator_metrics->get();
   options.rpc_observer = coordinator_metrics->get();
+  options.tls = gradsync::TlsConfigFromFlags();
   absl::StatusOr<std::unique_ptr<CoordinatorServer>> server =
       CoordinatorServer::Start(std::move(options));
   if (!server.ok()) {
@@ -127,8 +129,14 @@ int Run() {
       return 1;
     }
   }
+  const bool tls = gradsync::TlsConfigFromFlags().enabled();
+  if (!tls) {
+    GS_LOG(WARNING) << "gRPC is plaintext and unauthenticated (no --tls_cert/--tls_key/--tls_ca): "
+                       "anyone who reaches the port can create, read and join jobs";
+  }
   const std::string serving =
-      absl::StrCat("serving gRPC on ", (*server)->address(), ", metrics ",
+      absl::StrCat("serving gRPC (", tls ? "mutual TLS" : "plaintext", ") on ",
+                   (*server)->address(), ", metrics ",
                    metrics_server ? absl::StrCat("on http://", metrics_server->address(), "/metrics")
                                   : std::string("off"));
   GS_LOG(INFO) << "gradsync-coordinator " << serving << " (heartbeat timeout " << heartbeat_ms

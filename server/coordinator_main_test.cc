@@ -120,7 +120,7 @@ TEST(CoordinatorMain, ConfigFileNotifyWatchdogAndMetrics) {
   ASSERT_GT(pid, 0);
 
   const std::string ready = systemd.ReceiveSkippingWatchdog(absl::Seconds(10));
-  ASSERT_TRUE(absl::StartsWith(ready, "READY=1\nSTATUS=serving gRPC on 127.0.0.1:"))
+  ASSERT_TRUE(absl::StartsWith(ready, "READY=1\nSTATUS=serving gRPC (plaintext) on 127.0.0.1:"))
       << "'" << ready << "'\n" << ReadFile(log);
   const int metrics_port = MetricsPortFromStatus(ready);
   ASSERT_GT(metrics_port, 0) << ready;

@@ -65,9 +65,12 @@ class CoordinatorService::Timer {
   const absl::Time start_;
 };
 
-grpc::Status CoordinatorService::CreateJob(grpc::ServerContext*,
+grpc::Status CoordinatorService::CreateJob(grpc::ServerContext* ctx,
                                            const v1::CreateJobRequest* request,
                                            v1::CreateJobResponse* response) {
+  if (grpc::Status denied = RequireRole(*ctx, tls_, "node", "CreateJob"); !denied.ok()) {
+    return denied;
+  }
   Timer timer(rpc_observer_, CoordinatorRpc::kCreateJob);
   return Reply(registry_->CreateJob(*request), response);
 }
@@ -75,6 +78,9 @@ grpc::Status CoordinatorService::CreateJob(grpc::ServerContext*,
 grpc::Status CoordinatorService::JoinJob(grpc::ServerContext* ctx,
                                          const v1::JoinJobRequest* request,
                                          v1::JoinJobResponse* response) {
+  if (grpc::Status denied = RequireRole(*ctx, tls_, "node", "JoinJob"); !denied.ok()) {
+    return denied;
+  }
   Timer timer(rpc_observer_, CoordinatorRpc::kJoinJob);
   JobRegistry::WaitControl wait;
   wait.deadline = RpcDeadline(*ctx);
@@ -96,43 +102,64 @@ grpc::Status CoordinatorService::JoinJob(grpc::ServerContext* ctx,
   return Reply(std::move(joined), response);
 }
 
-grpc::Status CoordinatorService::RegisterShard(grpc::ServerContext*,
+grpc::Status CoordinatorService::RegisterShard(grpc::ServerContext* ctx,
                                                const v1::RegisterShardRequest* request,
                                                v1::RegisterShardResponse* response) {
+  if (grpc::Status denied = RequireRole(*ctx, tls_, "ps", "RegisterShard"); !denied.ok()) {
+    return denied;
+  }
   absl::Status s = shards_.Register(request->shard_id(), request->endpoint());
   if (!s.ok()) return ToGrpcStatus(s);
   response->set_heartbeat_interval_ms(1000);
   return grpc::Status::OK;
 }
 
-grpc::Status CoordinatorService::ListShards(grpc::ServerContext*, const v1::ListShardsRequest*,
+grpc::Status CoordinatorService::ListShards(grpc::ServerContext* ctx, const v1::ListShardsRequest*,
                                             v1::ListShardsResponse* response) {
+  if (grpc::Status denied = RequireRole(*ctx, tls_, "node,ps,operator", "ListShards");
+      !denied.ok()) {
+    return denied;
+  }
   for (auto& st : shards_.List()) *response->add_shards() = std::move(st);
   return grpc::Status::OK;
 }
 
-grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext*,
+grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext* ctx,
                                            const v1::HeartbeatRequest* request,
                                            v1::HeartbeatResponse* response) {
+  if (grpc::Status denied = RequireRole(*ctx, tls_, "node", "Heartbeat"); !denied.ok()) {
+    return denied;
+  }
   Timer timer(rpc_observer_, CoordinatorRpc::kHeartbeat);
   return Reply(registry_->Heartbeat(*request), response);
 }
 
-grpc::Status CoordinatorService::LeaveJob(grpc::ServerContext*, const v1::LeaveJobRequest* request,
+grpc::Status CoordinatorService::LeaveJob(grpc::ServerContext* ctx,
+                                          const v1::LeaveJobRequest* request,
                                           v1::LeaveJobResponse*) {
+  if (grpc::Status denied = RequireRole(*ctx, tls_, "node", "LeaveJob"); !denied.ok()) {
+    return denied;
+  }
   Timer timer(rpc_observer_, CoordinatorRpc::kLeaveJob);
   return ToGrpcStatus(registry_->LeaveJob(*request));
 }
 
-grpc::Status CoordinatorService::GetJobStatus(grpc::ServerContext*,
+grpc::Status CoordinatorService::GetJobStatus(grpc::ServerContext* ctx,
                                               const v1::GetJobStatusRequest* request,
                                               v1::JobStatus* response) {
+  if (grpc::Status denied = RequireRole(*ctx, tls_, "node,operator", "GetJobStatus");
+      !denied.ok()) {
+    return denied;
+  }
   Timer timer(rpc_observer_, CoordinatorRpc::kGetJobStatus);
   return Reply(registry_->GetJobStatus(request->job_id()), response);
 }
 
-grpc::Status CoordinatorService::ListJobs(grpc::ServerContext*, const v1::ListJobsRequest*,
+grpc::Status CoordinatorService::ListJobs(grpc::ServerContext* ctx, const v1::ListJobsRequest*,
                                           v1::ListJobsResponse* response) {
+  if (grpc::Status denied = RequireRole(*ctx, tls_, "node,operator", "ListJobs"); !denied.ok()) {
+    return denied;
+  }
   Timer timer(rpc_observer_, CoordinatorRpc::kListJobs);
   *response = registry_->ListJobs();
   return grpc::Status::OK;
@@ -141,6 +168,9 @@ grpc::Status CoordinatorService::ListJobs(grpc::ServerContext*, const v1::ListJo
 grpc::Status CoordinatorService::WatchJob(grpc::ServerContext* ctx,
                                           const v1::WatchJobRequest* request,
                                           grpc::ServerWriter<v1::JobEvent>* writer) {
+  if (grpc::Status denied = RequireRole(*ctx, tls_, "node,operator", "WatchJob"); !denied.ok()) {
+    return denied;
+  }
   absl::StatusOr<std::unique_ptr<JobWatch>> watch = registry_->WatchJob(request->job_id());
   if (!watch.ok()) return ToGrpcStatus(watch.status());
   GS_LOG(DEBUG) << "WatchJob job='" << request->job_id() << "' from " << ctx->peer();
@@ -171,14 +201,18 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     CoordinatorServerOptions options) {
   std::unique_ptr<CoordinatorServer> s(new CoordinatorServer());
   s->registry_ = std::make_unique<JobRegistry>(std::move(options.registry));
-  s->service_ = std::make_unique<CoordinatorService>(s->registry_.get(), options.rpc_observer);
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
+      MakeServerCredentials(options.tls);
+  if (!credentials.ok()) return credentials.status();
+  s->service_ = std::make_unique<CoordinatorService>(s->registry_.get(), options.rpc_observer,
+                                                     options.tls.enabled());
 
   grpc::EnableDefaultHealthCheckService(true);  // process-wide; before building
   grpc::ServerBuilder builder;
   // gRPC sets SO_REUSEPORT by default: a second coordinator on the same port
   // would then start and silently split the jobs. Fail instead.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  builder.AddListeningPort(options.listen_address, grpc::InsecureServerCredentials(), &s->port_);
+  builder.AddListeningPort(options.listen_address, *credentials, &s->port_);
   builder.RegisterService(s->service_.get());
   s->server_ = builder.BuildAndStart();
   if (s->server_ == nullptr || s->port_ == 0) {

@@ -16,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/tls.h"
 #include "proto/coordinator.grpc.pb.h"
 #include "server/job_registry.h"
 #include "server/shard_registry.h"
@@ -47,8 +48,13 @@ class RpcObserver {
 class CoordinatorService final : public v1::Coordinator::Service {
  public:
   // `rpc_observer` (may be null) is not owned and must outlive the service.
-  explicit CoordinatorService(JobRegistry* registry, RpcObserver* rpc_observer = nullptr)
-      : registry_(registry), rpc_observer_(rpc_observer) {}
+  // `tls`: callers are verified certificates, and each call is allowed only
+  // for some roles (their OU; common/tls.h): jobs (create, join, heartbeat,
+  // leave) for "node", shard registration for "ps", reading jobs for "node"
+  // and "operator", listing shards for all three.
+  explicit CoordinatorService(JobRegistry* registry, RpcObserver* rpc_observer = nullptr,
+                              bool tls = false)
+      : registry_(registry), rpc_observer_(rpc_observer), tls_(tls) {}
 
   grpc::Status CreateJob(grpc::ServerContext* ctx, const v1::CreateJobRequest* request,
                          v1::CreateJobResponse* response) override;
@@ -75,6 +81,7 @@ class CoordinatorService final : public v1::Coordinator::Service {
 
   JobRegistry* const registry_;
   RpcObserver* const rpc_observer_;
+  const bool tls_;
   ShardRegistry shards_;
 };
 
@@ -86,6 +93,8 @@ struct CoordinatorServerOptions {
   // Receives each unary call's latency; not owned, must outlive the server.
   // See CoordinatorMetrics for both observers on Prometheus.
   RpcObserver* rpc_observer = nullptr;
+  // Mutual TLS (empty: plaintext).
+  TlsConfig tls;
 };
 
 // A running coordinator: registry + service + grpc::Server (+ health service,

@@ -59,8 +59,11 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   device.socket_buffer_bytes = options.socket_buffer_bytes;
   device.spin_us = options.spin_us;
   d->device_ = std::make_unique<transport::TcpDevice>(device);
-  d->coordinator_ = gradsync::v1::Coordinator::NewStub(
-      grpc::CreateChannel(options.coordinator, grpc::InsecureChannelCredentials()));
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+      MakeChannelCredentials(options.tls);
+  if (!credentials.ok()) return credentials.status();
+  d->coordinator_ =
+      gradsync::v1::Coordinator::NewStub(grpc::CreateChannel(options.coordinator, *credentials));
   d->heartbeat_thread_ = std::thread([p = d.get()] { p->HeartbeatLoop(); });
   GS_LOG(INFO) << "data plane listening on port " << d->listener_->port() << ", advertised as "
                << d->options_.advertise_host << "; coordinator " << options.coordinator;

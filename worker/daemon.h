@@ -18,6 +18,7 @@
 #include "collective/planner.h"
 #include "collective/ring_allreduce.h"
 #include "common/net.h"
+#include "common/tls.h"
 #include "ipc/fd_registration.h"
 #include "proto/coordinator.grpc.pb.h"
 #include "transport/device.h"
@@ -30,6 +31,7 @@ namespace gradsync {
 
 struct DaemonOptions {
   std::string coordinator;                 // gRPC target of gradsync-coordinator
+  TlsConfig tls;                           // mutual TLS toward it (empty: plaintext)
   HostPort data_listen{"0.0.0.0", 7071};   // data-plane TCP listener
   std::string advertise_host;              // host peers dial; default: derived
   std::string node_id;                     // default: hostname

@@ -19,6 +19,7 @@
 #include "common/build_info.h"
 #include "common/config_file.h"
 #include "common/logging.h"
+#include "common/tls_flags.h"
 #include "common/port_file.h"
 #include "common/metrics.h"
 #include "common/net.h"
@@ -159,6 +160,11 @@ int main(int argc, char** argv) {
   gradsync::DaemonOptions opts;
   opts.observer = daemon_metrics->get();
   opts.coordinator = absl::GetFlag(FLAGS_coordinator);
+  opts.tls = gradsync::TlsConfigFromFlags();
+  if (!opts.tls.enabled()) {
+    GS_LOG(WARNING) << "no --tls_cert/--tls_key/--tls_ca: the coordinator connection and the "
+                       "status service are plaintext and unauthenticated";
+  }
   auto data_listen = gradsync::ParseHostPort(absl::GetFlag(FLAGS_data_listen));
   if (!data_listen.ok()) {
     GS_LOG(ERROR) << "--data_listen: " << data_listen.status().message();
@@ -206,7 +212,7 @@ int main(int argc, char** argv) {
   }
   grpc::EnableDefaultHealthCheckService(true);
   // The status service (TCP, read-only), registered with the coordinator.
-  gradsync::StatusService status_service(daemon->get());
+  gradsync::StatusService status_service(daemon->get(), opts.tls.enabled());
   std::unique_ptr<grpc::Server> status_server;
   int status_port = 0;
   if (const std::string address = absl::GetFlag(FLAGS_status_listen); !address.empty()) {
@@ -217,7 +223,12 @@ int main(int argc, char** argv) {
     }
     grpc::ServerBuilder sb;
     sb.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-    sb.AddListeningPort(address, grpc::InsecureServerCredentials(), &status_port);
+    auto credentials = gradsync::MakeServerCredentials(opts.tls);
+    if (!credentials.ok()) {
+      GS_LOG(ERROR) << "--status_listen: " << credentials.status().message();
+      return 2;
+    }
+    sb.AddListeningPort(address, *credentials, &status_port);
     sb.RegisterService(&status_service);
     status_server = sb.BuildAndStart();
     if (status_server == nullptr || status_port == 0) {

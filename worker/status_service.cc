@@ -1,11 +1,17 @@
 #include "worker/status_service.h"
 
+#include "common/tls.h"
+
 #include "common/metrics.h"
 
 namespace gradsync {
 
-grpc::Status StatusService::GetStatus(grpc::ServerContext*, const v1::GetDaemonStatusRequest* req,
+grpc::Status StatusService::GetStatus(grpc::ServerContext* ctx,
+                                      const v1::GetDaemonStatusRequest* req,
                                       v1::DaemonStatusResponse* resp) {
+  if (grpc::Status denied = RequireRole(*ctx, tls_, "operator,node", "GetStatus"); !denied.ok()) {
+    return denied;
+  }
   resp->set_node_id(daemon_->node_id());
   resp->set_version(kGradsyncVersion);
   resp->set_data_port(daemon_->data_port());

@@ -10,12 +10,15 @@ namespace gradsync {
 
 class StatusService final : public v1::DaemonStatus::Service {
  public:
-  explicit StatusService(Daemon* daemon) : daemon_(daemon) {}
+  // `tls`: callers are verified certificates; only operators and nodes may
+  // read (common/tls.h).
+  explicit StatusService(Daemon* daemon, bool tls = false) : daemon_(daemon), tls_(tls) {}
   grpc::Status GetStatus(grpc::ServerContext* ctx, const v1::GetDaemonStatusRequest* req,
                          v1::DaemonStatusResponse* resp) override;
 
  private:
   Daemon* daemon_;
+  const bool tls_;
 };
 
 }  // namespace gradsync

@@ -1,0 +1,35 @@
+// Certificates for a lab or a test cluster (`gradsync certs`, LocalCluster
+// with TLS): a CA, and certificates it signs for each role (OU "node", "ps",
+// "operator"; common_tls.h reads the role back). ECDSA P-256 keys, SHA-256,
+// made with OpenSSL's libcrypto. Production clusters use their own PKI; what
+// matters to gradsync is the CA bundle, the OU and the host names.
+#ifndef GRADSYNC_COMMON_CERTS_H_
+#define GRADSYNC_COMMON_CERTS_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/tls.h"
+
+namespace gradsync {
+
+struct LabCerts {
+  std::string dir;
+  std::string ca;  // DIR/ca.pem (its key: DIR/ca.key)
+  TlsConfig node;      // DIR/node.{pem,key}: gradsyncd
+  TlsConfig ps;        // DIR/ps.{pem,key}: gradsync-ps
+  TlsConfig operator_;  // DIR/operator.{pem,key}: the CLI, people
+};
+
+// Writes a new CA and one certificate per role into `dir` (created if
+// missing; keys mode 0600), valid for `days`. Every certificate names
+// `hosts` (DNS names or IP addresses; "localhost" and 127.0.0.1 are always
+// added) so servers can be reached by those names, and may act as TLS
+// server and client.
+absl::StatusOr<LabCerts> MakeLabCerts(const std::string& dir, std::vector<std::string> hosts,
+                                      int days = 365);
+
+}  // namespace gradsync
+
+#endif  // GRADSYNC_COMMON_CERTS_H_

@@ -1,0 +1,114 @@
+#include "common/tls.h"
+
+#include <unistd.h>
+
+#include <grpc/grpc_security_constants.h>
+#include <grpcpp/security/auth_context.h>
+#include <grpcpp/security/tls_certificate_provider.h>
+#include <grpcpp/security/tls_credentials_options.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+
+namespace gradsync {
+namespace {
+
+// How often gRPC re-reads the certificate files (a rotated certificate is in
+// use within this many seconds).
+constexpr unsigned int kRefreshSeconds = 10;
+
+std::shared_ptr<grpc::experimental::CertificateProviderInterface> Provider(const TlsConfig& c) {
+  return std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(c.key, c.cert, c.ca,
+                                                                              kRefreshSeconds);
+}
+
+std::string Property(const grpc::AuthContext& auth, const char* name) {
+  for (const grpc::string_ref& v : auth.FindPropertyValues(name)) {
+    return std::string(v.data(), v.size());
+  }
+  return "";
+}
+
+}  // namespace
+
+absl::Status TlsConfig::Validate() const {
+  const std::pair<const char*, const std::string*> files[] = {
+      {"--tls_cert", &cert}, {"--tls_key", &key}, {"--tls_ca", &ca}};
+  for (const auto& [flag, path] : files) {
+    if (path->empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "TLS needs --tls_cert, --tls_key and --tls_ca together; ", flag, " is missing"));
+    }
+  }
+  for (const auto& [flag, path] : files) {
+    if (::access(path->c_str(), R_OK) != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(flag, " '", *path, "' cannot be read"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
+    const TlsConfig& config) {
+  if (!config.enabled()) return grpc::InsecureServerCredentials();
+  if (absl::Status s = config.Validate(); !s.ok()) return s;
+  grpc::experimental::TlsServerCredentialsOptions options(Provider(config));
+  options.watch_root_certs();
+  options.watch_identity_key_cert_pairs();
+  options.set_cert_request_type(GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  return grpc::experimental::TlsServerCredentials(options);
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials(
+    const TlsConfig& config) {
+  if (!config.enabled()) return grpc::InsecureChannelCredentials();
+  if (absl::Status s = config.Validate(); !s.ok()) return s;
+  grpc::experimental::TlsChannelCredentialsOptions options;
+  options.set_certificate_provider(Provider(config));
+  options.watch_root_certs();
+  options.watch_identity_key_cert_pairs();
+  options.set_verify_server_certs(true);
+  return grpc::experimental::TlsCredentials(options);
+}
+
+std::string PeerIdentity::ToString() const {
+  if (!authenticated()) return "an unauthenticated peer";
+  return absl::StrCat(role.empty() ? "peer" : role, " '", name, "'");
+}
+
+std::string SubjectField(absl::string_view subject, absl::string_view field) {
+  for (absl::string_view part : absl::StrSplit(subject, ',')) {
+    part = absl::StripAsciiWhitespace(part);
+    if (absl::ConsumePrefix(&part, field) && absl::ConsumePrefix(&part, "=")) {
+      return std::string(part);
+    }
+  }
+  return "";
+}
+
+PeerIdentity IdentityOf(const grpc::ServerContext& ctx) {
+  PeerIdentity id;
+  std::shared_ptr<const grpc::AuthContext> auth = ctx.auth_context();
+  if (auth == nullptr || !auth->IsPeerAuthenticated()) return id;
+  id.name = Property(*auth, GRPC_X509_CN_PROPERTY_NAME);
+  id.role = SubjectField(Property(*auth, GRPC_X509_SUBJECT_PROPERTY_NAME), "OU");
+  return id;
+}
+
+grpc::Status RequireRole(const grpc::ServerContext& ctx, bool tls, absl::string_view roles,
+                         absl::string_view call) {
+  if (!tls) return grpc::Status::OK;
+  const PeerIdentity id = IdentityOf(ctx);
+  if (id.authenticated()) {
+    for (absl::string_view r : absl::StrSplit(roles, ',')) {
+      if (r == id.role) return grpc::Status::OK;
+    }
+  }
+  return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                      absl::StrCat(call, " is not allowed for ", id.ToString(),
+                                   " (allowed: certificates with OU ", roles, ")"));
+}
+
+}  // namespace gradsync

@@ -1,0 +1,65 @@
+// Mutual TLS for gradsync's TCP gRPC services (the coordinator, gradsyncd's
+// status service) and their clients (gradsyncd, gradsync-ps, the CLI), with
+// gRPC's own TLS stack: certificates are read from files and re-read when the
+// files change (gRPC's FileWatcherCertificateProvider), and a server
+// requires and verifies a client certificate signed by the CA.
+//
+// A peer's role comes from its certificate's organizational unit (OU):
+// "node" (gradsyncd), "ps" (gradsync-ps), "operator" (people and the CLI).
+// scripts/gradsync-certs.sh makes such certificates.
+#ifndef GRADSYNC_COMMON_TLS_H_
+#define GRADSYNC_COMMON_TLS_H_
+
+#include <memory>
+#include <string>
+
+#include <grpcpp/security/credentials.h>
+#include <grpcpp/security/server_credentials.h>
+#include <grpcpp/server_context.h>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace gradsync {
+
+struct TlsConfig {
+  std::string cert;  // PEM certificate (chain) of this process
+  std::string key;   // its PEM private key
+  std::string ca;    // PEM CA bundle that peers' certificates must chain to
+  // All three empty: plaintext. Set only some: InvalidArgument.
+  bool enabled() const { return !cert.empty() || !key.empty() || !ca.empty(); }
+  // InvalidArgument naming the missing or unreadable file.
+  absl::Status Validate() const;
+};
+
+// Credentials for a server: TLS requiring a verified client certificate, or
+// insecure for a config that is not enabled. Errors from Validate.
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
+    const TlsConfig& config);
+// Credentials for a client channel: TLS that presents `config`'s certificate
+// and verifies the server's (chain and host name), or insecure.
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials(
+    const TlsConfig& config);
+
+// Who called: the verified certificate's common name and OU. Empty for a
+// plaintext call.
+struct PeerIdentity {
+  std::string name;  // CN
+  std::string role;  // OU
+  bool authenticated() const { return !name.empty(); }
+  std::string ToString() const;  // "operator 'alice'"
+};
+PeerIdentity IdentityOf(const grpc::ServerContext& ctx);
+// The OU= value of an X.509 subject as gRPC prints it ("CN=a,OU=node,O=x").
+std::string SubjectField(absl::string_view subject, absl::string_view field);
+
+// OK when `ctx` is a TLS call whose peer has one of `roles` (comma-separated,
+// e.g. "node,operator"), or when `tls` is false; PERMISSION_DENIED naming the
+// caller, the call and the roles allowed otherwise.
+grpc::Status RequireRole(const grpc::ServerContext& ctx, bool tls, absl::string_view roles,
+                         absl::string_view call);
+
+}  // namespace gradsync
+
+#endif  // GRADSYNC_COMMON_TLS_H_

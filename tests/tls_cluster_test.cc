@@ -1,0 +1,166 @@
+// A cluster of real processes with mutual TLS on the control plane (a
+// coordinator, two gradsyncd and a gradsync-ps shard, certificates made for
+// the test): jobs form and run, including over the PS shard; a caller
+// without a certificate, or with one from another CA, does not get in; each
+// role gets only its own calls.
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <grpcpp/create_channel.h>
+#include <grpcpp/security/credentials.h>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "cli/status.h"
+#include "common/certs.h"
+#include "common/tls.h"
+#include "gtest/gtest.h"
+#include "proto/coordinator.grpc.pb.h"
+#include "proto/status.grpc.pb.h"
+#include "tests/cluster_util.h"
+
+namespace gradsync {
+namespace {
+
+class TlsCluster : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    LocalClusterOptions o;
+    o.daemons = 2;
+    o.ps_shards = 1;
+    o.tls = true;
+    auto c = LocalCluster::Start(o);
+    ASSERT_TRUE(c.ok()) << c.status();
+    cluster_ = c->release();
+  }
+  static void TearDownTestSuite() {
+    delete cluster_;
+    cluster_ = nullptr;
+  }
+
+  static std::unique_ptr<v1::Coordinator::Stub> Coordinator(const TlsConfig& tls) {
+    auto credentials = MakeChannelCredentials(tls);
+    EXPECT_TRUE(credentials.ok()) << credentials.status();
+    return v1::Coordinator::NewStub(
+        grpc::CreateChannel(cluster_->coordinator_address(), *credentials));
+  }
+
+  static std::unique_ptr<grpc::ClientContext> Ctx() {
+    auto ctx = std::make_unique<grpc::ClientContext>();
+    ctx->set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    return ctx;
+  }
+
+  static LocalCluster* cluster_;
+};
+
+LocalCluster* TlsCluster::cluster_ = nullptr;
+
+// The daemons create, join and heartbeat over mutual TLS, and the shard
+// registered over it: a 2-rank job allreduces through the ring and the PS.
+TEST_F(TlsCluster, JobsRunWithTheControlPlaneOnMutualTls) {
+  auto job = testing::OpenJob(*cluster_, "tls-job", {0, 1}, 30000, 0, /*ps_shards=*/1);
+  ASSERT_TRUE(job.ok()) << job.status();
+  std::vector<std::string> errors(2);
+  testing::OnEveryRank(2, [&](int r) {
+    client::Session& s = *(*job)[r].session;
+    for (const char* algorithm : {"ring", "ps"}) {
+      auto buf = s.AllocateBuffer(512 * 4);
+      if (!buf.ok()) return void(errors[r] = buf.status().ToString());
+      auto* v = static_cast<int32_t*>((*buf)->data());
+      for (int i = 0; i < 512; ++i) v[i] = i * (r + 1);
+      client::CollectiveSpec spec;
+      spec.buffer = buf->get();
+      spec.count = 512;
+      spec.dtype = DType::kI32;
+      spec.op = ReduceOp::kSum;
+      spec.algorithm = algorithm;
+      spec.name = absl::StrCat("tls.", algorithm);
+      auto res = s.Run(spec);
+      if (!res.ok()) return void(errors[r] = absl::StrCat(algorithm, ": ", res.status().ToString()));
+      for (int i = 0; i < 512; ++i) {
+        if (v[i] != 3 * i) {
+          return void(errors[r] = absl::StrCat(algorithm, ": element ", i, " is ", v[i]));
+        }
+      }
+    }
+  });
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+
+  // An operator reads the job, the shard and every daemon's sessions.
+  StatusOptions so;
+  so.coordinator = cluster_->coordinator_address();
+  so.job = "tls-job";
+  so.tls = cluster_->certs().operator_;
+  auto hanging = RunStatus(so);
+  EXPECT_TRUE(hanging.ok()) << hanging.status();
+  for (auto& r : *job) EXPECT_TRUE(r.session->Close().ok());
+}
+
+TEST_F(TlsCluster, CallersWithoutACertificateOfTheCaDoNotGetIn) {
+  v1::ListJobsResponse jobs;
+  grpc::Status plain = Coordinator(TlsConfig{})->ListJobs(Ctx().get(), {}, &jobs);
+  EXPECT_EQ(plain.error_code(), grpc::StatusCode::UNAVAILABLE) << plain.error_message();
+
+  auto foreign = MakeLabCerts(cluster_->work_dir() + "/foreign-ca", {});
+  ASSERT_TRUE(foreign.ok()) << foreign.status();
+  grpc::Status other_ca = Coordinator(foreign->node)->ListJobs(Ctx().get(), {}, &jobs);
+  EXPECT_EQ(other_ca.error_code(), grpc::StatusCode::UNAVAILABLE) << other_ca.error_message();
+
+  // The daemons' status services ask for a certificate too.
+  auto job = testing::OpenJob(*cluster_, "tls-status", {0});
+  ASSERT_TRUE(job.ok()) << job.status();
+  v1::JobStatus status;
+  v1::GetJobStatusRequest req;
+  req.set_job_id("tls-status");
+  ASSERT_TRUE(Coordinator(cluster_->certs().operator_)->GetJobStatus(Ctx().get(), req, &status).ok());
+  const std::string endpoint = status.members(0).status_endpoint();
+  ASSERT_FALSE(endpoint.empty());
+  auto daemon = v1::DaemonStatus::NewStub(
+      grpc::CreateChannel(endpoint, grpc::InsecureChannelCredentials()));
+  v1::DaemonStatusResponse daemon_status;
+  grpc::Status s = daemon->GetStatus(Ctx().get(), {}, &daemon_status);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
+  auto ps_credentials = MakeChannelCredentials(cluster_->certs().ps);
+  ASSERT_TRUE(ps_credentials.ok());
+  s = v1::DaemonStatus::NewStub(grpc::CreateChannel(endpoint, *ps_credentials))
+          ->GetStatus(Ctx().get(), {}, &daemon_status);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
+  EXPECT_TRUE((*job)[0].session->Close().ok());
+}
+
+// Roles come from the certificate's OU: an operator reads but cannot create
+// or join jobs; a PS shard registers but cannot read jobs.
+TEST_F(TlsCluster, EachRoleGetsOnlyItsOwnCalls) {
+  auto op = Coordinator(cluster_->certs().operator_);
+  v1::ListJobsResponse jobs;
+  EXPECT_TRUE(op->ListJobs(Ctx().get(), {}, &jobs).ok());
+  v1::ListShardsResponse shards;
+  ASSERT_TRUE(op->ListShards(Ctx().get(), {}, &shards).ok());
+  EXPECT_EQ(shards.shards_size(), 1);
+
+  v1::CreateJobRequest create;
+  create.set_job_id("by-operator");
+  create.set_world_size(1);
+  v1::CreateJobResponse created;
+  grpc::Status s = op->CreateJob(Ctx().get(), create, &created);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(s.error_message(), "CreateJob is not allowed for operator 'lab-operator' (allowed: "
+                               "certificates with OU node)");
+  v1::JoinJobRequest join;
+  join.set_job_id("by-operator");
+  v1::JoinJobResponse joined;
+  EXPECT_EQ(op->JoinJob(Ctx().get(), join, &joined).error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+
+  auto ps = Coordinator(cluster_->certs().ps);
+  s = ps->ListJobs(Ctx().get(), {}, &jobs);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_TRUE(absl::StrContains(s.error_message(), "ps 'lab-ps'")) << s.error_message();
+}
+
+}  // namespace
+}  // namespace gradsync
