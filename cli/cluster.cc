@@ -37,6 +37,10 @@ absl::Status RunCluster(const ClusterOptions& options) {
     absl::StrAppend(&env, "GRADSYNC_DAEMON_", i, "=", targets.back(), "\n");
   }
   absl::StrAppend(&env, "GRADSYNC_DAEMONS=", absl::StrJoin(targets, ","), "\n");
+  // The operator certificate of this cluster, for `gradsync status $GRADSYNC_TLS_FLAGS`.
+  const TlsConfig& op = (*cluster)->certs().operator_;
+  absl::StrAppend(&env, "GRADSYNC_TLS_FLAGS=\"--tls_cert=", op.cert, " --tls_key=", op.key,
+                  " --tls_ca=", op.ca, "\"\n");
   if (!options.env_file.empty()) {
     // Written whole to a temporary name, then renamed: a reader never sees half of it.
     const std::string tmp = options.env_file + ".tmp";

@@ -84,7 +84,8 @@ constexpr char kUsage[] =
     "          what each rank of each job (--job) is doing, and who an op is waiting for\n"
     "  cluster start a local cluster (1 coordinator + --ranks daemons, default 2) and keep it\n"
     "          up until Ctrl-C; prints GRADSYNC_COORDINATOR / GRADSYNC_DAEMONS (--env_file)\n"
-    "  certs   write a lab CA and certificates for each role (node, ps, operator) into --dir,\n"
+    "  certs   write a lab CA and a certificate per role (coordinator, node, ps, operator)\n"
+    "          into --dir,\n"
     "          naming --hosts, for mutual TLS (--tls_cert/--tls_key/--tls_ca)\n"
     "  version the version, the source commit and the build mode (as --version)\n";
 
@@ -140,10 +141,12 @@ int main(int argc, char** argv) {
     auto certs = gradsync::MakeLabCerts(dir, hosts, absl::GetFlag(FLAGS_days));
     if (!certs.ok()) return Fail("certs", std::string(certs.status().message()));
     std::printf("CA %s (key %s/ca.key: keep it off the nodes)\n", certs->ca.c_str(), dir.c_str());
-    for (const auto& [role, c] : {std::pair<const char*, gradsync::TlsConfig>{"node", certs->node},
-                                  {"ps", certs->ps},
-                                  {"operator", certs->operator_}}) {
-      std::printf("%-8s --tls_cert=%s --tls_key=%s --tls_ca=%s\n", role, c.cert.c_str(),
+    for (const auto& [role, c] :
+         {std::pair<const char*, gradsync::TlsConfig>{"coordinator", certs->coordinator},
+          {"node", certs->node},
+          {"ps", certs->ps},
+          {"operator", certs->operator_}}) {
+      std::printf("%-11s --tls_cert=%s --tls_key=%s --tls_ca=%s\n", role, c.cert.c_str(),
                   c.key.c_str(), c.ca.c_str());
     }
     return 0;

@@ -140,17 +140,16 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
   }
   // --tls_* flags for a process with `config` (none without TLS).
   auto tls_flags = [&](const TlsConfig& config) {
-    std::vector<std::string> f;
-    if (!options.tls) return f;
-    f = {"--tls_cert=" + config.cert, "--tls_key=" + config.key, "--tls_ca=" + config.ca};
-    return f;
+    if (!options.tls) return std::vector<std::string>{"--insecure"};
+    return std::vector<std::string>{"--tls_cert=" + config.cert, "--tls_key=" + config.key,
+                                    "--tls_ca=" + config.ca};
   };
 
   const std::string coord_port_file = c->work_dir_ + "/coordinator.port";
   const std::string coord_log = c->work_dir_ + "/coordinator.log";
   std::vector<std::string> cargs = {"--listen=127.0.0.1:0", "--port_file=" + coord_port_file,
                                     "--metrics_listen=127.0.0.1:0"};
-  for (std::string& f : tls_flags(c->certs_.node)) cargs.push_back(std::move(f));
+  for (std::string& f : tls_flags(c->certs_.coordinator)) cargs.push_back(std::move(f));
   cargs.insert(cargs.end(), options.coordinator_flags.begin(), options.coordinator_flags.end());
   auto cpid = Spawn(coord_bin, cargs, coord_log);
   if (!cpid.ok()) return cpid.status();

@@ -31,8 +31,9 @@ struct LocalClusterOptions {
   bool keep_logs = false;  // otherwise the work dir is removed when all is well
   // Mutual TLS between every process and the coordinator (and the daemons'
   // status services), with certificates made for this cluster in
-  // WORK_DIR/certs (common/certs.h); tls() has the operator's.
-  bool tls = false;
+  // WORK_DIR/certs (common/certs.h; certs() has the operator's). false: every
+  // process runs with --insecure.
+  bool tls = true;
 };
 
 class LocalCluster {

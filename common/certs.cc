@@ -142,7 +142,10 @@ absl::StatusOr<LabCerts> MakeLabCerts(const std::string& dir, std::vector<std::s
   if (s.ok()) s = WritePem(dir + "/ca.key", 0600, ca_key.get(), nullptr);
   if (!s.ok()) return s;
   const std::pair<const char*, TlsConfig*> roles[] = {
-      {"node", &out.node}, {"ps", &out.ps}, {"operator", &out.operator_}};
+      {"coordinator", &out.coordinator},
+      {"node", &out.node},
+      {"ps", &out.ps},
+      {"operator", &out.operator_}};
   for (const auto& [role, config] : roles) {
     Key key(EVP_EC_gen("P-256"));
     if (key == nullptr) return OpenSslError("EC key");

@@ -17,6 +17,7 @@ namespace gradsync {
 struct LabCerts {
   std::string dir;
   std::string ca;  // DIR/ca.pem (its key: DIR/ca.key)
+  TlsConfig coordinator;  // DIR/coordinator.{pem,key}: gradsync-coordinator
   TlsConfig node;      // DIR/node.{pem,key}: gradsyncd
   TlsConfig ps;        // DIR/ps.{pem,key}: gradsync-ps
   TlsConfig operator_;  // DIR/operator.{pem,key}: the CLI, people

@@ -55,7 +55,9 @@ TEST(LabCerts, EachRoleIsSignedByTheCaAndNamesTheHosts) {
   X509* ca = PEM_read_X509(f, nullptr, nullptr, nullptr);
   std::fclose(f);
   ASSERT_NE(ca, nullptr);
-  for (const auto& [role, config] : {std::pair<std::string, TlsConfig>{"node", certs->node},
+  for (const auto& [role, config] : {std::pair<std::string, TlsConfig>{"coordinator",
+                                                                      certs->coordinator},
+                                     {"node", certs->node},
                                      {"ps", certs->ps},
                                      {"operator", certs->operator_}}) {
     EXPECT_TRUE(config.Validate().ok()) << role;

@@ -213,6 +213,16 @@ int Run() {
     GS_LOG(ERROR) << options.status().message();
     return 1;
   }
+  // Registration at the coordinator is its gRPC: TLS or an explicit --insecure.
+  gradsync::TlsConfig tls = gradsync::TlsConfigFromFlags();
+  if (!absl::GetFlag(FLAGS_coordinator).empty()) {
+    absl::StatusOr<gradsync::TlsConfig> checked = gradsync::ServerTlsConfigFromFlags("gradsync-ps");
+    if (!checked.ok()) {
+      GS_LOG(ERROR) << "cannot start: " << checked.status().message();
+      return 2;
+    }
+    tls = *checked;
+  }
   // Block the shutdown signals in every thread; this thread takes them with sigwait.
   sigset_t signals;
   sigemptyset(&signals);
@@ -230,6 +240,13 @@ int Run() {
   if (absl::Status s = metrics.AddProcessMetrics(); !s.ok()) {
     GS_LOG(ERROR) << "metrics: " << s.message();
     return 1;
+  }
+  if (auto g = metrics.AddGauge("gradsync_ps_insecure",
+                                 "1 while the gRPC control plane is plaintext and unauthenticated "
+                                 "(--insecure), 0 with mutual TLS",
+                                 {});
+      g.ok()) {
+    (*g)->Set(tls.enabled() ? 0 : 1);
   }
   metrics.AddCollectable(std::make_shared<ShardCollector>(shard->get()));
   std::unique_ptr<MetricsServer> metrics_server;
@@ -253,11 +270,6 @@ int Run() {
                                    : absl::GetFlag(FLAGS_shard_id);
   std::unique_ptr<Registrar> registrar;
   if (const std::string coord = absl::GetFlag(FLAGS_coordinator); !coord.empty()) {
-    const gradsync::TlsConfig tls = gradsync::TlsConfigFromFlags();
-    if (!tls.enabled()) {
-      GS_LOG(WARNING) << "no --tls_cert/--tls_key/--tls_ca: the coordinator connection is "
-                         "plaintext and unauthenticated";
-    }
     auto credentials = gradsync::MakeChannelCredentials(tls);
     if (!credentials.ok()) {
       GS_LOG(ERROR) << "cannot start: " << credentials.status().message();

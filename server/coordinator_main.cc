@@ -87,10 +87,22 @@ int Run() {
 
   // Metrics: registered here, served by the MetricsServer; both outlive the
   // coordinator server (declared before it).
+  absl::StatusOr<TlsConfig> tls = ServerTlsConfigFromFlags("gradsync-coordinator");
+  if (!tls.ok()) {
+    GS_LOG(ERROR) << "cannot start: " << tls.status().message();
+    return 2;
+  }
   MetricsRegistry metrics;
   if (absl::Status s = metrics.AddProcessMetrics(); !s.ok()) {
     GS_LOG(ERROR) << "metrics: " << s.ToString();
     return 1;
+  }
+  if (auto g = metrics.AddGauge("gradsync_coordinator_insecure",
+                                 "1 while the gRPC control plane is plaintext and unauthenticated "
+                                 "(--insecure), 0 with mutual TLS",
+                                 {});
+      g.ok()) {
+    (*g)->Set(tls->enabled() ? 0 : 1);
   }
   absl::StatusOr<std::unique_ptr<CoordinatorMetrics>> coordinator_metrics =
       CoordinatorMetrics::Create(metrics);
@@ -115,7 +127,7 @@ int Run() {
   options.registry.forming_job_timeout = absl::Milliseconds(forming_ms);
   options.registry.observer = coordinator_metrics->get();
   options.rpc_observer = coordinator_metrics->get();
-  options.tls = gradsync::TlsConfigFromFlags();
+  options.tls = *tls;
   absl::StatusOr<std::unique_ptr<CoordinatorServer>> server =
       CoordinatorServer::Start(std::move(options));
   if (!server.ok()) {
@@ -129,13 +141,8 @@ int Run() {
       return 1;
     }
   }
-  const bool tls = gradsync::TlsConfigFromFlags().enabled();
-  if (!tls) {
-    GS_LOG(WARNING) << "gRPC is plaintext and unauthenticated (no --tls_cert/--tls_key/--tls_ca): "
-                       "anyone who reaches the port can create, read and join jobs";
-  }
   const std::string serving =
-      absl::StrCat("serving gRPC (", tls ? "mutual TLS" : "plaintext", ") on ",
+      absl::StrCat("serving gRPC (", tls->enabled() ? "mutual TLS" : "plaintext", ") on ",
                    (*server)->address(), ", metrics ",
                    metrics_server ? absl::StrCat("on http://", metrics_server->address(), "/metrics")
                                   : std::string("off"));

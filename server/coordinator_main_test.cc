@@ -60,7 +60,9 @@ std::string ReadFile(const std::string& path) {
 
 // Starts the binary with stderr going to `stderr_path`; the environment is
 // this process's (so NOTIFY_SOCKET from a FakeSystemd is inherited).
-pid_t Spawn(std::vector<std::string> args, const std::string& stderr_path) {
+// The coordinator runs with --insecure unless `insecure` is false.
+pid_t Spawn(std::vector<std::string> args, const std::string& stderr_path, bool insecure = true) {
+  if (insecure) args.insert(args.begin(), "--insecure");
   args.insert(args.begin(), BinaryPath());
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
@@ -172,6 +174,19 @@ TEST(CoordinatorMain, UnknownConfigKeyExitsOneNamingTheLine) {
   EXPECT_EQ(WaitExit(pid, absl::Seconds(5)), 1);
   EXPECT_TRUE(absl::StrContains(ReadFile(log), absl::StrCat(config, ":2: unknown key 'metrics_lisen'")))
       << ReadFile(log);
+}
+
+// Secure by default: without certificates the coordinator starts only when
+// told --insecure; otherwise it exits 2 saying both ways out.
+TEST(CoordinatorMain, WithoutTlsOrInsecureItDoesNotStart) {
+  const std::string log = TmpPath("notls.log");
+  const pid_t pid = Spawn({"--listen=127.0.0.1:0", "--metrics_listen="}, log, /*insecure=*/false);
+  ASSERT_GT(pid, 0);
+  EXPECT_EQ(WaitExit(pid, absl::Seconds(5)), 2);
+  EXPECT_TRUE(absl::StrContains(ReadFile(log),
+                                "gradsync-coordinator needs --tls_cert, --tls_key and --tls_ca"))
+      << ReadFile(log);
+  EXPECT_TRUE(absl::StrContains(ReadFile(log), "or --insecure")) << ReadFile(log);
 }
 
 TEST(CoordinatorMain, MissingConfigFileExitsOne) {

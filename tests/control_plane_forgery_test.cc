@@ -1,6 +1,7 @@
 // Forged coordinator requests against a running job of real processes (a
-// coordinator and two gradsyncd on loopback), built from what ListJobs shows
-// anyone: the job id, each rank's member id and the epoch. Without the
+// coordinator and two gradsyncd on loopback, mutual TLS), sent with a valid
+// node certificate (a compromised or misbehaving node) and built from what
+// GetJobStatus shows: the job id, each rank's member id and the epoch. Without the
 // members' keys, a LeaveJob (it aborted every rank before), a join retry
 // with the victim's member id and another endpoint (it took over the rank's
 // endpoint before) and heartbeats are refused, and the job goes on.
@@ -13,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/tls.h"
 #include "gtest/gtest.h"
 #include "proto/coordinator.grpc.pb.h"
 #include "tests/cluster_util.h"
@@ -51,8 +53,10 @@ TEST_F(ControlPlaneForgery, RequestsWithoutTheMembersKeysChangeNothing) {
   ASSERT_TRUE(job.ok()) << job.status();
   ExpectAllreduceWorks(*job, "before");
 
+  auto credentials = MakeChannelCredentials(cluster_->certs().node);
+  ASSERT_TRUE(credentials.ok()) << credentials.status();
   auto stub = v1::Coordinator::NewStub(
-      grpc::CreateChannel(cluster_->coordinator_address(), grpc::InsecureChannelCredentials()));
+      grpc::CreateChannel(cluster_->coordinator_address(), *credentials));
   v1::JobStatus status;
   {
     v1::GetJobStatusRequest req;

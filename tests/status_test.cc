@@ -25,8 +25,10 @@ struct StalledJob {
 };
 
 std::string Status(const LocalCluster& cluster, const std::string& args) {
+  const TlsConfig& op = cluster.certs().operator_;
   return RunCommand(absl::StrCat("cli/gradsync status --coordinator=",
-                                 cluster.coordinator_address(), args, " 2>&1"));
+                                 cluster.coordinator_address(), " --tls_cert=", op.cert,
+                                 " --tls_key=", op.key, " --tls_ca=", op.ca, args, " 2>&1"));
 }
 
 // `op1_algorithm`: what op 1 must have run ("" = anything).

@@ -137,10 +137,22 @@ int main(int argc, char** argv) {
   if (swept > 0) GS_LOG(INFO) << "removed " << swept << " stale shared-memory segments";
 
   // Metrics: registered before the daemon starts, served over HTTP.
+  absl::StatusOr<gradsync::TlsConfig> tls = gradsync::ServerTlsConfigFromFlags("gradsyncd");
+  if (!tls.ok()) {
+    GS_LOG(ERROR) << "cannot start: " << tls.status().message();
+    return 2;
+  }
   gradsync::MetricsRegistry metrics;
   if (absl::Status s = metrics.AddProcessMetrics(); !s.ok()) {
     GS_LOG(ERROR) << "metrics: " << s.message();
     return 1;
+  }
+  if (auto g = metrics.AddGauge("gradsync_daemon_insecure",
+                                 "1 while the gRPC control plane is plaintext and unauthenticated "
+                                 "(--insecure), 0 with mutual TLS",
+                                 {});
+      g.ok()) {
+    (*g)->Set(tls->enabled() ? 0 : 1);
   }
   auto daemon_metrics = gradsync::DaemonMetrics::Create(metrics);
   if (!daemon_metrics.ok()) {
@@ -160,11 +172,7 @@ int main(int argc, char** argv) {
   gradsync::DaemonOptions opts;
   opts.observer = daemon_metrics->get();
   opts.coordinator = absl::GetFlag(FLAGS_coordinator);
-  opts.tls = gradsync::TlsConfigFromFlags();
-  if (!opts.tls.enabled()) {
-    GS_LOG(WARNING) << "no --tls_cert/--tls_key/--tls_ca: the coordinator connection and the "
-                       "status service are plaintext and unauthenticated";
-  }
+  opts.tls = *tls;
   auto data_listen = gradsync::ParseHostPort(absl::GetFlag(FLAGS_data_listen));
   if (!data_listen.ok()) {
     GS_LOG(ERROR) << "--data_listen: " << data_listen.status().message();
