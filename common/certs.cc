@@ -120,16 +120,44 @@ absl::Status WritePem(const std::string& path, mode_t mode, EVP_PKEY* key, X509*
 
 }  // namespace
 
+namespace {
+
+std::string SanText(std::vector<std::string> hosts) {
+  hosts.insert(hosts.begin(), {"localhost", "127.0.0.1"});
+  std::vector<std::string> san;
+  for (const std::string& h : hosts) {
+    san.push_back(absl::StrCat(IsIpAddress(h) ? "IP:" : "DNS:", h));
+  }
+  return absl::StrJoin(san, ",");
+}
+
+// Writes DIR/FILE.{pem,key}: a new key and a certificate for it signed by the CA.
+absl::StatusOr<TlsConfig> WriteSigned(const std::string& dir, const std::string& file,
+                                      const std::string& role, const std::string& name,
+                                      X509* ca, EVP_PKEY* ca_key, const std::string& san,
+                                      int days) {
+  Key key(EVP_EC_gen("P-256"));
+  if (key == nullptr) return OpenSslError("EC key");
+  absl::StatusOr<Cert> cert = MakeCert(key.get(), role, name, ca, ca_key, san, days);
+  if (!cert.ok()) return cert.status();
+  TlsConfig config;
+  config.cert = absl::StrCat(dir, "/", file, ".pem");
+  config.key = absl::StrCat(dir, "/", file, ".key");
+  config.ca = dir + "/ca.pem";
+  absl::Status s = WritePem(config.cert, 0644, nullptr, cert->get());
+  if (s.ok()) s = WritePem(config.key, 0600, key.get(), nullptr);
+  if (!s.ok()) return s;
+  return config;
+}
+
+}  // namespace
+
 absl::StatusOr<LabCerts> MakeLabCerts(const std::string& dir, std::vector<std::string> hosts,
                                       int days) {
   if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
     return absl::InternalError(absl::StrCat("cannot create ", dir));
   }
-  hosts.insert(hosts.begin(), {"localhost", "127.0.0.1"});
-  std::vector<std::string> san;
-  for (const std::string& h : hosts) san.push_back(absl::StrCat(IsIpAddress(h) ? "IP:" : "DNS:", h));
-  const std::string san_text = absl::StrJoin(san, ",");
-
+  const std::string san = SanText(std::move(hosts));
   Key ca_key(EVP_EC_gen("P-256"));
   if (ca_key == nullptr) return OpenSslError("EC key");
   absl::StatusOr<Cert> ca = MakeCert(ca_key.get(), "ca", "gradsync lab CA", nullptr, nullptr, "",
@@ -147,19 +175,30 @@ absl::StatusOr<LabCerts> MakeLabCerts(const std::string& dir, std::vector<std::s
       {"ps", &out.ps},
       {"operator", &out.operator_}};
   for (const auto& [role, config] : roles) {
-    Key key(EVP_EC_gen("P-256"));
-    if (key == nullptr) return OpenSslError("EC key");
-    absl::StatusOr<Cert> cert = MakeCert(key.get(), role, absl::StrCat("lab-", role), ca->get(),
-                                         ca_key.get(), san_text, days);
-    if (!cert.ok()) return cert.status();
-    config->cert = absl::StrCat(dir, "/", role, ".pem");
-    config->key = absl::StrCat(dir, "/", role, ".key");
-    config->ca = out.ca;
-    s = WritePem(config->cert, 0644, nullptr, cert->get());
-    if (s.ok()) s = WritePem(config->key, 0600, key.get(), nullptr);
-    if (!s.ok()) return s;
+    absl::StatusOr<TlsConfig> made = WriteSigned(dir, role, role, absl::StrCat("lab-", role),
+                                                 ca->get(), ca_key.get(), san, days);
+    if (!made.ok()) return made.status();
+    *config = *std::move(made);
   }
   return out;
+}
+
+absl::StatusOr<TlsConfig> AddLabCert(const std::string& dir, const std::string& role,
+                                     const std::string& name, std::vector<std::string> hosts,
+                                     int days) {
+  FILE* f = std::fopen((dir + "/ca.pem").c_str(), "r");
+  if (f == nullptr) return absl::NotFoundError(absl::StrCat("no CA in ", dir, " (ca.pem)"));
+  Cert ca(PEM_read_X509(f, nullptr, nullptr, nullptr));
+  std::fclose(f);
+  f = std::fopen((dir + "/ca.key").c_str(), "r");
+  if (f == nullptr) return absl::NotFoundError(absl::StrCat("no CA key in ", dir, " (ca.key)"));
+  Key ca_key(PEM_read_PrivateKey(f, nullptr, nullptr, nullptr));
+  std::fclose(f);
+  if (ca == nullptr || ca_key == nullptr) {
+    return OpenSslError(absl::StrCat("reading the CA in ", dir));
+  }
+  return WriteSigned(dir, name, role, name, ca.get(), ca_key.get(), SanText(std::move(hosts)),
+                     days);
 }
 
 }  // namespace gradsync

@@ -31,6 +31,12 @@ struct LabCerts {
 absl::StatusOr<LabCerts> MakeLabCerts(const std::string& dir, std::vector<std::string> hosts,
                                       int days = 365);
 
+// One more certificate from the CA in `dir` (ca.pem, ca.key of MakeLabCerts):
+// DIR/NAME.{pem,key} with OU `role` and CN `name` (e.g. a second node).
+absl::StatusOr<TlsConfig> AddLabCert(const std::string& dir, const std::string& role,
+                                     const std::string& name, std::vector<std::string> hosts,
+                                     int days = 365);
+
 }  // namespace gradsync
 
 #endif  // GRADSYNC_COMMON_CERTS_H_

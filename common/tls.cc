@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <openssl/evp.h>
+
 #include <grpc/grpc_security_constants.h>
 #include <grpcpp/security/auth_context.h>
 #include <grpcpp/security/tls_certificate_provider.h>
@@ -95,6 +97,19 @@ PeerIdentity IdentityOf(const grpc::ServerContext& ctx) {
   id.name = Property(*auth, GRPC_X509_CN_PROPERTY_NAME);
   id.role = SubjectField(Property(*auth, GRPC_X509_SUBJECT_PROPERTY_NAME), "OU");
   return id;
+}
+
+std::string BindToIdentity(const PeerIdentity& id, const std::string& secret) {
+  if (!id.authenticated()) return secret;
+  std::string input = id.name;
+  input.push_back('\0');
+  input += secret;
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int length = 0;
+  if (EVP_Digest(input.data(), input.size(), digest, &length, EVP_sha256(), nullptr) != 1) {
+    return secret;  // cannot happen for SHA-256; the secret alone still has to match
+  }
+  return std::string(reinterpret_cast<const char*>(digest), length);
 }
 
 grpc::Status RequireRole(const grpc::ServerContext& ctx, bool tls, absl::string_view roles,

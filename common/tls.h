@@ -54,6 +54,12 @@ PeerIdentity IdentityOf(const grpc::ServerContext& ctx);
 // The OU= value of an X.509 subject as gRPC prints it ("CN=a,OU=node,O=x").
 std::string SubjectField(absl::string_view subject, absl::string_view field);
 
+// A secret a caller presents (a member key), bound to the caller's verified
+// identity: SHA-256 over the certificate's common name and the secret, so
+// the same secret from another certificate does not match. Unchanged for an
+// unauthenticated caller.
+std::string BindToIdentity(const PeerIdentity& id, const std::string& secret);
+
 // OK when `ctx` is a TLS call whose peer has one of `roles` (comma-separated,
 // e.g. "node,operator"), or when `tls` is false; PERMISSION_DENIED naming the
 // caller, the call and the roles allowed otherwise.

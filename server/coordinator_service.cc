@@ -29,6 +29,19 @@ grpc::Status Reply(absl::StatusOr<T> result, T* response) {
   return grpc::Status::OK;
 }
 
+// The request with its member key bound to the caller's certificate (with
+// TLS): a key only matches when the member's own daemon presents it. A key of
+// the wrong length is left for the registry to refuse.
+template <typename Request>
+Request WithBoundKey(const grpc::ServerContext& ctx, const Request& request) {
+  Request bound = request;
+  const size_t n = request.member_key().size();
+  if (n >= kMinMemberKeyBytes && n <= kMaxMemberKeyBytes) {
+    bound.set_member_key(BindToIdentity(IdentityOf(ctx), request.member_key()));
+  }
+  return bound;
+}
+
 }  // namespace
 
 const char* CoordinatorRpcName(CoordinatorRpc rpc) {
@@ -87,7 +100,8 @@ grpc::Status CoordinatorService::JoinJob(grpc::ServerContext* ctx,
   wait.is_cancelled = [ctx] { return ctx->IsCancelled(); };
   GS_LOG(DEBUG) << "JoinJob job='" << request->job_id() << "' member='" << request->member_id()
                 << "' rank=" << request->requested_rank() << " from " << ctx->peer();
-  absl::StatusOr<v1::JoinJobResponse> joined = registry_->JoinJob(*request, wait);
+  absl::StatusOr<v1::JoinJobResponse> joined =
+      registry_->JoinJob(WithBoundKey(*ctx, *request), wait);
   if (joined.ok() && joined->options().ps_shards() > 0) {
     // The epoch's parameter-server shards: chosen once, the same for every rank.
     auto shards = shards_.AssignForJob(request->job_id(), joined->epoch(),
@@ -131,7 +145,7 @@ grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext* ctx,
     return denied;
   }
   Timer timer(rpc_observer_, CoordinatorRpc::kHeartbeat);
-  return Reply(registry_->Heartbeat(*request), response);
+  return Reply(registry_->Heartbeat(WithBoundKey(*ctx, *request)), response);
 }
 
 grpc::Status CoordinatorService::LeaveJob(grpc::ServerContext* ctx,
@@ -141,7 +155,7 @@ grpc::Status CoordinatorService::LeaveJob(grpc::ServerContext* ctx,
     return denied;
   }
   Timer timer(rpc_observer_, CoordinatorRpc::kLeaveJob);
-  return ToGrpcStatus(registry_->LeaveJob(*request));
+  return ToGrpcStatus(registry_->LeaveJob(WithBoundKey(*ctx, *request)));
 }
 
 grpc::Status CoordinatorService::GetJobStatus(grpc::ServerContext* ctx,

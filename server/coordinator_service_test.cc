@@ -449,7 +449,7 @@ TEST(CoordinatorBinaryTest, ServesOnPortFileAndExitsZeroOnSigterm) {
   const char* tmp = std::getenv("TEST_TMPDIR");
   const std::string port_file = absl::StrCat(tmp ? tmp : "/tmp", "/coordinator.", getpid(), ".port");
   unlink(port_file.c_str());
-  const pid_t pid = Spawn({BinaryPath(), "--listen=127.0.0.1:0", "--metrics_listen=",
+  const pid_t pid = Spawn({BinaryPath(), "--insecure", "--listen=127.0.0.1:0", "--metrics_listen=",
                            absl::StrCat("--port_file=", port_file), "--heartbeat_timeout_ms=1500"});
   ASSERT_GT(pid, 0) << "cannot start " << BinaryPath();
 

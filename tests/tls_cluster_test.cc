@@ -162,5 +162,52 @@ TEST_F(TlsCluster, EachRoleGetsOnlyItsOwnCalls) {
   EXPECT_TRUE(absl::StrContains(s.error_message(), "ps 'lab-ps'")) << s.error_message();
 }
 
+// A member's key is bound to the certificate that joined it: another node
+// presenting the same member id and key (a stolen key) is refused.
+TEST_F(TlsCluster, AMemberKeyWorksOnlyFromTheNodeThatJoined) {
+  auto other = AddLabCert(cluster_->certs().dir, "node", "node-b", {});
+  ASSERT_TRUE(other.ok()) << other.status();
+  auto a = Coordinator(cluster_->certs().node);
+  auto b = Coordinator(*other);
+  v1::CreateJobRequest create;
+  create.set_job_id("bound");
+  create.set_world_size(1);
+  v1::CreateJobResponse created;
+  ASSERT_TRUE(a->CreateJob(Ctx().get(), create, &created).ok());
+  v1::JoinJobRequest join;
+  join.set_job_id("bound");
+  join.set_member_id("m");
+  join.set_member_key("0123456789abcdef");
+  join.set_requested_rank(0);
+  join.set_timeout_ms(5000);
+  v1::JoinJobResponse joined;
+  grpc::Status s = a->JoinJob(Ctx().get(), join, &joined);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+
+  v1::HeartbeatRequest beat;
+  beat.set_job_id("bound");
+  beat.set_rank(0);
+  beat.set_epoch(joined.epoch());
+  beat.set_member_id("m");
+  beat.set_member_key("0123456789abcdef");
+  v1::HeartbeatResponse beaten;
+  s = b->Heartbeat(Ctx().get(), beat, &beaten);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
+  EXPECT_TRUE(a->Heartbeat(Ctx().get(), beat, &beaten).ok());
+  s = b->JoinJob(Ctx().get(), join, &joined);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
+
+  v1::LeaveJobRequest leave;
+  leave.set_job_id("bound");
+  leave.set_rank(0);
+  leave.set_epoch(joined.epoch());
+  leave.set_member_id("m");
+  leave.set_member_key("0123456789abcdef");
+  v1::LeaveJobResponse left;
+  s = b->LeaveJob(Ctx().get(), leave, &left);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
+  EXPECT_TRUE(a->LeaveJob(Ctx().get(), leave, &left).ok());
+}
+
 }  // namespace
 }  // namespace gradsync
