@@ -3,6 +3,8 @@
 #include "common/status_macros.h"
 #include "server/job_registry_state.h"
 
+#include <sys/random.h>
+
 #include <algorithm>
 #include <deque>
 #include <optional>
@@ -24,6 +26,18 @@ using registry_internal::Rendezvous;
 using registry_internal::Seconds;
 
 namespace {
+
+// A job's key: 32 bytes from the kernel's random source.
+std::string RandomKey() {
+  std::string key(32, '\0');
+  size_t got = 0;
+  while (got < key.size()) {
+    const ssize_t r = ::getrandom(key.data() + got, key.size() - got, 0);
+    if (r > 0) got += static_cast<size_t>(r);
+  }
+  return key;
+}
+
 
 // How often a blocked JoinJob re-checks cancellation.
 constexpr absl::Duration kCancelPollInterval = absl::Milliseconds(50);
@@ -298,6 +312,7 @@ absl::StatusOr<v1::CreateJobResponse> JobRegistry::CreateJob(const v1::CreateJob
   }
   auto job = std::make_unique<Job>();
   job->id = request.job_id();
+  job->key = RandomKey();
   job->world_size = request.world_size();
   job->options = options;
   job->idle_since = Now();
@@ -338,6 +353,7 @@ void JobRegistry::CompleteRendezvousLocked(Job& job) {
   auto response = std::make_shared<v1::JoinJobResponse>();
   response->set_world_size(job.world_size);
   response->set_epoch(job.epoch);
+  response->set_job_key(job.key);
   *response->mutable_options() = job.options;
   for (int rank = 0; rank < job.world_size; ++rank) {
     MemberState& m = *job.members[rank];

@@ -109,6 +109,10 @@ struct JobWatch::Queue {
 
 struct JobRegistry::Job {
   std::string id;
+  // 32 random bytes made at CreateJob, handed only to members (in every
+  // JoinJobResponse; never in status or events): the daemons prove it to
+  // each other on the data plane.
+  std::string key;
   int world_size = 0;
   v1::JobOptions options;
   int64_t epoch = 1;

@@ -97,5 +97,20 @@ TEST_F(MemberKeyTest, ForgedHeartbeatsDoNotKeepAMemberAlive) {
       << st->abort_reason();
 }
 
+// Every member of a job gets the job's key (32 random bytes, the same for
+// all), and another job has another; the data-plane handshake proves it.
+TEST_F(MemberKeyTest, EveryMemberGetsTheJobKeyAndJobsDiffer) {
+  Create("j", 2);
+  Create("k", 1);
+  auto joined = JoinAll("j", {"a", "b"}, {0, 1});
+  ASSERT_TRUE(joined[0].ok() && joined[1].ok());
+  EXPECT_EQ(joined[0]->job_key().size(), 32u);
+  EXPECT_EQ(joined[0]->job_key(), joined[1]->job_key());
+  auto other = Join("k", "c", 0, 5002);
+  ASSERT_TRUE(other.ok()) << other.status();
+  EXPECT_EQ(other->job_key().size(), 32u);
+  EXPECT_NE(other->job_key(), joined[0]->job_key());
+}
+
 }  // namespace
 }  // namespace gradsync

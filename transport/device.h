@@ -45,6 +45,9 @@ struct ContextSpec {
   // Parallel connections per peer, for devices that spread a peer's messages
   // over several (TCP streams); others use one.
   int lanes = 1;
+  // The job's secret (from the coordinator, for its members only): peers
+  // prove they hold it when they connect. Empty: no proof is possible.
+  std::string job_key;
 };
 
 // A client's connections to a set of servers of one job (the

@@ -14,6 +14,7 @@
 
 #include <atomic>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -55,6 +56,14 @@ struct TcpContextOptions {
   // at once, in the context's words. Off: the owner's Fail(reason) tells them
   // in its own words (the PS worker names the shard, step and partition).
   bool relay_faults = true;
+  // The job's key (Connect): both ends of every connection prove they hold
+  // it at the handshake (wire.h); a connection whose peer cannot is closed
+  // and, on the accepting side, the next connection with the same Hello is
+  // tried. Empty: the proof proves nothing (tests).
+  std::string job_key;
+  // Hears each connection refused for a missing or wrong proof ("bad_proof",
+  // "no_proof"); may be empty.
+  std::function<void(absl::string_view reason)> on_auth_failure;
   // Server contexts (Adopt): Progress also returns OK when a message no
   // posted receive expects arrives (Probe) or the peer closes; the context's
   // own ABORT names kConnectionOp.

@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "common/logging.h"
 #include "common/status_macros.h"
 #include "transport/tcp_context.h"
 
@@ -55,37 +56,112 @@ absl::StatusOr<std::unique_ptr<TcpContext>> TcpContext::Connect(const TcpContext
                                                " at ", options.peers[p].ToString(), ": ",
                                                s.message()));
   };
-  // Phase 1: connect to every higher rank and send our Hello.
+  // Phase 1: connect to every higher rank and send our Hello and nonce.
   const int S = ctx->streams_;
+  const size_t n = ctx->peers_.size();
+  std::vector<Hello> hellos(n);  // the Hello of each connection, as sent or received
+  std::vector<std::string> nonces(n);  // this side's nonce of each connection
   for (int p = me + 1; p < options.world_size; ++p) {
     for (int st = 0; st < S; ++st) {
       auto fd = TcpConnect(options.peers[p], deadline, /*retry_refused=*/true);
       if (!fd.ok()) return peer_error(p, fd.status());
-      Hello hello{kHelloMagic, kWireVersion, static_cast<uint16_t>(options.job_id.size()),
-                  options.epoch, me, p, options.world_size, static_cast<uint32_t>(st)};
-      absl::Status s = WriteFull(fd->get(), &hello, sizeof(hello), deadline);
+      const size_t c = p * S + st;
+      hellos[c] = Hello{kHelloMagic, kWireVersion, static_cast<uint16_t>(options.job_id.size()),
+                        options.epoch, me, p, options.world_size, static_cast<uint32_t>(st)};
+      nonces[c] = RandomNonce();
+      absl::Status s = WriteFull(fd->get(), &hellos[c], sizeof(Hello), deadline);
       if (s.ok()) s = WriteFull(fd->get(), options.job_id.data(), options.job_id.size(), deadline);
+      if (s.ok()) s = WriteFull(fd->get(), nonces[c].data(), kNonceBytes, deadline);
       if (!s.ok()) return peer_error(p, s);
-      ctx->peers_[p * S + st].fd = std::move(*fd);
+      ctx->peers_[c].fd = std::move(*fd);
     }
   }
-  // Phase 2: take the connections of every lower rank and accept them.
+  // Phase 2: take the connections of every lower rank and answer each with
+  // our nonce and our proof of the job key.
+  std::vector<std::string> peer_nonces(n);  // the connector's nonce of each accepted connection
+  // OK(true): claimed and answered; OK(false): the connection failed while
+  // answering (its connector went away: another may be waiting); an error:
+  // no connection came (the deadline) or there is no listener.
+  auto accept = [&](int p, int st) -> absl::StatusOr<bool> {
+    if (listener == nullptr) return absl::FailedPreconditionError("no data-plane listener");
+    ASSIGN_OR_RETURN(UniqueFd fd, listener->Claim(options.job_id, options.epoch, p, me, st,
+                                                  deadline));
+    const size_t c = p * S + st;
+    hellos[c] = Hello{kHelloMagic, kWireVersion, static_cast<uint16_t>(options.job_id.size()),
+                      options.epoch, p, me, options.world_size, static_cast<uint32_t>(st)};
+    peer_nonces[c].assign(kNonceBytes, '\0');
+    absl::Status s = ReadFull(fd.get(), peer_nonces[c].data(), kNonceBytes, deadline);
+    nonces[c] = RandomNonce();
+    const std::string proof = HandshakeProof(options.job_key, HandshakeRole::kAcceptor, hellos[c],
+                                             options.job_id, peer_nonces[c], nonces[c]);
+    HelloAck ack{kHelloMagic, 0, 0};
+    if (s.ok()) s = WriteFull(fd.get(), &ack, sizeof(ack), deadline);
+    if (s.ok()) s = WriteFull(fd.get(), nonces[c].data(), kNonceBytes, deadline);
+    if (s.ok()) s = WriteFull(fd.get(), proof.data(), proof.size(), deadline);
+    if (absl::IsDeadlineExceeded(s)) return s;
+    ctx->peers_[c].fd = std::move(fd);
+    return s.ok();
+  };
+  auto refused = [&](int p, const char* reason) {
+    if (options.on_auth_failure) options.on_auth_failure(reason);
+    GS_LOG(WARNING) << "job '" << options.job_id << "' epoch " << options.epoch << ": rank " << me
+                    << " closed a connection claiming to be rank " << p << " (" << reason
+                    << "); waiting for another";
+  };
+  // Accepts (p, st) until a connection is answered.
+  auto accept_one = [&](int p, int st) -> absl::Status {
+    while (true) {
+      ASSIGN_OR_RETURN(const bool answered, accept(p, st));
+      if (answered) return absl::OkStatus();
+      refused(p, "no_proof");
+    }
+  };
   for (int p = 0; p < me; ++p) {
     for (int st = 0; st < S; ++st) {
-      if (listener == nullptr) return absl::FailedPreconditionError("no data-plane listener");
-      auto fd = listener->Claim(options.job_id, options.epoch, p, me, st, deadline);
-      if (!fd.ok()) return fd.status();
-      HelloAck ack{kHelloMagic, 0, 0};
-      absl::Status s = WriteFull(fd->get(), &ack, sizeof(ack), deadline);
-      if (!s.ok()) return peer_error(p, s);
-      ctx->peers_[p * S + st].fd = std::move(*fd);
+      if (absl::Status s = accept_one(p, st); !s.ok()) return s;
     }
   }
-  // Phase 3: every higher rank accepted us.
+  // Phase 3: every higher rank accepted us and proved the job key; we prove it back.
   for (int p = me + 1; p < options.world_size; ++p) {
     for (int st = 0; st < S; ++st) {
-      const absl::Status s = ReadHelloAck(ctx->peers_[p * S + st].fd.get(), deadline);
+      const size_t c = p * S + st;
+      const int fd = ctx->peers_[c].fd.get();
+      absl::Status s = ReadHelloAck(fd, deadline);
+      std::string peer_nonce(kNonceBytes, '\0'), proof(kProofBytes, '\0');
+      if (s.ok()) s = ReadFull(fd, peer_nonce.data(), kNonceBytes, deadline);
+      if (s.ok()) s = ReadFull(fd, proof.data(), kProofBytes, deadline);
       if (!s.ok()) return peer_error(p, s);
+      if (!ProofsEqual(proof, HandshakeProof(options.job_key, HandshakeRole::kAcceptor, hellos[c],
+                                             options.job_id, nonces[c], peer_nonce))) {
+        if (options.on_auth_failure) options.on_auth_failure("bad_proof");
+        return peer_error(p, absl::UnauthenticatedError(
+                                 "it did not prove the job's key (a daemon of another job or "
+                                 "epoch, or not a daemon of this cluster)"));
+      }
+      const std::string mine = HandshakeProof(options.job_key, HandshakeRole::kConnector,
+                                              hellos[c], options.job_id, peer_nonce, nonces[c]);
+      s = WriteFull(fd, mine.data(), mine.size(), deadline);
+      if (!s.ok()) return peer_error(p, s);
+    }
+  }
+  // Phase 4: every lower rank proved the job key. A connection that does not
+  // is closed and the next one with the same Hello is taken (a forger who
+  // connected first does not keep the real peer out).
+  for (int p = 0; p < me; ++p) {
+    for (int st = 0; st < S; ++st) {
+      const size_t c = p * S + st;
+      std::string proof(kProofBytes, '\0');
+      absl::Status s = ReadFull(ctx->peers_[c].fd.get(), proof.data(), kProofBytes, deadline);
+      if (s.ok() && ProofsEqual(proof, HandshakeProof(options.job_key, HandshakeRole::kConnector,
+                                                      hellos[c], options.job_id, nonces[c],
+                                                      peer_nonces[c]))) {
+        continue;
+      }
+      if (absl::IsDeadlineExceeded(s)) return peer_error(p, s);
+      refused(p, s.ok() ? "bad_proof" : "no_proof");
+      ctx->peers_[c].fd.Reset();
+      if (s = accept_one(p, st); !s.ok()) return peer_error(p, s);
+      --st;  // read this connection's proof
     }
   }
   for (Peer& c : ctx->peers_) {

@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "gtest/gtest.h"
+#include "transport/handshake_testing.h"
 #include "transport/tcp_listener.h"
 #include "transport/wire.h"
 
@@ -29,9 +30,12 @@ Pair Connect(const std::string& job = "job-x", uint64_t epoch = 7) {
   const absl::Time deadline = absl::Now() + absl::Seconds(10);
   auto fd = TcpConnect({"127.0.0.1", p.listener->port()}, deadline);
   EXPECT_TRUE(fd.ok());
-  Hello h{kHelloMagic, kWireVersion, static_cast<uint16_t>(job.size()), epoch, 0, 1, 2, 0};
-  EXPECT_TRUE(WriteFull(fd->get(), &h, sizeof(h), deadline).ok());
-  EXPECT_TRUE(WriteFull(fd->get(), job.data(), job.size(), deadline).ok());
+  const std::string nonce = testing::SendHelloAndNonce(fd->get(), job, epoch, 0, 1, 2, deadline);
+  // The raw peer proves the (empty) key while the context accepts it.
+  std::thread peer([&] {
+    EXPECT_TRUE(
+        testing::FinishConnector(fd->get(), job, epoch, 0, 1, 2, nonce, "", "", deadline).ok());
+  });
   TcpContextOptions o;
   o.job_id = job;
   o.epoch = epoch;
@@ -40,11 +44,9 @@ Pair Connect(const std::string& job = "job-x", uint64_t epoch = 7) {
   o.peers = {{"127.0.0.1", 1}, {"127.0.0.1", p.listener->port()}};
   o.deadline = deadline;
   auto ctx = TcpContext::Connect(o, p.listener.get());
+  peer.join();
   EXPECT_TRUE(ctx.ok()) << ctx.status();
   p.ctx = std::move(*ctx);
-  HelloAck ack;
-  EXPECT_TRUE(ReadFull(fd->get(), &ack, sizeof(ack), deadline).ok());
-  EXPECT_EQ(ack.code, 0);
   p.raw = std::move(*fd);
   return p;
 }

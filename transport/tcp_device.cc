@@ -36,6 +36,8 @@ absl::StatusOr<std::unique_ptr<Context>> TcpDevice::CreateContext(const ContextS
   o.peers = spec.peers;
   o.deadline = spec.deadline;
   o.streams = std::max(1, spec.lanes);
+  o.job_key = spec.job_key;
+  o.on_auth_failure = options_.on_auth_failure;
   absl::StatusOr<std::unique_ptr<TcpContext>> ctx = TcpContext::Connect(o, options_.listener);
   if (!ctx.ok()) return ctx.status();
   return std::unique_ptr<Context>(std::move(*ctx));

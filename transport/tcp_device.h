@@ -3,6 +3,7 @@
 #ifndef GRADSYNC_TRANSPORT_TCP_DEVICE_H_
 #define GRADSYNC_TRANSPORT_TCP_DEVICE_H_
 
+#include <functional>
 #include <memory>
 
 #include "transport/device.h"
@@ -17,6 +18,8 @@ struct TcpDeviceOptions {
   TcpListener* listener = nullptr;
   int socket_buffer_bytes = 0;      // SO_SNDBUF/SO_RCVBUF; 0: the kernel's autotuning
   int spin_us = 0;                  // TcpContextOptions::spin_us
+  // TcpContextOptions::on_auth_failure of every context (may be empty).
+  std::function<void(absl::string_view reason)> on_auth_failure;
 };
 
 class TcpDevice final : public Device {

@@ -198,19 +198,25 @@ void TcpListener::DoHandshake(UniqueFd fd, std::string peer, Handshake* self) {
 }
 
 absl::Status TcpListener::ParkLocked(Key key, UniqueFd fd, const std::string& source) {
-  if (auto it = parked_.find(key); it != parked_.end()) {
-    // A connection that is still open keeps its place: a second Hello with
-    // the same key does not replace it.
+  // Connections with the same Hello queue up (first come, first claimed):
+  // a later one never replaces one that is still open, and the claimer takes
+  // the next when one cannot prove the job key. Closed ones leave the queue.
+  int same_key = 0;
+  for (auto it = parked_.lower_bound(key); it != parked_.end() && it->first == key;) {
     struct pollfd p = {it->second.fd.get(), POLLIN | POLLRDHUP, 0};
-    const bool gone = ::poll(&p, 1, 0) > 0 && (p.revents & (POLLHUP | POLLRDHUP | POLLERR)) != 0;
-    if (!gone) {
-      return absl::AlreadyExistsError(absl::StrCat(
-          "a connection for job '", std::get<0>(key), "' epoch ", std::get<1>(key), " rank ",
-          std::get<2>(key), " -> ", std::get<3>(key), " stream ", std::get<4>(key),
-          " is already waiting (from ", it->second.source, ")"));
+    if (::poll(&p, 1, 0) > 0 && (p.revents & (POLLHUP | POLLRDHUP | POLLERR)) != 0) {
+      it = parked_.erase(it);
+      ++stats_.replaced;
+    } else {
+      ++same_key;
+      ++it;
     }
-    parked_.erase(it);
-    ++stats_.replaced;
+  }
+  if (same_key >= options_.max_parked_per_hello) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        same_key, " connections for job '", std::get<0>(key), "' epoch ", std::get<1>(key),
+        " rank ", std::get<2>(key), " -> ", std::get<3>(key), " stream ", std::get<4>(key),
+        " are waiting already"));
   }
   int from_source = 0;
   for (const auto& [k, v] : parked_) from_source += v.source == source ? 1 : 0;
@@ -218,7 +224,7 @@ absl::Status TcpListener::ParkLocked(Key key, UniqueFd fd, const std::string& so
     return absl::ResourceExhaustedError(absl::StrCat(from_source, " unclaimed connections from ",
                                                      source, " are waiting already"));
   }
-  parked_[std::move(key)] = Parked{std::move(fd), absl::Now(), source};
+  parked_.emplace(std::move(key), Parked{std::move(fd), absl::Now(), source});
   return absl::OkStatus();
 }
 
@@ -236,8 +242,9 @@ absl::StatusOr<UniqueFd> TcpListener::Claim(const std::string& job_id, uint64_t 
                        " did not connect to rank ", dst_rank, " in time"));
     }
   }
-  UniqueFd fd = std::move(parked_[key].fd);
-  parked_.erase(key);
+  auto first = parked_.lower_bound(key);  // the earliest of its queue
+  UniqueFd fd = std::move(first->second.fd);
+  parked_.erase(first);
   return fd;
 }
 

@@ -47,6 +47,9 @@ struct ListenerOptions {
   // Hellos nobody claims, cannot take every slot from the others.
   int max_handshakes_per_source = 8;
   int max_parked_per_source = 1024;
+  // Connections with the same Hello waiting at once (the claimer tries them
+  // in arrival order until one proves the job key).
+  int max_parked_per_hello = 4;
 
   // Optional routing. When `route_prefix` is non-empty and `route` is set,
   // every well-formed connection whose job id starts with `route_prefix` is
@@ -68,7 +71,7 @@ struct ListenerStats {
   uint64_t rejected = 0;  // bad handshakes (garbage, truncated, wrong version), over a limit
   uint64_t expired = 0;   // parked but never claimed
   uint64_t routed = 0;    // handed to ListenerOptions::route
-  uint64_t replaced = 0;  // parked, then the peer closed and a new one took the key
+  uint64_t replaced = 0;  // parked, then closed by the peer before anyone claimed it
   uint64_t parked = 0;    // waiting to be claimed now
 };
 
@@ -104,9 +107,9 @@ class TcpListener {
   TcpListener(const ListenerOptions& options, UniqueFd fd, int port);
   void AcceptLoop();
   void DoHandshake(UniqueFd fd, std::string peer, Handshake* self);
-  // Parks a handshaken connection unless its source has too many parked or a
-  // live connection with the same key is already waiting (the first one
-  // stays; a dead one is replaced). Returns why it was refused.
+  // Parks a handshaken connection behind the others with the same Hello,
+  // unless its source or its Hello has too many waiting. Returns why it was
+  // refused.
   absl::Status ParkLocked(Key key, UniqueFd fd, const std::string& source)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReapLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -118,7 +121,7 @@ class TcpListener {
   std::thread accept_thread_;
 
   mutable absl::Mutex mu_;
-  std::map<Key, Parked> parked_ ABSL_GUARDED_BY(mu_);
+  std::multimap<Key, Parked> parked_ ABSL_GUARDED_BY(mu_);  // per key in arrival order
   std::list<std::unique_ptr<Handshake>> handshakes_ ABSL_GUARDED_BY(mu_);
   ListenerStats stats_ ABSL_GUARDED_BY(mu_);
 };

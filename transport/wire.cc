@@ -1,5 +1,10 @@
 #include "transport/wire.h"
 
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <sys/random.h>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
@@ -12,6 +17,39 @@ uint64_t JobTag(absl::string_view job_id) {
     h *= 1099511628211ull;
   }
   return h;
+}
+
+std::string HandshakeProof(absl::string_view key, HandshakeRole role, const Hello& hello,
+                           absl::string_view job_id, absl::string_view peer_nonce,
+                           absl::string_view own_nonce) {
+  std::string msg = role == HandshakeRole::kAcceptor ? "gradsync-accept" : "gradsync-connect";
+  msg.append(reinterpret_cast<const char*>(&hello), sizeof(hello));
+  msg.append(job_id.data(), job_id.size());
+  msg.append(peer_nonce.data(), peer_nonce.size());
+  msg.append(own_nonce.data(), own_nonce.size());
+  unsigned char out[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  // An empty key (tests, contexts built without one) still gives a proof;
+  // it proves nothing a peer could not compute.
+  static const unsigned char kEmpty = 0;
+  const void* key_bytes = key.empty() ? static_cast<const void*>(&kEmpty) : key.data();
+  HMAC(EVP_sha256(), key_bytes, static_cast<int>(key.size()),
+       reinterpret_cast<const unsigned char*>(msg.data()), msg.size(), out, &len);
+  return std::string(reinterpret_cast<const char*>(out), len);
+}
+
+bool ProofsEqual(absl::string_view a, absl::string_view b) {
+  return a.size() == b.size() && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
+}
+
+std::string RandomNonce() {
+  std::string out(kNonceBytes, '\0');
+  size_t got = 0;
+  while (got < out.size()) {
+    const ssize_t r = ::getrandom(out.data() + got, out.size() - got, 0);
+    if (r > 0) got += static_cast<size_t>(r);
+  }
+  return out;
 }
 
 absl::Status ValidateHello(const Hello& h) {

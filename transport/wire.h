@@ -4,7 +4,13 @@
 // A connection starts with a handshake:
 //   connector -> acceptor : Hello   (fixed 32 bytes) + job_id bytes
 //   acceptor  -> connector: HelloAck (fixed 8 bytes)  + message bytes
-// after which both sides exchange frames:
+// Between the daemons of a job (TcpContext::Connect) both sides then prove
+// that they hold the job's key, over fresh nonces from each side:
+//   connector -> acceptor : Nc (16 bytes, sent right after the job id)
+//   acceptor  -> connector: HelloAck + Na (16 bytes) + HandshakeMac(accept, Nc, Na)
+//   connector -> acceptor : HandshakeMac(connect, Na, Nc)
+// and neither side takes a frame before the other's proof checked out. Then
+// both sides exchange frames:
 //   FrameHeader (48 bytes) + `length` payload bytes
 // A DATA frame carries part of an op's buffer: (job, epoch, op sequence,
 // slot = message index within the op, byte offset, length, dtype). An ABORT
@@ -29,7 +35,8 @@ inline constexpr uint32_t kFrameMagic = 0x4E595347;  // "GSYN"
 // 2: from 4 ranks on, every op's signature round goes by recursive doubling
 // (collective/op_signature.h), not all-to-all; daemons of different versions
 // refuse each other at the handshake instead of falling out of step.
-inline constexpr uint16_t kWireVersion = 2;
+// 3: the daemons of a job prove the job key at the handshake.
+inline constexpr uint16_t kWireVersion = 3;
 inline constexpr size_t kMaxJobIdBytes = 128;
 inline constexpr int kMaxWorldSize = 4096;
 inline constexpr uint32_t kMaxAbortBytes = 4096;
@@ -70,6 +77,21 @@ struct FrameHeader {
   uint64_t offset;  // byte offset of the payload within the op's buffer
 };
 static_assert(sizeof(FrameHeader) == 48, "FrameHeader is 48 bytes on the wire");
+
+// The handshake's nonces and proofs.
+inline constexpr size_t kNonceBytes = 16;
+inline constexpr size_t kProofBytes = 32;
+enum class HandshakeRole { kAcceptor, kConnector };
+// HMAC-SHA256 under `key` of the role, the Hello, the job id and the two
+// nonces (the prover's peer's first): binds the proof to this connection's
+// identity and to both sides' fresh nonces, so it cannot be replayed.
+std::string HandshakeProof(absl::string_view key, HandshakeRole role, const Hello& hello,
+                           absl::string_view job_id, absl::string_view peer_nonce,
+                           absl::string_view own_nonce);
+// Compares proofs in time independent of their contents.
+bool ProofsEqual(absl::string_view a, absl::string_view b);
+// kNonceBytes random bytes (getrandom).
+std::string RandomNonce();
 
 // 64-bit FNV-1a of the job id.
 uint64_t JobTag(absl::string_view job_id);

@@ -57,6 +57,11 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   transport::TcpDeviceOptions device;
   device.listener = d->listener_.get();
   device.socket_buffer_bytes = options.socket_buffer_bytes;
+  if (DaemonObserver* observer = options.observer) {
+    device.on_auth_failure = [observer](absl::string_view reason) {
+      observer->OnAuthFailure("data", reason);
+    };
+  }
   device.spin_us = options.spin_us;
   d->device_ = std::make_unique<transport::TcpDevice>(device);
   absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
@@ -143,6 +148,7 @@ absl::StatusOr<std::shared_ptr<Session>> Daemon::OpenSession(const OpenSessionAr
   info.job_id = args.job_id;
   info.member_id = session_id;
   info.member_key = *std::move(member_key);
+  info.job_key = jresp.job_key();
   info.rank = jresp.rank();
   info.world_size = jresp.world_size();
   info.epoch = jresp.epoch();
@@ -345,6 +351,7 @@ absl::StatusOr<std::shared_ptr<JobExecutor>> Daemon::GetOrCreateExecutor(
     co.peers = node_endpoints;
     co.deadline = deadline;
     co.lanes = streams;  // every daemon uses the job's count, whoever created the job
+    co.job_key = info.job_key;
     auto ctx = device_->CreateContext(co);
     if (!ctx.ok()) return fail(ctx.status());
     node_ctx = std::move(*ctx);

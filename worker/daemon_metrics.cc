@@ -363,6 +363,15 @@ void DaemonMetrics::OnFdRegistration(absl::StatusCode code) {
   }
 }
 
+void DaemonMetrics::OnAuthFailure(absl::string_view port, absl::string_view reason) {
+  if (auto* c = Counter("gradsync_auth_failures_total",
+                        "Connections refused because the peer did not prove the job key, by port "
+                        "and reason",
+                        {{"port", std::string(port)}, {"reason", std::string(reason)}})) {
+    c->Increment();
+  }
+}
+
 void DaemonMetrics::OnFdFetch(absl::StatusCode code) {
   if (auto* c = Counter("gradsync_daemon_fd_fetches_total",
                         "Descriptors of daemon-made segments (buffers, op queues) handed to "

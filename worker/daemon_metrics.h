@@ -33,6 +33,7 @@ class DaemonMetrics final : public DaemonObserver {
   void OnHeartbeatFailed() override;
   void OnFdRegistration(absl::StatusCode code) override;
   void OnFdFetch(absl::StatusCode code) override;
+  void OnAuthFailure(absl::string_view port, absl::string_view reason) override;
   void OnLinkProbe(const LinkParams& link) override;
 
   // Size classes used as the `size` label (bounded): "le_4k", "le_64k",

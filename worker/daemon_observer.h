@@ -55,6 +55,12 @@ class DaemonObserver {
   virtual void OnHeartbeatFailed() {}
   // A registration on the fd socket ended with `code` (kOk: registered).
   virtual void OnFdRegistration(absl::StatusCode code) { (void)code; }
+  // A connection on `port` ("data") was refused because its peer did not
+  // prove the job key (`reason`: "bad_proof", "no_proof").
+  virtual void OnAuthFailure(absl::string_view port, absl::string_view reason) {
+    (void)port;
+    (void)reason;
+  }
   // A segment fetch on the fd socket ended with `code` (kOk: handed out).
   virtual void OnFdFetch(absl::StatusCode code) { (void)code; }
   virtual void OnLinkProbe(const LinkParams& link) { (void)link; }

@@ -46,6 +46,7 @@ struct SessionInfo {
   std::string job_id;
   std::string member_id;
   std::string member_key;  // the member's secret at the coordinator; never logged or shown
+  std::string job_key;     // the job's secret (JoinJobResponse); the data-plane handshake proves it
   int rank = 0;
   int world_size = 1;
   int64_t epoch = 0;
