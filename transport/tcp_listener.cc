@@ -52,6 +52,16 @@ absl::Status ValidateRoutedRanks(const Hello& h) {
   return absl::OkStatus();
 }
 
+// Tells a connection refused before its handshake why (best effort, never
+// blocking): the connector reads it as a HelloAck refusal.
+void Refuse(int fd, const std::string& why) {
+  HelloAck ack{kHelloMagic, static_cast<uint16_t>(absl::StatusCode::kResourceExhausted),
+               static_cast<uint16_t>(why.size())};
+  std::string msg(reinterpret_cast<const char*>(&ack), sizeof(ack));
+  msg += why;
+  (void)::send(fd, msg.data(), msg.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<TcpListener>> TcpListener::Start(const ListenerOptions& options) {
@@ -102,6 +112,7 @@ void TcpListener::AcceptLoop() {
     if (static_cast<int>(handshakes_.size()) >= options_.max_pending_handshakes) {
       ++stats_.rejected;
       GS_LOG(WARNING) << "data plane: too many pending handshakes, refusing " << peer;
+      Refuse(fd.get(), absl::StrCat(handshakes_.size(), " handshakes in progress"));
       continue;  // fd closes
     }
     int from_source = 0;
@@ -110,6 +121,7 @@ void TcpListener::AcceptLoop() {
       ++stats_.rejected;
       GS_LOG(WARNING) << "data plane: " << from_source << " handshakes from " << source
                       << " in progress, refusing " << peer;
+      Refuse(fd.get(), absl::StrCat(from_source, " handshakes from ", source, " in progress"));
       continue;  // fd closes
     }
     ++stats_.accepted;

@@ -41,11 +41,13 @@ struct ListenerOptions {
   HostPort listen{"0.0.0.0", 0};
   absl::Duration handshake_timeout = absl::Seconds(5);
   absl::Duration park_timeout = absl::Seconds(60);
-  int max_pending_handshakes = 64;
+  int max_pending_handshakes = 256;
   // Per source address (the connector's IP): handshakes in progress, and
   // parked connections. One host that opens silent connections, or parks
   // Hellos nobody claims, cannot take every slot from the others.
-  int max_handshakes_per_source = 8;
+  // A daemon opens up to 16 streams per peer for each job forming at once,
+  // all from one address; this leaves room for several.
+  int max_handshakes_per_source = 64;
   int max_parked_per_source = 1024;
   // Connections with the same Hello waiting at once (the claimer tries them
   // in arrival order until one proves the job key).
