@@ -135,6 +135,9 @@ absl::StatusOr<FetchRequest> DecodeFetchRequest(absl::string_view bytes) {
   FetchRequestWire w;
   absl::StatusOr<std::string> session = DecodeHead(bytes, kFetchRequestMagic, "fetch request", &w);
   if (!session.ok()) return session.status();
+  if (w.reserved != 0) {
+    return absl::InvalidArgumentError("fetch request with non-zero reserved bytes");
+  }
   if (w.kind != static_cast<uint32_t>(SegmentKind::kBuffer) &&
       w.kind != static_cast<uint32_t>(SegmentKind::kOpQueue)) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -79,6 +79,12 @@ TEST(FdRegistration, FetchRequestRoundTripsAndIsToldFromARegistration) {
   ASSERT_FALSE(unknown.ok());
   EXPECT_NE(unknown.status().message().find("segment kind 9"), std::string::npos)
       << unknown.status();
+  // Reserved bytes must be zero (fuzz_smoke_test found them ignored).
+  std::string reserved = bytes;
+  reserved[offsetof(FetchRequestWire, reserved)] = 1;
+  auto nonzero = DecodeFetchRequest(reserved);
+  ASSERT_FALSE(nonzero.ok());
+  EXPECT_NE(nonzero.status().message().find("non-zero reserved"), std::string::npos);
 }
 
 TEST(FdRegistration, ResponseCarriesTheDaemonsStatus) {

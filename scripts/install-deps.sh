@@ -11,6 +11,8 @@ PACKAGES=(
   libibverbs-dev libsystemd-dev zlib1g-dev systemd python3 python3-yaml procps
   # libcrypto: lab and test certificates for mutual TLS (common/certs.h).
   libssl-dev
+  # libFuzzer targets (fuzz/, bench/fuzz.sh, //fuzz:fuzz_smoke_test): clang with its runtimes.
+  clang libclang-rt-14-dev
   # The Python package (python/gradsync) and its tests.
   python3-numpy
   # PyTorch (the torch.distributed backend, the DDP hook, examples/train_ddp.py).
