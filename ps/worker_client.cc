@@ -377,6 +377,7 @@ absl::Status PsWorker::PushPull(uint64_t step, void* data, size_t count, DType d
     ++steps_failed_;
     return status;
   }
+  ctx_->BeginOp(step);  // an abort before the first post still names this step
   Run run(*this, *ctx_, step, static_cast<char*>(data), bytes, dtype, deadline, memory);
   std::vector<Run::Shard>& shards = run.shards();
   shards.resize(K);

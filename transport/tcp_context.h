@@ -103,6 +103,7 @@ class TcpContext : public Context, public TcpControls {
   absl::Status Progress(absl::Time deadline) override;
   void Abort(const absl::Status& reason) override;
   absl::Status Fail(const absl::Status& reason) override;
+  void BeginOp(uint64_t op_seq) override { last_op_seq_ = op_seq; }
   absl::Status health() const override;
   PeerFault fault() const override { return fault_; }
   bool Probe(int peer, Incoming* in) override;

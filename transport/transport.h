@@ -193,6 +193,10 @@ class Context {
   // Fails the context from the driving thread and tells the peers. The first
   // reason wins; returns the context's error.
   virtual absl::Status Fail(const absl::Status& reason) = 0;
+  // The op the driver starts now, before it posts anything for it: a
+  // failure's ABORT names it even when the op failed before its first post
+  // (devices whose ABORT names no op ignore it). Driving thread only.
+  virtual void BeginOp(uint64_t op_seq) { (void)op_seq; }
 
   // OK, or the error the context failed with.
   virtual absl::Status health() const = 0;
