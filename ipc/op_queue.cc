@@ -101,8 +101,9 @@ absl::Status EncodeSubmission(const OpDescriptor& op, SubmissionEntry* out) {
   out->reduce_op = static_cast<uint8_t>(op.reduce_op);
   out->algorithm_len = static_cast<uint8_t>(op.algorithm.size());
   out->name_len = static_cast<uint16_t>(op.name.size());
-  std::memcpy(out->algorithm, op.algorithm.data(), op.algorithm.size());
-  std::memcpy(out->name, op.name.data(), op.name.size());
+  // Empty views may have a null data(): memcpy must not see it.
+  if (!op.algorithm.empty()) std::memcpy(out->algorithm, op.algorithm.data(), op.algorithm.size());
+  if (!op.name.empty()) std::memcpy(out->name, op.name.data(), op.name.size());
   return absl::OkStatus();
 }
 

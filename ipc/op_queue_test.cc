@@ -354,7 +354,8 @@ TEST(OpQueueEntries, RoundTrip) {
   op.count = 1000;
   op.timeout_ms = 1234;
   op.algorithm = "tree";
-  op.name = std::string(kMaxOpNameChars, 'n');
+  const std::string name(kMaxOpNameChars, 'n');  // op.name is a view: it must outlive op
+  op.name = name;
   SubmissionEntry e;
   ASSERT_TRUE(EncodeSubmission(op, &e).ok());
   auto back = DecodeSubmission(e);
@@ -369,14 +370,15 @@ TEST(OpQueueEntries, RoundTrip) {
   EXPECT_EQ(back->count, 1000u);
   EXPECT_EQ(back->timeout_ms, 1234);
   EXPECT_EQ(back->algorithm, "tree");
-  EXPECT_EQ(back->name, op.name);
+  EXPECT_EQ(back->name, name);
 }
 
 TEST(OpQueueEntries, EncodeRefusesWhatDoesNotFit) {
   OpDescriptor op;
   op.token = 1;
   SubmissionEntry e;
-  op.name = std::string(kMaxOpNameChars + 1, 'x');
+  const std::string too_long(kMaxOpNameChars + 1, 'x');
+  op.name = too_long;
   absl::Status s = EncodeSubmission(op, &e);
   EXPECT_TRUE(absl::IsInvalidArgument(s));
   EXPECT_THAT(std::string(s.message()), HasSubstr("op name is 257 bytes; the limit is 256"));
