@@ -42,7 +42,7 @@ void CheckAllreduce(std::vector<testing::RankHandle>& job, DType t, ReduceOp op,
       errors[r] = std::string(buf.status().message());
       return;
     }
-    std::memcpy((*buf)->data(), in[r].data(), in[r].size());
+    if (!in[r].empty()) std::memcpy((*buf)->data(), in[r].data(), in[r].size());
     client::CollectiveSpec spec;
     spec.buffer = buf->get();
     spec.count = count;
@@ -55,7 +55,7 @@ void CheckAllreduce(std::vector<testing::RankHandle>& job, DType t, ReduceOp op,
       errors[r] = std::string(res.status().message());
     } else if (res->algorithm != want_algorithm) {  // first: the reference is that algorithm's
       errors[r] = "unexpected algorithm " + res->algorithm;
-    } else if (std::memcmp((*buf)->data(), want.data(), want.size()) != 0) {
+    } else if (!want.empty() && std::memcmp((*buf)->data(), want.data(), want.size()) != 0) {
       errors[r] = "result differs from the reference";
     }
     (void)s.FreeBuffer(std::move(*buf));
@@ -107,7 +107,7 @@ TEST_F(AllreduceIntegration, SmallAllreducesRideOnRecursiveDoublingFromThreeRank
         auto& s = *(*job)[r].session;
         auto buf = s.AllocateBuffer(in[r].size());
         if (!buf.ok()) return void(errors[r] = std::string(buf.status().message()));
-        std::memcpy((*buf)->data(), in[r].data(), in[r].size());
+        if (!in[r].empty()) std::memcpy((*buf)->data(), in[r].data(), in[r].size());
         // Forced: the cost model's choice for a small op depends on the links it
         // measured (rd on a loaded machine); a forced oneshot is fused alike.
         client::CollectiveSpec spec;
@@ -120,7 +120,9 @@ TEST_F(AllreduceIntegration, SmallAllreducesRideOnRecursiveDoublingFromThreeRank
         auto res = s.Run(spec);
         if (!res.ok()) return void(errors[r] = std::string(res.status().message()));
         if (res->algorithm != expected_algo) errors[r] = "ran " + res->algorithm;
-        if (std::memcmp((*buf)->data(), want.data(), want.size()) != 0) errors[r] += " wrong bits";
+        if (!want.empty() && std::memcmp((*buf)->data(), want.data(), want.size()) != 0) {
+          errors[r] += " wrong bits";
+        }
         (void)s.FreeBuffer(std::move(*buf));
       });
       for (int r = 0; r < world; ++r) {

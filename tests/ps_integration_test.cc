@@ -82,7 +82,7 @@ TEST_F(PsIntegration, BitExactRankOrderSumsForAwkwardSizesAndDtypes) {
         auto& s = *(*job)[r].session;
         auto b = s.AllocateBuffer(std::max<size_t>(1, in[r].size()));
         if (!b.ok()) return void(errors[r] = std::string(b.status().message()));
-        std::memcpy((*b)->data(), in[r].data(), in[r].size());
+        if (!in[r].empty()) std::memcpy((*b)->data(), in[r].data(), in[r].size());
         client::CollectiveSpec spec;
         spec.buffer = b->get();
         spec.count = count;
@@ -93,7 +93,9 @@ TEST_F(PsIntegration, BitExactRankOrderSumsForAwkwardSizesAndDtypes) {
         auto res = s.Run(spec);
         if (!res.ok()) return void(errors[r] = std::string(res.status().message()));
         if (res->algorithm != "ps") errors[r] = "ran " + res->algorithm;
-        if (std::memcmp((*b)->data(), want.data(), want.size()) != 0) errors[r] = "wrong result";
+        if (!want.empty() && std::memcmp((*b)->data(), want.data(), want.size()) != 0) {
+          errors[r] = "wrong result";
+        }
         (void)s.FreeBuffer(std::move(*b));
       });
       for (int r = 0; r < 4; ++r) {
