@@ -47,8 +47,10 @@ void InitFlagsUsage(absl::string_view program, absl::string_view usage, const ch
   absl::SetProgramUsageMessage(usage);
   absl::FlagsUsageConfig config;
   // Flags defined in the main file's directory (bench/ keeps shared flags in
-  // bench_util.cc); paths may be given relative or absolute.
+  // bench_util.cc), and the TLS flags every server and the CLI share; paths
+  // may be given relative or absolute.
   auto in_main = [](absl::string_view file) {
+    if (absl::EndsWith(file, "common/tls_flags.cc")) return true;
     if (g_main_file == nullptr) return false;
     absl::string_view main = g_main_file;
     const size_t slash = main.rfind('/');

@@ -8,7 +8,8 @@
 
 ABSL_FLAG(std::string, tls_cert, "",
           "PEM certificate of this process for mutual TLS on its TCP gRPC services and calls "
-          "(with --tls_key and --tls_ca; re-read when the file changes). Empty: plaintext");
+          "(with --tls_key and --tls_ca; re-read when the file changes). Without them the "
+          "servers start only with --insecure");
 ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
 ABSL_FLAG(std::string, tls_ca, "",
           "PEM CA bundle that peers' certificates must be signed by; peers must present one");

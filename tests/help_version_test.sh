@@ -11,6 +11,11 @@ while [[ $# -ge 2 ]]; do
   if ! grep -q -- "--$flag " <<<"$help"; then
     echo "FAIL: $name --help does not list --$flag:"; echo "$help" | head -20; fail=1
   fi
+  # The servers and the CLI speak gRPC over TCP: their TLS flags are listed too.
+  if [[ "$name" =~ ^(gradsync-coordinator|gradsyncd|gradsync-ps|gradsync)$ ]] &&
+     ! grep -q -- "--tls_cert " <<<"$help"; then
+    echo "FAIL: $name --help does not list --tls_cert"; fail=1
+  fi
   if grep -q "No flags matched\|SetProgramUsageMessage() never called" <<<"$help"; then
     echo "FAIL: $name --help: $(grep -m1 'No flags matched\|never called' <<<"$help")"; fail=1
   fi
