@@ -81,6 +81,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "bench/bench_util.h"
+#include "bench/ring_limit_children.h"
 #include "bench/ring_limit_engine.h"
 #include "common/net.h"
 #include "common/status_macros.h"
@@ -338,45 +339,6 @@ enum class Mode { kRing, kLink };
 std::string SpinText(absl::Duration spin) {
   if (spin <= absl::ZeroDuration()) return "blocking poll()";
   return absl::StrCat("spin ", absl::ToInt64Microseconds(spin), " us before poll()");
-}
-
-struct Child {
-  pid_t pid = -1;
-  UniqueFd result;  // parent's end of the child's result socketpair
-};
-
-void KillAndReap(std::vector<Child>& children, absl::Time deadline) {
-  // First let them finish on their own until the deadline, then SIGKILL.
-  for (auto& c : children) {
-    if (c.pid <= 0) continue;
-    while (true) {
-      int st = 0;
-      pid_t r = ::waitpid(c.pid, &st, WNOHANG);
-      if (r == c.pid || (r < 0 && errno != EINTR)) break;
-      if (absl::Now() >= deadline) {
-        ::kill(c.pid, SIGKILL);
-        while (::waitpid(c.pid, &st, 0) < 0 && errno == EINTR) {}
-        break;
-      }
-      absl::SleepFor(absl::Milliseconds(5));
-    }
-    c.pid = -1;
-  }
-}
-
-std::string DescribeExits(std::vector<Child>& children) {
-  std::string out;
-  for (size_t r = 0; r < children.size(); ++r) {
-    if (children[r].pid <= 0) continue;
-    int st = 0;
-    pid_t got = ::waitpid(children[r].pid, &st, WNOHANG);
-    if (got == children[r].pid) {
-      if (WIFEXITED(st)) absl::StrAppend(&out, " rank ", r, " exited ", WEXITSTATUS(st), ";");
-      if (WIFSIGNALED(st)) absl::StrAppend(&out, " rank ", r, " killed by signal ", WTERMSIG(st), ";");
-      children[r].pid = -1;
-    }
-  }
-  return out;
 }
 
 // Forks the ranks, collects their times, prints one result per size.
