@@ -81,27 +81,8 @@ absl::StatusOr<void*> MapSegment(const std::string& shm_name, size_t size, uint6
                                      buffer_id, ": ", ErrnoText(err),
                                      "; gradsyncd and this process must share /dev/shm"));
   }
-  struct stat st;
-  if (fstat(fd, &st) != 0) {
-    const int err = errno;
-    close(fd);
-    return absl::InternalError(
-        absl::StrCat("fstat of shared-memory segment '", shm_name, "': ", ErrnoText(err)));
-  }
-  if (static_cast<uint64_t>(st.st_size) < size) {
-    close(fd);
-    return absl::InternalError(absl::StrCat("shared-memory segment '", shm_name, "' of buffer ",
-                                            buffer_id, " has ", st.st_size,
-                                            " bytes, but gradsyncd reported ", size));
-  }
-  void* data = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  const int err = errno;
+  absl::StatusOr<void*> data = ipc::MapSharedFile(fd, size, shm_name);
   close(fd);
-  if (data == MAP_FAILED) {
-    return absl::Status(absl::ErrnoToStatusCode(err),
-                        absl::StrCat("cannot map shared-memory segment '", shm_name, "' (", size,
-                                     " bytes): ", ErrnoText(err)));
-  }
   return data;
 }
 
@@ -208,18 +189,7 @@ absl::StatusOr<void*> Session::FetchAndMap(uint64_t buffer_id, size_t size) {
                         absl::StrCat("cannot fetch buffer ", buffer_id, " from ", job_.fd_socket,
                                      ": ", fetched.status().message()));
   }
-  if (fetched->size < size) {
-    return absl::InternalError(absl::StrCat("buffer ", buffer_id, " has ", fetched->size,
-                                            " bytes, but gradsyncd reported ", size));
-  }
-  void* data = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fetched->fd.get(), 0);
-  if (data == MAP_FAILED) {
-    const int err = errno;
-    return absl::Status(absl::ErrnoToStatusCode(err),
-                        absl::StrCat("cannot map buffer ", buffer_id, " (", size,
-                                     " bytes): ", ErrnoText(err)));
-  }
-  return data;
+  return ipc::MapSharedFile(fetched->fd.get(), size, absl::StrCat("buffer ", buffer_id));
 }
 
 absl::Status Session::FreeBuffer(std::unique_ptr<Buffer> buffer) {

@@ -16,8 +16,9 @@ namespace {
 
 std::string ErrnoText(int err) { return absl::StrCat(std::strerror(err), " (errno ", err, ")"); }
 
-// Maps `size` bytes of `fd` read-write after checking the file holds them.
-absl::StatusOr<void*> MapWhole(int fd, size_t size, const std::string& name) {
+}  // namespace
+
+absl::StatusOr<void*> MapSharedFile(int fd, size_t size, const std::string& name) {
   struct stat st;
   if (::fstat(fd, &st) != 0) {
     const int err = errno;
@@ -36,8 +37,6 @@ absl::StatusOr<void*> MapWhole(int fd, size_t size, const std::string& name) {
   }
   return p;
 }
-
-}  // namespace
 
 absl::StatusOr<UniqueFd> CreateSealedMemfd(const std::string& description, size_t size) {
   UniqueFd fd(::memfd_create(description.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING));
@@ -64,7 +63,7 @@ absl::StatusOr<std::unique_ptr<SharedMemory>> SharedMemory::CreateSealed(
   if (size == 0) return absl::InvalidArgumentError("shared memory of 0 bytes");
   absl::StatusOr<UniqueFd> fd = CreateSealedMemfd(description, size);
   if (!fd.ok()) return fd.status();
-  absl::StatusOr<void*> p = MapWhole(fd->get(), size, description);
+  absl::StatusOr<void*> p = MapSharedFile(fd->get(), size, description);
   if (!p.ok()) return p.status();
   std::unique_ptr<SharedMemory> mem(new SharedMemory(description, *p, size, /*owner=*/false));
   mem->fd_ = *std::move(fd);
@@ -74,7 +73,7 @@ absl::StatusOr<std::unique_ptr<SharedMemory>> SharedMemory::CreateSealed(
 absl::StatusOr<std::unique_ptr<SharedMemory>> SharedMemory::MapFd(int fd, size_t size,
                                                                   const std::string& description) {
   if (size == 0) return absl::InvalidArgumentError("shared memory of 0 bytes");
-  absl::StatusOr<void*> p = MapWhole(fd, size, description);
+  absl::StatusOr<void*> p = MapSharedFile(fd, size, description);
   if (!p.ok()) return p.status();
   return std::unique_ptr<SharedMemory>(new SharedMemory(description, *p, size, /*owner=*/false));
 }
@@ -116,7 +115,7 @@ absl::StatusOr<std::unique_ptr<SharedMemory>> SharedMemory::Open(const std::stri
                         absl::StrCat("cannot open shared-memory segment '", name,
                                      "': ", ErrnoText(err)));
   }
-  absl::StatusOr<void*> p = MapWhole(fd, size, name);
+  absl::StatusOr<void*> p = MapSharedFile(fd, size, name);
   ::close(fd);
   if (!p.ok()) return p.status();
   return std::unique_ptr<SharedMemory>(new SharedMemory(name, *p, size, /*owner=*/false));

@@ -30,6 +30,11 @@ inline constexpr int kSegmentSeals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
 // kSegmentSeals. `description` names it in /proc/PID/fd and errors.
 absl::StatusOr<UniqueFd> CreateSealedMemfd(const std::string& description, size_t size);
 
+// Maps `size` bytes of the file behind `fd` read-write and shared, after
+// checking the file holds them (FailedPrecondition naming `name` if not).
+// The caller unmaps; `fd` stays the caller's.
+absl::StatusOr<void*> MapSharedFile(int fd, size_t size, const std::string& name);
+
 class SharedMemory {
  public:
   // Creates and maps a zero-filled segment of `size` (> 0) bytes under
