@@ -166,6 +166,7 @@ def main():
                     p, env = start_cluster(a.gradsync, ranks, tmp)
                     extra = {"GRADSYNC_DAEMONS": env["GRADSYNC_DAEMONS"]}
                 clusters.append(p)
+                extra["GRADSYNC_TENANT_TOKEN"] = env.get("GRADSYNC_TENANT_TOKEN", "")
                 res = {}
                 for mode in a.modes.split(","):
                     if mode == "gloo" and layout != a.layout.split(",")[0]:

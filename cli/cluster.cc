@@ -41,6 +41,8 @@ absl::Status RunCluster(const ClusterOptions& options) {
   const TlsConfig& op = (*cluster)->certs().operator_;
   absl::StrAppend(&env, "GRADSYNC_TLS_FLAGS=\"--tls_cert=", op.cert, " --tls_key=", op.key,
                   " --tls_ca=", op.ca, "\"\n");
+  // The lab tenant's token: clients started from this environment present it.
+  absl::StrAppend(&env, "GRADSYNC_TENANT_TOKEN=", LabTenantToken(), "\n");
   if (!options.env_file.empty()) {
     // Written whole to a temporary name, then renamed: a reader never sees half of it.
     const std::string tmp = options.env_file + ".tmp";

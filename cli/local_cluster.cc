@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/prctl.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -12,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -110,6 +112,25 @@ absl::StatusOr<pid_t> LocalCluster::Spawn(const std::string& bin,
   return pid;
 }
 
+const std::string& LabTenantToken() {
+  static const std::string* const token = [] {
+    if (const char* env = std::getenv("GRADSYNC_TENANT_TOKEN"); env != nullptr && *env != '\0') {
+      return new std::string(env);
+    }
+    unsigned char bytes[16] = {};
+    size_t got = 0;
+    while (got < sizeof(bytes)) {
+      const ssize_t r = ::getrandom(bytes + got, sizeof(bytes) - got, 0);
+      if (r > 0) got += static_cast<size_t>(r);
+    }
+    auto* hex = new std::string(absl::BytesToHexString(
+        absl::string_view(reinterpret_cast<const char*>(bytes), sizeof(bytes))));
+    ::setenv("GRADSYNC_TENANT_TOKEN", hex->c_str(), 0);
+    return hex;
+  }();
+  return *token;
+}
+
 absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
     const LocalClusterOptions& options) {
   std::unique_ptr<LocalCluster> c(new LocalCluster());
@@ -150,6 +171,17 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
   std::vector<std::string> cargs = {"--listen=127.0.0.1:0", "--port_file=" + coord_port_file,
                                     "--metrics_listen=127.0.0.1:0"};
   for (std::string& f : tls_flags(c->certs_.coordinator)) cargs.push_back(std::move(f));
+  if (options.tenants) {
+    const std::string tenants = c->work_dir_ + "/tenants";
+    {
+      std::ofstream out(tenants);
+      out << "# gradsync lab cluster\nlab " << LabTenantToken() << "\n";
+      for (const std::string& line : options.extra_tenants) out << line << "\n";
+      if (!out) return absl::InternalError(absl::StrCat("cannot write ", tenants));
+    }
+    ::chmod(tenants.c_str(), 0600);
+    cargs.push_back("--tenants_file=" + tenants);
+  }
   cargs.insert(cargs.end(), options.coordinator_flags.begin(), options.coordinator_flags.end());
   auto cpid = Spawn(coord_bin, cargs, coord_log);
   if (!cpid.ok()) return cpid.status();

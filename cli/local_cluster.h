@@ -34,7 +34,18 @@ struct LocalClusterOptions {
   // WORK_DIR/certs (common/certs.h; certs() has the operator's). false: every
   // process runs with --insecure.
   bool tls = true;
+  // Tenants at the coordinator: one tenant "lab" whose token is
+  // LabTenantToken() (WORK_DIR/tenants), so sessions need the token, as in
+  // production. false: no tenants, one namespace.
+  bool tenants = true;
+  // More lines of the tenants file ("NAME TOKEN [max_forming_jobs=N]").
+  std::vector<std::string> extra_tenants;
 };
+
+// The lab tenant's token: $GRADSYNC_TENANT_TOKEN when set, else 32 random hex
+// digits made once per process and exported as $GRADSYNC_TENANT_TOKEN, so
+// this process's clients and its children present it (client/client.h).
+const std::string& LabTenantToken();
 
 class LocalCluster {
  public:

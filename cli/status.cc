@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <set>
 #include <vector>
@@ -32,9 +33,10 @@ std::string Age(int64_t ms) {
   return absl::StrFormat("%.1f s ago", ms / 1000.0);
 }
 
-std::unique_ptr<grpc::ClientContext> Ctx(absl::Duration timeout) {
+std::unique_ptr<grpc::ClientContext> Ctx(absl::Duration timeout, const std::string& token = "") {
   auto c = std::make_unique<grpc::ClientContext>();
   c->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  if (!token.empty()) c->AddMetadata("authorization", "Bearer " + token);
   return c;
 }
 
@@ -45,10 +47,14 @@ absl::StatusOr<int> RunStatus(const StatusOptions& o) {
       MakeChannelCredentials(o.tls);
   if (!credentials.ok()) return credentials.status();
   auto coord = v1::Coordinator::NewStub(grpc::CreateChannel(o.coordinator, *credentials));
+  std::string token = o.tenant_token;
+  if (const char* env = std::getenv("GRADSYNC_TENANT_TOKEN"); token.empty() && env != nullptr) {
+    token = env;
+  }
   std::vector<v1::JobStatus> jobs;
   if (o.job.empty()) {
     v1::ListJobsResponse resp;
-    auto ctx = Ctx(o.timeout);
+    auto ctx = Ctx(o.timeout, token);
     grpc::Status s = coord->ListJobs(ctx.get(), v1::ListJobsRequest(), &resp);
     if (!s.ok()) {
       return absl::Status(FromGrpcStatus(s).code(),
@@ -59,7 +65,7 @@ absl::StatusOr<int> RunStatus(const StatusOptions& o) {
     v1::GetJobStatusRequest req;
     req.set_job_id(o.job);
     v1::JobStatus st;
-    auto ctx = Ctx(o.timeout);
+    auto ctx = Ctx(o.timeout, token);
     grpc::Status s = coord->GetJobStatus(ctx.get(), req, &st);
     if (!s.ok()) {
       return absl::Status(FromGrpcStatus(s).code(),
@@ -101,7 +107,8 @@ absl::StatusOr<int> RunStatus(const StatusOptions& o) {
       auto it = daemons.find(m.status_endpoint());
       if (it == daemons.end()) continue;
       for (const auto& s : it->second.sessions()) {
-        if (s.job_id() == job.job_id() && s.rank() == m.rank() && s.epoch() == job.epoch()) {
+        // Member ids are unique session ids (job ids repeat across tenants).
+        if (s.member_id() == m.member_id() && s.rank() == m.rank() && s.epoch() == job.epoch()) {
           sessions[m.rank()] = s;
         }
       }

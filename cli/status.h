@@ -17,6 +17,10 @@ struct StatusOptions {
   std::string job;  // "" = every job
   absl::Duration timeout = absl::Seconds(5);
   TlsConfig tls;  // toward the coordinator and the daemons' status services
+  // A tenant's token: only that tenant's jobs, by their own ids. "":
+  // $GRADSYNC_TENANT_TOKEN, else none (an operator then sees every job as
+  // TENANT/JOB).
+  std::string tenant_token;
 };
 
 // Prints the report to stdout. Returns the number of ranks found hanging

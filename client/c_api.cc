@@ -235,6 +235,7 @@ int gs_session_open_with(gs_client* client, const gs_session_options* in, gs_ses
   options.timeline = o.timeline != 0;
   options.ps_shards = o.ps_shards;
   options.client_name = o.client_name != nullptr ? o.client_name : "c_api";
+  options.tenant_token = o.tenant_token != nullptr ? o.tenant_token : "";
   auto session = client->impl->OpenSession(options);
   if (!session.ok()) return Fail(session.status());
   *out = new gs_session{std::move(*session)};

@@ -132,6 +132,8 @@ typedef struct gs_session_options {
   int32_t timeline;             /* job option: non-zero = Chrome-trace timeline of every op */
   int32_t ps_shards;            /* job option: parameter-server shards for algorithm "ps" */
   const char* client_name;      /* for the daemon's logs */
+  const char* tenant_token;     /* the tenant's token for a coordinator with tenants; NULL/"":
+                                   $GRADSYNC_TENANT_TOKEN or the file $GRADSYNC_TENANT_TOKEN_FILE */
 } gs_session_options;
 
 /* Sets struct_size and the defaults (rank -1, world_size 1, timeout 60 s). */

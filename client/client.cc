@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <limits>
 #include <utility>
 
@@ -19,6 +20,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "absl/strings/ascii.h"
 #include "client/op_channel.h"
 #include "client/shm_op_channel.h"
 #include "collective/algorithm.h"
@@ -36,6 +39,24 @@ namespace {
 
 using internal::kRpcMargin;
 using internal::kRpcTimeout;
+
+// The session's tenant token: the option, else $GRADSYNC_TENANT_TOKEN, else
+// the first line of $GRADSYNC_TENANT_TOKEN_FILE, else "".
+absl::StatusOr<std::string> TenantToken(const std::string& option) {
+  if (!option.empty()) return option;
+  if (const char* env = std::getenv("GRADSYNC_TENANT_TOKEN"); env != nullptr && *env != '\0') {
+    return std::string(env);
+  }
+  const char* path = std::getenv("GRADSYNC_TENANT_TOKEN_FILE");
+  if (path == nullptr || *path == '\0') return std::string();
+  std::ifstream in(path);
+  std::string line;
+  if (!in || !std::getline(in, line)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "OpenSession: GRADSYNC_TENANT_TOKEN_FILE '", path, "' cannot be read"));
+  }
+  return std::string(absl::StripAsciiWhitespace(line));
+}
 using internal::RpcError;
 
 const char* ChannelStateName(grpc_connectivity_state s) {
@@ -474,6 +495,9 @@ absl::StatusOr<std::unique_ptr<Session>> Client::OpenSession(const SessionOption
   req.mutable_options()->set_timeline(options.timeline);
   req.mutable_options()->set_ps_shards(options.ps_shards);
   req.set_client_name(options.client_name);
+  absl::StatusOr<std::string> token = TenantToken(options.tenant_token);
+  if (!token.ok()) return token.status();
+  req.set_tenant_token(*token);
   grpc::ClientContext ctx;
   const absl::Duration rpc_timeout = options.timeout + kRpcMargin;
   const absl::Time deadline = absl::Now() + rpc_timeout;

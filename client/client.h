@@ -97,6 +97,10 @@ struct SessionOptions {
   int ps_shards = 0;         // parameter-server shards (gradsync-ps) for algorithm "ps"
   // Free-form name for the daemon's logs (e.g. "trainer pid 1234").
   std::string client_name;
+  // The tenant's token, needed when the coordinator has tenants
+  // (docs/security.md). "": $GRADSYNC_TENANT_TOKEN, else the first line of
+  // the file $GRADSYNC_TENANT_TOKEN_FILE, else none.
+  std::string tenant_token;
 };
 
 // A shared-memory buffer mapped into this process. The daemon owns the

@@ -99,17 +99,22 @@ PeerIdentity IdentityOf(const grpc::ServerContext& ctx) {
   return id;
 }
 
+std::string Sha256(absl::string_view data) {
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int length = 0;
+  if (EVP_Digest(data.data(), data.size(), digest, &length, EVP_sha256(), nullptr) != 1) {
+    return "";  // cannot happen for SHA-256 in a working libcrypto
+  }
+  return std::string(reinterpret_cast<const char*>(digest), length);
+}
+
 std::string BindToIdentity(const PeerIdentity& id, const std::string& secret) {
   if (!id.authenticated()) return secret;
   std::string input = id.name;
   input.push_back('\0');
   input += secret;
-  unsigned char digest[EVP_MAX_MD_SIZE];
-  unsigned int length = 0;
-  if (EVP_Digest(input.data(), input.size(), digest, &length, EVP_sha256(), nullptr) != 1) {
-    return secret;  // cannot happen for SHA-256; the secret alone still has to match
-  }
-  return std::string(reinterpret_cast<const char*>(digest), length);
+  std::string digest = Sha256(input);
+  return digest.empty() ? secret : digest;  // the secret alone still has to match
 }
 
 grpc::Status RequireRole(const grpc::ServerContext& ctx, bool tls, absl::string_view roles,

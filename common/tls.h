@@ -54,6 +54,9 @@ PeerIdentity IdentityOf(const grpc::ServerContext& ctx);
 // The OU= value of an X.509 subject as gRPC prints it ("CN=a,OU=node,O=x").
 std::string SubjectField(absl::string_view subject, absl::string_view field);
 
+// The 32-byte SHA-256 digest of `data`.
+std::string Sha256(absl::string_view data);
+
 // A secret a caller presents (a member key), bound to the caller's verified
 // identity: SHA-256 over the certificate's common name and the secret, so
 // the same secret from another certificate does not match. Unchanged for an

@@ -164,6 +164,8 @@ def main():
                 k, _, v = line.strip().partition("=")
                 if k == "GRADSYNC_DAEMON_0":
                     env["GRADSYNC_DAEMON"] = v
+                elif k == "GRADSYNC_TENANT_TOKEN":  # the cluster's tenant
+                    env[k] = v
         res = {m: run_mode(args, m, tmp, env) for m in modes}
     finally:
         if cluster is not None:

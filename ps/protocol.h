@@ -38,8 +38,9 @@
 
 namespace gradsync::ps {
 
-// Data-plane job ids of parameter-server connections start with this. Plain
-// job ids are [A-Za-z0-9._-], so they never collide.
+// Data-plane job ids of parameter-server connections start with this. Job
+// ids are [A-Za-z0-9._-], after "TENANT/" for a tenant's job, and no tenant
+// may be called "ps" (server/tenants.h), so they never collide.
 inline constexpr char kPsJobPrefix[] = "ps/";
 inline constexpr size_t kMaxJobIdBytes = transport::kMaxJobIdBytes - (sizeof(kPsJobPrefix) - 1);
 

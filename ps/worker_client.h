@@ -58,8 +58,8 @@
 namespace gradsync::ps {
 
 struct PsWorkerOptions {
-  // The job's id ([A-Za-z0-9._-], at most kMaxJobIdBytes = 125 bytes); the
-  // connections use the data-plane job id "ps/<job_id>".
+  // The job's id as the daemons key it ("TENANT/JOB" or "JOB", at most
+  // kMaxJobIdBytes = 189 bytes); the connections use "ps/<job_id>".
   std::string job_id;
   uint64_t epoch = 0;
   // Shard k's address; every worker of the job lists the same shards in the

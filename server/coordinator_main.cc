@@ -4,7 +4,7 @@
 //   gradsync-coordinator [--config=/etc/gradsync/gradsync-coordinator.conf]
 //       [--listen=0.0.0.0:7070] [--port_file=PATH] [--metrics_listen=0.0.0.0:9470]
 //       [--heartbeat_timeout_ms=3000] [--op_timeout_ms=60000]
-//       [--forming_job_timeout_ms=10000] [--v=0|1]
+//       [--forming_job_timeout_ms=10000] [--tenants_file=PATH] [--v=0|1]
 //
 // --config: a `key = value` file of these flags (common/config_file.h);
 // flags given on the command line win. Prometheus metrics are served at
@@ -57,6 +57,10 @@ ABSL_FLAG(int64_t, forming_job_timeout_ms, 10000,
 ABSL_FLAG(std::string, metrics_listen, "0.0.0.0:9470",
           "Prometheus metrics endpoint (http://ADDRESS/metrics), IPv4:port or [IPv6]:port; "
           "port 0 picks a free port; empty: no metrics endpoint");
+ABSL_FLAG(std::string, tenants_file, "",
+          "tenants and their tokens, one 'NAME TOKEN [max_forming_jobs=N]' per line "
+          "(docs/security.md); re-read when it changes. Empty: one namespace, every node may "
+          "create and read every job (a warning)");
 ABSL_FLAG(int, v, 0, "log verbosity: 0 info, 1 debug");
 ABSL_FLAG(std::string, config, "",
           "a `key = value` file setting any of these flags (keys without dashes); flags given "
@@ -92,6 +96,18 @@ int Run() {
     GS_LOG(ERROR) << "cannot start: " << tls.status().message();
     return 2;
   }
+  std::shared_ptr<TenantTable> tenants;
+  if (const std::string path = absl::GetFlag(FLAGS_tenants_file); !path.empty()) {
+    absl::StatusOr<std::unique_ptr<TenantTable>> loaded = TenantTable::Load(path);
+    if (!loaded.ok()) {
+      GS_LOG(ERROR) << "cannot start: --tenants_file: " << loaded.status().message();
+      return 2;
+    }
+    tenants = *std::move(loaded);
+  } else {
+    GS_LOG(WARNING) << "no --tenants_file: jobs share one namespace and need no tenant token; "
+                       "every node daemon may create, join and read every job";
+  }
   MetricsRegistry metrics;
   if (absl::Status s = metrics.AddProcessMetrics(); !s.ok()) {
     GS_LOG(ERROR) << "metrics: " << s.ToString();
@@ -103,6 +119,13 @@ int Run() {
                                  {});
       g.ok()) {
     (*g)->Set(tls->enabled() ? 0 : 1);
+  }
+  if (auto g = metrics.AddGauge("gradsync_coordinator_tenants",
+                                 "tenants in --tenants_file at start (0: no tenants, one "
+                                 "namespace)",
+                                 {});
+      g.ok()) {
+    (*g)->Set(tenants != nullptr ? tenants->size() : 0);
   }
   absl::StatusOr<std::unique_ptr<CoordinatorMetrics>> coordinator_metrics =
       CoordinatorMetrics::Create(metrics);
@@ -128,6 +151,7 @@ int Run() {
   options.registry.observer = coordinator_metrics->get();
   options.rpc_observer = coordinator_metrics->get();
   options.tls = *tls;
+  options.tenants = tenants;
   absl::StatusOr<std::unique_ptr<CoordinatorServer>> server =
       CoordinatorServer::Start(std::move(options));
   if (!server.ok()) {
@@ -147,7 +171,10 @@ int Run() {
                    metrics_server ? absl::StrCat("on http://", metrics_server->address(), "/metrics")
                                   : std::string("off"));
   GS_LOG(INFO) << "gradsync-coordinator " << serving << " (heartbeat timeout " << heartbeat_ms
-               << " ms, op timeout " << op_ms << " ms, version " << kGradsyncVersion << ", pid "
+               << " ms, op timeout " << op_ms << " ms, "
+               << (tenants != nullptr ? absl::StrCat(tenants->size(), " tenant(s)")
+                                      : std::string("no tenants"))
+               << ", version " << kGradsyncVersion << ", pid "
                << getpid() << ")";
 
   // systemd (Type=notify): ready now; the watchdog pings only while the

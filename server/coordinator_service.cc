@@ -5,6 +5,7 @@
 
 #include <grpcpp/health_check_service_interface.h>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
@@ -42,7 +43,62 @@ Request WithBoundKey(const grpc::ServerContext& ctx, const Request& request) {
   return bound;
 }
 
+// A tenant's view of a job's status: the id without its namespace.
+void Unscope(const CallScope& scope, v1::JobStatus* status) {
+  status->set_job_id(scope.FromRegistry(status->job_id()));
+}
+
 }  // namespace
+
+std::string CallScope::ToRegistry(absl::string_view job_id) const {
+  return all ? std::string(job_id) : ScopedJobId(tenant, job_id);
+}
+bool CallScope::Sees(absl::string_view scoped_id) const {
+  return all || JobNamespace(scoped_id) == tenant;
+}
+std::string CallScope::FromRegistry(absl::string_view scoped_id) const {
+  return all ? std::string(scoped_id) : std::string(UnscopedJobId(scoped_id));
+}
+
+absl::StatusOr<CallScope> CoordinatorService::Scope(const grpc::ServerContext& ctx,
+                                                    absl::string_view call,
+                                                    absl::string_view job_id,
+                                                    bool member_call) const {
+  if (member_call && job_id.find('/') != absl::string_view::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        call, " of job '", absl::CHexEscape(job_id),
+        "': job ids must not contain '/' (allowed are letters, digits, '.', '_' and '-')"));
+  }
+  CallScope scope;
+  if (tenants_ == nullptr) {
+    scope.all = true;  // one namespace; roles alone decide
+    return scope;
+  }
+  absl::StatusOr<std::optional<Tenant>> tenant = TenantOf(ctx, *tenants_);
+  if (!tenant.ok()) {
+    return absl::UnauthenticatedError(
+        absl::StrCat(call, " of job '", job_id, "': ", tenant.status().message()));
+  }
+  if (tenant->has_value()) {
+    scope.tenant = (*tenant)->name;
+    scope.max_forming_jobs = (*tenant)->max_forming_jobs;
+    return scope;
+  }
+  if (member_call) {
+    return absl::UnauthenticatedError(absl::StrCat(
+        call, " of job '", job_id,
+        "': this coordinator has tenants (--tenants_file), so the call needs a tenant token "
+        "(the session's tenant_token, or GRADSYNC_TENANT_TOKEN for the client)"));
+  }
+  const PeerIdentity id = IdentityOf(ctx);
+  if (tls_ && id.role != "operator") {
+    return absl::PermissionDeniedError(absl::StrCat(
+        call, ": ", id.ToString(),
+        " sent no tenant token; only operators may read every tenant's jobs"));
+  }
+  scope.all = true;
+  return scope;
+}
 
 const char* CoordinatorRpcName(CoordinatorRpc rpc) {
   switch (rpc) {
@@ -85,7 +141,11 @@ grpc::Status CoordinatorService::CreateJob(grpc::ServerContext* ctx,
     return denied;
   }
   Timer timer(rpc_observer_, CoordinatorRpc::kCreateJob);
-  return Reply(registry_->CreateJob(*request), response);
+  absl::StatusOr<CallScope> scope = Scope(*ctx, "CreateJob", request->job_id(), true);
+  if (!scope.ok()) return ToGrpcStatus(scope.status());
+  v1::CreateJobRequest scoped = *request;
+  scoped.set_job_id(scope->ToRegistry(request->job_id()));
+  return Reply(registry_->CreateJob(scoped, scope->max_forming_jobs), response);
 }
 
 grpc::Status CoordinatorService::JoinJob(grpc::ServerContext* ctx,
@@ -95,19 +155,23 @@ grpc::Status CoordinatorService::JoinJob(grpc::ServerContext* ctx,
     return denied;
   }
   Timer timer(rpc_observer_, CoordinatorRpc::kJoinJob);
+  absl::StatusOr<CallScope> scope = Scope(*ctx, "JoinJob", request->job_id(), true);
+  if (!scope.ok()) return ToGrpcStatus(scope.status());
+  v1::JoinJobRequest scoped = WithBoundKey(*ctx, *request);
+  scoped.set_job_id(scope->ToRegistry(request->job_id()));
   JobRegistry::WaitControl wait;
   wait.deadline = RpcDeadline(*ctx);
   wait.is_cancelled = [ctx] { return ctx->IsCancelled(); };
   GS_LOG(DEBUG) << "JoinJob job='" << request->job_id() << "' member='" << request->member_id()
                 << "' rank=" << request->requested_rank() << " from " << ctx->peer();
-  absl::StatusOr<v1::JoinJobResponse> joined =
-      registry_->JoinJob(WithBoundKey(*ctx, *request), wait);
+  absl::StatusOr<v1::JoinJobResponse> joined = registry_->JoinJob(scoped, wait);
+  if (joined.ok()) joined->set_tenant(scope->tenant);
   if (joined.ok() && joined->options().ps_shards() > 0) {
     // The epoch's parameter-server shards: chosen once, the same for every rank.
-    auto shards = shards_.AssignForJob(request->job_id(), joined->epoch(),
+    auto shards = shards_.AssignForJob(scoped.job_id(), joined->epoch(),
                                        joined->options().ps_shards());
     if (!shards.ok()) return ToGrpcStatus(shards.status());
-    shards_.ForgetJob(request->job_id(), joined->epoch());
+    shards_.ForgetJob(scoped.job_id(), joined->epoch());
     for (size_t i = 0; i < shards->ids.size(); ++i) {
       joined->add_ps_shard_ids(shards->ids[i]);
       *joined->add_ps_shards() = shards->endpoints[i];
@@ -145,7 +209,11 @@ grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext* ctx,
     return denied;
   }
   Timer timer(rpc_observer_, CoordinatorRpc::kHeartbeat);
-  return Reply(registry_->Heartbeat(WithBoundKey(*ctx, *request)), response);
+  absl::StatusOr<CallScope> scope = Scope(*ctx, "Heartbeat", request->job_id(), true);
+  if (!scope.ok()) return ToGrpcStatus(scope.status());
+  v1::HeartbeatRequest scoped = WithBoundKey(*ctx, *request);
+  scoped.set_job_id(scope->ToRegistry(request->job_id()));
+  return Reply(registry_->Heartbeat(scoped), response);
 }
 
 grpc::Status CoordinatorService::LeaveJob(grpc::ServerContext* ctx,
@@ -155,7 +223,11 @@ grpc::Status CoordinatorService::LeaveJob(grpc::ServerContext* ctx,
     return denied;
   }
   Timer timer(rpc_observer_, CoordinatorRpc::kLeaveJob);
-  return ToGrpcStatus(registry_->LeaveJob(WithBoundKey(*ctx, *request)));
+  absl::StatusOr<CallScope> scope = Scope(*ctx, "LeaveJob", request->job_id(), true);
+  if (!scope.ok()) return ToGrpcStatus(scope.status());
+  v1::LeaveJobRequest scoped = WithBoundKey(*ctx, *request);
+  scoped.set_job_id(scope->ToRegistry(request->job_id()));
+  return ToGrpcStatus(registry_->LeaveJob(scoped));
 }
 
 grpc::Status CoordinatorService::GetJobStatus(grpc::ServerContext* ctx,
@@ -166,7 +238,11 @@ grpc::Status CoordinatorService::GetJobStatus(grpc::ServerContext* ctx,
     return denied;
   }
   Timer timer(rpc_observer_, CoordinatorRpc::kGetJobStatus);
-  return Reply(registry_->GetJobStatus(request->job_id()), response);
+  absl::StatusOr<CallScope> scope = Scope(*ctx, "GetJobStatus", request->job_id(), false);
+  if (!scope.ok()) return ToGrpcStatus(scope.status());
+  absl::StatusOr<v1::JobStatus> status = registry_->GetJobStatus(scope->ToRegistry(request->job_id()));
+  if (status.ok()) Unscope(*scope, &*status);
+  return Reply(std::move(status), response);
 }
 
 grpc::Status CoordinatorService::ListJobs(grpc::ServerContext* ctx, const v1::ListJobsRequest*,
@@ -175,7 +251,14 @@ grpc::Status CoordinatorService::ListJobs(grpc::ServerContext* ctx, const v1::Li
     return denied;
   }
   Timer timer(rpc_observer_, CoordinatorRpc::kListJobs);
-  *response = registry_->ListJobs();
+  absl::StatusOr<CallScope> scope = Scope(*ctx, "ListJobs", "*", false);
+  if (!scope.ok()) return ToGrpcStatus(scope.status());
+  v1::ListJobsResponse all = registry_->ListJobs();
+  for (v1::JobStatus& job : *all.mutable_jobs()) {
+    if (!scope->Sees(job.job_id())) continue;
+    Unscope(*scope, &job);
+    *response->add_jobs() = std::move(job);
+  }
   return grpc::Status::OK;
 }
 
@@ -185,12 +268,17 @@ grpc::Status CoordinatorService::WatchJob(grpc::ServerContext* ctx,
   if (grpc::Status denied = RequireRole(*ctx, tls_, "node,operator", "WatchJob"); !denied.ok()) {
     return denied;
   }
-  absl::StatusOr<std::unique_ptr<JobWatch>> watch = registry_->WatchJob(request->job_id());
+  absl::StatusOr<CallScope> scope = Scope(*ctx, "WatchJob", request->job_id(), false);
+  if (!scope.ok()) return ToGrpcStatus(scope.status());
+  absl::StatusOr<std::unique_ptr<JobWatch>> watch =
+      registry_->WatchJob(scope->ToRegistry(request->job_id()));
   if (!watch.ok()) return ToGrpcStatus(watch.status());
   GS_LOG(DEBUG) << "WatchJob job='" << request->job_id() << "' from " << ctx->peer();
   while (true) {
     absl::StatusOr<v1::JobEvent> event = (*watch)->Next(kWatchPollInterval);
     if (event.ok()) {
+      event->set_job_id(scope->FromRegistry(event->job_id()));
+      if (event->has_status()) Unscope(*scope, event->mutable_status());
       // No lock is held here: the queue hands out copies.
       if (!writer->Write(*event)) {
         return grpc::Status(grpc::StatusCode::CANCELLED, "watcher went away");
@@ -219,7 +307,11 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
       MakeServerCredentials(options.tls);
   if (!credentials.ok()) return credentials.status();
   s->service_ = std::make_unique<CoordinatorService>(s->registry_.get(), options.rpc_observer,
-                                                     options.tls.enabled());
+                                                     options.tls.enabled(), options.tenants);
+  if (options.tenants != nullptr && options.tls.enabled()) {
+    (*credentials)->SetAuthMetadataProcessor(
+        std::make_shared<TenantAuthProcessor>(options.tenants));
+  }
 
   grpc::EnableDefaultHealthCheckService(true);  // process-wide; before building
   grpc::ServerBuilder builder;

@@ -20,6 +20,7 @@
 #include "proto/coordinator.grpc.pb.h"
 #include "server/job_registry.h"
 #include "server/shard_registry.h"
+#include "server/tenants.h"
 
 namespace gradsync {
 
@@ -40,6 +41,18 @@ class RpcObserver {
   virtual void OnRpcDone(CoordinatorRpc rpc, absl::Duration elapsed) = 0;
 };
 
+// Which jobs one call may reach: one tenant's (the registry holds them as
+// "TENANT/JOB"), or every job (an operator without a token, or a
+// coordinator without tenants, where ids are not scoped).
+struct CallScope {
+  std::string tenant;        // "" with `all`
+  bool all = false;
+  int max_forming_jobs = 0;  // the tenant's cap (0: none)
+  std::string ToRegistry(absl::string_view job_id) const;
+  bool Sees(absl::string_view scoped_id) const;
+  std::string FromRegistry(absl::string_view scoped_id) const;
+};
+
 // Synchronous-API service. JoinJob blocks one server thread per waiting
 // joiner until the rendezvous completes, its deadline (min of timeout_ms and
 // the RPC deadline) passes, the call is cancelled, or the registry shuts down.
@@ -52,9 +65,12 @@ class CoordinatorService final : public v1::Coordinator::Service {
   // for some roles (their OU; common/tls.h): jobs (create, join, heartbeat,
   // leave) for "node", shard registration for "ps", reading jobs for "node"
   // and "operator", listing shards for all three.
+  // `tenants` (may be null: one namespace, no tokens): creating, joining,
+  // heartbeating and leaving need a tenant's token, and a tenant reads only
+  // its own jobs (operators without a token read all, ids as TENANT/JOB).
   explicit CoordinatorService(JobRegistry* registry, RpcObserver* rpc_observer = nullptr,
-                              bool tls = false)
-      : registry_(registry), rpc_observer_(rpc_observer), tls_(tls) {}
+                              bool tls = false, std::shared_ptr<TenantTable> tenants = nullptr)
+      : registry_(registry), rpc_observer_(rpc_observer), tls_(tls), tenants_(std::move(tenants)) {}
 
   grpc::Status CreateJob(grpc::ServerContext* ctx, const v1::CreateJobRequest* request,
                          v1::CreateJobResponse* response) override;
@@ -79,9 +95,16 @@ class CoordinatorService final : public v1::Coordinator::Service {
   // Times one unary call for the RpcObserver.
   class Timer;
 
+  // The caller's scope for `call` about `job_id`. member_call (create, join,
+  // heartbeat, leave): the id must be unscoped and, with tenants, a token is
+  // needed. Else (reads): a tenant's own jobs, or every job for an operator.
+  absl::StatusOr<CallScope> Scope(const grpc::ServerContext& ctx, absl::string_view call,
+                                  absl::string_view job_id, bool member_call) const;
+
   JobRegistry* const registry_;
   RpcObserver* const rpc_observer_;
   const bool tls_;
+  const std::shared_ptr<TenantTable> tenants_;
   ShardRegistry shards_;
 };
 
@@ -95,6 +118,8 @@ struct CoordinatorServerOptions {
   RpcObserver* rpc_observer = nullptr;
   // Mutual TLS (empty: plaintext).
   TlsConfig tls;
+  // Tenants and their tokens (null: one namespace).
+  std::shared_ptr<TenantTable> tenants;
 };
 
 // A running coordinator: registry + service + grpc::Server (+ health service,

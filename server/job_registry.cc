@@ -113,26 +113,6 @@ absl::StatusOr<v1::JobEvent> JobWatch::Next(absl::Duration timeout) {
 
 
 
-absl::Status ValidateJobId(absl::string_view job_id) {
-  if (job_id.empty()) return absl::InvalidArgumentError("job id must not be empty");
-  if (job_id.size() > kMaxJobIdLength) {
-    return absl::InvalidArgumentError(absl::StrCat("job id '", job_id.substr(0, 32), "...' is ",
-                                                   job_id.size(), " characters long; the limit is ",
-                                                   kMaxJobIdLength));
-  }
-  for (char c : job_id) {
-    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-                    c == '.' || c == '_' || c == '-';
-    if (!ok) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("job id '", absl::CHexEscape(job_id), "' contains '",
-                       absl::CHexEscape(absl::string_view(&c, 1)),
-                       "'; allowed are letters, digits, '.', '_' and '-'"));
-    }
-  }
-  return absl::OkStatus();
-}
-
 JobRegistry::JobRegistry(Options options) : options_(std::move(options)) {
   if (options_.start_liveness_thread) {
     liveness_thread_ = std::thread([this] { LivenessLoop(); });
@@ -237,35 +217,8 @@ void JobRegistry::EmitLocked(Job& job, v1::JobEvent::Kind kind, int rank,
 // ---------------------------------------------------------------------------
 // CreateJob
 
-absl::Status ValidateJobOptions(absl::string_view job_id, const v1::JobOptions& o) {
-  auto bad = [&](absl::string_view field, int64_t value, int64_t lo, int64_t hi) {
-    return absl::InvalidArgumentError(absl::StrCat("job '", job_id, "': ", field, " ", value,
-                                                   " is out of range (", lo, "..", hi,
-                                                   ", or 0 for the default)"));
-  };
-  if (o.heartbeat_timeout_ms() != 0 && (o.heartbeat_timeout_ms() < kMinHeartbeatTimeoutMs ||
-                                        o.heartbeat_timeout_ms() > kMaxHeartbeatTimeoutMs)) {
-    return bad("heartbeat_timeout_ms", o.heartbeat_timeout_ms(), kMinHeartbeatTimeoutMs,
-               kMaxHeartbeatTimeoutMs);
-  }
-  if (o.op_timeout_ms() < 0 || o.op_timeout_ms() > kMaxOpTimeoutMs) {
-    return bad("op_timeout_ms", o.op_timeout_ms(), 1, kMaxOpTimeoutMs);
-  }
-  if (o.tcp_streams() < 0 || o.tcp_streams() > kMaxJobTcpStreams) {
-    return bad("tcp_streams", o.tcp_streams(), 1, kMaxJobTcpStreams);
-  }
-  if (o.ps_shards() < 0 || o.ps_shards() > kMaxJobPsShards) {
-    return bad("ps_shards", o.ps_shards(), 1, kMaxJobPsShards);
-  }
-  if (o.algorithm().size() > kMaxAlgorithmNameLength) {
-    return absl::InvalidArgumentError(absl::StrCat("job '", job_id, "': algorithm name of ",
-                                                   o.algorithm().size(), " characters; at most ",
-                                                   kMaxAlgorithmNameLength));
-  }
-  return absl::OkStatus();
-}
-
-absl::StatusOr<v1::CreateJobResponse> JobRegistry::CreateJob(const v1::CreateJobRequest& request) {
+absl::StatusOr<v1::CreateJobResponse> JobRegistry::CreateJob(const v1::CreateJobRequest& request,
+                                                             int max_forming_in_namespace) {
   if (absl::Status s = ValidateJobId(request.job_id()); !s.ok()) return s;
   if (request.world_size() < 1 || request.world_size() > kMaxWorldSize) {
     return absl::InvalidArgumentError(absl::StrCat("world size ", request.world_size(),
@@ -309,6 +262,19 @@ absl::StatusOr<v1::CreateJobResponse> JobRegistry::CreateJob(const v1::CreateJob
   if (jobs_.size() >= kMaxJobs) {
     return absl::ResourceExhaustedError(
         absl::StrCat("cannot create job '", request.job_id(), "': ", kMaxJobs, " jobs exist"));
+  }
+  if (max_forming_in_namespace > 0) {
+    const absl::string_view ns = JobNamespace(request.job_id());
+    int forming = 0;
+    for (const auto& [id, other] : jobs_) {
+      if (other->state == v1::JOB_STATE_FORMING && JobNamespace(id) == ns) ++forming;
+    }
+    if (forming >= max_forming_in_namespace) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "cannot create job '", request.job_id(), "': tenant '", ns, "' already has ", forming,
+          " forming jobs (its limit, max_forming_jobs in the tenants file); they expire after "
+          "the forming-job timeout"));
+    }
   }
   auto job = std::make_unique<Job>();
   job->id = request.job_id();

@@ -47,6 +47,9 @@ namespace gradsync {
 
 inline constexpr int kMaxWorldSize = 4096;
 inline constexpr std::size_t kMaxJobIdLength = 128;
+// A tenant's jobs are "TENANT/JOB" in the registry (server/tenants.h).
+inline constexpr std::size_t kMaxJobNamespaceLength = 32;
+inline constexpr std::size_t kMaxScopedJobIdLength = kMaxJobNamespaceLength + 1 + kMaxJobIdLength;
 inline constexpr std::size_t kMaxMemberIdLength = 256;
 // JoinJobRequest.member_key: the member's secret.
 inline constexpr std::size_t kMinMemberKeyBytes = 16;
@@ -66,9 +69,16 @@ inline constexpr std::size_t kMaxQueuedWatchEvents = 10000;
 // default); INVALID_ARGUMENT naming the field, its value and its range.
 absl::Status ValidateJobOptions(absl::string_view job_id, const v1::JobOptions& options);
 
-// OK if `job_id` is 1..128 characters of [A-Za-z0-9._-]; INVALID_ARGUMENT
-// naming the problem otherwise.
+// OK if `job_id` is 1..128 characters of [A-Za-z0-9._-], optionally after a
+// tenant's namespace "TENANT/" (1..32 of the same); INVALID_ARGUMENT naming
+// the problem otherwise.
 absl::Status ValidateJobId(absl::string_view job_id);
+
+// "TENANT/JOB", or JOB for the empty tenant (a coordinator without tenants).
+std::string ScopedJobId(absl::string_view tenant, absl::string_view job_id);
+// The parts of a scoped id: "" and the id itself for an unscoped one.
+absl::string_view JobNamespace(absl::string_view scoped_id);
+absl::string_view UnscopedJobId(absl::string_view scoped_id);
 
 // One subscriber's view of a job's events (see JobRegistry::WatchJob). Owned
 // by the caller; may outlive the registry. Not thread-safe: one reader.
@@ -134,8 +144,10 @@ class JobRegistry {
   // the registry defaults; the reply carries the effective options.
   // INVALID_ARGUMENT: bad id, world size outside 1..4096, negative options.
   // ALREADY_EXISTS: same id, other world size (the message names both).
-  // RESOURCE_EXHAUSTED: kMaxJobs jobs exist. UNAVAILABLE: shutting down.
-  absl::StatusOr<v1::CreateJobResponse> CreateJob(const v1::CreateJobRequest& request);
+  // RESOURCE_EXHAUSTED: kMaxJobs jobs exist, or `max_forming_in_namespace`
+  // (> 0) forming jobs of the id's namespace do. UNAVAILABLE: shutting down.
+  absl::StatusOr<v1::CreateJobResponse> CreateJob(const v1::CreateJobRequest& request,
+                                                  int max_forming_in_namespace = 0);
 
   // Rendezvous; blocks until every rank of the current epoch joined, then
   // returns this member's rank, the epoch and all members indexed by rank.

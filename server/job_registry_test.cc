@@ -55,7 +55,12 @@ TEST_F(JobRegistryTest, CreateJobRejectsBadIdsAndWorldSizes) {
   EXPECT_EQ(create("", 2).message(), "job id must not be empty");
   EXPECT_EQ(create("a b", 2).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(create("a b", 2).message().find("contains ' '"), absl::string_view::npos);
-  EXPECT_EQ(create("a/b", 2).code(), absl::StatusCode::kInvalidArgument);
+  // One tenant namespace in front is allowed (the service adds it), no more.
+  EXPECT_TRUE(create("a/b", 2).ok());
+  EXPECT_EQ(create("a/b/c", 2).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(create("/b", 2).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(create(std::string(33, 't') + "/b", 2).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(create(std::string(32, 't') + "/" + std::string(128, 'x'), 2).ok());
   EXPECT_EQ(create(std::string(129, 'x'), 2).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(create(std::string(128, 'x'), 2).ok());
   EXPECT_EQ(create("j", 0).message(), "world size 0 of job 'j' is out of range (1..4096)");

@@ -27,6 +27,8 @@ using ControlPlaneForgery = testing::SharedClusterTest<2>;
 std::unique_ptr<grpc::ClientContext> Ctx() {
   auto ctx = std::make_unique<grpc::ClientContext>();
   ctx->set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  // The cluster's tenant (a misbehaving node of the same tenant, at worst).
+  ctx->AddMetadata("authorization", "Bearer " + LabTenantToken());
   return ctx;
 }
 

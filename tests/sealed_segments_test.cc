@@ -47,6 +47,7 @@ RawSession Open(LocalCluster& cluster, const std::string& job) {
   req.set_world_size(1);
   req.set_rank(0);
   req.set_timeout_ms(30000);
+  req.set_tenant_token(LabTenantToken());
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(40)));
   grpc::Status st = s.stub->OpenSession(&ctx, req, &s.open);

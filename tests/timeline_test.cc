@@ -64,7 +64,7 @@ assert all(e["dur"] >= 0 for e in ev if e["ph"] == "X")
 print("OK", len(ev))
 )PY";
   for (int r = 0; r < 3; ++r) {
-    const std::string path = absl::StrCat((*cluster)->work_dir(), "/timeline/traced.epoch1.rank", r,
+    const std::string path = absl::StrCat((*cluster)->work_dir(), "/timeline/lab+traced.epoch1.rank", r,
                                           ".trace.json");
     const std::string out =
         RunCommand(absl::StrCat("/usr/bin/python3 -c '", check, "' ", path, " ", r, " 2>&1"));

@@ -37,7 +37,8 @@ inline constexpr uint32_t kFrameMagic = 0x4E595347;  // "GSYN"
 // refuse each other at the handshake instead of falling out of step.
 // 3: the daemons of a job prove the job key at the handshake.
 inline constexpr uint16_t kWireVersion = 3;
-inline constexpr size_t kMaxJobIdBytes = 128;
+// A tenant's job "TENANT/JOB" (32 + 1 + 128), with room for "ps/" in front.
+inline constexpr size_t kMaxJobIdBytes = 192;
 inline constexpr int kMaxWorldSize = 4096;
 inline constexpr uint32_t kMaxAbortBytes = 4096;
 inline constexpr uint32_t kMaxFrameBytes = 64u << 20;

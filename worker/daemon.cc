@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "common/grpc_status.h"
 #include "common/logging.h"
 #include "ipc/fd_registration.h"
@@ -22,9 +23,13 @@ namespace {
 // Bytes of a member's key at the coordinator (JoinJobRequest.member_key).
 constexpr size_t kMemberKeyBytes = 16;
 
-std::unique_ptr<grpc::ClientContext> RpcContext(absl::Duration timeout) {
+// A call to the coordinator about a job: with the tenant's token as bearer
+// metadata when the session has one.
+std::unique_ptr<grpc::ClientContext> RpcContext(absl::Duration timeout,
+                                                const std::string& tenant_token = "") {
   auto ctx = std::make_unique<grpc::ClientContext>();
   ctx->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  if (!tenant_token.empty()) ctx->AddMetadata("authorization", "Bearer " + tenant_token);
   return ctx;
 }
 
@@ -115,7 +120,7 @@ absl::StatusOr<std::shared_ptr<Session>> Daemon::OpenSession(const OpenSessionAr
   creq.mutable_options()->set_timeline(args.timeline);
   creq.mutable_options()->set_ps_shards(args.ps_shards);
   v1::CreateJobResponse cresp;
-  auto rpc = RpcContext(absl::Seconds(10));
+  auto rpc = RpcContext(absl::Seconds(10), args.tenant_token);
   absl::Status s = FromGrpcStatus(coordinator_->CreateJob(rpc.get(), creq, &cresp));
   if (!s.ok()) {
     return absl::Status(s.code(), absl::StrCat("coordinator ", options_.coordinator,
@@ -139,7 +144,7 @@ absl::StatusOr<std::shared_ptr<Session>> Daemon::OpenSession(const OpenSessionAr
     jreq.set_status_endpoint(status_endpoint_);
   }
   v1::JoinJobResponse jresp;
-  rpc = RpcContext(deadline - absl::Now() + absl::Seconds(2));
+  rpc = RpcContext(deadline - absl::Now() + absl::Seconds(2), args.tenant_token);
   s = FromGrpcStatus(coordinator_->JoinJob(rpc.get(), jreq, &jresp));
   if (!s.ok()) return s;
 
@@ -149,6 +154,8 @@ absl::StatusOr<std::shared_ptr<Session>> Daemon::OpenSession(const OpenSessionAr
   info.member_id = session_id;
   info.member_key = *std::move(member_key);
   info.job_key = jresp.job_key();
+  info.tenant = jresp.tenant();
+  info.tenant_token = args.tenant_token;
   info.rank = jresp.rank();
   info.world_size = jresp.world_size();
   info.epoch = jresp.epoch();
@@ -163,7 +170,9 @@ absl::StatusOr<std::shared_ptr<Session>> Daemon::OpenSession(const OpenSessionAr
   }
   info.registration_token = std::move(*token);
   if (jresp.options().timeline()) {
-    info.timeline_path = absl::StrCat(options_.timeline_dir, "/", args.job_id, ".epoch",
+    // A tenant's job "t/j" writes "t+j.epoch…" ('+' is in neither name).
+    info.timeline_path = absl::StrCat(options_.timeline_dir, "/",
+                                      absl::StrReplaceAll(info.scoped_job_id(), {{"/", "+"}}), ".epoch",
                                       info.epoch, ".rank", info.rank, ".trace.json");
   }
   if (!info.job_algorithm.empty() && info.job_algorithm != "auto" &&
@@ -300,7 +309,7 @@ absl::Status Daemon::CloseSession(const std::string& id) {
 absl::StatusOr<std::shared_ptr<JobExecutor>> Daemon::GetOrCreateExecutor(
     const SessionInfo& info, const JobPlacement& placement,
     const std::vector<HostPort>& node_endpoints, int streams, absl::Time deadline) {
-  const std::string key = absl::StrCat(info.job_id, "#", info.epoch);
+  const std::string key = absl::StrCat(info.scoped_job_id(), "#", info.epoch);
   std::shared_ptr<ExecutorEntry> entry;
   bool create = false;
   {
@@ -344,7 +353,7 @@ absl::StatusOr<std::shared_ptr<JobExecutor>> Daemon::GetOrCreateExecutor(
   LinkParams link;
   if (placement.nodes() > 1) {
     transport::ContextSpec co;
-    co.job_id = info.job_id;
+    co.job_id = info.scoped_job_id();
     co.epoch = static_cast<uint64_t>(info.epoch);
     co.rank = placement.node_index;
     co.world_size = placement.nodes();
@@ -381,7 +390,7 @@ absl::StatusOr<std::shared_ptr<JobExecutor>> Daemon::GetOrCreateExecutor(
                  << (one_host ? " (every daemon on one host)" : " (daemons on several hosts)");
   }
   JobExecutorOptions eo;
-  eo.job_id = info.job_id;
+  eo.job_id = info.scoped_job_id();
   eo.epoch = info.epoch;
   eo.placement = placement;
   eo.link = link;
@@ -406,7 +415,7 @@ void Daemon::LeaveJob(const SessionInfo& info) {
   req.set_member_id(info.member_id);
   req.set_member_key(info.member_key);
   v1::LeaveJobResponse resp;
-  auto rpc = RpcContext(absl::Seconds(2));
+  auto rpc = RpcContext(absl::Seconds(2), info.tenant_token);
   grpc::Status s = coordinator_->LeaveJob(rpc.get(), req, &resp);
   if (!s.ok()) {
     GS_LOG(WARNING) << "leave job '" << info.job_id << "' rank " << info.rank << ": "
@@ -447,7 +456,7 @@ void Daemon::HeartbeatLoop() {
       req.set_member_id(info.member_id);
       req.set_member_key(info.member_key);
       v1::HeartbeatResponse resp;
-      auto rpc = RpcContext(options_.heartbeat_interval * 2);
+      auto rpc = RpcContext(options_.heartbeat_interval * 2, info.tenant_token);
       grpc::Status st = coordinator_->Heartbeat(rpc.get(), req, &resp);
       if (st.error_code() == grpc::StatusCode::NOT_FOUND) {
         s->AbortEpoch(absl::AbortedError(

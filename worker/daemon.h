@@ -66,6 +66,9 @@ struct OpenSessionArgs {
   bool timeline = false;  // job-wide Chrome-trace timeline
   int ps_shards = 0;      // parameter-server shards the job uses (if it creates it)
   std::string client_name;
+  // The client's tenant token, sent to the coordinator with every call about
+  // the job ("" for a coordinator without tenants). Never logged.
+  std::string tenant_token;
 };
 
 class Daemon {

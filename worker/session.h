@@ -47,6 +47,11 @@ struct SessionInfo {
   std::string member_id;
   std::string member_key;  // the member's secret at the coordinator; never logged or shown
   std::string job_key;     // the job's secret (JoinJobResponse); the data-plane handshake proves it
+  std::string tenant;        // the job's tenant ("" without tenants)
+  std::string tenant_token;  // sent with the member's calls to the coordinator; never shown
+  // How this daemon keys the job (executors, data plane, PS shards):
+  // "TENANT/JOB", or the job id without tenants.
+  std::string scoped_job_id() const { return tenant.empty() ? job_id : tenant + "/" + job_id; }
   int rank = 0;
   int world_size = 1;
   int64_t epoch = 0;

@@ -17,10 +17,13 @@ grpc::Status StatusService::GetStatus(grpc::ServerContext* ctx,
   resp->set_data_port(daemon_->data_port());
   const absl::Time now = absl::Now();
   for (const SessionStatus& st : daemon_->Status()) {
-    if (!req->job_id().empty() && st.info.job_id != req->job_id()) continue;
+    if (!req->job_id().empty() && st.info.job_id != req->job_id() &&
+        st.info.scoped_job_id() != req->job_id()) {
+      continue;
+    }
     v1::SessionState* s = resp->add_sessions();
     s->set_session_id(st.info.session_id);
-    s->set_job_id(st.info.job_id);
+    s->set_job_id(st.info.scoped_job_id());  // "TENANT/JOB" for a tenant's job
     s->set_rank(st.info.rank);
     s->set_world_size(st.info.world_size);
     s->set_epoch(st.info.epoch);

@@ -123,6 +123,7 @@ grpc::Status WorkerService::OpenSession(grpc::ServerContext* ctx,
   a.timeline = req->options().timeline();
   a.ps_shards = req->options().ps_shards();
   a.client_name = req->client_name();
+  a.tenant_token = req->tenant_token();
   auto s = daemon_->OpenSession(a);
   if (!s.ok()) return ToGrpcStatus(s.status());
   const SessionInfo& info = (*s)->info();

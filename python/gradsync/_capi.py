@@ -25,6 +25,7 @@ class SessionOptions(ctypes.Structure):
         ("timeline", c_int32),
         ("ps_shards", c_int32),
         ("client_name", c_char_p),
+        ("tenant_token", c_char_p),
     ]
 
 

@@ -438,10 +438,13 @@ class Client(_Closable):
                      op_timeout: Optional[float] = None, tcp_streams: int = 0,
                      timeline: bool = False, ps_shards: int = 0,
                      heartbeat_timeout: Optional[float] = None,
-                     client_name: Optional[str] = None) -> Session:
+                     client_name: Optional[str] = None,
+                     tenant_token: Optional[str] = None) -> Session:
         """Joins `job` of `world_size` ranks as `rank` (-1: any free rank),
         waiting up to `timeout` seconds for every rank. The job options
-        (algorithm, op_timeout, ...) count only for the session that creates the job."""
+        (algorithm, op_timeout, ...) count only for the session that creates the job.
+        `tenant_token`: the tenant's token for a coordinator with tenants
+        (default: $GRADSYNC_TENANT_TOKEN or the file $GRADSYNC_TENANT_TOKEN_FILE)."""
         o = _capi.SessionOptions()
         lib = _capi.lib()
         lib.gs_session_options_init(ctypes.byref(o))
@@ -456,6 +459,7 @@ class Client(_Closable):
         o.timeline = 1 if timeline else 0
         o.ps_shards = ps_shards
         o.client_name = (client_name or f"python pid {os.getpid()}").encode()
+        o.tenant_token = tenant_token.encode() if tenant_token else None
         out = ctypes.c_void_p()
         if not self._handle:
             raise error(9, "gradsync: the client is closed")

@@ -45,6 +45,7 @@ trap 'kill $cluster 2>/dev/null; wait $cluster 2>/dev/null' EXIT
 for _ in $(seq 200); do [[ -f "$T/cluster.env" ]] && break; sleep 0.1; done
 [[ -f "$T/cluster.env" ]] || fail "gradsync cluster did not come up: $(cat "$T/cluster.log")"
 source "$T/cluster.env"
+export GRADSYNC_TENANT_TOKEN  # the cluster's tenant: every client presents its token
 
 for prog in ext_c ext_cpp; do
   env -u LD_LIBRARY_PATH ./$prog "$GRADSYNC_DAEMON_0" "job-$prog-$$" 2 0 > "$T/$prog.0" 2>&1 &

@@ -19,6 +19,7 @@ trap 'kill $cluster 2>/dev/null; wait $cluster 2>/dev/null' EXIT
 for _ in $(seq 200); do [[ -f "$T/cluster.env" ]] && break; sleep 0.1; done
 [[ -f "$T/cluster.env" ]] || fail "gradsync cluster did not come up: $(cat "$T/cluster.log")"
 source "$T/cluster.env"
+export GRADSYNC_TENANT_TOKEN  # the cluster's tenant: every client presents its token
 export GRADSYNC_DAEMON="$GRADSYNC_DAEMON_0"
 
 /usr/bin/python3 "$ROOT/tests/sdk/torch_backend_test.py" 2>&1 | grep -v "deprecated" \
