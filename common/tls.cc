@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <openssl/evp.h>
+#include <openssl/hmac.h>
 
 #include <grpc/grpc_security_constants.h>
 #include <grpcpp/security/auth_context.h>
@@ -106,6 +107,20 @@ std::string Sha256(absl::string_view data) {
     return "";  // cannot happen for SHA-256 in a working libcrypto
   }
   return std::string(reinterpret_cast<const char*>(digest), length);
+}
+
+std::string DeriveKey(absl::string_view key, absl::string_view label) {
+  unsigned char out[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  static const unsigned char kEmpty = 0;
+  const void* key_bytes = key.empty() ? static_cast<const void*>(&kEmpty) : key.data();
+  HMAC(EVP_sha256(), key_bytes, static_cast<int>(key.size()),
+       reinterpret_cast<const unsigned char*>(label.data()), label.size(), out, &len);
+  return std::string(reinterpret_cast<const char*>(out), len);
+}
+
+std::string PsShardKey(absl::string_view job_key, absl::string_view shard_id) {
+  return DeriveKey(job_key, absl::StrCat("gradsync ps shard ", shard_id));
 }
 
 std::string BindToIdentity(const PeerIdentity& id, const std::string& secret) {

@@ -56,6 +56,11 @@ std::string SubjectField(absl::string_view subject, absl::string_view field);
 
 // The 32-byte SHA-256 digest of `data`.
 std::string Sha256(absl::string_view data);
+// HMAC-SHA256 of `label` under `key`: a key for one purpose derived from another.
+std::string DeriveKey(absl::string_view key, absl::string_view label);
+// The key a job's workers and PS shard `shard_id` prove to each other:
+// derived from the job key, so a shard never holds the job key itself.
+std::string PsShardKey(absl::string_view job_key, absl::string_view shard_id);
 
 // A secret a caller presents (a member key), bound to the caller's verified
 // identity: SHA-256 over the certificate's common name and the secret, so

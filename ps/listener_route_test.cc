@@ -8,6 +8,7 @@
 #include "gtest/gtest.h"
 #include "ps/protocol.h"
 #include "ps/ps_testing.h"
+#include "ps/shard_handshake.h"
 #include "transport/tcp_listener.h"
 #include "transport/wire.h"
 
@@ -24,13 +25,13 @@ std::unique_ptr<TcpListener> StartRouting(Routed* routed, const std::string& pre
   lo.listen = {"127.0.0.1", 0};
   lo.route_prefix = prefix;
   lo.route = [routed](RoutedConnection rc) {
-    const int fd = rc.fd.get();
-    {
-      absl::MutexLock l(&routed->mu);
-      routed->conns.push_back(std::move(rc));  // before the ack: the test looks once acked
-    }
-    HelloAck ack{kHelloMagic, 0, 0};
-    (void)WriteFull(fd, &ack, sizeof(ack), absl::Now() + absl::Seconds(1));
+    // The shard's side of the handshake (empty key), under the lock: the
+    // test looks once its connect returned.
+    const absl::Time deadline = absl::Now() + absl::Seconds(1);
+    absl::MutexLock l(&routed->mu);
+    absl::StatusOr<std::string> nonce = ps::ReadWorkerNonce(rc, deadline);
+    if (nonce.ok()) (void)ps::ProveJobKey(rc, "", *nonce, deadline);
+    routed->conns.push_back(std::move(rc));
   };
   auto l = TcpListener::Start(lo);
   EXPECT_TRUE(l.ok()) << l.status();

@@ -14,6 +14,7 @@
 #include "ps/protocol.h"
 #include "ps/ps_testing.h"
 #include "ps/shard.h"
+#include "ps/shard_handshake.h"
 #include "ps/slicer.h"
 #include "ps/worker_client.h"
 #include "transport/tcp_listener.h"
@@ -289,9 +290,9 @@ class FakeShard {
     lo.listen = {"127.0.0.1", 0};
     lo.route_prefix = kPsJobPrefix;
     lo.route = [this, crash](transport::RoutedConnection rc) {
-      transport::HelloAck ack{transport::kHelloMagic, 0, 0};
       const absl::Time deadline = absl::Now() + absl::Seconds(2);
-      if (!WriteFull(rc.fd.get(), &ack, sizeof(ack), deadline).ok()) return;
+      absl::StatusOr<std::string> nonce = ReadWorkerNonce(rc, deadline);  // then the ack
+      if (!nonce.ok() || !ProveJobKey(rc, "", *nonce, deadline).ok()) return;
       if (crash) {
         FrameHeader h;
         if (ReadFull(rc.fd.get(), &h, sizeof(h), deadline).ok()) {

@@ -31,6 +31,7 @@
 #include "common/tls_flags.h"
 #include "common/port_file.h"
 #include "common/net.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "common/config_file.h"
 #include "common/metrics.h"
@@ -86,6 +87,7 @@ class Registrar {
         host_(std::move(host)),
         port_(port) {}
   ~Registrar() { Stop(); }
+  std::shared_ptr<v1::Coordinator::Stub> stub() const { return stub_; }
   absl::Status RegisterOnce() {
     v1::RegisterShardRequest req;
     req.set_shard_id(id_);
@@ -114,12 +116,50 @@ class Registrar {
   }
 
  private:
-  std::unique_ptr<v1::Coordinator::Stub> stub_;
+  std::shared_ptr<v1::Coordinator::Stub> stub_;
   const std::string id_, host_;
   const int port_;
   absl::Duration interval_ = absl::Seconds(1);
   absl::Notification stop_;
   std::thread thread_;
+};
+
+// Fetches this shard's key of a job epoch from the coordinator (GetShardKey),
+// once the shard registered (its id includes its port).
+class KeyFetcher {
+ public:
+  void Set(std::shared_ptr<v1::Coordinator::Stub> stub, std::string shard_id) {
+    absl::MutexLock l(&mu_);
+    stub_ = std::move(stub);
+    shard_id_ = std::move(shard_id);
+  }
+  absl::StatusOr<std::string> Fetch(const std::string& job_id, uint64_t epoch) {
+    std::shared_ptr<v1::Coordinator::Stub> stub;
+    v1::GetShardKeyRequest req;
+    {
+      absl::MutexLock l(&mu_);
+      stub = stub_;
+      req.set_shard_id(shard_id_);
+    }
+    if (stub == nullptr) return absl::UnavailableError("not registered with the coordinator yet");
+    req.set_job_id(job_id);
+    req.set_epoch(static_cast<int64_t>(epoch));
+    v1::GetShardKeyResponse resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(3)));
+    grpc::Status s = stub->GetShardKey(&ctx, req, &resp);
+    if (!s.ok()) {
+      return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                          absl::StrCat("no key for job '", job_id, "' epoch ", epoch,
+                                       " from the coordinator: ", s.error_message()));
+    }
+    return resp.key();
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::shared_ptr<v1::Coordinator::Stub> stub_ ABSL_GUARDED_BY(mu_);
+  std::string shard_id_ ABSL_GUARDED_BY(mu_);
 };
 
 // gradsync_ps_* metrics from PsShard::stats() at scrape time (docs/metrics.md).
@@ -154,6 +194,12 @@ class ShardCollector : public prometheus::Collectable {
     add("gradsync_ps_pushes_refused_total", "Pushes discarded (stale, refused or failed step)",
         T::Counter, st.pushes_refused);
     add("gradsync_ps_connections_total", "Worker connections accepted", T::Counter, st.connections);
+    // The same family as the daemons' data port (port="ps" here).
+    add("gradsync_auth_failures_total",
+        "Connections refused for the job key: on a PS shard, no key for the job epoch here, no "
+        "nonce, or a wrong proof",
+        T::Counter, st.auth_failures);
+    out.back().metric[0].label = {{"port", "ps"}, {"reason", "job_key"}};
     add("gradsync_ps_jobs", "Jobs with state on this shard", T::Gauge, st.jobs);
     add("gradsync_ps_reserved_bytes", "Staging memory reserved by running steps", T::Gauge,
         st.reserved_bytes);
@@ -230,6 +276,16 @@ int Run() {
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
+  // Workers prove the job's shard key, which the coordinator hands out.
+  auto keys = std::make_shared<KeyFetcher>();
+  if (!absl::GetFlag(FLAGS_coordinator).empty()) {
+    options->job_key = [keys](const std::string& job_id, uint64_t epoch) {
+      return keys->Fetch(job_id, epoch);
+    };
+  } else {
+    GS_LOG(WARNING) << "no --coordinator: workers' connections are not authenticated (no job "
+                       "keys); run standalone shards only on a trusted network";
+  }
   absl::StatusOr<std::unique_ptr<PsShard>> shard = PsShard::Start(*options);
   if (!shard.ok()) {
     GS_LOG(ERROR) << "cannot start: " << shard.status();
@@ -281,6 +337,7 @@ int Run() {
       GS_LOG(ERROR) << "cannot register with the coordinator " << coord << ": " << s.message();
       return 1;
     }
+    keys->Set(registrar->stub(), shard_id);
     registrar->Start();
   }
   if (const std::string path = absl::GetFlag(FLAGS_port_file); !path.empty()) {

@@ -122,7 +122,8 @@ std::vector<absl::Status> RunRanks(const std::vector<int>& ranks,
 
 absl::StatusOr<UniqueFd> ConnectToShard(const HostPort& addr, const std::string& ps_job_id,
                                         uint64_t epoch, int rank, int workers, int shard,
-                                        absl::Time deadline, int socket_buffer_bytes) {
+                                        absl::Time deadline, int socket_buffer_bytes,
+                                        const std::string& key) {
   ASSIGN_OR_RETURN(UniqueFd fd, TcpConnect(addr, deadline));
   transport::Hello hello{transport::kHelloMagic,
                          transport::kWireVersion,
@@ -134,6 +135,8 @@ absl::StatusOr<UniqueFd> ConnectToShard(const HostPort& addr, const std::string&
                          0};
   RETURN_IF_ERROR(WriteFull(fd.get(), &hello, sizeof(hello), deadline));
   RETURN_IF_ERROR(WriteFull(fd.get(), ps_job_id.data(), ps_job_id.size(), deadline));
+  const std::string nonce = transport::RandomNonce();
+  RETURN_IF_ERROR(WriteFull(fd.get(), nonce.data(), nonce.size(), deadline));
   transport::HelloAck ack;
   RETURN_IF_ERROR(ReadFull(fd.get(), &ack, sizeof(ack), deadline));
   if (ack.magic != transport::kHelloMagic) return absl::DataLossError("bad handshake reply");
@@ -146,6 +149,17 @@ absl::StatusOr<UniqueFd> ConnectToShard(const HostPort& addr, const std::string&
             : absl::StatusCode::kUnknown;
     return absl::Status(code, "refused: " + msg);
   }
+  // The shard proves the key first, then this side (transport/wire.h).
+  std::string shard_nonce(transport::kNonceBytes, '\0'), proof(transport::kProofBytes, '\0');
+  RETURN_IF_ERROR(ReadFull(fd.get(), shard_nonce.data(), shard_nonce.size(), deadline));
+  RETURN_IF_ERROR(ReadFull(fd.get(), proof.data(), proof.size(), deadline));
+  if (!transport::ProofsEqual(proof, transport::HandshakeProof(key, transport::HandshakeRole::kAcceptor,
+                                                               hello, ps_job_id, nonce, shard_nonce))) {
+    return absl::UnauthenticatedError("the shard did not prove the job's key");
+  }
+  const std::string mine = transport::HandshakeProof(key, transport::HandshakeRole::kConnector, hello,
+                                                     ps_job_id, shard_nonce, nonce);
+  RETURN_IF_ERROR(WriteFull(fd.get(), mine.data(), mine.size(), deadline));
   RETURN_IF_ERROR(TuneDataSocket(fd.get(), socket_buffer_bytes));
   return fd;
 }

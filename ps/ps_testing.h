@@ -48,7 +48,8 @@ absl::Status WriteFrame(int fd, const transport::FrameHeader& h, const void* pay
 // code and "refused: <message>".
 absl::StatusOr<UniqueFd> ConnectToShard(const HostPort& addr, const std::string& ps_job_id,
                                         uint64_t epoch, int rank, int workers, int shard,
-                                        absl::Time deadline, int socket_buffer_bytes);
+                                        absl::Time deadline, int socket_buffer_bytes,
+                                        const std::string& key = "");
 
 // Runs fn(rank) for every rank in `ranks`, each on its own thread; returns
 // the statuses in the same order.

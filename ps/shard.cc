@@ -1,6 +1,7 @@
 // The shard's lifecycle, connections and frames (the design: ps/shard_impl.h).
 #include "ps/shard.h"
 
+#include "ps/shard_handshake.h"
 #include "ps/shard_impl.h"
 #include "transport/tcp_device.h"
 
@@ -30,6 +31,7 @@ PsShardStats PsShard::Impl::stats() const {
   PsShardStats s;
   s.connections = connections_;
   s.connections_refused = connections_refused_;
+  s.auth_failures = auth_failures_;
   s.steps_completed = steps_completed_;
   s.steps_failed = steps_failed_;
   s.bytes_pushed = bytes_pushed_;
@@ -106,6 +108,20 @@ void PsShard::Impl::Adopt(transport::RoutedConnection rc) {
   const int rank = rc.hello.src_rank;
   const int workers = rc.hello.world_size;
   const int shard = rc.hello.dst_rank;
+  // Nothing is created for a connection whose job epoch this shard has no
+  // key for (a forged Hello, or a job that is not assigned here).
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  absl::StatusOr<std::string> nonce = ReadWorkerNonce(rc, deadline);
+  if (!nonce.ok()) {
+    ++auth_failures_;
+    GS_LOG(WARNING) << "ps shard: " << rc.peer << " sent no nonce: " << nonce.status().message();
+    return;
+  }
+  absl::StatusOr<std::string> key = keys_.Get(std::string(JobOfPsJobId(rc.job_id)), rc.hello.epoch);
+  if (!key.ok()) {
+    ++auth_failures_;
+    return Refuse(rc, key.status());
+  }
   std::shared_ptr<Job> job;
   absl::Status refuse;
   {
@@ -132,10 +148,19 @@ void PsShard::Impl::Adopt(transport::RoutedConnection rc) {
     }
   }
   if (!refuse.ok()) return Refuse(rc, refuse);
-  // The connection is rank `rank`'s before the worker hears the HelloAck:
-  // a worker connects again only after an ack, so registrations follow the
-  // order of its connections, and a slow handshake can never replace (and
-  // close) the connection the worker made after it.
+  // Both sides prove the key before the connection replaces any other: a
+  // forged Hello never displaces a worker's live connection.
+  if (absl::Status proven = ProveJobKey(rc, *key, *nonce, deadline); !proven.ok()) {
+    ++auth_failures_;
+    GS_LOG(WARNING) << "ps shard: refused " << rc.peer << " (job '" << rc.job_id << "' rank "
+                    << rank << "): " << proven.message();
+    absl::MutexLock l(&mu_);
+    absl::MutexLock jl(&job->mu);
+    --job->connecting;
+    return;
+  }
+  // The connection is rank `rank`'s once proven: a worker connects again
+  // only after this one ended, so registrations follow its connections.
   std::shared_ptr<Conn> c, old;
   {
     absl::MutexLock l(&mu_);
@@ -147,9 +172,8 @@ void PsShard::Impl::Adopt(transport::RoutedConnection rc) {
     job->conns[rank] = c;
     conns_.push_back(c);
   }
-  const transport::HelloAck ack{transport::kHelloMagic, 0, 0};
-  absl::Status s = WriteFull(rc.fd.get(), &ack, sizeof(ack), absl::Now() + absl::Seconds(2));
-  if (s.ok()) {
+  absl::Status s;
+  {
     transport::ClientSpec spec;
     spec.job_id = job->id;
     spec.epoch = job->epoch;

@@ -69,6 +69,11 @@ struct PsShardOptions {
   // A job with no connections for this long is forgotten (its step history:
   // steps at or below the last finished one are refused until then).
   absl::Duration idle_job_timeout = absl::Seconds(300);
+  // The key a worker's connection for (job, epoch) must prove: this shard's
+  // key of the job, from the coordinator (gradsync-ps asks GetShardKey). An
+  // error refuses the connection with its message. Null: the empty key
+  // (a shard without a coordinator: connections are not authenticated).
+  std::function<absl::StatusOr<std::string>(const std::string& job_id, uint64_t epoch)> job_key;
 };
 
 // One job's counters on a shard (since the shard first saw the job, or since
@@ -84,6 +89,9 @@ struct PsJobStats {
 struct PsShardStats {
   uint64_t connections = 0;          // worker connections accepted
   uint64_t connections_refused = 0;  // handshakes refused (world size / shard index mismatch)
+  // Connections refused for the job key: no key for the job epoch here, no
+  // nonce, or a wrong proof.
+  uint64_t auth_failures = 0;
   uint64_t steps_completed = 0;
   uint64_t steps_failed = 0;
   uint64_t bytes_pushed = 0;    // partition payload bytes received

@@ -40,6 +40,7 @@
 #include "transport/tcp_listener.h"
 #include "transport/wire.h"
 #include "ps/shard.h"
+#include "ps/shard_handshake.h"
 
 namespace gradsync::ps {
 namespace shard_internal {
@@ -437,7 +438,7 @@ using namespace shard_internal;  // NOLINT(build/namespaces)
 
 class PsShard::Impl {
  public:
-  explicit Impl(const PsShardOptions& options) : options_(options) {}
+  explicit Impl(const PsShardOptions& options) : options_(options), keys_(options.job_key) {}
 
   absl::Status Init();
 
@@ -543,6 +544,8 @@ class PsShard::Impl {
   std::atomic<uint64_t> reserved_{0};
   std::atomic<uint64_t> connections_{0};
   std::atomic<uint64_t> connections_refused_{0};
+  std::atomic<uint64_t> auth_failures_{0};
+  ShardKeyCache keys_;
   std::atomic<uint64_t> steps_completed_{0};
   std::atomic<uint64_t> steps_failed_{0};
   std::atomic<uint64_t> bytes_pushed_{0};

@@ -326,6 +326,7 @@ absl::Status PsWorker::EnsureContext(absl::Time deadline) {
   spec.rank = rank_;
   spec.clients = world_;
   spec.servers = options_.shards;
+  spec.server_keys = options_.shard_keys;
   for (int k = 0; k < shards(); ++k) spec.server_names.push_back(ShardName(k));
   spec.self_name = absl::StrCat("ps worker rank ", rank_);
   spec.deadline = deadline;

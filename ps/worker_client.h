@@ -65,6 +65,9 @@ struct PsWorkerOptions {
   // Shard k's address; every worker of the job lists the same shards in the
   // same order.
   std::vector<HostPort> shards;
+  // The key shard k proves, and this worker proves back, at each connection
+  // (PsShardKey of the job key and the shard's id; missing: empty).
+  std::vector<std::string> shard_keys;
   // Partitions pushed to one shard and not yet pulled back (>= 1).
   int max_inflight = 8;
   // The data plane's device (not owned; outlives the PsWorker). Null: a

@@ -202,6 +202,23 @@ grpc::Status CoordinatorService::ListShards(grpc::ServerContext* ctx, const v1::
   return grpc::Status::OK;
 }
 
+grpc::Status CoordinatorService::GetShardKey(grpc::ServerContext* ctx,
+                                             const v1::GetShardKeyRequest* request,
+                                             v1::GetShardKeyResponse* response) {
+  if (grpc::Status denied = RequireRole(*ctx, tls_, "ps", "GetShardKey"); !denied.ok()) {
+    return denied;
+  }
+  if (!shards_.IsAssigned(request->job_id(), request->epoch(), request->shard_id())) {
+    return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                        absl::StrCat("shard '", request->shard_id(), "' does not serve job '",
+                                     request->job_id(), "' epoch ", request->epoch()));
+  }
+  absl::StatusOr<std::string> key = registry_->JobKey(request->job_id());
+  if (!key.ok()) return ToGrpcStatus(key.status());
+  response->set_key(PsShardKey(*key, request->shard_id()));
+  return grpc::Status::OK;
+}
+
 grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext* ctx,
                                            const v1::HeartbeatRequest* request,
                                            v1::HeartbeatResponse* response) {

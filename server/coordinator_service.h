@@ -90,6 +90,8 @@ class CoordinatorService final : public v1::Coordinator::Service {
                              v1::RegisterShardResponse* response) override;
   grpc::Status ListShards(grpc::ServerContext* ctx, const v1::ListShardsRequest* request,
                           v1::ListShardsResponse* response) override;
+  grpc::Status GetShardKey(grpc::ServerContext* ctx, const v1::GetShardKeyRequest* request,
+                           v1::GetShardKeyResponse* response) override;
 
  private:
   // Times one unary call for the RpcObserver.

@@ -136,6 +136,13 @@ void JobRegistry::SetStateLocked(Job& job, v1::JobState state) {
   job.state = state;
 }
 
+absl::StatusOr<std::string> JobRegistry::JobKey(const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  Job* job = FindJobLocked(job_id);
+  if (job == nullptr) return absl::NotFoundError(absl::StrCat("job '", job_id, "' does not exist"));
+  return job->key;
+}
+
 size_t JobRegistry::JobCount() {
   absl::MutexLock lock(&mu_);
   return jobs_.size();

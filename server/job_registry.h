@@ -196,6 +196,8 @@ class JobRegistry {
 
   // The number of jobs. Takes the registry mutex, so it doubles as a cheap
   // "is the registry responsive" probe (the systemd watchdog uses it).
+  // The job's secret (handed to its members at JoinJob). NOT_FOUND.
+  absl::StatusOr<std::string> JobKey(const std::string& job_id);
   size_t JobCount();
 
   // One pass of death detection (the background thread calls this).

@@ -40,6 +40,14 @@ std::vector<v1::ShardStatus> ShardRegistry::List() const {
   return out;
 }
 
+bool ShardRegistry::IsAssigned(const std::string& job_id, int64_t epoch,
+                               const std::string& shard_id) const {
+  absl::MutexLock l(&mu_);
+  auto it = assigned_.find({job_id, epoch});
+  return it != assigned_.end() &&
+         std::find(it->second.ids.begin(), it->second.ids.end(), shard_id) != it->second.ids.end();
+}
+
 absl::StatusOr<ShardRegistry::Assignment> ShardRegistry::AssignForJob(const std::string& job_id,
                                                                       int64_t epoch, int k) {
   absl::MutexLock l(&mu_);

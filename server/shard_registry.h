@@ -33,6 +33,8 @@ class ShardRegistry {
   // The shards of (job, epoch), choosing them on the first call.
   // FailedPrecondition naming the counts if fewer than `k` are alive.
   absl::StatusOr<Assignment> AssignForJob(const std::string& job_id, int64_t epoch, int k);
+  // True if shard `shard_id` serves (job, epoch).
+  bool IsAssigned(const std::string& job_id, int64_t epoch, const std::string& shard_id) const;
   // Forgets assignments of epochs of `job_id` other than `keep_epoch`.
   void ForgetJob(const std::string& job_id, int64_t keep_epoch = -1);
 

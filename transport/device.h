@@ -68,6 +68,9 @@ struct ServerSetSpec {
   std::vector<std::string> server_names;
   std::string self_name;
   absl::Time deadline;  // for the whole set-up
+  // The key server k proves at the handshake, and the client proves back
+  // (ps: PsShardKey of the job key and the shard's id). Missing: empty.
+  std::vector<std::string> server_keys;
 };
 
 // The server side of ConnectToServers: a context over one client's

@@ -61,6 +61,9 @@ struct TcpContextOptions {
   // and, on the accepting side, the next connection with the same Hello is
   // tried. Empty: the proof proves nothing (tests).
   std::string job_key;
+  // ConnectToServers: the key server k must prove (and this client proves
+  // back) for the connection; missing entries are empty keys.
+  std::vector<std::string> server_keys;
   // Hears each connection refused for a missing or wrong proof ("bad_proof",
   // "no_proof"); may be empty.
   std::function<void(absl::string_view reason)> on_auth_failure;

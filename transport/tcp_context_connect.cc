@@ -196,20 +196,42 @@ absl::StatusOr<std::unique_ptr<TcpContext>> TcpContext::ConnectToServers(
     return absl::Status(s.code(),
                         absl::StrCat(ctx->PeerName(k), ": cannot connect: ", s.message()));
   };
-  // Every Hello first, then every HelloAck: the servers answer in parallel.
+  // Every Hello (and nonce) first, then every HelloAck and proof: the
+  // servers answer in parallel. Server k proves server_keys[k] (the key the
+  // coordinator gave it for this job) before this side proves it back.
+  std::vector<Hello> hellos(servers);
+  std::vector<std::string> nonces(servers);
   for (int k = 0; k < servers; ++k) {
     auto fd = TcpConnect(options.peers[k], deadline);
     if (!fd.ok()) return server_error(k, fd.status());
-    Hello hello{kHelloMagic, kWireVersion, static_cast<uint16_t>(options.job_id.size()),
-                options.epoch, options.rank, k, options.world_size, 0};
-    absl::Status s = WriteFull(fd->get(), &hello, sizeof(hello), deadline);
+    hellos[k] = Hello{kHelloMagic, kWireVersion, static_cast<uint16_t>(options.job_id.size()),
+                      options.epoch, options.rank, k, options.world_size, 0};
+    nonces[k] = RandomNonce();
+    absl::Status s = WriteFull(fd->get(), &hellos[k], sizeof(Hello), deadline);
     if (s.ok()) s = WriteFull(fd->get(), options.job_id.data(), options.job_id.size(), deadline);
+    if (s.ok()) s = WriteFull(fd->get(), nonces[k].data(), kNonceBytes, deadline);
     if (!s.ok()) return server_error(k, s);
     ctx->peers_[k].fd = std::move(*fd);
   }
   for (int k = 0; k < servers; ++k) {
     const int fd = ctx->peers_[k].fd.get();
+    const std::string key =
+        k < static_cast<int>(options.server_keys.size()) ? options.server_keys[k] : "";
     absl::Status s = ReadHelloAck(fd, deadline);
+    std::string server_nonce(kNonceBytes, '\0'), proof(kProofBytes, '\0');
+    if (s.ok()) s = ReadFull(fd, server_nonce.data(), kNonceBytes, deadline);
+    if (s.ok()) s = ReadFull(fd, proof.data(), kProofBytes, deadline);
+    if (s.ok() && !ProofsEqual(proof, HandshakeProof(key, HandshakeRole::kAcceptor, hellos[k],
+                                                     options.job_id, nonces[k], server_nonce))) {
+      if (options.on_auth_failure) options.on_auth_failure("bad_proof");
+      s = absl::UnauthenticatedError(
+          "the server did not prove the job's key (not the job's shard, or a forgery)");
+    }
+    if (s.ok()) {
+      const std::string mine = HandshakeProof(key, HandshakeRole::kConnector, hellos[k],
+                                              options.job_id, server_nonce, nonces[k]);
+      s = WriteFull(fd, mine.data(), mine.size(), deadline);
+    }
     if (s.ok()) s = TuneDataSocket(fd, options.socket_buffer_bytes);
     if (!s.ok()) return server_error(k, s);
   }

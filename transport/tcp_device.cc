@@ -51,6 +51,7 @@ absl::StatusOr<std::unique_ptr<Context>> TcpDevice::ConnectToServers(const Serve
   o.deadline = spec.deadline;
   o.self_name = spec.self_name;
   o.peer_names = spec.server_names;
+  o.server_keys = spec.server_keys;
   o.verbatim_aborts = true;
   o.relay_faults = false;
   absl::StatusOr<std::unique_ptr<TcpContext>> ctx = TcpContext::ConnectToServers(o);

@@ -9,7 +9,9 @@
 //   connector -> acceptor : Nc (16 bytes, sent right after the job id)
 //   acceptor  -> connector: HelloAck + Na (16 bytes) + HandshakeMac(accept, Nc, Na)
 //   connector -> acceptor : HandshakeMac(connect, Na, Nc)
-// and neither side takes a frame before the other's proof checked out. Then
+// and neither side takes a frame before the other's proof checked out. A PS
+// worker and a shard (TcpContext::ConnectToServers, ps/shard_handshake.h)
+// run the same exchange with the job's shard key. Then
 // both sides exchange frames:
 //   FrameHeader (48 bytes) + `length` payload bytes
 // A DATA frame carries part of an op's buffer: (job, epoch, op sequence,

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/tls.h"
 #include "absl/strings/str_replace.h"
 #include "common/grpc_status.h"
 #include "common/logging.h"
@@ -163,6 +164,9 @@ absl::StatusOr<std::shared_ptr<Session>> Daemon::OpenSession(const OpenSessionAr
   if (op_ms > 0) info.default_op_timeout = absl::Milliseconds(op_ms);
   info.job_algorithm = jresp.options().algorithm();
   for (const auto& e : jresp.ps_shards()) info.ps_shards.push_back(HostPort{e.host(), e.port()});
+  for (const std::string& id : jresp.ps_shard_ids()) {
+    info.ps_shard_keys.push_back(PsShardKey(info.job_key, id));
+  }
   absl::StatusOr<std::string> token = ipc::RandomBytes(ipc::kRegistrationTokenBytes);
   if (!token.ok()) {
     LeaveJob(info);
@@ -397,6 +401,7 @@ absl::StatusOr<std::shared_ptr<JobExecutor>> Daemon::GetOrCreateExecutor(
   eo.planner = options_.planner;
   eo.ring = options_.ring;
   eo.ps_shards = info.ps_shards;
+  eo.ps_shard_keys = info.ps_shard_keys;
   eo.device = device_.get();
   eo.ps_partition_bytes = options_.ps_partition_bytes;
   eo.spin = options_.executor_spin;

@@ -60,6 +60,7 @@ struct SessionInfo {
   LinkParams link;            // measured when the epoch formed, equal on every rank
   std::string timeline_path;  // non-empty: write the job's timeline for this rank here
   std::vector<HostPort> ps_shards;  // the epoch's gradsync-ps shards (algo "ps")
+  std::vector<std::string> ps_shard_keys;  // PsShardKey(job_key, shard id) of each; never shown
   // Random bytes (ipc::kRegistrationTokenBytes) handed only to the session's
   // client; they prove the session on the daemon's fd socket. Never logged
   // or shown in status.
