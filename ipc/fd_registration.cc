@@ -217,22 +217,27 @@ absl::StatusOr<UnixAddress> ParseUnixAddress(absl::string_view text) {
 }
 
 absl::StatusOr<UniqueFd> ListenSeqpacket(const UnixAddress& address, mode_t mode) {
-  UniqueFd fd(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  return ListenUnix(address, SOCK_SEQPACKET, mode, "the fd socket");
+}
+
+absl::StatusOr<UniqueFd> ListenUnix(const UnixAddress& address, int type, mode_t mode,
+                                    absl::string_view what) {
+  UniqueFd fd(::socket(AF_UNIX, type | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   if (!fd.valid()) return absl::InternalError(absl::StrCat("socket: ", ErrnoString(errno)));
   if (!address.abstract) {
     // A socket file left by an earlier run is removed; one a live process
     // still serves is not taken over.
-    UniqueFd probe(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+    UniqueFd probe(::socket(AF_UNIX, type | SOCK_CLOEXEC, 0));
     if (probe.valid() && ::connect(probe.get(), reinterpret_cast<const sockaddr*>(&address.addr),
                                    address.len) == 0) {
-      return absl::AlreadyExistsError(absl::StrCat(
-          "another process serves the fd socket ", address.text, " (a second gradsyncd?)"));
+      return absl::AlreadyExistsError(absl::StrCat("another process serves ", what, " ",
+                                                   address.text, " (a second gradsyncd?)"));
     }
     ::unlink(address.path.c_str());
   }
   if (::bind(fd.get(), reinterpret_cast<const sockaddr*>(&address.addr), address.len) != 0) {
     return absl::UnavailableError(
-        absl::StrCat("cannot bind the fd socket ", address.text, ": ", ErrnoString(errno)));
+        absl::StrCat("cannot bind ", what, " ", address.text, ": ", ErrnoString(errno)));
   }
   if (!address.abstract && ::chmod(address.path.c_str(), mode) != 0) {
     return absl::InternalError(absl::StrCat("chmod ", address.path, ": ", ErrnoString(errno)));

@@ -133,6 +133,10 @@ absl::StatusOr<UnixAddress> ParseUnixAddress(absl::string_view text);
 // A listening SOCK_SEQPACKET socket (non-blocking, close-on-exec). A path
 // socket replaces a stale file and gets `mode`.
 absl::StatusOr<UniqueFd> ListenSeqpacket(const UnixAddress& address, mode_t mode);
+// The same for any socket type (SOCK_STREAM for the gRPC client socket);
+// errors name the socket as `what`.
+absl::StatusOr<UniqueFd> ListenUnix(const UnixAddress& address, int type, mode_t mode,
+                                    absl::string_view what);
 absl::StatusOr<UniqueFd> ConnectSeqpacket(const UnixAddress& address, absl::Time deadline);
 
 // Sends one message with `fd` attached (-1: none) by `deadline`.

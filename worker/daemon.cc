@@ -157,6 +157,7 @@ absl::StatusOr<std::shared_ptr<Session>> Daemon::OpenSession(const OpenSessionAr
   info.job_key = jresp.job_key();
   info.tenant = jresp.tenant();
   info.tenant_token = args.tenant_token;
+  info.owner_uid = args.owner_uid;
   info.rank = jresp.rank();
   info.world_size = jresp.world_size();
   info.epoch = jresp.epoch();
@@ -289,6 +290,7 @@ absl::StatusOr<BufferInfo> Daemon::RegisterFdBuffer(const ipc::RegisterRequest& 
                                                     const ucred& peer) {
   ASSIGN_OR_RETURN(std::shared_ptr<Session> session,
                    AuthorizeFdRequest(request.session_id, request.token));
+  RETURN_IF_ERROR(CheckOwner(session->info(), peer.uid, "register a buffer of"));
   return session->RegisterBuffer(fd, request.offset, request.size,
                                  absl::StrCat("fd of pid ", peer.pid, " (uid ", peer.uid, ")"));
 }

@@ -69,6 +69,9 @@ struct OpenSessionArgs {
   // The client's tenant token, sent to the coordinator with every call about
   // the job ("" for a coordinator without tenants). Never logged.
   std::string tenant_token;
+  // The uid of the process that opens the session (-1: unknown, a TCP
+  // client); only that uid may use the session.
+  int64_t owner_uid = -1;
 };
 
 class Daemon {

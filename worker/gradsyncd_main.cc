@@ -24,6 +24,7 @@
 #include "common/metrics.h"
 #include "common/net.h"
 #include "common/sd_notify.h"
+#include "worker/local_client_socket.h"
 #include "worker/daemon_metrics.h"
 #include "worker/buffer_fd_server.h"
 #include "worker/daemon.h"
@@ -34,6 +35,9 @@
 ABSL_FLAG(std::string, listen, "unix:/run/gradsync/gradsyncd.sock",
           "gRPC address for local clients: unix:PATH, unix-abstract:NAME or HOST:PORT");
 ABSL_FLAG(std::string, coordinator, "127.0.0.1:7070", "gradsync-coordinator address (host:port)");
+ABSL_FLAG(std::string, socket_group, "",
+          "group of the unix client socket and fd socket (mode 0660): the users who may run "
+          "training processes on this node; empty: the daemon's group");
 ABSL_FLAG(std::string, data_listen, "0.0.0.0:7071",
           "data-plane TCP listen address (port 0 = any free port)");
 ABSL_FLAG(std::string, advertise_host, "",
@@ -95,7 +99,6 @@ absl::Status PrepareUnixSocket(const std::string& listen) {
     const std::string dir = path.substr(0, slash);
     ::mkdir(dir.c_str(), 0755);
   }
-  ::unlink(path.c_str());  // a stale socket from a previous run
   return absl::OkStatus();
 }
 
@@ -278,13 +281,32 @@ int main(int argc, char** argv) {
     }
     fd_server = std::move(*started);
   }
+  // A unix --listen: the daemon accepts the connections itself to learn each
+  // caller's uid (sessions belong to the uid that opened them), then hands
+  // them to gRPC. A TCP --listen (clients on other hosts) has no uids.
+  const bool unix_socket = absl::StartsWith(listen, "unix:") || absl::StartsWith(listen, "unix-abstract:");
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(listen, grpc::InsecureServerCredentials());
+  if (!unix_socket) builder.AddListeningPort(listen, grpc::InsecureServerCredentials());
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr) {
     GS_LOG(ERROR) << "cannot serve clients on " << listen;
     return 1;
+  }
+  std::unique_ptr<gradsync::LocalClientSocket> client_socket;
+  if (unix_socket) {
+    auto started = gradsync::LocalClientSocket::Start(listen, absl::GetFlag(FLAGS_socket_group),
+                                                      server.get());
+    if (!started.ok()) {
+      GS_LOG(ERROR) << "--listen: " << started.status().message();
+      return 1;
+    }
+    client_socket = *std::move(started);
+    gradsync::LocalClientSocket* sock = client_socket.get();
+    service.SetPeerCredentials([sock](const std::string& peer) { return sock->PeerOf(peer); });
+  } else {
+    GS_LOG(WARNING) << "clients over TCP (--listen " << listen
+                    << "): sessions are not tied to a uid";
   }
   server->GetHealthCheckService()->SetServingStatus(true);
   const std::string port_file = absl::GetFlag(FLAGS_port_file);
@@ -325,6 +347,7 @@ int main(int argc, char** argv) {
     GS_LOG(INFO) << "drained: no op was running";
   }
   (*daemon)->Shutdown(absl::UnavailableError("daemon shutting down"));
+  client_socket.reset();  // no new connections
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   server->Wait();
   if (status_server != nullptr) {

@@ -15,6 +15,14 @@
 #include "worker/job_executor.h"
 
 namespace gradsync {
+
+absl::Status CheckOwner(const SessionInfo& info, int64_t caller_uid, absl::string_view what) {
+  if (info.owner_uid < 0 || caller_uid == info.owner_uid) return absl::OkStatus();
+  return absl::PermissionDeniedError(absl::StrCat(
+      "session ", info.session_id, " belongs to uid ", info.owner_uid, "; uid ",
+      caller_uid < 0 ? std::string("(unknown)") : absl::StrCat(caller_uid), " may not ", what,
+      " it"));
+}
 namespace {
 std::atomic<uint64_t> g_segment_counter{0};
 

@@ -68,7 +68,15 @@ struct SessionInfo {
   // The most buffer memory (allocated and registered, bytes) the session may
   // hold at once; 0: unlimited.
   uint64_t memory_limit_bytes = 0;
+  // The uid that opened the session (SO_PEERCRED of its client socket
+  // connection); -1: unknown (clients over TCP), anyone may use it.
+  int64_t owner_uid = -1;
 };
+
+// OK when a caller of uid `caller_uid` (-1: unknown) may `what` the session:
+// it is the session's owner, or the session has none. PERMISSION_DENIED
+// naming the session, its owner and the caller otherwise.
+absl::Status CheckOwner(const SessionInfo& info, int64_t caller_uid, absl::string_view what);
 
 // What a session is doing, for `gradsync status` (answers "which rank is
 // hanging my job?").

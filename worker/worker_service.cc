@@ -81,6 +81,20 @@ OpQueueServerOptions WithDescriptors(OpQueueServerOptions o, bool by_descriptor)
 }
 }  // namespace
 
+int64_t WorkerService::CallerUid(const grpc::ServerContext& ctx) const {
+  if (!peer_credentials_) return -1;
+  std::optional<ucred> cred = peer_credentials_(ctx.peer());
+  return cred.has_value() ? static_cast<int64_t>(cred->uid) : -1;
+}
+
+absl::StatusOr<std::shared_ptr<Session>> WorkerService::OwnSession(const grpc::ServerContext& ctx,
+                                                                   const std::string& session_id,
+                                                                   absl::string_view call) const {
+  ASSIGN_OR_RETURN(std::shared_ptr<Session> session, daemon_->FindSession(session_id));
+  RETURN_IF_ERROR(CheckOwner(session->info(), CallerUid(ctx), absl::StrCat("call ", call, " on")));
+  return session;
+}
+
 WorkerService::WorkerService(Daemon* daemon, OpQueueServerOptions queue_options,
                              std::string fd_socket)
     : daemon_(daemon),
@@ -91,6 +105,9 @@ absl::StatusOr<ipc::FetchedSegment> WorkerService::FetchSegment(const ipc::Fetch
                                                                 const ucred& peer) {
   ASSIGN_OR_RETURN(std::shared_ptr<Session> session,
                    daemon_->AuthorizeFdRequest(request.session_id, request.token));
+  if (absl::Status s = CheckOwner(session->info(), peer.uid, "fetch a segment of"); !s.ok()) {
+    return s;
+  }
   ipc::FetchedSegment out;
   if (request.kind == ipc::SegmentKind::kOpQueue) {
     ASSIGN_OR_RETURN(out.fd, queues_.TakeQueueFd(request.session_id));
@@ -124,6 +141,7 @@ grpc::Status WorkerService::OpenSession(grpc::ServerContext* ctx,
   a.ps_shards = req->options().ps_shards();
   a.client_name = req->client_name();
   a.tenant_token = req->tenant_token();
+  a.owner_uid = CallerUid(*ctx);
   auto s = daemon_->OpenSession(a);
   if (!s.ok()) return ToGrpcStatus(s.status());
   const SessionInfo& info = (*s)->info();
@@ -141,10 +159,10 @@ grpc::Status WorkerService::OpenSession(grpc::ServerContext* ctx,
   return grpc::Status::OK;
 }
 
-grpc::Status WorkerService::AllocateBuffer(grpc::ServerContext*,
+grpc::Status WorkerService::AllocateBuffer(grpc::ServerContext* ctx,
                                            const v1::AllocateBufferRequest* req,
                                            v1::AllocateBufferResponse* resp) {
-  auto s = daemon_->FindSession(req->session_id());
+  auto s = OwnSession(*ctx, req->session_id(), "AllocateBuffer");
   if (!s.ok()) return ToGrpcStatus(s.status());
   auto b = (*s)->AllocateBuffer(req->size_bytes(), /*by_descriptor=*/!fd_socket_.empty());
   if (!b.ok()) return ToGrpcStatus(b.status());
@@ -158,16 +176,16 @@ grpc::Status WorkerService::AllocateBuffer(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
-grpc::Status WorkerService::FreeBuffer(grpc::ServerContext*, const v1::FreeBufferRequest* req,
+grpc::Status WorkerService::FreeBuffer(grpc::ServerContext* ctx, const v1::FreeBufferRequest* req,
                                        v1::FreeBufferResponse*) {
-  auto s = daemon_->FindSession(req->session_id());
+  auto s = OwnSession(*ctx, req->session_id(), "FreeBuffer");
   if (!s.ok()) return ToGrpcStatus(s.status());
   return ToGrpcStatus((*s)->FreeBuffer(req->buffer_id()));
 }
 
-grpc::Status WorkerService::Submit(grpc::ServerContext*, const v1::SubmitRequest* req,
+grpc::Status WorkerService::Submit(grpc::ServerContext* ctx, const v1::SubmitRequest* req,
                                    v1::SubmitResponse* resp) {
-  auto s = daemon_->FindSession(req->session_id());
+  auto s = OwnSession(*ctx, req->session_id(), "Submit");
   if (!s.ok()) return ToGrpcStatus(s.status());
   if (!IsValidCollective(req->collective())) {
     return ToGrpcStatus(absl::InvalidArgumentError(
@@ -204,7 +222,7 @@ grpc::Status WorkerService::Submit(grpc::ServerContext*, const v1::SubmitRequest
 
 grpc::Status WorkerService::Wait(grpc::ServerContext* ctx, const v1::WaitRequest* req,
                                  v1::WaitResponse* resp) {
-  auto s = daemon_->FindSession(req->session_id());
+  auto s = OwnSession(*ctx, req->session_id(), "Wait");
   if (!s.ok()) return ToGrpcStatus(s.status());
   absl::Duration timeout = std::max(absl::ZeroDuration(), absl::Milliseconds(req->timeout_ms()));
   // Leave a margin so the reply beats the client's RPC deadline.
@@ -219,9 +237,12 @@ grpc::Status WorkerService::Wait(grpc::ServerContext* ctx, const v1::WaitRequest
   return grpc::Status::OK;
 }
 
-grpc::Status WorkerService::CloseSession(grpc::ServerContext*,
+grpc::Status WorkerService::CloseSession(grpc::ServerContext* ctx,
                                          const v1::CloseSessionRequest* req,
                                          v1::CloseSessionResponse*) {
+  if (auto own = OwnSession(*ctx, req->session_id(), "CloseSession"); !own.ok()) {
+    return ToGrpcStatus(own.status());
+  }
   absl::Status s = daemon_->CloseSession(req->session_id());
   // The poller would notice within its poll interval; stop it now.
   queues_.CloseSession(req->session_id(),
@@ -230,9 +251,9 @@ grpc::Status WorkerService::CloseSession(grpc::ServerContext*,
   return ToGrpcStatus(s);
 }
 
-grpc::Status WorkerService::OpenOpQueue(grpc::ServerContext*, const v1::OpenOpQueueRequest* req,
+grpc::Status WorkerService::OpenOpQueue(grpc::ServerContext* ctx, const v1::OpenOpQueueRequest* req,
                                         v1::OpenOpQueueResponse* resp) {
-  auto s = daemon_->FindSession(req->session_id());
+  auto s = OwnSession(*ctx, req->session_id(), "OpenOpQueue");
   if (!s.ok()) return ToGrpcStatus(s.status());
   auto info = queues_.Open(std::make_shared<SessionBackend>(*s), req->capacity());
   if (!info.ok()) return ToGrpcStatus(info.status());

@@ -6,6 +6,10 @@
 
 #include <sys/socket.h>
 
+#include <functional>
+#include <optional>
+#include <string>
+
 #include "ipc/fd_registration.h"
 #include "proto/worker.grpc.pb.h"
 #include "worker/daemon.h"
@@ -39,15 +43,30 @@ class WorkerService final : public v1::Worker::Service {
   grpc::Status OpenOpQueue(grpc::ServerContext* ctx, const v1::OpenOpQueueRequest* req,
                            v1::OpenOpQueueResponse* resp) override;
 
+  // Where the caller's credentials come from (LocalClientSocket::PeerOf);
+  // unset: no uids (a TCP --listen). Set before clients connect.
+  void SetPeerCredentials(std::function<std::optional<ucred>(const std::string& peer)> lookup) {
+    peer_credentials_ = std::move(lookup);
+  }
+
   // The fd socket's fetch (BufferFdServer::FetchHandler): the descriptor of a
   // buffer or of the op queue of the session whose token the request holds.
   absl::StatusOr<ipc::FetchedSegment> FetchSegment(const ipc::FetchRequest& request,
                                                    const ucred& peer);
 
  private:
+  // The caller's uid (-1: unknown).
+  int64_t CallerUid(const grpc::ServerContext& ctx) const;
+  // The session, if the caller may use it: PERMISSION_DENIED naming both
+  // uids when the session belongs to another uid.
+  absl::StatusOr<std::shared_ptr<Session>> OwnSession(const grpc::ServerContext& ctx,
+                                                      const std::string& session_id,
+                                                      absl::string_view call) const;
+
   Daemon* daemon_;
   OpQueueServer queues_;
   const std::string fd_socket_;
+  std::function<std::optional<ucred>(const std::string& peer)> peer_credentials_;
 };
 
 }  // namespace gradsync

@@ -1,0 +1,56 @@
+// Sessions belong to the uid that opened them: a process of another uid on
+// the same node (tests/foreign_uid_client, as uid 65534) that knows a
+// session's id cannot allocate in it, submit to it, take its op queue or
+// close it; each call is refused naming both uids, and the owner's session
+// keeps working. Needs root (to become another uid); skipped otherwise.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "gtest/gtest.h"
+#include "tests/cluster_util.h"
+
+namespace gradsync {
+namespace {
+
+using SessionOwner = testing::SharedClusterTest<1>;
+
+TEST_F(SessionOwner, AnotherUidCannotUseOrCloseASession) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to run a client as another uid";
+  auto job = testing::OpenJob(*cluster(), "owned", {0});
+  ASSERT_TRUE(job.ok()) << job.status();
+  client::Session& s = *(*job)[0].session;
+  const std::string out = testing::RunCommand(absl::StrCat(
+      "tests/foreign_uid_client '", cluster()->daemon_target(0), "' '", s.id(), "' 2>&1"));
+  const std::vector<std::string> lines = absl::StrSplit(out, '\n', absl::SkipEmpty());
+  ASSERT_EQ(lines.size(), 4u) << out;
+  for (const char* call : {"AllocateBuffer", "Submit", "OpenOpQueue", "CloseSession"}) {
+    const std::string want =
+        absl::StrCat(call, ": 7 session ", s.id(), " belongs to uid 0; uid 65534 may not call ",
+                     call, " on it");  // 7: PERMISSION_DENIED
+    bool found = false;
+    for (const std::string& l : lines) found = found || l == want;
+    EXPECT_TRUE(found) << "want '" << want << "' in:\n" << out;
+  }
+  // The owner's session still works.
+  auto buf = s.AllocateBuffer(1024 * 4);
+  ASSERT_TRUE(buf.ok()) << buf.status();
+  auto* v = static_cast<float*>((*buf)->data());
+  for (int i = 0; i < 1024; ++i) v[i] = static_cast<float>(i);
+  client::CollectiveSpec spec;
+  spec.buffer = buf->get();
+  spec.count = 1024;
+  spec.name = "after";
+  auto res = s.Run(spec);
+  ASSERT_TRUE(res.ok()) << res.status();
+  EXPECT_EQ(v[1023], 1023.0f);
+  EXPECT_TRUE(s.Close().ok());
+}
+
+}  // namespace
+}  // namespace gradsync
