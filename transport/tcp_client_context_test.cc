@@ -25,17 +25,30 @@ class RawServer {
     lo.listen = {"127.0.0.1", 0};
     lo.route_prefix = "ps/";
     lo.route = [this, code](RoutedConnection rc) {
+      // The whole handshake (empty key) under the lock, so fd() is valid
+      // and past the client's proof once the client connected.
+      absl::MutexLock l(&mu_);
       const int fd = rc.fd.get();
-      {  // registered before the client hears the ack, so fd() is valid after connecting
-        absl::MutexLock l(&mu_);
-        hellos_.push_back(rc.hello);
-        conns_.push_back(std::move(rc.fd));
-      }
+      const absl::Time deadline = absl::Now() + absl::Seconds(5);
+      std::string client_nonce(kNonceBytes, '\0');
+      if (!ReadFull(fd, client_nonce.data(), kNonceBytes, deadline).ok()) return;
+      hellos_.push_back(rc.hello);
       const std::string msg = code == 0 ? "" : "no such job";
       HelloAck ack{kHelloMagic, code, static_cast<uint16_t>(msg.size())};
-      const absl::Time deadline = absl::Now() + absl::Seconds(5);
       if (!WriteFull(fd, &ack, sizeof(ack), deadline).ok()) return;
       (void)WriteFull(fd, msg.data(), msg.size(), deadline);
+      if (code == 0) {
+        const std::string nonce = RandomNonce();
+        const std::string proof = HandshakeProof("", HandshakeRole::kAcceptor, rc.hello, rc.job_id,
+                                                 client_nonce, nonce);
+        std::string theirs(kProofBytes, '\0');
+        if (!WriteFull(fd, nonce.data(), nonce.size(), deadline).ok() ||
+            !WriteFull(fd, proof.data(), proof.size(), deadline).ok() ||
+            !ReadFull(fd, theirs.data(), theirs.size(), deadline).ok()) {
+          return;
+        }
+      }
+      conns_.push_back(std::move(rc.fd));
     };
     auto l = TcpListener::Start(lo);
     EXPECT_TRUE(l.ok()) << l.status();
