@@ -2,15 +2,13 @@
 
 #include <unistd.h>
 
-#include <openssl/evp.h>
-#include <openssl/hmac.h>
-
 #include <grpc/grpc_security_constants.h>
 #include <grpcpp/security/auth_context.h>
 #include <grpcpp/security/tls_certificate_provider.h>
 #include <grpcpp/security/tls_credentials_options.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/digest.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 
@@ -100,23 +98,8 @@ PeerIdentity IdentityOf(const grpc::ServerContext& ctx) {
   return id;
 }
 
-std::string Sha256(absl::string_view data) {
-  unsigned char digest[EVP_MAX_MD_SIZE];
-  unsigned int length = 0;
-  if (EVP_Digest(data.data(), data.size(), digest, &length, EVP_sha256(), nullptr) != 1) {
-    return "";  // cannot happen for SHA-256 in a working libcrypto
-  }
-  return std::string(reinterpret_cast<const char*>(digest), length);
-}
-
 std::string DeriveKey(absl::string_view key, absl::string_view label) {
-  unsigned char out[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  static const unsigned char kEmpty = 0;
-  const void* key_bytes = key.empty() ? static_cast<const void*>(&kEmpty) : key.data();
-  HMAC(EVP_sha256(), key_bytes, static_cast<int>(key.size()),
-       reinterpret_cast<const unsigned char*>(label.data()), label.size(), out, &len);
-  return std::string(reinterpret_cast<const char*>(out), len);
+  return HmacSha256(key, label);
 }
 
 std::string PsShardKey(absl::string_view job_key, absl::string_view shard_id) {

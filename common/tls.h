@@ -20,6 +20,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/digest.h"  // Sha256
 
 namespace gradsync {
 
@@ -54,8 +55,6 @@ PeerIdentity IdentityOf(const grpc::ServerContext& ctx);
 // The OU= value of an X.509 subject as gRPC prints it ("CN=a,OU=node,O=x").
 std::string SubjectField(absl::string_view subject, absl::string_view field);
 
-// The 32-byte SHA-256 digest of `data`.
-std::string Sha256(absl::string_view data);
 // HMAC-SHA256 of `label` under `key`: a key for one purpose derived from another.
 std::string DeriveKey(absl::string_view key, absl::string_view label);
 // The key a job's workers and PS shard `shard_id` prove to each other:

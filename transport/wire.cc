@@ -1,12 +1,11 @@
 #include "transport/wire.h"
 
 #include <openssl/crypto.h>
-#include <openssl/evp.h>
-#include <openssl/hmac.h>
 #include <sys/random.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/digest.h"
 
 namespace gradsync::transport {
 
@@ -27,15 +26,9 @@ std::string HandshakeProof(absl::string_view key, HandshakeRole role, const Hell
   msg.append(job_id.data(), job_id.size());
   msg.append(peer_nonce.data(), peer_nonce.size());
   msg.append(own_nonce.data(), own_nonce.size());
-  unsigned char out[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
   // An empty key (tests, contexts built without one) still gives a proof;
   // it proves nothing a peer could not compute.
-  static const unsigned char kEmpty = 0;
-  const void* key_bytes = key.empty() ? static_cast<const void*>(&kEmpty) : key.data();
-  HMAC(EVP_sha256(), key_bytes, static_cast<int>(key.size()),
-       reinterpret_cast<const unsigned char*>(msg.data()), msg.size(), out, &len);
-  return std::string(reinterpret_cast<const char*>(out), len);
+  return HmacSha256(key, msg);
 }
 
 bool ProofsEqual(absl::string_view a, absl::string_view b) {
