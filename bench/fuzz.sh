@@ -40,11 +40,11 @@ fi
 
 # The sources each target links (the parser and what it needs).
 declare -A SRCS=(
-  [wire_fuzz]="transport/wire.cc"
+  [wire_fuzz]="transport/wire.cc common/digest.cc"
   [fd_request_fuzz]="ipc/fd_registration.cc common/net.cc"
   [config_fuzz]="common/config_file.cc"
   [op_queue_fuzz]="ipc/op_queue.cc ipc/doorbell.cc common/types.cc"
-  [step_header_fuzz]="ps/protocol.cc ps/slicer.cc transport/wire.cc common/net.cc common/types.cc"
+  [step_header_fuzz]="ps/protocol.cc ps/slicer.cc transport/wire.cc common/digest.cc common/net.cc common/types.cc"
   [signature_fuzz]="collective/op_signature.cc collective/algorithm.cc collective/planner.cc collective/cost_model.cc collective/stream_tuner.cc common/types.cc"
 )
 if ((${#targets[@]} == 0)); then
