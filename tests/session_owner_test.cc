@@ -3,6 +3,8 @@
 // session's id cannot allocate in it, submit to it, take its op queue or
 // close it; each call is refused naming both uids, and the owner's session
 // keeps working. Needs root (to become another uid); skipped otherwise.
+#include <grp.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -50,6 +52,30 @@ TEST_F(SessionOwner, AnotherUidCannotUseOrCloseASession) {
   ASSERT_TRUE(res.ok()) << res.status();
   EXPECT_EQ(v[1023], 1023.0f);
   EXPECT_TRUE(s.Close().ok());
+}
+
+// A path socket is mode 0660 and, with --socket_group, in that group; a
+// client reaches the daemon through it.
+TEST(SessionOwnerSocket, APathSocketIs0660InTheSocketGroup) {
+  struct group* g = ::getgrnam("nogroup");
+  if (g == nullptr) GTEST_SKIP() << "no group 'nogroup' on this system";
+  // Not under TEST_TMPDIR: unix socket paths are limited to 107 bytes.
+  const std::string path = absl::StrCat("/tmp/gradsync-owner-test-", ::getpid(), ".sock");
+  auto cluster = testing::StartCluster(1, {"--listen=unix:" + path, "--socket_group=nogroup"});
+  ASSERT_NE(cluster, nullptr);
+  struct stat st {};
+  ASSERT_EQ(::stat(path.c_str(), &st), 0) << path;
+  EXPECT_TRUE(S_ISSOCK(st.st_mode));
+  EXPECT_EQ(st.st_mode & 0777, 0660u);
+  EXPECT_EQ(st.st_gid, g->gr_gid);
+  auto c = client::Client::Connect("unix:" + path, absl::Seconds(10));
+  ASSERT_TRUE(c.ok()) << c.status();
+  client::SessionOptions so;
+  so.job_id = "via-path";
+  so.timeout = absl::Seconds(20);
+  auto session = (*c)->OpenSession(so);
+  ASSERT_TRUE(session.ok()) << session.status();
+  EXPECT_TRUE((*session)->Close().ok());
 }
 
 }  // namespace
