@@ -1,0 +1,125 @@
+// A worker's connection to the shard: the job-key handshake, the checks of
+// its Hello against the job, and its registration (or refusal).
+#include "ps/shard.h"
+#include "ps/shard_handshake.h"
+#include "ps/shard_impl.h"
+
+namespace gradsync::ps {
+
+void PsShard::Impl::Refuse(transport::RoutedConnection& rc, const absl::Status& why) {
+  ++connections_refused_;
+  GS_LOG(WARNING) << "ps shard: refused " << rc.peer << " (job '" << rc.job_id << "' rank "
+                  << rc.hello.src_rank << "): " << why.message();
+  const std::string msg(why.message().substr(0, 1024));
+  transport::HelloAck ack{transport::kHelloMagic, static_cast<uint16_t>(why.code()),
+                          static_cast<uint16_t>(msg.size())};
+  const absl::Time deadline = absl::Now() + absl::Seconds(1);
+  if (WriteFull(rc.fd.get(), &ack, sizeof(ack), deadline).ok()) {
+    (void)WriteFull(rc.fd.get(), msg.data(), msg.size(), deadline);
+  }
+}
+
+void PsShard::Impl::Adopt(transport::RoutedConnection rc) {
+  const int rank = rc.hello.src_rank;
+  const int workers = rc.hello.world_size;
+  const int shard = rc.hello.dst_rank;
+  // Nothing is created for a connection whose job epoch this shard has no
+  // key for (a forged Hello, or a job that is not assigned here).
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  absl::StatusOr<std::string> nonce = ReadWorkerNonce(rc, deadline);
+  if (!nonce.ok()) {
+    ++auth_failures_;
+    GS_LOG(WARNING) << "ps shard: " << rc.peer << " sent no nonce: " << nonce.status().message();
+    return;
+  }
+  absl::StatusOr<std::string> key = keys_.Get(std::string(JobOfPsJobId(rc.job_id)), rc.hello.epoch);
+  if (!key.ok()) {
+    ++auth_failures_;
+    return Refuse(rc, key.status());
+  }
+  std::shared_ptr<Job> job;
+  absl::Status refuse;
+  {
+    absl::MutexLock l(&mu_);
+    if (stopping_) {
+      refuse = absl::UnavailableError("ps shard is shutting down");
+    } else {
+      std::shared_ptr<Job>& slot = jobs_[{rc.job_id, rc.hello.epoch}];
+      if (slot == nullptr)
+        slot = std::make_shared<Job>(rc.job_id, rc.hello.epoch, workers, shard);
+      job = slot;
+      absl::MutexLock jl(&job->mu);
+      if (job->workers != workers) {
+        refuse = absl::FailedPreconditionError(
+            absl::StrCat(job->prefix, " epoch ", job->epoch, " has ", job->workers,
+                         " workers here, rank ", rank, " connected with ", workers));
+      } else if (job->shard != shard) {
+        refuse = absl::FailedPreconditionError(
+            absl::StrCat(job->prefix, " epoch ", job->epoch, " uses this server as shard ",
+                         job->shard, ", rank ", rank, " connected to it as shard ", shard));
+      } else {
+        ++job->connecting;
+      }
+    }
+  }
+  if (!refuse.ok()) return Refuse(rc, refuse);
+  // Both sides prove the key before the connection replaces any other: a
+  // forged Hello never displaces a worker's live connection.
+  if (absl::Status proven = ProveJobKey(rc, *key, *nonce, deadline); !proven.ok()) {
+    ++auth_failures_;
+    GS_LOG(WARNING) << "ps shard: refused " << rc.peer << " (job '" << rc.job_id << "' rank "
+                    << rank << "): " << proven.message();
+    absl::MutexLock l(&mu_);
+    absl::MutexLock jl(&job->mu);
+    --job->connecting;
+    return;
+  }
+  // The connection is rank `rank`'s once proven: a worker connects again
+  // only after this one ended, so registrations follow its connections.
+  std::shared_ptr<Conn> c, old;
+  {
+    absl::MutexLock l(&mu_);
+    absl::MutexLock jl(&job->mu);
+    --job->connecting;
+    c = std::make_shared<Conn>(job, rank, rc.peer, &bytes_pulled_);
+    auto it = job->conns.find(rank);
+    if (it != job->conns.end()) old = it->second;
+    job->conns[rank] = c;
+    conns_.push_back(c);
+  }
+  absl::Status s;
+  {
+    transport::ClientSpec spec;
+    spec.job_id = job->id;
+    spec.epoch = job->epoch;
+    spec.client_name = absl::StrCat("worker rank ", rank);
+    spec.self_name = job->prefix;
+    absl::StatusOr<std::unique_ptr<transport::Context>> ctx =
+        device_->AcceptClient(std::move(rc.fd), spec);
+    s = ctx.status();
+    if (s.ok() && !c->Start(std::move(*ctx), [this](std::shared_ptr<Conn> self) {
+          ServeConnection(std::move(self));
+        })) {
+      s = absl::CancelledError("replaced by a newer connection");
+    }
+  }
+  if (!s.ok()) {
+    GS_LOG(WARNING) << job->prefix << ": handshake with rank " << rank << " at " << c->peer
+                    << " failed: " << s.message();
+    Reader rd;
+    rd.conn = c;
+    rd.job = job.get();
+    rd.rank = rank;
+    ConnectionEnded(rd, s);
+    c->Finish();
+    c->done = true;
+  } else {
+    ++connections_;
+  }
+  GS_LOG(DEBUG) << job->prefix << ": worker rank " << rank << " of " << workers
+                << " connected from " << c->peer;
+  if (old != nullptr) old->Close(absl::CancelledError(absl::StrCat(
+      job->prefix, ": worker rank ", rank, " connected again; this connection is replaced")));
+}
+
+}  // namespace gradsync::ps
