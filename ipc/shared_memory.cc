@@ -78,14 +78,31 @@ absl::StatusOr<std::unique_ptr<SharedMemory>> SharedMemory::MapFd(int fd, size_t
   return std::unique_ptr<SharedMemory>(new SharedMemory(description, *p, size, /*owner=*/false));
 }
 
+absl::Status GiveSegmentTo(int fd, int64_t owner_uid, const std::string& name) {
+  if (owner_uid < 0 || static_cast<uid_t>(owner_uid) == ::geteuid()) return absl::OkStatus();
+  if (::fchown(fd, static_cast<uid_t>(owner_uid), static_cast<gid_t>(-1)) == 0) {
+    return absl::OkStatus();
+  }
+  const int err = errno;
+  return absl::PermissionDeniedError(absl::StrCat(
+      "cannot give shared memory ", name, " to uid ", owner_uid, " (", ErrnoText(err),
+      "): a gradsyncd that is not root serves other uids' buffers and op queues only by "
+      "descriptor (its fd socket)"));
+}
+
 absl::StatusOr<std::unique_ptr<SharedMemory>> SharedMemory::Create(const std::string& name,
-                                                                   size_t size) {
+                                                                   size_t size, int64_t owner_uid) {
   if (size == 0) return absl::InvalidArgumentError("shared memory of 0 bytes");
   const int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
   if (fd < 0) {
     const int err = errno;
     return absl::Status(absl::ErrnoToStatusCode(err),
                         absl::StrCat("shm_open(", name, ", O_CREAT|O_EXCL): ", ErrnoText(err)));
+  }
+  if (absl::Status s = GiveSegmentTo(fd, owner_uid, name); !s.ok()) {
+    ::close(fd);
+    ::shm_unlink(name.c_str());
+    return s;
   }
   if (::ftruncate(fd, static_cast<off_t>(size)) != 0) {
     const int err = errno;

@@ -35,11 +35,20 @@ absl::StatusOr<UniqueFd> CreateSealedMemfd(const std::string& description, size_
 // The caller unmaps; `fd` stays the caller's.
 absl::StatusOr<void*> MapSharedFile(int fd, size_t size, const std::string& name);
 
+// Makes a named segment (mode 0600) the file of `owner_uid`, so only that
+// uid (and root) can open it. No-op for owner_uid < 0 or our own euid;
+// PERMISSION_DENIED naming the segment and the uid when we may not chown
+// (a daemon that does not run as root can serve other uids only through
+// descriptors).
+absl::Status GiveSegmentTo(int fd, int64_t owner_uid, const std::string& name);
+
 class SharedMemory {
  public:
   // Creates and maps a zero-filled segment of `size` (> 0) bytes under
-  // `name` ("/gradsync...."). AlreadyExists if the name is taken.
-  static absl::StatusOr<std::unique_ptr<SharedMemory>> Create(const std::string& name, size_t size);
+  // `name` ("/gradsync...."), owned by `owner_uid` (GiveSegmentTo).
+  // AlreadyExists if the name is taken.
+  static absl::StatusOr<std::unique_ptr<SharedMemory>> Create(const std::string& name, size_t size,
+                                                              int64_t owner_uid = -1);
   // Opens and maps an existing segment read-write. Fails (FailedPrecondition)
   // if it is smaller than `size`.
   static absl::StatusOr<std::unique_ptr<SharedMemory>> Open(const std::string& name, size_t size);

@@ -17,6 +17,7 @@
 #include "collective/reference.h"
 #include "common/metrics_testing.h"
 #include "common/net.h"
+#include "common/status_macros.h"
 #include "gtest/gtest.h"
 #include "ipc/fd_registration.h"
 #include "tests/cluster_util.h"
@@ -275,6 +276,65 @@ TEST(SessionMemoryQuota, BuffersBeyondTheQuotaAreRefusedNamingIt) {
   EXPECT_TRUE(b.ok()) << b.status();
   EXPECT_TRUE(s.Close().ok());
   EXPECT_TRUE(cluster->StopAll().ok());
+}
+
+// All sessions of one tenant on a daemon hold at most
+// --tenant_memory_limit_mb together (across jobs); another tenant's
+// sessions on the same daemon are charged apart, and closing a session
+// gives its bytes back to its tenant.
+TEST(TenantMemoryQuota, ATenantsSessionsShareOneQuotaPerDaemon) {
+  constexpr char kOtherToken[] = "5e5e5e5e5e5e5e5e-quota-tenant";
+  LocalClusterOptions o;
+  o.daemons = 1;
+  o.daemon_flags = {"--tenant_memory_limit_mb=1"};
+  o.extra_tenants = {absl::StrCat("other ", kOtherToken)};
+  auto cluster = LocalCluster::Start(o);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  auto open = [&](const std::string& job, const std::string& token)
+      -> absl::StatusOr<testing::RankHandle> {
+    testing::RankHandle h;
+    ASSIGN_OR_RETURN(h.client, client::Client::Connect((*cluster)->daemon_target(0),
+                                                       absl::Seconds(10)));
+    client::SessionOptions so;
+    so.job_id = job;
+    so.world_size = 1;
+    so.rank = 0;
+    so.timeout = absl::Seconds(20);
+    so.tenant_token = token;
+    ASSIGN_OR_RETURN(h.session, h.client->OpenSession(so));
+    return h;
+  };
+  auto a = open("quota-a", "");
+  ASSERT_TRUE(a.ok()) << a.status();
+  auto b = open("quota-b", "");
+  ASSERT_TRUE(b.ok()) << b.status();
+  auto other = open("quota-a", kOtherToken);
+  ASSERT_TRUE(other.ok()) << other.status();
+
+  auto in_a = a->session->AllocateBuffer(768 << 10);
+  ASSERT_TRUE(in_a.ok()) << in_a.status();
+  auto in_b = b->session->AllocateBuffer(512 << 10);
+  ASSERT_FALSE(in_b.ok());
+  EXPECT_EQ(in_b.status().code(), absl::StatusCode::kResourceExhausted) << in_b.status();
+  EXPECT_NE(in_b.status().message().find(
+                "allocating a buffer of 524288 bytes would exceed tenant 'lab''s buffer quota on "
+                "this daemon of 1048576 bytes (786432 held by its sessions"),
+            std::string::npos)
+      << in_b.status();
+  UniqueFd fd = Memfd(512 << 10);
+  auto registered = b->session->RegisterBuffer(fd.get(), 512 << 10);
+  EXPECT_EQ(registered.status().code(), absl::StatusCode::kResourceExhausted)
+      << registered.status();
+  // The other tenant's session, same job id, same daemon: its own quota.
+  auto in_other = other->session->AllocateBuffer(768 << 10);
+  EXPECT_TRUE(in_other.ok()) << in_other.status();
+  // Closing session a frees its 768 KiB for the tenant.
+  ASSERT_TRUE(a->session->Close().ok());
+  in_b = b->session->AllocateBuffer(1 << 20);
+  EXPECT_TRUE(in_b.ok()) << in_b.status();
+  EXPECT_TRUE(b->session->Close().ok());
+  EXPECT_TRUE(other->session->Close().ok());
+  EXPECT_TRUE((*cluster)->StopAll().ok());
 }
 
 }  // namespace

@@ -2,7 +2,19 @@
 // of gradsyncd on another process's session and prints one line per call:
 //   CALL: CODE MESSAGE
 //   foreign_uid_client TARGET SESSION_ID
+// or, with `own`, opens its own session (job "foreign-own", world 1, tenant
+// token from $GRADSYNC_TENANT_TOKEN) on a daemon without an fd socket and
+// prints, for a named buffer and op queue, the segment's owner and whether
+// it could open it:
+//   buffer|queue: uid=UID open=ok|ERRNO
+//   foreign_uid_client own TARGET
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
 
 #include <cstdio>
 #include <memory>
@@ -23,17 +35,70 @@ void Try(const char* name, Call call) {
   std::printf("%s: %d %s\n", name, static_cast<int>(s.error_code()), s.error_message().c_str());
 }
 
+void PrintSegment(const char* what, const std::string& name) {
+  struct stat st {};
+  const std::string path = "/dev/shm" + name;
+  const long uid = ::stat(path.c_str(), &st) == 0 ? static_cast<long>(st.st_uid) : -1;
+  const int fd = ::shm_open(name.c_str(), O_RDWR, 0);
+  std::printf("%s: uid=%ld open=%s\n", what, uid, fd >= 0 ? "ok" : std::to_string(errno).c_str());
+  if (fd >= 0) ::close(fd);
+}
+
+int OwnSession(const std::string& target) {
+  auto stub = gradsync::v1::Worker::NewStub(
+      grpc::CreateChannel(target, grpc::InsecureChannelCredentials()));
+  gradsync::v1::OpenSessionRequest open;
+  open.set_job_id("foreign-own");
+  open.set_world_size(1);
+  open.set_rank(0);
+  open.set_timeout_ms(20000);
+  if (const char* t = std::getenv("GRADSYNC_TENANT_TOKEN")) open.set_tenant_token(t);
+  gradsync::v1::OpenSessionResponse session;
+  {
+    grpc::ClientContext ctx;
+    const grpc::Status s = stub->OpenSession(&ctx, open, &session);
+    if (!s.ok()) {
+      std::printf("OpenSession: %d %s\n", static_cast<int>(s.error_code()),
+                  s.error_message().c_str());
+      return 1;
+    }
+  }
+  gradsync::v1::AllocateBufferRequest alloc;
+  alloc.set_session_id(session.session_id());
+  alloc.set_size_bytes(4096);
+  gradsync::v1::AllocateBufferResponse buffer;
+  {
+    grpc::ClientContext ctx;
+    if (!stub->AllocateBuffer(&ctx, alloc, &buffer).ok()) return 1;
+  }
+  PrintSegment("buffer", buffer.shm_name());
+  gradsync::v1::OpenOpQueueRequest oq;
+  oq.set_session_id(session.session_id());
+  gradsync::v1::OpenOpQueueResponse queue;
+  {
+    grpc::ClientContext ctx;
+    if (!stub->OpenOpQueue(&ctx, oq, &queue).ok()) return 1;
+  }
+  PrintSegment("queue", queue.shm_name());
+  gradsync::v1::CloseSessionRequest close;
+  close.set_session_id(session.session_id());
+  gradsync::v1::CloseSessionResponse closed;
+  grpc::ClientContext ctx;
+  return stub->CloseSession(&ctx, close, &closed).ok() ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc != 3) {
-    std::fprintf(stderr, "usage: foreign_uid_client TARGET SESSION_ID\n");
+    std::fprintf(stderr, "usage: foreign_uid_client TARGET SESSION_ID | own TARGET\n");
     return 2;
   }
   if (::setgid(65534) != 0 || ::setuid(65534) != 0) {
     std::printf("cannot become uid 65534 (not root?)\n");
     return 3;
   }
+  if (std::string(argv[1]) == "own") return OwnSession(argv[2]);
   auto stub = gradsync::v1::Worker::NewStub(
       grpc::CreateChannel(argv[1], grpc::InsecureChannelCredentials()));
   const std::string id = argv[2];

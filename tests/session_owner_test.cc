@@ -54,6 +54,20 @@ TEST_F(SessionOwner, AnotherUidCannotUseOrCloseASession) {
   EXPECT_TRUE(s.Close().ok());
 }
 
+// Without an fd socket, buffers and op queues are named segments (mode
+// 0600); the daemon (root) gives them to the session's uid, so that uid can
+// open them and no other uid can.
+TEST(SessionOwnerSegments, NamedSegmentsBelongToTheSessionsUid) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to run a client as another uid";
+  auto cluster = testing::StartCluster(1, {"--fd_socket="});
+  ASSERT_NE(cluster, nullptr);
+  const std::string out = testing::RunCommand(absl::StrCat(
+      "tests/foreign_uid_client own '", cluster->daemon_target(0), "' 2>&1"));
+  EXPECT_NE(out.find("buffer: uid=65534 open=ok\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("queue: uid=65534 open=ok\n"), std::string::npos) << out;
+  EXPECT_TRUE(cluster->StopAll().ok());
+}
+
 // A path socket is mode 0660 and, with --socket_group, in that group; a
 // client reaches the daemon through it.
 TEST(SessionOwnerSocket, APathSocketIs0660InTheSocketGroup) {

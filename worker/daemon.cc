@@ -42,7 +42,9 @@ std::string Hostname() {
 
 }  // namespace
 
-Daemon::Daemon(const DaemonOptions& options) : options_(options) {}
+Daemon::Daemon(const DaemonOptions& options)
+    : options_(options),
+      tenant_memory_(std::make_shared<TenantMemory>(options.tenant_memory_limit_bytes)) {}
 
 absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
   if (options.coordinator.empty()) {
@@ -218,7 +220,7 @@ absl::StatusOr<std::shared_ptr<Session>> Daemon::OpenSession(const OpenSessionAr
   }
   info.link = (*executor)->link();
   info.memory_limit_bytes = options_.session_memory_limit_bytes;
-  auto session = std::make_shared<Session>(info, *executor, options_.observer);
+  auto session = std::make_shared<Session>(info, *executor, options_.observer, tenant_memory_);
   (*executor)->Attach(session.get());
   {
     absl::MutexLock l(&mu_);

@@ -40,6 +40,9 @@ struct DaemonOptions {
   // The most buffer memory one session may hold (SessionInfo::memory_limit_bytes);
   // 0: unlimited.
   uint64_t session_memory_limit_bytes = 0;
+  // The most buffer memory the sessions of one tenant may hold together
+  // (TenantMemory); 0: unlimited.
+  uint64_t tenant_memory_limit_bytes = 0;
   absl::Duration connect_timeout = absl::Seconds(30);
   RingOptions ring;
   int socket_buffer_bytes = 0;  // 0: the kernel's autotuned buffers
@@ -129,6 +132,7 @@ class Daemon {
   std::atomic<uint64_t> next_session_{1};
   std::string status_endpoint_ ABSL_GUARDED_BY(mu_);
 
+  const std::shared_ptr<TenantMemory> tenant_memory_;
   mutable absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;

@@ -50,6 +50,9 @@ ABSL_FLAG(int64_t, session_lease_ms, 120000,
 ABSL_FLAG(int64_t, session_memory_limit_mb, 0,
           "the most buffer memory (allocated and registered) one session may hold, MiB; "
           "0 = the machine's physical memory");
+ABSL_FLAG(int64_t, tenant_memory_limit_mb, 0,
+          "the most buffer memory all sessions of one tenant may hold on this daemon, MiB; "
+          "0 = no limit beyond --session_memory_limit_mb");
 ABSL_FLAG(int64_t, segment_bytes, 1 << 20, "largest pipelined ring message");
 ABSL_FLAG(int32_t, max_inflight, 4, "ring segments in flight per direction");
 ABSL_FLAG(int32_t, socket_buffer_bytes, 0,
@@ -194,6 +197,12 @@ int main(int argc, char** argv) {
         mb > 0 ? static_cast<uint64_t>(mb) << 20
                : static_cast<uint64_t>(::sysconf(_SC_PHYS_PAGES)) *
                      static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  }
+  if (const int64_t mb = absl::GetFlag(FLAGS_tenant_memory_limit_mb); mb < 0) {
+    GS_LOG(ERROR) << "--tenant_memory_limit_mb must be >= 0, got " << mb;
+    return 2;
+  } else {
+    opts.tenant_memory_limit_bytes = static_cast<uint64_t>(mb) << 20;
   }
   opts.ring.segment_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_segment_bytes));
   opts.ring.max_inflight = absl::GetFlag(FLAGS_max_inflight);

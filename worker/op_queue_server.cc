@@ -373,7 +373,7 @@ absl::StatusOr<OpQueueInfo> OpQueueServer::Open(std::shared_ptr<OpQueueBackend> 
   ASSIGN_OR_RETURN(std::unique_ptr<ipc::SharedMemory> mem,
                    options_.by_descriptor
                        ? ipc::SharedMemory::CreateSealed(name, ipc::OpQueueBytes(cap))
-                       : ipc::SharedMemory::Create(name, ipc::OpQueueBytes(cap)));
+                       : ipc::SharedMemory::Create(name, ipc::OpQueueBytes(cap), backend->owner_uid()));
   ASSIGN_OR_RETURN(ipc::DaemonEnd end, ipc::DaemonEnd::Format(mem->data(), mem->size(), cap));
   OpQueueInfo info{name, options_.by_descriptor, mem->size(), cap};
   auto queue = std::make_shared<Queue>(backend, std::move(mem), end, options_);

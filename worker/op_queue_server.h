@@ -64,6 +64,8 @@ class OpQueueBackend {
 
   virtual ~OpQueueBackend() = default;
   virtual const std::string& session_id() const = 0;
+  // The uid a named queue segment is created for (-1: the daemon's own).
+  virtual int64_t owner_uid() const { return -1; }
   // Validates and queues an op; returns the daemon's op id. Errors go back
   // to the client verbatim.
   virtual absl::StatusOr<uint64_t> Submit(const ipc::OpDescriptor& op) = 0;

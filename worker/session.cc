@@ -39,8 +39,11 @@ constexpr size_t kMaxUnreportedOps = 4096;
 }  // namespace
 
 Session::Session(SessionInfo info, std::shared_ptr<JobExecutor> executor,
-                 DaemonObserver* observer)
-    : info_(std::move(info)), executor_(std::move(executor)), observer_(observer) {
+                 DaemonObserver* observer, std::shared_ptr<TenantMemory> tenant_memory)
+    : info_(std::move(info)),
+      executor_(std::move(executor)),
+      observer_(observer),
+      tenant_memory_(std::move(tenant_memory)) {
   if (observer_ != nullptr) observer_->OnSessionOpened(info_.job_id);
   if (!info_.timeline_path.empty()) {
     auto t = Timeline::Open(info_.timeline_path, info_.rank,
@@ -165,7 +168,7 @@ absl::StatusOr<BufferInfo> Session::AllocateBuffer(uint64_t size, bool by_descri
                  ? ShmSegment::CreateSealed(absl::StrCat("gradsync-buffer-", n), size)
                  : ShmSegment::Create(absl::StrCat("/gradsync.", ::getpid(), ".", ProcessNonce(),
                                                    "-", n),
-                                      size);
+                                      size, info_.owner_uid);
   if (!seg.ok()) return seg.status();
   return AddBuffer(std::move(*seg));
 }
@@ -209,11 +212,19 @@ absl::StatusOr<BufferInfo> Session::RegisterBuffer(int fd, uint64_t offset, uint
 
 absl::Status Session::CheckQuotaLocked(uint64_t size, const char* what) const {
   const uint64_t limit = info_.memory_limit_bytes;
-  if (limit == 0 || (size <= limit && buffer_bytes_ <= limit - size)) return absl::OkStatus();
+  if (limit == 0 || (size <= limit && buffer_bytes_ <= limit - size)) {
+    if (tenant_memory_ == nullptr) return absl::OkStatus();
+    return tenant_memory_->Check(info_.tenant, size,
+                                 absl::StrCat("session ", info_.session_id, ": ", what));
+  }
   return absl::ResourceExhaustedError(absl::StrCat(
       "session ", info_.session_id, " (job '", info_.job_id, "' rank ", info_.rank, "): ", what,
       " a buffer of ", size, " bytes would exceed the session's buffer quota of ", limit,
       " bytes (", buffer_bytes_, " in use; gradsyncd --session_memory_limit_mb)"));
+}
+
+void Session::ReleaseTenantMemory(uint64_t bytes) {
+  if (tenant_memory_ != nullptr && bytes > 0) tenant_memory_->Release(info_.tenant, bytes);
 }
 
 uint64_t Session::buffer_bytes() const {
@@ -225,6 +236,10 @@ absl::StatusOr<BufferInfo> Session::AddBuffer(std::unique_ptr<ShmSegment> segmen
   absl::MutexLock l(&mu_);
   if (closing_) return absl::FailedPreconditionError("session is closing");
   RETURN_IF_ERROR(CheckQuotaLocked(segment->size(), "adding"));
+  if (tenant_memory_ != nullptr) {
+    RETURN_IF_ERROR(tenant_memory_->Charge(
+        info_.tenant, segment->size(), absl::StrCat("session ", info_.session_id, ": adding")));
+  }
   const uint64_t id = next_buffer_id_++;
   BufferInfo info{id, segment->name(), segment->size(), segment->by_descriptor()};
   buffer_bytes_ += segment->size();
@@ -241,6 +256,7 @@ absl::Status Session::FreeBuffer(uint64_t id) {
                                             info_.session_id));
   }
   buffer_bytes_ -= it->second->size();
+  ReleaseTenantMemory(it->second->size());
   if (it->second->holds_fd()) --unfetched_;
   buffers_.erase(it);
   return absl::OkStatus();  // an op still using it keeps the mapping alive
@@ -416,6 +432,7 @@ void Session::Close() {
     }
     absl::MutexLock l(&mu_);
     buffers_.clear();
+    ReleaseTenantMemory(buffer_bytes_);
     buffer_bytes_ = 0;
     unfetched_ = 0;
   });

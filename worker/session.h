@@ -36,6 +36,7 @@
 #include "common/types.h"
 #include "worker/daemon_observer.h"
 #include "worker/shm_segment.h"
+#include "worker/tenant_memory.h"
 #include "worker/submission_feed.h"
 #include "worker/timeline.h"
 
@@ -147,9 +148,11 @@ struct QueuedOp {
 class Session {
  public:
   // `executor` runs the ops of this daemon's ranks of the job; the session
-  // attaches itself to it (Attach) once it is shared.
+  // attaches itself to it (Attach) once it is shared. `tenant_memory`
+  // (optional) is charged with the session's buffers under info.tenant.
   Session(SessionInfo info, std::shared_ptr<JobExecutor> executor,
-          DaemonObserver* observer = nullptr);
+          DaemonObserver* observer = nullptr,
+          std::shared_ptr<TenantMemory> tenant_memory = nullptr);
   ~Session();  // Close()
 
   const SessionInfo& info() const { return info_; }
@@ -247,6 +250,7 @@ class Session {
   const SessionInfo info_;
   const std::shared_ptr<JobExecutor> executor_;
   DaemonObserver* const observer_;
+  const std::shared_ptr<TenantMemory> tenant_memory_;  // may be null
   std::unique_ptr<Timeline> timeline_;  // null unless the job's timeline is on
 
   mutable absl::Mutex mu_;
@@ -254,8 +258,10 @@ class Session {
   uint64_t buffer_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // of buffers_
   size_t unfetched_ ABSL_GUARDED_BY(mu_) = 0;  // buffers still holding their descriptor
   // ResourceExhausted when `size` more bytes would exceed the quota.
+  // Also checks (does not charge) the tenant's quota.
   absl::Status CheckQuotaLocked(uint64_t size, const char* what) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReleaseTenantMemory(uint64_t bytes);
   uint64_t next_buffer_id_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
   std::deque<std::shared_ptr<QueuedOp>> queue_ ABSL_GUARDED_BY(mu_);

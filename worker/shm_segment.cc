@@ -19,10 +19,14 @@
 namespace gradsync {
 
 absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::Create(const std::string& name,
-                                                               size_t size) {
+                                                               size_t size, int64_t owner_uid) {
   UniqueFd fd(::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600));
   if (!fd.valid()) {
     return absl::InternalError(absl::StrCat("shm_open(", name, "): ", ErrnoString(errno)));
+  }
+  if (absl::Status s = ipc::GiveSegmentTo(fd.get(), owner_uid, name); !s.ok()) {
+    ::shm_unlink(name.c_str());
+    return s;
   }
   const size_t mapped = size == 0 ? 1 : size;
   if (::ftruncate(fd.get(), static_cast<off_t>(mapped)) != 0) {

@@ -20,7 +20,9 @@ class ShmSegment {
  public:
   // Creates (O_EXCL) and maps a segment of `size` bytes (at least one page is
   // mapped for size 0). Names look like "/gradsync.<pid>.<nonce>-<n>".
-  static absl::StatusOr<std::unique_ptr<ShmSegment>> Create(const std::string& name, size_t size);
+  // The file belongs to `owner_uid` (ipc::GiveSegmentTo; -1: to us).
+  static absl::StatusOr<std::unique_ptr<ShmSegment>> Create(const std::string& name, size_t size,
+                                                            int64_t owner_uid = -1);
   // Creates and maps a memfd of `size` bytes sealed against any size change
   // (ipc::kSegmentSeals), so the client it is handed to cannot make the
   // daemon's mapping fault. Its descriptor waits for TakeFd.

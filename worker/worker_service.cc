@@ -25,6 +25,7 @@ class SessionBackend final : public OpQueueBackend {
   explicit SessionBackend(std::shared_ptr<Session> session) : session_(std::move(session)) {}
 
   const std::string& session_id() const override { return session_->info().session_id; }
+  int64_t owner_uid() const override { return session_->info().owner_uid; }
 
   absl::StatusOr<uint64_t> Submit(const ipc::OpDescriptor& op) override {
     SubmitArgs a;
