@@ -89,7 +89,7 @@ std::string SubjectField(absl::string_view subject, absl::string_view field) {
   return "";
 }
 
-PeerIdentity IdentityOf(const grpc::ServerContext& ctx) {
+PeerIdentity IdentityOf(const grpc::ServerContextBase& ctx) {
   PeerIdentity id;
   std::shared_ptr<const grpc::AuthContext> auth = ctx.auth_context();
   if (auth == nullptr || !auth->IsPeerAuthenticated()) return id;
@@ -115,7 +115,7 @@ std::string BindToIdentity(const PeerIdentity& id, const std::string& secret) {
   return digest.empty() ? secret : digest;  // the secret alone still has to match
 }
 
-grpc::Status RequireRole(const grpc::ServerContext& ctx, bool tls, absl::string_view roles,
+grpc::Status RequireRole(const grpc::ServerContextBase& ctx, bool tls, absl::string_view roles,
                          absl::string_view call) {
   if (!tls) return grpc::Status::OK;
   const PeerIdentity id = IdentityOf(ctx);

@@ -51,7 +51,7 @@ struct PeerIdentity {
   bool authenticated() const { return !name.empty(); }
   std::string ToString() const;  // "operator 'alice'"
 };
-PeerIdentity IdentityOf(const grpc::ServerContext& ctx);
+PeerIdentity IdentityOf(const grpc::ServerContextBase& ctx);
 // The OU= value of an X.509 subject as gRPC prints it ("CN=a,OU=node,O=x").
 std::string SubjectField(absl::string_view subject, absl::string_view field);
 
@@ -70,7 +70,7 @@ std::string BindToIdentity(const PeerIdentity& id, const std::string& secret);
 // OK when `ctx` is a TLS call whose peer has one of `roles` (comma-separated,
 // e.g. "node,operator"), or when `tls` is false; PERMISSION_DENIED naming the
 // caller, the call and the roles allowed otherwise.
-grpc::Status RequireRole(const grpc::ServerContext& ctx, bool tls, absl::string_view roles,
+grpc::Status RequireRole(const grpc::ServerContextBase& ctx, bool tls, absl::string_view roles,
                          absl::string_view call);
 
 }  // namespace gradsync

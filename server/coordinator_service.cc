@@ -17,7 +17,7 @@ namespace {
 // How often a WatchJob handler checks for client cancellation between events.
 constexpr absl::Duration kWatchPollInterval = absl::Milliseconds(100);
 
-absl::Time RpcDeadline(const grpc::ServerContext& ctx) {
+absl::Time RpcDeadline(const grpc::ServerContextBase& ctx) {
   const auto deadline = ctx.deadline();
   if (deadline == std::chrono::system_clock::time_point::max()) return absl::InfiniteFuture();
   return absl::FromChrono(deadline);
@@ -34,7 +34,7 @@ grpc::Status Reply(absl::StatusOr<T> result, T* response) {
 // TLS): a key only matches when the member's own daemon presents it. A key of
 // the wrong length is left for the registry to refuse.
 template <typename Request>
-Request WithBoundKey(const grpc::ServerContext& ctx, const Request& request) {
+Request WithBoundKey(const grpc::ServerContextBase& ctx, const Request& request) {
   Request bound = request;
   const size_t n = request.member_key().size();
   if (n >= kMinMemberKeyBytes && n <= kMaxMemberKeyBytes) {
@@ -60,7 +60,7 @@ std::string CallScope::FromRegistry(absl::string_view scoped_id) const {
   return all ? std::string(scoped_id) : std::string(UnscopedJobId(scoped_id));
 }
 
-absl::StatusOr<CallScope> CoordinatorService::Scope(const grpc::ServerContext& ctx,
+absl::StatusOr<CallScope> CoordinatorService::Scope(const grpc::ServerContextBase& ctx,
                                                     absl::string_view call,
                                                     absl::string_view job_id,
                                                     bool member_call) const {
@@ -148,30 +148,64 @@ grpc::Status CoordinatorService::CreateJob(grpc::ServerContext* ctx,
   return Reply(registry_->CreateJob(scoped, scope->max_forming_jobs), response);
 }
 
-grpc::Status CoordinatorService::JoinJob(grpc::ServerContext* ctx,
-                                         const v1::JoinJobRequest* request,
-                                         v1::JoinJobResponse* response) {
-  if (grpc::Status denied = RequireRole(*ctx, tls_, "node", "JoinJob"); !denied.ok()) {
-    return denied;
+// Ends its call when the registry answers the join; a cancelled call
+// cancels the join. Deletes itself when gRPC is done with the call.
+class CoordinatorService::JoinReactor final : public grpc::ServerUnaryReactor {
+ public:
+  explicit JoinReactor(JobRegistry* registry) : registry_(registry) {}
+  // Set before JoinJob returns the reactor, so before OnCancel can run.
+  void set_join(uint64_t id) { join_ = id; }
+  void OnCancel() override {
+    if (join_ != 0) registry_->CancelJoin(join_);
   }
-  Timer timer(rpc_observer_, CoordinatorRpc::kJoinJob);
+  void OnDone() override { delete this; }
+
+ private:
+  JobRegistry* const registry_;
+  uint64_t join_ = 0;
+};
+
+grpc::ServerUnaryReactor* CoordinatorService::JoinJob(grpc::CallbackServerContext* ctx,
+                                                      const v1::JoinJobRequest* request,
+                                                      v1::JoinJobResponse* response) {
+  auto* reactor = new JoinReactor(registry_);
+  if (grpc::Status denied = RequireRole(*ctx, tls_, "node", "JoinJob"); !denied.ok()) {
+    reactor->Finish(denied);
+    return reactor;
+  }
+  auto timer = std::make_shared<Timer>(rpc_observer_, CoordinatorRpc::kJoinJob);
   absl::StatusOr<CallScope> scope = Scope(*ctx, "JoinJob", request->job_id(), true);
-  if (!scope.ok()) return ToGrpcStatus(scope.status());
+  if (!scope.ok()) {
+    reactor->Finish(ToGrpcStatus(scope.status()));
+    return reactor;
+  }
   v1::JoinJobRequest scoped = WithBoundKey(*ctx, *request);
   scoped.set_job_id(scope->ToRegistry(request->job_id()));
-  JobRegistry::WaitControl wait;
-  wait.deadline = RpcDeadline(*ctx);
-  wait.is_cancelled = [ctx] { return ctx->IsCancelled(); };
   GS_LOG(DEBUG) << "JoinJob job='" << request->job_id() << "' member='" << request->member_id()
                 << "' rank=" << request->requested_rank() << " from " << ctx->peer();
-  absl::StatusOr<v1::JoinJobResponse> joined = registry_->JoinJob(scoped, wait);
-  if (joined.ok()) joined->set_tenant(scope->tenant);
+  // `done` runs once: here, or on the registry's join thread. The reactor
+  // may be gone right after Finish, so nothing touches it afterwards.
+  const uint64_t join = registry_->StartJoin(
+      scoped, RpcDeadline(*ctx),
+      [this, reactor, response, timer, tenant = scope->tenant,
+       job = scoped.job_id()](absl::StatusOr<v1::JoinJobResponse> joined) {
+        reactor->Finish(ReplyToJoin(std::move(joined), tenant, job, response));
+      });
+  reactor->set_join(join);
+  return reactor;
+}
+
+grpc::Status CoordinatorService::ReplyToJoin(absl::StatusOr<v1::JoinJobResponse> joined,
+                                             const std::string& tenant,
+                                             const std::string& scoped_job_id,
+                                             v1::JoinJobResponse* response) {
+  if (joined.ok()) joined->set_tenant(tenant);
   if (joined.ok() && joined->options().ps_shards() > 0) {
     // The epoch's parameter-server shards: chosen once, the same for every rank.
-    auto shards = shards_.AssignForJob(scoped.job_id(), joined->epoch(),
-                                       joined->options().ps_shards());
+    auto shards =
+        shards_.AssignForJob(scoped_job_id, joined->epoch(), joined->options().ps_shards());
     if (!shards.ok()) return ToGrpcStatus(shards.status());
-    shards_.ForgetJob(scoped.job_id(), joined->epoch());
+    shards_.ForgetJob(scoped_job_id, joined->epoch());
     for (size_t i = 0; i < shards->ids.size(); ++i) {
       joined->add_ps_shard_ids(shards->ids[i]);
       *joined->add_ps_shards() = shards->endpoints[i];

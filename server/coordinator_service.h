@@ -53,12 +53,14 @@ struct CallScope {
   std::string FromRegistry(absl::string_view scoped_id) const;
 };
 
-// Synchronous-API service. JoinJob blocks one server thread per waiting
-// joiner until the rendezvous completes, its deadline (min of timeout_ms and
-// the RPC deadline) passes, the call is cancelled, or the registry shuts down.
+// Synchronous-API service, but for JoinJob: a callback method whose call
+// waits in the registry (JobRegistry::StartJoin), holding no thread, until
+// the rendezvous completes, its deadline (min of timeout_ms and the RPC
+// deadline) passes, the call is cancelled, or the registry shuts down.
 // WatchJob polls for events and cancellation every 100 ms. The registry is not
 // owned and must outlive the service.
-class CoordinatorService final : public v1::Coordinator::Service {
+class CoordinatorService final
+    : public v1::Coordinator::WithCallbackMethod_JoinJob<v1::Coordinator::Service> {
  public:
   // `rpc_observer` (may be null) is not owned and must outlive the service.
   // `tls`: callers are verified certificates, and each call is allowed only
@@ -74,8 +76,9 @@ class CoordinatorService final : public v1::Coordinator::Service {
 
   grpc::Status CreateJob(grpc::ServerContext* ctx, const v1::CreateJobRequest* request,
                          v1::CreateJobResponse* response) override;
-  grpc::Status JoinJob(grpc::ServerContext* ctx, const v1::JoinJobRequest* request,
-                       v1::JoinJobResponse* response) override;
+  grpc::ServerUnaryReactor* JoinJob(grpc::CallbackServerContext* ctx,
+                                    const v1::JoinJobRequest* request,
+                                    v1::JoinJobResponse* response) override;
   grpc::Status Heartbeat(grpc::ServerContext* ctx, const v1::HeartbeatRequest* request,
                          v1::HeartbeatResponse* response) override;
   grpc::Status LeaveJob(grpc::ServerContext* ctx, const v1::LeaveJobRequest* request,
@@ -96,11 +99,15 @@ class CoordinatorService final : public v1::Coordinator::Service {
  private:
   // Times one unary call for the RpcObserver.
   class Timer;
+  class JoinReactor;
+  // A finished join's reply: the tenant and the epoch's PS shards added.
+  grpc::Status ReplyToJoin(absl::StatusOr<v1::JoinJobResponse> joined, const std::string& tenant,
+                           const std::string& scoped_job_id, v1::JoinJobResponse* response);
 
   // The caller's scope for `call` about `job_id`. member_call (create, join,
   // heartbeat, leave): the id must be unscoped and, with tenants, a token is
   // needed. Else (reads): a tenant's own jobs, or every job for an operator.
-  absl::StatusOr<CallScope> Scope(const grpc::ServerContext& ctx, absl::string_view call,
+  absl::StatusOr<CallScope> Scope(const grpc::ServerContextBase& ctx, absl::string_view call,
                                   absl::string_view job_id, bool member_call) const;
 
   JobRegistry* const registry_;

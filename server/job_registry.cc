@@ -39,8 +39,6 @@ std::string RandomKey() {
 }
 
 
-// How often a blocked JoinJob re-checks cancellation.
-constexpr absl::Duration kCancelPollInterval = absl::Milliseconds(50);
 // Rank lists in messages are cut after this many groups / members.
 constexpr int kMaxListedRankGroups = 32;
 constexpr int kMaxListedMembers = 16;
@@ -75,11 +73,6 @@ JobRegistryObserver& NoopObserver() {
   return *noop;
 }
 
-JobRegistryObserver::JoinResult ToJoinResult(const absl::Status& s) {
-  if (s.ok()) return JobRegistryObserver::JoinResult::kOk;
-  if (absl::IsDeadlineExceeded(s)) return JobRegistryObserver::JoinResult::kTimeout;
-  return JobRegistryObserver::JoinResult::kError;
-}
 
 }  // namespace
 
@@ -117,11 +110,13 @@ JobRegistry::JobRegistry(Options options) : options_(std::move(options)) {
   if (options_.start_liveness_thread) {
     liveness_thread_ = std::thread([this] { LivenessLoop(); });
   }
+  join_thread_ = std::thread([this] { JoinLoop(); });
 }
 
 JobRegistry::~JobRegistry() {
   Shutdown();
   if (liveness_thread_.joinable()) liveness_thread_.join();
+  join_thread_.join();  // it ends once every pending join was answered
 }
 
 absl::Time JobRegistry::Now() const { return options_.now ? options_.now() : absl::Now(); }
@@ -387,187 +382,6 @@ std::string JobRegistry::DescribeTimeoutLocked(const Job& job, int64_t waited_ms
     absl::StrAppend(&s, " and ", joined_total - kMaxListedMembers, " more");
   }
   return s;
-}
-
-absl::StatusOr<v1::JoinJobResponse> JobRegistry::JoinJob(const v1::JoinJobRequest& request,
-                                                         const WaitControl& wait) {
-  const absl::Time start = absl::Now();
-  const int64_t timeout_ms =
-      request.timeout_ms() > 0 ? request.timeout_ms() : options_.default_join_timeout_ms;
-  const absl::Time deadline = std::min(start + absl::Milliseconds(timeout_ms), wait.deadline);
-  const int64_t waited_ms = std::max<int64_t>(0, absl::ToInt64Milliseconds(deadline - start));
-  const std::string& member_id = request.member_id();
-  if (member_id.empty() || member_id.size() > kMaxMemberIdLength) {
-    observer().OnJoinFinished(JobRegistryObserver::JoinResult::kError);
-    return absl::InvalidArgumentError(
-        absl::StrCat("join of job '", request.job_id(), "': member_id must be 1..",
-                     kMaxMemberIdLength, " characters (got ", member_id.size(), ")"));
-  }
-  if (request.member_key().size() < kMinMemberKeyBytes ||
-      request.member_key().size() > kMaxMemberKeyBytes) {
-    observer().OnJoinFinished(JobRegistryObserver::JoinResult::kError);
-    return absl::InvalidArgumentError(absl::StrCat(
-        "join of job '", request.job_id(), "' by member '", member_id, "': member_key must be ",
-        kMinMemberKeyBytes, "..", kMaxMemberKeyBytes, " bytes (got ", request.member_key().size(),
-        ")"));
-  }
-  if (request.data_endpoint().port() < 0 || request.data_endpoint().port() > 65535 ||
-      request.data_endpoint().host().size() > 255) {
-    observer().OnJoinFinished(JobRegistryObserver::JoinResult::kError);
-    return absl::InvalidArgumentError(absl::StrCat(
-        "join of job '", request.job_id(), "' by member '", member_id, "': bad data endpoint '",
-        absl::CHexEscape(FormatEndpoint(request.data_endpoint())), "'"));
-  }
-
-  int rank = -1;
-  absl::StatusOr<std::shared_ptr<const v1::JoinJobResponse>> done =
-      JoinAndWait(request, wait, deadline, waited_ms, &rank);
-  observer().OnJoinFinished(ToJoinResult(done.status()));
-  if (!done.ok()) return done.status();
-  // The response is immutable and can be large: copy it without the lock.
-  v1::JoinJobResponse response = **done;
-  response.set_rank(rank);
-  return response;
-}
-
-namespace {
-// A join for a member that exists is a retry only with the key it joined
-// with: member ids are public (status, events), keys are not.
-absl::Status CheckRetryKey(const std::string& job_id, int64_t epoch, const MemberState& m,
-                           const v1::JoinJobRequest& request) {
-  if (registry_internal::KeysEqual(m.key, request.member_key())) return absl::OkStatus();
-  return absl::PermissionDeniedError(absl::StrCat(
-      "member '", m.member_id, "' of job '", job_id, "' epoch ", epoch,
-      " joined with another member key; a retried join must come from the daemon that joined it"));
-}
-}  // namespace
-
-absl::StatusOr<std::shared_ptr<const v1::JoinJobResponse>> JobRegistry::JoinAndWait(
-    const v1::JoinJobRequest& request, const WaitControl& wait, absl::Time deadline,
-    int64_t waited_ms, int* rank_out) {
-  const std::string& member_id = request.member_id();
-  absl::MutexLock lock(&mu_);
-  if (shutdown_) return absl::UnavailableError("coordinator is shutting down");
-  Job* job = FindJobLocked(request.job_id());
-  if (job == nullptr) {
-    return absl::NotFoundError(absl::StrCat("job '", request.job_id(), "' does not exist"));
-  }
-  const int requested = request.requested_rank();
-  if (requested < -1 || requested >= job->world_size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "requested rank ", requested, " is out of range for job '", job->id, "' (world size ",
-        job->world_size, "; -1 takes any free rank)"));
-  }
-
-  if (job->state == v1::JOB_STATE_ABORTED) StartNewEpochLocked(*job);
-
-  if (job->state == v1::JOB_STATE_RUNNING) {
-    auto it = job->rank_of.find(member_id);
-    if (it == job->rank_of.end()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "job '", job->id, "' epoch ", job->epoch, " is already running with all ",
-          job->world_size, " ranks; member '", member_id,
-          "' can join only after the epoch is aborted"));
-    }
-    RETURN_IF_ERROR(CheckRetryKey(job->id, job->epoch, *job->members[it->second], request));
-    if (requested >= 0 && requested != it->second) {
-      return absl::AlreadyExistsError(absl::StrCat("member '", member_id, "' already holds rank ",
-                                                   it->second, " of job '", job->id, "' epoch ",
-                                                   job->epoch, " (requested rank ", requested,
-                                                   ")"));
-    }
-    *rank_out = it->second;  // idempotent retry
-    return job->rendezvous->response;
-  }
-
-  // FORMING.
-  int rank;
-  if (auto it = job->rank_of.find(member_id); it != job->rank_of.end()) {
-    rank = it->second;
-    RETURN_IF_ERROR(CheckRetryKey(job->id, job->epoch, *job->members[rank], request));
-    if (requested >= 0 && requested != rank) {
-      return absl::AlreadyExistsError(absl::StrCat("member '", member_id, "' already holds rank ",
-                                                   rank, " of job '", job->id, "' epoch ",
-                                                   job->epoch, " (requested rank ", requested,
-                                                   ")"));
-    }
-    MemberState& m = *job->members[rank];
-    m.endpoint = request.data_endpoint();  // a retry may come from a restarted listener
-    m.status_endpoint = request.status_endpoint().substr(0, 300);
-    ++m.waiting_joins;
-    GS_LOG(DEBUG) << "job '" << job->id << "' epoch " << job->epoch << ": member '" << member_id
-                  << "' retries its join (rank " << rank << ")";
-  } else {
-    if (requested >= 0) {
-      if (job->members[requested].has_value()) {
-        return absl::AlreadyExistsError(absl::StrCat("rank ", requested, " of job '", job->id,
-                                                     "' is already taken by member '",
-                                                     job->members[requested]->member_id, "'"));
-      }
-      rank = requested;
-    } else {
-      rank = 0;
-      while (job->members[rank].has_value()) ++rank;  // FORMING: a free rank exists
-    }
-    MemberState m;
-    m.member_id = member_id;
-    m.key = request.member_key();
-    m.endpoint = request.data_endpoint();
-    m.status_endpoint = request.status_endpoint().substr(0, 300);
-    m.last_heartbeat = Now();
-    m.waiting_joins = 1;
-    m.serial = next_member_serial_++;
-    job->members[rank] = std::move(m);
-    job->rank_of[member_id] = rank;
-    observer().OnAliveMembersChanged(+1);
-    const std::string message =
-        absl::StrCat(DescribeMember(rank, member_id, &request.data_endpoint()), " joined (",
-                     job->JoinedCount(), " of ", job->world_size, ")");
-    GS_LOG(DEBUG) << "job '" << job->id << "' epoch " << job->epoch << ": " << message;
-    EmitLocked(*job, v1::JobEvent::KIND_MEMBER_JOINED, rank, message);
-    if (job->JoinedCount() == job->world_size) CompleteRendezvousLocked(*job);
-  }
-
-  // Wait for the rendezvous of this epoch.
-  const std::shared_ptr<Rendezvous> rv = job->rendezvous;
-  const uint64_t serial = job->members[rank]->serial;
-  const std::string job_id = job->id;
-  while (!rv->complete) {
-    if (shutdown_) return absl::UnavailableError("coordinator is shutting down");
-    job = FindJobLocked(job_id);
-    if (job == nullptr || job->rendezvous != rv) {  // defensive: cannot happen while FORMING
-      return absl::AbortedError(absl::StrCat("job '", job_id, "' epoch ", rv->epoch,
-                                             " ended while member '", member_id,
-                                             "' waited for the rendezvous"));
-    }
-    if (!job->members[rank].has_value() || job->members[rank]->serial != serial) {
-      return absl::AbortedError(absl::StrCat("member '", member_id, "' was removed from job '",
-                                             job_id, "' epoch ", rv->epoch,
-                                             " while it waited for the rendezvous"));
-    }
-    const bool conflict = !rv->conflict.ok();
-    const bool timed_out = !conflict && absl::Now() >= deadline;
-    const bool cancelled = !conflict && !timed_out && wait.is_cancelled && wait.is_cancelled();
-    if (conflict || timed_out || cancelled) {
-      absl::Status status =
-          conflict    ? rv->conflict
-          : timed_out ? absl::DeadlineExceededError(DescribeTimeoutLocked(*job, waited_ms))
-                      : absl::CancelledError(absl::StrCat("join of job '", job_id, "' by member '",
-                                                          member_id, "' was cancelled"));
-      if (--job->members[rank]->waiting_joins <= 0) {
-        RemoveFormingMemberLocked(
-            *job, rank,
-            conflict    ? std::string("left: the ranks disagree on the world size")
-            : timed_out ? absl::StrCat("gave up after waiting ", waited_ms, " ms for the rendezvous")
-                        : std::string("cancelled its join"));
-      }
-      GS_LOG(INFO) << status.message();
-      return status;
-    }
-    changed_.WaitWithDeadline(&mu_, std::min(deadline, absl::Now() + kCancelPollInterval));
-  }
-  *rank_out = rank;
-  return rv->response;
 }
 
 }  // namespace gradsync

@@ -30,6 +30,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -55,6 +56,8 @@ inline constexpr std::size_t kMaxMemberIdLength = 256;
 inline constexpr std::size_t kMinMemberKeyBytes = 16;
 inline constexpr std::size_t kMaxMemberKeyBytes = 64;
 inline constexpr std::size_t kMaxJobs = 10000;
+// Joins waiting for a rendezvous at once, over all jobs.
+inline constexpr std::size_t kMaxPendingJoins = 65536;
 // Limits of a job's options (0 keeps meaning "the coordinator's default").
 inline constexpr int64_t kMinHeartbeatTimeoutMs = 100;
 inline constexpr int64_t kMaxHeartbeatTimeoutMs = 3'600'000;  // 1 h
@@ -171,6 +174,18 @@ class JobRegistry {
   absl::StatusOr<v1::JoinJobResponse> JoinJob(const v1::JoinJobRequest& request,
                                               const WaitControl& wait);
 
+  // JoinJob without a thread per waiting joiner: `done` gets what JoinJob
+  // would return, exactly once and without the registry lock held — on the
+  // calling thread when the answer is known at once (0 is returned), else
+  // later on the registry's join thread (the join's id is returned, for
+  // CancelJoin). `wait_deadline` bounds the wait as WaitControl::deadline
+  // does. RESOURCE_EXHAUSTED when kMaxPendingJoins joins already wait.
+  using JoinDone = std::function<void(absl::StatusOr<v1::JoinJobResponse>)>;
+  uint64_t StartJoin(const v1::JoinJobRequest& request, absl::Time wait_deadline, JoinDone done);
+  // A pending join's caller went away: it ends CANCELLED (as JoinJob does
+  // when wait.is_cancelled() turns true). No-op for an answered join.
+  void CancelJoin(uint64_t id);
+
   // Records a heartbeat if request.epoch is the job's current epoch and the
   // member (by member_id, or by rank when member_id is empty) is alive. Always
   // returns the job's state, epoch, abort_reason and dead_ranks.
@@ -211,11 +226,18 @@ class JobRegistry {
   struct Job;
 
   absl::Time Now() const;
-  // JoinJob under the lock: registers the member and waits; returns the
-  // completed epoch's shared response and sets *rank.
-  absl::StatusOr<std::shared_ptr<const v1::JoinJobResponse>> JoinAndWait(
-      const v1::JoinJobRequest& request, const WaitControl& wait, absl::Time deadline,
-      int64_t waited_ms, int* rank);
+  struct PendingJoin;  // server/job_registry_state.h
+  // Registers the member (or its retry) and sets p->rank. Returns the epoch's
+  // shared response when the join is answered at once, nullptr when it must
+  // wait (p then describes the wait), or the error.
+  absl::StatusOr<std::shared_ptr<const v1::JoinJobResponse>> RegisterJoinLocked(
+      const v1::JoinJobRequest& request, PendingJoin* p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // How a pending join ends now, or nullopt while it still waits.
+  std::optional<absl::StatusOr<std::shared_ptr<const v1::JoinJobResponse>>> JoinOutcomeLocked(
+      PendingJoin& p, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FinishJoin(const JoinDone& done,
+                  absl::StatusOr<std::shared_ptr<const v1::JoinJobResponse>> result, int rank);
+  void JoinLoop();  // answers pending joins (join_thread_)
   void LivenessLoop();
   void CheckLivenessLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Job* FindJobLocked(absl::string_view job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -247,8 +269,11 @@ class JobRegistry {
   std::map<std::string, std::unique_ptr<Job>, std::less<>> jobs_ ABSL_GUARDED_BY(mu_);
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t next_member_serial_ ABSL_GUARDED_BY(mu_) = 1;
+  std::map<uint64_t, PendingJoin> pending_joins_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_join_id_ ABSL_GUARDED_BY(mu_) = 1;
 
   std::thread liveness_thread_;
+  std::thread join_thread_;
 };
 
 }  // namespace gradsync

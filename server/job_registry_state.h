@@ -76,6 +76,19 @@ struct Rendezvous {
 
 }  // namespace registry_internal
 
+// A join waiting for its epoch's rendezvous (server/job_join.cc).
+struct JobRegistry::PendingJoin {
+  std::string job_id;
+  std::string member_id;
+  int rank = -1;
+  uint64_t serial = 0;  // of the member entry this join registered or retried
+  std::shared_ptr<registry_internal::Rendezvous> rv;
+  absl::Time deadline;
+  int64_t waited_ms = 0;
+  bool cancelled = false;
+  JoinDone done;
+};
+
 struct JobWatch::Queue {
   absl::Mutex mu;
   absl::CondVar cv;

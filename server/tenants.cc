@@ -209,7 +209,7 @@ grpc::Status TenantAuthProcessor::Process(const InputMetadata& auth_metadata,
   return grpc::Status::OK;
 }
 
-absl::StatusOr<std::optional<Tenant>> TenantOf(const grpc::ServerContext& ctx,
+absl::StatusOr<std::optional<Tenant>> TenantOf(const grpc::ServerContextBase& ctx,
                                                TenantTable& table) {
   const auto& metadata = ctx.client_metadata();
   auto it = metadata.find(kAuthorizationMetadata);

@@ -98,7 +98,7 @@ class TenantAuthProcessor final : public grpc::AuthMetadataProcessor {
 // The caller's tenant, from the call's bearer token: nullopt when the call
 // carries none; UNAUTHENTICATED for a bad one (a plaintext call, or a token
 // revoked since the processor ran).
-absl::StatusOr<std::optional<Tenant>> TenantOf(const grpc::ServerContext& ctx,
+absl::StatusOr<std::optional<Tenant>> TenantOf(const grpc::ServerContextBase& ctx,
                                                TenantTable& table);
 
 }  // namespace gradsync
