@@ -45,6 +45,8 @@ declare -A SRCS=(
   [config_fuzz]="common/config_file.cc"
   [op_queue_fuzz]="ipc/op_queue.cc ipc/doorbell.cc common/types.cc"
   [step_header_fuzz]="ps/protocol.cc ps/slicer.cc transport/wire.cc common/digest.cc common/net.cc common/types.cc"
+  [coordinator_request_fuzz]="server/job_join.cc server/job_membership.cc server/job_registry.cc server/job_validation.cc server/shard_registry.cc common/logging.cc @PROTO@"
+  [worker_request_fuzz]="worker/submit_validation.cc server/job_validation.cc collective/planner.cc collective/algorithm.cc collective/cost_model.cc collective/stream_tuner.cc common/types.cc @PROTO@"
   [signature_fuzz]="collective/op_signature.cc collective/algorithm.cc collective/planner.cc collective/cost_model.cc collective/stream_tuner.cc common/types.cc"
 )
 if ((${#targets[@]} == 0)); then
@@ -56,6 +58,12 @@ ABSL=$(pkg-config --libs absl_strings absl_str_format absl_status absl_statusor 
 FLAGS=(-std=c++17 -O1 -g -I. -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
        -fno-omit-frame-pointer -DNDEBUG)
 mkdir -p "$out"
+# The request messages, for the targets that read them (@PROTO@ in SRCS).
+gen="$out/gen"
+mkdir -p "$gen"
+protoc -I. --cpp_out="$gen" proto/common.proto proto/coordinator.proto proto/worker.proto
+PROTO="$gen/proto/common.pb.cc $gen/proto/coordinator.pb.cc $gen/proto/worker.pb.cc"
+FLAGS+=(-I"$gen")
 failed=0
 for t in "${targets[@]}"; do
   if [[ -z "${SRCS[$t]:-}" ]]; then
@@ -64,7 +72,8 @@ for t in "${targets[@]}"; do
   fi
   bin="$out/$t"
   # shellcheck disable=SC2086
-  if ! "$CXX" "${FLAGS[@]}" "fuzz/$t.cc" ${SRCS[$t]} -o "$bin" $ABSL -lcrypto -lpthread \
+  srcs=${SRCS[$t]//@PROTO@/$PROTO}
+  if ! "$CXX" "${FLAGS[@]}" "fuzz/$t.cc" $srcs -o "$bin" $ABSL -lprotobuf -lcrypto -lpthread \
       >"$out/$t.build.log" 2>&1; then
     echo "$t: build failed (log: $out/$t.build.log)"
     tail -20 "$out/$t.build.log" >&2

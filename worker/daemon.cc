@@ -96,19 +96,7 @@ absl::StatusOr<std::shared_ptr<Session>> Daemon::OpenSession(const OpenSessionAr
     if (shut_down_) return absl::UnavailableError("daemon is shutting down");
     if (draining_) return absl::UnavailableError("gradsyncd is draining for shutdown (SIGTERM)");
   }
-  if (args.world_size < 1 || args.world_size > transport::kMaxWorldSize) {
-    return absl::InvalidArgumentError(absl::StrCat("world_size ", args.world_size,
-                                                   " out of range [1, ",
-                                                   transport::kMaxWorldSize, "]"));
-  }
-  if (args.tcp_streams < 0 || args.tcp_streams > 16) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("tcp_streams ", args.tcp_streams, " out of range [0, 16]"));
-  }
-  if (args.rank < -1 || args.rank >= args.world_size) {
-    return absl::InvalidArgumentError(absl::StrCat("rank ", args.rank, " out of range for world size ",
-                                                   args.world_size, " (-1 = any)"));
-  }
+  RETURN_IF_ERROR(CheckSessionShape(args.world_size, args.rank, args.tcp_streams));
   const absl::Time deadline = absl::Now() + args.timeout;
   const std::string session_id =
       absl::StrCat(options_.node_id, "-", ::getpid(), "-", next_session_++);

@@ -269,66 +269,23 @@ absl::StatusOr<uint64_t> Session::Submit(const SubmitArgs& a) {
 }
 
 absl::StatusOr<uint64_t> Session::Enqueue(const SubmitArgs& a) {
-  // Only error messages use it: built on demand, not for every op.
-  auto what = [&a] { return absl::StrCat(CollectiveName(a.kind), " '", a.name, "'"); };
-  if (IsRootedCollective(a.kind) && (a.root < 0 || a.root >= info_.world_size)) {
-    return absl::InvalidArgumentError(absl::StrCat(what(), ": root ", a.root,
-                                                   " out of range for world size ",
-                                                   info_.world_size));
-  }
-  if (a.name.size() > kMaxOpNameBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("op name is ", a.name.size(),
-                                                   " bytes; the limit is ", kMaxOpNameBytes));
-  }
-  const uint64_t esize = DTypeSize(a.dtype);
-  const uint64_t blocks = IsBlockedCollective(a.kind) ? static_cast<uint64_t>(info_.world_size) : 1;
-  if (a.count > (uint64_t{1} << 40) / esize / blocks) {
-    return absl::InvalidArgumentError(absl::StrCat("count ", a.count, " is too large"));
-  }
-  const uint64_t bytes = a.count * esize * blocks;
-  const absl::string_view algo_name = !a.algorithm.empty() && a.algorithm != "auto"
-                                          ? a.algorithm
-                                          : absl::string_view(info_.job_algorithm);
-  absl::StatusOr<uint8_t> code = RequestedPlanCode(algo_name, a.kind, bytes);
-  if (!code.ok()) return absl::InvalidArgumentError(absl::StrCat(what(), ": ", code.status().message()));
-  if (*code == kParameterServerPlanCode && !executor_->has_ps()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what(), ": algorithm 'ps' needs parameter-server shards; job '", info_.job_id,
-        "' has none (create it with ps_shards > 0 and start gradsync-ps)"));
-  }
-  if (*code == kHierarchicalPlanCode &&
-      executor_->placement().nodes() == executor_->placement().world) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what(), ": algorithm 'hier' needs ranks that share a daemon; job '", info_.job_id,
-        "' has one rank per daemon"));
-  }
-  if (a.timeout < absl::ZeroDuration()) {
-    return absl::InvalidArgumentError("negative op timeout");
-  }
+  SubmitJob job;
+  job.job_id = info_.job_id;
+  job.world_size = info_.world_size;
+  job.job_algorithm = info_.job_algorithm;
+  job.has_ps = executor_->has_ps();
+  job.one_rank_per_daemon = executor_->placement().nodes() == executor_->placement().world;
+  ASSIGN_OR_RETURN(const SubmitShape shape, CheckSubmit(a, job));
   absl::MutexLock l(&mu_);
   last_used_ = FastNow();
   RETURN_IF_ERROR(RefusalLocked());
   const bool no_buffer = a.kind == CollectiveKind::kBarrier && a.buffer_id == 0;
-  if (no_buffer && a.count != 0) {
-    return absl::InvalidArgumentError(what() + ": a barrier without a buffer must have count 0");
-  }
   auto it = buffers_.find(a.buffer_id);
   if (!no_buffer && it == buffers_.end()) {
     return absl::NotFoundError(absl::StrCat("buffer ", a.buffer_id, " does not exist in session ",
                                             info_.session_id));
   }
-  if (!no_buffer &&
-      (a.offset_bytes > it->second->size() || bytes > it->second->size() - a.offset_bytes)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what(), ": ", DTypeName(a.dtype), "[", a.count, "]", blocks > 1 ? absl::StrCat(" x ", blocks, " blocks") : "",
-        " (", bytes, " bytes) at offset ", a.offset_bytes,
-        " does not fit in buffer ", a.buffer_id, " of ", it->second->size(), " bytes"));
-  }
-  if (a.offset_bytes % esize != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("offset ", a.offset_bytes,
-                                                   " is not a multiple of the ",
-                                                   DTypeName(a.dtype), " element size ", esize));
-  }
+  if (!no_buffer) RETURN_IF_ERROR(CheckBufferRange(a, shape, it->second->size()));
   if (ops_.size() >= kMaxUnreportedOps) {
     return absl::ResourceExhaustedError(absl::StrCat(
         ops_.size(), " ops are queued or unreported; Wait for some before submitting more"));
@@ -342,7 +299,7 @@ absl::StatusOr<uint64_t> Session::Enqueue(const SubmitArgs& a) {
   op->sig.count = a.count;
   op->sig.name.assign(a.name.data(), a.name.size());
   op->sig.root = IsRootedCollective(a.kind) ? a.root : 0;
-  op->sig.forced = *code;
+  op->sig.forced = shape.plan_code;
   if (!no_buffer) op->buffer = it->second;
   op->offset = a.offset_bytes;
   op->submitted = FastNow();

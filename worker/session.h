@@ -38,6 +38,7 @@
 #include "worker/shm_segment.h"
 #include "worker/tenant_memory.h"
 #include "worker/submission_feed.h"
+#include "worker/submit_validation.h"
 #include "worker/timeline.h"
 
 namespace gradsync {
@@ -97,20 +98,6 @@ struct SessionStatus {
   std::vector<int> missing;     // ranks not yet heard from (negotiating phase)
 };
 
-// The strings are views: the caller keeps them alive during Submit (the
-// session copies what it keeps).
-struct SubmitArgs {
-  CollectiveKind kind = CollectiveKind::kAllreduce;
-  absl::string_view name;
-  DType dtype = DType::kF32;
-  ReduceOp op = ReduceOp::kSum;
-  uint64_t count = 0;
-  uint64_t buffer_id = 0;  // 0 with count 0: no buffer (barrier)
-  uint64_t offset_bytes = 0;
-  int root = 0;
-  absl::string_view algorithm;  // "" or "auto": the job's, else the cost model's choice
-  absl::Duration timeout = absl::ZeroDuration();  // zero: the job default
-};
 
 struct OpOutcome {
   bool done = false;

@@ -188,33 +188,9 @@ grpc::Status WorkerService::Submit(grpc::ServerContext* ctx, const v1::SubmitReq
                                    v1::SubmitResponse* resp) {
   auto s = OwnSession(*ctx, req->session_id(), "Submit");
   if (!s.ok()) return ToGrpcStatus(s.status());
-  if (!IsValidCollective(req->collective())) {
-    return ToGrpcStatus(absl::InvalidArgumentError(
-        absl::StrCat("invalid collective type ", req->collective(), " for op '", req->name(), "'")));
-  }
-  if (!IsValidDType(req->dtype())) {
-    return ToGrpcStatus(absl::InvalidArgumentError(
-        absl::StrCat("invalid dtype ", req->dtype(), " for op '", req->name(), "'")));
-  }
-  if (!IsValidReduceOp(req->reduce_op())) {
-    return ToGrpcStatus(absl::InvalidArgumentError(
-        absl::StrCat("invalid reduce op ", req->reduce_op(), " for op '", req->name(), "'")));
-  }
-  SubmitArgs a;
-  a.kind = static_cast<CollectiveKind>(req->collective());
-  a.root = req->root();
-  a.algorithm = req->algorithm();
-  a.name = req->name();
-  a.dtype = static_cast<DType>(req->dtype());
-  a.op = static_cast<ReduceOp>(req->reduce_op());
-  a.count = req->count();
-  a.buffer_id = req->buffer_id();
-  a.offset_bytes = req->offset_bytes();
-  if (req->timeout_ms() < 0) {
-    return ToGrpcStatus(absl::InvalidArgumentError("timeout_ms must not be negative"));
-  }
-  a.timeout = absl::Milliseconds(req->timeout_ms());
-  auto id = (*s)->Submit(a);
+  absl::StatusOr<SubmitArgs> a = SubmitArgsFromRequest(*req);
+  if (!a.ok()) return ToGrpcStatus(a.status());
+  auto id = (*s)->Submit(*a);
   if (!id.ok()) return ToGrpcStatus(id.status());
   resp->set_op_id(*id);
   resp->set_sequence(*id);

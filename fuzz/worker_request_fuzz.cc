@@ -1,0 +1,74 @@
+// libFuzzer target: gradsyncd's validation of what a local client sends — a
+// Submit (worker/submit_validation.h: fields, ranges, the requested plan
+// against the job, where the op sits in its buffer) and an OpenSession
+// (session shape, and the job id and options the daemon passes on to the
+// coordinator, server/job_validation.cc). Input: [world_size lo, hi]
+// [flags] [buffer size, 8 bytes] [kind] then the request message. Traps when
+// an accepted request breaks what the executor relies on.
+#include <cstdint>
+#include <cstring>
+#include <string>
+
+#include "proto/worker.pb.h"
+#include "server/job_registry.h"
+#include "worker/submit_validation.h"
+
+namespace {
+
+void Check(bool ok) {
+  if (!ok) __builtin_trap();
+}
+
+constexpr const char* kJobAlgorithms[] = {"", "auto", "ring", "tree", "hier", "ps", "oneshot",
+                                          "bogus"};
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  if (size < 12) return 0;
+  gradsync::SubmitJob job;
+  job.job_id = "fuzz";
+  job.world_size = 1 + ((data[0] | (data[1] << 8)) % 4096);
+  job.has_ps = data[2] & 1;
+  job.one_rank_per_daemon = data[2] & 2;
+  job.job_algorithm = kJobAlgorithms[(data[2] >> 2) % 8];
+  uint64_t buffer_bytes;
+  std::memcpy(&buffer_bytes, data + 3, 8);
+  buffer_bytes %= uint64_t{1} << 41;
+  const bool open_session = data[11] & 1;
+  const std::string bytes(reinterpret_cast<const char*>(data + 12), size - 12);
+
+  if (open_session) {
+    gradsync::v1::OpenSessionRequest req;
+    if (!req.ParseFromString(bytes)) return 0;
+    if (gradsync::CheckSessionShape(req.world_size(), req.rank(), req.options().tcp_streams())
+            .ok()) {
+      Check(req.world_size() >= 1 && req.rank() < req.world_size());
+    }
+    if (gradsync::ValidateJobId(req.job_id()).ok()) {
+      Check(!req.job_id().empty() && req.job_id().size() <= gradsync::kMaxScopedJobIdLength);
+    }
+    (void)gradsync::ValidateJobOptions(req.job_id(), req.options());
+    return 0;
+  }
+  gradsync::v1::SubmitRequest req;
+  if (!req.ParseFromString(bytes)) return 0;
+  auto args = gradsync::SubmitArgsFromRequest(req);
+  if (!args.ok()) return 0;
+  auto shape = gradsync::CheckSubmit(*args, job);
+  if (!shape.ok()) {
+    Check(!shape.status().message().empty());
+    return 0;
+  }
+  const uint64_t esize = gradsync::DTypeSize(args->dtype);
+  Check(shape->bytes == args->count * esize * shape->blocks);
+  Check(shape->bytes <= uint64_t{1} << 40);
+  if (gradsync::IsRootedCollective(args->kind)) {
+    Check(args->root >= 0 && args->root < job.world_size);
+  }
+  if (gradsync::CheckBufferRange(*args, *shape, buffer_bytes).ok()) {
+    Check(args->offset_bytes <= buffer_bytes && shape->bytes <= buffer_bytes - args->offset_bytes);
+    Check(args->offset_bytes % esize == 0);
+  }
+  return 0;
+}
