@@ -1,4 +1,6 @@
 // gradsync: the command-line tool. Commands: demo, bench, status, cluster. See docs/cli.md.
+#include <unistd.h>
+
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -22,6 +24,12 @@ ABSL_FLAG(std::string, hosts, "",
           "certs: comma-separated host names and IP addresses every certificate names "
           "(localhost and 127.0.0.1 are always included)");
 ABSL_FLAG(int, days, 365, "certs: validity in days");
+ABSL_FLAG(std::string, nodes, "",
+          "certs: comma-separated node names; each gets its own node certificate NAME.{pem,key} "
+          "(CN NAME, OU node), from a new CA or, with an existing --dir, from its CA");
+ABSL_FLAG(std::string, revoke, "",
+          "certs: revoke this certificate (issued by the CA in --dir): writes the CA's next CRL "
+          "into DIR/crl/, the directory --tls_crl_dir names");
 ABSL_FLAG(int32_t, ranks, 4,
           "demo/bench: ranks of the embedded local cluster (one gradsyncd each); cluster: "
           "daemons to start (default 2)");
@@ -85,13 +93,53 @@ constexpr char kUsage[] =
     "  cluster start a local cluster (1 coordinator + --ranks daemons, default 2) and keep it\n"
     "          up until Ctrl-C; prints GRADSYNC_COORDINATOR / GRADSYNC_DAEMONS (--env_file)\n"
     "  certs   write a lab CA and a certificate per role (coordinator, node, ps, operator)\n"
-    "          into --dir,\n"
-    "          naming --hosts, for mutual TLS (--tls_cert/--tls_key/--tls_ca)\n"
+    "          into --dir, naming --hosts, for mutual TLS (--tls_cert/--tls_key/--tls_ca);\n"
+    "          --nodes a,b: one node certificate per name (added to an existing --dir);\n"
+    "          --revoke FILE.pem: add it to the CA's CRL in DIR/crl (--tls_crl_dir)\n"
     "  version the version, the source commit and the build mode (as --version)\n";
 
 int Fail(const char* cmd, const std::string& msg) {
   std::fprintf(stderr, "gradsync %s: %s\n", cmd, msg.c_str());
   return 2;
+}
+
+// gradsync certs: a new lab CA and role certificates, node certificates
+// (--nodes), or a revocation (--revoke).
+int RunCerts(const std::string& dir, const std::vector<std::string>& hosts) {
+  const int days = absl::GetFlag(FLAGS_days);
+  if (const std::string revoke = absl::GetFlag(FLAGS_revoke); !revoke.empty()) {
+    auto crl = gradsync::RevokeLabCert(dir, revoke);
+    if (!crl.ok()) return Fail("certs", std::string(crl.status().message()));
+    std::printf("revoked %s: CRL %s (servers and clients with --tls_crl_dir=%s/crl refuse it "
+                "from their next handshake)\n",
+                revoke.c_str(), crl->c_str(), dir.c_str());
+    return 0;
+  }
+  auto print = [](const std::string& what, const gradsync::TlsConfig& c) {
+    std::printf("%-11s --tls_cert=%s --tls_key=%s --tls_ca=%s\n", what.c_str(), c.cert.c_str(),
+                c.key.c_str(), c.ca.c_str());
+  };
+  const std::vector<std::string> nodes =
+      absl::StrSplit(absl::GetFlag(FLAGS_nodes), ',', absl::SkipEmpty());
+  if (nodes.empty() || ::access((dir + "/ca.key").c_str(), R_OK) != 0) {
+    auto certs = gradsync::MakeLabCerts(dir, hosts, days);
+    if (!certs.ok()) return Fail("certs", std::string(certs.status().message()));
+    std::printf("CA %s (key %s/ca.key: keep it off the nodes)\n", certs->ca.c_str(), dir.c_str());
+    print("coordinator", certs->coordinator);
+    print("node", certs->node);
+    print("ps", certs->ps);
+    print("operator", certs->operator_);
+  }
+  for (const std::string& name : nodes) {
+    if (name == "ca" || name == "coordinator" || name == "node" || name == "ps" ||
+        name == "operator" || name.find('/') != std::string::npos) {
+      return Fail("certs", "--nodes: '" + name + "' is not a usable node name");
+    }
+    auto c = gradsync::AddLabCert(dir, "node", name, hosts, days);
+    if (!c.ok()) return Fail("certs", std::string(c.status().message()));
+    print("node " + name, *c);
+  }
+  return 0;
 }
 }  // namespace
 
@@ -138,18 +186,7 @@ int main(int argc, char** argv) {
     for (absl::string_view h : absl::StrSplit(absl::GetFlag(FLAGS_hosts), ',', absl::SkipEmpty())) {
       hosts.emplace_back(h);
     }
-    auto certs = gradsync::MakeLabCerts(dir, hosts, absl::GetFlag(FLAGS_days));
-    if (!certs.ok()) return Fail("certs", std::string(certs.status().message()));
-    std::printf("CA %s (key %s/ca.key: keep it off the nodes)\n", certs->ca.c_str(), dir.c_str());
-    for (const auto& [role, c] :
-         {std::pair<const char*, gradsync::TlsConfig>{"coordinator", certs->coordinator},
-          {"node", certs->node},
-          {"ps", certs->ps},
-          {"operator", certs->operator_}}) {
-      std::printf("%-11s --tls_cert=%s --tls_key=%s --tls_ca=%s\n", role, c.cert.c_str(),
-                  c.key.c_str(), c.ca.c_str());
-    }
-    return 0;
+    return RunCerts(dir, hosts);
   }
   if (cmd == "version") {
     std::printf("%s\n", gradsync::VersionLine("gradsync").c_str());

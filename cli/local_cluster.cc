@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -158,12 +159,21 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
     absl::StatusOr<LabCerts> certs = MakeLabCerts(c->work_dir_ + "/certs", {});
     if (!certs.ok()) return certs.status();
     c->certs_ = *std::move(certs);
+    // Every process honours revocations (RevokeLabCert writes here).
+    const std::string crl_dir = c->certs_.dir + "/crl";
+    if (::mkdir(crl_dir.c_str(), 0755) != 0 && errno != EEXIST) {
+      return absl::InternalError(absl::StrCat("cannot create ", crl_dir));
+    }
+    for (TlsConfig* t : {&c->certs_.coordinator, &c->certs_.node, &c->certs_.ps,
+                         &c->certs_.operator_}) {
+      t->crl_dir = crl_dir;
+    }
   }
   // --tls_* flags for a process with `config` (none without TLS).
   auto tls_flags = [&](const TlsConfig& config) {
     if (!options.tls) return std::vector<std::string>{"--insecure"};
     return std::vector<std::string>{"--tls_cert=" + config.cert, "--tls_key=" + config.key,
-                                    "--tls_ca=" + config.ca};
+                                    "--tls_ca=" + config.ca, "--tls_crl_dir=" + config.crl_dir};
   };
 
   const std::string coord_port_file = c->work_dir_ + "/coordinator.port";
@@ -206,7 +216,16 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
         absl::StrCat("--node_id=local", i),
         "--port_file=" + port_file,
     };
-    for (std::string& f : tls_flags(c->certs_.node)) args.push_back(std::move(f));
+    TlsConfig node = c->certs_.node;
+    if (options.tls) {
+      // Each daemon its own identity (CN lab-node-I), as on a real cluster.
+      absl::StatusOr<TlsConfig> own =
+          AddLabCert(c->certs_.dir, "node", absl::StrCat("lab-node-", i), {});
+      if (!own.ok()) return own.status();
+      node = *std::move(own);
+      node.crl_dir = c->certs_.node.crl_dir;
+    }
+    for (std::string& f : tls_flags(node)) args.push_back(std::move(f));
     args.insert(args.end(), options.daemon_flags.begin(), options.daemon_flags.end());
     auto pid = Spawn(daemon_bin, args, c->daemon_log(i));
     if (!pid.ok()) return pid.status();

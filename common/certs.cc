@@ -12,7 +12,9 @@
 #include <openssl/x509.h>
 #include <openssl/x509v3.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <ctime>
 #include <memory>
 
 #include "absl/strings/ascii.h"
@@ -183,22 +185,146 @@ absl::StatusOr<LabCerts> MakeLabCerts(const std::string& dir, std::vector<std::s
   return out;
 }
 
-absl::StatusOr<TlsConfig> AddLabCert(const std::string& dir, const std::string& role,
-                                     const std::string& name, std::vector<std::string> hosts,
-                                     int days) {
+namespace {
+
+// The CA of MakeLabCerts in `dir` (ca.pem, ca.key).
+absl::Status ReadCa(const std::string& dir, Cert* ca, Key* ca_key) {
   FILE* f = std::fopen((dir + "/ca.pem").c_str(), "r");
   if (f == nullptr) return absl::NotFoundError(absl::StrCat("no CA in ", dir, " (ca.pem)"));
-  Cert ca(PEM_read_X509(f, nullptr, nullptr, nullptr));
+  ca->reset(PEM_read_X509(f, nullptr, nullptr, nullptr));
   std::fclose(f);
   f = std::fopen((dir + "/ca.key").c_str(), "r");
   if (f == nullptr) return absl::NotFoundError(absl::StrCat("no CA key in ", dir, " (ca.key)"));
-  Key ca_key(PEM_read_PrivateKey(f, nullptr, nullptr, nullptr));
+  ca_key->reset(PEM_read_PrivateKey(f, nullptr, nullptr, nullptr));
   std::fclose(f);
-  if (ca == nullptr || ca_key == nullptr) {
+  if (*ca == nullptr || *ca_key == nullptr) {
     return OpenSslError(absl::StrCat("reading the CA in ", dir));
   }
+  return absl::OkStatus();
+}
+
+struct CrlFree {
+  void operator()(X509_CRL* c) const { X509_CRL_free(c); }
+};
+using Crl = std::unique_ptr<X509_CRL, CrlFree>;
+
+// DIR/crl/HASH.rN for the CA: the newest N (-1: none yet) and the prefix.
+int NewestCrl(const std::string& crl_dir, const std::string& prefix) {
+  int newest = -1;
+  for (int n = 0; n < 100000; ++n) {
+    if (::access(absl::StrCat(crl_dir, "/", prefix, n).c_str(), F_OK) != 0) break;
+    newest = n;
+  }
+  return newest;
+}
+
+// Writes the CA's next CRL: the newest one's entries plus `serial`.
+absl::StatusOr<std::string> AddToCrl(const std::string& dir, X509* ca, EVP_PKEY* ca_key,
+                                     const ASN1_INTEGER* serial) {
+  const std::string crl_dir = dir + "/crl";
+  if (::mkdir(crl_dir.c_str(), 0755) != 0 && errno != EEXIST) {
+    return absl::InternalError(absl::StrCat("cannot create ", crl_dir));
+  }
+  char hash[16];
+  std::snprintf(hash, sizeof(hash), "%08lx",
+                X509_NAME_hash_ex(X509_get_subject_name(ca), nullptr, nullptr, nullptr));
+  const std::string prefix = absl::StrCat(hash, ".r");
+  const int newest = NewestCrl(crl_dir, prefix);
+  Crl previous;
+  if (newest >= 0) {
+    const std::string path = absl::StrCat(crl_dir, "/", prefix, newest);
+    FILE* f = std::fopen(path.c_str(), "r");
+    if (f != nullptr) {
+      previous.reset(PEM_read_X509_CRL(f, nullptr, nullptr, nullptr));
+      std::fclose(f);
+    }
+    if (previous == nullptr) return OpenSslError(absl::StrCat("reading ", path));
+  }
+  Crl crl(X509_CRL_new());
+  if (crl == nullptr) return OpenSslError("X509_CRL_new");
+  X509_CRL_set_version(crl.get(), 1);  // v2
+  X509_CRL_set_issuer_name(crl.get(), X509_get_subject_name(ca));
+  // Dated an hour back (clock skew between hosts, as for certificates), and
+  // strictly newer than the previous one: a verifier holding both uses the
+  // newer, and only among CRLs already valid, so never date one ahead.
+  time_t now = std::time(nullptr) - 3600;
+  if (previous != nullptr) {
+    struct tm tm {};
+    if (ASN1_TIME_to_tm(X509_CRL_get0_lastUpdate(previous.get()), &tm) != 1) {
+      return OpenSslError("reading the newest CRL's date");
+    }
+    const time_t previous_date = ::timegm(&tm);
+    if (previous_date - now > 2) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the newest CRL in ", crl_dir, " is dated ", previous_date - now,
+          " s ahead of this host's clock (minus 1 h); fix the clock"));
+    }
+    while (now <= previous_date) {  // at most 2 s
+      ::sleep(1);
+      now = std::time(nullptr) - 3600;
+    }
+  }
+  ASN1_TIME* last = ASN1_TIME_set(nullptr, now);
+  X509_CRL_set1_lastUpdate(crl.get(), last);
+  bool listed = false;
+  if (previous != nullptr) {
+    STACK_OF(X509_REVOKED)* old = X509_CRL_get_REVOKED(previous.get());
+    for (int i = 0; i < sk_X509_REVOKED_num(old); ++i) {
+      X509_REVOKED* r = sk_X509_REVOKED_value(old, i);
+      listed = listed || ASN1_INTEGER_cmp(X509_REVOKED_get0_serialNumber(r), serial) == 0;
+      X509_CRL_add0_revoked(crl.get(), X509_REVOKED_dup(r));
+    }
+  }
+  if (!listed) {
+    X509_REVOKED* r = X509_REVOKED_new();
+    X509_REVOKED_set_serialNumber(r, const_cast<ASN1_INTEGER*>(serial));
+    X509_REVOKED_set_revocationDate(r, last);
+    X509_CRL_add0_revoked(crl.get(), r);
+  }
+  ASN1_TIME_free(last);
+  X509_CRL_sort(crl.get());
+  ASN1_INTEGER* number = ASN1_INTEGER_new();
+  ASN1_INTEGER_set(number, newest + 1);
+  X509_CRL_add1_ext_i2d(crl.get(), NID_crl_number, number, 0, 0);
+  ASN1_INTEGER_free(number);
+  if (X509_CRL_sign(crl.get(), ca_key, EVP_sha256()) == 0) return OpenSslError("X509_CRL_sign");
+  const std::string path = absl::StrCat(crl_dir, "/", prefix, newest + 1);
+  const std::string tmp = path + ".tmp";
+  FILE* f = std::fopen(tmp.c_str(), "w");
+  if (f == nullptr) return absl::InternalError(absl::StrCat("cannot write ", tmp));
+  const int ok = PEM_write_X509_CRL(f, crl.get());
+  if (std::fclose(f) != 0 || ok != 1 || std::rename(tmp.c_str(), path.c_str()) != 0) {
+    return absl::InternalError(absl::StrCat("writing ", path));
+  }
+  return path;
+}
+
+}  // namespace
+
+absl::StatusOr<TlsConfig> AddLabCert(const std::string& dir, const std::string& role,
+                                     const std::string& name, std::vector<std::string> hosts,
+                                     int days) {
+  Cert ca;
+  Key ca_key;
+  if (absl::Status s = ReadCa(dir, &ca, &ca_key); !s.ok()) return s;
   return WriteSigned(dir, name, role, name, ca.get(), ca_key.get(), SanText(std::move(hosts)),
                      days);
+}
+
+absl::StatusOr<std::string> RevokeLabCert(const std::string& dir, const std::string& cert_path) {
+  Cert ca;
+  Key ca_key;
+  if (absl::Status s = ReadCa(dir, &ca, &ca_key); !s.ok()) return s;
+  FILE* f = std::fopen(cert_path.c_str(), "r");
+  if (f == nullptr) return absl::NotFoundError(absl::StrCat("cannot read ", cert_path));
+  Cert cert(PEM_read_X509(f, nullptr, nullptr, nullptr));
+  std::fclose(f);
+  if (cert == nullptr) return OpenSslError(absl::StrCat("reading ", cert_path));
+  if (X509_check_issued(ca.get(), cert.get()) != X509_V_OK) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(cert_path, " was not issued by the CA in ", dir, " (ca.pem)"));
+  }
+  return AddToCrl(dir, ca.get(), ca_key.get(), X509_get_serialNumber(cert.get()));
 }
 
 }  // namespace gradsync

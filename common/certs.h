@@ -37,6 +37,13 @@ absl::StatusOr<TlsConfig> AddLabCert(const std::string& dir, const std::string& 
                                      const std::string& name, std::vector<std::string> hosts,
                                      int days = 365);
 
+// Revokes `cert_path` (a certificate the CA in `dir` issued): writes the
+// CA's CRL, every certificate revoked so far plus this one, signed by the CA,
+// as a new file DIR/crl/HASH.rN (the hashed layout `--tls_crl_dir` reads;
+// HASH is the CA's subject hash, N one more than the last). Returns its path.
+// The CRL has no nextUpdate, so it never expires.
+absl::StatusOr<std::string> RevokeLabCert(const std::string& dir, const std::string& cert_path);
+
 }  // namespace gradsync
 
 #endif  // GRADSYNC_COMMON_CERTS_H_

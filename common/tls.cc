@@ -1,5 +1,6 @@
 #include "common/tls.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <grpc/grpc_security_constants.h>
@@ -48,6 +49,14 @@ absl::Status TlsConfig::Validate() const {
           absl::StrCat(flag, " '", *path, "' cannot be read"));
     }
   }
+  if (!crl_dir.empty()) {
+    struct stat st {};
+    if (::stat(crl_dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) ||
+        ::access(crl_dir.c_str(), R_OK | X_OK) != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--tls_crl_dir '", crl_dir, "' is not a readable directory"));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -59,6 +68,7 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
   options.watch_root_certs();
   options.watch_identity_key_cert_pairs();
   options.set_cert_request_type(GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  if (!config.crl_dir.empty()) options.set_crl_directory(config.crl_dir);
   return grpc::experimental::TlsServerCredentials(options);
 }
 
@@ -71,6 +81,7 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials
   options.watch_root_certs();
   options.watch_identity_key_cert_pairs();
   options.set_verify_server_certs(true);
+  if (!config.crl_dir.empty()) options.set_crl_directory(config.crl_dir);
   return grpc::experimental::TlsCredentials(options);
 }
 

@@ -28,6 +28,10 @@ struct TlsConfig {
   std::string cert;  // PEM certificate (chain) of this process
   std::string key;   // its PEM private key
   std::string ca;    // PEM CA bundle that peers' certificates must chain to
+  // Optional: a directory of hashed CRLs (HASH.rN, `gradsync certs --revoke`
+  // writes them); a peer whose certificate one lists fails the handshake.
+  // Read at each handshake, so a new CRL file applies to new connections.
+  std::string crl_dir;
   // All three empty: plaintext. Set only some: InvalidArgument.
   bool enabled() const { return !cert.empty() || !key.empty() || !ca.empty(); }
   // InvalidArgument naming the missing or unreadable file.

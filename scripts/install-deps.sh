@@ -9,8 +9,9 @@ PACKAGES=(
   protobuf-compiler protobuf-compiler-grpc libprotobuf-dev libgrpc++-dev libgrpc-dev
   libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev prometheus-cpp-dev
   libibverbs-dev libsystemd-dev zlib1g-dev systemd python3 python3-yaml procps
-  # libcrypto: lab and test certificates for mutual TLS (common/certs.h).
-  libssl-dev
+  # libcrypto: lab and test certificates for mutual TLS (common/certs.h); the openssl
+  # command checks what `gradsync certs` writes (//tests:certs_cli_test).
+  libssl-dev openssl
   # libFuzzer targets (fuzz/, bench/fuzz.sh, //fuzz:fuzz_smoke_test): clang with its runtimes.
   clang libclang-rt-14-dev
   # The Python package (python/gradsync) and its tests.

@@ -211,5 +211,42 @@ TEST_F(TlsCluster, AMemberKeyWorksOnlyFromTheNodeThatJoined) {
   EXPECT_TRUE(a->LeaveJob(Ctx().get(), leave, &left).ok());
 }
 
+// A revoked node certificate (`gradsync certs --revoke`, the CA's CRL in
+// --tls_crl_dir) is refused from the next handshake on, while the cluster's
+// own nodes and another node certificate of the same CA go on working.
+TEST_F(TlsCluster, ARevokedCertificateIsRefusedAtTheNextHandshake) {
+  auto doomed = AddLabCert(cluster_->certs().dir, "node", "node-revoked", {});
+  ASSERT_TRUE(doomed.ok()) << doomed.status();
+  auto kept = AddLabCert(cluster_->certs().dir, "node", "node-kept", {});
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  // A fresh connection per call (no shared subchannel), so each call handshakes.
+  int n = 0;
+  auto list = [&](const TlsConfig& tls) {
+    auto credentials = MakeChannelCredentials(tls);
+    EXPECT_TRUE(credentials.ok()) << credentials.status();
+    grpc::ChannelArguments args;
+    args.SetInt("gradsync.test_connection", ++n);
+    auto stub = v1::Coordinator::NewStub(
+        grpc::CreateCustomChannel(cluster_->coordinator_address(), *credentials, args));
+    v1::ListJobsResponse jobs;
+    return stub->ListJobs(Ctx().get(), {}, &jobs);
+  };
+  ASSERT_TRUE(list(*doomed).ok());
+  auto crl = RevokeLabCert(cluster_->certs().dir, doomed->cert);
+  ASSERT_TRUE(crl.ok()) << crl.status();
+  const grpc::Status refused = list(*doomed);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::UNAVAILABLE) << refused.error_message();
+  EXPECT_TRUE(list(*kept).ok());
+  // A second revocation keeps the first (the CRL is cumulative).
+  ASSERT_TRUE(RevokeLabCert(cluster_->certs().dir, kept->cert).ok());
+  EXPECT_EQ(list(*kept).error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_EQ(list(*doomed).error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_TRUE(list(cluster_->certs().operator_).ok());
+  // The daemons (each its own lab-node-I certificate) still run jobs.
+  auto job = testing::OpenJob(*cluster_, "after-revocation", {0, 1});
+  ASSERT_TRUE(job.ok()) << job.status();
+  for (auto& r : *job) EXPECT_TRUE(r.session->Close().ok());
+}
+
 }  // namespace
 }  // namespace gradsync
