@@ -17,6 +17,7 @@
 #include "cli/bench.h"
 #include "cli/cluster.h"
 #include "cli/demo.h"
+#include "cli/job_delete.h"
 #include "cli/status.h"
 
 ABSL_FLAG(std::string, dir, "", "certs: the directory to write ca.pem and ROLE.{pem,key} into");
@@ -73,6 +74,7 @@ ABSL_FLAG(bool, limits, true, "bench: measure and print link/memory limits befor
 ABSL_FLAG(std::string, coordinator, "",
           "status: the coordinator to ask (default 127.0.0.1:7070); bench: use an existing "
           "cluster (run one bench per rank, each next to its gradsyncd)");
+ABSL_FLAG(std::string, reason, "", "job delete: why, shown to the job's members");
 ABSL_FLAG(std::string, daemon, "unix:/run/gradsync/gradsyncd.sock",
           "bench with --coordinator: the local gradsyncd");
 ABSL_FLAG(int32_t, world_size, 0, "bench with --coordinator: ranks in the bench job");
@@ -96,6 +98,8 @@ constexpr char kUsage[] =
     "          into --dir, naming --hosts, for mutual TLS (--tls_cert/--tls_key/--tls_ca);\n"
     "          --nodes a,b: one node certificate per name (added to an existing --dir);\n"
     "          --revoke FILE.pem: add it to the CA's CRL in DIR/crl (--tls_crl_dir)\n"
+    "  job delete ID  end a job at the coordinator (--coordinator; an operator certificate;\n"
+    "          --reason is shown to its ranks)\n"
     "  version the version, the source commit and the build mode (as --version)\n";
 
 int Fail(const char* cmd, const std::string& msg) {
@@ -272,6 +276,23 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "gradsync status: %s\n", std::string(hanging.status().message()).c_str());
       return 1;
     }
+    return 0;
+  }
+  if (cmd == "job") {
+    if (args.size() != 4 || std::string(args[2]) != "delete") {
+      return Fail("job", "usage: gradsync job delete ID [--reason=TEXT] [--coordinator=ADDR]");
+    }
+    gradsync::StatusOptions o;
+    const std::string coordinator = absl::GetFlag(FLAGS_coordinator);
+    if (!coordinator.empty()) o.coordinator = coordinator;
+    o.job = args[3];
+    o.tls = gradsync::TlsConfigFromFlags();
+    auto done = gradsync::RunJobDelete(o, absl::GetFlag(FLAGS_reason));
+    if (!done.ok()) {
+      std::fprintf(stderr, "gradsync job delete: %s\n", std::string(done.status().message()).c_str());
+      return 1;
+    }
+    std::printf("%s\n", done->c_str());
     return 0;
   }
   if (cmd == "cluster") {

@@ -7,6 +7,7 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
 #include "common/logging.h"
@@ -212,6 +213,36 @@ grpc::Status CoordinatorService::ReplyToJoin(absl::StatusOr<v1::JoinJobResponse>
     }
   }
   return Reply(std::move(joined), response);
+}
+
+grpc::Status CoordinatorService::DeleteJob(grpc::ServerContext* ctx,
+                                           const v1::DeleteJobRequest* request,
+                                           v1::DeleteJobResponse* response) {
+  if (grpc::Status denied = RequireRole(*ctx, tls_, "operator", "DeleteJob"); !denied.ok()) {
+    return denied;
+  }
+  if (request->reason().size() > 200) {
+    return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
+        "DeleteJob of job '", absl::CHexEscape(request->job_id()), "': reason is ",
+        request->reason().size(), " bytes; at most 200")));
+  }
+  absl::StatusOr<CallScope> scope = Scope(*ctx, "DeleteJob", request->job_id(), false);
+  if (!scope.ok()) return ToGrpcStatus(scope.status());
+  if (absl::Status s = ValidateJobId(request->job_id()); !s.ok()) return ToGrpcStatus(s);
+  const PeerIdentity who = IdentityOf(*ctx);
+  std::string why = absl::StrCat("deleted by ", who.authenticated() ? who.ToString() : ctx->peer());
+  if (!request->reason().empty()) absl::StrAppend(&why, ": ", absl::CHexEscape(request->reason()));
+  absl::StatusOr<v1::DeleteJobResponse> deleted =
+      registry_->DeleteJob(scope->ToRegistry(request->job_id()), why);
+  if (!deleted.ok()) {
+    // The caller's own id in the message, not the registry's scoped one.
+    return ToGrpcStatus(absl::Status(
+        deleted.status().code(), absl::StrReplaceAll(deleted.status().message(),
+                                                      {{scope->ToRegistry(request->job_id()),
+                                                        request->job_id()}})));
+  }
+  shards_.ForgetJob(scope->ToRegistry(request->job_id()));
+  return Reply(std::move(deleted), response);
 }
 
 grpc::Status CoordinatorService::RegisterShard(grpc::ServerContext* ctx,

@@ -95,6 +95,8 @@ class CoordinatorService final
                           v1::ListShardsResponse* response) override;
   grpc::Status GetShardKey(grpc::ServerContext* ctx, const v1::GetShardKeyRequest* request,
                            v1::GetShardKeyResponse* response) override;
+  grpc::Status DeleteJob(grpc::ServerContext* ctx, const v1::DeleteJobRequest* request,
+                         v1::DeleteJobResponse* response) override;
 
  private:
   // Times one unary call for the RpcObserver.

@@ -138,7 +138,7 @@ absl::StatusOr<std::shared_ptr<const v1::JoinJobResponse>> JobRegistry::Register
   if (shutdown_) return absl::UnavailableError("coordinator is shutting down");
   Job* job = FindJobLocked(request.job_id());
   if (job == nullptr) {
-    return absl::NotFoundError(absl::StrCat("job '", request.job_id(), "' does not exist"));
+    return NotFoundLocked(request.job_id());
   }
   const int requested = request.requested_rank();
   if (requested < -1 || requested >= job->world_size) {
@@ -235,6 +235,13 @@ JobRegistry::JoinOutcomeLocked(PendingJoin& p, absl::Time now) {
   if (p.rv->complete) return p.rv->response;
   if (shutdown_) return absl::UnavailableError("coordinator is shutting down");
   Job* job = FindJobLocked(p.job_id);
+  if (job == nullptr) {
+    if (auto it = deleted_.find(p.job_id); it != deleted_.end()) {
+      return absl::AbortedError(absl::StrCat("job '", p.job_id, "' epoch ", p.rv->epoch, " was ",
+                                             it->second, " while member '", p.member_id,
+                                             "' waited for the rendezvous"));
+    }
+  }
   if (job == nullptr || job->rendezvous != p.rv) {  // defensive: cannot happen while FORMING
     return absl::AbortedError(absl::StrCat("job '", p.job_id, "' epoch ", p.rv->epoch,
                                            " ended while member '", p.member_id,

@@ -23,7 +23,7 @@ absl::StatusOr<v1::HeartbeatResponse> JobRegistry::Heartbeat(const v1::Heartbeat
   if (shutdown_) return absl::UnavailableError("coordinator is shutting down");
   Job* job = FindJobLocked(request.job_id());
   if (job == nullptr) {
-    return absl::NotFoundError(absl::StrCat("job '", request.job_id(), "' does not exist"));
+    return NotFoundLocked(request.job_id());
   }
   if (request.epoch() == job->epoch) {
     bool wrong_key = false;
@@ -65,6 +65,43 @@ bool JobRegistry::MaybeDeleteLocked(Job& job) {
   observer().OnJobStateChanged(job.state, v1::JOB_STATE_UNSPECIFIED);
   jobs_.erase(jobs_.find(job.id));
   return true;
+}
+
+absl::Status JobRegistry::NotFoundLocked(absl::string_view job_id) const {
+  if (auto it = deleted_.find(job_id); it != deleted_.end()) {
+    return absl::NotFoundError(absl::StrCat("job '", job_id, "' was ", it->second));
+  }
+  return absl::NotFoundError(absl::StrCat("job '", job_id, "' does not exist"));
+}
+
+absl::StatusOr<v1::DeleteJobResponse> JobRegistry::DeleteJob(absl::string_view job_id,
+                                                             const std::string& why) {
+  absl::MutexLock lock(&mu_);
+  if (shutdown_) return absl::UnavailableError("coordinator is shutting down");
+  Job* job = FindJobLocked(job_id);
+  if (job == nullptr) return NotFoundLocked(job_id);
+  v1::DeleteJobResponse response;
+  response.set_epoch(job->epoch);
+  int alive = 0;
+  for (const auto& m : job->members) {
+    if (!m.has_value()) continue;
+    response.set_members(response.members() + 1);
+    if (m->alive && !m->left) ++alive;
+  }
+  if (alive > 0) observer().OnAliveMembersChanged(-alive);
+  const std::string id = job->id;
+  const std::string message = absl::StrCat("job '", id, "' epoch ", job->epoch, " was ", why);
+  GS_LOG(WARNING) << message;
+  EmitLocked(*job, v1::JobEvent::KIND_JOB_DELETED, -1, message);
+  observer().OnJobStateChanged(job->state, v1::JOB_STATE_UNSPECIFIED);
+  jobs_.erase(jobs_.find(id));
+  if (deleted_.insert_or_assign(id, why).second) deleted_order_.push_back(id);
+  while (deleted_order_.size() > kMaxRememberedDeletions) {
+    deleted_.erase(deleted_order_.front());
+    deleted_order_.pop_front();
+  }
+  changed_.SignalAll();  // waiting joins end (JoinLoop)
+  return response;
 }
 
 absl::Status JobRegistry::LeaveJob(const v1::LeaveJobRequest& request) {
@@ -164,7 +201,7 @@ absl::StatusOr<v1::JobStatus> JobRegistry::GetJobStatus(absl::string_view job_id
   if (job_id.empty()) return absl::InvalidArgumentError("job id must not be empty");
   absl::MutexLock lock(&mu_);
   Job* job = FindJobLocked(job_id);
-  if (job == nullptr) return absl::NotFoundError(absl::StrCat("job '", job_id, "' does not exist"));
+  if (job == nullptr) return NotFoundLocked(job_id);
   return StatusLocked(*job, Now());
 }
 
@@ -181,7 +218,7 @@ absl::StatusOr<std::unique_ptr<JobWatch>> JobRegistry::WatchJob(absl::string_vie
   absl::MutexLock lock(&mu_);
   if (shutdown_) return absl::UnavailableError("coordinator is shutting down");
   Job* job = FindJobLocked(job_id);
-  if (job == nullptr) return absl::NotFoundError(absl::StrCat("job '", job_id, "' does not exist"));
+  if (job == nullptr) return NotFoundLocked(job_id);
   auto queue = std::make_shared<JobWatch::Queue>();
   const absl::Time now = Now();
   auto snapshot = std::make_shared<v1::JobEvent>();

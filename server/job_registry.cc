@@ -134,7 +134,7 @@ void JobRegistry::SetStateLocked(Job& job, v1::JobState state) {
 absl::StatusOr<std::string> JobRegistry::JobKey(const std::string& job_id) {
   absl::MutexLock lock(&mu_);
   Job* job = FindJobLocked(job_id);
-  if (job == nullptr) return absl::NotFoundError(absl::StrCat("job '", job_id, "' does not exist"));
+  if (job == nullptr) return NotFoundLocked(job_id);
   return job->key;
 }
 
@@ -290,6 +290,7 @@ absl::StatusOr<v1::CreateJobResponse> JobRegistry::CreateJob(const v1::CreateJob
                << ", heartbeat timeout " << options.heartbeat_timeout_ms() << " ms, op timeout "
                << options.op_timeout_ms() << " ms)";
   observer().OnJobStateChanged(v1::JOB_STATE_UNSPECIFIED, job->state);
+  deleted_.erase(job->id);  // a new job of that id: its members are not the deleted one's
   jobs_.emplace(job->id, std::move(job));
   response.set_created(true);
   *response.mutable_options() = options;

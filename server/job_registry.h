@@ -28,6 +28,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <optional>
@@ -58,6 +59,7 @@ inline constexpr std::size_t kMaxMemberKeyBytes = 64;
 inline constexpr std::size_t kMaxJobs = 10000;
 // Joins waiting for a rendezvous at once, over all jobs.
 inline constexpr std::size_t kMaxPendingJoins = 65536;
+inline constexpr std::size_t kMaxRememberedDeletions = 1024;
 // Limits of a job's options (0 keeps meaning "the coordinator's default").
 inline constexpr int64_t kMinHeartbeatTimeoutMs = 100;
 inline constexpr int64_t kMaxHeartbeatTimeoutMs = 3'600'000;  // 1 h
@@ -200,6 +202,12 @@ class JobRegistry {
   // (nothing changes).
   absl::Status LeaveJob(const v1::LeaveJobRequest& request);
 
+  // Ends the job now, whatever its state: waiting joins fail ABORTED with
+  // `why` (e.g. "deleted by operator 'x': reason"), watches end, and later
+  // calls about it (a running member's heartbeat) are NOT_FOUND naming `why`
+  // until the id is used again. NOT_FOUND: no such job.
+  absl::StatusOr<v1::DeleteJobResponse> DeleteJob(absl::string_view job_id, const std::string& why);
+
   // NOT_FOUND: no such job. INVALID_ARGUMENT: empty id.
   absl::StatusOr<v1::JobStatus> GetJobStatus(absl::string_view job_id);
   // All jobs, ordered by id.
@@ -270,6 +278,12 @@ class JobRegistry {
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t next_member_serial_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<uint64_t, PendingJoin> pending_joins_ ABSL_GUARDED_BY(mu_);
+  // Why recently deleted jobs ended (DeleteJob), for the NOT_FOUND their
+  // members get; the oldest are forgotten beyond kMaxRememberedDeletions.
+  std::map<std::string, std::string, std::less<>> deleted_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::string> deleted_order_ ABSL_GUARDED_BY(mu_);
+  // NOT_FOUND for `job_id`, with why it was deleted when known.
+  absl::Status NotFoundLocked(absl::string_view job_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint64_t next_join_id_ ABSL_GUARDED_BY(mu_) = 1;
 
   std::thread liveness_thread_;

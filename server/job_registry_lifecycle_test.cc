@@ -344,4 +344,40 @@ TEST(FormatTest, LongRankListsAreCompressed) {
 }
 
 }  // namespace
+// DeleteJob ends a job in any state: a waiting join fails ABORTED naming who
+// deleted it, a running member's heartbeat is NOT_FOUND with the same cause,
+// the id is free at once, and a new job of that id is not "deleted".
+TEST_F(JobRegistryTest, DeleteJobEndsWaitingJoinsAndRunningMembers) {
+  Create("forming", 2);
+  absl::StatusOr<v1::JoinJobResponse> waiting = absl::UnknownError("not run");
+  std::thread joiner([&] { waiting = Join("forming", "a", -1, 5000, 60000); });
+  AwaitJoined("forming", 1);
+  auto deleted = registry_.DeleteJob("forming", "deleted by operator 'ops': maintenance");
+  ASSERT_TRUE(deleted.ok()) << deleted.status();
+  EXPECT_EQ(deleted->members(), 1);
+  joiner.join();
+  EXPECT_EQ(waiting.status().code(), absl::StatusCode::kAborted) << waiting.status();
+  EXPECT_NE(waiting.status().message().find("was deleted by operator 'ops': maintenance while "
+                                            "member 'a' waited"),
+            std::string::npos)
+      << waiting.status();
+
+  Create("running", 2);
+  auto joined = JoinAll("running", {"a", "b"});
+  ASSERT_TRUE(joined[0].ok() && joined[1].ok());
+  ASSERT_TRUE(registry_.DeleteJob("running", "deleted by operator 'ops'").ok());
+  auto beat = Beat("running", 0, joined[0]->epoch(), "a");
+  EXPECT_EQ(beat.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(beat.status().message(), "job 'running' was deleted by operator 'ops'");
+  EXPECT_EQ(registry_.GetJobStatus("running").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(registry_.DeleteJob("running", "x").status().code(), absl::StatusCode::kNotFound);
+
+  // The id is free; the new job's members are not told about the old one.
+  Create("running", 1);
+  auto again = Join("running", "c", -1, 5001);
+  ASSERT_TRUE(again.ok()) << again.status();
+  ASSERT_TRUE(registry_.DeleteJob("running", "deleted by operator 'ops'").ok());
+  EXPECT_EQ(registry_.DeleteJob("never", "x").status().message(), "job 'never' does not exist");
+}
+
 }  // namespace gradsync

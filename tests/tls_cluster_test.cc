@@ -249,4 +249,54 @@ TEST_F(TlsCluster, ARevokedCertificateIsRefusedAtTheNextHandshake) {
 }
 
 }  // namespace
+// Only an operator may delete a job; a running job's ranks then fail their
+// next op naming who deleted it and why, and the id can form a new job.
+TEST_F(TlsCluster, AnOperatorDeletesAJobAndItsRanksLearnWhy) {
+  auto job = testing::OpenJob(*cluster_, "doomed", {0, 1});
+  ASSERT_TRUE(job.ok()) << job.status();
+  v1::DeleteJobRequest del;
+  del.set_job_id("doomed");
+  del.set_reason("maintenance");
+  v1::DeleteJobResponse deleted;
+  grpc::Status s = Coordinator(cluster_->certs().node)->DeleteJob(Ctx().get(), del, &deleted);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
+  s = Coordinator(cluster_->certs().operator_)->DeleteJob(Ctx().get(), del, &deleted);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(deleted.members(), 2);
+
+  // The ranks learn at their daemon's next heartbeat (500 ms).
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  std::vector<absl::Status> last(2);
+  testing::OnEveryRank(2, [&](int r) {
+    client::Session& session = *(*job)[r].session;
+    auto buf = session.AllocateBuffer(4096);
+    if (!buf.ok()) return void(last[r] = buf.status());
+    while (absl::Now() < deadline) {
+      client::CollectiveSpec spec;
+      spec.buffer = buf->get();
+      spec.count = 1024;
+      spec.name = "after-delete";
+      spec.timeout = absl::Seconds(2);
+      auto res = session.Run(spec);
+      last[r] = res.ok() ? absl::OkStatus() : res.status();
+      if (!res.ok()) return;
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+  });
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_FALSE(last[r].ok()) << "rank " << r;
+    EXPECT_TRUE(absl::StrContains(last[r].message(),
+                                  "was deleted by operator 'lab-operator': maintenance"))
+        << "rank " << r << ": " << last[r];
+  }
+  for (auto& r : *job) (void)r.session->Close();
+  v1::DeleteJobRequest unknown;
+  unknown.set_job_id("doomed");
+  s = Coordinator(cluster_->certs().operator_)->DeleteJob(Ctx().get(), unknown, &deleted);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND) << s.error_message();
+  auto again = testing::OpenJob(*cluster_, "doomed", {0, 1});
+  ASSERT_TRUE(again.ok()) << again.status();
+  for (auto& r : *again) EXPECT_TRUE(r.session->Close().ok());
+}
+
 }  // namespace gradsync

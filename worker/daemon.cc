@@ -457,7 +457,8 @@ void Daemon::HeartbeatLoop() {
       grpc::Status st = coordinator_->Heartbeat(rpc.get(), req, &resp);
       if (st.error_code() == grpc::StatusCode::NOT_FOUND) {
         s->AbortEpoch(absl::AbortedError(
-            absl::StrCat("job '", info.job_id, "' no longer exists at the coordinator")));
+            absl::StrCat("job '", info.job_id, "' no longer exists at the coordinator: ",
+                         st.error_message())));
       } else if (!st.ok()) {
         if (options_.observer != nullptr) options_.observer->OnHeartbeatFailed();
         GS_LOG(WARNING) << "heartbeat for job '" << info.job_id << "' rank " << info.rank << ": "
