@@ -1,7 +1,5 @@
 #include "cli/job_delete.h"
 
-#include <cstdlib>
-
 #include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
@@ -13,14 +11,9 @@ namespace gradsync {
 
 absl::StatusOr<std::string> RunJobDelete(const StatusOptions& o, const std::string& reason) {
   if (o.job.empty()) return absl::InvalidArgumentError("which job? (gradsync job delete ID)");
-  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
-      MakeChannelCredentials(o.tls);
-  if (!credentials.ok()) return credentials.status();
-  auto coord = v1::Coordinator::NewStub(grpc::CreateChannel(o.coordinator, *credentials));
-  std::string token = o.tenant_token;
-  if (const char* env = std::getenv("GRADSYNC_TENANT_TOKEN"); token.empty() && env != nullptr) {
-    token = env;
-  }
+  absl::StatusOr<std::unique_ptr<v1::Coordinator::Stub>> coord = CoordinatorStub(o);
+  if (!coord.ok()) return coord.status();
+  const std::string token = TenantToken(o);
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + o.timeout));
   if (!token.empty()) ctx.AddMetadata("authorization", "Bearer " + token);
@@ -28,7 +21,7 @@ absl::StatusOr<std::string> RunJobDelete(const StatusOptions& o, const std::stri
   req.set_job_id(o.job);
   req.set_reason(reason);
   v1::DeleteJobResponse resp;
-  grpc::Status s = coord->DeleteJob(&ctx, req, &resp);
+  grpc::Status s = (*coord)->DeleteJob(&ctx, req, &resp);
   if (!s.ok()) {
     return absl::Status(FromGrpcStatus(s).code(),
                         absl::StrCat("coordinator ", o.coordinator, ": ", s.error_message()));

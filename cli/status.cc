@@ -42,20 +42,31 @@ std::unique_ptr<grpc::ClientContext> Ctx(absl::Duration timeout, const std::stri
 
 }  // namespace
 
-absl::StatusOr<int> RunStatus(const StatusOptions& o) {
+absl::StatusOr<std::unique_ptr<v1::Coordinator::Stub>> CoordinatorStub(const StatusOptions& o) {
   absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
       MakeChannelCredentials(o.tls);
   if (!credentials.ok()) return credentials.status();
-  auto coord = v1::Coordinator::NewStub(grpc::CreateChannel(o.coordinator, *credentials));
-  std::string token = o.tenant_token;
-  if (const char* env = std::getenv("GRADSYNC_TENANT_TOKEN"); token.empty() && env != nullptr) {
-    token = env;
-  }
+  return v1::Coordinator::NewStub(grpc::CreateChannel(o.coordinator, *credentials));
+}
+
+std::string TenantToken(const StatusOptions& o) {
+  if (!o.tenant_token.empty()) return o.tenant_token;
+  const char* env = std::getenv("GRADSYNC_TENANT_TOKEN");
+  return env != nullptr ? env : "";
+}
+
+absl::StatusOr<int> RunStatus(const StatusOptions& o) {
+  absl::StatusOr<std::unique_ptr<v1::Coordinator::Stub>> coord = CoordinatorStub(o);
+  if (!coord.ok()) return coord.status();
+  const std::string token = TenantToken(o);
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+      MakeChannelCredentials(o.tls);  // toward the daemons' status services
+  if (!credentials.ok()) return credentials.status();
   std::vector<v1::JobStatus> jobs;
   if (o.job.empty()) {
     v1::ListJobsResponse resp;
     auto ctx = Ctx(o.timeout, token);
-    grpc::Status s = coord->ListJobs(ctx.get(), v1::ListJobsRequest(), &resp);
+    grpc::Status s = (*coord)->ListJobs(ctx.get(), v1::ListJobsRequest(), &resp);
     if (!s.ok()) {
       return absl::Status(FromGrpcStatus(s).code(),
                           absl::StrCat("coordinator ", o.coordinator, ": ", s.error_message()));
@@ -66,7 +77,7 @@ absl::StatusOr<int> RunStatus(const StatusOptions& o) {
     req.set_job_id(o.job);
     v1::JobStatus st;
     auto ctx = Ctx(o.timeout, token);
-    grpc::Status s = coord->GetJobStatus(ctx.get(), req, &st);
+    grpc::Status s = (*coord)->GetJobStatus(ctx.get(), req, &st);
     if (!s.ok()) {
       return absl::Status(FromGrpcStatus(s).code(),
                           absl::StrCat("coordinator ", o.coordinator, ": ", s.error_message()));

@@ -4,11 +4,13 @@
 #ifndef GRADSYNC_CLI_STATUS_H_
 #define GRADSYNC_CLI_STATUS_H_
 
+#include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "common/tls.h"
 #include "absl/time/time.h"
+#include "proto/coordinator.grpc.pb.h"
 
 namespace gradsync {
 
@@ -22,6 +24,11 @@ struct StatusOptions {
   // TENANT/JOB).
   std::string tenant_token;
 };
+
+// A stub for o.coordinator with o.tls's credentials.
+absl::StatusOr<std::unique_ptr<v1::Coordinator::Stub>> CoordinatorStub(const StatusOptions& o);
+// o.tenant_token, else $GRADSYNC_TENANT_TOKEN, else "".
+std::string TenantToken(const StatusOptions& o);
 
 // Prints the report to stdout. Returns the number of ranks found hanging
 // (blocking an op of their job for longer than a second).
