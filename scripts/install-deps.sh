@@ -9,6 +9,8 @@ PACKAGES=(
   protobuf-compiler protobuf-compiler-grpc libprotobuf-dev libgrpc++-dev libgrpc-dev
   libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev prometheus-cpp-dev
   libibverbs-dev libsystemd-dev zlib1g-dev systemd python3 python3-yaml procps
+  # ip and tc: tests that shape their own network namespace (//tests:setup_liveness_test).
+  iproute2
   # libcrypto: lab and test certificates for mutual TLS (common/certs.h); the openssl
   # command checks what `gradsync certs` writes (//tests:certs_cli_test).
   libssl-dev openssl

@@ -200,6 +200,19 @@ absl::StatusOr<std::shared_ptr<Session>> Daemon::OpenSession(const OpenSessionAr
     if (hp.host == mine.host && hp.port == mine.port) placement.node_index = node;
   }
   const int streams = std::max(1, jresp.options().tcp_streams());
+  // Heartbeats from now on, while the epoch's connections and link probe run.
+  {
+    absl::MutexLock l(&mu_);
+    setting_up_[session_id] = info;
+  }
+  struct SetupDone {
+    Daemon* d;
+    const std::string& id;
+    ~SetupDone() {
+      absl::MutexLock l(&d->mu_);
+      d->setting_up_.erase(id);
+    }
+  } setup_done{this, session_id};
   auto executor = GetOrCreateExecutor(info, placement, node_endpoints, streams,
                                       std::max(deadline, absl::Now() + absl::Seconds(5)));
   if (!executor.ok()) {
@@ -420,11 +433,24 @@ void Daemon::LeaveJob(const SessionInfo& info) {
   }
 }
 
+grpc::Status Daemon::Beat(const SessionInfo& info, v1::HeartbeatResponse* response) {
+  v1::HeartbeatRequest req;
+  req.set_job_id(info.job_id);
+  req.set_rank(info.rank);
+  req.set_epoch(info.epoch);
+  req.set_member_id(info.member_id);
+  req.set_member_key(info.member_key);
+  auto rpc = RpcContext(options_.heartbeat_interval * 2, info.tenant_token);
+  return coordinator_->Heartbeat(rpc.get(), req, response);
+}
+
 void Daemon::HeartbeatLoop() {
   while (!stop_.WaitForNotificationWithTimeout(options_.heartbeat_interval)) {
     std::vector<std::shared_ptr<Session>> sessions, expired;
+    std::vector<SessionInfo> setup;
     {
       absl::MutexLock l(&mu_);
+      for (const auto& [id, info] : setting_up_) setup.push_back(info);
       const absl::Time now = absl::Now();
       for (auto it = sessions_.begin(); it != sessions_.end();) {
         if (now - it->second->last_used() > options_.session_lease &&
@@ -443,18 +469,20 @@ void Daemon::HeartbeatLoop() {
       s->Close();
       LeaveJob(s->info());
     }
+    for (const SessionInfo& info : setup) {
+      v1::HeartbeatResponse resp;
+      grpc::Status st = Beat(info, &resp);
+      if (!st.ok()) {
+        if (options_.observer != nullptr) options_.observer->OnHeartbeatFailed();
+        GS_LOG(WARNING) << "heartbeat for job '" << info.job_id << "' rank " << info.rank
+                        << " (setting up): " << st.error_message();
+      }
+    }
     for (auto& s : sessions) {
       if (!s->health().ok()) continue;
       const SessionInfo& info = s->info();
-      v1::HeartbeatRequest req;
-      req.set_job_id(info.job_id);
-      req.set_rank(info.rank);
-      req.set_epoch(info.epoch);
-      req.set_member_id(info.member_id);
-      req.set_member_key(info.member_key);
       v1::HeartbeatResponse resp;
-      auto rpc = RpcContext(options_.heartbeat_interval * 2, info.tenant_token);
-      grpc::Status st = coordinator_->Heartbeat(rpc.get(), req, &resp);
+      grpc::Status st = Beat(info, &resp);
       if (st.error_code() == grpc::StatusCode::NOT_FOUND) {
         s->AbortEpoch(absl::AbortedError(
             absl::StrCat("job '", info.job_id, "' no longer exists at the coordinator: ",

@@ -124,6 +124,8 @@ class Daemon {
       const SessionInfo& info, const JobPlacement& placement,
       const std::vector<HostPort>& node_endpoints, int streams, absl::Time deadline);
   void LeaveJob(const SessionInfo& info);
+  // One heartbeat for the member of `info`.
+  grpc::Status Beat(const SessionInfo& info, v1::HeartbeatResponse* response);
 
   DaemonOptions options_;
   std::unique_ptr<transport::TcpListener> listener_;
@@ -135,6 +137,10 @@ class Daemon {
   const std::shared_ptr<TenantMemory> tenant_memory_;
   mutable absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);
+  // Members whose session is still being set up (the epoch's connections and
+  // link probe, after the rendezvous): the heartbeat loop beats for them too,
+  // since the coordinator's liveness clock starts at the rendezvous.
+  std::map<std::string, SessionInfo> setting_up_ ABSL_GUARDED_BY(mu_);
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
   struct ExecutorEntry {
