@@ -17,8 +17,14 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "common/status_macros.h"
 #include "cli/barrier.h"
+#include "cli/bench_limits.h"
+#include "cli/bench_plot.h"
+#include "cli/timeline_merge.h"
 #include "cli/expected.h"
 #include "cli/local_cluster.h"
 #include "client/client.h"
@@ -46,75 +52,86 @@ struct Row {
   std::string split;  // --blocking: the daemon's queued/running medians
 };
 
-// Runs `cmd` (bounded by `timeout`), returns its lines that look like
-// "name,key=value,...".
-std::vector<std::string> ResultLines(const std::string& cmd) {
-  std::vector<std::string> out;
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (p == nullptr) return out;
-  char line[1024];
-  while (std::fgets(line, sizeof(line), p) != nullptr) {
-    std::string s(line);
-    while (!s.empty() && (s.back() == '\n' || s.back() == '\r')) s.pop_back();
-    if (s.find(",") != std::string::npos && s.find("=") != std::string::npos &&
-        s.find(' ') == std::string::npos) {
-      out.push_back(s);
+// An int from the first of `names` that is set: its value, its name.
+absl::Status IntFromEnvironment(const std::function<const char*(const char*)>& env,
+                                std::initializer_list<const char*> names, int& value,
+                                std::string& from) {
+  for (const char* name : names) {
+    const char* v = env(name);
+    if (v == nullptr || *v == '\0') continue;
+    if (!absl::SimpleAtoi(v, &value)) {
+      return absl::InvalidArgumentError(absl::StrCat("$", name, "='", v, "' is not an integer"));
     }
+    from = absl::StrCat("$", name);
+    return absl::OkStatus();
   }
-  ::pclose(p);
-  return out;
+  return absl::OkStatus();
 }
 
-std::string Field(const std::string& line, const std::string& key) {
-  for (absl::string_view kv : absl::StrSplit(line, ',')) {
-    std::pair<std::string, std::string> p = absl::StrSplit(kv, absl::MaxSplits('=', 1));
-    if (p.first == key) return p.second;
+}  // namespace
+
+absl::Status ResolveBenchLaunch(BenchOptions& o,
+                                const std::function<const char*(const char*)>& env) {
+  std::string from;
+  if (o.world_size == 0) {
+    RETURN_IF_ERROR(IntFromEnvironment(env, {"WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"},
+                                       o.world_size, from));
   }
-  return "";
+  if (o.rank < 0) {
+    RETURN_IF_ERROR(IntFromEnvironment(env, {"RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"}, o.rank,
+                                       from));
+  }
+  if (o.job.empty()) {
+    if (const char* job = env("GRADSYNC_JOB"); job != nullptr) o.job = job;
+  }
+  if (o.world_size == 0) {
+    return absl::InvalidArgumentError(
+        "--world_size is required with --coordinator (or $WORLD_SIZE from torchrun, "
+        "$OMPI_COMM_WORLD_SIZE from mpirun, $PMI_SIZE): the ranks of the bench job, the same on "
+        "every rank");
+  }
+  if (o.rank >= o.world_size || o.rank < -1) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", o.rank, " (", from.empty() ? "--rank" : from,
+                                                   ") is outside [0, ", o.world_size, ")"));
+  }
+  if (o.job.empty()) {
+    return absl::InvalidArgumentError(
+        "--job (or $GRADSYNC_JOB) is required with --coordinator: the job id every bench "
+        "process of the run passes");
+  }
+  return absl::OkStatus();
 }
 
-void PrintLimits(int n, uint64_t bytes, int streams) {
-  const std::string ring = FindBinary("gradsync-ring-limit");
-  const std::string membw = FindBinary("gradsync-membw");
-  std::printf("# limits measured in this run (same host, same moment):\n");
-  if (::access(ring.c_str(), X_OK) != 0) {
-    std::printf("#   gradsync-ring-limit not found: TCP limits not measured\n");
-  } else {
-    for (int s : {1, std::max(1, streams)}) {
-      auto lines = ResultLines(absl::StrCat("timeout 120 ", ring,
-                                            " --single_stream_throughput --streams=", s,
-                                            " --min_bytes=", bytes, " --max_bytes=", bytes,
-                                            " --iters=3 --warmup=1 2>/dev/null"));
-      for (const auto& l : lines) {
-        if (l.rfind("tcp_link,", 0) != 0 || Field(l, "streams") != absl::StrCat(s)) continue;
-        std::printf("#   loopback TCP one-way throughput, %s stream(s), %s bytes: %s GB/s\n",
-                    Field(l, "streams").c_str(), Field(l, "bytes").c_str(), Field(l, "gbps").c_str());
-      }
-      if (s == std::max(1, streams)) break;
+namespace {
+
+// While the rendezvous waits for the other ranks, says so on stderr every 5 s.
+class WaitingNotice {
+ public:
+  WaitingNotice(std::string what, absl::Duration limit)
+      : thread_([this, what = std::move(what), limit] {
+          const absl::Time start = absl::Now();
+          std::unique_lock<std::mutex> l(mu_);
+          while (!cv_.wait_for(l, std::chrono::seconds(5), [this] { return done_; })) {
+            std::fprintf(stderr, "[bench] still waiting for %s (%s of %s)\n", what.c_str(),
+                         absl::FormatDuration(absl::Trunc(absl::Now() - start, absl::Seconds(1))).c_str(),
+                         absl::FormatDuration(limit).c_str());
+          }
+        }) {}
+  ~WaitingNotice() {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      done_ = true;
     }
-    if (n > 1) {
-      auto lines = ResultLines(absl::StrCat("timeout 300 ", ring, " --ranks=", n, " --streams=",
-                                            std::max(1, streams), " --min_bytes=", bytes,
-                                            " --max_bytes=", bytes, " --iters=3 --warmup=1 2>/dev/null"));
-      for (const auto& l : lines) {
-        std::printf("#   plain TCP ring of %d processes (%d stream(s)), %s bytes, no reduction: "
-                    "busbw %s GB/s\n", n, std::max(1, streams), Field(l, "bytes").c_str(),
-                    Field(l, "busbw_gbps").c_str());
-      }
-    }
+    cv_.notify_all();
+    thread_.join();
   }
-  if (::access(membw.c_str(), X_OK) != 0) {
-    std::printf("#   gradsync-membw not found: memory bandwidth not measured\n");
-  } else {
-    auto lines = ResultLines(absl::StrCat("timeout 60 ", membw, " --min_bytes=", bytes,
-                                          " --max_bytes=", bytes, " 2>/dev/null"));
-    for (const auto& l : lines) {
-      std::printf("#   memory bandwidth, %s over %s bytes: %s GB/s\n", Field(l, "op").c_str(),
-                  Field(l, "bytes").c_str(), Field(l, "gbps").c_str());
-    }
-  }
-  std::fflush(stdout);
-}
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::thread thread_;
+};
 
 }  // namespace
 
@@ -137,8 +154,17 @@ absl::StatusOr<uint64_t> RunBench(const BenchOptions& o) {
   const int n = external ? o.world_size : o.ranks;
   if (external && o.world_size == 0) {
     return absl::InvalidArgumentError(
-        "--world_size is required with --coordinator: the ranks of the bench job (every rank "
-        "passes the same)");
+        "--world_size (or $WORLD_SIZE) is required with --coordinator: the ranks of the bench "
+        "job (every rank passes the same)");
+  }
+  if (external && o.job.empty()) {
+    return absl::InvalidArgumentError(
+        "--job (or $GRADSYNC_JOB) is required with --coordinator: the job id every bench "
+        "process of the run passes");
+  }
+  if (!o.plot.empty() && !absl::EndsWith(o.plot, ".svg")) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--plot '", o.plot, "': the plot is written as SVG; name the file *.svg"));
   }
   if (n < 1 || n > 64) {
     return absl::InvalidArgumentError(absl::StrCat(external ? "--world_size " : "--ranks ", n,
@@ -184,6 +210,11 @@ absl::StatusOr<uint64_t> RunBench(const BenchOptions& o) {
     if (o.keep_logs) std::printf("# cluster logs: %s\n", cluster->work_dir().c_str());
   }
   const std::string job = o.job.empty() ? absl::StrCat("bench-", ::getpid()) : o.job;
+  if (external) {
+    std::printf("# this process: rank %s of %d, job '%s', through gradsyncd %s\n",
+                o.rank >= 0 ? absl::StrCat(o.rank).c_str() : "(in joining order)", n, job.c_str(),
+                o.daemon.c_str());
+  }
   std::printf("# gradsync bench: %s, %d ranks (%s, %d per daemon), dtype %s, redop %s, algo %s, %d warm-up + %d "
               "timed iterations per size\n", CollectiveName(o.op), n,
               external ? absl::StrCat("existing cluster, coordinator ", o.coordinator).c_str()
@@ -197,8 +228,9 @@ absl::StatusOr<uint64_t> RunBench(const BenchOptions& o) {
   std::printf("# bytes = whole buffer per rank; algbw = bytes / time; busbw = algbw * %.3f "
               "(nccl-tests definition for %s on %d ranks)\n",
               BusBandwidthFactor(o.op, n), CollectiveName(o.op), n);
+  std::vector<PlotLimit> limits;
   if (o.limits && !external) {
-    PrintLimits(o.ranks_per_daemon > 1 ? n / o.ranks_per_daemon : n, sizes.back(),
+    limits = MeasureLimits(o.ranks_per_daemon > 1 ? n / o.ranks_per_daemon : n, sizes.back(),
                 o.tcp_streams > 0 ? o.tcp_streams : 2);
   }
 
@@ -208,6 +240,14 @@ absl::StatusOr<uint64_t> RunBench(const BenchOptions& o) {
   std::vector<std::unique_ptr<client::Buffer>> buffers(local_ranks);
   std::vector<absl::Status> setup(local_ranks);
   {
+    std::unique_ptr<WaitingNotice> notice;
+    if (external) {
+      std::fprintf(stderr, "[bench] joining job '%s' (%d ranks) at coordinator %s; waiting up to %s for "
+                   "every rank\n", job.c_str(), n, o.coordinator.c_str(),
+                   absl::FormatDuration(absl::Milliseconds(o.timeout_ms)).c_str());
+      notice = std::make_unique<WaitingNotice>(absl::StrCat("the other ranks of job '", job, "'"),
+                                               absl::Milliseconds(o.timeout_ms));
+    }
     std::vector<std::thread> threads;
     for (int r = 0; r < local_ranks; ++r) {
       threads.emplace_back([&, r] {
@@ -218,8 +258,10 @@ absl::StatusOr<uint64_t> RunBench(const BenchOptions& o) {
         client::SessionOptions so;
         so.job_id = job;
         so.world_size = n;
-        so.rank = external ? -1 : r;
-        so.timeout = absl::Seconds(external ? 300 : 30);
+        so.rank = external ? o.rank : r;
+        so.timeout = absl::Milliseconds(std::max<int64_t>(o.timeout_ms, 1000));
+        so.coordinator = external ? o.coordinator : "";
+        so.timeline = o.timeline;
         so.op_timeout_ms = o.timeout_ms;
         so.tcp_streams = o.tcp_streams;
         so.ps_shards = o.ps_shards;
@@ -247,6 +289,11 @@ absl::StatusOr<uint64_t> RunBench(const BenchOptions& o) {
     if (csv == nullptr) return absl::InvalidArgumentError(absl::StrCat("cannot write --csv ", o.csv));
     std::fprintf(csv, "op,ranks,bytes,count,dtype,redop,algo,time_us,algbw_gbps,busbw_gbps,wrong\n");
   }
+  if (!print && (!o.csv.empty() || !o.plot.empty())) {
+    std::fprintf(stderr, "[bench] rank %d: --csv and --plot are written by rank 0, which prints the "
+                 "table\n", sessions[0]->rank());
+  }
+  std::vector<PlotPoint> points;
 
   Barrier barrier(local_ranks);
   uint64_t total_wrong = 0;
@@ -368,6 +415,7 @@ absl::StatusOr<uint64_t> RunBench(const BenchOptions& o) {
     if (agg.error.empty()) {
       busbw_sum += busbw;
       ++busbw_rows;
+      points.push_back({bytes, busbw});
     }
     if (print && !agg.error.empty()) {  // no figures for a size that failed
       std::printf("%12llu %12llu %5s %6s %9s %12s %11s %11s %7s\n",
@@ -400,10 +448,29 @@ absl::StatusOr<uint64_t> RunBench(const BenchOptions& o) {
     }
   }
   if (csv != nullptr) std::fclose(csv);
+  if (print && !o.plot.empty()) {
+    absl::Status plotted = WriteBusBandwidthPlot(
+        o.plot,
+        absl::StrFormat("gradsync bench: %s %s %s, %d ranks", CollectiveName(o.op), DTypeName(o.dtype),
+                        ReduceOpName(o.redop), n),
+        points, limits);
+    if (!plotted.ok()) return plotted;
+    std::printf("# plot: %s\n", o.plot.c_str());
+  }
   for (auto& s : sessions) (void)s->Close();
   if (cluster != nullptr) {
-    absl::Status stopped = cluster->StopAll();
+    absl::Status stopped = cluster->StopAll();  // the daemons close their traces
     if (!stopped.ok()) std::printf("# %s\n", std::string(stopped.message()).c_str());
+    if (o.timeline) {
+      const std::string out = absl::StrCat(job, ".timeline.json");
+      auto merged = MergeTimelines({cluster->work_dir() + "/timeline"}, out);
+      if (!merged.ok()) return merged.status();
+      std::printf("# timeline: %s (%d events, every rank its own row; ui.perfetto.dev)\n",
+                  out.c_str(), merged->events);
+    }
+  } else if (o.timeline && print) {
+    std::printf("# timeline: each rank's gradsyncd wrote <its --timeline_dir>/%s.epoch*.rank*.trace.json; "
+                "gather them and run `gradsync timeline merge`\n", job.c_str());
   }
   if (o.check && print) std::printf("# %s: %llu wrong elements\n", total_wrong == 0 ? "OK" : "FAILED",
                                     static_cast<unsigned long long>(total_wrong));

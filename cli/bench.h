@@ -3,6 +3,7 @@
 #define GRADSYNC_CLI_BENCH_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -17,8 +18,13 @@ struct BenchOptions {
   int ranks_per_daemon = 1;    // embedded: clients sharing one gradsyncd (the node path)
   std::string coordinator;     // non-empty: use an existing cluster (one bench process per rank)
   std::string daemon = "unix:/run/gradsync/gradsyncd.sock";  // with --coordinator
-  int world_size = 0;          // with --coordinator: ranks of the bench job
-  std::string job;             // with --coordinator: job id shared by the bench processes
+  // With --coordinator: ranks of the bench job (0: $WORLD_SIZE,
+  // $OMPI_COMM_WORLD_SIZE or $PMI_SIZE), this process's rank (-1: $RANK,
+  // $OMPI_COMM_WORLD_RANK or $PMI_RANK, else the order of joining), the job id
+  // shared by the bench processes ("": $GRADSYNC_JOB).
+  int world_size = 0;
+  int rank = -1;
+  std::string job;
   uint64_t min_bytes = 8;
   uint64_t max_bytes = 64ull << 20;
   double step_factor = 2;
@@ -38,6 +44,8 @@ struct BenchOptions {
   // (compute between a step's allreduces; the daemon's threads may sleep).
   int gap_us = 0;
   std::string csv;
+  std::string plot;            // SVG of busbw vs size, the measured limit beside it
+  bool timeline = false;       // the job's Chrome-trace timeline (gradsyncd --timeline_dir)
   int tcp_streams = 0;         // 0: gradsyncd's default
   int ps_shards = 0;           // parameter-server shards (embedded: started; the job uses them)
   bool limits = true;          // measure and print the link limits first
@@ -49,6 +57,13 @@ struct BenchOptions {
 // Runs the benchmark; prints the table to stdout. Returns the total number of
 // wrong elements (with --check) plus failed sizes.
 absl::StatusOr<uint64_t> RunBench(const BenchOptions& options);
+
+// Fills world_size, rank and job of an existing-cluster run from the
+// launcher's environment (torchrun, mpirun, srun-style PMI) where the flags
+// left them unset; `env` looks a name up (std::getenv in the tool). Errors
+// name the variable and the value.
+absl::Status ResolveBenchLaunch(BenchOptions& options,
+                                const std::function<const char*(const char*)>& env);
 
 // busbw / algbw for `kind` on n ranks (nccl-tests definitions).
 double BusBandwidthFactor(CollectiveKind kind, int n);

@@ -11,10 +11,12 @@
 #include "common/process.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
 #include "cli/bench.h"
+#include "cli/timeline_merge.h"
 #include "cli/cluster.h"
 #include "cli/demo.h"
 #include "cli/job_delete.h"
@@ -77,9 +79,20 @@ ABSL_FLAG(std::string, coordinator, "",
 ABSL_FLAG(std::string, reason, "", "job delete: why, shown to the job's members");
 ABSL_FLAG(std::string, daemon, "unix:/run/gradsync/gradsyncd.sock",
           "bench with --coordinator: the local gradsyncd");
-ABSL_FLAG(int32_t, world_size, 0, "bench with --coordinator: ranks in the bench job");
+ABSL_FLAG(int32_t, world_size, 0,
+          "bench with --coordinator: ranks in the bench job (default $WORLD_SIZE, "
+          "$OMPI_COMM_WORLD_SIZE or $PMI_SIZE)");
+ABSL_FLAG(int32_t, rank, -1,
+          "bench with --coordinator: this process's rank (default $RANK, $OMPI_COMM_WORLD_RANK or "
+          "$PMI_RANK; -1: in joining order)");
+ABSL_FLAG(std::string, out, "timeline.json", "timeline merge: the merged trace to write");
+ABSL_FLAG(std::string, plot, "", "bench: write busbw vs size, with the measured limits, as SVG");
+ABSL_FLAG(bool, timeline, false,
+          "bench: the job's Chrome-trace timeline on every rank (gradsyncd --timeline_dir; "
+          "embedded: merged into ./<job>.timeline.json; also GRADSYNC_TIMELINE=1)");
 ABSL_FLAG(std::string, job, "",
-          "status: only this job; bench with --coordinator: job id shared by all bench processes");
+          "status: only this job; bench with --coordinator: job id shared by all bench processes "
+          "(default $GRADSYNC_JOB)");
 
 namespace {
 constexpr char kUsage[] =
@@ -100,6 +113,8 @@ constexpr char kUsage[] =
     "          --revoke FILE.pem: add it to the CA's CRL in DIR/crl (--tls_crl_dir)\n"
     "  job delete ID  end a job at the coordinator (--coordinator; an operator certificate;\n"
     "          --reason is shown to its ranks)\n"
+    "  timeline merge TRACE_OR_DIR...  the daemons' per-rank Chrome traces of a job\n"
+    "          (--timeline) as one trace, every rank its own row (--out, default timeline.json)\n"
     "  version the version, the source commit and the build mode (as --version)\n";
 
 int Fail(const char* cmd, const std::string& msg) {
@@ -257,7 +272,14 @@ int main(int argc, char** argv) {
     o.coordinator = absl::GetFlag(FLAGS_coordinator);
     o.daemon = absl::GetFlag(FLAGS_daemon);
     o.world_size = absl::GetFlag(FLAGS_world_size);
+    o.rank = absl::GetFlag(FLAGS_rank);
     o.job = absl::GetFlag(FLAGS_job);
+    o.plot = absl::GetFlag(FLAGS_plot);
+    o.timeline = absl::GetFlag(FLAGS_timeline);
+    if (!o.coordinator.empty()) {
+      absl::Status launch = gradsync::ResolveBenchLaunch(o, [](const char* n) { return std::getenv(n); });
+      if (!launch.ok()) return Fail("bench", std::string(launch.message()));
+    }
     auto wrong = gradsync::RunBench(o);
     if (!wrong.ok()) {
       std::fprintf(stderr, "gradsync bench: %s\n", std::string(wrong.status().message()).c_str());
@@ -293,6 +315,19 @@ int main(int argc, char** argv) {
       return 1;
     }
     std::printf("%s\n", done->c_str());
+    return 0;
+  }
+  if (cmd == "timeline") {
+    if (args.size() < 4 || std::string(args[2]) != "merge") {
+      return Fail("timeline", "usage: gradsync timeline merge [--out=FILE] TRACE_OR_DIR...");
+    }
+    const std::string out = absl::GetFlag(FLAGS_out);
+    auto merged = gradsync::MergeTimelines(std::vector<std::string>(args.begin() + 3, args.end()), out);
+    if (!merged.ok()) return Fail("timeline merge", std::string(merged.status().message()));
+    for (const std::string& w : merged->warnings) std::fprintf(stderr, "gradsync timeline merge: %s\n", w.c_str());
+    std::printf("%s: %d events from %d files, one row each (%s); open in ui.perfetto.dev or "
+                "chrome://tracing\n", out.c_str(), merged->events, merged->files,
+                absl::StrJoin(merged->rows, ", ").c_str());
     return 0;
   }
   if (cmd == "cluster") {

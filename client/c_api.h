@@ -129,7 +129,8 @@ typedef struct gs_session_options {
   int64_t op_timeout_ms;        /* job option: default op timeout */
   int32_t tcp_streams;          /* job option: TCP connections per pair of daemons */
   const char* algorithm;        /* job option: forced for every op ("" = the planner's choice) */
-  int32_t timeline;             /* job option: non-zero = Chrome-trace timeline of every op */
+  int32_t timeline;             /* job option: non-zero = Chrome-trace timeline of every op
+                                   (also GRADSYNC_TIMELINE=1 in the environment) */
   int32_t ps_shards;            /* job option: parameter-server shards for algorithm "ps" */
   const char* client_name;      /* for the daemon's logs */
   const char* tenant_token;     /* the tenant's token for a coordinator with tenants; NULL/"":

@@ -57,6 +57,16 @@ absl::StatusOr<std::string> TenantToken(const std::string& option) {
   }
   return std::string(absl::StripAsciiWhitespace(line));
 }
+// $GRADSYNC_TIMELINE: "1"/"true"/"yes"/"on" switches the job's timeline on.
+absl::StatusOr<bool> TimelineFromEnvironment() {
+  const char* env = std::getenv("GRADSYNC_TIMELINE");
+  if (env == nullptr) return false;
+  const std::string v = absl::AsciiStrToLower(absl::StripAsciiWhitespace(env));
+  if (v == "1" || v == "true" || v == "yes" || v == "on") return true;
+  if (v.empty() || v == "0" || v == "false" || v == "no" || v == "off") return false;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "OpenSession: GRADSYNC_TIMELINE='", env, "': expected 1 or 0 (true/false, yes/no, on/off)"));
+}
 using internal::RpcError;
 
 const char* ChannelStateName(grpc_connectivity_state s) {
@@ -492,9 +502,12 @@ absl::StatusOr<std::unique_ptr<Session>> Client::OpenSession(const SessionOption
   req.mutable_options()->set_op_timeout_ms(options.op_timeout_ms);
   req.mutable_options()->set_tcp_streams(options.tcp_streams);
   req.mutable_options()->set_algorithm(options.algorithm);
-  req.mutable_options()->set_timeline(options.timeline);
+  absl::StatusOr<bool> env_timeline = TimelineFromEnvironment();
+  if (!env_timeline.ok()) return env_timeline.status();
+  req.mutable_options()->set_timeline(options.timeline || *env_timeline);
   req.mutable_options()->set_ps_shards(options.ps_shards);
   req.set_client_name(options.client_name);
+  req.set_expected_coordinator(options.coordinator);
   absl::StatusOr<std::string> token = TenantToken(options.tenant_token);
   if (!token.ok()) return token.status();
   req.set_tenant_token(*token);

@@ -93,7 +93,9 @@ struct SessionOptions {
   // Used if this session creates the job (0 / "": the daemon's defaults).
   int tcp_streams = 0;       // TCP connections per pair of the job's daemons
   std::string algorithm;     // forced for every op of the job; "" = cost model
-  bool timeline = false;     // Chrome-trace timeline of every op on every rank (gradsyncd --timeline_dir)
+  // Chrome-trace timeline of every op on every rank (gradsyncd --timeline_dir);
+  // also switched on by GRADSYNC_TIMELINE=1 in the environment.
+  bool timeline = false;
   int ps_shards = 0;         // parameter-server shards (gradsync-ps) for algorithm "ps"
   // Free-form name for the daemon's logs (e.g. "trainer pid 1234").
   std::string client_name;
@@ -101,6 +103,9 @@ struct SessionOptions {
   // (docs/security.md). "": $GRADSYNC_TENANT_TOKEN, else the first line of
   // the file $GRADSYNC_TENANT_TOKEN_FILE, else none.
   std::string tenant_token;
+  // Non-empty: the coordinator (gRPC target) the job is meant for; the daemon
+  // refuses the session, naming both, when it joins jobs at another one.
+  std::string coordinator;
 };
 
 // A shared-memory buffer mapped into this process. The daemon owns the

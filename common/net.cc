@@ -10,11 +10,13 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 
 namespace gradsync {
 
@@ -66,6 +68,42 @@ absl::StatusOr<HostPort> ParseHostPort(absl::string_view s) {
   }
   if (hp.host.empty()) hp.host = "0.0.0.0";
   return hp;
+}
+
+namespace {
+
+// The resolved addresses ("ip:port") of a "host:port" gRPC target.
+std::vector<std::string> ResolveTarget(absl::string_view target) {
+  for (absl::string_view prefix : {"dns:///", "ipv4:", "ipv6:"}) {
+    if (absl::ConsumePrefix(&target, prefix)) break;
+  }
+  std::vector<std::string> out;
+  absl::StatusOr<HostPort> hp = ParseHostPort(target);
+  if (!hp.ok()) return out;
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (::getaddrinfo(hp->host.c_str(), nullptr, &hints, &res) != 0) return out;
+  for (addrinfo* ai = res; ai != nullptr; ai = ai->ai_next) {
+    char host[NI_MAXHOST];
+    if (::getnameinfo(ai->ai_addr, ai->ai_addrlen, host, sizeof(host), nullptr, 0,
+                      NI_NUMERICHOST) == 0) {
+      out.push_back(absl::StrCat(host, ":", hp->port));
+    }
+  }
+  ::freeaddrinfo(res);
+  return out;
+}
+
+}  // namespace
+
+bool SameGrpcTarget(absl::string_view a, absl::string_view b) {
+  if (a == b) return true;
+  const std::vector<std::string> ra = ResolveTarget(a), rb = ResolveTarget(b);
+  for (const std::string& x : ra) {
+    if (std::find(rb.begin(), rb.end(), x) != rb.end()) return true;
+  }
+  return false;
 }
 
 std::string ErrnoString(int err) { return absl::StrCat(std::strerror(err), " (errno ", err, ")"); }

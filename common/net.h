@@ -51,6 +51,12 @@ bool AllOnOneHost(const std::vector<HostPort>& endpoints);
 // Parses "host:port" or "[v6]:port".
 absl::StatusOr<HostPort> ParseHostPort(absl::string_view s);
 
+// Whether two gRPC targets name the same server: equal strings, or both
+// "host:port" (optionally "dns:///" or "ipv4:"/"ipv6:" prefixed) whose hosts
+// resolve to a common address with the same port. Anything else (unix:, a
+// name that does not resolve) only matches itself.
+bool SameGrpcTarget(absl::string_view a, absl::string_view b);
+
 // An errno as "Connection refused (errno 111)".
 std::string ErrnoString(int err);
 

@@ -26,5 +26,20 @@ TEST(AllOnOneHost, DifferentAddressesAreDifferentHosts) {
   EXPECT_FALSE(AllOnOneHost({{"node-a", 7000}, {"10.0.0.7", 7001}}));
 }
 
+TEST(SameGrpcTarget, SpellingsOfOneServerMatch) {
+  EXPECT_TRUE(SameGrpcTarget("127.0.0.1:7070", "127.0.0.1:7070"));
+  EXPECT_TRUE(SameGrpcTarget("localhost:7070", "127.0.0.1:7070"));
+  EXPECT_TRUE(SameGrpcTarget("dns:///localhost:7070", "ipv4:127.0.0.1:7070"));
+  EXPECT_TRUE(SameGrpcTarget("unix:/run/x.sock", "unix:/run/x.sock"));
+}
+
+TEST(SameGrpcTarget, OtherPortsHostsAndUnresolvableNamesDoNot) {
+  EXPECT_FALSE(SameGrpcTarget("127.0.0.1:7070", "127.0.0.1:7071"));
+  EXPECT_FALSE(SameGrpcTarget("127.0.0.1:7070", "127.0.0.2:7070"));
+  EXPECT_FALSE(SameGrpcTarget("no-such-host.invalid:7070", "127.0.0.1:7070"));
+  EXPECT_FALSE(SameGrpcTarget("unix:/run/x.sock", "unix:/run/y.sock"));
+  EXPECT_FALSE(SameGrpcTarget("not a target", "127.0.0.1:7070"));
+}
+
 }  // namespace
 }  // namespace gradsync

@@ -3,13 +3,18 @@
 # pkg-config file and the Python package.
 #
 #   scripts/install-sdk.sh [--prefix DIR] [--python_dir DIR] [--no_build] [--lib FILE]
+#                          [--destdir DIR]
 #
 #   DIR/lib/libgradsync.so.1 (+ libgradsync.so)   the C API and the C++ SDK
 #   DIR/include/gradsync/{c_api.h,client.h,common/types.h}
 #   DIR/lib/pkgconfig/gradsync.pc                 pkg-config --cflags --libs gradsync
 #   PYDIR/gradsync/                               import gradsync (default: Debian's
 #                                                 /usr/local/lib/python3.X/dist-packages
-#                                                 for the default prefix, else DIR/python)
+#                                                 for the default prefix,
+#                                                 /usr/lib/python3/dist-packages for /usr,
+#                                                 else DIR/python)
+# --destdir DIR stages the files under DIR; the paths written into them are the
+# final ones (DIR left out).
 #
 # A C program:   cc app.c $(pkg-config --cflags --libs gradsync)
 # A C++ program: c++ -std=c++17 app.cc $(pkg-config --cflags --libs gradsync)
@@ -21,6 +26,7 @@ prefix=/usr/local
 pydir=""
 build=1
 lib=""
+destdir=""
 while (($#)); do
   case "$1" in
     --prefix) prefix="$2"; shift 2 ;;
@@ -30,13 +36,16 @@ while (($#)); do
     --no_build) build=0; shift ;;
     --lib) lib="$2"; build=0; shift 2 ;;  # an already built libgradsync.so (tests)
     --lib=*) lib="${1#*=}"; build=0; shift ;;
-    -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --destdir) destdir="$2"; shift 2 ;;
+    --destdir=*) destdir="${1#*=}"; shift ;;
+    -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "install-sdk: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
 if [[ -z "$pydir" ]]; then
   if [[ "$prefix" == /usr/local ]]; then
     pydir=$(/usr/bin/python3 -c 'import sys; print("/usr/local/lib/python%d.%d/dist-packages" % sys.version_info[:2])')
+  elif [[ "$prefix" == /usr ]]; then pydir=/usr/lib/python3/dist-packages
   else pydir="$prefix/python"; fi
 fi
 if ((build)); then
@@ -46,16 +55,17 @@ fi
 [[ -f "$lib" ]] || { echo "install-sdk: $lib not built" >&2; exit 1; }
 version=$(sed -n 's/^GRADSYNC_VERSION=//p' sdk/VERSION)
 
-install -d "$prefix/lib/pkgconfig" "$prefix/include/gradsync/common" "$pydir"
-install -m 0755 "$lib" "$prefix/lib/libgradsync.so.1"
-ln -sf libgradsync.so.1 "$prefix/lib/libgradsync.so"
-install -m 0644 client/c_api.h client/client.h "$prefix/include/gradsync/"
-install -m 0644 common/types.h "$prefix/include/gradsync/common/"
+D="$destdir"
+install -d "$D$prefix/lib/pkgconfig" "$D$prefix/include/gradsync/common" "$D$pydir"
+install -m 0755 "$lib" "$D$prefix/lib/libgradsync.so.1"
+ln -sf libgradsync.so.1 "$D$prefix/lib/libgradsync.so"
+install -m 0644 client/c_api.h client/client.h "$D$prefix/include/gradsync/"
+install -m 0644 common/types.h "$D$prefix/include/gradsync/common/"
 sed -e "s|@PREFIX@|$prefix|" -e "s|@VERSION@|$version|" sdk/gradsync.pc.in \
-  > "$prefix/lib/pkgconfig/gradsync.pc"
-rm -rf "$pydir/gradsync"
-cp -rL python/gradsync "$pydir/gradsync"
-find "$pydir/gradsync" -name __pycache__ -prune -exec rm -rf {} +
+  > "$D$prefix/lib/pkgconfig/gradsync.pc"
+rm -rf "$D$pydir/gradsync"
+cp -rL python/gradsync "$D$pydir/gradsync"
+find "$D$pydir/gradsync" -name __pycache__ -prune -exec rm -rf {} +
 # The package finds the library it was installed with.
-printf '%s\n' "$prefix/lib/libgradsync.so.1" > "$pydir/gradsync/_libpath.txt"
-echo "install-sdk: installed under $prefix (python package in $pydir)"
+printf '%s\n' "$prefix/lib/libgradsync.so.1" > "$D$pydir/gradsync/_libpath.txt"
+echo "install-sdk: installed under ${D:+$D (staged) for }$prefix (python package in $pydir)"

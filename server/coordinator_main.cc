@@ -46,8 +46,8 @@
 ABSL_FLAG(std::string, listen, "0.0.0.0:7070",
           "gRPC listen address host:port; port 0 picks a free port (see --port_file)");
 ABSL_FLAG(std::string, port_file, "",
-          "if set, the bound port number and a newline are written here (atomically) once the "
-          "server is serving");
+          "if set, the bound gRPC port and the metrics port (0 without --metrics_listen) are "
+          "written here (atomically) once the server is serving");
 ABSL_FLAG(int64_t, heartbeat_timeout_ms, 3000,
           "default heartbeat timeout of new jobs: a member silent for longer is declared dead");
 ABSL_FLAG(int64_t, op_timeout_ms, 60000, "default deadline of one collective of new jobs");

@@ -10,8 +10,8 @@
 // and a JoinJob on an ABORTED job starts the next epoch (epoch + 1, members
 // cleared, FORMING). A job whose rendezvous completed is deleted as soon as no
 // member of its current epoch is alive and still in the job (JOB_DELETED); a
-// FORMING job is never deleted automatically, so callers run CreateJob
-// (idempotent) before JoinJob.
+// FORMING first epoch nobody waits in expires after forming_job_timeout_ms, so
+// callers run CreateJob (idempotent) before JoinJob.
 //
 // Death detection covers RUNNING and ABORTED epochs: a member whose last
 // heartbeat (or the rendezvous completion, whichever is later) is older than

@@ -13,6 +13,7 @@
 #include "common/tls.h"
 #include "absl/strings/str_replace.h"
 #include "common/grpc_status.h"
+#include "common/net.h"
 #include "common/logging.h"
 #include "ipc/fd_registration.h"
 #include "transport/tcp_device.h"
@@ -97,6 +98,13 @@ absl::StatusOr<std::shared_ptr<Session>> Daemon::OpenSession(const OpenSessionAr
     if (draining_) return absl::UnavailableError("gradsyncd is draining for shutdown (SIGTERM)");
   }
   RETURN_IF_ERROR(CheckSessionShape(args.world_size, args.rank, args.tcp_streams));
+  if (!args.expected_coordinator.empty() &&
+      !SameGrpcTarget(args.expected_coordinator, options_.coordinator)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "this gradsyncd (node ", options_.node_id, ") joins jobs at coordinator '",
+        options_.coordinator, "', not at '", args.expected_coordinator,
+        "' that the client asked for: point the client at a daemon of that cluster"));
+  }
   const absl::Time deadline = absl::Now() + args.timeout;
   const std::string session_id =
       absl::StrCat(options_.node_id, "-", ::getpid(), "-", next_session_++);

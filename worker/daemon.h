@@ -75,6 +75,9 @@ struct OpenSessionArgs {
   // The uid of the process that opens the session (-1: unknown, a TCP
   // client); only that uid may use the session.
   int64_t owner_uid = -1;
+  // Non-empty: the coordinator the client means; refused when this daemon
+  // uses another (SameGrpcTarget).
+  std::string expected_coordinator;
 };
 
 class Daemon {
@@ -85,6 +88,8 @@ class Daemon {
   // Creates the job if needed, joins it, connects to every peer. Blocks up to
   // args.timeout.
   absl::StatusOr<std::shared_ptr<Session>> OpenSession(const OpenSessionArgs& args);
+  // The coordinator this daemon joins jobs at (--coordinator).
+  const std::string& coordinator() const { return options_.coordinator; }
   // NotFound naming the id if there is no such session.
   absl::StatusOr<std::shared_ptr<Session>> FindSession(const std::string& id);
   // Registers the client memory behind `fd` as a buffer of the session the

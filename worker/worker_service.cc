@@ -143,6 +143,7 @@ grpc::Status WorkerService::OpenSession(grpc::ServerContext* ctx,
   a.client_name = req->client_name();
   a.tenant_token = req->tenant_token();
   a.owner_uid = CallerUid(*ctx);
+  a.expected_coordinator = req->expected_coordinator();
   auto s = daemon_->OpenSession(a);
   if (!s.ok()) return ToGrpcStatus(s.status());
   const SessionInfo& info = (*s)->info();
@@ -157,6 +158,7 @@ grpc::Status WorkerService::OpenSession(grpc::ServerContext* ctx,
   resp->set_job_algorithm(info.job_algorithm);
   resp->set_op_timeout_ms(absl::ToInt64Milliseconds(info.default_op_timeout));
   resp->set_ps_shards(static_cast<int32_t>(info.ps_shards.size()));
+  resp->set_coordinator(daemon_->coordinator());
   return grpc::Status::OK;
 }
 
