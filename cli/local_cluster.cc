@@ -193,6 +193,8 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
     cargs.push_back("--tenants_file=" + tenants);
   }
   cargs.insert(cargs.end(), options.coordinator_flags.begin(), options.coordinator_flags.end());
+  c->coordinator_bin_ = coord_bin;
+  c->coordinator_args_ = cargs;
   auto cpid = Spawn(coord_bin, cargs, coord_log);
   if (!cpid.ok()) return cpid.status();
   c->coordinator_ = Child{*cpid, "gradsync-coordinator"};
@@ -298,6 +300,35 @@ int LocalCluster::coordinator_metrics_port() const {
 }
 int LocalCluster::ps_metrics_port(int i) const {
   return PortLine(absl::StrCat(work_dir_, "/ps", i, ".port"), 1);
+}
+
+void LocalCluster::KillCoordinator() {
+  if (coordinator_.exited) return;
+  ::kill(coordinator_.pid, SIGKILL);
+  ::waitpid(coordinator_.pid, &coordinator_.status, 0);
+  coordinator_.exited = true;
+}
+
+absl::Status LocalCluster::RestartCoordinator(absl::Duration timeout) {
+  if (!coordinator_.exited) {
+    return absl::FailedPreconditionError("RestartCoordinator: the coordinator is still running");
+  }
+  std::vector<std::string> args = coordinator_args_;
+  for (std::string& a : args) {
+    if (a == "--listen=127.0.0.1:0") a = "--listen=" + coordinator_address_;  // the same port
+  }
+  const std::string port_file = work_dir_ + "/coordinator.port";
+  std::filesystem::remove(port_file);
+  const std::string log = absl::StrCat(work_dir_, "/coordinator.", ++coordinator_restarts_, ".log");
+  auto pid = Spawn(coordinator_bin_, args, log);
+  if (!pid.ok()) return pid.status();
+  coordinator_ = Child{*pid, "gradsync-coordinator"};
+  auto port = WaitForPortFile(port_file, *pid, "gradsync-coordinator", log, absl::Now() + timeout);
+  if (!port.ok()) {
+    keep_logs_ = true;
+    return port.status();
+  }
+  return absl::OkStatus();
 }
 
 void LocalCluster::SignalShard(int i, int sig) {

@@ -72,6 +72,12 @@ class LocalCluster {
   // PS shard i's Prometheus port (from its port file).
   int ps_metrics_port(int i) const;
 
+  // SIGKILLs the coordinator (and reaps it): its jobs are gone.
+  void KillCoordinator();
+  // Starts a fresh coordinator on the same address (after KillCoordinator),
+  // with the same flags, certificates and tenants; returns once it serves.
+  absl::Status RestartCoordinator(absl::Duration timeout = absl::Seconds(20));
+
   // Sends `sig` to daemon i (e.g. SIGKILL to simulate a node failure).
   void SignalDaemon(int i, int sig);
   // True if daemon i has not exited (reaps it if it has).
@@ -99,6 +105,9 @@ class LocalCluster {
   bool keep_logs_ = false;
   std::string tag_;
   std::string coordinator_address_;
+  std::string coordinator_bin_;
+  std::vector<std::string> coordinator_args_;
+  int coordinator_restarts_ = 0;
   LabCerts certs_;
   Child coordinator_;
   std::vector<Child> daemons_;

@@ -69,6 +69,45 @@ absl::StatusOr<bool> TimelineFromEnvironment() {
 }
 using internal::RpcError;
 
+// A unary call about a session, bounded by kRpcTimeout and, while it waits,
+// by the daemon's liveness as the session's op channel sees it (the op
+// queue's heartbeat): a stopped daemon fails the call within the heartbeat
+// timeout (3 s) with Unavailable "stopped answering", not at the deadline.
+// `start` issues the call with the context and a completion callback.
+absl::Status CallWhileAlive(
+    internal::OpChannel& ops, const internal::WorkerConnection& conn, absl::string_view rpc,
+    const std::function<void(grpc::ClientContext*, std::function<void(grpc::Status)>)>& start) {
+  grpc::ClientContext ctx;
+  const absl::Time deadline = absl::Now() + kRpcTimeout;
+  ctx.set_deadline(absl::ToChronoTime(deadline));
+  absl::Mutex mu;
+  bool done = false;
+  grpc::Status status;
+  start(&ctx, [&](grpc::Status s) {
+    absl::MutexLock l(&mu);
+    status = std::move(s);
+    done = true;
+  });
+  absl::Status dead;
+  {
+    absl::MutexLock l(&mu);
+    while (!mu.AwaitWithTimeout(absl::Condition(&done), absl::Milliseconds(50))) {
+      mu.Unlock();
+      absl::Status alive = ops.Alive();
+      mu.Lock();
+      if (alive.code() == absl::StatusCode::kUnavailable) {
+        dead = absl::UnavailableError(absl::StrCat(rpc, ": ", alive.message()));
+        ctx.TryCancel();
+        mu.Await(absl::Condition(&done));  // the callback runs promptly once cancelled
+        break;
+      }
+    }
+  }
+  if (!dead.ok()) return dead;
+  if (!status.ok()) return RpcError(status, conn, rpc, deadline, kRpcTimeout);
+  return absl::OkStatus();
+}
+
 const char* ChannelStateName(grpc_connectivity_state s) {
   switch (s) {
     case GRPC_CHANNEL_IDLE: return "IDLE";
@@ -162,12 +201,10 @@ absl::StatusOr<std::unique_ptr<Buffer>> Session::AllocateBuffer(size_t bytes) {
   v1::AllocateBufferRequest req;
   req.set_session_id(id_);
   req.set_size_bytes(bytes);
-  grpc::ClientContext ctx;
-  const absl::Time deadline = absl::Now() + kRpcTimeout;
-  ctx.set_deadline(absl::ToChronoTime(deadline));
   v1::AllocateBufferResponse resp;
-  grpc::Status s = conn_->stub->AllocateBuffer(&ctx, req, &resp);
-  if (!s.ok()) return RpcError(s, *conn_, "AllocateBuffer", deadline, kRpcTimeout);
+  RETURN_IF_ERROR(CallWhileAlive(*ops_, *conn_, "AllocateBuffer", [&](auto* ctx, auto done) {
+    conn_->stub->async()->AllocateBuffer(ctx, &req, &resp, std::move(done));
+  }));
 
   absl::Status error;
   void* data = nullptr;
@@ -239,13 +276,10 @@ absl::Status Session::FreeBuffer(std::unique_ptr<Buffer> buffer) {
   v1::FreeBufferRequest req;
   req.set_session_id(id_);
   req.set_buffer_id(buffer_id);
-  grpc::ClientContext ctx;
-  const absl::Time deadline = absl::Now() + kRpcTimeout;
-  ctx.set_deadline(absl::ToChronoTime(deadline));
   v1::FreeBufferResponse resp;
-  grpc::Status s = conn_->stub->FreeBuffer(&ctx, req, &resp);
-  if (!s.ok()) return RpcError(s, *conn_, "FreeBuffer", deadline, kRpcTimeout);
-  return absl::OkStatus();
+  return CallWhileAlive(*ops_, *conn_, "FreeBuffer", [&](auto* ctx, auto done) {
+    conn_->stub->async()->FreeBuffer(ctx, &req, &resp, std::move(done));
+  });
 }
 
 absl::StatusOr<OpHandle> Session::AllreduceAsync(const Buffer& buffer, size_t offset_bytes,
@@ -415,13 +449,10 @@ absl::Status Session::Close() {
   }
   v1::CloseSessionRequest req;
   req.set_session_id(id_);
-  grpc::ClientContext ctx;
-  const absl::Time deadline = absl::Now() + kRpcTimeout;
-  ctx.set_deadline(absl::ToChronoTime(deadline));
   v1::CloseSessionResponse resp;
-  grpc::Status s = conn_->stub->CloseSession(&ctx, req, &resp);
-  if (!s.ok()) return RpcError(s, *conn_, "CloseSession", deadline, kRpcTimeout);
-  return absl::OkStatus();
+  return CallWhileAlive(*ops_, *conn_, "CloseSession", [&](auto* ctx, auto done) {
+    conn_->stub->async()->CloseSession(ctx, &req, &resp, std::move(done));
+  });
 }
 
 // ---------------------------------------------------------------- Client

@@ -76,8 +76,19 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
       MakeChannelCredentials(options.tls);
   if (!credentials.ok()) return credentials.status();
-  d->coordinator_ =
-      gradsync::v1::Coordinator::NewStub(grpc::CreateChannel(options.coordinator, *credentials));
+  // Reconnect quickly to a coordinator that comes back (gRPC's default
+  // back-off grows to 120 s; new sessions wait for the channel).
+  grpc::ChannelArguments channel_args;
+  channel_args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  channel_args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  std::shared_ptr<grpc::Channel> channel =
+      grpc::CreateCustomChannel(options.coordinator, *credentials, channel_args);
+  d->coordinator_ = gradsync::v1::Coordinator::NewStub(channel);
+  CoordinatorWatchOptions watch;
+  watch.target = options.coordinator;
+  watch.observer = options.observer;
+  watch.on_change = options.on_coordinator_change;
+  d->coordinator_watch_ = std::make_unique<CoordinatorWatch>(channel, std::move(watch));
   d->heartbeat_thread_ = std::thread([p = d.get()] { p->HeartbeatLoop(); });
   GS_LOG(INFO) << "data plane listening on port " << d->listener_->port() << ", advertised as "
                << d->options_.advertise_host << "; coordinator " << options.coordinator;
@@ -89,6 +100,39 @@ Daemon::~Daemon() { Shutdown(); }
 size_t Daemon::session_count() const {
   absl::MutexLock l(&mu_);
   return sessions_.size();
+}
+
+absl::StatusOr<v1::JoinJobResponse> Daemon::CreateAndJoin(const v1::CreateJobRequest& creq,
+                                                           v1::JoinJobRequest jreq,
+                                                           const std::string& tenant_token,
+                                                           absl::Time deadline) {
+  // Both calls wait for the channel to be ready (a coordinator starting or
+  // restarting) until the session's deadline. A join cut off by UNAVAILABLE
+  // (the coordinator went away mid-rendezvous) is made again with the same
+  // member id and key: a retry at the same coordinator, a fresh join at a
+  // restarted one, which has to learn the job again first.
+  for (int attempt = 1;; ++attempt) {
+    v1::CreateJobResponse cresp;
+    auto rpc = RpcContext(std::max(deadline - absl::Now(), absl::Milliseconds(1)), tenant_token);
+    rpc->set_wait_for_ready(true);
+    absl::Status s = FromGrpcStatus(coordinator_->CreateJob(rpc.get(), creq, &cresp));
+    if (!s.ok()) {
+      const std::string why = coordinator_watch_ != nullptr ? coordinator_watch_->Describe() : "";
+      return absl::Status(s.code(), absl::StrCat("coordinator ", options_.coordinator, ": create job '",
+                                                 creq.job_id(), "': ", s.message(),
+                                                 why.empty() ? "" : absl::StrCat(" (", why, ")")));
+    }
+    jreq.set_timeout_ms(std::max<int64_t>(1, absl::ToInt64Milliseconds(deadline - absl::Now())));
+    v1::JoinJobResponse jresp;
+    rpc = RpcContext(deadline - absl::Now() + absl::Seconds(2), tenant_token);
+    rpc->set_wait_for_ready(true);
+    s = FromGrpcStatus(coordinator_->JoinJob(rpc.get(), jreq, &jresp));
+    if (s.ok()) return jresp;
+    if (s.code() != absl::StatusCode::kUnavailable || absl::Now() >= deadline) return s;
+    GS_LOG(WARNING) << "join of job '" << creq.job_id() << "' (member " << jreq.member_id()
+                    << ", attempt " << attempt << ") cut off: " << s.message() << "; joining again";
+    absl::SleepFor(absl::Milliseconds(100));
+  }
 }
 
 absl::StatusOr<std::shared_ptr<Session>> Daemon::OpenSession(const OpenSessionArgs& args) {
@@ -118,14 +162,6 @@ absl::StatusOr<std::shared_ptr<Session>> Daemon::OpenSession(const OpenSessionAr
   creq.mutable_options()->set_algorithm(args.algorithm);
   creq.mutable_options()->set_timeline(args.timeline);
   creq.mutable_options()->set_ps_shards(args.ps_shards);
-  v1::CreateJobResponse cresp;
-  auto rpc = RpcContext(absl::Seconds(10), args.tenant_token);
-  absl::Status s = FromGrpcStatus(coordinator_->CreateJob(rpc.get(), creq, &cresp));
-  if (!s.ok()) {
-    return absl::Status(s.code(), absl::StrCat("coordinator ", options_.coordinator,
-                                               ": create job '", args.job_id, "': ", s.message()));
-  }
-
   // The member's secret at the coordinator: its id is public, the key proves
   // this daemon's heartbeats, retries and leave.
   absl::StatusOr<std::string> member_key = ipc::RandomBytes(kMemberKeyBytes);
@@ -137,15 +173,13 @@ absl::StatusOr<std::shared_ptr<Session>> Daemon::OpenSession(const OpenSessionAr
   jreq.set_requested_rank(args.rank);
   jreq.mutable_data_endpoint()->set_host(options_.advertise_host);
   jreq.mutable_data_endpoint()->set_port(listener_->port());
-  jreq.set_timeout_ms(absl::ToInt64Milliseconds(deadline - absl::Now()));
   {
     absl::MutexLock l(&mu_);
     jreq.set_status_endpoint(status_endpoint_);
   }
-  v1::JoinJobResponse jresp;
-  rpc = RpcContext(deadline - absl::Now() + absl::Seconds(2), args.tenant_token);
-  s = FromGrpcStatus(coordinator_->JoinJob(rpc.get(), jreq, &jresp));
-  if (!s.ok()) return s;
+  absl::StatusOr<v1::JoinJobResponse> joined = CreateAndJoin(creq, jreq, args.tenant_token, deadline);
+  if (!joined.ok()) return joined.status();
+  const v1::JoinJobResponse& jresp = *joined;
 
   SessionInfo info;
   info.session_id = session_id;
@@ -545,6 +579,7 @@ void Daemon::Shutdown(const absl::Status& reason) {
   }
   stop_.Notify();
   if (heartbeat_thread_.joinable()) heartbeat_thread_.join();
+  coordinator_watch_.reset();
   for (auto& [id, s] : sessions) {
     s->AbortEpoch(reason);
     s->Close();

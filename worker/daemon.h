@@ -5,6 +5,7 @@
 #define GRADSYNC_WORKER_DAEMON_H_
 
 #include <atomic>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -23,6 +24,7 @@
 #include "proto/coordinator.grpc.pb.h"
 #include "transport/device.h"
 #include "transport/tcp_listener.h"
+#include "worker/coordinator_watch.h"
 #include "worker/daemon_observer.h"
 #include "worker/job_executor.h"
 #include "worker/session.h"
@@ -55,6 +57,8 @@ struct DaemonOptions {
   uint64_t ps_partition_bytes = 1 << 20;  // parameter-server partition size
   PlannerSettings planner;  // how ops are planned (collective/planner.h)
   DaemonObserver* observer = nullptr;  // metrics; not owned, outlives the daemon
+  // Whether the coordinator answers (CoordinatorWatch), on every change.
+  std::function<void(bool reachable, const std::string& detail)> on_coordinator_change;
 };
 
 struct OpenSessionArgs {
@@ -129,6 +133,11 @@ class Daemon {
       const SessionInfo& info, const JobPlacement& placement,
       const std::vector<HostPort>& node_endpoints, int streams, absl::Time deadline);
   void LeaveJob(const SessionInfo& info);
+  // CreateJob (idempotent) then JoinJob at the coordinator, until `deadline`.
+  absl::StatusOr<v1::JoinJobResponse> CreateAndJoin(const v1::CreateJobRequest& creq,
+                                                    v1::JoinJobRequest jreq,
+                                                    const std::string& tenant_token,
+                                                    absl::Time deadline);
   // One heartbeat for the member of `info`.
   grpc::Status Beat(const SessionInfo& info, v1::HeartbeatResponse* response);
 
@@ -136,6 +145,7 @@ class Daemon {
   std::unique_ptr<transport::TcpListener> listener_;
   std::unique_ptr<transport::Device> device_;  // over listener_
   std::unique_ptr<gradsync::v1::Coordinator::Stub> coordinator_;
+  std::unique_ptr<CoordinatorWatch> coordinator_watch_;
   std::atomic<uint64_t> next_session_{1};
   std::string status_endpoint_ ABSL_GUARDED_BY(mu_);
 

@@ -141,6 +141,14 @@ absl::StatusOr<std::unique_ptr<DaemonMetrics>> DaemonMetrics::Create(MetricsRegi
                                "Heartbeats to the coordinator that failed");
   if (!h.ok()) return h.status();
   m->heartbeat_failures_ = *h;
+  auto up = registry.AddGauge("gradsync_daemon_coordinator_up",
+                              "1 while the coordinator answers this daemon's health checks, else 0");
+  if (!up.ok()) return up.status();
+  m->coordinator_up_ = *up;
+  auto cf = registry.AddCounter("gradsync_daemon_coordinator_check_failures_total",
+                                "Health checks of the coordinator that failed (retried with back-off)");
+  if (!cf.ok()) return cf.status();
+  m->coordinator_check_failures_ = *cf;
   auto w = registry.AddHistogram(
       "gradsync_daemon_arrival_wait_seconds",
       "Per op: how long this rank waited for the last rank to submit (straggler signal)",
@@ -347,6 +355,11 @@ void DaemonMetrics::OnEpochFailed(const std::string& cause) {
 }
 
 void DaemonMetrics::OnHeartbeatFailed() { heartbeat_failures_->Increment(); }
+
+void DaemonMetrics::OnCoordinatorCheck(bool reachable) {
+  coordinator_up_->Set(reachable ? 1 : 0);
+  if (!reachable) coordinator_check_failures_->Increment();
+}
 
 namespace {
 std::string ResultLabel(absl::StatusCode code) {

@@ -31,6 +31,7 @@ class DaemonMetrics final : public DaemonObserver {
   void OnPeerBandwidth(const std::string& peer, double bytes_per_second) override;
   void OnEpochFailed(const std::string& cause) override;
   void OnHeartbeatFailed() override;
+  void OnCoordinatorCheck(bool reachable) override;
   void OnFdRegistration(absl::StatusCode code) override;
   void OnFdFetch(absl::StatusCode code) override;
   void OnAuthFailure(absl::string_view port, absl::string_view reason) override;
@@ -75,6 +76,8 @@ class DaemonMetrics final : public DaemonObserver {
   prometheus::Gauge* queue_depth_ = nullptr;
   prometheus::Gauge* sessions_ = nullptr;
   prometheus::Counter* heartbeat_failures_ = nullptr;
+  prometheus::Gauge* coordinator_up_ = nullptr;
+  prometheus::Counter* coordinator_check_failures_ = nullptr;
   prometheus::Histogram* arrival_wait_ = nullptr;
   prometheus::Gauge* link_latency_ = nullptr;
   prometheus::Gauge* link_bandwidth_ = nullptr;

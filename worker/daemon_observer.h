@@ -53,6 +53,8 @@ class DaemonObserver {
   // "coordinator", "closed", "other").
   virtual void OnEpochFailed(const std::string& cause) { (void)cause; }
   virtual void OnHeartbeatFailed() {}
+  // A health check of the coordinator answered (true) or failed (false).
+  virtual void OnCoordinatorCheck(bool reachable) { (void)reachable; }
   // A registration on the fd socket ended with `code` (kOk: registered).
   virtual void OnFdRegistration(absl::StatusCode code) { (void)code; }
   // A connection on `port` ("data") was refused because its peer did not

@@ -107,6 +107,10 @@ absl::Status PrepareUnixSocket(const std::string& listen) {
 
 }  // namespace
 
+// The daemon's health-service entry for its coordinator link: SERVING while
+// the coordinator answers (`grpc_health_probe -service=gradsync.coordinator`).
+constexpr char kCoordinatorHealth[] = "gradsync.coordinator";
+
 int main(int argc, char** argv) {
   gradsync::InitFlagsUsage(
       "gradsyncd",
@@ -218,6 +222,28 @@ int main(int argc, char** argv) {
                      "4096, --max_inflight >= 1, --tcp_streams in [1, 16]";
     return 2;
   }
+  // The coordinator's reachability, from start-up on: the health service's
+  // "gradsync.coordinator" entry and the systemd status line follow it.
+  struct CoordinatorState {
+    absl::Mutex mu;
+    grpc::Server* server = nullptr;  // once serving
+    std::string serving;             // the status line while all is well
+    bool reachable = true;
+    std::string detail;
+    void Apply() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+      if (server != nullptr) server->GetHealthCheckService()->SetServingStatus(kCoordinatorHealth, reachable);
+      if (serving.empty()) return;
+      (void)gradsync::NotifyStatus(
+          reachable ? serving : absl::StrCat(serving, "; coordinator unreachable: ", detail));
+    }
+  };
+  auto coordinator_state = std::make_shared<CoordinatorState>();
+  opts.on_coordinator_change = [coordinator_state](bool reachable, const std::string& detail) {
+    absl::MutexLock l(&coordinator_state->mu);
+    coordinator_state->reachable = reachable;
+    coordinator_state->detail = detail;
+    coordinator_state->Apply();
+  };
   auto daemon = gradsync::Daemon::Start(opts);
   if (!daemon.ok()) {
     GS_LOG(ERROR) << "cannot start: " << daemon.status().message();
@@ -334,6 +360,12 @@ int main(int argc, char** argv) {
                      : std::string("off"));
   GS_LOG(INFO) << serving << " (node " << (*daemon)->node_id() << ")";
   if (absl::Status s = gradsync::NotifyReady(serving); !s.ok()) GS_LOG(WARNING) << s.message();
+  {
+    absl::MutexLock l(&coordinator_state->mu);
+    coordinator_state->server = server.get();
+    coordinator_state->serving = serving;
+    coordinator_state->Apply();
+  }
   gradsync::Daemon* core = daemon->get();
   auto watchdog = gradsync::SystemdWatchdog::Start([core] {
     core->session_count();  // takes the daemon's lock: a deadlocked daemon stops pinging
@@ -355,7 +387,7 @@ int main(int argc, char** argv) {
   } else {
     GS_LOG(INFO) << "drained: no op was running";
   }
-  (*daemon)->Shutdown(absl::UnavailableError("daemon shutting down"));
+  (*daemon)->Shutdown(absl::UnavailableError("daemon shutting down"));  // stops the watch
   client_socket.reset();  // no new connections
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   server->Wait();
