@@ -229,6 +229,9 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
     }
     for (std::string& f : tls_flags(node)) args.push_back(std::move(f));
     args.insert(args.end(), options.daemon_flags.begin(), options.daemon_flags.end());
+    if (static_cast<size_t>(i) < options.per_daemon_flags.size()) {
+      args.insert(args.end(), options.per_daemon_flags[i].begin(), options.per_daemon_flags[i].end());
+    }
     auto pid = Spawn(daemon_bin, args, c->daemon_log(i));
     if (!pid.ok()) return pid.status();
     c->daemons_.push_back(Child{*pid, absl::StrCat("gradsyncd #", i)});

@@ -26,6 +26,9 @@ struct LocalClusterOptions {
   std::string daemon_bin;       // empty: FindBinary("gradsyncd")
   std::vector<std::string> coordinator_flags;
   std::vector<std::string> daemon_flags;
+  // More flags for daemon i (after daemon_flags; a later flag wins), e.g. its
+  // own --coordinator address through a proxy.
+  std::vector<std::vector<std::string>> per_daemon_flags;
   std::string work_dir;  // logs and port files; empty: a fresh directory under $TMPDIR or /tmp
   absl::Duration start_timeout = absl::Seconds(20);
   bool keep_logs = false;  // otherwise the work dir is removed when all is well

@@ -195,6 +195,9 @@ absl::StatusOr<std::shared_ptr<Session>> Daemon::OpenSession(const OpenSessionAr
   info.epoch = jresp.epoch();
   const int64_t op_ms = jresp.options().op_timeout_ms();
   if (op_ms > 0) info.default_op_timeout = absl::Milliseconds(op_ms);
+  if (const int64_t hb_ms = jresp.options().heartbeat_timeout_ms(); hb_ms > 0) {
+    info.heartbeat_timeout = absl::Milliseconds(hb_ms);
+  }
   info.job_algorithm = jresp.options().algorithm();
   for (const auto& e : jresp.ps_shards()) info.ps_shards.push_back(HostPort{e.host(), e.port()});
   for (const std::string& id : jresp.ps_shard_ids()) {
@@ -487,6 +490,9 @@ grpc::Status Daemon::Beat(const SessionInfo& info, v1::HeartbeatResponse* respon
 }
 
 void Daemon::HeartbeatLoop() {
+  // Per member: when the coordinator last answered its heartbeat (from the
+  // first round that saw it). Only this thread uses it.
+  std::map<std::string, absl::Time> last_ack;
   while (!stop_.WaitForNotificationWithTimeout(options_.heartbeat_interval)) {
     std::vector<std::shared_ptr<Session>> sessions, expired;
     std::vector<SessionInfo> setup;
@@ -520,11 +526,33 @@ void Daemon::HeartbeatLoop() {
                         << " (setting up): " << st.error_message();
       }
     }
+    std::map<std::string, absl::Time> acks;
     for (auto& s : sessions) {
-      if (!s->health().ok()) continue;
       const SessionInfo& info = s->info();
+      auto known = last_ack.find(info.member_id);
+      absl::Time& acked = acks[info.member_id];
+      acked = known != last_ack.end() ? known->second : absl::Now();
+      if (!s->health().ok()) continue;
       v1::HeartbeatResponse resp;
       grpc::Status st = Beat(info, &resp);
+      if (st.ok()) acked = absl::Now();
+      if (!st.ok() && st.error_code() != grpc::StatusCode::NOT_FOUND &&
+          absl::Now() - acked > info.heartbeat_timeout) {
+        // Cut off from the coordinator (a partition, or it is down): it has
+        // declared this member dead by now, so the epoch is over here too,
+        // whatever the data plane still does. Say so rather than let ops
+        // run into their deadlines blaming a healthy peer.
+        if (options_.observer != nullptr) options_.observer->OnHeartbeatFailed();
+        s->AbortEpoch(absl::UnavailableError(absl::StrCat(
+            "job '", info.job_id, "' epoch ", info.epoch, ": no heartbeat answer from coordinator ",
+            options_.coordinator, " for ",
+            absl::FormatDuration(absl::Trunc(absl::Now() - acked, absl::Milliseconds(100))),
+            " (the job's heartbeat timeout is ", absl::FormatDuration(info.heartbeat_timeout),
+            "): this node is cut off from the coordinator (a network partition, or the coordinator "
+            "is down), which has declared rank ", info.rank, " dead; last error: ",
+            st.error_message())));
+        continue;
+      }
       if (st.error_code() == grpc::StatusCode::NOT_FOUND) {
         s->AbortEpoch(absl::AbortedError(
             absl::StrCat("job '", info.job_id, "' no longer exists at the coordinator: ",
@@ -545,6 +573,7 @@ void Daemon::HeartbeatLoop() {
             resp.abort_reason().empty() ? "a newer epoch started" : resp.abort_reason())));
       }
     }
+    last_ack.swap(acks);
   }
 }
 

@@ -58,6 +58,9 @@ struct SessionInfo {
   int world_size = 1;
   int64_t epoch = 0;
   absl::Duration default_op_timeout = absl::Seconds(60);
+  // The job's heartbeat timeout at the coordinator: a member whose heartbeats
+  // go unanswered this long has been declared dead there.
+  absl::Duration heartbeat_timeout = absl::Seconds(3);
   std::string job_algorithm;  // forced for every op of the job; "" = cost model
   LinkParams link;            // measured when the epoch formed, equal on every rank
   std::string timeline_path;  // non-empty: write the job's timeline for this rank here
