@@ -180,8 +180,14 @@ v1::JobStatus JobRegistry::StatusLocked(const Job& job, absl::Time now) const {
     out->set_member_id(m.member_id);
     *out->mutable_data_endpoint() = m.endpoint;
     out->set_status_endpoint(m.status_endpoint);
-    out->set_alive(m.alive && !m.left);
-    out->set_last_heartbeat_age_ms(std::max<int64_t>(0, absl::ToInt64Milliseconds(now - m.last_heartbeat)));
+    const int64_t age_ms = std::max<int64_t>(0, absl::ToInt64Milliseconds(now - m.last_heartbeat));
+    // Alive only while its heartbeats are on time: a member past the timeout
+    // is dead even before the next liveness sweep says so (forming jobs'
+    // members wait in the rendezvous and are not judged).
+    const bool judged = job.state == v1::JOB_STATE_RUNNING || job.state == v1::JOB_STATE_ABORTED;
+    out->set_alive(m.alive && !m.left &&
+                   (!judged || age_ms <= job.options.heartbeat_timeout_ms()));
+    out->set_last_heartbeat_age_ms(age_ms);
   }
   return status;
 }

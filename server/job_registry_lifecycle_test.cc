@@ -35,6 +35,11 @@ TEST_F(JobRegistryTest, MissedHeartbeatsAbortTheEpochAndNameTheRank) {
   EXPECT_EQ(registry_.GetJobStatus("j")->state(), v1::JOB_STATE_RUNNING);
 
   clock_.Advance(absl::Milliseconds(200));  // b: 400 ms silent, a: 200 ms
+  // Before the sweep, the status already tells the truth about b.
+  auto before = registry_.GetJobStatus("j");
+  ASSERT_TRUE(before.ok());
+  EXPECT_TRUE(before->members(0).alive());
+  EXPECT_FALSE(before->members(1).alive()) << "a member 400 ms silent (timeout 300 ms) shown alive";
   registry_.CheckLiveness();
   auto st = registry_.GetJobStatus("j");
   ASSERT_TRUE(st.ok());
