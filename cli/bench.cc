@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <deque>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <mutex>
 #include <thread>
@@ -46,6 +47,8 @@ struct Row {
   std::string algo;
   double time_us = 0;
   std::vector<double> op_us;  // --blocking: each iteration's time
+  double oop_time_us = 0;     // --out_of_place: the same, each op copying its input first
+  std::vector<double> oop_op_us;
   std::vector<double> queued_us, run_us;  // --blocking: the daemon's split of each op
   uint64_t wrong = 0;
   std::string error;
@@ -280,14 +283,17 @@ absl::StatusOr<uint64_t> RunBench(const BenchOptions& o) {
   }
   const bool print = !external || sessions[0]->rank() == 0;
   if (print) {
-    std::printf("%12s %12s %5s %6s %9s %12s %11s %11s %7s\n", "bytes", "count", "type", "redop",
-                "algo", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong");
+    std::printf("%12s %12s %5s %6s %9s %12s %11s %11s%s %7s\n", "bytes", "count", "type", "redop",
+                "algo", "time(us)", "algbw(GB/s)", "busbw(GB/s)",
+                o.out_of_place ? absl::StrFormat(" %12s %11s", "oop_time(us)", "oop_busbw").c_str() : "",
+                "#wrong");
   }
   std::FILE* csv = nullptr;
   if (!o.csv.empty() && print) {
     csv = std::fopen(o.csv.c_str(), "w");
     if (csv == nullptr) return absl::InvalidArgumentError(absl::StrCat("cannot write --csv ", o.csv));
-    std::fprintf(csv, "op,ranks,bytes,count,dtype,redop,algo,time_us,algbw_gbps,busbw_gbps,wrong\n");
+    std::fprintf(csv, "op,ranks,bytes,count,dtype,redop,algo,time_us,algbw_gbps,busbw_gbps,wrong%s\n",
+                 o.out_of_place ? ",oop_time_us,oop_busbw_gbps" : "");
   }
   if (!print && (!o.csv.empty() || !o.plot.empty())) {
     std::fprintf(stderr, "[bench] rank %d: --csv and --plot are written by rank 0, which prints the "
@@ -324,10 +330,15 @@ absl::StatusOr<uint64_t> RunBench(const BenchOptions& o) {
         // Ops go out back to back, at most kWindow unreported at a time (the
         // daemon keeps at most 4096 per session).
         constexpr int kWindow = 1024;
-        auto run_batch = [&](int k) -> absl::Status {
+        // Out of place: the input lives in memory of its own (as a training
+        // process's gradient tensor) and is copied into the op's buffer
+        // before every op; gradsync's ops are in place.
+        std::vector<char> send(o.out_of_place ? bytes : 0);
+        auto run_batch = [&](int k, const char* copy_from = nullptr) -> absl::Status {
           std::deque<client::OpHandle> hs;
           for (int i = 0; i < k || !hs.empty();) {
             if (i < k && static_cast<int>(hs.size()) < kWindow) {
+              if (copy_from != nullptr) std::memcpy(data, copy_from, bytes);
               auto h = s.SubmitAsync(spec);
               if (!h.ok()) return h.status();
               hs.push_back(*h);
@@ -351,25 +362,37 @@ absl::StatusOr<uint64_t> RunBench(const BenchOptions& o) {
           barrier.Wait();
           st = run_batch(1);
           if (st.ok()) row.wrong = CountWrong(o.op, o.dtype, o.redop, o.root, rank, n, count, data);
+          if (st.ok() && o.out_of_place) {  // the result of a copied input, over stale data
+            FillInput(o.op, o.dtype, rank, n, count, data);
+            std::memcpy(send.data(), data, bytes);
+            std::memset(data, 0x5a, bytes);
+            barrier.Wait();
+            st = run_batch(1, send.data());
+            if (st.ok()) row.wrong += CountWrong(o.op, o.dtype, o.redop, o.root, rank, n, count, data);
+          }
         }
         if (st.ok() && o.warmup > 0) {
           barrier.Wait();
           st = run_batch(o.warmup);
         }
-        if (o.blocking) {
-          for (int i = 0; i < o.iters; ++i) {
-            if (o.gap_us > 0) absl::SleepFor(absl::Microseconds(o.gap_us));
-            barrier.Wait();  // every rank, even after a failure: the others wait here too
+        auto timed = [&](const char* copy_from, double& time_us, std::vector<double>& op_us) {
+          if (o.blocking) {
+            for (int i = 0; i < o.iters; ++i) {
+              if (o.gap_us > 0) absl::SleepFor(absl::Microseconds(o.gap_us));
+              barrier.Wait();  // every rank, even after a failure: the others wait here too
+              const auto t0 = std::chrono::steady_clock::now();
+              if (st.ok()) st = run_batch(1, copy_from);
+              op_us.push_back(ElapsedMicros(t0));
+            }
+          } else {
+            barrier.Wait();
             const auto t0 = std::chrono::steady_clock::now();
-            if (st.ok()) st = run_batch(1);
-            row.op_us.push_back(ElapsedMicros(t0));
+            if (st.ok()) st = run_batch(o.iters, copy_from);
+            time_us = ElapsedMicros(t0) / o.iters;
           }
-        } else {
-          barrier.Wait();
-          const auto t0 = std::chrono::steady_clock::now();
-          if (st.ok()) st = run_batch(o.iters);
-          row.time_us = ElapsedMicros(t0) / o.iters;
-        }
+        };
+        timed(nullptr, row.time_us, row.op_us);
+        if (o.out_of_place) timed(send.data(), row.oop_time_us, row.oop_op_us);
         if (!st.ok()) row.error = std::string(st.message());
         barrier.Wait();
       });
@@ -377,17 +400,20 @@ absl::StatusOr<uint64_t> RunBench(const BenchOptions& o) {
     for (auto& t : threads) t.join();
     Row agg = rows[0];
     if (o.blocking) {  // per iteration the slowest rank, then the median
-      std::vector<double> slowest(o.iters, 0);
-      for (const Row& row : rows) {
-        for (size_t i = 0; i < row.op_us.size() && i < slowest.size(); ++i) {
-          slowest[i] = std::max(slowest[i], row.op_us[i]);
+      auto median_of_slowest = [&](std::vector<double> Row::*times) {
+        std::vector<double> slowest(o.iters, 0);
+        for (const Row& row : rows) {
+          const std::vector<double>& t = row.*times;
+          for (size_t i = 0; i < t.size() && i < slowest.size(); ++i) slowest[i] = std::max(slowest[i], t[i]);
         }
-      }
-      std::sort(slowest.begin(), slowest.end());
-      agg.time_us = slowest.empty() ? 0
-                    : slowest.size() % 2 ? slowest[slowest.size() / 2]
-                                         : (slowest[slowest.size() / 2 - 1] + slowest[slowest.size() / 2]) / 2;
-      for (Row& row : rows) row.time_us = agg.time_us;
+        std::sort(slowest.begin(), slowest.end());
+        return slowest.empty() ? 0
+               : slowest.size() % 2 ? slowest[slowest.size() / 2]
+                                    : (slowest[slowest.size() / 2 - 1] + slowest[slowest.size() / 2]) / 2;
+      };
+      agg.time_us = median_of_slowest(&Row::op_us);
+      agg.oop_time_us = median_of_slowest(&Row::oop_op_us);
+      for (Row& row : rows) row.time_us = agg.time_us, row.oop_time_us = agg.oop_time_us;
       // Where the time went, as the daemons saw it (all ranks' ops pooled).
       std::vector<double> queued, run;
       for (const Row& row : rows) {
@@ -406,33 +432,41 @@ absl::StatusOr<uint64_t> RunBench(const BenchOptions& o) {
     }
     for (const Row& row : rows) {
       agg.time_us = std::max(agg.time_us, row.time_us);
+      agg.oop_time_us = std::max(agg.oop_time_us, row.oop_time_us);
       if (agg.error.empty()) agg.error = row.error;
       agg.wrong = std::max(agg.wrong, row.wrong);
     }
     for (const Row& row : rows) total_wrong += row.wrong;
     const double algbw = agg.time_us > 0 ? bytes / agg.time_us / 1e3 : 0;
     const double busbw = algbw * BusBandwidthFactor(o.op, n);
+    const double oop_busbw =
+        agg.oop_time_us > 0 ? bytes / agg.oop_time_us / 1e3 * BusBandwidthFactor(o.op, n) : 0;
+    // The out-of-place columns: "" without --out_of_place.
+    const std::string oop_cells =
+        !o.out_of_place ? "" : !agg.error.empty() ? absl::StrFormat(" %12s %11s", "-", "-")
+                                                  : absl::StrFormat(" %12.1f %11.3f", agg.oop_time_us, oop_busbw);
     if (agg.error.empty()) {
       busbw_sum += busbw;
       ++busbw_rows;
       points.push_back({bytes, busbw});
     }
     if (print && !agg.error.empty()) {  // no figures for a size that failed
-      std::printf("%12llu %12llu %5s %6s %9s %12s %11s %11s %7s\n",
+      std::printf("%12llu %12llu %5s %6s %9s %12s %11s %11s%s %7s\n",
                   static_cast<unsigned long long>(bytes), static_cast<unsigned long long>(count),
                   DTypeName(o.dtype), ReduceOpName(o.redop), agg.algo.empty() ? "-" : agg.algo.c_str(),
-                  "-", "-", "-", "-");
+                  "-", "-", "-", oop_cells.c_str(), "-");
     } else if (print) {
-      std::printf("%12llu %12llu %5s %6s %9s %12.1f %11.3f %11.3f %7s\n",
+      std::printf("%12llu %12llu %5s %6s %9s %12.1f %11.3f %11.3f%s %7s\n",
                   static_cast<unsigned long long>(bytes), static_cast<unsigned long long>(count),
                   DTypeName(o.dtype), ReduceOpName(o.redop), agg.algo.empty() ? "-" : agg.algo.c_str(),
-                  agg.time_us, algbw, busbw,
+                  agg.time_us, algbw, busbw, oop_cells.c_str(),
                   o.check ? absl::StrCat(agg.wrong).c_str() : "-");
       if (csv != nullptr) {
-        std::fprintf(csv, "%s,%d,%llu,%llu,%s,%s,%s,%.3f,%.6f,%.6f,%llu\n", CollectiveName(o.op), n,
+        std::fprintf(csv, "%s,%d,%llu,%llu,%s,%s,%s,%.3f,%.6f,%.6f,%llu%s\n", CollectiveName(o.op), n,
                      static_cast<unsigned long long>(bytes), static_cast<unsigned long long>(count),
                      DTypeName(o.dtype), ReduceOpName(o.redop), agg.algo.c_str(), agg.time_us,
-                     algbw, busbw, static_cast<unsigned long long>(agg.wrong));
+                     algbw, busbw, static_cast<unsigned long long>(agg.wrong),
+                     o.out_of_place ? absl::StrFormat(",%.3f,%.6f", agg.oop_time_us, oop_busbw).c_str() : "");
       }
       if (!agg.split.empty()) std::printf("%s\n", agg.split.c_str());
       if (absl::Now() - start > absl::Seconds(2)) {

@@ -44,6 +44,9 @@ struct BenchOptions {
   // (compute between a step's allreduces; the daemon's threads may sleep).
   int gap_us = 0;
   std::string csv;
+  // Also time each size out of place: the input in memory of its own, copied
+  // into the op's buffer before every op (gradsync's ops are in place).
+  bool out_of_place = false;
   std::string plot;            // SVG of busbw vs size, the measured limit beside it
   bool timeline = false;       // the job's Chrome-trace timeline (gradsyncd --timeline_dir)
   int tcp_streams = 0;         // 0: gradsyncd's default

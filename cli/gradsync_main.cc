@@ -59,6 +59,10 @@ ABSL_FLAG(std::string, algo, "auto",
 ABSL_FLAG(int32_t, root, 0, "bench: root rank of broadcast/reduce");
 ABSL_FLAG(bool, check, false, "bench: check results (one checked op per size) and count #wrong");
 ABSL_FLAG(std::string, csv, "", "bench: also write the table as CSV to this file");
+ABSL_FLAG(bool, out_of_place, false,
+          "bench: also time each size out of place (oop_time, oop_busbw columns): the input in "
+          "memory of its own, copied into the op's buffer before every op, as with "
+          "gradsync's in-place ops a training process does");
 ABSL_FLAG(std::string, daemon_flags, "",
           "bench: extra flags for the embedded cluster's gradsyncd, comma-separated (e.g. "
           "--daemon_flags=--spin_us=0,--segment_bytes=4194304)");
@@ -265,6 +269,7 @@ int main(int argc, char** argv) {
     }
     o.keep_logs = absl::GetFlag(FLAGS_keep_logs);
     o.csv = absl::GetFlag(FLAGS_csv);
+    o.out_of_place = absl::GetFlag(FLAGS_out_of_place);
     o.tcp_streams = absl::GetFlag(FLAGS_tcp_streams);
     o.ps_shards = absl::GetFlag(FLAGS_ps_shards);
     o.limits = absl::GetFlag(FLAGS_limits);

@@ -24,6 +24,17 @@ grep -qE "^# Avg bus bandwidth    : $NUM\$" <<<"$out" || fail "no nccl-tests sum
 [[ $(tail -n +2 "$T/b.csv" | grep -cE "^allreduce,3,[0-9]+,[0-9]+,f32,sum,[a-z]+,$NUM,$NUM,$NUM,0\$") -eq 3 ]] \
   || fail "expected 3 CSV rows: $(cat "$T/b.csv")"
 
+# Out of place: two more columns (the input copied in before every op), checked too.
+for mode in "" --blocking; do
+  out=$("$GRADSYNC" bench --ranks=2 --min_bytes=64K --max_bytes=64K --iters=2 --warmup=1 --check \
+        --out_of_place --limits=false $mode --csv="$T/oop.csv" 2>&1) || fail "oop bench $mode exited $?: $out"
+  echo "$out"
+  grep -qE "^ +bytes +count +type +redop +algo +time\(us\) +algbw\(GB/s\) +busbw\(GB/s\) +oop_time\(us\) +oop_busbw +#wrong\$" <<<"$out" \
+    || fail "no out-of-place header ($mode)"
+  grep -qE "^ +65536 +16384 +f32 +sum +[a-z]+ +$NUM +$NUM +$NUM +$NUM +$NUM +0\$" <<<"$out" || fail "no oop row ($mode)"
+  [[ $(head -1 "$T/oop.csv") == *",wrong,oop_time_us,oop_busbw_gbps" ]] || fail "oop CSV header: $(head -1 "$T/oop.csv")"
+done
+
 # The limits before the table, measured in the same run.
 out=$("$GRADSYNC" bench --ranks=2 --min_bytes=1M --max_bytes=1M --iters=1 --warmup=0 2>&1) \
   || fail "bench with limits exited $?: $out"
