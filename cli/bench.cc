@@ -337,7 +337,8 @@ absl::StatusOr<uint64_t> RunBench(const BenchOptions& o) {
         auto run_batch = [&](int k, const char* copy_from = nullptr) -> absl::Status {
           std::deque<client::OpHandle> hs;
           for (int i = 0; i < k || !hs.empty();) {
-            if (i < k && static_cast<int>(hs.size()) < kWindow) {
+            // Out of place, each copy waits for the op before it (the buffer is reused).
+            if (i < k && static_cast<int>(hs.size()) < (copy_from != nullptr ? 1 : kWindow)) {
               if (copy_from != nullptr) std::memcpy(data, copy_from, bytes);
               auto h = s.SubmitAsync(spec);
               if (!h.ok()) return h.status();

@@ -322,16 +322,27 @@ absl::Status LocalCluster::RestartCoordinator(absl::Duration timeout) {
   }
   const std::string port_file = work_dir_ + "/coordinator.port";
   std::filesystem::remove(port_file);
-  const std::string log = absl::StrCat(work_dir_, "/coordinator.", ++coordinator_restarts_, ".log");
-  auto pid = Spawn(coordinator_bin_, args, log);
-  if (!pid.ok()) return pid.status();
-  coordinator_ = Child{*pid, "gradsync-coordinator"};
-  auto port = WaitForPortFile(port_file, *pid, "gradsync-coordinator", log, absl::Now() + timeout);
-  if (!port.ok()) {
-    keep_logs_ = true;
-    return port.status();
+  // The port may be briefly taken (a daemon's redial of it can self-connect):
+  // a few tries.
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::Status last;
+  for (int attempt = 0; attempt < 10 && absl::Now() < deadline; ++attempt) {
+    const std::string log = absl::StrCat(work_dir_, "/coordinator.", ++coordinator_restarts_, ".log");
+    auto pid = Spawn(coordinator_bin_, args, log);
+    if (!pid.ok()) return pid.status();
+    coordinator_ = Child{*pid, "gradsync-coordinator"};
+    auto port = WaitForPortFile(port_file, *pid, "gradsync-coordinator", log, deadline);
+    if (port.ok()) return absl::OkStatus();
+    last = port.status();
+    if (absl::IsInternal(last)) {
+      coordinator_.exited = true;  // it exited (reaped by WaitForPortFile)
+    } else {
+      KillCoordinator();
+    }
+    absl::SleepFor(absl::Milliseconds(200));
   }
-  return absl::OkStatus();
+  keep_logs_ = true;
+  return last;
 }
 
 void LocalCluster::SignalShard(int i, int sig) {

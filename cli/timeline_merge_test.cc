@@ -65,7 +65,9 @@ TEST(MergeTimelines, EveryRankIsItsOwnRowInOneValidTrace) {
   for (const Json& e : events.items) {
     pids.insert(e["pid"].number);
     if (e["name"].str == "process_name") names[static_cast<int>(e["pid"].number)] = e["args"]["name"].str;
-    if (e["ph"].str == "X") EXPECT_EQ(e["args"]["desc"].str.substr(0, 13), "allreduce 'g\"");
+    if (e["ph"].str == "X") {
+      EXPECT_EQ(e["args"]["desc"].str.substr(0, 13), "allreduce 'g\"");
+    }
   }
   EXPECT_EQ(pids, (std::set<double>{0, 1, 2, 3}));
   EXPECT_EQ(names, (std::vector<std::string>{"rank 0", "rank 1", "rank 2", "rank 10"}));

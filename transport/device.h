@@ -48,6 +48,9 @@ struct ContextSpec {
   // The job's secret (from the coordinator, for its members only): peers
   // prove they hold it when they connect. Empty: no proof is possible.
   std::string job_key;
+  // Encrypt and authenticate every connection (devices that can: TCP with
+  // TLS 1.3, transport/tcp_tls.h); a device that cannot refuses.
+  bool encrypt = false;
 };
 
 // A client's connections to a set of servers of one job (the

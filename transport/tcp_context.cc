@@ -222,6 +222,25 @@ absl::Status TcpContext::PostRecv(int peer, const MemoryRegion& mr, size_t offse
 bool TcpContext::DoSend(Peer& p, bool* completed) {
   while (!p.sends.empty()) {
     SendItem& s = p.sends.front();
+    if (p.ssl != nullptr) {  // a record for the header, then the payload's
+      const bool header = s.done < kHeaderBytes;
+      const char* src = header ? reinterpret_cast<const char*>(&s.header) + s.done
+                               : s.data + (s.done - kHeaderBytes);
+      const size_t len = header ? kHeaderBytes - s.done : s.len - (s.done - kHeaderBytes);
+      const ssize_t w = len == 0 ? 0 : TlsWriteSome(p, src, len);
+      if (w < 0) return false;
+      if (w == 0 && len > 0) return true;
+      s.done += static_cast<size_t>(w);
+      bytes_sent_ += static_cast<size_t>(w);
+      p.sent += static_cast<size_t>(w);
+      if (s.done == kHeaderBytes + s.len) {
+        s.req->bytes = s.len;
+        s.req->done = true;
+        p.sends.pop_front();
+        *completed = true;
+      }
+      continue;
+    }
     struct iovec iov[2];
     int n = 0;
     if (s.done < kHeaderBytes) {
@@ -258,6 +277,7 @@ bool TcpContext::DoSend(Peer& p, bool* completed) {
 }
 
 ssize_t TcpContext::ReadSome(Peer& p, char* dst, size_t n, const char* where, bool eof_ok) {
+  if (p.ssl != nullptr) return TlsReadSome(p, dst, n, where, eof_ok);
   while (true) {
     const ssize_t r = ::recv(p.fd.get(), dst, n, MSG_DONTWAIT);
     if (r == 0 && eof_ok) return kClosed;
@@ -328,8 +348,8 @@ bool TcpContext::DoRecv(Peer& p, bool* completed) {
         const size_t staged = std::min<size_t>(msg.size(), p.stage_end - p.stage_begin);
         if (staged > 0) std::memcpy(msg.data(), p.stage.get() + p.stage_begin, staged);
         p.stage_begin += staged;
-        (void)ReadFull(p.fd.get(), msg.data() + staged, msg.size() - staged,
-                       FastNow() + absl::Seconds(1));
+        (void)PeerReadFull(p, msg.data() + staged, msg.size() - staged,
+                           FastNow() + absl::Seconds(1));
         PeerFault f{PeerFault::kAborted, p.rank, false, msg};
         if (h.offset > 0 && h.offset <= static_cast<uint64_t>(absl::StatusCode::kUnauthenticated)) {
           f.code = static_cast<absl::StatusCode>(h.offset);
@@ -394,7 +414,12 @@ absl::Status TcpContext::Progress(absl::Time deadline) {
     bool completed_early = false;
     for (Peer& p : peers_) {
       const bool staged = p.in_header_got == kHeaderBytes || p.stage_begin != p.stage_end;
-      if (p.rank != rank_ && staged && !p.recvs.empty() && !DoRecv(p, &completed_early)) {
+      // TLS: bytes OpenSSL already took off the socket (poll would not see
+      // them); a header among them is parked as if read now.
+      const bool tls_buffered = p.ssl != nullptr && !p.closed && SSL_has_pending(p.ssl.get()) == 1;
+      if (p.rank != rank_ &&
+          ((staged && !p.recvs.empty()) || (tls_buffered && p.in_header_got < kHeaderBytes)) &&
+          !DoRecv(p, &completed_early)) {
         return health();
       }
     }
@@ -556,25 +581,29 @@ void TcpContext::BroadcastAbort(const absl::Status& reason) {
   const absl::Time deadline = FastNow() + absl::Milliseconds(300);
   for (Peer& p : peers_) {
     if (p.rank == rank_ || !p.fd.valid()) continue;
-    // Finish a frame that is half on the wire, or the peer would misparse.
-    if (!p.sends.empty() && p.sends.front().done > 0) {
+    // Finish a frame that is half on the wire, or the peer would misparse
+    // (with TLS, a header record OpenSSL holds after WANT_WRITE counts too).
+    const bool half_sent =
+        !p.sends.empty() &&
+        (p.sends.front().done > 0 || (p.ssl != nullptr && SSL_want_write(p.ssl.get())));
+    if (half_sent) {
       SendItem& s = p.sends.front();
       absl::Status st;
       if (s.done < kHeaderBytes) {
-        st = WriteFull(p.fd.get(), reinterpret_cast<char*>(&s.header) + s.done,
-                       kHeaderBytes - s.done, deadline);
+        st = PeerWriteFull(p, reinterpret_cast<char*>(&s.header) + s.done, kHeaderBytes - s.done,
+                           deadline);
         s.done = kHeaderBytes;
       }
-      if (st.ok()) st = WriteFull(p.fd.get(), s.data + (s.done - kHeaderBytes),
-                                  s.len - (s.done - kHeaderBytes), deadline);
+      if (st.ok()) st = PeerWriteFull(p, s.data + (s.done - kHeaderBytes),
+                                      s.len - (s.done - kHeaderBytes), deadline);
       if (!st.ok()) continue;
     }
     FrameHeader h = MakeHeader(FrameType::kAbort,
                                MessageTag{server_ ? kConnectionOp : last_op_seq_, kControlSlot,
                                           0, static_cast<uint64_t>(reason.code())},
                                static_cast<uint32_t>(msg.size()));
-    if (WriteFull(p.fd.get(), &h, sizeof(h), deadline).ok()) {
-      (void)WriteFull(p.fd.get(), msg.data(), msg.size(), deadline);
+    if (PeerWriteFull(p, &h, sizeof(h), deadline).ok()) {
+      (void)PeerWriteFull(p, msg.data(), msg.size(), deadline);
     }
   }
   for (Peer& p : peers_) {

@@ -23,6 +23,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/net.h"
 #include "transport/tcp_listener.h"
+#include "transport/tcp_tls.h"
 #include "transport/transport.h"
 #include "transport/wire.h"
 
@@ -67,6 +68,9 @@ struct TcpContextOptions {
   // Hears each connection refused for a missing or wrong proof ("bad_proof",
   // "no_proof"); may be empty.
   std::function<void(absl::string_view reason)> on_auth_failure;
+  // Connect: TLS 1.3 on every connection after the job-key handshake, bound
+  // to the job key (transport/tcp_tls.h); null: plaintext frames.
+  std::shared_ptr<const DataTls> tls;
   // Server contexts (Adopt): Progress also returns OK when a message no
   // posted receive expects arrives (Probe) or the peer closes; the context's
   // own ABORT names kConnectionOp.
@@ -158,6 +162,10 @@ class TcpContext : public Context, public TcpControls {
   struct Peer {
     int rank = -1;
     UniqueFd fd;
+    SslPtr ssl;  // TLS over fd (data TLS), else null; freed before fd closes
+    // A TLS read failed after it had returned data: the cause, told at the next read.
+    std::string tls_error;
+    bool tls_eof = false;  // ... or the peer's close
     std::deque<SendItem> sends;
     std::deque<RecvItem> recvs;
     FrameHeader in_header;
@@ -209,6 +217,16 @@ class TcpContext : public Context, public TcpControls {
   static constexpr ssize_t kLost = -2;
   static constexpr ssize_t kClosed = -3;  // orderly EOF and eof_ok
   ssize_t ReadSome(Peer& p, char* dst, size_t n, const char* where, bool eof_ok = false);
+  // ReadSome and the send of DoSend over TLS.
+  ssize_t TlsReadSome(Peer& p, char* dst, size_t n, const char* where, bool eof_ok);
+  // Bytes written (>= 0, 0 = would block), or -1 after failing the context.
+  ssize_t TlsWriteSome(Peer& p, const char* src, size_t n);
+  // Blocking (poll) exact reads and writes on a connection, plain or TLS,
+  // for ABORT frames.
+  static absl::Status PeerReadFull(Peer& p, char* dst, size_t n, absl::Time deadline);
+  static absl::Status PeerWriteFull(Peer& p, const void* src, size_t n, absl::Time deadline);
+  // Connect: TLS on every connection (options.tls).
+  absl::Status SecurePeers(const TcpContextOptions& options);
   // Copies up to n staged bytes to dst, else refills the stage (or, for
   // `direct` reads of n >= kStageBytes/2, reads into dst): bytes copied (> 0),
   // or ReadSome's kWouldBlock/kLost/kClosed. kWouldBlock without a system call

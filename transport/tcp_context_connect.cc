@@ -169,6 +169,8 @@ absl::StatusOr<std::unique_ptr<TcpContext>> TcpContext::Connect(const TcpContext
     absl::Status s = TuneDataSocket(c.fd.get(), options.socket_buffer_bytes);
     if (!s.ok()) return s;
   }
+  // Phase 5 (data TLS): every connection's TLS handshake, bound to the job key.
+  if (options.tls != nullptr) RETURN_IF_ERROR(ctx->SecurePeers(options));
   return ctx;
 }
 

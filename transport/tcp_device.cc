@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "absl/strings/str_cat.h"
 #include "transport/tcp_context.h"
 
 namespace gradsync::transport {
@@ -38,6 +39,15 @@ absl::StatusOr<std::unique_ptr<Context>> TcpDevice::CreateContext(const ContextS
   o.streams = std::max(1, spec.lanes);
   o.job_key = spec.job_key;
   o.on_auth_failure = options_.on_auth_failure;
+  if (spec.encrypt) {
+    absl::StatusOr<std::shared_ptr<const DataTls>> tls = DataTls::Load(options_.tls);
+    if (!tls.ok()) {
+      return absl::Status(tls.status().code(),
+                          absl::StrCat("job '", spec.job_id, "' runs with data TLS: ",
+                                       tls.status().message()));
+    }
+    o.tls = *std::move(tls);
+  }
   absl::StatusOr<std::unique_ptr<TcpContext>> ctx = TcpContext::Connect(o, options_.listener);
   if (!ctx.ok()) return ctx.status();
   return std::unique_ptr<Context>(std::move(*ctx));

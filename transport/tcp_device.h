@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "transport/device.h"
+#include "common/tls.h"
 #include "transport/tcp_context.h"
 #include "transport/tcp_listener.h"
 
@@ -20,6 +21,9 @@ struct TcpDeviceOptions {
   int spin_us = 0;                  // TcpContextOptions::spin_us
   // TcpContextOptions::on_auth_failure of every context (may be empty).
   std::function<void(absl::string_view reason)> on_auth_failure;
+  // The node's certificate for contexts with ContextSpec::encrypt (data TLS),
+  // loaded for each such context; empty: they are refused.
+  TlsConfig tls;
 };
 
 class TcpDevice final : public Device {

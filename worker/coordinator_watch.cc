@@ -29,6 +29,11 @@ CoordinatorWatch::CoordinatorWatch(std::shared_ptr<grpc::Channel> channel,
 
 CoordinatorWatch::~CoordinatorWatch() {
   stop_.Notify();
+  {
+    absl::MutexLock l(&mu_);
+    stopping_ = true;
+    if (inflight_ != nullptr) inflight_->TryCancel();  // do not wait out its deadline
+  }
   thread_.join();
 }
 
@@ -56,12 +61,21 @@ std::string CoordinatorWatch::Check() {
   grpc::ByteBuffer response;
   absl::Notification done;
   grpc::Status status;
+  {
+    absl::MutexLock l(&mu_);
+    if (stopping_) return "stopping";
+    inflight_ = &ctx;
+  }
   stub_.UnaryCall(&ctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request, &response,
                   [&](grpc::Status s) {
                     status = std::move(s);
                     done.Notify();
                   });
   done.WaitForNotification();  // the call's own deadline bounds it
+  {
+    absl::MutexLock l(&mu_);
+    inflight_ = nullptr;
+  }
   if (!status.ok()) {
     return absl::StrCat(status.error_message(), " (", static_cast<int>(status.error_code()), ")");
   }
@@ -73,6 +87,7 @@ void CoordinatorWatch::Loop() {
   absl::Time last_log;
   while (true) {
     const std::string error = Check();
+    if (stop_.HasBeenNotified()) return;  // a cancelled check says nothing
     bool changed = false, first = false;
     absl::Duration was_down;
     {

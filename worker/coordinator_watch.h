@@ -61,6 +61,8 @@ class CoordinatorWatch {
   bool reachable_ ABSL_GUARDED_BY(mu_) = true;
   std::string error_ ABSL_GUARDED_BY(mu_);
   absl::Time down_since_ ABSL_GUARDED_BY(mu_);
+  grpc::ClientContext* inflight_ ABSL_GUARDED_BY(mu_) = nullptr;  // the check running now
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   absl::Notification stop_;
   std::thread thread_;
 };

@@ -72,6 +72,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     };
   }
   device.spin_us = options.spin_us;
+  device.tls = options.tls;
   d->device_ = std::make_unique<transport::TcpDevice>(device);
   absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
       MakeChannelCredentials(options.tls);
@@ -95,7 +96,10 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   return d;
 }
 
-Daemon::~Daemon() { Shutdown(); }
+Daemon::~Daemon() {
+  Shutdown();
+  coordinator_watch_.reset();  // here: a session still opening may read it until then
+}
 
 size_t Daemon::session_count() const {
   absl::MutexLock l(&mu_);
@@ -162,6 +166,7 @@ absl::StatusOr<std::shared_ptr<Session>> Daemon::OpenSession(const OpenSessionAr
   creq.mutable_options()->set_algorithm(args.algorithm);
   creq.mutable_options()->set_timeline(args.timeline);
   creq.mutable_options()->set_ps_shards(args.ps_shards);
+  creq.mutable_options()->set_data_tls(options_.data_tls);
   // The member's secret at the coordinator: its id is public, the key proves
   // this daemon's heartbeats, retries and leave.
   absl::StatusOr<std::string> member_key = ipc::RandomBytes(kMemberKeyBytes);
@@ -187,6 +192,7 @@ absl::StatusOr<std::shared_ptr<Session>> Daemon::OpenSession(const OpenSessionAr
   info.member_id = session_id;
   info.member_key = *std::move(member_key);
   info.job_key = jresp.job_key();
+  info.data_tls = jresp.options().data_tls();
   info.tenant = jresp.tenant();
   info.tenant_token = args.tenant_token;
   info.owner_uid = args.owner_uid;
@@ -214,6 +220,13 @@ absl::StatusOr<std::shared_ptr<Session>> Daemon::OpenSession(const OpenSessionAr
     info.timeline_path = absl::StrCat(options_.timeline_dir, "/",
                                       absl::StrReplaceAll(info.scoped_job_id(), {{"/", "+"}}), ".epoch",
                                       info.epoch, ".rank", info.rank, ".trace.json");
+  }
+  if (options_.data_tls && !info.data_tls) {
+    LeaveJob(info);
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job '", args.job_id, "' runs without TLS on the data plane (it was created by a daemon "
+        "without --data_tls), and this daemon (node ", options_.node_id,
+        ") requires it: run every daemon of the cluster with the same --data_tls"));
   }
   if (!info.job_algorithm.empty() && info.job_algorithm != "auto" &&
       !ParseAlgorithm(info.job_algorithm).ok()) {
@@ -415,6 +428,7 @@ absl::StatusOr<std::shared_ptr<JobExecutor>> Daemon::GetOrCreateExecutor(
     co.deadline = deadline;
     co.lanes = streams;  // every daemon uses the job's count, whoever created the job
     co.job_key = info.job_key;
+    co.encrypt = info.data_tls;
     auto ctx = device_->CreateContext(co);
     if (!ctx.ok()) return fail(ctx.status());
     node_ctx = std::move(*ctx);
@@ -440,6 +454,7 @@ absl::StatusOr<std::shared_ptr<JobExecutor>> Daemon::GetOrCreateExecutor(
                          ? absl::StrCat(" (probe: 1 stream ", probe->one_stream_gbps, " GB/s, ",
                                         streams, " streams ", probe->all_streams_gbps, " GB/s)")
                          : std::string())
+                 << (info.data_tls ? "; data TLS 1.3" : "; data in plaintext")
                  << "; signatures by " << SignaturePatternName(link.signatures)
                  << (one_host ? " (every daemon on one host)" : " (daemons on several hosts)");
   }
@@ -536,8 +551,12 @@ void Daemon::HeartbeatLoop() {
       v1::HeartbeatResponse resp;
       grpc::Status st = Beat(info, &resp);
       if (st.ok()) acked = absl::Now();
-      if (!st.ok() && st.error_code() != grpc::StatusCode::NOT_FOUND &&
-          absl::Now() - acked > info.heartbeat_timeout) {
+      // Only silence counts (the coordinator unreachable or not answering in
+      // time), past the timeout plus the heartbeat's own RPC deadline.
+      const bool silent = st.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                          st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
+      if (silent &&
+          absl::Now() - acked > info.heartbeat_timeout + 2 * options_.heartbeat_interval) {
         // Cut off from the coordinator (a partition, or it is down): it has
         // declared this member dead by now, so the epoch is over here too,
         // whatever the data plane still does. Say so rather than let ops
@@ -608,7 +627,6 @@ void Daemon::Shutdown(const absl::Status& reason) {
   }
   stop_.Notify();
   if (heartbeat_thread_.joinable()) heartbeat_thread_.join();
-  coordinator_watch_.reset();
   for (auto& [id, s] : sessions) {
     s->AbortEpoch(reason);
     s->Close();

@@ -49,6 +49,9 @@ struct DaemonOptions {
   RingOptions ring;
   int socket_buffer_bytes = 0;  // 0: the kernel's autotuned buffers
   int tcp_streams = 2;  // default TCP connections per pair of daemons for jobs this daemon creates
+  // TLS on the data connections of the jobs this daemon creates; and it
+  // joins no job without (gradsyncd --data_tls). Needs `tls`.
+  bool data_tls = false;
   int spin_us = 1000;   // data-plane progress spins this long before sleeping
   // A job's executor polls its ranks' op queues this long after activity
   // before it sleeps (gradsyncd --queue_spin_us).

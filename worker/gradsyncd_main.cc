@@ -71,6 +71,9 @@ ABSL_FLAG(int32_t, spin_us, 1000,
 ABSL_FLAG(int32_t, queue_spin_us, 50,
           "microseconds a job's executor keeps polling its ranks' shared-memory op queues after an "
           "op before it sleeps on the futex (0 = never); saves a wake-up per small op");
+ABSL_FLAG(bool, data_tls, false,
+          "TLS 1.3 on every data connection of the jobs this daemon creates (node certificates, "
+          "bound to the job key), and join no job without it; needs --tls_cert/--tls_key/--tls_ca");
 ABSL_FLAG(int32_t, tcp_streams, 2,
           "TCP connections per pair of daemons of a job, for jobs this daemon creates (a job's value wins)");
 ABSL_FLAG(std::string, port_file, "",
@@ -212,6 +215,12 @@ int main(int argc, char** argv) {
   opts.ring.max_inflight = absl::GetFlag(FLAGS_max_inflight);
   opts.socket_buffer_bytes = absl::GetFlag(FLAGS_socket_buffer_bytes);
   opts.tcp_streams = absl::GetFlag(FLAGS_tcp_streams);
+  opts.data_tls = absl::GetFlag(FLAGS_data_tls);
+  if (opts.data_tls && !opts.tls.enabled()) {
+    GS_LOG(ERROR) << "--data_tls needs this node's certificate (--tls_cert, --tls_key, --tls_ca); "
+                     "it cannot run with --insecure";
+    return 2;
+  }
   opts.spin_us = std::max(0, absl::GetFlag(FLAGS_spin_us));
   opts.executor_spin = absl::Microseconds(std::max(0, absl::GetFlag(FLAGS_queue_spin_us)));
   opts.timeline_dir = absl::GetFlag(FLAGS_timeline_dir);
@@ -387,10 +396,14 @@ int main(int argc, char** argv) {
   } else {
     GS_LOG(INFO) << "drained: no op was running";
   }
-  (*daemon)->Shutdown(absl::UnavailableError("daemon shutting down"));  // stops the watch
+  (*daemon)->Shutdown(absl::UnavailableError("daemon shutting down"));
   client_socket.reset();  // no new connections
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   server->Wait();
+  {
+    absl::MutexLock l(&coordinator_state->mu);
+    coordinator_state->server = nullptr;  // the watch may still report until the daemon goes
+  }
   if (status_server != nullptr) {
     status_server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(500));
     status_server->Wait();

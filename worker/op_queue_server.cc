@@ -63,6 +63,10 @@ class OpQueueServer::Queue : public std::enable_shared_from_this<Queue> {
   }
 
   // Asks the poller to close the queue with `reason` and end.
+  // Whether the daemon closed the session, and the reason the queue gives then.
+  bool backend_closed() const { return backend_->closed(); }
+  absl::Status closed_reason() const { return ClosedReason(); }
+
   void Stop(const absl::Status& reason) {
     {
       absl::MutexLock l(&mu_);
@@ -427,7 +431,13 @@ void OpQueueServer::Shutdown() {
     shut_down_ = true;
     queues.swap(queues_);
   }
-  for (auto& [id, q] : queues) q->Stop(absl::UnavailableError("gradsyncd is shutting down"));
+  // A session the daemon already closed gives its own reason (e.g. the
+  // daemon's "daemon shutting down"), whether or not the queue's poller has
+  // seen it yet.
+  for (auto& [id, q] : queues) {
+    q->Stop(q->backend_closed() ? q->closed_reason()
+                                : absl::UnavailableError("gradsyncd is shutting down"));
+  }
   for (auto& [id, q] : queues) q->Join();
 }
 

@@ -49,6 +49,7 @@ struct SessionInfo {
   std::string member_id;
   std::string member_key;  // the member's secret at the coordinator; never logged or shown
   std::string job_key;     // the job's secret (JoinJobResponse); the data-plane handshake proves it
+  bool data_tls = false;   // the job's data connections run TLS (JobOptions.data_tls)
   std::string tenant;        // the job's tenant ("" without tenants)
   std::string tenant_token;  // sent with the member's calls to the coordinator; never shown
   // How this daemon keys the job (executors, data plane, PS shards):

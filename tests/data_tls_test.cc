@@ -1,0 +1,116 @@
+// gradsyncd --data_tls end to end: the jobs of daemons run with it move their
+// data over TLS (said in the daemon's log) and reduce bit-exactly; a daemon
+// that requires it refuses a job created without it, naming the cause; a
+// daemon without the flag follows a TLS job; --data_tls without certificates
+// does not start.
+#include <sys/wait.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "tests/cluster_util.h"
+
+namespace gradsync {
+namespace {
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream all;
+  all << in.rdbuf();
+  return all.str();
+}
+
+// Every rank sums (rank + 1) * k over `count` i32 elements with `algo`.
+void AllreduceIsExact(std::vector<testing::RankHandle>& ranks, size_t count, const std::string& algo) {
+  const int n = static_cast<int>(ranks.size());
+  testing::OnEveryRank(n, [&](int r) {
+    auto buf = ranks[r].session->AllocateBuffer(count * 4);
+    ASSERT_TRUE(buf.ok()) << buf.status();
+    auto* v = static_cast<int32_t*>((*buf)->data());
+    for (size_t k = 0; k < count; ++k) v[k] = static_cast<int32_t>((r + 1) * (k % 1000));
+    client::CollectiveSpec spec;
+    spec.buffer = buf->get();
+    spec.count = count;
+    spec.dtype = DType::kI32;
+    spec.algorithm = algo;
+    spec.name = "g." + algo;
+    auto res = ranks[r].session->Run(spec);
+    ASSERT_TRUE(res.ok()) << "rank " << r << ": " << res.status();
+    for (size_t k = 0; k < count; ++k) {
+      ASSERT_EQ(v[k], static_cast<int32_t>(n * (n + 1) / 2 * (k % 1000))) << "rank " << r << " element " << k;
+    }
+  });
+}
+
+TEST(DataTls, JobsOfDaemonsWithItAreEncryptedAndExact) {
+  LocalClusterOptions o;
+  o.daemons = 3;
+  o.daemon_flags = {"--data_tls", "--tcp_streams=2"};
+  auto cluster = LocalCluster::Start(o);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  auto ranks = testing::OpenJob(**cluster, "secret", {0, 1, 2});
+  ASSERT_TRUE(ranks.ok()) << ranks.status();
+  for (const std::string algo : {"ring", "rhd", "tree"}) AllreduceIsExact(*ranks, 3 << 20, algo);
+  for (int d = 0; d < 3; ++d) {
+    EXPECT_TRUE(absl::StrContains(ReadFile((*cluster)->daemon_log(d)), "data TLS 1.3")) << "daemon " << d;
+  }
+}
+
+TEST(DataTls, ADaemonThatRequiresItRefusesAPlaintextJobAndOneWithoutFollowsATlsJob) {
+  LocalClusterOptions o;
+  o.daemons = 2;
+  o.per_daemon_flags = {{"--data_tls"}, {}};
+  auto cluster = LocalCluster::Start(o);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  // Daemon 1 (no --data_tls) creates the job; daemon 0 refuses to join it.
+  auto c1 = client::Client::Connect((*cluster)->daemon_target(1));
+  ASSERT_TRUE(c1.ok());
+  client::SessionOptions so;
+  so.job_id = "plain";
+  so.world_size = 2;
+  so.rank = 1;
+  so.timeout = absl::Seconds(5);
+  absl::StatusOr<std::unique_ptr<client::Session>> waiting;
+  std::thread t([&] { waiting = (*c1)->OpenSession(so); });
+  absl::SleepFor(absl::Milliseconds(500));
+  auto c0 = client::Client::Connect((*cluster)->daemon_target(0));
+  ASSERT_TRUE(c0.ok());
+  so.rank = 0;
+  auto refused = (*c0)->OpenSession(so);
+  t.join();
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+  EXPECT_TRUE(absl::StrContains(refused.status().message(), "runs without TLS on the data plane"))
+      << refused.status();
+  EXPECT_FALSE(waiting.ok());  // its partner left: it does not hang
+  // The other way round: daemon 0 creates a TLS job, daemon 1 follows it.
+  so.job_id = "tls";
+  so.timeout = absl::Seconds(20);
+  so.rank = 0;
+  absl::StatusOr<std::unique_ptr<client::Session>> first;
+  std::thread t0([&] { first = (*c0)->OpenSession(so); });
+  absl::SleepFor(absl::Milliseconds(500));
+  so.rank = 1;
+  auto second = (*c1)->OpenSession(so);
+  t0.join();
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_TRUE(second.ok()) << second.status();
+  std::vector<testing::RankHandle> ranks(2);
+  ranks[0].session = std::move(*first);
+  ranks[1].session = std::move(*second);
+  AllreduceIsExact(ranks, 1 << 20, "ring");
+  EXPECT_TRUE(absl::StrContains(ReadFile((*cluster)->daemon_log(1)), "data TLS 1.3"));
+}
+
+TEST(DataTls, NeedsCertificates) {
+  const std::string out = testing::RunCommand(
+      FindBinary("gradsyncd") + " --insecure --data_tls --listen=unix-abstract:gs-data-tls-x 2>&1; echo rc=$?");
+  EXPECT_TRUE(absl::StrContains(out, "--data_tls needs this node's certificate")) << out;
+  EXPECT_TRUE(absl::StrContains(out, "rc=2")) << out;
+}
+
+}  // namespace
+}  // namespace gradsync
