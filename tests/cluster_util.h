@@ -7,8 +7,10 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <functional>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -134,6 +136,28 @@ inline void OnEveryRank(int n, const std::function<void(int)>& fn) {
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r) threads.emplace_back(fn, r);
   for (auto& t : threads) t.join();
+}
+
+// A whole file ("" if it cannot be read), e.g. a daemon's log.
+inline std::string ReadTextFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream all;
+  all << in.rdbuf();
+  return all.str();
+}
+
+// One buffer of `bytes` per rank (the test failed, and the list is short, if
+// an allocation fails).
+inline std::vector<std::unique_ptr<client::Buffer>> AllocateOnEveryRank(
+    std::vector<RankHandle>& ranks, size_t bytes) {
+  std::vector<std::unique_ptr<client::Buffer>> bufs;
+  for (RankHandle& r : ranks) {
+    auto b = r.session->AllocateBuffer(bytes);
+    EXPECT_TRUE(b.ok()) << b.status();
+    if (!b.ok()) break;
+    bufs.push_back(std::move(*b));
+  }
+  return bufs;
 }
 
 // Runs a shell command, returns its stdout.

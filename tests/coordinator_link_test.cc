@@ -24,13 +24,6 @@
 namespace gradsync {
 namespace {
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream all;
-  all << in.rdbuf();
-  return all.str();
-}
-
 // Polls until `pred` holds or `timeout` passes.
 bool Eventually(const std::function<bool()>& pred, absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
@@ -92,15 +85,15 @@ TEST(CoordinatorLink, ADaemonWithoutItsCoordinatorSaysSoAtStartAndServesAnyway) 
   const absl::Time started = absl::Now();
   // It serves its clients (port file written) and says what is wrong, within seconds.
   EXPECT_TRUE(Eventually([&] { return std::filesystem::exists(port_file); }, absl::Seconds(10)))
-      << ReadFile(log);
+      << testing::ReadTextFile(log);
   const std::string unreachable = absl::StrCat("coordinator 127.0.0.1:", port, " unreachable");
-  EXPECT_TRUE(Eventually([&] { return absl::StrContains(ReadFile(log), unreachable); }, absl::Seconds(5)))
-      << ReadFile(log);
+  EXPECT_TRUE(Eventually([&] { return absl::StrContains(testing::ReadTextFile(log), unreachable); }, absl::Seconds(5)))
+      << testing::ReadTextFile(log);
   std::printf("the daemon said the coordinator is unreachable %.2f s after it started\n",
               absl::ToDoubleSeconds(absl::Now() - started));
-  EXPECT_TRUE(absl::StrContains(ReadFile(log), "Connection refused") ||
-              absl::StrContains(ReadFile(log), "failed to connect"))
-      << "the log should carry gRPC's cause: " << ReadFile(log);
+  EXPECT_TRUE(absl::StrContains(testing::ReadTextFile(log), "Connection refused") ||
+              absl::StrContains(testing::ReadTextFile(log), "failed to connect"))
+      << "the log should carry gRPC's cause: " << testing::ReadTextFile(log);
   // The metric, from the port file's second line.
   std::ifstream pf(port_file);
   int data_port = 0, metrics_port = 0;
@@ -119,7 +112,7 @@ TEST(CoordinatorLink, ADaemonWithoutItsCoordinatorSaysSoAtStartAndServesAnyway) 
   ::kill(pid, SIGTERM);
   int status = 0;
   ::waitpid(pid, &status, 0);
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << ReadFile(log);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << testing::ReadTextFile(log);
 }
 
 TEST(CoordinatorLink, NewJobsFormAtOnceWhenTheCoordinatorIsBack) {
@@ -134,7 +127,7 @@ TEST(CoordinatorLink, NewJobsFormAtOnceWhenTheCoordinatorIsBack) {
   cluster->KillCoordinator();
   EXPECT_TRUE(Eventually([&] { return CoordinatorUp(*cluster, 0) == 0; }, absl::Seconds(5)));
   EXPECT_TRUE(Eventually(
-      [&] { return absl::StrContains(ReadFile(cluster->daemon_log(1)), "unreachable"); },
+      [&] { return absl::StrContains(testing::ReadTextFile(cluster->daemon_log(1)), "unreachable"); },
       absl::Seconds(5)));
   // A session opened while it is down waits for it, then says why it gave up.
   {
@@ -161,7 +154,7 @@ TEST(CoordinatorLink, NewJobsFormAtOnceWhenTheCoordinatorIsBack) {
   EXPECT_LT(took, absl::Seconds(5));
   AllreduceIsExact(*ranks, "after");
   EXPECT_TRUE(Eventually([&] { return CoordinatorUp(*cluster, 1) == 1; }, absl::Seconds(5)));
-  EXPECT_TRUE(absl::StrContains(ReadFile(cluster->daemon_log(0)), "reachable again after"));
+  EXPECT_TRUE(absl::StrContains(testing::ReadTextFile(cluster->daemon_log(0)), "reachable again after"));
 }
 
 TEST(CoordinatorLink, ARankWaitingInTheRendezvousJoinsTheRestartedCoordinator) {
@@ -204,7 +197,7 @@ TEST(CoordinatorLink, ARankWaitingInTheRendezvousJoinsTheRestartedCoordinator) {
               absl::ToDoubleSeconds(absl::Now() - back));
   EXPECT_LT(absl::Now() - back, absl::Seconds(10));
   AllreduceIsExact(ranks, "across");
-  EXPECT_TRUE(absl::StrContains(ReadFile(cluster->daemon_log(0)), "joining again"));
+  EXPECT_TRUE(absl::StrContains(testing::ReadTextFile(cluster->daemon_log(0)), "joining again"));
 }
 
 }  // namespace

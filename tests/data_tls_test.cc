@@ -16,13 +16,6 @@
 namespace gradsync {
 namespace {
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream all;
-  all << in.rdbuf();
-  return all.str();
-}
-
 // Every rank sums (rank + 1) * k over `count` i32 elements with `algo`.
 void AllreduceIsExact(std::vector<testing::RankHandle>& ranks, size_t count, const std::string& algo) {
   const int n = static_cast<int>(ranks.size());
@@ -55,7 +48,7 @@ TEST(DataTls, JobsOfDaemonsWithItAreEncryptedAndExact) {
   ASSERT_TRUE(ranks.ok()) << ranks.status();
   for (const std::string algo : {"ring", "rhd", "tree"}) AllreduceIsExact(*ranks, 3 << 20, algo);
   for (int d = 0; d < 3; ++d) {
-    EXPECT_TRUE(absl::StrContains(ReadFile((*cluster)->daemon_log(d)), "data TLS 1.3")) << "daemon " << d;
+    EXPECT_TRUE(absl::StrContains(testing::ReadTextFile((*cluster)->daemon_log(d)), "data TLS 1.3")) << "daemon " << d;
   }
 }
 
@@ -102,7 +95,7 @@ TEST(DataTls, ADaemonThatRequiresItRefusesAPlaintextJobAndOneWithoutFollowsATlsJ
   ranks[0].session = std::move(*first);
   ranks[1].session = std::move(*second);
   AllreduceIsExact(ranks, 1 << 20, "ring");
-  EXPECT_TRUE(absl::StrContains(ReadFile((*cluster)->daemon_log(1)), "data TLS 1.3"));
+  EXPECT_TRUE(absl::StrContains(testing::ReadTextFile((*cluster)->daemon_log(1)), "data TLS 1.3"));
 }
 
 TEST(DataTls, NeedsCertificates) {

@@ -93,12 +93,8 @@ TEST_F(StoppedDaemon, TheOtherRanksFailNamingTheStoppedRank) {
   auto ranks = testing::OpenJob(*cluster_, "pair", {0, 1}, /*op_timeout_ms=*/60000,
                                 /*heartbeat_timeout_ms=*/3000);
   ASSERT_TRUE(ranks.ok()) << ranks.status();
-  std::vector<std::unique_ptr<client::Buffer>> bufs(2);
-  for (int r = 0; r < 2; ++r) {
-    auto b = (*ranks)[r].session->AllocateBuffer(4096);
-    ASSERT_TRUE(b.ok());
-    bufs[r] = std::move(*b);
-  }
+  std::vector<std::unique_ptr<client::Buffer>> bufs = testing::AllocateOnEveryRank(*ranks, 4096);
+  ASSERT_EQ(bufs.size(), 2u);
   testing::OnEveryRank(2, [&](int r) { ASSERT_TRUE((*ranks)[r].session->Run(Spec(bufs[r].get(), "ok")).ok()); });
   // Rank 0 waits in an op that rank 1 never submits: its daemon stops.
   StopDaemon(*cluster_, 1);

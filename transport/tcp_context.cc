@@ -53,18 +53,6 @@ TcpContext::TcpContext(const TcpContextOptions& options, int peers, int self)
   }
 }
 
-void TcpContext::FailBy(PeerFault f, const absl::Status& reason) {
-  if (!failed_ && fault_.kind == PeerFault::kNone) fault_ = std::move(f);
-  if (relay_faults_) {
-    (void)Fail(reason);
-    return;
-  }
-  {
-    absl::MutexLock l(&mu_);
-    if (error_.ok()) error_ = reason;
-  }
-  failed_ = true;
-}
 
 bool TcpContext::Probe(int peer, Incoming* in) {
   for (Peer& p : peers_) {
@@ -230,15 +218,7 @@ bool TcpContext::DoSend(Peer& p, bool* completed) {
       const ssize_t w = len == 0 ? 0 : TlsWriteSome(p, src, len);
       if (w < 0) return false;
       if (w == 0 && len > 0) return true;
-      s.done += static_cast<size_t>(w);
-      bytes_sent_ += static_cast<size_t>(w);
-      p.sent += static_cast<size_t>(w);
-      if (s.done == kHeaderBytes + s.len) {
-        s.req->bytes = s.len;
-        s.req->done = true;
-        p.sends.pop_front();
-        *completed = true;
-      }
+      Sent(p, static_cast<size_t>(w), completed);
       continue;
     }
     struct iovec iov[2];
@@ -263,17 +243,22 @@ bool TcpContext::DoSend(Peer& p, bool* completed) {
                                                  " lost while sending: ", cause)));
       return false;
     }
-    s.done += static_cast<size_t>(w);
-    bytes_sent_ += static_cast<size_t>(w);
-    p.sent += static_cast<size_t>(w);
-    if (s.done == kHeaderBytes + s.len) {
-      s.req->bytes = s.len;
-      s.req->done = true;
-      p.sends.pop_front();
-      *completed = true;
-    }
+    Sent(p, static_cast<size_t>(w), completed);
   }
   return true;
+}
+
+void TcpContext::Sent(Peer& p, size_t n, bool* completed) {
+  SendItem& s = p.sends.front();
+  s.done += n;
+  bytes_sent_ += n;
+  p.sent += n;
+  if (s.done == kHeaderBytes + s.len) {
+    s.req->bytes = s.len;
+    s.req->done = true;
+    p.sends.pop_front();
+    *completed = true;
+  }
 }
 
 ssize_t TcpContext::ReadSome(Peer& p, char* dst, size_t n, const char* where, bool eof_ok) {
@@ -509,30 +494,7 @@ void TcpContext::Interrupt() {
   (void)!::write(wake_fd_.get(), &one, sizeof(one));
 }
 
-void TcpContext::Abort(const absl::Status& reason) {
-  {
-    absl::MutexLock l(&mu_);
-    if (error_.ok()) error_ = reason.ok() ? absl::AbortedError("aborted") : reason;
-  }
-  failed_ = true;
-  uint64_t one = 1;
-  (void)!::write(wake_fd_.get(), &one, sizeof(one));
-}
 
-absl::Status TcpContext::Fail(const absl::Status& reason) {
-  {
-    absl::MutexLock l(&mu_);
-    if (error_.ok()) error_ = reason.ok() ? absl::AbortedError("aborted") : reason;
-  }
-  failed_ = true;
-  if (!told_peers_) {
-    told_peers_ = true;
-    // Without relaying, a peer's fault is told in the words of the owner's
-    // first Fail().
-    BroadcastAbort(relay_faults_ || reason.ok() ? health() : reason);
-  }
-  return health();
-}
 
 uint64_t TcpContext::BytesSentTo(int peer) const {
   uint64_t total = 0;
@@ -576,40 +538,5 @@ absl::Status TcpContext::health() const {
   return error_;
 }
 
-void TcpContext::BroadcastAbort(const absl::Status& reason) {
-  const std::string msg(reason.message().substr(0, kMaxAbortBytes));
-  const absl::Time deadline = FastNow() + absl::Milliseconds(300);
-  for (Peer& p : peers_) {
-    if (p.rank == rank_ || !p.fd.valid()) continue;
-    // Finish a frame that is half on the wire, or the peer would misparse
-    // (with TLS, a header record OpenSSL holds after WANT_WRITE counts too).
-    const bool half_sent =
-        !p.sends.empty() &&
-        (p.sends.front().done > 0 || (p.ssl != nullptr && SSL_want_write(p.ssl.get())));
-    if (half_sent) {
-      SendItem& s = p.sends.front();
-      absl::Status st;
-      if (s.done < kHeaderBytes) {
-        st = PeerWriteFull(p, reinterpret_cast<char*>(&s.header) + s.done, kHeaderBytes - s.done,
-                           deadline);
-        s.done = kHeaderBytes;
-      }
-      if (st.ok()) st = PeerWriteFull(p, s.data + (s.done - kHeaderBytes),
-                                      s.len - (s.done - kHeaderBytes), deadline);
-      if (!st.ok()) continue;
-    }
-    FrameHeader h = MakeHeader(FrameType::kAbort,
-                               MessageTag{server_ ? kConnectionOp : last_op_seq_, kControlSlot,
-                                          0, static_cast<uint64_t>(reason.code())},
-                               static_cast<uint32_t>(msg.size()));
-    if (PeerWriteFull(p, &h, sizeof(h), deadline).ok()) {
-      (void)PeerWriteFull(p, msg.data(), msg.size(), deadline);
-    }
-  }
-  for (Peer& p : peers_) {
-    p.sends.clear();
-    p.recvs.clear();
-  }
-}
 
 }  // namespace gradsync::transport

@@ -210,6 +210,8 @@ class TcpContext : public Context, public TcpControls {
   FrameHeader MakeHeader(FrameType type, const MessageTag& tag, uint32_t length) const;
   // Return false when the peer failed the context (then `health()` says why).
   bool DoSend(Peer& p, bool* completed);
+  // Accounts n more bytes of p's first send; completes it when all are out.
+  void Sent(Peer& p, size_t n, bool* completed);
   bool DoRecv(Peer& p, bool* completed);
   // recv() into dst: bytes read (> 0), kWouldBlock, or kLost after failing
   // the context ("connection to rank R lost<where>: ...").

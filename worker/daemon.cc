@@ -17,6 +17,7 @@
 #include "common/logging.h"
 #include "ipc/fd_registration.h"
 #include "transport/tcp_device.h"
+#include "worker/coordinator_rpc.h"
 #include "worker/link_probe.h"
 
 namespace gradsync {
@@ -25,15 +26,6 @@ namespace {
 // Bytes of a member's key at the coordinator (JoinJobRequest.member_key).
 constexpr size_t kMemberKeyBytes = 16;
 
-// A call to the coordinator about a job: with the tenant's token as bearer
-// metadata when the session has one.
-std::unique_ptr<grpc::ClientContext> RpcContext(absl::Duration timeout,
-                                                const std::string& tenant_token = "") {
-  auto ctx = std::make_unique<grpc::ClientContext>();
-  ctx->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-  if (!tenant_token.empty()) ctx->AddMetadata("authorization", "Bearer " + tenant_token);
-  return ctx;
-}
 
 std::string Hostname() {
   char buf[256] = {0};
@@ -117,7 +109,7 @@ absl::StatusOr<v1::JoinJobResponse> Daemon::CreateAndJoin(const v1::CreateJobReq
   // restarted one, which has to learn the job again first.
   for (int attempt = 1;; ++attempt) {
     v1::CreateJobResponse cresp;
-    auto rpc = RpcContext(std::max(deadline - absl::Now(), absl::Milliseconds(1)), tenant_token);
+    auto rpc = CoordinatorRpcContext(std::max(deadline - absl::Now(), absl::Milliseconds(1)), tenant_token);
     rpc->set_wait_for_ready(true);
     absl::Status s = FromGrpcStatus(coordinator_->CreateJob(rpc.get(), creq, &cresp));
     if (!s.ok()) {
@@ -128,7 +120,7 @@ absl::StatusOr<v1::JoinJobResponse> Daemon::CreateAndJoin(const v1::CreateJobReq
     }
     jreq.set_timeout_ms(std::max<int64_t>(1, absl::ToInt64Milliseconds(deadline - absl::Now())));
     v1::JoinJobResponse jresp;
-    rpc = RpcContext(deadline - absl::Now() + absl::Seconds(2), tenant_token);
+    rpc = CoordinatorRpcContext(deadline - absl::Now() + absl::Seconds(2), tenant_token);
     rpc->set_wait_for_ready(true);
     s = FromGrpcStatus(coordinator_->JoinJob(rpc.get(), jreq, &jresp));
     if (s.ok()) return jresp;
@@ -485,114 +477,11 @@ void Daemon::LeaveJob(const SessionInfo& info) {
   req.set_member_id(info.member_id);
   req.set_member_key(info.member_key);
   v1::LeaveJobResponse resp;
-  auto rpc = RpcContext(absl::Seconds(2), info.tenant_token);
+  auto rpc = CoordinatorRpcContext(absl::Seconds(2), info.tenant_token);
   grpc::Status s = coordinator_->LeaveJob(rpc.get(), req, &resp);
   if (!s.ok()) {
     GS_LOG(WARNING) << "leave job '" << info.job_id << "' rank " << info.rank << ": "
                     << s.error_message();
-  }
-}
-
-grpc::Status Daemon::Beat(const SessionInfo& info, v1::HeartbeatResponse* response) {
-  v1::HeartbeatRequest req;
-  req.set_job_id(info.job_id);
-  req.set_rank(info.rank);
-  req.set_epoch(info.epoch);
-  req.set_member_id(info.member_id);
-  req.set_member_key(info.member_key);
-  auto rpc = RpcContext(options_.heartbeat_interval * 2, info.tenant_token);
-  return coordinator_->Heartbeat(rpc.get(), req, response);
-}
-
-void Daemon::HeartbeatLoop() {
-  // Per member: when the coordinator last answered its heartbeat (from the
-  // first round that saw it). Only this thread uses it.
-  std::map<std::string, absl::Time> last_ack;
-  while (!stop_.WaitForNotificationWithTimeout(options_.heartbeat_interval)) {
-    std::vector<std::shared_ptr<Session>> sessions, expired;
-    std::vector<SessionInfo> setup;
-    {
-      absl::MutexLock l(&mu_);
-      for (const auto& [id, info] : setting_up_) setup.push_back(info);
-      const absl::Time now = absl::Now();
-      for (auto it = sessions_.begin(); it != sessions_.end();) {
-        if (now - it->second->last_used() > options_.session_lease &&
-            !it->second->has_pending_ops()) {
-          expired.push_back(it->second);
-          it = sessions_.erase(it);
-        } else {
-          sessions.push_back(it->second);
-          ++it;
-        }
-      }
-    }
-    for (auto& s : expired) {
-      GS_LOG(WARNING) << "session " << s->info().session_id << " unused for "
-                      << absl::FormatDuration(options_.session_lease) << ": closing it";
-      s->Close();
-      LeaveJob(s->info());
-    }
-    for (const SessionInfo& info : setup) {
-      v1::HeartbeatResponse resp;
-      grpc::Status st = Beat(info, &resp);
-      if (!st.ok()) {
-        if (options_.observer != nullptr) options_.observer->OnHeartbeatFailed();
-        GS_LOG(WARNING) << "heartbeat for job '" << info.job_id << "' rank " << info.rank
-                        << " (setting up): " << st.error_message();
-      }
-    }
-    std::map<std::string, absl::Time> acks;
-    for (auto& s : sessions) {
-      const SessionInfo& info = s->info();
-      auto known = last_ack.find(info.member_id);
-      absl::Time& acked = acks[info.member_id];
-      acked = known != last_ack.end() ? known->second : absl::Now();
-      if (!s->health().ok()) continue;
-      v1::HeartbeatResponse resp;
-      grpc::Status st = Beat(info, &resp);
-      if (st.ok()) acked = absl::Now();
-      // Only silence counts (the coordinator unreachable or not answering in
-      // time), past the timeout plus the heartbeat's own RPC deadline.
-      const bool silent = st.error_code() == grpc::StatusCode::UNAVAILABLE ||
-                          st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
-      if (silent &&
-          absl::Now() - acked > info.heartbeat_timeout + 2 * options_.heartbeat_interval) {
-        // Cut off from the coordinator (a partition, or it is down): it has
-        // declared this member dead by now, so the epoch is over here too,
-        // whatever the data plane still does. Say so rather than let ops
-        // run into their deadlines blaming a healthy peer.
-        if (options_.observer != nullptr) options_.observer->OnHeartbeatFailed();
-        s->AbortEpoch(absl::UnavailableError(absl::StrCat(
-            "job '", info.job_id, "' epoch ", info.epoch, ": no heartbeat answer from coordinator ",
-            options_.coordinator, " for ",
-            absl::FormatDuration(absl::Trunc(absl::Now() - acked, absl::Milliseconds(100))),
-            " (the job's heartbeat timeout is ", absl::FormatDuration(info.heartbeat_timeout),
-            "): this node is cut off from the coordinator (a network partition, or the coordinator "
-            "is down), which has declared rank ", info.rank, " dead; last error: ",
-            st.error_message())));
-        continue;
-      }
-      if (st.error_code() == grpc::StatusCode::NOT_FOUND) {
-        s->AbortEpoch(absl::AbortedError(
-            absl::StrCat("job '", info.job_id, "' no longer exists at the coordinator: ",
-                         st.error_message())));
-      } else if (!st.ok()) {
-        if (options_.observer != nullptr) options_.observer->OnHeartbeatFailed();
-        GS_LOG(WARNING) << "heartbeat for job '" << info.job_id << "' rank " << info.rank << ": "
-                        << st.error_message();
-      } else if (resp.state() == v1::JOB_STATE_ABORTED && resp.epoch() == info.epoch &&
-                 resp.dead_ranks().empty()) {
-        // A member left gracefully (e.g. it finished): don't interrupt an op
-        // that may still complete without it; refuse the next ones.
-        s->EndEpoch(absl::FailedPreconditionError(absl::StrCat(
-            "job '", info.job_id, "' epoch ", info.epoch, " ended: ", resp.abort_reason())));
-      } else if (resp.state() == v1::JOB_STATE_ABORTED || resp.epoch() != info.epoch) {
-        s->AbortEpoch(absl::AbortedError(absl::StrCat(
-            "job '", info.job_id, "' epoch ", info.epoch, " aborted by the coordinator: ",
-            resp.abort_reason().empty() ? "a newer epoch started" : resp.abort_reason())));
-      }
-    }
-    last_ack.swap(acks);
   }
 }
 
