@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <random>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -70,10 +71,14 @@ TEST(CoordinatorLink, ADaemonWithoutItsCoordinatorSaysSoAtStartAndServesAnyway) 
   std::filesystem::create_directories(dir);
   const std::string log = dir + "/gradsyncd.log", port_file = dir + "/port";
   const std::string bin = FindBinary("gradsyncd");
+  // Abstract socket names are shared by every test on the machine (pids in
+  // sandboxes repeat): a random name.
+  const std::string listen =
+      absl::StrCat("--listen=unix-abstract:gradsync-lonely-", std::random_device{}(), "-",
+                   absl::ToUnixNanos(absl::Now()));
   const pid_t pid = ::fork();
   ASSERT_GE(pid, 0);
   if (pid == 0) {
-    const std::string listen = absl::StrCat("--listen=unix-abstract:gradsync-lonely-", ::getppid());
     const std::string coordinator = absl::StrCat("--coordinator=127.0.0.1:", port);
     const std::string pf = "--port_file=" + port_file;
     ::freopen(log.c_str(), "w", stderr);
