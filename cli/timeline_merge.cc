@@ -11,9 +11,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/strip.h"
+#include "common/json_escape.h"
 
 namespace gradsync {
 namespace {
@@ -43,20 +43,6 @@ TraceFile Describe(const std::string& path) {
   return f;
 }
 
-std::string JsonString(const std::string& s) {
-  std::string out = "\"";
-  for (unsigned char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += static_cast<char>(c);
-    } else if (c < 0x20) {
-      out += absl::StrFormat("\\u%04x", c);
-    } else {
-      out += static_cast<char>(c);
-    }
-  }
-  return out + "\"";
-}
 
 // Rewrites every "pid":N of one event to the row's pid.
 std::string WithPid(const std::string& event, int pid) {
@@ -130,7 +116,7 @@ absl::StatusOr<TimelineMergeResult> MergeTimelines(const std::vector<std::string
                                           : absl::StrCat(f.job, " epoch ", f.epoch, " rank ", f.rank);
     const int pid = static_cast<int>(i);
     add(absl::StrCat(R"({"name":"process_name","ph":"M","pid":)", pid,
-                     R"(,"tid":0,"args":{"name":)", JsonString(row), "}}"));
+                     R"(,"tid":0,"args":{"name":)", absl::StrCat("\"", JsonEscape(row), "\""), "}}"));
     add(absl::StrCat(R"({"name":"process_sort_index","ph":"M","pid":)", pid,
                      R"(,"tid":0,"args":{"sort_index":)", pid, "}}"));
     result.rows.push_back(row);

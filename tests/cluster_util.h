@@ -160,6 +160,17 @@ inline std::vector<std::unique_ptr<client::Buffer>> AllocateOnEveryRank(
   return bufs;
 }
 
+// An allreduce of `count` elements at the start of `buf`.
+inline client::CollectiveSpec AllreduceSpec(const client::Buffer* buf, size_t count,
+                                            const std::string& name, DType dtype = DType::kF32) {
+  client::CollectiveSpec spec;
+  spec.buffer = buf;
+  spec.count = count;
+  spec.dtype = dtype;
+  spec.name = name;
+  return spec;
+}
+
 // Runs a shell command, returns its stdout.
 inline std::string RunCommand(const std::string& cmd) {
   std::string out;

@@ -101,12 +101,7 @@ class SilentProxy {
 };
 
 client::CollectiveSpec Spec(const client::Buffer* buf, const std::string& name) {
-  client::CollectiveSpec spec;
-  spec.buffer = buf;
-  spec.count = 1024;
-  spec.dtype = DType::kF32;
-  spec.name = name;
-  return spec;
+  return testing::AllreduceSpec(buf, 1024, name);
 }
 
 TEST(Partition, BothSidesFailWithinTenSecondsNamingThePartitionAndANewJobFormsAfterHealing) {

@@ -35,12 +35,7 @@ void StopDaemon(LocalCluster& cluster, int i) {
 }
 
 client::CollectiveSpec Spec(const client::Buffer* buf, const std::string& name) {
-  client::CollectiveSpec spec;
-  spec.buffer = buf;
-  spec.count = 1024;
-  spec.dtype = DType::kF32;
-  spec.name = name;
-  return spec;
+  return testing::AllreduceSpec(buf, 1024, name);
 }
 
 class StoppedDaemon : public ::testing::Test {

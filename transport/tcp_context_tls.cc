@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
+#include "common/status_macros.h"
 #include "transport/tcp_context.h"
 
 namespace gradsync::transport {
@@ -37,6 +38,19 @@ std::string TlsReadFailure(int err) {
   if (err == SSL_ERROR_ZERO_RETURN) return "";
   return absl::StrCat("TLS: ", SslErrors(err == SSL_ERROR_SYSCALL ? ErrnoString(errno)
                                                                   : "protocol error"));
+}
+
+// After a failed blocking-style TLS call: waits for the socket the call wants
+// (or the deadline); an error for anything but WANT_READ/WANT_WRITE.
+absl::Status AwaitTls(SSL* ssl, int fd, int r, const char* what, absl::Time deadline) {
+  const int err = SSL_get_error(ssl, r);
+  if (err != SSL_ERROR_WANT_READ && err != SSL_ERROR_WANT_WRITE) {
+    return absl::UnavailableError(SslErrors(absl::StrCat("TLS ", what, " failed")));
+  }
+  if (FastNow() >= deadline) return absl::DeadlineExceededError(absl::StrCat("TLS ", what, " timed out"));
+  pollfd pfd{fd, static_cast<short>(err == SSL_ERROR_WANT_READ ? POLLIN : POLLOUT), 0};
+  (void)::poll(&pfd, 1, PollTimeoutMs(deadline, 100));
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -112,13 +126,7 @@ absl::Status TcpContext::PeerReadFull(Peer& p, char* dst, size_t n, absl::Time d
       n -= got;
       continue;
     }
-    const int err = SSL_get_error(p.ssl.get(), r);
-    if (err != SSL_ERROR_WANT_READ && err != SSL_ERROR_WANT_WRITE) {
-      return absl::UnavailableError(SslErrors("TLS read failed"));
-    }
-    if (FastNow() >= deadline) return absl::DeadlineExceededError("TLS read timed out");
-    pollfd pfd{p.fd.get(), static_cast<short>(err == SSL_ERROR_WANT_READ ? POLLIN : POLLOUT), 0};
-    (void)::poll(&pfd, 1, PollTimeoutMs(deadline, 100));
+    RETURN_IF_ERROR(AwaitTls(p.ssl.get(), p.fd.get(), r, "read", deadline));
   }
   return absl::OkStatus();
 }
@@ -135,13 +143,7 @@ absl::Status TcpContext::PeerWriteFull(Peer& p, const void* src, size_t n, absl:
       n -= w;
       continue;
     }
-    const int err = SSL_get_error(p.ssl.get(), r);
-    if (err != SSL_ERROR_WANT_READ && err != SSL_ERROR_WANT_WRITE) {
-      return absl::UnavailableError(SslErrors("TLS write failed"));
-    }
-    if (FastNow() >= deadline) return absl::DeadlineExceededError("TLS write timed out");
-    pollfd pfd{p.fd.get(), static_cast<short>(err == SSL_ERROR_WANT_READ ? POLLIN : POLLOUT), 0};
-    (void)::poll(&pfd, 1, PollTimeoutMs(deadline, 100));
+    RETURN_IF_ERROR(AwaitTls(p.ssl.get(), p.fd.get(), r, "write", deadline));
   }
   return absl::OkStatus();
 }

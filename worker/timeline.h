@@ -46,8 +46,6 @@ class Timeline final : public OpTracer {
   std::string desc_ ABSL_GUARDED_BY(mu_);
 };
 
-std::string JsonEscape(const std::string& s);
-
 }  // namespace gradsync
 
 #endif  // GRADSYNC_WORKER_TIMELINE_H_
