@@ -133,7 +133,7 @@ class KeyFetcher {
     stub_ = std::move(stub);
     shard_id_ = std::move(shard_id);
   }
-  absl::StatusOr<std::string> Fetch(const std::string& job_id, uint64_t epoch) {
+  absl::StatusOr<ShardJobKey> Fetch(const std::string& job_id, uint64_t epoch) {
     std::shared_ptr<v1::Coordinator::Stub> stub;
     v1::GetShardKeyRequest req;
     {
@@ -153,7 +153,7 @@ class KeyFetcher {
                           absl::StrCat("no key for job '", job_id, "' epoch ", epoch,
                                        " from the coordinator: ", s.error_message()));
     }
-    return resp.key();
+    return ShardJobKey{resp.key(), resp.data_tls()};
   }
 
  private:
@@ -194,6 +194,9 @@ class ShardCollector : public prometheus::Collectable {
     add("gradsync_ps_pushes_refused_total", "Pushes discarded (stale, refused or failed step)",
         T::Counter, st.pushes_refused);
     add("gradsync_ps_connections_total", "Worker connections accepted", T::Counter, st.connections);
+    add("gradsync_ps_tls_connections_total",
+        "Worker connections accepted with TLS (jobs with data_tls)", T::Counter,
+        st.tls_connections);
     // The same family as the daemons' data port (port="ps" here).
     add("gradsync_auth_failures_total",
         "Connections refused for the job key: on a PS shard, no key for the job epoch here, no "
@@ -269,6 +272,7 @@ int Run() {
     }
     tls = *checked;
   }
+  options->tls = tls;  // also the TLS of the workers' connections of data_tls jobs
   // Block the shutdown signals in every thread; this thread takes them with sigwait.
   sigset_t signals;
   sigemptyset(&signals);

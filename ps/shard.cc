@@ -10,7 +10,7 @@ namespace gradsync::ps {
 absl::Status PsShard::Impl::Init() {
   device_ = options_.device;
   if (device_ == nullptr) {
-    own_device_ = transport::TcpDevice::DialOnly(options_.socket_buffer_bytes);
+    own_device_ = transport::TcpDevice::DialOnly(options_.socket_buffer_bytes, options_.tls);
     device_ = own_device_.get();
   }
   for (int t = 0; t < options_.threads; ++t) {
@@ -30,6 +30,7 @@ absl::Status PsShard::Impl::Init() {
 PsShardStats PsShard::Impl::stats() const {
   PsShardStats s;
   s.connections = connections_;
+  s.tls_connections = tls_connections_;
   s.connections_refused = connections_refused_;
   s.auth_failures = auth_failures_;
   s.steps_completed = steps_completed_;

@@ -42,14 +42,28 @@
 #define GRADSYNC_PS_SHARD_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/net.h"
+#include "common/tls.h"
 #include "transport/device.h"
 
 namespace gradsync::ps {
+
+// What a shard holds for a job epoch: the key its workers' connections must
+// prove, and whether they then run TLS (the job's data_tls).
+struct ShardJobKey {
+  std::string key;
+  bool data_tls = false;
+};
+
+// Where a shard gets a job epoch's key (the job id without "ps/").
+using JobKeySource =
+    std::function<absl::StatusOr<ShardJobKey>(const std::string& job_id, uint64_t epoch)>;
 
 struct PsShardOptions {
   // Where workers connect (transport::TcpListener); port 0 picks a free port.
@@ -70,10 +84,14 @@ struct PsShardOptions {
   // steps at or below the last finished one are refused until then).
   absl::Duration idle_job_timeout = absl::Seconds(300);
   // The key a worker's connection for (job, epoch) must prove: this shard's
-  // key of the job, from the coordinator (gradsync-ps asks GetShardKey). An
-  // error refuses the connection with its message. Null: the empty key
-  // (a shard without a coordinator: connections are not authenticated).
-  std::function<absl::StatusOr<std::string>(const std::string& job_id, uint64_t epoch)> job_key;
+  // key of the job, from the coordinator (gradsync-ps asks GetShardKey), and
+  // whether the connection then runs TLS. An error refuses the connection
+  // with its message. Null: the empty key, no TLS (a shard without a
+  // coordinator: connections are not authenticated).
+  JobKeySource job_key;
+  // This shard's certificate (OU=ps) for the TLS of jobs with data_tls,
+  // when the shard makes its own device; empty: their workers are refused.
+  TlsConfig tls;
 };
 
 // One job's counters on a shard (since the shard first saw the job, or since
@@ -88,6 +106,7 @@ struct PsJobStats {
 
 struct PsShardStats {
   uint64_t connections = 0;          // worker connections accepted
+  uint64_t tls_connections = 0;      // ... of them with TLS (jobs with data_tls)
   uint64_t connections_refused = 0;  // handshakes refused (world size / shard index mismatch)
   // Connections refused for the job key: no key for the job epoch here, no
   // nonce, or a wrong proof.

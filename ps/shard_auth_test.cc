@@ -26,8 +26,8 @@ constexpr char kKey[] = "the-shard-key-of-job-auth-epoch1";
 
 PsShardOptions WithKeys() {
   PsShardOptions o;
-  o.job_key = [](const std::string& job, uint64_t epoch) -> absl::StatusOr<std::string> {
-    if (job == "auth" && epoch == 1) return std::string(kKey);
+  o.job_key = [](const std::string& job, uint64_t epoch) -> absl::StatusOr<ShardJobKey> {
+    if (job == "auth" && epoch == 1) return ShardJobKey{kKey};
     return absl::PermissionDeniedError("shard 's0' does not serve job '" + job + "'");
   };
   return o;

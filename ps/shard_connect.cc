@@ -1,5 +1,6 @@
 // A worker's connection to the shard: the job-key handshake, the checks of
-// its Hello against the job, and its registration (or refusal).
+// its Hello against the job, TLS for a job with data_tls, and its
+// registration (or refusal).
 #include "ps/shard.h"
 #include "ps/shard_handshake.h"
 #include "ps/shard_impl.h"
@@ -32,7 +33,7 @@ void PsShard::Impl::Adopt(transport::RoutedConnection rc) {
     GS_LOG(WARNING) << "ps shard: " << rc.peer << " sent no nonce: " << nonce.status().message();
     return;
   }
-  absl::StatusOr<std::string> key = keys_.Get(std::string(JobOfPsJobId(rc.job_id)), rc.hello.epoch);
+  absl::StatusOr<ShardJobKey> key = keys_.Get(std::string(JobOfPsJobId(rc.job_id)), rc.hello.epoch);
   if (!key.ok()) {
     ++auth_failures_;
     return Refuse(rc, key.status());
@@ -65,7 +66,7 @@ void PsShard::Impl::Adopt(transport::RoutedConnection rc) {
   if (!refuse.ok()) return Refuse(rc, refuse);
   // Both sides prove the key before the connection replaces any other: a
   // forged Hello never displaces a worker's live connection.
-  if (absl::Status proven = ProveJobKey(rc, *key, *nonce, deadline); !proven.ok()) {
+  if (absl::Status proven = ProveJobKey(rc, key->key, *nonce, deadline); !proven.ok()) {
     ++auth_failures_;
     GS_LOG(WARNING) << "ps shard: refused " << rc.peer << " (job '" << rc.job_id << "' rank "
                     << rank << "): " << proven.message();
@@ -94,6 +95,9 @@ void PsShard::Impl::Adopt(transport::RoutedConnection rc) {
     spec.epoch = job->epoch;
     spec.client_name = absl::StrCat("worker rank ", rank);
     spec.self_name = job->prefix;
+    spec.encrypt = key->data_tls;
+    spec.key = key->key;
+    spec.deadline = deadline;
     absl::StatusOr<std::unique_ptr<transport::Context>> ctx =
         device_->AcceptClient(std::move(rc.fd), spec);
     s = ctx.status();
@@ -115,6 +119,7 @@ void PsShard::Impl::Adopt(transport::RoutedConnection rc) {
     c->done = true;
   } else {
     ++connections_;
+    if (key->data_tls) ++tls_connections_;
   }
   GS_LOG(DEBUG) << job->prefix << ": worker rank " << rank << " of " << workers
                 << " connected from " << c->peer;

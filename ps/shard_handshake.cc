@@ -7,15 +7,15 @@
 
 namespace gradsync::ps {
 
-absl::StatusOr<std::string> ShardKeyCache::Get(const std::string& job_id, uint64_t epoch) {
-  if (source_ == nullptr) return std::string();
+absl::StatusOr<ShardJobKey> ShardKeyCache::Get(const std::string& job_id, uint64_t epoch) {
+  if (source_ == nullptr) return ShardJobKey{};
   const auto id = std::make_pair(job_id, epoch);
   {
     absl::MutexLock l(&mu_);
     auto it = keys_.find(id);
     if (it != keys_.end() && absl::Now() < it->second.second) return it->second.first;
   }
-  absl::StatusOr<std::string> key = source_(job_id, epoch);
+  absl::StatusOr<ShardJobKey> key = source_(job_id, epoch);
   if (!key.ok()) return key.status();
   absl::MutexLock l(&mu_);
   const absl::Time now = absl::Now();

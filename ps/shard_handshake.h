@@ -17,13 +17,10 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "ps/shard.h"
 #include "transport/tcp_listener.h"
 
 namespace gradsync::ps {
-
-// Where a shard gets a job epoch's key (the job id without "ps/").
-using JobKeySource =
-    std::function<absl::StatusOr<std::string>(const std::string& job_id, uint64_t epoch)>;
 
 // Keys fetched once per job epoch and kept for `ttl` (errors are not kept).
 // Null source: every job's key is empty (a shard without a coordinator).
@@ -31,14 +28,14 @@ class ShardKeyCache {
  public:
   explicit ShardKeyCache(JobKeySource source, absl::Duration ttl = absl::Minutes(10))
       : source_(std::move(source)), ttl_(ttl) {}
-  absl::StatusOr<std::string> Get(const std::string& job_id, uint64_t epoch);
+  absl::StatusOr<ShardJobKey> Get(const std::string& job_id, uint64_t epoch);
 
  private:
   static constexpr size_t kMaxEntries = 4096;
   const JobKeySource source_;
   const absl::Duration ttl_;
   absl::Mutex mu_;
-  std::map<std::pair<std::string, uint64_t>, std::pair<std::string, absl::Time>> keys_
+  std::map<std::pair<std::string, uint64_t>, std::pair<ShardJobKey, absl::Time>> keys_
       ABSL_GUARDED_BY(mu_);
 };
 

@@ -273,7 +273,7 @@ PsWorker::PsWorker(PsWorkerOptions options, std::string ps_job_id)
     : options_(std::move(options)), ps_job_id_(std::move(ps_job_id)) {
   device_ = options_.device;
   if (device_ == nullptr) {
-    own_device_ = transport::TcpDevice::DialOnly(options_.socket_buffer_bytes);
+    own_device_ = transport::TcpDevice::DialOnly(options_.socket_buffer_bytes, options_.tls);
     device_ = own_device_.get();
   }
 }
@@ -327,6 +327,7 @@ absl::Status PsWorker::EnsureContext(absl::Time deadline) {
   spec.clients = world_;
   spec.servers = options_.shards;
   spec.server_keys = options_.shard_keys;
+  spec.encrypt = options_.encrypt;
   for (int k = 0; k < shards(); ++k) spec.server_names.push_back(ShardName(k));
   spec.self_name = absl::StrCat("ps worker rank ", rank_);
   spec.deadline = deadline;

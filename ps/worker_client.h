@@ -52,6 +52,7 @@
 #include "common/net.h"
 #include "common/types.h"
 #include "ps/slicer.h"
+#include "common/tls.h"
 #include "transport/device.h"
 #include "transport/memory.h"
 
@@ -68,12 +69,17 @@ struct PsWorkerOptions {
   // The key shard k proves, and this worker proves back, at each connection
   // (PsShardKey of the job key and the shard's id; missing: empty).
   std::vector<std::string> shard_keys;
+  // TLS on every shard connection, bound to its shard key (the job's
+  // data_tls); each shard must present a PS certificate (OU=ps).
+  bool encrypt = false;
   // Partitions pushed to one shard and not yet pulled back (>= 1).
   int max_inflight = 8;
   // The data plane's device (not owned; outlives the PsWorker). Null: a
-  // dial-only TCP device of the PsWorker's own, with socket_buffer_bytes.
+  // dial-only TCP device of the PsWorker's own, with socket_buffer_bytes and
+  // the node certificate `tls` (for `encrypt`).
   transport::Device* device = nullptr;
   int socket_buffer_bytes = 0;  // 0: the kernel's autotuned buffers
+  TlsConfig tls;
 };
 
 struct PsWorkerStats {

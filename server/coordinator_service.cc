@@ -278,9 +278,10 @@ grpc::Status CoordinatorService::GetShardKey(grpc::ServerContext* ctx,
                         absl::StrCat("shard '", request->shard_id(), "' does not serve job '",
                                      request->job_id(), "' epoch ", request->epoch()));
   }
-  absl::StatusOr<std::string> key = registry_->JobKey(request->job_id());
-  if (!key.ok()) return ToGrpcStatus(key.status());
-  response->set_key(PsShardKey(*key, request->shard_id()));
+  absl::StatusOr<JobRegistry::JobSecret> secret = registry_->JobKey(request->job_id());
+  if (!secret.ok()) return ToGrpcStatus(secret.status());
+  response->set_key(PsShardKey(secret->key, request->shard_id()));
+  response->set_data_tls(secret->data_tls);
   return grpc::Status::OK;
 }
 

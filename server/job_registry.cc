@@ -131,11 +131,11 @@ void JobRegistry::SetStateLocked(Job& job, v1::JobState state) {
   job.state = state;
 }
 
-absl::StatusOr<std::string> JobRegistry::JobKey(const std::string& job_id) {
+absl::StatusOr<JobRegistry::JobSecret> JobRegistry::JobKey(const std::string& job_id) {
   absl::MutexLock lock(&mu_);
   Job* job = FindJobLocked(job_id);
   if (job == nullptr) return NotFoundLocked(job_id);
-  return job->key;
+  return JobSecret{job->key, job->options.data_tls()};
 }
 
 size_t JobRegistry::JobCount() {

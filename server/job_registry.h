@@ -219,8 +219,13 @@ class JobRegistry {
 
   // The number of jobs. Takes the registry mutex, so it doubles as a cheap
   // "is the registry responsive" probe (the systemd watchdog uses it).
-  // The job's secret (handed to its members at JoinJob). NOT_FOUND.
-  absl::StatusOr<std::string> JobKey(const std::string& job_id);
+  // The job's secret (handed to its members at JoinJob) and whether its
+  // data connections run TLS, for the PS shards assigned to it. NOT_FOUND.
+  struct JobSecret {
+    std::string key;
+    bool data_tls = false;
+  };
+  absl::StatusOr<JobSecret> JobKey(const std::string& job_id);
   size_t JobCount();
 
   // One pass of death detection (the background thread calls this).

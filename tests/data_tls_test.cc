@@ -1,5 +1,6 @@
 // gradsyncd --data_tls end to end: the jobs of daemons run with it move their
-// data over TLS (said in the daemon's log) and reduce bit-exactly; a daemon
+// data over TLS (said in the daemon's log; PS shards count their TLS
+// connections) and reduce bit-exactly; a daemon
 // that requires it refuses a job created without it, naming the cause; a
 // daemon without the flag follows a TLS job; --data_tls without certificates
 // does not start.
@@ -10,6 +11,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/metrics_testing.h"
 #include "gtest/gtest.h"
 #include "tests/cluster_util.h"
 
@@ -49,6 +51,23 @@ TEST(DataTls, JobsOfDaemonsWithItAreEncryptedAndExact) {
   for (const std::string algo : {"ring", "rhd", "tree"}) AllreduceIsExact(*ranks, 3 << 20, algo);
   for (int d = 0; d < 3; ++d) {
     EXPECT_TRUE(absl::StrContains(testing::ReadTextFile((*cluster)->daemon_log(d)), "data TLS 1.3")) << "daemon " << d;
+  }
+}
+
+TEST(DataTls, PsJobsRunItToTheShardsToo) {
+  LocalClusterOptions o;
+  o.daemons = 2;
+  o.ps_shards = 2;
+  o.daemon_flags = {"--data_tls"};
+  auto cluster = LocalCluster::Start(o);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  auto ranks = testing::OpenJob(**cluster, "ps-secret", {0, 1}, 30000, 0, /*ps_shards=*/2);
+  ASSERT_TRUE(ranks.ok()) << ranks.status();
+  AllreduceIsExact(*ranks, 1 << 20, "ps");
+  for (int k = 0; k < 2; ++k) {  // each shard took both workers' connections over TLS
+    auto text = HttpGet("127.0.0.1", (*cluster)->ps_metrics_port(k), "/metrics");
+    ASSERT_TRUE(text.ok()) << text.status();
+    EXPECT_EQ(FindSample(*text, "gradsync_ps_tls_connections_total").value_or(-1), 2) << "shard " << k;
   }
 }
 

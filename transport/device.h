@@ -74,6 +74,8 @@ struct ServerSetSpec {
   // The key server k proves at the handshake, and the client proves back
   // (ps: PsShardKey of the job key and the shard's id). Missing: empty.
   std::vector<std::string> server_keys;
+  // Encrypt every connection, bound to its server's key (ContextSpec::encrypt).
+  bool encrypt = false;
 };
 
 // The server side of ConnectToServers: a context over one client's
@@ -86,6 +88,11 @@ struct ClientSpec {
   uint64_t epoch = 0;
   std::string client_name;  // how errors name the client ("worker rank 2")
   std::string self_name;    // and this server ("ps shard 0: job 'j'")
+  // Encrypt the connection (ContextSpec::encrypt), bound to `key`: the key
+  // the client proved at the handshake. The TLS handshake runs by `deadline`.
+  bool encrypt = false;
+  std::string key;
+  absl::Time deadline = absl::InfiniteFuture();
 };
 
 class Device {

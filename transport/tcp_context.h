@@ -68,8 +68,11 @@ struct TcpContextOptions {
   // Hears each connection refused for a missing or wrong proof ("bad_proof",
   // "no_proof"); may be empty.
   std::function<void(absl::string_view reason)> on_auth_failure;
-  // Connect: TLS 1.3 on every connection after the job-key handshake, bound
-  // to the job key (transport/tcp_tls.h); null: plaintext frames.
+  // TLS 1.3 on every connection after the job-key handshake (tcp_tls.h),
+  // bound to the key the handshake proved: Connect's job_key, Adopt's
+  // job_key (the shard's key of the job; the client must be a node), or
+  // ConnectToServers' server_keys (each server must be a PS shard). Null:
+  // plaintext frames.
   std::shared_ptr<const DataTls> tls;
   // Server contexts (Adopt): Progress also returns OK when a message no
   // posted receive expects arrives (Probe) or the peer closes; the context's
@@ -227,7 +230,7 @@ class TcpContext : public Context, public TcpControls {
   // for ABORT frames.
   static absl::Status PeerReadFull(Peer& p, char* dst, size_t n, absl::Time deadline);
   static absl::Status PeerWriteFull(Peer& p, const void* src, size_t n, absl::Time deadline);
-  // Connect: TLS on every connection (options.tls).
+  // TLS on every connection (options.tls), after the job-key handshake.
   absl::Status SecurePeers(const TcpContextOptions& options);
   // Copies up to n staged bytes to dst, else refills the stage (or, for
   // `direct` reads of n >= kStageBytes/2, reads into dst): bytes copied (> 0),

@@ -237,6 +237,7 @@ absl::StatusOr<std::unique_ptr<TcpContext>> TcpContext::ConnectToServers(
     if (s.ok()) s = TuneDataSocket(fd, options.socket_buffer_bytes);
     if (!s.ok()) return server_error(k, s);
   }
+  if (options.tls != nullptr) RETURN_IF_ERROR(ctx->SecurePeers(options));
   return ctx;
 }
 
@@ -251,6 +252,7 @@ absl::StatusOr<std::unique_ptr<TcpContext>> TcpContext::Adopt(UniqueFd fd,
   ASSIGN_OR_RETURN(std::unique_ptr<TcpContext> ctx, Create(o, 1, /*self=*/-1));
   RETURN_IF_ERROR(TuneDataSocket(fd.get(), options.socket_buffer_bytes));
   ctx->peers_[0].fd = std::move(fd);
+  if (options.tls != nullptr) RETURN_IF_ERROR(ctx->SecurePeers(o));
   return ctx;
 }
 

@@ -1,5 +1,5 @@
 // TcpContext over TLS (TcpContextOptions::tls): the connections' TLS
-// handshakes after Connect's job-key handshake, and the reads and writes of
+// handshakes after the job-key handshake (Connect, ConnectToServers, Adopt), and the reads and writes of
 // the send, receive and abort paths through OpenSSL.
 #include <openssl/err.h>
 #include <poll.h>
@@ -12,18 +12,28 @@
 namespace gradsync::transport {
 
 absl::Status TcpContext::SecurePeers(const TcpContextOptions& options) {
+  // Between daemons the lower rank dialed: it is the TLS client. A PS
+  // worker (rank -1 of a client context) is the client of every shard, which
+  // must present a shard's certificate; a shard (server_) is the server.
+  const bool to_servers = rank_ < 0 && !server_;
   std::vector<TlsConnection> connections;
   for (size_t c = 0; c < peers_.size(); ++c) {
     Peer& p = peers_[c];
     if (p.rank == rank_ || !p.fd.valid()) continue;
-    // The lower rank dialed: it is the TLS client.
-    absl::StatusOr<SslPtr> ssl = options.tls->NewSession(p.fd.get(), /*client=*/rank_ < p.rank);
+    const bool client = to_servers || (!server_ && rank_ < p.rank);
+    absl::StatusOr<SslPtr> ssl = options.tls->NewSession(p.fd.get(), client);
     if (!ssl.ok()) return ssl.status();
     p.ssl = std::move(*ssl);
-    connections.push_back(TlsConnection{
-        p.ssl.get(), p.fd.get(), absl::StrCat(PeerName(p.rank), " (stream ", c % streams_, ")")});
+    TlsConnection tc{p.ssl.get(), p.fd.get(), PeerName(p.rank), options.job_key};
+    if (to_servers) {
+      tc.key = c < options.server_keys.size() ? options.server_keys[c] : "";
+      tc.peer_role = "ps";
+    } else if (!server_) {
+      absl::StrAppend(&tc.peer_name, " (stream ", c % streams_, ")");
+    }
+    connections.push_back(std::move(tc));
   }
-  absl::Status s = SecureConnections(connections, options.job_key, options.deadline);
+  absl::Status s = SecureConnections(connections, options.deadline);
   if (!s.ok()) {
     return absl::Status(s.code(), absl::StrCat("job '", options.job_id, "' epoch ", options.epoch,
                                                ": ", self_name_, ": ", s.message()));

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "transport/tcp_context.h"
 
 namespace gradsync::transport {
@@ -24,9 +25,19 @@ TcpContextOptions TcpDevice::Options(const std::string& job_id, uint64_t epoch) 
   return o;
 }
 
-std::unique_ptr<TcpDevice> TcpDevice::DialOnly(int socket_buffer_bytes) {
+absl::StatusOr<std::shared_ptr<const DataTls>> TcpDevice::LoadTls(const std::string& job_id) const {
+  absl::StatusOr<std::shared_ptr<const DataTls>> tls = DataTls::Load(options_.tls);
+  if (!tls.ok()) {
+    return absl::Status(tls.status().code(), absl::StrCat("job '", job_id, "' runs with data TLS: ",
+                                                          tls.status().message()));
+  }
+  return tls;
+}
+
+std::unique_ptr<TcpDevice> TcpDevice::DialOnly(int socket_buffer_bytes, TlsConfig tls) {
   TcpDeviceOptions o;
   o.socket_buffer_bytes = socket_buffer_bytes;
+  o.tls = std::move(tls);
   return std::make_unique<TcpDevice>(o);
 }
 
@@ -40,13 +51,7 @@ absl::StatusOr<std::unique_ptr<Context>> TcpDevice::CreateContext(const ContextS
   o.job_key = spec.job_key;
   o.on_auth_failure = options_.on_auth_failure;
   if (spec.encrypt) {
-    absl::StatusOr<std::shared_ptr<const DataTls>> tls = DataTls::Load(options_.tls);
-    if (!tls.ok()) {
-      return absl::Status(tls.status().code(),
-                          absl::StrCat("job '", spec.job_id, "' runs with data TLS: ",
-                                       tls.status().message()));
-    }
-    o.tls = *std::move(tls);
+    ASSIGN_OR_RETURN(o.tls, LoadTls(spec.job_id));
   }
   absl::StatusOr<std::unique_ptr<TcpContext>> ctx = TcpContext::Connect(o, options_.listener);
   if (!ctx.ok()) return ctx.status();
@@ -64,6 +69,9 @@ absl::StatusOr<std::unique_ptr<Context>> TcpDevice::ConnectToServers(const Serve
   o.server_keys = spec.server_keys;
   o.verbatim_aborts = true;
   o.relay_faults = false;
+  if (spec.encrypt) {
+    ASSIGN_OR_RETURN(o.tls, LoadTls(spec.job_id));
+  }
   absl::StatusOr<std::unique_ptr<TcpContext>> ctx = TcpContext::ConnectToServers(o);
   if (!ctx.ok()) return ctx.status();
   return std::unique_ptr<Context>(std::move(*ctx));
@@ -75,6 +83,11 @@ absl::StatusOr<std::unique_ptr<Context>> TcpDevice::AcceptClient(UniqueFd connec
   o.spin_us = 0;  // a server thread sleeps between a client's frames
   o.self_name = spec.self_name;
   o.peer_names = {spec.client_name};
+  o.deadline = spec.deadline;
+  if (spec.encrypt) {
+    ASSIGN_OR_RETURN(o.tls, LoadTls(spec.job_id));
+    o.job_key = spec.key;
+  }
   absl::StatusOr<std::unique_ptr<TcpContext>> ctx =
       TcpContext::Adopt(std::move(connection), o);
   if (!ctx.ok()) return ctx.status();

@@ -21,8 +21,9 @@ struct TcpDeviceOptions {
   int spin_us = 0;                  // TcpContextOptions::spin_us
   // TcpContextOptions::on_auth_failure of every context (may be empty).
   std::function<void(absl::string_view reason)> on_auth_failure;
-  // The node's certificate for contexts with ContextSpec::encrypt (data TLS),
-  // loaded for each such context; empty: they are refused.
+  // This process's certificate for contexts that encrypt (ContextSpec,
+  // ServerSetSpec, ClientSpec ::encrypt: data TLS), loaded for each such
+  // context; empty: they are refused.
   TlsConfig tls;
 };
 
@@ -30,8 +31,9 @@ class TcpDevice final : public Device {
  public:
   explicit TcpDevice(TcpDeviceOptions options);
   // A device without a listener, for client contexts and server contexts
-  // over connections accepted elsewhere (the PS worker's and shard's own).
-  static std::unique_ptr<TcpDevice> DialOnly(int socket_buffer_bytes);
+  // over connections accepted elsewhere (the PS worker's and shard's own),
+  // with `tls` for the contexts that encrypt.
+  static std::unique_ptr<TcpDevice> DialOnly(int socket_buffer_bytes, TlsConfig tls = {});
   const DeviceProperties& properties() const override { return properties_; }
   // A TcpContext (Context::tcp() is non-null); spec.lanes = its streams.
   absl::StatusOr<std::unique_ptr<Context>> CreateContext(const ContextSpec& spec) override;
@@ -44,6 +46,9 @@ class TcpDevice final : public Device {
  private:
   // The options every context of this device shares.
   TcpContextOptions Options(const std::string& job_id, uint64_t epoch) const;
+  // The node's certificate as a TLS context, for a context of `job_id` that
+  // must encrypt (errors name the job and the file that cannot be used).
+  absl::StatusOr<std::shared_ptr<const DataTls>> LoadTls(const std::string& job_id) const;
   const TcpDeviceOptions options_;
   DeviceProperties properties_;
 };

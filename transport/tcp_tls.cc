@@ -127,8 +127,7 @@ absl::StatusOr<SslPtr> DataTls::NewSession(int fd, bool client) const {
   return ssl;
 }
 
-absl::Status SecureConnections(std::vector<TlsConnection>& connections, absl::string_view job_key,
-                               absl::Time deadline) {
+absl::Status SecureConnections(std::vector<TlsConnection>& connections, absl::Time deadline) {
   enum Step { kHandshake, kSendBinding, kReadBinding, kDone };
   struct State {
     Step step = kHandshake;
@@ -162,9 +161,10 @@ absl::Status SecureConnections(std::vector<TlsConnection>& connections, absl::st
           r = SSL_do_handshake(ssl);
           if (r == 1) {
             const std::string role = PeerRole(ssl);
-            if (role != "node") {
-              return fail(i, absl::StrCat("the peer's certificate is not a node's (OU=",
-                                          role.empty() ? "none" : role, ")"));
+            if (role != connections[i].peer_role) {
+              return fail(i, absl::StrCat("the peer's certificate is not a ",
+                                          connections[i].peer_role == "ps" ? "PS shard" : "node",
+                                          "'s (OU=", role.empty() ? "none" : role, ")"));
             }
             unsigned char ekm[kBindingBytes];
             if (SSL_export_keying_material(ssl, ekm, sizeof(ekm), kExporterLabel,
@@ -172,8 +172,8 @@ absl::Status SecureConnections(std::vector<TlsConnection>& connections, absl::st
               return fail(i, SslErrors("cannot export keying material"));
             }
             const bool client = SSL_is_server(ssl) == 0;
-            s.mine = Binding(job_key, client, ekm);
-            s.expected = Binding(job_key, !client, ekm);
+            s.mine = Binding(connections[i].key, client, ekm);
+            s.expected = Binding(connections[i].key, !client, ekm);
             s.step = kSendBinding;
             continue;
           }

@@ -7,7 +7,9 @@
 // session to the job: each sends HMAC-SHA256(job key, the session's exported
 // keying material) inside TLS and checks the other's, so the TLS peer is the
 // one that proved the job key. After that every frame is encrypted and
-// integrity-protected. This kernel has no kTLS, so records are made in user
+// integrity-protected. A PS worker's connections to the shards run the same,
+// bound to each shard's key of the job, the shard presenting its OU=ps
+// certificate. This kernel has no kTLS, so records are made in user
 // space (SSL_write/SSL_read in TcpContext's send and receive paths).
 #ifndef GRADSYNC_TRANSPORT_TCP_TLS_H_
 #define GRADSYNC_TRANSPORT_TCP_TLS_H_
@@ -53,15 +55,19 @@ struct TlsConnection {
   SSL* ssl = nullptr;
   int fd = -1;            // non-blocking
   std::string peer_name;  // for errors: "rank 2 (stream 1)"
+  // The key both ends bind the session to: the job key between daemons, the
+  // shard's key of the job between a PS worker and a shard.
+  std::string key;
+  // The OU the peer's certificate must have: "node" (a daemon), "ps" (a shard).
+  std::string peer_role = "node";
 };
 
-// Runs every connection's handshake and job binding at once (one poll loop,
+// Runs every connection's handshake and key binding at once (one poll loop,
 // so no order of peers can deadlock) until all are done or `deadline`.
 // Errors name the connection and OpenSSL's reason (e.g. "certificate
 // verify failed", "the peer's certificate is not a node's (OU=operator)",
 // "it did not bind the TLS session to the job's key").
-absl::Status SecureConnections(std::vector<TlsConnection>& connections, absl::string_view job_key,
-                               absl::Time deadline);
+absl::Status SecureConnections(std::vector<TlsConnection>& connections, absl::Time deadline);
 
 // OpenSSL's queued errors as text (and clears them); `fallback` if none.
 std::string SslErrors(absl::string_view fallback);

@@ -1,6 +1,6 @@
 // Data TLS between two real TcpContexts, with a tap between them (rank 0
-// reaches rank 1 through a forwarding proxy in this test that records every
-// byte and can flip one): frames arrive intact, no payload byte pattern is on
+// reaches rank 1 through a forwarding proxy, tcp_tap_testing.h, that records
+// every byte and can flip one): frames arrive intact, no payload byte pattern is on
 // the wire with TLS (and it is without), a flipped byte fails the context
 // naming TLS instead of delivering wrong data, and certificates that are not
 // a node's, or another CA's, are refused at the handshake.
@@ -22,81 +22,10 @@
 #include "gtest/gtest.h"
 #include "transport/tcp_context.h"
 #include "transport/tcp_listener.h"
+#include "transport/tcp_tap_testing.h"
 
 namespace gradsync::transport {
 namespace {
-
-// Forwards one connection at a time to `target`, recording what rank 0 sends.
-class Tap {
- public:
-  explicit Tap(int target_port) : target_port_(target_port) {
-    auto l = TcpListen(HostPort{"127.0.0.1", 0});
-    EXPECT_TRUE(l.ok());
-    listener_ = std::move(*l);
-    port_ = *LocalPort(listener_.get());
-    thread_ = std::thread([this] { Loop(); });
-  }
-  ~Tap() {
-    stop_ = true;
-    thread_.join();
-    for (std::thread& t : pumps_) t.join();
-  }
-  int port() const { return port_; }
-  // Flips a byte of rank 0's stream once `after` more bytes have passed.
-  void FlipAfter(size_t after) { flip_at_ = recorded_size() + after; }
-  std::string recorded() {
-    absl::MutexLock l(&mu_);
-    return recorded_;
-  }
-  size_t recorded_size() {
-    absl::MutexLock l(&mu_);
-    return recorded_.size();
-  }
-
- private:
-  void Loop() {
-    while (!stop_) {
-      pollfd p{listener_.get(), POLLIN, 0};
-      if (::poll(&p, 1, 20) <= 0) continue;
-      int fd = ::accept(listener_.get(), nullptr, nullptr);
-      if (fd >= 0) pumps_.emplace_back([this, fd] { Pump(UniqueFd(fd)); });
-    }
-  }
-  void Pump(UniqueFd from) {
-    auto to = TcpConnect(HostPort{"127.0.0.1", target_port_}, absl::Now() + absl::Seconds(5));
-    if (!to.ok()) return;
-    const int fds[2] = {from.get(), to->get()};
-    char buf[64 << 10];
-    while (!stop_) {
-      pollfd p[2] = {{fds[0], POLLIN, 0}, {fds[1], POLLIN, 0}};
-      if (::poll(p, 2, 20) <= 0) continue;
-      for (int i = 0; i < 2; ++i) {
-        if (p[i].revents == 0) continue;
-        const ssize_t n = ::read(fds[i], buf, sizeof(buf));
-        if (n <= 0) return;
-        if (i == 0) {
-          absl::MutexLock l(&mu_);
-          const size_t before = recorded_.size();
-          recorded_.append(buf, static_cast<size_t>(n));
-          const size_t at = flip_at_.load();
-          if (at >= before && at < recorded_.size()) buf[at - before] ^= 0x01;
-        }
-        if (!WriteFull(fds[1 - i], buf, static_cast<size_t>(n), absl::Now() + absl::Seconds(5)).ok()) {
-          return;
-        }
-      }
-    }
-  }
-  UniqueFd listener_;
-  int port_ = 0;
-  const int target_port_;
-  std::atomic<bool> stop_{false};
-  std::atomic<size_t> flip_at_{SIZE_MAX};
-  absl::Mutex mu_;
-  std::string recorded_ ABSL_GUARDED_BY(mu_);
-  std::thread thread_;
-  std::vector<std::thread> pumps_;
-};
 
 struct Certs {
   LabCerts lab;
@@ -117,7 +46,7 @@ Certs MakeCerts(const std::string& name) {
 // Rank 0 and rank 1 of a 2-rank job, rank 0 dialing rank 1 through `tap`.
 struct TlsPair {
   std::unique_ptr<TcpListener> l0, l1;
-  std::unique_ptr<Tap> tap;
+  std::unique_ptr<testing::Tap> tap;
   std::unique_ptr<TcpContext> ctx[2];
   absl::Status status[2];
 };
@@ -127,7 +56,7 @@ void ConnectPair(TlsPair& p, const TlsConfig* tls0, const TlsConfig* tls1) {
   lo.listen = {"127.0.0.1", 0};
   p.l0 = std::move(*TcpListener::Start(lo));
   p.l1 = std::move(*TcpListener::Start(lo));
-  p.tap = std::make_unique<Tap>(p.l1->port());
+  p.tap = std::make_unique<testing::Tap>(p.l1->port());
   const absl::Time deadline = absl::Now() + absl::Seconds(10);
   auto run = [&](int rank, const TlsConfig* tls) {
     TcpContextOptions o;

@@ -459,6 +459,7 @@ absl::StatusOr<std::shared_ptr<JobExecutor>> Daemon::GetOrCreateExecutor(
   eo.ring = options_.ring;
   eo.ps_shards = info.ps_shards;
   eo.ps_shard_keys = info.ps_shard_keys;
+  eo.data_tls = info.data_tls;
   eo.device = device_.get();
   eo.ps_partition_bytes = options_.ps_partition_bytes;
   eo.spin = options_.executor_spin;

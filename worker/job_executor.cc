@@ -55,6 +55,7 @@ JobExecutor::JobExecutor(JobExecutorOptions options, std::unique_ptr<transport::
     po.epoch = static_cast<uint64_t>(options_.epoch);
     po.shards = options_.ps_shards;
     po.shard_keys = options_.ps_shard_keys;
+    po.encrypt = options_.data_tls;
     po.device = options_.device;
     auto w = ps::PsWorker::Create(po);
     if (w.ok()) {

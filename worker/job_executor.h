@@ -70,6 +70,7 @@ struct JobExecutorOptions {
   RingOptions ring;
   std::vector<HostPort> ps_shards;  // the epoch's gradsync-ps shards (plan "ps")
   std::vector<std::string> ps_shard_keys;  // what each shard proves (PsShardKey)
+  bool data_tls = false;  // the shard connections run TLS too (JobOptions.data_tls)
   transport::Device* device = nullptr;  // the data plane's (PS contexts); not owned
   uint64_t ps_partition_bytes = 1 << 20;
   // How long to keep polling after activity before sleeping.
