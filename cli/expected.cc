@@ -5,9 +5,16 @@
 #include <cstring>
 #include <vector>
 
+#include "common/fp8.h"
+
 namespace gradsync {
 
 int InputValue(int r, uint64_t i, DType t) {
+  // fp8 holds every integer only up to 8 (E5M2) or 16 (E4M3): values in [-1, 1]
+  // keep sums exact in any order up to 8 ranks (E5M2) or 16 (E4M3).
+  if (t == DType::kF8E4M3 || t == DType::kF8E5M2) {
+    return static_cast<int>((i * 7 + static_cast<uint64_t>(r) * 13) % 3) - 1;
+  }
   const int v = static_cast<int>((i * 7 + static_cast<uint64_t>(r) * 13) % 17);
   return t == DType::kU8 ? v : v - 8;
 }
@@ -21,6 +28,8 @@ void StoreValue(DType t, char* p, double v) {
     case DType::kI32: { int32_t x = static_cast<int32_t>(v); std::memcpy(p, &x, 4); break; }
     case DType::kI64: { int64_t x = static_cast<int64_t>(v); std::memcpy(p, &x, 8); break; }
     case DType::kU8: { uint8_t x = static_cast<uint8_t>(static_cast<int>(v)); std::memcpy(p, &x, 1); break; }
+    case DType::kF8E4M3: *p = static_cast<char>(FloatToFp8E4M3(static_cast<float>(v))); break;
+    case DType::kF8E5M2: *p = static_cast<char>(FloatToFp8E5M2(static_cast<float>(v))); break;
   }
 }
 
@@ -47,7 +56,7 @@ double Reduced(DType t, ReduceOp op, int n, uint64_t i) {
   if (op == ReduceOp::kAvg) {
     switch (t) {
       case DType::kF64: acc = acc / n; break;
-      case DType::kF32: case DType::kF16: case DType::kBF16:
+      case DType::kF32: case DType::kF16: case DType::kBF16: case DType::kF8E4M3: case DType::kF8E5M2:
         acc = static_cast<float>(acc) / static_cast<float>(n);
         break;
       default: acc = std::trunc(acc / n); break;

@@ -33,6 +33,8 @@ static_assert(GS_DTYPE_BF16 == static_cast<int>(gradsync::DType::kBF16), "dtype"
 static_assert(GS_DTYPE_I32 == static_cast<int>(gradsync::DType::kI32), "dtype");
 static_assert(GS_DTYPE_I64 == static_cast<int>(gradsync::DType::kI64), "dtype");
 static_assert(GS_DTYPE_U8 == static_cast<int>(gradsync::DType::kU8), "dtype");
+static_assert(GS_DTYPE_F8E4M3 == static_cast<int>(gradsync::DType::kF8E4M3), "dtype");
+static_assert(GS_DTYPE_F8E5M2 == static_cast<int>(gradsync::DType::kF8E5M2), "dtype");
 static_assert(GS_OP_SUM == static_cast<int>(gradsync::ReduceOp::kSum), "op");
 static_assert(GS_OP_AVG == static_cast<int>(gradsync::ReduceOp::kAvg), "op");
 static_assert(GS_OP_MIN == static_cast<int>(gradsync::ReduceOp::kMin), "op");

@@ -69,7 +69,9 @@ enum {
   GS_DTYPE_BF16 = 4,
   GS_DTYPE_I32 = 5,
   GS_DTYPE_I64 = 6,
-  GS_DTYPE_U8 = 7
+  GS_DTYPE_U8 = 7,
+  GS_DTYPE_F8E4M3 = 8, /* OCP FP8 E4M3 bytes; reduced in f32, saturating */
+  GS_DTYPE_F8E5M2 = 9  /* OCP FP8 E5M2 bytes; reduced in f32, saturating */
 };
 
 /* Reduction operators (values of gradsync::ReduceOp / gradsync.v1.ReduceOp). */

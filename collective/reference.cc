@@ -3,6 +3,7 @@
 #include <cstring>
 #include <random>
 
+#include "common/fp8.h"
 #include "kernels/cpu_reduce.h"
 
 namespace gradsync::testing {
@@ -14,13 +15,12 @@ void Store(DType t, double v, char* p) {
     case DType::kF64: std::memcpy(p, &v, 8); break;
     case DType::kF16: { uint16_t h = FloatToHalf(static_cast<float>(v)); std::memcpy(p, &h, 2); break; }
     case DType::kBF16: { uint16_t h = FloatToBFloat16(static_cast<float>(v)); std::memcpy(p, &h, 2); break; }
+    case DType::kF8E4M3: *p = static_cast<char>(FloatToFp8E4M3(static_cast<float>(v))); break;
+    case DType::kF8E5M2: *p = static_cast<char>(FloatToFp8E5M2(static_cast<float>(v))); break;
     default: break;
   }
 }
 
-bool IsFloat(DType t) {
-  return t == DType::kF32 || t == DType::kF64 || t == DType::kF16 || t == DType::kBF16;
-}
 
 }  // namespace
 
@@ -42,12 +42,17 @@ std::vector<char> RandomData(DType t, size_t count, int rank, uint32_t seed) {
 }
 
 std::vector<char> IntegerValuedData(DType t, size_t count, int rank, uint32_t seed, ReduceOp op) {
-  if (!IsFloat(t)) return RandomData(t, count, rank, seed);
+  if (!IsFloatDType(t)) return RandomData(t, count, rank, seed);
+  // fp8 holds every integer only up to 8 (E5M2) or 16 (E4M3): sums of up to 8
+  // values in [-1, 1] stay exact in any order.
+  const bool fp8 = DTypeSize(t) == 1;
   std::mt19937 rng(seed * 7919 + rank);
   std::vector<char> out(count * DTypeSize(t));
   static constexpr int kProdValues[] = {-2, -1, 1, 2};
   for (size_t i = 0; i < count; ++i) {
-    const int v = op == ReduceOp::kProd ? kProdValues[rng() % 4] : static_cast<int>(rng() % 9) - 4;
+    const int v = op == ReduceOp::kProd ? kProdValues[rng() % 4]
+                  : fp8                    ? static_cast<int>(rng() % 3) - 1
+                                           : static_cast<int>(rng() % 9) - 4;
     Store(t, v, out.data() + i * DTypeSize(t));
   }
   return out;

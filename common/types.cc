@@ -14,6 +14,8 @@ size_t DTypeSize(DType t) {
     case DType::kI32: return 4;
     case DType::kI64: return 8;
     case DType::kU8: return 1;
+    case DType::kF8E4M3: return 1;
+    case DType::kF8E5M2: return 1;
   }
   return 0;
 }
@@ -27,6 +29,8 @@ const char* DTypeName(DType t) {
     case DType::kI32: return "i32";
     case DType::kI64: return "i64";
     case DType::kU8: return "u8";
+    case DType::kF8E4M3: return "f8e4m3";
+    case DType::kF8E5M2: return "f8e5m2";
   }
   return "invalid-dtype";
 }
@@ -80,7 +84,10 @@ bool IsReducingCollective(CollectiveKind k) {
          k == CollectiveKind::kReduce;
 }
 
-bool IsValidDType(int v) { return v >= 1 && v <= 7; }
+bool IsValidDType(int v) { return v >= 1 && v <= 9; }
+bool IsFloatDType(DType t) {
+  return t != DType::kI32 && t != DType::kI64 && t != DType::kU8;
+}
 bool IsValidReduceOp(int v) { return v >= 1 && v <= 5; }
 
 absl::StatusOr<DType> ParseDType(absl::string_view name) {
@@ -92,8 +99,10 @@ absl::StatusOr<DType> ParseDType(absl::string_view name) {
   if (n == "double" || n == "float64") return DType::kF64;
   if (n == "half" || n == "float16") return DType::kF16;
   if (n == "bfloat16") return DType::kBF16;
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown dtype '", name, "' (expected f32, f64, f16, bf16, i32, i64 or u8)"));
+  if (n == "float8_e4m3fn" || n == "e4m3") return DType::kF8E4M3;
+  if (n == "float8_e5m2" || n == "e5m2") return DType::kF8E5M2;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown dtype '", name, "' (expected f32, f64, f16, bf16, i32, i64, u8, f8e4m3 or f8e5m2)"));
 }
 
 absl::StatusOr<ReduceOp> ParseReduceOp(absl::string_view name) {

@@ -21,6 +21,8 @@ enum class DType : uint8_t {
   kI32 = 5,
   kI64 = 6,
   kU8 = 7,
+  kF8E4M3 = 8,  // OCP FP8 E4M3 (common/fp8.h): computed in f32, saturating
+  kF8E5M2 = 9,  // OCP FP8 E5M2 (common/fp8.h): computed in f32, saturating
 };
 
 enum class ReduceOp : uint8_t {
@@ -48,13 +50,14 @@ inline constexpr CollectiveKind kAllCollectives[] = {
     CollectiveKind::kBarrier};
 
 inline constexpr DType kAllDTypes[] = {DType::kF32, DType::kF64, DType::kF16, DType::kBF16,
-                                       DType::kI32, DType::kI64, DType::kU8};
+                                       DType::kI32, DType::kI64, DType::kU8, DType::kF8E4M3,
+                                       DType::kF8E5M2};
 inline constexpr ReduceOp kAllReduceOps[] = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMin,
                                              ReduceOp::kMax, ReduceOp::kProd};
 
 // Bytes per element.
 size_t DTypeSize(DType t);
-// "f32", "f64", "f16", "bf16", "i32", "i64", "u8".
+// "f32", "f64", "f16", "bf16", "i32", "i64", "u8", "f8e4m3", "f8e5m2".
 const char* DTypeName(DType t);
 // "sum", "avg", "min", "max", "prod".
 const char* ReduceOpName(ReduceOp op);
@@ -71,6 +74,8 @@ bool IsRootedCollective(CollectiveKind k);
 bool IsReducingCollective(CollectiveKind k);
 
 bool IsValidDType(int v);
+// f32, f64, f16, bf16 and the fp8 types.
+bool IsFloatDType(DType t);
 bool IsValidReduceOp(int v);
 // Parses the names above (case-insensitive); InvalidArgument names the choices.
 absl::StatusOr<DType> ParseDType(absl::string_view name);

@@ -114,6 +114,8 @@ TEST(Types, ParseDTypeAcceptsEveryNameAnyCaseAndAliases) {
   EXPECT_EQ(ParseDType("half").value(), DType::kF16);
   EXPECT_EQ(ParseDType("float16").value(), DType::kF16);
   EXPECT_EQ(ParseDType("BFloat16").value(), DType::kBF16);
+  EXPECT_EQ(ParseDType("float8_e4m3fn").value(), DType::kF8E4M3);  // torch's names
+  EXPECT_EQ(ParseDType("float8_e5m2").value(), DType::kF8E5M2);
 }
 
 TEST(Types, ParseDTypeRejectsUnknownNamesListingTheChoices) {
@@ -122,7 +124,7 @@ TEST(Types, ParseDTypeRejectsUnknownNamesListingTheChoices) {
     ASSERT_FALSE(r.ok()) << "'" << bad << "'";
     EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_EQ(r.status().message(), std::string("unknown dtype '") + bad +
-                                        "' (expected f32, f64, f16, bf16, i32, i64 or u8)");
+                                        "' (expected f32, f64, f16, bf16, i32, i64, u8, f8e4m3 or f8e5m2)");
   }
 }
 

@@ -18,7 +18,9 @@ namespace internal {
 
 // Codes as in common/types.h (DType / ReduceOp); passed as ints so the .cu files
 // need not include Abseil through common/types.h.
-enum DTypeCode : int { kF32 = 1, kF64 = 2, kF16 = 3, kBF16 = 4, kI32 = 5, kI64 = 6, kU8 = 7 };
+enum DTypeCode : int {
+  kF32 = 1, kF64 = 2, kF16 = 3, kBF16 = 4, kI32 = 5, kI64 = 6, kU8 = 7, kF8E4M3 = 8, kF8E5M2 = 9
+};
 enum ReduceOpCode : int { kSum = 1, kAvg = 2, kMin = 3, kMax = 4, kProd = 5 };
 
 // --- reduce_kernels.cu -------------------------------------------------------
@@ -31,6 +33,10 @@ int LaunchReduce(int dtype, int op, void* dst, const void* src, size_t count, vo
 // integers truncating toward zero, wrapping). For integer types divisor != 0
 // (checked by the caller).
 int LaunchDivide(int dtype, void* data, size_t count, int64_t divisor, void* stream);
+
+// The toolkit's host-side fp8 conversion (cuda_fp8.h, __NV_SATFINITE) of n floats;
+// cudaErrorInvalidValue for a non-fp8 dtype. Runs on the CPU, no GPU needed.
+int HostFloatToFp8(int dtype, const float* in, uint8_t* out, size_t n);
 
 // cudaError_t values host code needs to tell apart (static_assert'ed in the shim).
 constexpr int kCudaSuccess = 0;

@@ -143,9 +143,7 @@ absl::Status CudaReduceInto(DType dtype, ReduceOp op, void* dst_device, const vo
 absl::Status CudaDivideBy(DType dtype, void* data_device, size_t count, int64_t divisor,
                           void* stream) {
   RETURN_IF_ERROR(ValidateDType(dtype));
-  const bool is_float =
-      dtype == DType::kF32 || dtype == DType::kF64 || dtype == DType::kF16 || dtype == DType::kBF16;
-  if (divisor == 0 && !is_float) {
+  if (divisor == 0 && !IsFloatDType(dtype)) {
     return absl::InvalidArgumentError(
         absl::StrCat("integer division by zero (", DTypeName(dtype), ")"));
   }
@@ -165,6 +163,15 @@ absl::Status CudaSynchronize(void* stream) {
   RETURN_IF_ERROR(CudaUsable());
   const int err = rt::RtStreamSynchronize(stream);
   if (err != rt::kCudaSuccess) return CudaCallError("cudaStreamSynchronize", err);
+  return absl::OkStatus();
+}
+
+absl::Status ToolkitFloatToFp8(DType dtype, const float* in, uint8_t* out, size_t n) {
+  if (dtype != DType::kF8E4M3 && dtype != DType::kF8E5M2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ToolkitFloatToFp8: ", DTypeName(dtype), " is not an fp8 type"));
+  }
+  rt::HostFloatToFp8(static_cast<int>(dtype), in, out, n);
   return absl::OkStatus();
 }
 

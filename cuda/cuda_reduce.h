@@ -83,6 +83,13 @@ absl::Status CudaReduceInto(DType dtype, ReduceOp op, void* dst_device, const vo
 absl::Status CudaDivideBy(DType dtype, void* data_device, size_t count, int64_t divisor,
                           void* stream);
 
+// The CUDA toolkit's own float -> fp8 conversion (cuda_fp8.h's host path of
+// __nv_cvt_float_to_fp8 with __NV_SATFINITE, which the kernels use on the GPU),
+// for n floats; runs on the CPU and needs no GPU. The reference common/fp8.h is
+// checked against. kInvalidArgument for a non-fp8 dtype; kFailedPrecondition in
+// the stub build.
+absl::Status ToolkitFloatToFp8(DType dtype, const float* in, uint8_t* out, size_t n);
+
 // Waits for all work on `stream` (nullptr = legacy default stream).
 absl::Status CudaSynchronize(void* stream);
 

@@ -34,6 +34,8 @@ absl::Status CudaDivideBy(DType, void*, size_t, int64_t, void*) { return NotUsab
 
 absl::Status CudaSynchronize(void*) { return NotUsable(); }
 
+absl::Status ToolkitFloatToFp8(DType, const float*, uint8_t*, size_t) { return NotUsable(); }
+
 // No buffer or stream can ever be created, so these only move empty objects.
 absl::StatusOr<DeviceBuffer> DeviceBuffer::Allocate(size_t) { return NotUsable(); }
 DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept

@@ -14,6 +14,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/fp8.h"
 #include "common/types.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -27,6 +28,38 @@ using ::testing::HasSubstr;
 // ---------------------------------------------------------------------------
 // Without a device (this is the case in CI: no GPU, or the stub build).
 // ---------------------------------------------------------------------------
+
+// The CPU's fp8 rounding (common/fp8.h) is the toolkit's (cuda_fp8.h, which the
+// kernels use): every float whose top 24 bits vary, with four low-byte patterns.
+// Host code only, so it runs in every --config=cuda build, GPU or not.
+TEST(CudaFp8, CpuConversionMatchesTheToolkitBitForBit) {
+  if (!BuiltWithCuda()) GTEST_SKIP() << "built without CUDA (--config=cuda compares)";
+  std::vector<float> in;
+  in.reserve(size_t{4} << 24);
+  for (uint32_t hi = 0; hi < (1u << 24); ++hi) {
+    for (uint32_t lo : {0u, 1u, 0x80u, 0xffu}) {
+      const uint32_t u = (hi << 8) | lo;
+      float f;
+      std::memcpy(&f, &u, sizeof(f));
+      in.push_back(f);
+    }
+  }
+  std::vector<uint8_t> toolkit(in.size());
+  for (DType t : {DType::kF8E4M3, DType::kF8E5M2}) {
+    ASSERT_TRUE(ToolkitFloatToFp8(t, in.data(), toolkit.data(), in.size()).ok());
+    size_t wrong = 0;
+    for (size_t i = 0; i < in.size(); ++i) {
+      const uint8_t cpu = t == DType::kF8E4M3 ? FloatToFp8E4M3(in[i]) : FloatToFp8E5M2(in[i]);
+      if (cpu != toolkit[i] && wrong++ < 10) {
+        ADD_FAILURE() << DTypeName(t) << " " << in[i] << ": cpu 0x" << std::hex << int{cpu}
+                      << ", toolkit 0x" << int{toolkit[i]};
+      }
+    }
+    EXPECT_EQ(wrong, 0u) << DTypeName(t);
+  }
+  EXPECT_EQ(ToolkitFloatToFp8(DType::kF32, in.data(), toolkit.data(), 1).code(),
+            absl::StatusCode::kInvalidArgument);
+}
 
 TEST(CudaAvailability, AgreesWithDeviceList) {
   EXPECT_EQ(CudaAvailable(), ListCudaDevices().ok());
@@ -159,6 +192,14 @@ void RefReduce(DType dtype, ReduceOp op, std::vector<uint8_t>& dst, const std::v
         StoreAt(dst, i,
                 RefIntOp<uint8_t, uint8_t>(op, LoadAt<uint8_t>(dst, i), LoadAt<uint8_t>(src, i)));
         break;
+      case DType::kF8E4M3:
+        StoreAt(dst, i, FloatToFp8E4M3(RefFloatOp(op, Fp8E4M3ToFloat(LoadAt<uint8_t>(dst, i)),
+                                                  Fp8E4M3ToFloat(LoadAt<uint8_t>(src, i)))));
+        break;
+      case DType::kF8E5M2:
+        StoreAt(dst, i, FloatToFp8E5M2(RefFloatOp(op, Fp8E5M2ToFloat(LoadAt<uint8_t>(dst, i)),
+                                                  Fp8E5M2ToFloat(LoadAt<uint8_t>(src, i)))));
+        break;
     }
   }
 }
@@ -193,6 +234,14 @@ void RefDivide(DType dtype, std::vector<uint8_t>& data, size_t count, int64_t di
       }
       case DType::kU8:
         StoreAt(data, i, static_cast<uint8_t>(LoadAt<uint8_t>(data, i) / divisor));
+        break;
+      case DType::kF8E4M3:
+        StoreAt(data, i, FloatToFp8E4M3(Fp8E4M3ToFloat(LoadAt<uint8_t>(data, i)) /
+                                        static_cast<float>(divisor)));
+        break;
+      case DType::kF8E5M2:
+        StoreAt(data, i, FloatToFp8E5M2(Fp8E5M2ToFloat(LoadAt<uint8_t>(data, i)) /
+                                        static_cast<float>(divisor)));
         break;
     }
   }
@@ -255,15 +304,20 @@ std::vector<uint8_t> MakeInput(DType dtype, size_t count, uint64_t seed, bool is
         break;
       }
       case DType::kU8: StoreAt(bytes, i, static_cast<uint8_t>(bits >> 24)); break;
+      case DType::kF8E4M3:
+        StoreAt(bytes, i, use_bits && !special ? static_cast<uint8_t>(bits >> 24)
+                                               : FloatToFp8E4M3(static_cast<float>(value)));
+        break;
+      case DType::kF8E5M2:
+        StoreAt(bytes, i, use_bits && !special ? static_cast<uint8_t>(bits >> 24)
+                                               : FloatToFp8E5M2(static_cast<float>(value)));
+        break;
     }
   }
   return bytes;
 }
 
-bool IsFloat(DType dtype) {
-  return dtype == DType::kF32 || dtype == DType::kF64 || dtype == DType::kF16 ||
-         dtype == DType::kBF16;
-}
+bool IsFloat(DType dtype) { return IsFloatDType(dtype); }
 
 bool IsNaN(DType dtype, const std::vector<uint8_t>& bytes, size_t i) {
   switch (dtype) {
@@ -271,6 +325,8 @@ bool IsNaN(DType dtype, const std::vector<uint8_t>& bytes, size_t i) {
     case DType::kF64: return std::isnan(LoadAt<double>(bytes, i));
     case DType::kF16: return (LoadAt<uint16_t>(bytes, i) & 0x7fff) > 0x7c00;
     case DType::kBF16: return (LoadAt<uint16_t>(bytes, i) & 0x7fff) > 0x7f80;
+    case DType::kF8E4M3: return (LoadAt<uint8_t>(bytes, i) & 0x7f) == 0x7f;
+    case DType::kF8E5M2: return (LoadAt<uint8_t>(bytes, i) & 0x7f) > 0x7c;
     default: return false;
   }
 }

@@ -20,6 +20,7 @@
 // offset modulo 16 the whole range is scalar (still coalesced).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -74,6 +75,22 @@ struct BFloat16Traits {
   }
   __device__ __forceinline__ static uint16_t Store(float x) {
     return __bfloat16_as_ushort(__float2bfloat16_rn(x));
+  }
+};
+
+// OCP fp8, computed in f32: widening goes through f16 (exact for both formats),
+// narrowing rounds to nearest even and saturates (common/fp8.h has the same rule
+// for the CPU; cuda_reduce_test checks it against this toolkit's host path).
+template <__nv_fp8_interpretation_t kFormat>
+struct Fp8Traits {
+  using Storage = uint8_t;
+  using Compute = float;
+  static constexpr bool kIsFloat = true;
+  __device__ __forceinline__ static float Load(uint8_t x) {
+    return __half2float(__half(__nv_cvt_fp8_to_halfraw(x, kFormat)));
+  }
+  __device__ __forceinline__ static uint8_t Store(float x) {
+    return __nv_cvt_float_to_fp8(x, __NV_SATFINITE, kFormat);
   }
 };
 
@@ -303,6 +320,8 @@ int LaunchReduce(int dtype, int op, void* dst, const void* src, size_t count, vo
     case kI32: return LaunchReduceForType<I32Traits>(op, dst, src, count, s);
     case kI64: return LaunchReduceForType<I64Traits>(op, dst, src, count, s);
     case kU8: return LaunchReduceForType<U8Traits>(op, dst, src, count, s);
+    case kF8E4M3: return LaunchReduceForType<Fp8Traits<__NV_E4M3>>(op, dst, src, count, s);
+    case kF8E5M2: return LaunchReduceForType<Fp8Traits<__NV_E5M2>>(op, dst, src, count, s);
     default: return static_cast<int>(cudaErrorInvalidValue);
   }
 }
@@ -318,8 +337,17 @@ int LaunchDivide(int dtype, void* data, size_t count, int64_t divisor, void* str
     case kI32: return LaunchDivideTyped<I32Traits>(data, count, divisor, s);
     case kI64: return LaunchDivideTyped<I64Traits>(data, count, divisor, s);
     case kU8: return LaunchDivideTyped<U8Traits>(data, count, divisor, s);
+    case kF8E4M3: return LaunchDivideTyped<Fp8Traits<__NV_E4M3>>(data, count, divisor, s);
+    case kF8E5M2: return LaunchDivideTyped<Fp8Traits<__NV_E5M2>>(data, count, divisor, s);
     default: return static_cast<int>(cudaErrorInvalidValue);
   }
+}
+
+int HostFloatToFp8(int dtype, const float* in, uint8_t* out, size_t n) {
+  if (dtype != kF8E4M3 && dtype != kF8E5M2) return static_cast<int>(cudaErrorInvalidValue);
+  const __nv_fp8_interpretation_t format = dtype == kF8E4M3 ? __NV_E4M3 : __NV_E5M2;
+  for (size_t i = 0; i < n; ++i) out[i] = __nv_cvt_float_to_fp8(in[i], __NV_SATFINITE, format);
+  return static_cast<int>(cudaSuccess);
 }
 
 }  // namespace internal

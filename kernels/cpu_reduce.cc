@@ -77,58 +77,19 @@
 #endif
 
 #include "common/logging.h"
+#include "kernels/element_traits.h"
 
 namespace gradsync {
 namespace {
 
-#define GS_ALWAYS_INLINE inline __attribute__((always_inline))
+using namespace kernels_internal;  // NOLINT: the element traits
+
 #if GRADSYNC_KERNELS_X86
 #define GS_TARGET_AVX2 __attribute__((target("avx2,f16c")))
 #endif
 
 // ---------------------------------------------------------------------------
-// Element traits: storage type S, compute type C, exact Load (S -> C) and
-// rounding Store (C -> S).
-
-template <typename T>
-struct PlainTraits {
-  using S = T;
-  using C = T;
-  static GS_ALWAYS_INLINE C Load(S x) { return x; }
-  static GS_ALWAYS_INLINE S Store(C x) { return x; }
-};
-using F32Traits = PlainTraits<float>;
-using F64Traits = PlainTraits<double>;
-using I32Traits = PlainTraits<int32_t>;
-using I64Traits = PlainTraits<int64_t>;
-using U8Traits = PlainTraits<uint8_t>;
-
-// Same arithmetic as BFloat16ToFloat / FloatToBFloat16 in common/types.h,
-// spelled out here so it is always inlined into the vectorized loops.
-struct Bf16Traits {
-  using S = uint16_t;
-  using C = float;
-  static GS_ALWAYS_INLINE float Load(uint16_t b) {
-    const uint32_t u = static_cast<uint32_t>(b) << 16;
-    float f;
-    std::memcpy(&f, &u, sizeof(f));
-    return f;
-  }
-  static GS_ALWAYS_INLINE uint16_t Store(float f) {
-    uint32_t u;
-    std::memcpy(&u, &f, sizeof(u));
-    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    const uint32_t quiet_nan = (u >> 16) | 0x40u;
-    return static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
-  }
-};
-
-struct F16Traits {
-  using S = uint16_t;
-  using C = float;
-  static GS_ALWAYS_INLINE float Load(uint16_t h) { return HalfToFloat(h); }
-  static GS_ALWAYS_INLINE uint16_t Store(float f) { return FloatToHalf(f); }
-};
+// Element traits (S, C, Load, Store): kernels/element_traits.h.
 
 // ---------------------------------------------------------------------------
 // The combine step, in the compute type. kAvg is mapped to kSum before here.
@@ -235,6 +196,10 @@ GS_ALWAYS_INLINE void GenericDivide(void* dv, size_t n, int64_t divisor) {
     FloatDivide<Bf16Traits>(static_cast<uint16_t*>(dv), n, static_cast<float>(divisor));
   } else if constexpr (t == DType::kF16) {
     FloatDivide<F16Traits>(static_cast<uint16_t*>(dv), n, static_cast<float>(divisor));
+  } else if constexpr (t == DType::kF8E4M3) {
+    FloatDivide<F8E4M3Traits>(static_cast<uint8_t*>(dv), n, static_cast<float>(divisor));
+  } else if constexpr (t == DType::kF8E5M2) {
+    FloatDivide<F8E5M2Traits>(static_cast<uint8_t*>(dv), n, static_cast<float>(divisor));
   } else if constexpr (t == DType::kI32) {
     int32_t* __restrict d = static_cast<int32_t*>(dv);
     if (divisor == 1) return;
@@ -461,6 +426,8 @@ ReduceFn PickType(DType t, ReduceOp op) {
     case DType::kI32: return PickOp<IsaT, f, I32Traits>(op);
     case DType::kI64: return PickOp<IsaT, f, I64Traits>(op);
     case DType::kU8: return PickOp<IsaT, f, U8Traits>(op);
+    case DType::kF8E4M3: return PickOp<IsaT, f, F8E4M3Traits>(op);
+    case DType::kF8E5M2: return PickOp<IsaT, f, F8E5M2Traits>(op);
   }
   return nullptr;
 }
@@ -486,6 +453,8 @@ DivideFn PickDivide(DType t) {
     case DType::kI32: return &IsaT::template Divide<DType::kI32>;
     case DType::kI64: return &IsaT::template Divide<DType::kI64>;
     case DType::kU8: return &IsaT::template Divide<DType::kU8>;
+    case DType::kF8E4M3: return &IsaT::template Divide<DType::kF8E4M3>;
+    case DType::kF8E5M2: return &IsaT::template Divide<DType::kF8E5M2>;
   }
   return nullptr;
 }
@@ -565,9 +534,7 @@ void ReduceOutOfPlaceWith(Isa isa, DType t, ReduceOp op, void* dst, const void* 
 void DivideByWith(Isa isa, DType t, void* data, size_t count, int64_t divisor) {
   if (count == 0) return;
   CheckIsa(isa);
-  const bool is_float =
-      t == DType::kF32 || t == DType::kF64 || t == DType::kF16 || t == DType::kBF16;
-  GS_CHECK(is_float || divisor != 0)
+  GS_CHECK(IsFloatDType(t) || divisor != 0)
       << "cpu_reduce: integer DivideBy(" << DTypeName(t) << ") by zero";
   DivideFn fn = nullptr;
 #if GRADSYNC_KERNELS_X86

@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "common/fp8.h"
 #include "common/types.h"
 #include "kernels/cpu_reduce.h"
 
@@ -67,6 +68,8 @@ std::vector<uint8_t> MakeData(DType t, size_t n, uint64_t seed) {
         break;
       }
       case DType::kU8: *p = static_cast<uint8_t>(rng()); break;
+      case DType::kF8E4M3: *p = FloatToFp8E4M3(f); break;
+      case DType::kF8E5M2: *p = FloatToFp8E5M2(f); break;
     }
   }
   return v;
@@ -136,7 +139,7 @@ int RegisterAll() {
       {DType::kF16, ReduceOp::kSum, false}, {DType::kF64, ReduceOp::kSum, false},
       {DType::kI32, ReduceOp::kSum, false}, {DType::kF32, ReduceOp::kMax, false},
       {DType::kF32, ReduceOp::kSum, true},  {DType::kBF16, ReduceOp::kSum, true},
-      {DType::kF16, ReduceOp::kSum, true},
+      {DType::kF16, ReduceOp::kSum, true},  {DType::kF8E4M3, ReduceOp::kSum, false},
   };
   for (const Case& c : cases) {
     const std::string name = std::string("ReduceInto/") + DTypeName(c.t) + "_" +

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "common/fp8.h"
 #include "common/types.h"
 #include "kernels/cpu_reduce.h"
 
@@ -126,6 +127,12 @@ inline void RefElement(DType t, ReduceOp op, uint8_t* out, const uint8_t* a, con
     case DType::kI32: return Put(out, RefInt(op, Get<int32_t>(a), Get<int32_t>(b)));
     case DType::kI64: return Put(out, RefInt(op, Get<int64_t>(a), Get<int64_t>(b)));
     case DType::kU8: return Put(out, RefInt(op, Get<uint8_t>(a), Get<uint8_t>(b)));
+    case DType::kF8E4M3:
+      return Put(out, FloatToFp8E4M3(RefFloat(op, Fp8E4M3ToFloat(Get<uint8_t>(a)),
+                                              Fp8E4M3ToFloat(Get<uint8_t>(b)))));
+    case DType::kF8E5M2:
+      return Put(out, FloatToFp8E5M2(RefFloat(op, Fp8E5M2ToFloat(Get<uint8_t>(a)),
+                                              Fp8E5M2ToFloat(Get<uint8_t>(b)))));
   }
 }
 
@@ -153,6 +160,10 @@ inline void RefDivideElement(DType t, uint8_t* p, int64_t d) {
       return Put(p, x / d);
     }
     case DType::kU8: return Put(p, static_cast<uint8_t>(static_cast<int64_t>(Get<uint8_t>(p)) / d));
+    case DType::kF8E4M3:
+      return Put(p, FloatToFp8E4M3(Fp8E4M3ToFloat(Get<uint8_t>(p)) / static_cast<float>(d)));
+    case DType::kF8E5M2:
+      return Put(p, FloatToFp8E5M2(Fp8E5M2ToFloat(Get<uint8_t>(p)) / static_cast<float>(d)));
   }
 }
 
@@ -167,6 +178,8 @@ inline bool IsNanElement(DType t, const uint8_t* p) {
     case DType::kF64: return std::isnan(Get<double>(p));
     case DType::kF16: return (Get<uint16_t>(p) & 0x7fffu) > 0x7c00u;
     case DType::kBF16: return (Get<uint16_t>(p) & 0x7fffu) > 0x7f80u;
+    case DType::kF8E4M3: return (Get<uint8_t>(p) & 0x7fu) == 0x7fu;
+    case DType::kF8E5M2: return (Get<uint8_t>(p) & 0x7fu) > 0x7cu;
     default: return false;
   }
 }
@@ -181,6 +194,8 @@ inline std::string ElementString(DType t, const uint8_t* p) {
     case DType::kI32: return std::to_string(Get<int32_t>(p));
     case DType::kI64: return std::to_string(Get<int64_t>(p));
     case DType::kU8: return std::to_string(Get<uint8_t>(p));
+    case DType::kF8E4M3: s << Fp8E4M3ToFloat(Get<uint8_t>(p)); break;
+    case DType::kF8E5M2: s << Fp8E5M2ToFloat(Get<uint8_t>(p)); break;
   }
   s << " (0x" << std::hex;
   for (size_t i = DTypeSize(t); i-- > 0;) s << (p[i] >> 4) << (p[i] & 15);
@@ -200,6 +215,7 @@ inline std::string Mismatch(DType t, const uint8_t* got, const uint8_t* want, si
       ok = IsNanElement(t, g);
       if (t == DType::kF16) ok = ok && (Get<uint16_t>(g) & 0x7fffu) == 0x7e00u;
       if (t == DType::kBF16) ok = ok && (Get<uint16_t>(g) & 0x40u) != 0;  // quiet
+      if (t == DType::kF8E4M3 || t == DType::kF8E5M2) ok = Get<uint8_t>(g) == 0x7fu;  // canonical
     } else {
       ok = std::memcmp(g, w, sz) == 0;
     }
@@ -292,6 +308,12 @@ inline std::vector<uint8_t> RandomData(DType t, size_t n, std::mt19937_64& rng) 
       case DType::kI32: Put(p, RandomInt<int32_t>(rng)); break;
       case DType::kI64: Put(p, RandomInt<int64_t>(rng)); break;
       case DType::kU8: Put(p, RandomInt<uint8_t>(rng)); break;
+      case DType::kF8E4M3:
+        Put(p, rng() % 2 ? static_cast<uint8_t>(rng()) : FloatToFp8E4M3(RandomFloatLike<float>(rng)));
+        break;
+      case DType::kF8E5M2:
+        Put(p, rng() % 2 ? static_cast<uint8_t>(rng()) : FloatToFp8E5M2(RandomFloatLike<float>(rng)));
+        break;
     }
   }
   return v;

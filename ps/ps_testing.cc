@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "gtest/gtest.h"
+#include "common/fp8.h"
 #include "common/status_macros.h"
 #include "kernels/cpu_reduce.h"
 #include "ps/protocol.h"
@@ -60,6 +61,8 @@ std::vector<char> RandomData(DType t, size_t count, int rank, uint32_t seed) {
         std::memcpy(p, &v, 1);
         break;
       }
+      case DType::kF8E4M3: *p = static_cast<char>(FloatToFp8E4M3(static_cast<float>(real(rng)))); break;
+      case DType::kF8E5M2: *p = static_cast<char>(FloatToFp8E5M2(static_cast<float>(real(rng)))); break;
     }
   }
   return out;

@@ -32,7 +32,7 @@ def _close_open() -> None:
 # Element types: gradsync's names, their C API values and element sizes.
 DTYPES: Dict[str, Tuple[int, int]] = {
     "f32": (1, 4), "f64": (2, 8), "f16": (3, 2), "bf16": (4, 2),
-    "i32": (5, 4), "i64": (6, 8), "u8": (7, 1),
+    "i32": (5, 4), "i64": (6, 8), "u8": (7, 1), "f8e4m3": (8, 1), "f8e5m2": (9, 1),
 }
 _NUMPY_NAMES = {"float32": "f32", "float64": "f64", "float16": "f16", "int32": "i32",
                 "int64": "i64", "uint8": "u8"}
