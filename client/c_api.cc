@@ -278,6 +278,29 @@ int gs_buffer_register_fd(gs_session* session, int fd, uint64_t offset, size_t b
   return GS_OK;
 }
 
+int gs_buffer_alloc_device(gs_session* session, size_t bytes, int cuda_device, gs_buffer** out) {
+  if (session == nullptr) return NullArg("gs_buffer_alloc_device", "session");
+  if (out == nullptr) return NullArg("gs_buffer_alloc_device", "out");
+  auto buffer = session->impl->AllocateDeviceBuffer(bytes, cuda_device);
+  if (!buffer.ok()) return Fail(buffer.status());
+  *out = new gs_buffer{std::move(*buffer)};
+  return GS_OK;
+}
+
+int gs_buffer_register_device(gs_session* session, void* device_ptr, size_t bytes,
+                              gs_buffer** out) {
+  if (session == nullptr) return NullArg("gs_buffer_register_device", "session");
+  if (out == nullptr) return NullArg("gs_buffer_register_device", "out");
+  auto buffer = session->impl->RegisterDeviceBuffer(device_ptr, bytes);
+  if (!buffer.ok()) return Fail(buffer.status());
+  *out = new gs_buffer{std::move(*buffer)};
+  return GS_OK;
+}
+
+int gs_buffer_cuda_device(const gs_buffer* buffer) {
+  return buffer == nullptr ? -1 : buffer->impl->cuda_device();
+}
+
 void* gs_buffer_data(gs_buffer* buffer) {
   return buffer == nullptr ? nullptr : buffer->impl->data();
 }

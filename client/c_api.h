@@ -164,6 +164,20 @@ int gs_buffer_alloc(gs_session* session, size_t bytes, gs_buffer** out);
  * a daemon reached over a unix socket. */
 int gs_buffer_register_fd(gs_session* session, int fd, uint64_t offset, size_t bytes,
                           gs_buffer** out);
+/* A device buffer of `bytes` (> 0) bytes in the memory of this process's CUDA
+ * device `cuda_device`, allocated by the daemon and opened here by CUDA IPC:
+ * gs_buffer_data is a device pointer. GS_FAILED_PRECONDITION naming why when
+ * this process or the daemon cannot use that GPU (no CUDA, no driver, a GPU
+ * the daemon does not see). */
+int gs_buffer_alloc_device(gs_session* session, size_t bytes, int cuda_device, gs_buffer** out);
+/* Registers CUDA memory this process holds: [device_ptr, device_ptr+bytes)
+ * inside one cudaMalloc allocation. The daemon opens the allocation by its IPC
+ * handle; ops read and write it in place. Keep it allocated until the buffer
+ * is freed or the session closed. */
+int gs_buffer_register_device(gs_session* session, void* device_ptr, size_t bytes,
+                              gs_buffer** out);
+/* The buffer's CUDA device in this process, -1 for host memory (or NULL). */
+int gs_buffer_cuda_device(const gs_buffer* buffer);
 /* The mapped bytes and their size (NULL / 0 if buffer is NULL). The size may
  * exceed the requested one. */
 void* gs_buffer_data(gs_buffer* buffer);

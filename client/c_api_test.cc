@@ -140,6 +140,26 @@ TEST_F(CApiTest, BadArgumentsFailWithoutRpc) {
   EXPECT_EQ(gs_buffer_free(session_, buf), GS_OK);
 }
 
+// This build has no CUDA (the default build's stub): device buffers are
+// refused before any RPC, naming why; host buffers report no device.
+TEST_F(CApiTest, DeviceBuffersWithoutCudaSayWhy) {
+  const uint64_t rpcs = fake_->rpc_count();
+  gs_buffer* buf = nullptr;
+  EXPECT_EQ(gs_buffer_alloc_device(session_, 1024, 0, &buf), GS_FAILED_PRECONDITION);
+  EXPECT_THAT(gs_last_error(), HasSubstr("AllocateDeviceBuffer: device buffers need CUDA in this process"));
+  EXPECT_THAT(gs_last_error(), HasSubstr("built without CUDA"));
+  char host[64];
+  EXPECT_EQ(gs_buffer_register_device(session_, host, sizeof(host), &buf), GS_FAILED_PRECONDITION);
+  EXPECT_THAT(gs_last_error(), HasSubstr("RegisterDeviceBuffer"));
+  EXPECT_EQ(gs_buffer_register_device(NULL, host, sizeof(host), &buf), GS_INVALID_ARGUMENT);
+  EXPECT_EQ(buf, nullptr);
+  EXPECT_EQ(fake_->rpc_count(), rpcs);
+  ASSERT_EQ(gs_buffer_alloc(session_, 64, &buf), GS_OK);
+  EXPECT_EQ(gs_buffer_cuda_device(buf), -1);
+  EXPECT_EQ(gs_buffer_cuda_device(NULL), -1);
+  EXPECT_EQ(gs_buffer_free(session_, buf), GS_OK);
+}
+
 TEST_F(CApiTest, BuffersOutliveTheirSession) {
   gs_buffer* buf = nullptr;
   ASSERT_EQ(gs_buffer_alloc(session_, 64, &buf), GS_OK);

@@ -67,46 +67,9 @@ absl::StatusOr<bool> TimelineFromEnvironment() {
   return absl::InvalidArgumentError(absl::StrCat(
       "OpenSession: GRADSYNC_TIMELINE='", env, "': expected 1 or 0 (true/false, yes/no, on/off)"));
 }
+using internal::CallWhileAlive;
 using internal::RpcError;
 
-// A unary call about a session, bounded by kRpcTimeout and, while it waits,
-// by the daemon's liveness as the session's op channel sees it (the op
-// queue's heartbeat): a stopped daemon fails the call within the heartbeat
-// timeout (3 s) with Unavailable "stopped answering", not at the deadline.
-// `start` issues the call with the context and a completion callback.
-absl::Status CallWhileAlive(
-    internal::OpChannel& ops, const internal::WorkerConnection& conn, absl::string_view rpc,
-    const std::function<void(grpc::ClientContext*, std::function<void(grpc::Status)>)>& start) {
-  grpc::ClientContext ctx;
-  const absl::Time deadline = absl::Now() + kRpcTimeout;
-  ctx.set_deadline(absl::ToChronoTime(deadline));
-  absl::Mutex mu;
-  bool done = false;
-  grpc::Status status;
-  start(&ctx, [&](grpc::Status s) {
-    absl::MutexLock l(&mu);
-    status = std::move(s);
-    done = true;
-  });
-  absl::Status dead;
-  {
-    absl::MutexLock l(&mu);
-    while (!mu.AwaitWithTimeout(absl::Condition(&done), absl::Milliseconds(50))) {
-      mu.Unlock();
-      absl::Status alive = ops.Alive();
-      mu.Lock();
-      if (alive.code() == absl::StatusCode::kUnavailable) {
-        dead = absl::UnavailableError(absl::StrCat(rpc, ": ", alive.message()));
-        ctx.TryCancel();
-        mu.Await(absl::Condition(&done));  // the callback runs promptly once cancelled
-        break;
-      }
-    }
-  }
-  if (!dead.ok()) return dead;
-  if (!status.ok()) return RpcError(status, conn, rpc, deadline, kRpcTimeout);
-  return absl::OkStatus();
-}
 
 const char* ChannelStateName(grpc_connectivity_state s) {
   switch (s) {
@@ -161,6 +124,7 @@ absl::StatusOr<void*> MapSegment(const std::string& shm_name, size_t size, uint6
 // ---------------------------------------------------------------- Buffer
 
 Buffer::~Buffer() {
+  if (on_device()) return;  // device_owner_ closes what the SDK opened
   if (data_ != nullptr && size_ > 0 && munmap(data_, size_) != 0) {
     GS_LOG(WARNING) << "munmap of buffer " << id_ << " (" << shm_name_
                     << ") failed: " << ErrnoText(errno);

@@ -130,6 +130,12 @@ class Buffer {
   const std::string& shm_name() const { return shm_name_; }
   // The session the buffer belongs to.
   const std::string& session_id() const { return session_id_; }
+  // A device buffer (AllocateDeviceBuffer, RegisterDeviceBuffer): data() is
+  // a pointer on this process's CUDA device cuda_device(), the GPU gpu_uuid().
+  // -1 and "" for host memory.
+  int cuda_device() const { return cuda_device_; }
+  bool on_device() const { return cuda_device_ >= 0; }
+  const std::string& gpu_uuid() const { return gpu_uuid_; }
 
   template <class T>
   T* as() {
@@ -149,11 +155,27 @@ class Buffer {
         data_(data),
         size_(size) {}
 
+  // A device buffer; `owner` keeps the memory mapped (the daemon's
+  // allocation opened here) or is null (the caller's own memory).
+  Buffer(std::string session_id, uint64_t id, std::string description, void* data, size_t size,
+         int cuda_device, std::string gpu_uuid, std::shared_ptr<void> owner)
+      : session_id_(std::move(session_id)),
+        id_(id),
+        shm_name_(std::move(description)),
+        data_(data),
+        size_(size),
+        cuda_device_(cuda_device),
+        gpu_uuid_(std::move(gpu_uuid)),
+        device_owner_(std::move(owner)) {}
+
   const std::string session_id_;
   const uint64_t id_;
   const std::string shm_name_;
   void* const data_;
   const size_t size_;
+  const int cuda_device_ = -1;
+  const std::string gpu_uuid_;
+  std::shared_ptr<void> device_owner_;
 };
 
 // A submitted op. Copyable; valid for the session that returned it. Only
@@ -232,6 +254,20 @@ class Session {
   // over TCP) or the file cannot be sealed; the daemon's refusals otherwise
   // (the range beyond the file's end, a read-only descriptor, ...).
   absl::StatusOr<std::unique_ptr<Buffer>> RegisterBuffer(int fd, size_t bytes, uint64_t offset = 0);
+
+  // Asks the daemon for a buffer of `bytes` (> 0) in the memory of this
+  // process's CUDA device `cuda_device` and opens it here (CUDA IPC): data()
+  // is a device pointer. The daemon runs ops on it, staging it through host
+  // memory for the network (docs/architecture.md). FailedPrecondition naming
+  // why when this process or the daemon cannot use that GPU (no CUDA, a GPU
+  // the daemon does not see, ...). Blocks for one RPC.
+  absl::StatusOr<std::unique_ptr<Buffer>> AllocateDeviceBuffer(size_t bytes, int cuda_device);
+  // Registers CUDA memory this process holds: [device_ptr, device_ptr+bytes),
+  // inside one cudaMalloc allocation (CUDA IPC covers neither cudaMallocAsync
+  // pools nor VMM memory). The daemon opens the allocation from its IPC handle;
+  // ops read and write this memory in place. Keep the allocation alive until
+  // the buffer is freed or the session closed.
+  absl::StatusOr<std::unique_ptr<Buffer>> RegisterDeviceBuffer(void* device_ptr, size_t bytes);
 
   // Unmaps `buffer` and tells the daemon to free its segment. The buffer is
   // unmapped even when the RPC fails. InvalidArgument if null or if it

@@ -6,11 +6,47 @@
 #include <grpcpp/client_context.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "common/grpc_status.h"
 
 namespace gradsync {
 namespace client {
 namespace internal {
+
+absl::Status CallWhileAlive(
+    OpChannel& ops, const internal::WorkerConnection& conn, absl::string_view rpc,
+    const std::function<void(grpc::ClientContext*, std::function<void(grpc::Status)>)>& start) {
+  grpc::ClientContext ctx;
+  const absl::Time deadline = absl::Now() + kRpcTimeout;
+  ctx.set_deadline(absl::ToChronoTime(deadline));
+  absl::Mutex mu;
+  bool done = false;
+  grpc::Status status;
+  start(&ctx, [&](grpc::Status s) {
+    absl::MutexLock l(&mu);
+    status = std::move(s);
+    done = true;
+  });
+  absl::Status dead;
+  {
+    absl::MutexLock l(&mu);
+    while (!mu.AwaitWithTimeout(absl::Condition(&done), absl::Milliseconds(50))) {
+      mu.Unlock();
+      absl::Status alive = ops.Alive();
+      mu.Lock();
+      if (alive.code() == absl::StatusCode::kUnavailable) {
+        dead = absl::UnavailableError(absl::StrCat(rpc, ": ", alive.message()));
+        ctx.TryCancel();
+        mu.Await(absl::Condition(&done));  // the callback runs promptly once cancelled
+        break;
+      }
+    }
+  }
+  if (!dead.ok()) return dead;
+  if (!status.ok()) return RpcError(status, conn, rpc, deadline, kRpcTimeout);
+  return absl::OkStatus();
+}
 
 absl::Status RpcError(const grpc::Status& status, const WorkerConnection& conn,
                       absl::string_view rpc, absl::Time rpc_deadline, absl::Duration rpc_timeout) {

@@ -12,6 +12,7 @@
 #define GRADSYNC_CLIENT_OP_CHANNEL_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -111,6 +112,15 @@ std::unique_ptr<OpChannel> NewGrpcOpChannel(std::shared_ptr<WorkerConnection> co
 // verbatim, except that a deadline the client itself set and that passed
 // (`rpc_deadline`) becomes DeadlineExceeded "gradsyncd at T did not answer
 // RPC within D".
+// A unary call about a session, bounded by kRpcTimeout and, while it waits,
+// by the daemon's liveness as the session's op channel sees it (the op
+// queue's heartbeat): a stopped daemon fails the call within the heartbeat
+// timeout (3 s) with Unavailable "stopped answering", not at the deadline.
+// `start` issues the call with the context and a completion callback.
+absl::Status CallWhileAlive(
+    OpChannel& ops, const WorkerConnection& conn, absl::string_view rpc,
+    const std::function<void(grpc::ClientContext*, std::function<void(grpc::Status)>)>& start);
+
 absl::Status RpcError(const grpc::Status& status, const WorkerConnection& conn,
                       absl::string_view rpc, absl::Time rpc_deadline, absl::Duration rpc_timeout);
 

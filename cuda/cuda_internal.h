@@ -70,6 +70,33 @@ int RtStreamSynchronize(void* stream);
 // memory, 1 page-locked host, 2 device, 3 managed); *device its device (or -1).
 int RtPointerKind(const void* ptr, int* kind, int* device);
 
+// --- cuda_runtime_shim.cu: device memory, IPC, pinned memory, timing --------
+int RtSetDevice(int device);
+// The device's 16-byte UUID (cudaDeviceProp::uuid).
+int RtDeviceUuid(int device, unsigned char uuid[16]);
+constexpr size_t kIpcHandleBytes = 64;  // sizeof(cudaIpcMemHandle_t)
+// cudaIpcGetMemHandle of the allocation starting at `base`.
+int RtIpcGetMemHandle(const void* base, unsigned char handle[kIpcHandleBytes]);
+// cudaIpcOpenMemHandle (cudaIpcMemLazyEnablePeerAccess) on the current device.
+int RtIpcOpenMemHandle(void** ptr, const unsigned char handle[kIpcHandleBytes]);
+int RtIpcCloseMemHandle(void* ptr);
+// The allocation holding `ptr` (cuMemGetAddressRange through the runtime's
+// driver entry point, so nothing links libcuda).
+int RtMemGetAddressRange(const void* ptr, void** base, size_t* size);
+int RtHostRegister(void* ptr, size_t bytes);  // cudaHostRegisterPortable
+int RtHostUnregister(void* ptr);
+int RtMallocHost(void** ptr, size_t bytes);
+int RtFreeHost(void* ptr);
+// cudaMemcpyAsync with cudaMemcpyDefault (unified addressing picks the direction).
+int RtMemcpyAsync(void* dst, const void* src, size_t bytes, void* stream);
+int RtDeviceSynchronize();
+int RtDeviceReset();
+int RtEventCreate(void** event);  // timing enabled
+int RtEventDestroy(void* event);
+int RtEventRecord(void* event, void* stream);
+int RtEventSynchronize(void* event);
+int RtEventElapsedMs(float* ms, void* start, void* end);
+
 }  // namespace internal
 }  // namespace cuda
 }  // namespace gradsync

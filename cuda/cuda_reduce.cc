@@ -7,27 +7,31 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "cuda/cuda_errors.h"
 #include "cuda/cuda_internal.h"
 
 namespace gradsync {
 namespace cuda {
+namespace internal {
+
+std::string CudaErrorText(int code) {
+  return absl::StrCat(RtErrorString(code), " (", RtErrorName(code), ")");
+}
+
+absl::Status CudaCallError(absl::string_view call, int code) {
+  RtGetLastError();
+  std::string msg = absl::StrCat(call, " failed: ", CudaErrorText(code));
+  if (code == kCudaErrorMemoryAllocation) return absl::ResourceExhaustedError(msg);
+  return absl::InternalError(msg);
+}
+
+}  // namespace internal
+
 namespace {
 
 namespace rt = ::gradsync::cuda::internal;
-
-// "CUDA driver version is insufficient for CUDA runtime version (cudaErrorInsufficientDriver)"
-std::string CudaErrorText(int code) {
-  return absl::StrCat(rt::RtErrorString(code), " (", rt::RtErrorName(code), ")");
-}
-
-// A failed CUDA call: clears the thread's last error (when it is not sticky) and
-// returns kInternal naming the call, or kResourceExhausted for out-of-memory.
-absl::Status CudaCallError(absl::string_view call, int code) {
-  rt::RtGetLastError();
-  std::string msg = absl::StrCat(call, " failed: ", CudaErrorText(code));
-  if (code == rt::kCudaErrorMemoryAllocation) return absl::ResourceExhaustedError(msg);
-  return absl::InternalError(msg);
-}
+using rt::CudaCallError;
+using rt::CudaErrorText;
 
 // kUnavailable naming why no device can be used, or OK.
 absl::Status ProbeDevices(int* count) {

@@ -80,6 +80,94 @@ int RtPointerKind(const void* ptr, int* kind, int* device) {
   return 0;
 }
 
+int RtSetDevice(int device) { return static_cast<int>(cudaSetDevice(device)); }
+
+int RtDeviceUuid(int device, unsigned char uuid[16]) {
+  cudaDeviceProp p;
+  const cudaError_t err = cudaGetDeviceProperties(&p, device);
+  if (err != cudaSuccess) return static_cast<int>(err);
+  static_assert(sizeof(p.uuid) == 16, "uuid size");
+  std::memcpy(uuid, &p.uuid, 16);
+  return 0;
+}
+
+static_assert(sizeof(cudaIpcMemHandle_t) == kIpcHandleBytes, "cudaIpcMemHandle_t size");
+
+int RtIpcGetMemHandle(const void* base, unsigned char handle[kIpcHandleBytes]) {
+  cudaIpcMemHandle_t h;
+  const cudaError_t err = cudaIpcGetMemHandle(&h, const_cast<void*>(base));
+  if (err == cudaSuccess) std::memcpy(handle, &h, kIpcHandleBytes);
+  return static_cast<int>(err);
+}
+int RtIpcOpenMemHandle(void** ptr, const unsigned char handle[kIpcHandleBytes]) {
+  cudaIpcMemHandle_t h;
+  std::memcpy(&h, handle, kIpcHandleBytes);
+  return static_cast<int>(cudaIpcOpenMemHandle(ptr, h, cudaIpcMemLazyEnablePeerAccess));
+}
+int RtIpcCloseMemHandle(void* ptr) { return static_cast<int>(cudaIpcCloseMemHandle(ptr)); }
+
+int RtMemGetAddressRange(const void* ptr, void** base, size_t* size) {
+  using Fn = int (*)(unsigned long long*, size_t*, unsigned long long);  // CUresult(CUdeviceptr*, ...)
+  struct Entry {
+    Fn fn = nullptr;
+    int error = 0;
+  };
+  static const Entry entry = [] {
+    Entry e;
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q;
+    const cudaError_t err =
+        cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &p, 12000, cudaEnableDefault, &q);
+    if (err != cudaSuccess) {
+      e.error = static_cast<int>(err);
+    } else if (q != cudaDriverEntryPointSuccess || p == nullptr) {
+      e.error = static_cast<int>(cudaErrorSymbolNotFound);
+    } else {
+      e.fn = reinterpret_cast<Fn>(p);
+    }
+    return e;
+  }();
+  if (entry.fn == nullptr) return entry.error;
+  Fn fn = entry.fn;
+  unsigned long long b = 0;
+  const int r = fn(&b, size, reinterpret_cast<unsigned long long>(ptr));
+  if (r != 0) return static_cast<int>(cudaErrorInvalidValue);  // CUDA_ERROR_* has no cudaError_t
+  *base = reinterpret_cast<void*>(b);
+  return 0;
+}
+
+int RtHostRegister(void* ptr, size_t bytes) {
+  return static_cast<int>(cudaHostRegister(ptr, bytes, cudaHostRegisterPortable));
+}
+int RtHostUnregister(void* ptr) { return static_cast<int>(cudaHostUnregister(ptr)); }
+int RtMallocHost(void** ptr, size_t bytes) { return static_cast<int>(cudaMallocHost(ptr, bytes)); }
+int RtFreeHost(void* ptr) { return static_cast<int>(cudaFreeHost(ptr)); }
+
+int RtMemcpyAsync(void* dst, const void* src, size_t bytes, void* stream) {
+  return static_cast<int>(
+      cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, static_cast<cudaStream_t>(stream)));
+}
+int RtDeviceSynchronize() { return static_cast<int>(cudaDeviceSynchronize()); }
+int RtDeviceReset() { return static_cast<int>(cudaDeviceReset()); }
+
+int RtEventCreate(void** event) {
+  cudaEvent_t e = nullptr;
+  const cudaError_t err = cudaEventCreate(&e);
+  *event = err == cudaSuccess ? static_cast<void*>(e) : nullptr;
+  return static_cast<int>(err);
+}
+int RtEventDestroy(void* event) { return static_cast<int>(cudaEventDestroy(static_cast<cudaEvent_t>(event))); }
+int RtEventRecord(void* event, void* stream) {
+  return static_cast<int>(cudaEventRecord(static_cast<cudaEvent_t>(event), static_cast<cudaStream_t>(stream)));
+}
+int RtEventSynchronize(void* event) {
+  return static_cast<int>(cudaEventSynchronize(static_cast<cudaEvent_t>(event)));
+}
+int RtEventElapsedMs(float* ms, void* start, void* end) {
+  return static_cast<int>(
+      cudaEventElapsedTime(ms, static_cast<cudaEvent_t>(start), static_cast<cudaEvent_t>(end)));
+}
+
 }  // namespace internal
 }  // namespace cuda
 }  // namespace gradsync

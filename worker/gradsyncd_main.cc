@@ -28,6 +28,7 @@
 #include "worker/daemon_metrics.h"
 #include "worker/buffer_fd_server.h"
 #include "worker/daemon.h"
+#include "worker/device_memory.h"
 #include "worker/shm_segment.h"
 #include "worker/status_service.h"
 #include "worker/worker_service.h"
@@ -368,6 +369,7 @@ int main(int argc, char** argv) {
       metrics_server ? absl::StrCat("on http://", metrics_server->address(), "/metrics")
                      : std::string("off"));
   GS_LOG(INFO) << serving << " (node " << (*daemon)->node_id() << ")";
+  GS_LOG(INFO) << gradsync::GpuContexts::Describe();
   if (absl::Status s = gradsync::NotifyReady(serving); !s.ok()) GS_LOG(WARNING) << s.message();
   {
     absl::MutexLock l(&coordinator_state->mu);

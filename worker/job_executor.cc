@@ -397,6 +397,8 @@ void JobExecutor::RunCurrent(const std::vector<Session*>& members) {
       s = absl::Status(health.code(), absl::StrCat("the epoch failed earlier: ", health.message()));
     }
   }
+  // Device buffers run on their host twins.
+  if (s.ok()) s = StageDeviceBuffers(ops, bytes, /*in=*/true);
   // The local ranks' signatures, compared in memory.
   bool local_mismatch = false;
   if (s.ok() && k > 1) {
@@ -449,6 +451,7 @@ void JobExecutor::RunCurrent(const std::vector<Session*>& members) {
       }
     }
   }
+  if (s.ok()) s = StageDeviceBuffers(ops, bytes, /*in=*/false);
   const absl::Time end = FastNow();
   absl::Status first_failure;
   for (size_t i = 0; i < k; ++i) {
@@ -577,6 +580,16 @@ absl::StatusOr<const transport::MemoryRegion*> JobExecutor::BufferRegion(const Q
   const ShmSegment& seg = *op.buffer;
   return registrations_.Get(*node_ctx_, transport::Buffer{seg.data(), seg.size()},
                             std::weak_ptr<const void>(op.buffer));
+}
+
+absl::Status JobExecutor::StageDeviceBuffers(const std::vector<QueuedOp*>& ops, size_t bytes, bool in) {
+  for (size_t i = 0; i < ops.size(); ++i) {
+    DeviceMemory* d = ops[i]->device.get();
+    if (d == nullptr) continue;
+    absl::Status s = in ? d->StageIn(ops[i]->offset, bytes) : d->StageOut(ops[i]->offset, bytes);
+    if (!s.ok()) return absl::Status(s.code(), absl::StrCat("rank ", local_[i], ": ", s.message()));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace gradsync

@@ -134,6 +134,9 @@ class JobExecutor {
   absl::Status CompareEverywhere(const std::vector<QueuedOp*>& ops);
   absl::Status RunAgreed(const std::vector<QueuedOp*>& ops, const Plan& plan);
   // The registration on node_ctx_ of the buffer `op` runs on (cached).
+  // Copies each device buffer's op range into its host twin (`in`) or the
+  // result back; the error names the local rank.
+  absl::Status StageDeviceBuffers(const std::vector<QueuedOp*>& ops, size_t bytes, bool in);
   absl::StatusOr<const transport::MemoryRegion*> BufferRegion(const QueuedOp& op);
   void NoteArrived(int rank);
   void SetPhase(std::string phase);

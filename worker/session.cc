@@ -248,6 +248,56 @@ absl::StatusOr<BufferInfo> Session::AddBuffer(std::unique_ptr<ShmSegment> segmen
   return info;
 }
 
+absl::StatusOr<BufferInfo> Session::AllocateDeviceBuffer(const std::string& gpu_uuid, uint64_t size) {
+  if (size > kMaxBufferBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("device buffer of ", size,
+                                                   " bytes exceeds the limit of ", kMaxBufferBytes,
+                                                   " bytes"));
+  }
+  {
+    absl::MutexLock l(&mu_);
+    RETURN_IF_ERROR(CheckQuotaLocked(size, "allocating"));
+  }
+  ASSIGN_OR_RETURN(std::shared_ptr<DeviceMemory> device, DeviceMemory::Allocate(gpu_uuid, size));
+  return AddDeviceBuffer(std::move(device));
+}
+
+absl::StatusOr<BufferInfo> Session::RegisterDeviceBuffer(const std::string& gpu_uuid,
+                                                         const std::string& ipc_handle,
+                                                         uint64_t offset, uint64_t size,
+                                                         int64_t client_pid) {
+  if (size > kMaxBufferBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("a registered device range of ", size,
+                                                   " bytes exceeds the limit of ", kMaxBufferBytes,
+                                                   " bytes"));
+  }
+  {
+    absl::MutexLock l(&mu_);
+    RETURN_IF_ERROR(CheckQuotaLocked(size, "registering"));
+  }
+  ASSIGN_OR_RETURN(std::shared_ptr<DeviceMemory> device,
+                   DeviceMemory::Open(gpu_uuid, ipc_handle, offset, size, client_pid));
+  return AddDeviceBuffer(std::move(device));
+}
+
+absl::StatusOr<BufferInfo> Session::AddDeviceBuffer(std::shared_ptr<DeviceMemory> device) {
+  absl::MutexLock l(&mu_);
+  if (closing_) return absl::FailedPreconditionError("session is closing");
+  const uint64_t size = device->size();
+  RETURN_IF_ERROR(CheckQuotaLocked(size, "adding"));
+  if (tenant_memory_ != nullptr) {
+    RETURN_IF_ERROR(tenant_memory_->Charge(
+        info_.tenant, size, absl::StrCat("session ", info_.session_id, ": adding")));
+  }
+  const uint64_t id = next_buffer_id_++;
+  BufferInfo info{id, absl::StrCat("device buffer on ", device->uuid()), size, false,
+                  device->uuid(), device->ipc_handle()};
+  buffer_bytes_ += size;
+  buffers_[id] = device->host();
+  devices_[id] = std::move(device);
+  return info;
+}
+
 absl::Status Session::FreeBuffer(uint64_t id) {
   absl::MutexLock l(&mu_);
   auto it = buffers_.find(id);
@@ -259,6 +309,7 @@ absl::Status Session::FreeBuffer(uint64_t id) {
   ReleaseTenantMemory(it->second->size());
   if (it->second->holds_fd()) --unfetched_;
   buffers_.erase(it);
+  devices_.erase(id);
   return absl::OkStatus();  // an op still using it keeps the mapping alive
 }
 
@@ -300,7 +351,10 @@ absl::StatusOr<uint64_t> Session::Enqueue(const SubmitArgs& a) {
   op->sig.name.assign(a.name.data(), a.name.size());
   op->sig.root = IsRootedCollective(a.kind) ? a.root : 0;
   op->sig.forced = shape.plan_code;
-  if (!no_buffer) op->buffer = it->second;
+  if (!no_buffer) {
+    op->buffer = it->second;
+    if (auto d = devices_.find(a.buffer_id); d != devices_.end()) op->device = d->second;
+  }
   op->offset = a.offset_bytes;
   op->submitted = FastNow();
   op->deadline =
@@ -389,6 +443,7 @@ void Session::Close() {
     }
     absl::MutexLock l(&mu_);
     buffers_.clear();
+    devices_.clear();
     ReleaseTenantMemory(buffer_bytes_);
     buffer_bytes_ = 0;
     unfetched_ = 0;

@@ -35,6 +35,7 @@
 #include "common/net.h"
 #include "common/types.h"
 #include "worker/daemon_observer.h"
+#include "worker/device_memory.h"
 #include "worker/shm_segment.h"
 #include "worker/tenant_memory.h"
 #include "worker/submission_feed.h"
@@ -118,6 +119,10 @@ struct BufferInfo {
   // The client fetches the segment's descriptor on the fd socket (a sealed
   // memfd) instead of opening shm_name.
   bool by_descriptor = false;
+  // A device buffer: its GPU, and (allocated by the daemon) the IPC handle
+  // the client opens.
+  std::string gpu_uuid;
+  std::string cuda_ipc_handle;
 };
 
 class JobExecutor;
@@ -127,6 +132,9 @@ struct QueuedOp {
   uint64_t seq = 0;
   OpSignature sig;                     // sig.forced: the requested plan code
   std::shared_ptr<ShmSegment> buffer;  // null for a buffer-less barrier
+  // A device buffer's GPU memory; `buffer` is then its host twin, which the
+  // executor fills before the op runs and copies back after it succeeded.
+  std::shared_ptr<DeviceMemory> device;
   uint64_t offset = 0;
   absl::Time submitted;
   absl::Time started;   // when the executor took it
@@ -164,6 +172,14 @@ class Session {
   // lifetime as allocated buffers.
   absl::StatusOr<BufferInfo> RegisterBuffer(int fd, uint64_t offset, uint64_t size,
                                             const std::string& description);
+  // A buffer in the memory of the GPU with `gpu_uuid` (device_memory.h):
+  // allocated by the daemon (the client opens BufferInfo::cuda_ipc_handle),
+  // or the client's allocation behind `ipc_handle`, [offset, offset+size).
+  // FailedPrecondition naming why when this daemon cannot use GPUs.
+  absl::StatusOr<BufferInfo> AllocateDeviceBuffer(const std::string& gpu_uuid, uint64_t size);
+  absl::StatusOr<BufferInfo> RegisterDeviceBuffer(const std::string& gpu_uuid,
+                                                  const std::string& ipc_handle, uint64_t offset,
+                                                  uint64_t size, int64_t client_pid);
   absl::Status FreeBuffer(uint64_t id);
   // Bytes of the session's live buffers.
   uint64_t buffer_bytes() const;
@@ -234,6 +250,7 @@ class Session {
 
  private:
   absl::StatusOr<BufferInfo> AddBuffer(std::unique_ptr<ShmSegment> segment);
+  absl::StatusOr<BufferInfo> AddDeviceBuffer(std::shared_ptr<DeviceMemory> device);
   // Submit's work under mu_.
   absl::StatusOr<uint64_t> Enqueue(const SubmitArgs& args);
   absl::Status RefusalLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -247,6 +264,8 @@ class Session {
   mutable absl::Mutex mu_;
   std::map<uint64_t, std::shared_ptr<ShmSegment>> buffers_ ABSL_GUARDED_BY(mu_);
   uint64_t buffer_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // of buffers_
+  // Device buffers by id; their host twins are in buffers_.
+  std::map<uint64_t, std::shared_ptr<DeviceMemory>> devices_ ABSL_GUARDED_BY(mu_);
   size_t unfetched_ ABSL_GUARDED_BY(mu_) = 0;  // buffers still holding their descriptor
   // ResourceExhausted when `size` more bytes would exceed the quota.
   // Also checks (does not charge) the tenant's quota.

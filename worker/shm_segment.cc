@@ -63,6 +63,17 @@ absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::CreateSealed(
   return segment;
 }
 
+absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::CreatePrivate(
+    const std::string& description, size_t size) {
+  const size_t mapped = size == 0 ? 1 : size;
+  void* p = ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) {
+    return absl::ResourceExhaustedError(absl::StrCat("cannot map ", size, " bytes for ", description,
+                                                     ": ", ErrnoString(errno)));
+  }
+  return std::unique_ptr<ShmSegment>(new ShmSegment(description, size, static_cast<char*>(p), mapped, false));
+}
+
 absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::MapFd(int fd, uint64_t offset,
                                                               uint64_t size,
                                                               const std::string& description) {

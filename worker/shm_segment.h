@@ -28,6 +28,10 @@ class ShmSegment {
   // daemon's mapping fault. Its descriptor waits for TakeFd.
   static absl::StatusOr<std::unique_ptr<ShmSegment>> CreateSealed(const std::string& description,
                                                                   size_t size);
+  // Maps `size` bytes of private anonymous memory that only the daemon sees
+  // (the host side of a device buffer, worker/device_memory.h).
+  static absl::StatusOr<std::unique_ptr<ShmSegment>> CreatePrivate(const std::string& description,
+                                                                   size_t size);
   // Maps [offset, offset+size) of the file behind `fd` (a client's memfd),
   // after checking that it can be shared safely: a regular file opened
   // read-write, sealed against shrinking (F_SEAL_SHRINK: a file that shrank

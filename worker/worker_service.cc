@@ -167,10 +167,15 @@ grpc::Status WorkerService::AllocateBuffer(grpc::ServerContext* ctx,
                                            v1::AllocateBufferResponse* resp) {
   auto s = OwnSession(*ctx, req->session_id(), "AllocateBuffer");
   if (!s.ok()) return ToGrpcStatus(s.status());
-  auto b = (*s)->AllocateBuffer(req->size_bytes(), /*by_descriptor=*/!fd_socket_.empty());
+  auto b = req->gpu_uuid().empty()
+               ? (*s)->AllocateBuffer(req->size_bytes(), /*by_descriptor=*/!fd_socket_.empty())
+               : (*s)->AllocateDeviceBuffer(req->gpu_uuid(), req->size_bytes());
   if (!b.ok()) return ToGrpcStatus(b.status());
   resp->set_buffer_id(b->id);
-  if (b->by_descriptor) {
+  if (!b->gpu_uuid.empty()) {
+    resp->set_gpu_uuid(b->gpu_uuid);
+    resp->set_cuda_ipc_handle(b->cuda_ipc_handle);
+  } else if (b->by_descriptor) {
     resp->set_by_descriptor(true);
   } else {
     resp->set_shm_name(b->shm_name);
@@ -184,6 +189,19 @@ grpc::Status WorkerService::FreeBuffer(grpc::ServerContext* ctx, const v1::FreeB
   auto s = OwnSession(*ctx, req->session_id(), "FreeBuffer");
   if (!s.ok()) return ToGrpcStatus(s.status());
   return ToGrpcStatus((*s)->FreeBuffer(req->buffer_id()));
+}
+
+grpc::Status WorkerService::RegisterDeviceBuffer(grpc::ServerContext* ctx,
+                                                 const v1::RegisterDeviceBufferRequest* req,
+                                                 v1::RegisterDeviceBufferResponse* resp) {
+  auto s = OwnSession(*ctx, req->session_id(), "RegisterDeviceBuffer");
+  if (!s.ok()) return ToGrpcStatus(s.status());
+  auto b = (*s)->RegisterDeviceBuffer(req->gpu_uuid(), req->cuda_ipc_handle(), req->offset_bytes(),
+                                      req->size_bytes(), req->client_pid());
+  if (!b.ok()) return ToGrpcStatus(b.status());
+  resp->set_buffer_id(b->id);
+  resp->set_size_bytes(b->size);
+  return grpc::Status::OK;
 }
 
 grpc::Status WorkerService::Submit(grpc::ServerContext* ctx, const v1::SubmitRequest* req,

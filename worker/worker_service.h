@@ -34,6 +34,9 @@ class WorkerService final : public v1::Worker::Service {
                               v1::AllocateBufferResponse* resp) override;
   grpc::Status FreeBuffer(grpc::ServerContext* ctx, const v1::FreeBufferRequest* req,
                           v1::FreeBufferResponse* resp) override;
+  grpc::Status RegisterDeviceBuffer(grpc::ServerContext* ctx,
+                                    const v1::RegisterDeviceBufferRequest* req,
+                                    v1::RegisterDeviceBufferResponse* resp) override;
   grpc::Status Submit(grpc::ServerContext* ctx, const v1::SubmitRequest* req,
                       v1::SubmitResponse* resp) override;
   grpc::Status Wait(grpc::ServerContext* ctx, const v1::WaitRequest* req,
