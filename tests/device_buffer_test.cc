@@ -41,8 +41,8 @@ bool RequireCuda() {
     }                                                                                   \
   } while (0)
 
-// cudaMemcpy through a temporary device buffer is not needed: the test
-// process reads and writes device buffers with the CUDA runtime directly.
+// The test process fills and reads device buffers itself, through pinned
+// host memory.
 absl::Status ToDevice(void* dst, const std::vector<char>& src) {
   auto pinned = cuda::PinnedHost::Allocate(src.size());
   if (!pinned.ok()) return pinned.status();

@@ -148,14 +148,9 @@ absl::Status Session::RefusalLocked() const {
 }
 
 absl::StatusOr<BufferInfo> Session::AllocateBuffer(uint64_t size, bool by_descriptor) {
-  if (size > kMaxBufferBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("buffer of ", size,
-                                                   " bytes exceeds the limit of ",
-                                                   kMaxBufferBytes, " bytes"));
-  }
+  RETURN_IF_ERROR(CheckNewBuffer(size, "buffer of ", "allocating"));
   {
     absl::MutexLock l(&mu_);
-    RETURN_IF_ERROR(CheckQuotaLocked(size, "allocating"));
     if (by_descriptor && unfetched_ >= kMaxUnfetchedBuffers) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "session ", info_.session_id, ": ", unfetched_,
@@ -196,18 +191,19 @@ absl::StatusOr<UniqueFd> Session::TakeBufferFd(uint64_t id) {
 
 absl::StatusOr<BufferInfo> Session::RegisterBuffer(int fd, uint64_t offset, uint64_t size,
                                                    const std::string& description) {
-  if (size > kMaxBufferBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("a registered range of ", size,
-                                                   " bytes exceeds the limit of ",
-                                                   kMaxBufferBytes, " bytes"));
-  }
-  {
-    absl::MutexLock l(&mu_);
-    RETURN_IF_ERROR(CheckQuotaLocked(size, "registering"));
-  }
+  RETURN_IF_ERROR(CheckNewBuffer(size, "a registered range of ", "registering"));
   auto seg = ShmSegment::MapFd(fd, offset, size, description);
   if (!seg.ok()) return seg.status();
   return AddBuffer(std::move(*seg));
+}
+
+absl::Status Session::CheckNewBuffer(uint64_t size, const char* noun, const char* verb) const {
+  if (size > kMaxBufferBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(noun, size, " bytes exceeds the limit of ",
+                                                   kMaxBufferBytes, " bytes"));
+  }
+  absl::MutexLock l(&mu_);
+  return CheckQuotaLocked(size, verb);
 }
 
 absl::Status Session::CheckQuotaLocked(uint64_t size, const char* what) const {
@@ -249,15 +245,7 @@ absl::StatusOr<BufferInfo> Session::AddBuffer(std::unique_ptr<ShmSegment> segmen
 }
 
 absl::StatusOr<BufferInfo> Session::AllocateDeviceBuffer(const std::string& gpu_uuid, uint64_t size) {
-  if (size > kMaxBufferBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("device buffer of ", size,
-                                                   " bytes exceeds the limit of ", kMaxBufferBytes,
-                                                   " bytes"));
-  }
-  {
-    absl::MutexLock l(&mu_);
-    RETURN_IF_ERROR(CheckQuotaLocked(size, "allocating"));
-  }
+  RETURN_IF_ERROR(CheckNewBuffer(size, "device buffer of ", "allocating"));
   ASSIGN_OR_RETURN(std::shared_ptr<DeviceMemory> device, DeviceMemory::Allocate(gpu_uuid, size));
   return AddDeviceBuffer(std::move(device));
 }
@@ -266,15 +254,7 @@ absl::StatusOr<BufferInfo> Session::RegisterDeviceBuffer(const std::string& gpu_
                                                          const std::string& ipc_handle,
                                                          uint64_t offset, uint64_t size,
                                                          int64_t client_pid) {
-  if (size > kMaxBufferBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("a registered device range of ", size,
-                                                   " bytes exceeds the limit of ", kMaxBufferBytes,
-                                                   " bytes"));
-  }
-  {
-    absl::MutexLock l(&mu_);
-    RETURN_IF_ERROR(CheckQuotaLocked(size, "registering"));
-  }
+  RETURN_IF_ERROR(CheckNewBuffer(size, "a registered device range of ", "registering"));
   ASSIGN_OR_RETURN(std::shared_ptr<DeviceMemory> device,
                    DeviceMemory::Open(gpu_uuid, ipc_handle, offset, size, client_pid));
   return AddDeviceBuffer(std::move(device));

@@ -269,6 +269,9 @@ class Session {
   size_t unfetched_ ABSL_GUARDED_BY(mu_) = 0;  // buffers still holding their descriptor
   // ResourceExhausted when `size` more bytes would exceed the quota.
   // Also checks (does not charge) the tenant's quota.
+  // A new buffer of `size` bytes: within kMaxBufferBytes ("<noun><size> bytes
+  // exceeds the limit ...") and the quotas (CheckQuotaLocked with `verb`).
+  absl::Status CheckNewBuffer(uint64_t size, const char* noun, const char* verb) const;
   absl::Status CheckQuotaLocked(uint64_t size, const char* what) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReleaseTenantMemory(uint64_t bytes);
