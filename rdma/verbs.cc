@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "common/logging.h"
 #include "rdma/verbs_internal.h"
+#include "rdma/verbs_table.h"
 
 namespace gradsync {
 namespace rdma {
@@ -20,22 +21,23 @@ using namespace verbs_internal;  // NOLINT(build/namespaces): this module's help
 namespace {
 
 struct DeviceListDeleter {
-  void operator()(ibv_device** list) const { ibv_free_device_list(list); }
+  const VerbsTable* verbs;
+  void operator()(ibv_device** list) const { verbs->free_device_list(list); }
 };
 using DeviceList = std::unique_ptr<ibv_device*[], DeviceListDeleter>;
 
 // ibv_get_device_list, or kUnavailable with the reason.
-absl::StatusOr<DeviceList> GetDeviceList(int* count) {
+absl::StatusOr<DeviceList> GetDeviceList(const VerbsTable& v, int* count) {
   *count = 0;
   errno = 0;
-  ibv_device** list = ibv_get_device_list(count);
+  ibv_device** list = v.get_device_list(count);
   if (list == nullptr) {
     const int err = LastErrno();
     *count = 0;
     return absl::UnavailableError(
         absl::StrCat("no RDMA devices: ibv_get_device_list failed: ", ErrnoText(err)));
   }
-  DeviceList owned(list);
+  DeviceList owned(list, DeviceListDeleter{&v});
   if (*count <= 0) return absl::UnavailableError("no RDMA devices found");
   return owned;
 }
@@ -141,7 +143,8 @@ PortInfo ToPortInfo(int port_num, const ibv_port_attr& attr) {
   return p;
 }
 
-absl::StatusOr<PortInfo> QueryPortOf(ibv_context* ctx, const std::string& dev, int port_num) {
+absl::StatusOr<PortInfo> QueryPortOf(const VerbsTable& v, ibv_context* ctx, const std::string& dev,
+                                     int port_num) {
   if (port_num < 1 || port_num > 255) {
     return absl::InvalidArgumentError(
         absl::StrCat("port ", port_num, " of RDMA device ", dev, " is out of range"));
@@ -149,7 +152,7 @@ absl::StatusOr<PortInfo> QueryPortOf(ibv_context* ctx, const std::string& dev, i
   ibv_port_attr attr;
   std::memset(&attr, 0, sizeof(attr));
   errno = 0;
-  const int rc = ibv_query_port(ctx, static_cast<uint8_t>(port_num), &attr);
+  const int rc = v.query_port(ctx, static_cast<uint8_t>(port_num), &attr);
   if (rc != 0) {
     return VerbError(absl::StrCat("ibv_query_port(", dev, ", port ", port_num, ")"), ErrFromRc(rc));
   }
@@ -187,19 +190,19 @@ const char* LinkLayerName(LinkLayer l) {
   return "unspecified";
 }
 
-absl::StatusOr<std::vector<VerbsDeviceInfo>> ListVerbsDevices() {
+absl::StatusOr<std::vector<VerbsDeviceInfo>> ListVerbsDevices(const VerbsTable& v) {
   int count = 0;
-  absl::StatusOr<DeviceList> list = GetDeviceList(&count);
+  absl::StatusOr<DeviceList> list = GetDeviceList(v, &count);
   if (!list.ok()) return list.status();
   std::vector<VerbsDeviceInfo> out;
   out.reserve(count);
   for (int i = 0; i < count; ++i) {
     ibv_device* dev = (*list)[i];
     VerbsDeviceInfo info;
-    info.name = ibv_get_device_name(dev);
-    info.guid = be64toh(ibv_get_device_guid(dev));
+    info.name = v.get_device_name(dev);
+    info.guid = be64toh(v.get_device_guid(dev));
     errno = 0;
-    ibv_context* ctx = ibv_open_device(dev);
+    ibv_context* ctx = v.open_device(dev);
     if (ctx == nullptr) {
       info.error =
           VerbError(absl::StrCat("ibv_open_device(", info.name, ")"), LastErrno()).ToString();
@@ -208,14 +211,14 @@ absl::StatusOr<std::vector<VerbsDeviceInfo>> ListVerbsDevices() {
     }
     ibv_device_attr attr;
     std::memset(&attr, 0, sizeof(attr));
-    const int rc = ibv_query_device(ctx, &attr);
+    const int rc = v.query_device(ctx, &attr);
     if (rc != 0) {
       info.error =
           VerbError(absl::StrCat("ibv_query_device(", info.name, ")"), ErrFromRc(rc)).ToString();
     } else {
       info.num_ports = attr.phys_port_cnt;
       for (int port = 1; port <= info.num_ports; ++port) {
-        absl::StatusOr<PortInfo> p = QueryPortOf(ctx, info.name, port);
+        absl::StatusOr<PortInfo> p = QueryPortOf(v, ctx, info.name, port);
         if (p.ok()) {
           info.ports.push_back(*std::move(p));
         } else if (info.error.empty()) {
@@ -223,7 +226,7 @@ absl::StatusOr<std::vector<VerbsDeviceInfo>> ListVerbsDevices() {
         }
       }
     }
-    ibv_close_device(ctx);
+    v.close_device(ctx);
     out.push_back(std::move(info));
   }
   return out;
@@ -231,10 +234,11 @@ absl::StatusOr<std::vector<VerbsDeviceInfo>> ListVerbsDevices() {
 
 // --- Context -------------------------------------------------------------------
 
-absl::StatusOr<std::unique_ptr<Context>> Context::Open(absl::string_view device_name) {
+absl::StatusOr<std::unique_ptr<Context>> Context::Open(absl::string_view device_name,
+                                                      const VerbsTable& v) {
   const std::string name(device_name);
   int count = 0;
-  absl::StatusOr<DeviceList> list = GetDeviceList(&count);
+  absl::StatusOr<DeviceList> list = GetDeviceList(v, &count);
   if (!list.ok()) {
     return absl::Status(list.status().code(), absl::StrCat("cannot open RDMA device '", name,
                                                            "': ", list.status().message()));
@@ -242,7 +246,7 @@ absl::StatusOr<std::unique_ptr<Context>> Context::Open(absl::string_view device_
   ibv_device* found = nullptr;
   std::vector<std::string> names;
   for (int i = 0; i < count; ++i) {
-    names.emplace_back(ibv_get_device_name((*list)[i]));
+    names.emplace_back(v.get_device_name((*list)[i]));
     if (names.back() == name) found = (*list)[i];
   }
   if (found == nullptr) {
@@ -250,29 +254,29 @@ absl::StatusOr<std::unique_ptr<Context>> Context::Open(absl::string_view device_
         "RDMA device '", name, "' not found (devices: ", absl::StrJoin(names, ", "), ")"));
   }
   errno = 0;
-  ibv_context* ctx = ibv_open_device(found);
+  ibv_context* ctx = v.open_device(found);
   if (ctx == nullptr) {
     return VerbError(absl::StrCat("ibv_open_device(", name, ")"), LastErrno());
   }
   ibv_device_attr attr;
   std::memset(&attr, 0, sizeof(attr));
-  const int rc = ibv_query_device(ctx, &attr);
+  const int rc = v.query_device(ctx, &attr);
   if (rc != 0) {
     const int err = ErrFromRc(rc);
-    ibv_close_device(ctx);
+    v.close_device(ctx);
     return VerbError(absl::StrCat("ibv_query_device(", name, ")"), err);
   }
-  return std::unique_ptr<Context>(new Context(name, ctx, attr.phys_port_cnt));
+  return std::unique_ptr<Context>(new Context(&v, name, ctx, attr.phys_port_cnt));
 }
 
 Context::~Context() {
-  if (ibv_close_device(ctx_) != 0) {
+  if (verbs_->close_device(ctx_) != 0) {
     GS_LOG(WARNING) << "ibv_close_device(" << name_ << ") failed: " << ErrnoText(LastErrno());
   }
 }
 
 absl::StatusOr<PortInfo> Context::QueryPort(int port_num) const {
-  return QueryPortOf(ctx_, name_, port_num);
+  return QueryPortOf(*verbs_, ctx_, name_, port_num);
 }
 
 absl::StatusOr<std::array<uint8_t, 16>> Context::QueryGid(int port_num, int gid_index) const {
@@ -283,7 +287,7 @@ absl::StatusOr<std::array<uint8_t, 16>> Context::QueryGid(int port_num, int gid_
   ibv_gid gid;
   std::memset(&gid, 0, sizeof(gid));
   errno = 0;
-  const int rc = ibv_query_gid(ctx_, static_cast<uint8_t>(port_num), gid_index, &gid);
+  const int rc = verbs_->query_gid(ctx_, static_cast<uint8_t>(port_num), gid_index, &gid);
   if (rc != 0) {
     return VerbError(
         absl::StrCat("ibv_query_gid(", name_, ", port ", port_num, ", index ", gid_index, ")"),
@@ -298,7 +302,7 @@ absl::StatusOr<std::array<uint8_t, 16>> Context::QueryGid(int port_num, int gid_
 
 absl::StatusOr<std::unique_ptr<ProtectionDomain>> ProtectionDomain::Create(Context& context) {
   errno = 0;
-  ibv_pd* pd = ibv_alloc_pd(context.get());
+  ibv_pd* pd = context.verbs().alloc_pd(context.get());
   if (pd == nullptr) {
     return VerbError(absl::StrCat("ibv_alloc_pd(", context.name(), ")"), LastErrno());
   }
@@ -306,7 +310,7 @@ absl::StatusOr<std::unique_ptr<ProtectionDomain>> ProtectionDomain::Create(Conte
 }
 
 ProtectionDomain::~ProtectionDomain() {
-  const int rc = ibv_dealloc_pd(pd_);
+  const int rc = context_->verbs().dealloc_pd(pd_);
   if (rc != 0) {
     GS_LOG(WARNING) << "ibv_dealloc_pd(" << context_->name()
                     << ") failed (regions or QPs still alive?): " << ErrnoText(ErrFromRc(rc));
@@ -323,7 +327,7 @@ absl::StatusOr<std::unique_ptr<MemoryRegion>> MemoryRegion::Register(ProtectionD
     return absl::InvalidArgumentError(absl::StrCat(what, ": empty or null buffer"));
   }
   errno = 0;
-  ibv_mr* mr = ibv_reg_mr(pd.get(), addr, length, kAccessFlags);
+  ibv_mr* mr = pd.context().verbs().reg_mr(pd.get(), addr, length, kAccessFlags);
   if (mr == nullptr) {
     const int err = LastErrno();
     absl::Status s = VerbError(what, err);
@@ -333,11 +337,27 @@ absl::StatusOr<std::unique_ptr<MemoryRegion>> MemoryRegion::Register(ProtectionD
     }
     return s;
   }
-  return std::unique_ptr<MemoryRegion>(new MemoryRegion(mr, addr, length));
+  return std::unique_ptr<MemoryRegion>(new MemoryRegion(&pd.context().verbs(), mr, addr, length));
+}
+
+absl::StatusOr<std::unique_ptr<MemoryRegion>> MemoryRegion::RegisterDmabuf(
+    ProtectionDomain& pd, int fd, uint64_t fd_offset, void* addr, size_t length) {
+  const std::string what =
+      absl::StrCat("ibv_reg_dmabuf_mr(fd ", fd, ", offset ", fd_offset, ", iova=0x",
+                   absl::Hex(addr), ", length=", length, ") on ", pd.context().name());
+  if (addr == nullptr || length == 0 || fd < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": no dma-buf or an empty range"));
+  }
+  errno = 0;
+  ibv_mr* mr = pd.context().verbs().reg_dmabuf_mr(pd.get(), fd_offset, length,
+                                                  reinterpret_cast<uintptr_t>(addr), fd,
+                                                  kAccessFlags);
+  if (mr == nullptr) return VerbError(what, LastErrno());
+  return std::unique_ptr<MemoryRegion>(new MemoryRegion(&pd.context().verbs(), mr, addr, length));
 }
 
 MemoryRegion::~MemoryRegion() {
-  const int rc = ibv_dereg_mr(mr_);
+  const int rc = verbs_->dereg_mr(mr_);
   if (rc != 0) {
     GS_LOG(WARNING) << "ibv_dereg_mr(addr=" << addr_ << ") failed: " << ErrnoText(ErrFromRc(rc));
   }
@@ -357,24 +377,56 @@ RemoteMemory MemoryRegion::Remote(size_t offset) const {
 
 // --- CompletionQueue -------------------------------------------------------------
 
-absl::StatusOr<std::unique_ptr<CompletionQueue>> CompletionQueue::Create(Context& context,
-                                                                         int depth) {
+absl::StatusOr<std::unique_ptr<CompletionChannel>> CompletionChannel::Create(Context& context) {
+  errno = 0;
+  ibv_comp_channel* ch = context.verbs().create_comp_channel(context.get());
+  if (ch == nullptr) {
+    return VerbError(absl::StrCat("ibv_create_comp_channel(", context.name(), ")"), LastErrno());
+  }
+  return std::unique_ptr<CompletionChannel>(new CompletionChannel(&context.verbs(), ch));
+}
+
+CompletionChannel::~CompletionChannel() {
+  const int rc = verbs_->destroy_comp_channel(channel_);
+  if (rc != 0) {
+    GS_LOG(WARNING) << "ibv_destroy_comp_channel failed: " << ErrnoText(ErrFromRc(rc));
+  }
+}
+
+int CompletionChannel::fd() const { return channel_->fd; }
+
+absl::Status CompletionChannel::TakeEvents() {
+  ibv_cq* cq = nullptr;
+  void* cq_context = nullptr;
+  errno = 0;
+  if (verbs_->get_cq_event(channel_, &cq, &cq_context) != 0) {
+    const int err = LastErrno();
+    if (err == EAGAIN) return absl::OkStatus();
+    return VerbError("ibv_get_cq_event", err);
+  }
+  verbs_->ack_cq_events(cq, 1);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<CompletionQueue>> CompletionQueue::Create(
+    Context& context, int depth, CompletionChannel* channel) {
   if (depth < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("completion queue depth must be >= 1, got ", depth));
   }
   errno = 0;
-  ibv_cq* cq = ibv_create_cq(context.get(), depth, /*cq_context=*/nullptr,
-                             /*channel=*/nullptr, /*comp_vector=*/0);
+  ibv_cq* cq = context.verbs().create_cq(context.get(), depth, /*cq_context=*/nullptr,
+                                         channel != nullptr ? channel->get() : nullptr,
+                                         /*comp_vector=*/0);
   if (cq == nullptr) {
     return VerbError(absl::StrCat("ibv_create_cq(", context.name(), ", depth ", depth, ")"),
                      LastErrno());
   }
-  return std::unique_ptr<CompletionQueue>(new CompletionQueue(cq, cq->cqe));
+  return std::unique_ptr<CompletionQueue>(new CompletionQueue(&context.verbs(), cq, cq->cqe));
 }
 
 CompletionQueue::~CompletionQueue() {
-  const int rc = ibv_destroy_cq(cq_);
+  const int rc = verbs_->destroy_cq(cq_);
   if (rc != 0) {
     GS_LOG(WARNING) << "ibv_destroy_cq failed: " << ErrnoText(ErrFromRc(rc));
   }
@@ -386,14 +438,15 @@ absl::StatusOr<int> CompletionQueue::Poll(int max, std::vector<WorkCompletion>* 
   int total = 0;
   while (total < max) {
     const int want = max - total < kBatch ? max - total : kBatch;
-    const int n = ibv_poll_cq(cq_, want, wc);
-    if (n < 0) return absl::InternalError(absl::StrCat("ibv_poll_cq failed (", n, ")"));
+    errno = 0;
+    const int n = verbs_->poll_cq(cq_, want, wc);
+    if (n < 0) return VerbError("ibv_poll_cq", LastErrno());
     for (int i = 0; i < n; ++i) {
       WorkCompletion c;
       c.wr_id = wc[i].wr_id;
       c.status = wc[i].status;
       c.ok = wc[i].status == IBV_WC_SUCCESS;
-      if (!c.ok) c.status_text = ibv_wc_status_str(wc[i].status);
+      if (!c.ok) c.status_text = verbs_->wc_status_str(wc[i].status);
       c.opcode = wc[i].opcode;
       c.byte_len = wc[i].byte_len;
       c.has_imm = (wc[i].wc_flags & IBV_WC_WITH_IMM) != 0;
@@ -405,6 +458,12 @@ absl::StatusOr<int> CompletionQueue::Poll(int max, std::vector<WorkCompletion>* 
     if (n < want) break;
   }
   return total;
+}
+
+absl::Status CompletionQueue::RequestNotify() {
+  const int rc = verbs_->req_notify_cq(cq_, /*solicited_only=*/0);
+  if (rc != 0) return VerbError("ibv_req_notify_cq", ErrFromRc(rc));
+  return absl::OkStatus();
 }
 
 }  // namespace rdma

@@ -1,19 +1,19 @@
-// RAII building blocks over libibverbs for a future RDMA transport.
+// RAII building blocks over libibverbs, used by the RDMA transport
+// (transport/rdma_context.h). Every verb goes through a VerbsTable
+// (verbs_table.h): libibverbs, or the in-process emulation in tests; a
+// Context is opened on one and its children use the same.
 //
-// Intended use (the transport is not written yet): one reliable-connected (RC)
-// QueuePair per peer, one-sided RDMA WRITE, receiver-driven like NCCL's net_ib:
+// The transport's use: one reliable-connected (RC) QueuePair per peer,
+// one-sided RDMA WRITE, receiver-driven like NCCL's net_ib:
 //   1. Both sides open a Context, allocate a ProtectionDomain, create
 //      CompletionQueues and a QueuePair, and exchange QpEndpoint values
 //      (QpEndpoint::Encode/Decode: 28 bytes) over the existing TCP connection.
 //      Each side then calls QueuePair::Connect (INIT -> RTR -> RTS).
-//   2. The sender registers a small "clear-to-send" FIFO (a MemoryRegion) and
-//      sends its RemoteMemory to the receiver once.
-//   3. For every chunk, the receiver posts a receive buffer it has registered and
-//      RDMA-WRITEs a clear-to-send entry {address, rkey, length, sequence} into the
-//      sender's FIFO.
-//   4. The sender polls its FIFO, RDMA-WRITEs the data straight into the
-//      receiver's buffer (PostWrite, with an immediate value so the receiver gets
-//      a completion), and both sides reap completions from their CQs.
+//   2. For every message, the receiver sends a clear-to-send entry {address,
+//      rkey, length, tag, sequence} to the sender (an inline SEND).
+//   3. The sender RDMA-WRITEs the data straight into the receiver's buffer
+//      (PostWrite, with an immediate value so the receiver gets a
+//      completion), and both sides reap completions from their CQs.
 // Nothing here knows about collectives; buffers and keys are all it deals in.
 //
 // Availability: hosts without an RDMA NIC (or whose kernel has no RDMA support)
@@ -50,9 +50,13 @@ struct ibv_pd;
 struct ibv_mr;
 struct ibv_cq;
 struct ibv_qp;
+struct ibv_comp_channel;
 
 namespace gradsync {
 namespace rdma {
+
+struct VerbsTable;
+const VerbsTable& RealVerbs();
 
 enum class PortState { kNop, kDown, kInit, kArmed, kActive, kActiveDefer, kUnknown };
 enum class LinkLayer { kUnspecified, kInfiniBand, kEthernet };
@@ -85,7 +89,7 @@ struct VerbsDeviceInfo {
 // The devices libibverbs sees. kUnavailable when there are none:
 // "no RDMA devices: ibv_get_device_list failed: Function not implemented (errno 38)"
 // (kernel without RDMA support) or "no RDMA devices found" (empty list).
-absl::StatusOr<std::vector<VerbsDeviceInfo>> ListVerbsDevices();
+absl::StatusOr<std::vector<VerbsDeviceInfo>> ListVerbsDevices(const VerbsTable& verbs = RealVerbs());
 
 // "Function not implemented (errno 38)".
 std::string ErrnoText(int err);
@@ -96,13 +100,15 @@ class Context {
   // kUnavailable when no RDMA device exists, kNotFound when `device_name` is not
   // among them (the message lists the names), kUnavailable/kPermissionDenied when
   // opening fails; every message names the device.
-  static absl::StatusOr<std::unique_ptr<Context>> Open(absl::string_view device_name);
+  static absl::StatusOr<std::unique_ptr<Context>> Open(absl::string_view device_name,
+                                                       const VerbsTable& verbs = RealVerbs());
   ~Context();
   Context(const Context&) = delete;
   Context& operator=(const Context&) = delete;
 
   const std::string& name() const { return name_; }
   ibv_context* get() const { return ctx_; }
+  const VerbsTable& verbs() const { return *verbs_; }
   int num_ports() const { return num_ports_; }
 
   absl::StatusOr<PortInfo> QueryPort(int port_num) const;
@@ -110,9 +116,10 @@ class Context {
   absl::StatusOr<std::array<uint8_t, 16>> QueryGid(int port_num, int gid_index) const;
 
  private:
-  Context(std::string name, ibv_context* ctx, int num_ports)
-      : name_(std::move(name)), ctx_(ctx), num_ports_(num_ports) {}
+  Context(const VerbsTable* verbs, std::string name, ibv_context* ctx, int num_ports)
+      : verbs_(verbs), name_(std::move(name)), ctx_(ctx), num_ports_(num_ports) {}
 
+  const VerbsTable* verbs_;
   std::string name_;
   ibv_context* ctx_;  // owned
   int num_ports_;
@@ -152,6 +159,12 @@ class MemoryRegion {
   // kInternal naming the address, length and errno; it never aborts.
   static absl::StatusOr<std::unique_ptr<MemoryRegion>> Register(ProtectionDomain& pd, void* addr,
                                                                 size_t length);
+  // Registers device memory exported as a dma-buf (GPUDirect RDMA without
+  // nvidia-peermem): [fd_offset, +length) of dma-buf `fd`, addressed by the
+  // peer as [addr, addr + length).
+  static absl::StatusOr<std::unique_ptr<MemoryRegion>> RegisterDmabuf(ProtectionDomain& pd, int fd,
+                                                                      uint64_t fd_offset,
+                                                                      void* addr, size_t length);
   ~MemoryRegion();
   MemoryRegion(const MemoryRegion&) = delete;
   MemoryRegion& operator=(const MemoryRegion&) = delete;
@@ -165,7 +178,9 @@ class MemoryRegion {
   ibv_mr* get() const { return mr_; }
 
  private:
-  MemoryRegion(ibv_mr* mr, void* addr, size_t length) : mr_(mr), addr_(addr), length_(length) {}
+  MemoryRegion(const VerbsTable* verbs, ibv_mr* mr, void* addr, size_t length)
+      : verbs_(verbs), mr_(mr), addr_(addr), length_(length) {}
+  const VerbsTable* verbs_;
   ibv_mr* mr_;  // owned
   void* addr_;
   size_t length_;
@@ -184,10 +199,34 @@ struct WorkCompletion {
   uint32_t qp_num = 0;
 };
 
-// --- CompletionQueue (ibv_create_cq / ibv_destroy_cq), polled, no channel ----
+// --- CompletionChannel (ibv_create_comp_channel): a file descriptor that
+// turns readable when an armed CompletionQueue gets a completion -------------
+class CompletionChannel {
+ public:
+  static absl::StatusOr<std::unique_ptr<CompletionChannel>> Create(Context& context);
+  ~CompletionChannel();
+  CompletionChannel(const CompletionChannel&) = delete;
+  CompletionChannel& operator=(const CompletionChannel&) = delete;
+
+  int fd() const;  // for poll(2); the channel is non-blocking only if the caller makes it so
+  // Reads and acknowledges one event (ibv_get_cq_event + ibv_ack_cq_events);
+  // OK when none was pending on a non-blocking fd.
+  absl::Status TakeEvents();
+  ibv_comp_channel* get() const { return channel_; }
+
+ private:
+  CompletionChannel(const VerbsTable* verbs, ibv_comp_channel* channel)
+      : verbs_(verbs), channel_(channel) {}
+  const VerbsTable* verbs_;
+  ibv_comp_channel* channel_;  // owned
+};
+
+// --- CompletionQueue (ibv_create_cq / ibv_destroy_cq), polled; with a
+// channel, RequestNotify arms it ----------------------------------------------
 class CompletionQueue {
  public:
-  static absl::StatusOr<std::unique_ptr<CompletionQueue>> Create(Context& context, int depth);
+  static absl::StatusOr<std::unique_ptr<CompletionQueue>> Create(
+      Context& context, int depth, CompletionChannel* channel = nullptr);
   ~CompletionQueue();
   CompletionQueue(const CompletionQueue&) = delete;
   CompletionQueue& operator=(const CompletionQueue&) = delete;
@@ -196,12 +235,16 @@ class CompletionQueue {
   // A failed *completion* is reported in WorkCompletion::ok, not as an error;
   // an error means ibv_poll_cq itself failed.
   absl::StatusOr<int> Poll(int max, std::vector<WorkCompletion>* out);
+  // Arms the channel: the next completion makes its fd readable (once).
+  absl::Status RequestNotify();
 
   ibv_cq* get() const { return cq_; }
   int depth() const { return depth_; }
 
  private:
-  CompletionQueue(ibv_cq* cq, int depth) : cq_(cq), depth_(depth) {}
+  CompletionQueue(const VerbsTable* verbs, ibv_cq* cq, int depth)
+      : verbs_(verbs), cq_(cq), depth_(depth) {}
+  const VerbsTable* verbs_;
   ibv_cq* cq_;  // owned
   int depth_;
 };
@@ -278,6 +321,11 @@ class QueuePair {
   absl::Status PostWrite(const MemoryRegion& mr, size_t offset, size_t length,
                          const RemoteMemory& remote, uint64_t remote_offset, uint64_t wr_id,
                          bool signaled, const uint32_t* imm = nullptr);
+  // Posts a SEND of `length` bytes copied from `data` at posting (inline: no
+  // registration; length <= max_inline_data()). It consumes a posted receive
+  // at the peer.
+  absl::Status PostSendInline(const void* data, size_t length, uint64_t wr_id, bool signaled);
+  size_t max_inline_data() const { return max_inline_data_; }
   // Posts a receive of mr[offset, offset + length) (length may be 0 when it only
   // collects RDMA_WRITE_WITH_IMM notifications).
   absl::Status PostRecv(const MemoryRegion& mr, size_t offset, size_t length, uint64_t wr_id);

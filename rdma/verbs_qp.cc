@@ -9,6 +9,7 @@
 #include "common/logging.h"
 #include "rdma/verbs.h"
 #include "rdma/verbs_internal.h"
+#include "rdma/verbs_table.h"
 
 namespace gradsync {
 namespace rdma {
@@ -72,7 +73,7 @@ absl::StatusOr<std::unique_ptr<QueuePair>> QueuePair::Create(ProtectionDomain& p
   attr.cap.max_recv_sge = options.max_recv_sge;
   attr.cap.max_inline_data = options.max_inline_data;
   errno = 0;
-  ibv_qp* qp = ibv_create_qp(pd.get(), &attr);
+  ibv_qp* qp = pd.context().verbs().create_qp(pd.get(), &attr);
   if (qp == nullptr) {
     return VerbError(absl::StrCat("ibv_create_qp(RC, ", pd.context().name(), ", send_wr ",
                                   options.max_send_wr, ", recv_wr ", options.max_recv_wr, ")"),
@@ -84,7 +85,7 @@ absl::StatusOr<std::unique_ptr<QueuePair>> QueuePair::Create(ProtectionDomain& p
 }
 
 QueuePair::~QueuePair() {
-  const int rc = ibv_destroy_qp(qp_);
+  const int rc = pd_->context().verbs().destroy_qp(qp_);
   if (rc != 0) {
     GS_LOG(WARNING) << "ibv_destroy_qp failed: " << ErrnoText(ErrFromRc(rc));
   }
@@ -108,10 +109,10 @@ absl::StatusOr<QpEndpoint> QueuePair::LocalEndpoint(const ConnectOptions& option
 }
 
 namespace {
-absl::Status ModifyQp(ibv_qp* qp, ibv_qp_attr* attr, int mask, absl::string_view transition,
-                      const std::string& dev) {
+absl::Status ModifyQp(const VerbsTable& v, ibv_qp* qp, ibv_qp_attr* attr, int mask,
+                      absl::string_view transition, const std::string& dev) {
   errno = 0;
-  const int rc = ibv_modify_qp(qp, attr, mask);
+  const int rc = v.modify_qp(qp, attr, mask);
   if (rc != 0) {
     return VerbError(
         absl::StrCat("ibv_modify_qp(qpn 0x", absl::Hex(qp->qp_num), ", ", transition, ") on ", dev),
@@ -128,7 +129,7 @@ absl::Status QueuePair::ModifyToInit(const ConnectOptions& options) {
   attr.pkey_index = 0;
   attr.port_num = static_cast<uint8_t>(options.port_num);
   attr.qp_access_flags = kAccessFlags;
-  return ModifyQp(qp_, &attr, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS,
+  return ModifyQp(pd_->context().verbs(), qp_, &attr, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS,
                   "RESET->INIT", pd_->context().name());
 }
 
@@ -158,7 +159,7 @@ absl::Status QueuePair::ModifyToRtr(const QpEndpoint& remote, const ConnectOptio
     attr.ah_attr.grh.traffic_class = 0;
     attr.ah_attr.grh.flow_label = 0;
   }
-  return ModifyQp(qp_, &attr,
+  return ModifyQp(pd_->context().verbs(), qp_, &attr,
                   IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
                       IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER,
                   absl::StrCat("INIT->RTR to ", remote.DebugString()), pd_->context().name());
@@ -173,7 +174,7 @@ absl::Status QueuePair::ModifyToRts(const QpEndpoint& local, const ConnectOption
   attr.retry_cnt = options.retry_count;
   attr.rnr_retry = options.rnr_retry;
   attr.max_rd_atomic = options.max_rd_atomic;
-  return ModifyQp(qp_, &attr,
+  return ModifyQp(pd_->context().verbs(), qp_, &attr,
                   IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
                       IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC,
                   "RTR->RTS", pd_->context().name());
@@ -226,12 +227,40 @@ absl::Status QueuePair::PostWrite(const MemoryRegion& mr, size_t offset, size_t 
 
   ibv_send_wr* bad = nullptr;
   errno = 0;
-  const int rc = ibv_post_send(qp_, &wr, &bad);
+  const int rc = pd_->context().verbs().post_send(qp_, &wr, &bad);
   if (rc != 0) {
     return VerbError(absl::StrCat("ibv_post_send(RDMA_WRITE", imm ? "_WITH_IMM" : "", ", qpn 0x",
                                   absl::Hex(qpn()), ", ", length, " bytes to 0x",
                                   absl::Hex(wr.wr.rdma.remote_addr), ")"),
                      ErrFromRc(rc));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status QueuePair::PostSendInline(const void* data, size_t length, uint64_t wr_id,
+                                       bool signaled) {
+  if (length > max_inline_data_) {
+    return absl::InvalidArgumentError(absl::StrCat("inline send of ", length, " bytes exceeds the ",
+                                                   max_inline_data_, " the QP allows"));
+  }
+  ibv_sge sge;
+  sge.addr = reinterpret_cast<uintptr_t>(data);
+  sge.length = static_cast<uint32_t>(length);
+  sge.lkey = 0;  // inline data needs no key
+  ibv_send_wr wr;
+  std::memset(&wr, 0, sizeof(wr));
+  wr.wr_id = wr_id;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.opcode = IBV_WR_SEND;
+  wr.send_flags = IBV_SEND_INLINE | (signaled ? IBV_SEND_SIGNALED : 0);
+  ibv_send_wr* bad = nullptr;
+  errno = 0;
+  const int rc = pd_->context().verbs().post_send(qp_, &wr, &bad);
+  if (rc != 0) {
+    return VerbError(
+        absl::StrCat("ibv_post_send(SEND inline, qpn 0x", absl::Hex(qpn()), ", ", length, " bytes)"),
+        ErrFromRc(rc));
   }
   return absl::OkStatus();
 }
@@ -253,7 +282,7 @@ absl::Status QueuePair::PostRecv(const MemoryRegion& mr, size_t offset, size_t l
   wr.num_sge = length > 0 ? 1 : 0;
   ibv_recv_wr* bad = nullptr;
   errno = 0;
-  const int rc = ibv_post_recv(qp_, &wr, &bad);
+  const int rc = pd_->context().verbs().post_recv(qp_, &wr, &bad);
   if (rc != 0) {
     return VerbError(
         absl::StrCat("ibv_post_recv(qpn 0x", absl::Hex(qpn()), ", ", length, " bytes)"),
