@@ -1,6 +1,7 @@
 // Every collective x every algorithm that implements it x world sizes x counts
-// x dtypes x ops, over every transport device (real TCP sockets on loopback
-// and the in-process device; one thread per rank), all compared bit-exact.
+// x dtypes x ops, over every transport device (real TCP sockets on loopback,
+// the in-process device, and the RDMA device over the verbs emulation; one
+// thread per rank), all compared bit-exact.
 // What they do with injected faults: collective_faults_test.cc.
 //
 // How the expected values are made:
@@ -252,6 +253,7 @@ void SweepLarge(CollectiveKind kind) {
   Sweep(kind, {DType::kF32}, {ReduceOp::kAvg}, {100003}, {3, 8}, small);
   Sweep(kind, {DType::kBF16}, {ReduceOp::kSum}, {100003}, {5}, RingOptions{});
   Sweep(kind, {DType::kF32}, {ReduceOp::kSum}, {100003}, {4}, small, DeviceKind::kInProc);
+  Sweep(kind, {DType::kF32}, {ReduceOp::kSum}, {100003}, {4}, small, DeviceKind::kRdma);
 }
 
 TEST(Collectives, AllreduceEveryAlgorithmIsBitExact) { SweepMain(CollectiveKind::kAllreduce); }

@@ -4,6 +4,8 @@
 
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
+#include "rdma/verbs_emulation.h"
+#include "transport/rdma_device.h"
 #include "transport/tcp_device.h"
 
 namespace gradsync::testing {
@@ -11,7 +13,23 @@ namespace gradsync::testing {
 using transport::ContextSpec;
 using transport::TcpListener;
 
-const char* DeviceName(DeviceKind kind) { return kind == DeviceKind::kTcp ? "tcp" : "inproc"; }
+const char* DeviceName(DeviceKind kind) {
+  switch (kind) {
+    case DeviceKind::kTcp: return "tcp";
+    case DeviceKind::kInProc: return "inproc";
+    case DeviceKind::kRdma: return "rdma-emulated";
+  }
+  return "?";
+}
+
+namespace {
+// The test process's verbs emulation (never destroyed: clusters of any test
+// may still hold contexts on it at exit).
+const rdma::VerbsEmulation& Emulation() {
+  static auto* emu = new rdma::VerbsEmulation();
+  return *emu;
+}
+}  // namespace
 
 Cluster MakeCluster(int world, const std::string& job, DeviceKind device,
                     const transport::InProcFaults& faults) {
@@ -36,7 +54,6 @@ Cluster MakeCluster(int world, const std::string& job, DeviceKind device,
     return c;
   }
   std::vector<HostPort> addrs;
-  std::vector<std::unique_ptr<transport::TcpDevice>> devices;
   for (int r = 0; r < world; ++r) {
     transport::ListenerOptions lo;
     lo.listen = {"127.0.0.1", 0};
@@ -46,7 +63,17 @@ Cluster MakeCluster(int world, const std::string& job, DeviceKind device,
     addrs.push_back({"127.0.0.1", (*l)->port()});
     transport::TcpDeviceOptions o;
     o.listener = l->get();
-    devices.push_back(std::make_unique<transport::TcpDevice>(o));
+    if (device == DeviceKind::kRdma) {
+      transport::RdmaDeviceOptions ro;
+      ro.verbs = &Emulation().verbs();
+      ro.bootstrap = o;
+      auto d = transport::RdmaDevice::Open(ro);
+      EXPECT_TRUE(d.ok()) << d.status();
+      if (!d.ok()) return c;
+      c.devices.push_back(std::move(*d));
+    } else {
+      c.devices.push_back(std::make_unique<transport::TcpDevice>(o));
+    }
     c.listeners.push_back(std::move(*l));
   }
   std::vector<std::thread> threads;
@@ -54,7 +81,7 @@ Cluster MakeCluster(int world, const std::string& job, DeviceKind device,
     threads.emplace_back([&, r] {
       ContextSpec s = spec(r);
       s.peers = addrs;
-      auto ctx = devices[r]->CreateContext(s);
+      auto ctx = c.devices[r]->CreateContext(s);
       ASSERT_TRUE(ctx.ok()) << ctx.status();
       c.contexts[r] = std::move(*ctx);
     });

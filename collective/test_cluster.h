@@ -1,7 +1,9 @@
 // Test helper: one context per rank of a job, from a transport device: TCP
 // on loopback (each rank with its own data-plane listener, connected exactly
-// as daemons connect) or the in-process device (transport/inproc.h), which
-// can inject faults.
+// as daemons connect), the in-process device (transport/inproc.h), which
+// can inject faults, or the RDMA device (transport/rdma_device.h) over the
+// verbs emulation (rdma/verbs_emulation.h, one per test process),
+// bootstrapped over loopback TCP.
 #ifndef GRADSYNC_COLLECTIVE_TEST_CLUSTER_H_
 #define GRADSYNC_COLLECTIVE_TEST_CLUSTER_H_
 
@@ -18,9 +20,10 @@
 
 namespace gradsync::testing {
 
-enum class DeviceKind { kTcp, kInProc };
-inline constexpr DeviceKind kAllDevices[] = {DeviceKind::kTcp, DeviceKind::kInProc};
-// "tcp", "inproc".
+enum class DeviceKind { kTcp, kInProc, kRdma };
+inline constexpr DeviceKind kAllDevices[] = {DeviceKind::kTcp, DeviceKind::kInProc,
+                                             DeviceKind::kRdma};
+// "tcp", "inproc", "rdma-emulated".
 const char* DeviceName(DeviceKind kind);
 
 // The host memory of a vector, as an op's buffer.
@@ -30,8 +33,9 @@ transport::Buffer HostBuffer(V& v) {
 }
 
 struct Cluster {
-  std::vector<std::unique_ptr<transport::TcpListener>> listeners;  // TCP only
-  std::vector<std::unique_ptr<transport::Context>> contexts;
+  std::vector<std::unique_ptr<transport::TcpListener>> listeners;  // TCP and RDMA
+  std::vector<std::unique_ptr<transport::Device>> devices;  // TCP and RDMA (after the contexts go)
+  std::vector<std::unique_ptr<transport::Context>> contexts;  // destroyed first
   int size() const { return static_cast<int>(contexts.size()); }
 };
 

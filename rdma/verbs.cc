@@ -298,6 +298,53 @@ absl::StatusOr<std::array<uint8_t, 16>> Context::QueryGid(int port_num, int gid_
   return out;
 }
 
+absl::StatusOr<std::vector<GidEntry>> Context::GidTable(int port_num) const {
+  ibv_port_attr attr;
+  std::memset(&attr, 0, sizeof(attr));
+  const int rc = verbs_->query_port(ctx_, static_cast<uint8_t>(port_num), &attr);
+  if (rc != 0) {
+    return VerbError(absl::StrCat("ibv_query_port(", name_, ", port ", port_num, ")"),
+                     ErrFromRc(rc));
+  }
+  std::vector<GidEntry> out;
+  for (int i = 0; i < attr.gid_tbl_len; ++i) {
+    ibv_gid_entry e;
+    std::memset(&e, 0, sizeof(e));
+    if (verbs_->query_gid_ex(ctx_, port_num, i, &e, 0) != 0) continue;  // an empty entry
+    GidEntry g;
+    g.index = i;
+    std::memcpy(g.gid.data(), e.gid.raw, 16);
+    bool zero = true;
+    for (uint8_t b : g.gid) zero = zero && b == 0;
+    if (zero) continue;
+    g.type = e.gid_type == IBV_GID_TYPE_ROCE_V2   ? "RoCE v2"
+             : e.gid_type == IBV_GID_TYPE_ROCE_V1 ? "RoCE v1"
+                                                  : "IB";
+    g.text = g.ipv4_mapped() ? absl::StrFormat("::ffff:%d.%d.%d.%d", g.gid[12], g.gid[13],
+                                               g.gid[14], g.gid[15])
+                             : GidText(g.gid);
+    out.push_back(std::move(g));
+  }
+  return out;
+}
+
+bool GidEntry::ipv4_mapped() const {
+  for (int i = 0; i < 10; ++i) {
+    if (gid[i] != 0) return false;
+  }
+  return gid[10] == 0xff && gid[11] == 0xff;
+}
+
+int ChooseGidIndex(const std::vector<GidEntry>& table) {
+  for (const GidEntry& g : table) {
+    if (g.type == "RoCE v2" && g.ipv4_mapped()) return g.index;
+  }
+  for (const GidEntry& g : table) {
+    if (g.type == "RoCE v2") return g.index;
+  }
+  return 0;
+}
+
 // --- ProtectionDomain ------------------------------------------------------------
 
 absl::StatusOr<std::unique_ptr<ProtectionDomain>> ProtectionDomain::Create(Context& context) {

@@ -86,6 +86,18 @@ struct VerbsDeviceInfo {
   std::string error;
 };
 
+struct GidEntry {
+  int index = 0;
+  std::array<uint8_t, 16> gid{};
+  std::string type;  // "IB", "RoCE v1", "RoCE v2"
+  std::string text;  // "fe80:0000:...", IPv4-mapped as "::ffff:10.0.0.1"
+  bool ipv4_mapped() const;
+};
+// The GID index RoCE traffic should use: the first RoCE v2 entry with an
+// IPv4-mapped address (routable, what a RoCEv2 fabric with PFC/ECN is set up
+// for), else the first RoCE v2 entry, else 0.
+int ChooseGidIndex(const std::vector<GidEntry>& table);
+
 // The devices libibverbs sees. kUnavailable when there are none:
 // "no RDMA devices: ibv_get_device_list failed: Function not implemented (errno 38)"
 // (kernel without RDMA support) or "no RDMA devices found" (empty list).
@@ -114,6 +126,8 @@ class Context {
   absl::StatusOr<PortInfo> QueryPort(int port_num) const;
   // GID table entry (RoCE needs one; on InfiniBand index 0 is the port GID).
   absl::StatusOr<std::array<uint8_t, 16>> QueryGid(int port_num, int gid_index) const;
+  // The port's GID table: the entries that are set, with their types.
+  absl::StatusOr<std::vector<GidEntry>> GidTable(int port_num) const;
 
  private:
   Context(const VerbsTable* verbs, std::string name, ibv_context* ctx, int num_ports)
