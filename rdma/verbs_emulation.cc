@@ -14,19 +14,21 @@
 
 namespace gradsync::rdma {
 
-VerbsEmulation::Fabric::Fabric(const EmulationOptions& o) : options_(o) {
-  for (int i = 0; i < o.devices; ++i) {
+VerbsEmulation::Fabric::Fabric(const EmulationOptions& o, int node) : options_(o), node_(node) {
+  for (int i = 0; i < o.devices && i < kDevicesPerNode; ++i) {
     auto d = std::make_unique<EmuDevice>();
     std::memset(&d->dev, 0, sizeof(d->dev));
     const bool eth = o.link_layer == LinkLayer::kEthernet;
     std::snprintf(d->dev.name, sizeof(d->dev.name), "%s%d", eth ? "emu_roce" : "emu_ib", i);
     d->dev.node_type = IBV_NODE_CA;
     d->dev.transport_type = IBV_TRANSPORT_IB;
+    d->node = node;
     d->index = i;
-    d->lid = eth ? 0 : static_cast<uint16_t>(i + 1);
-    // fe80::<guid> (RoCE v1 and v2 on Ethernet, IB on InfiniBand), then on
-    // Ethernet the IPv4-mapped address 10.0.0.<i+1> as v1 and v2: the table
-    // a RoCE NIC with one IPv4 address shows.
+    d->lid = eth ? 0 : static_cast<uint16_t>(node * kDevicesPerNode + i + 1);
+    // fe80::<node>:<i+1> (RoCE v1 and v2 on Ethernet, IB on InfiniBand),
+    // then on Ethernet the IPv4-mapped address 10.<node>.<i+1> as v1 and v2:
+    // the table a RoCE NIC with one IPv4 address shows. Bytes 13-14 name the
+    // node on a linked fabric.
     auto entry = [&](int idx, bool mapped, ibv_gid_type type) {
       ibv_gid_entry e;
       std::memset(&e, 0, sizeof(e));
@@ -34,12 +36,13 @@ VerbsEmulation::Fabric::Fabric(const EmulationOptions& o) : options_(o) {
         e.gid.raw[10] = 0xff;
         e.gid.raw[11] = 0xff;
         e.gid.raw[12] = 10;
-        e.gid.raw[15] = static_cast<uint8_t>(i + 1);
       } else {
         e.gid.raw[0] = 0xfe;
         e.gid.raw[1] = 0x80;
-        e.gid.raw[15] = static_cast<uint8_t>(i + 1);
       }
+      e.gid.raw[13] = static_cast<uint8_t>(node >> 8);
+      e.gid.raw[14] = static_cast<uint8_t>(node & 0xff);
+      e.gid.raw[15] = static_cast<uint8_t>(i + 1);
       e.gid_index = idx;
       e.port_num = 1;
       e.gid_type = type;
@@ -59,6 +62,7 @@ VerbsEmulation::Fabric::Fabric(const EmulationOptions& o) : options_(o) {
 }
 
 VerbsEmulation::Fabric::~Fabric() {
+  link_.reset();  // no more requests, replies or losses from other processes
   {
     std::lock_guard<std::mutex> l(mu_);
     stop_ = true;
@@ -237,6 +241,7 @@ int VerbsEmulation::Fabric::DestroyQp(ibv_qp* qp) {
   std::lock_guard<std::mutex> l(mu_);
   EmuQp* q = Of<EmuQp>(qp);
   qps_.erase(qp->qp_num);
+  if (!q->inbound.empty()) AnswerInbound(q);
   // Completions still queued must not free slots of a QP that is gone.
   for (ibv_cq* cq : {qp->send_cq, qp->recv_cq}) {
     for (CqEntry& e : Of<EmuCq>(cq)->entries) {
@@ -391,7 +396,9 @@ const VerbsTable kEmulatedVerbs = {
     [](ibv_device** list) { delete[] list; },
     [](ibv_device* d) -> const char* { return d->name; },
     [](ibv_device* d) -> uint64_t {
-      return htobe64(0x0002c90300000000ull + Of<EmuDevice>(d)->index + 1);
+      const EmuDevice* e = Of<EmuDevice>(d);
+      return htobe64(0x0002c90300000000ull + (uint64_t{static_cast<uint32_t>(e->node)} << 16) +
+                     e->index + 1);
     },
     [](ibv_device* d) -> ibv_context* {
       auto* c = new EmuContext();
@@ -460,10 +467,28 @@ const VerbsTable kEmulatedVerbs = {
 }  // namespace
 
 VerbsEmulation::VerbsEmulation(EmulationOptions options)
-    : fabric_(std::make_unique<Fabric>(options)) {
+    : fabric_(std::make_unique<Fabric>(options, 0)) {
+  GS_CHECK(options.fabric.empty()) << "a linked verbs emulation is made by VerbsEmulation::Open";
   GS_CHECK(g_fabric == nullptr) << "one VerbsEmulation at a time";
   g_fabric = fabric_.get();
 }
+
+VerbsEmulation::VerbsEmulation(std::unique_ptr<Fabric> fabric) : fabric_(std::move(fabric)) {
+  GS_CHECK(g_fabric == nullptr) << "one VerbsEmulation at a time";
+  g_fabric = fabric_.get();
+}
+
+absl::StatusOr<std::unique_ptr<VerbsEmulation>> VerbsEmulation::Open(EmulationOptions options) {
+  if (options.fabric.empty()) return std::make_unique<VerbsEmulation>(options);
+  if (g_fabric != nullptr) return absl::FailedPreconditionError("one VerbsEmulation at a time");
+  absl::StatusOr<std::unique_ptr<EmulationLink>> link = EmulationLink::Open(options.fabric);
+  if (!link.ok()) return link.status();
+  auto fabric = std::make_unique<Fabric>(options, (*link)->node());
+  fabric->Attach(*std::move(link));
+  return std::unique_ptr<VerbsEmulation>(new VerbsEmulation(std::move(fabric)));
+}
+
+int VerbsEmulation::node() const { return fabric_->node(); }
 
 VerbsEmulation::~VerbsEmulation() { g_fabric = nullptr; }
 

@@ -27,6 +27,14 @@
 // What it cannot show: timing, PCIe and NIC behaviour, memory pinning (a
 // registration pins nothing), real RoCE routing.
 //
+// A linked emulation (EmulationOptions::fabric) reaches the linked
+// emulations of other processes on this host (verbs_emulation_link.h): each
+// process is a node of the fabric with its own devices, and work requests
+// between them carry their data over a unix socket, landing with the same
+// checks and completions; a process that dies fails the work requests sent
+// to it with RETRY_EXC_ERR. This is how separate gradsyncd processes run the
+// RDMA transport in tests.
+//
 // One VerbsEmulation exists at a time (its table's functions reach it
 // through a process-wide pointer).
 #ifndef GRADSYNC_RDMA_VERBS_EMULATION_H_
@@ -34,7 +42,9 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "rdma/verbs.h"
 #include "rdma/verbs_table.h"
@@ -58,6 +68,9 @@ struct EmulationOptions {
   LinkLayer link_layer = LinkLayer::kInfiniBand;
   int active_mtu = 4096;
   int max_inline_data = 128;  // what QPs are granted at most
+  // Non-empty: a linked emulation, one node of this fabric of processes
+  // (1 to 64 characters, no '/'; VerbsEmulation::Open).
+  std::string fabric;
 };
 
 struct EmulationStats {
@@ -76,7 +89,10 @@ struct EmulationStats {
 
 class VerbsEmulation {
  public:
+  // An emulation of this process alone (options.fabric empty).
   explicit VerbsEmulation(EmulationOptions options = {});
+  // Either kind; a linked one binds its node on the fabric (errors name why).
+  static absl::StatusOr<std::unique_ptr<VerbsEmulation>> Open(EmulationOptions options);
   ~VerbsEmulation();
   VerbsEmulation(const VerbsEmulation&) = delete;
   VerbsEmulation& operator=(const VerbsEmulation&) = delete;
@@ -84,10 +100,14 @@ class VerbsEmulation {
   const VerbsTable& verbs() const;
   void SetFaults(const EmulatedFaults& faults);
   EmulationStats stats() const;
+  // This process's node on a linked fabric (LIDs node*16+i+1; GID bytes
+  // 13-14); 0 when unlinked.
+  int node() const;
 
-  class Fabric;  // verbs_emulation.cc
+  class Fabric;  // verbs_emulation_fabric.h
 
  private:
+  explicit VerbsEmulation(std::unique_ptr<Fabric> fabric);
   std::unique_ptr<Fabric> fabric_;
 };
 

@@ -22,51 +22,77 @@ void VerbsEmulation::Fabric::PumpLocked(absl::Time now) {
       while (!q->sq.empty() && q->qp.state == IBV_QPS_RTS) {
         PendingWr& p = q->sq.front();
         if (p.due == absl::InfiniteFuture()) {  // dropped: retries exhausted
-          Fail(q, p, IBV_WC_RETRY_EXC_ERR);
+          Fail(q, IBV_WC_RETRY_EXC_ERR);
           break;
         }
         if (p.due > now) break;
         if (!Deliver(q, p)) break;  // receiver not ready: wait
         progressed = true;
       }
+      if (!q->inbound.empty() && PumpInbound(q)) progressed = true;
     }
   }
 }
 
-bool VerbsEmulation::Fabric::Deliver(EmuQp* q, PendingWr& p) {
-  EmuQp* r = Remote(q);
-  if (r == nullptr || r->qp.state == IBV_QPS_ERR || r->qp.state == IBV_QPS_RESET) {
-    Fail(q, p, IBV_WC_RETRY_EXC_ERR);
+bool VerbsEmulation::Fabric::Gather(EmuQp* q, const PendingWr& p, std::string* data) {
+  if (p.is_inline) {
+    *data = p.inline_data;
     return true;
   }
-  // The local data, checked against the sender's keys.
-  std::string data;
-  if (p.is_inline) {
-    data = p.inline_data;
-  } else {
-    for (const ibv_sge& s : p.sges) {
-      const EmuMr* m = Find(s.lkey, q->pd, s.addr, s.length, 0, /*remote=*/false);
-      if (m == nullptr) {
-        Fail(q, p, IBV_WC_LOC_PROT_ERR);
-        return true;
-      }
-      data.append(reinterpret_cast<const char*>(s.addr), s.length);
-    }
+  data->clear();
+  for (const ibv_sge& s : p.sges) {
+    if (Find(s.lkey, q->pd, s.addr, s.length, 0, /*remote=*/false) == nullptr) return false;
+    data->append(reinterpret_cast<const char*>(s.addr), s.length);
   }
-  const bool needs_recv = p.opcode != IBV_WR_RDMA_WRITE;
-  if (needs_recv && r->rq.empty()) {
-    if (r->qp.state != IBV_QPS_RTR && r->qp.state != IBV_QPS_RTS) return false;
-    if (q->rnr_retry < 7) {
-      Fail(q, p, IBV_WC_RNR_RETRY_EXC_ERR);
-      return true;
-    }
+  return true;
+}
+
+bool VerbsEmulation::Fabric::Deliver(EmuQp* q, PendingWr& p) {
+  std::string data;
+  if (!Gather(q, p, &data)) {
+    Fail(q, IBV_WC_LOC_PROT_ERR);
+    return true;
+  }
+  const int node = PeerNode(q);
+  if (link_ != nullptr && node != node_) {
+    // The wire: the peer's process lands it and answers (verbs_emulation_remote.cc).
+    SendRemote(q, p, data);
+    q->remote_node = node;
+    q->inflight.push_back(std::move(p));
+    q->sq.pop_front();
+    return true;
+  }
+  ibv_wc_status st;
+  if (!Land(Remote(q), p.opcode, data, p.remote_addr, p.rkey, p.imm, q->rnr_retry, &st)) {
     if (!p.waited) ++stats_.rnr_waits;
     p.waited = true;
     return false;
   }
+  CompleteSend(q, p, st);
+  q->sq.pop_front();
+  if (st != IBV_WC_SUCCESS) ToError(q);
+  return true;
+}
+
+bool VerbsEmulation::Fabric::Land(EmuQp* r, ibv_wr_opcode opcode, const std::string& data,
+                                  uint64_t remote_addr, uint32_t rkey, uint32_t imm,
+                                  uint8_t rnr_retry, ibv_wc_status* status) {
+  if (r == nullptr || r->qp.state == IBV_QPS_ERR || r->qp.state == IBV_QPS_RESET) {
+    *status = IBV_WC_RETRY_EXC_ERR;
+    return true;
+  }
+  const bool needs_recv = opcode != IBV_WR_RDMA_WRITE;
+  if (needs_recv && r->rq.empty()) {
+    if (r->qp.state != IBV_QPS_RTR && r->qp.state != IBV_QPS_RTS) return false;
+    if (rnr_retry < 7) {
+      *status = IBV_WC_RNR_RETRY_EXC_ERR;
+      return true;
+    }
+    return false;
+  }
   ibv_wc rwc;
   std::memset(&rwc, 0, sizeof(rwc));
-  if (p.opcode == IBV_WR_SEND) {
+  if (opcode == IBV_WR_SEND) {
     ibv_recv_wr& rw = r->rq.front();
     size_t room = 0;
     for (int i = 0; i < rw.num_sge; ++i) room += rw.sg_list[i].length;
@@ -74,7 +100,7 @@ bool VerbsEmulation::Fabric::Deliver(EmuQp* q, PendingWr& p) {
       Complete(r, RecvEntry(r, rw.wr_id, IBV_WC_LOC_LEN_ERR, IBV_WC_RECV, 0));
       PopRecv(r);
       ToError(r);
-      Fail(q, p, IBV_WC_REM_INV_REQ_ERR);
+      *status = IBV_WC_REM_INV_REQ_ERR;
       return true;
     }
     size_t off = 0;
@@ -85,7 +111,7 @@ bool VerbsEmulation::Fabric::Deliver(EmuQp* q, PendingWr& p) {
         Complete(r, RecvEntry(r, rw.wr_id, IBV_WC_LOC_PROT_ERR, IBV_WC_RECV, 0));
         PopRecv(r);
         ToError(r);
-        Fail(q, p, IBV_WC_REM_OP_ERR);
+        *status = IBV_WC_REM_OP_ERR;
         return true;
       }
       std::memcpy(reinterpret_cast<void*>(s.addr), data.data() + off, n);
@@ -96,44 +122,44 @@ bool VerbsEmulation::Fabric::Deliver(EmuQp* q, PendingWr& p) {
     stats_.send_bytes += data.size();
   } else {
     if (!data.empty() &&
-        Find(p.rkey, r->pd, p.remote_addr, data.size(), IBV_ACCESS_REMOTE_WRITE, true) == nullptr) {
+        Find(rkey, r->pd, remote_addr, data.size(), IBV_ACCESS_REMOTE_WRITE, true) == nullptr) {
       ToError(r);
-      Fail(q, p, IBV_WC_REM_ACCESS_ERR);
+      *status = IBV_WC_REM_ACCESS_ERR;
       return true;
     }
-    if (!data.empty()) {
-      std::memcpy(reinterpret_cast<void*>(p.remote_addr), data.data(), data.size());
-    }
+    if (!data.empty()) std::memcpy(reinterpret_cast<void*>(remote_addr), data.data(), data.size());
     ++stats_.writes;
     stats_.write_bytes += data.size();
-    if (p.opcode == IBV_WR_RDMA_WRITE_WITH_IMM) {
+    if (opcode == IBV_WR_RDMA_WRITE_WITH_IMM) {
       rwc =
           RecvEntry(r, r->rq.front().wr_id, IBV_WC_SUCCESS, IBV_WC_RECV_RDMA_WITH_IMM, data.size());
       rwc.wc_flags = IBV_WC_WITH_IMM;
-      rwc.imm_data = p.imm;
+      rwc.imm_data = imm;
     }
   }
   if (needs_recv) {
     PopRecv(r);
     Complete(r, rwc);
   }
-  // The sender's completion.
-  if (p.signaled) {
-    CqEntry e;
-    std::memset(&e.wc, 0, sizeof(e.wc));
-    e.wc.wr_id = p.wr_id;
-    e.wc.status = IBV_WC_SUCCESS;
-    e.wc.opcode = p.opcode == IBV_WR_SEND ? IBV_WC_SEND : IBV_WC_RDMA_WRITE;
-    e.wc.qp_num = q->qp.qp_num;
-    e.sq_owner = q;
-    e.covers = q->unsignaled_run + 1;
-    q->unsignaled_run = 0;
-    Push(Of<EmuCq>(q->qp.send_cq), e);
-  } else {
-    ++q->unsignaled_run;
-  }
-  q->sq.pop_front();
+  *status = IBV_WC_SUCCESS;
   return true;
+}
+
+void VerbsEmulation::Fabric::CompleteSend(EmuQp* q, const PendingWr& p, ibv_wc_status st) {
+  if (st == IBV_WC_SUCCESS && !p.signaled) {
+    ++q->unsignaled_run;
+    return;
+  }
+  CqEntry e;
+  std::memset(&e.wc, 0, sizeof(e.wc));
+  e.wc.wr_id = p.wr_id;
+  e.wc.status = st;
+  if (st == IBV_WC_SUCCESS) e.wc.opcode = p.opcode == IBV_WR_SEND ? IBV_WC_SEND : IBV_WC_RDMA_WRITE;
+  e.wc.qp_num = q->qp.qp_num;
+  e.sq_owner = q;
+  e.covers = q->unsignaled_run + 1;
+  q->unsignaled_run = 0;
+  Push(Of<EmuCq>(q->qp.send_cq), e);
 }
 
 ibv_wc VerbsEmulation::Fabric::RecvEntry(EmuQp* r, uint64_t wr_id, ibv_wc_status st,
@@ -172,19 +198,25 @@ void VerbsEmulation::Fabric::PopRecv(EmuQp* r) {
   r->rq_sges.pop_front();
 }
 
+int VerbsEmulation::Fabric::PeerNode(const EmuQp* q) const {
+  if (q->global) return (q->dgid.raw[13] << 8) | q->dgid.raw[14];
+  return NodeOfLid(q->dlid);
+}
+
+bool VerbsEmulation::Fabric::Reaches(const EmuQp* r, uint16_t dlid, bool global,
+                                     const ibv_gid& dgid) {
+  const EmuDevice* d = Of<EmuContext>(r->qp.context)->device;
+  if (!global) return d->lid == dlid;
+  for (const ibv_gid_entry& g : d->gids) {
+    if (std::memcmp(g.gid.raw, dgid.raw, 16) == 0) return true;
+  }
+  return false;
+}
+
 EmuQp* VerbsEmulation::Fabric::Remote(EmuQp* q) {
   auto it = qps_.find(q->dest_qpn);
   if (it == qps_.end()) return nullptr;
-  EmuQp* r = it->second;
-  EmuDevice* d = Of<EmuContext>(r->qp.context)->device;
-  if (q->global) {
-    bool found = false;
-    for (const ibv_gid_entry& g : d->gids) {
-      found = found || std::memcmp(g.gid.raw, q->dgid.raw, 16) == 0;
-    }
-    return found ? r : nullptr;
-  }
-  return d->lid == q->dlid ? r : nullptr;
+  return Reaches(it->second, q->dlid, q->global, q->dgid) ? it->second : nullptr;
 }
 
 void VerbsEmulation::Fabric::Push(EmuCq* cq, const CqEntry& e) {
@@ -206,23 +238,10 @@ void VerbsEmulation::Fabric::Push(EmuCq* cq, const CqEntry& e) {
   }
 }
 
-void VerbsEmulation::Fabric::Fail(EmuQp* q, PendingWr& p, ibv_wc_status st) {
-  (void)p;  // the head of q->sq
-  CompleteHeadWithError(q, st);
-  ToError(q);
-}
-
-void VerbsEmulation::Fabric::CompleteHeadWithError(EmuQp* q, ibv_wc_status st) {
-  CqEntry e;
-  std::memset(&e.wc, 0, sizeof(e.wc));
-  e.wc.wr_id = q->sq.front().wr_id;
-  e.wc.status = st;
-  e.wc.qp_num = q->qp.qp_num;
-  e.sq_owner = q;
-  e.covers = q->unsignaled_run + 1;
-  q->unsignaled_run = 0;
+void VerbsEmulation::Fabric::Fail(EmuQp* q, ibv_wc_status st) {
+  CompleteSend(q, q->sq.front(), st);
   q->sq.pop_front();
-  Push(Of<EmuCq>(q->qp.send_cq), e);
+  ToError(q);
 }
 
 void VerbsEmulation::Fabric::ToError(EmuQp* q) {
@@ -231,7 +250,12 @@ void VerbsEmulation::Fabric::ToError(EmuQp* q) {
 }
 
 void VerbsEmulation::Fabric::Flush(EmuQp* q) {
-  while (!q->sq.empty()) CompleteHeadWithError(q, IBV_WC_WR_FLUSH_ERR);
+  for (std::deque<PendingWr>* d : {&q->inflight, &q->sq}) {
+    while (!d->empty()) {
+      CompleteSend(q, d->front(), IBV_WC_WR_FLUSH_ERR);
+      d->pop_front();
+    }
+  }
   while (!q->rq.empty()) {
     Complete(q, RecvEntry(q, q->rq.front().wr_id, IBV_WC_WR_FLUSH_ERR, IBV_WC_RECV, 0));
     PopRecv(q);

@@ -17,13 +17,16 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "rdma/verbs_emulation.h"
+#include "rdma/verbs_emulation_link.h"
 
 namespace gradsync::rdma {
 
 struct EmuDevice {
   ibv_device dev;
+  int node = 0;  // the process's node on a linked fabric (0: unlinked)
   int index = 0;
   uint16_t lid = 0;
   std::vector<ibv_gid_entry> gids;
@@ -71,6 +74,19 @@ struct PendingWr {
   int covers = 1;
   bool waited = false;  // counted in rnr_waits
 };
+// A work request that came from another process's QP (linked fabric),
+// waiting at its destination QP for a receive.
+struct InboundWr {
+  uint64_t conn = 0;  // the link connection to answer on
+  uint32_t src_qpn = 0;
+  ibv_wr_opcode opcode = IBV_WR_SEND;
+  uint32_t imm = 0;
+  uint64_t remote_addr = 0;
+  uint32_t rkey = 0;
+  uint8_t rnr_retry = 7;
+  std::string data;
+  bool waited = false;
+};
 struct EmuQp {
   ibv_qp qp;
   EmuPd* pd = nullptr;
@@ -81,6 +97,11 @@ struct EmuQp {
   ibv_gid dgid{};
   uint8_t rnr_retry = 7;
   std::deque<PendingWr> sq;    // posted, not yet delivered
+  // Sent to another process (linked fabric), waiting for its answer; they
+  // complete in order, before anything still in sq.
+  std::deque<PendingWr> inflight;
+  int remote_node = 0;             // the node of the peer QP (from the address vector)
+  std::deque<InboundWr> inbound;   // from other processes, waiting for a receive
   std::deque<ibv_recv_wr> rq;  // posted receives (sg_list points into rq_sges)
   std::deque<std::vector<ibv_sge>> rq_sges;
   int sq_outstanding = 0;  // posted and not yet freed by a polled completion
@@ -92,10 +113,15 @@ E* Of(I* p) {
   return reinterpret_cast<E*>(p);
 }
 
-class VerbsEmulation::Fabric {
+class VerbsEmulation::Fabric : public EmulationLink::Handler {
  public:
-  explicit Fabric(const EmulationOptions& o);
-  ~Fabric();
+  // `node` 0: this process only; else this process's node on a linked fabric
+  // (devices get LIDs and GIDs that name the node).
+  Fabric(const EmulationOptions& o, int node);
+  ~Fabric() override;
+  // Starts carrying work requests to other processes (linked fabrics).
+  void Attach(std::unique_ptr<EmulationLink> link);
+  int node() const { return node_; }
 
   // --- devices --------------------------------------------------------------
   ibv_device** GetDeviceList(int* n);
@@ -126,20 +152,51 @@ class VerbsEmulation::Fabric {
   void SetFaults(const EmulatedFaults& f);
   EmulationStats stats() const;
 
+  // EmulationLink::Handler (the link's thread).
+  void OnRequest(uint64_t conn, absl::string_view body) override;
+  void OnReply(int node, absl::string_view body) override;
+  void OnNodeLost(int node, const std::string& why) override;
+
+  // The node a device with this LID / GID belongs to, and its index there.
+  static int NodeOfLid(uint16_t lid) { return lid == 0 ? -1 : (lid - 1) / kDevicesPerNode; }
+  static constexpr int kDevicesPerNode = 16;
+
  private:
   // Delivers what is due on every QP, in order per QP.
   void PumpLocked(absl::Time now);
 
   // Delivers the head work request of `q` and pops it (failed or not); false
-  // when it waits for a receive.
+  // when it waits for a receive. To a QP of another process it is sent and
+  // waits in q->inflight for the answer.
   bool Deliver(EmuQp* q, PendingWr& p);
+  // The sender's local data of `p`, checked against its lkeys; false: a
+  // protection error.
+  bool Gather(EmuQp* q, const PendingWr& p, std::string* data);
+  // The receiving half of a delivery into `r` (null: no such QP): the
+  // status for the sender, or false (nothing done) while `r` has no receive
+  // for a message that needs one.
+  bool Land(EmuQp* r, ibv_wr_opcode opcode, const std::string& data, uint64_t remote_addr,
+            uint32_t rkey, uint32_t imm, uint8_t rnr_retry, ibv_wc_status* status);
+  // The sender's completion of `p` with `st` (an entry when signaled or an
+  // error; else it joins the unsignaled run). The caller pops `p`.
+  void CompleteSend(EmuQp* q, const PendingWr& p, ibv_wc_status st);
+  // Work requests from other processes that wait at `r`, in order.
+  bool PumpInbound(EmuQp* r);
+  // Answers every waiting one with RETRY_EXC_ERR (`r` is going away).
+  void AnswerInbound(EmuQp* r);
+  // The node of `q`'s peer, from its address vector.
+  int PeerNode(const EmuQp* q) const;
 
   static ibv_wc RecvEntry(EmuQp* r, uint64_t wr_id, ibv_wc_status st, ibv_wc_opcode op, size_t len);
   void Complete(EmuQp* r, const ibv_wc& wc);
   static void PopRecv(EmuQp* r);
 
-  // The connected peer QP, if it exists and the address reaches it.
+  // The connected peer QP, if it is in this process and the address reaches it.
   EmuQp* Remote(EmuQp* q);
+  // Whether an address vector (dlid, or dgid when global) reaches `r`'s port.
+  static bool Reaches(const EmuQp* r, uint16_t dlid, bool global, const ibv_gid& dgid);
+  // Sends `p` with its gathered data to the peer QP's process (linked fabrics).
+  void SendRemote(EmuQp* q, const PendingWr& p, const std::string& data);
 
   // The region `key` names in `pd` when it covers [addr, +len) with `access`.
   const EmuMr* Find(uint32_t key, EmuPd* pd, uint64_t addr, size_t len, int access,
@@ -147,10 +204,8 @@ class VerbsEmulation::Fabric {
 
   void Push(EmuCq* cq, const CqEntry& e);
 
-  // The head work request failed with `st`: its QP enters ERR.
-  void Fail(EmuQp* q, PendingWr& p, ibv_wc_status st);
-  // Pops the head work request of `q` and completes it with `st`.
-  void CompleteHeadWithError(EmuQp* q, ibv_wc_status st);
+  // The head work request (of sq) failed with `st`: its QP enters ERR.
+  void Fail(EmuQp* q, ibv_wc_status st);
 
   void ToError(EmuQp* q);
 
@@ -161,6 +216,8 @@ class VerbsEmulation::Fabric {
   void TimerLoop();
 
   const EmulationOptions options_;
+  const int node_;
+  std::unique_ptr<EmulationLink> link_;  // linked fabrics; set before any QP exists
   std::vector<std::unique_ptr<EmuDevice>> devices_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
