@@ -283,6 +283,10 @@ absl::StatusOr<uint64_t> RunBench(const BenchOptions& o) {
   }
   const bool print = !external || sessions[0]->rank() == 0;
   if (print) {
+    // Every daemon of an epoch decides alike; rank 0's says it for the job.
+    std::printf("# transport: %s\n",
+                sessions[0]->transport().empty() ? "(not reported by the daemon)"
+                                                 : sessions[0]->transport().c_str());
     std::printf("%12s %12s %5s %6s %9s %12s %11s %11s%s %7s\n", "bytes", "count", "type", "redop",
                 "algo", "time(us)", "algbw(GB/s)", "busbw(GB/s)",
                 o.out_of_place ? absl::StrFormat(" %12s %11s", "oop_time(us)", "oop_busbw").c_str() : "",

@@ -136,6 +136,16 @@ absl::StatusOr<int> RunStatus(const StatusOptions& o) {
       }
       return out;
     };
+    // The data plane between the job's daemons, as each rank's daemon chose it.
+    std::map<std::string, std::vector<int>> transports;  // transport -> ranks
+    for (const auto& [rank, s] : sessions) {
+      if (!s.transport().empty()) transports[s.transport()].push_back(rank);
+    }
+    for (const auto& [transport, ranks] : transports) {
+      std::printf("  data plane: %s%s\n", transport.c_str(),
+                  transports.size() == 1 ? ""
+                                         : absl::StrCat(" (ranks ", absl::StrJoin(ranks, ","), ")").c_str());
+    }
     std::printf("  %-4s %-24s %-5s %-11s %-52s %s\n", "rank", "member", "alive", "heartbeat",
                 "last completed op", "now");
     for (const auto& m : job.members()) {

@@ -519,6 +519,7 @@ absl::StatusOr<std::unique_ptr<Session>> Client::OpenSession(const SessionOption
   job.ps_shards = resp.ps_shards();
   job.fd_socket = resp.fd_socket();
   job.registration_token = resp.registration_token();
+  job.transport = resp.transport();
   job.default_op_timeout = absl::Milliseconds(
       resp.op_timeout_ms() > 0 ? resp.op_timeout_ms() : options.op_timeout_ms);
   std::unique_ptr<internal::OpChannel> ops =

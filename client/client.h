@@ -234,6 +234,10 @@ class Session {
   int64_t epoch() const { return epoch_; }
   // The daemon's session id.
   const std::string& id() const { return id_; }
+  // How this rank's daemon reaches the job's other daemons: "rdma: <device
+  // port, link>", "tcp: <streams>[; not RDMA: <why>]" or "local: ..." (every
+  // rank on one daemon); "" from a daemon that does not say.
+  const std::string& transport() const { return job_.transport; }
 
   // Asks the daemon for a shared-memory buffer of `bytes` (> 0) bytes and
   // maps it. The returned size() may be larger than asked (rounded up by the
@@ -338,6 +342,7 @@ class Session {
     absl::Duration default_op_timeout;  // zero = unknown
     std::string fd_socket;              // "" = the daemon has none
     std::string registration_token;     // proves this session on fd_socket
+    std::string transport;              // OpenSessionResponse.transport
   };
   Session(std::shared_ptr<internal::WorkerConnection> conn, std::string id, int rank,
           int world_size, int64_t epoch, JobFacts job, std::unique_ptr<internal::OpChannel> ops);

@@ -56,11 +56,14 @@ absl::Status ValidateJoin(const v1::JoinJobRequest& request) {
         kMinMemberKeyBytes, "..", kMaxMemberKeyBytes, " bytes (got ", request.member_key().size(),
         ")"));
   }
+  const std::string& rdma = request.data_endpoint().rdma();
   if (request.data_endpoint().port() < 0 || request.data_endpoint().port() > 65535 ||
-      request.data_endpoint().host().size() > 255) {
+      request.data_endpoint().host().size() > 255 || rdma.size() > 128 ||
+      std::any_of(rdma.begin(), rdma.end(), [](char c) { return c < 0x20 || c > 0x7e; })) {
     return absl::InvalidArgumentError(absl::StrCat(
         "join of job '", request.job_id(), "' by member '", member_id, "': bad data endpoint '",
-        absl::CHexEscape(FormatEndpoint(request.data_endpoint())), "'"));
+        absl::CHexEscape(FormatEndpoint(request.data_endpoint())), "' (rdma '",
+        absl::CHexEscape(rdma.substr(0, 140)), "': at most 128 printable characters)"));
   }
   return absl::OkStatus();
 }

@@ -71,11 +71,11 @@ TEST(DaemonMetrics, OpsBytesLatencyAndPeersAreExported) {
   // Ring over 3 ranks: each rank sends 2*(2/3) of 1 MiB per op to its right neighbour.
   const std::string right = absl::StrCat("127.0.0.1:", (*cluster)->daemon_data_port(1));
   const double sent = Sample(port0, absl::StrCat("gradsync_daemon_peer_sent_bytes_total{peer_daemon=\"",
-                                                 right, "\"}"));
+                                                 right, "\",transport=\"tcp\"}"));
   EXPECT_GE(sent, 5 * 2.0 * count * 4 * 2 / 3) << right;
   EXPECT_EQ(Sample(port0, "gradsync_daemon_arrival_wait_seconds_count"), 5);
   EXPECT_GT(Sample(port0, absl::StrCat("gradsync_daemon_peer_bandwidth_bytes{peer_daemon=\"",
-                                       right, "\"}")),
+                                       right, "\",transport=\"tcp\"}")),
             0);
   // Per-job series: present while the job has sessions here, gone after.
   EXPECT_EQ(Sample(port0, "gradsync_job_ops_total{gradsync_job=\"metrics\",status=\"ok\"}"), 5);

@@ -75,6 +75,7 @@ absl::StatusOr<std::unique_ptr<RdmaDevice>> RdmaDevice::Open(RdmaDeviceOptions o
   d->port_.connect.port_num = port;
   d->port_.connect.gid_index = gid_index;
   d->port_.connect.path_mtu = info->active_mtu;
+  d->link_layer_ = info->link_layer;
   const bool emulated = std::strcmp(verbs.name, "libibverbs") != 0;
   bool peermem = false;
   if (emulated) {

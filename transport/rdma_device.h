@@ -43,6 +43,7 @@ class RdmaDevice final : public Device {
   // "emu_ib0 port 1: InfiniBand, lid 0x1, mtu 4096, 4x HDR (200 Gb/s); GID
   // index 0; GPUDirect RDMA: no (<why>)".
   const std::string& description() const { return description_; }
+  rdma::LinkLayer link_layer() const { return link_layer_; }
   // Whether device memory registers directly, and why not.
   bool gpudirect() const { return properties_.cuda_memory; }
   const std::string& gpudirect_reason() const { return gpudirect_reason_; }
@@ -56,6 +57,7 @@ class RdmaDevice final : public Device {
   DeviceProperties properties_;
   std::string description_;
   std::string gpudirect_reason_;
+  rdma::LinkLayer link_layer_ = rdma::LinkLayer::kUnspecified;
   std::unique_ptr<TcpDevice> bootstrap_;
 };
 

@@ -66,6 +66,17 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   device.spin_us = options.spin_us;
   device.tls = options.tls;
   d->device_ = std::make_unique<transport::TcpDevice>(device);
+  if (options.transport != TransportMode::kTcp) {
+    absl::Status rdma = d->OpenRdma(device);
+    if (!rdma.ok() && options.transport == TransportMode::kRdma) {
+      return absl::Status(rdma.code(), absl::StrCat("--transport=rdma: no usable RDMA port: ",
+                                                    rdma.message()));
+    }
+    if (!rdma.ok()) {
+      d->rdma_unavailable_ = std::string(rdma.message());
+      GS_LOG(INFO) << "RDMA: not used (" << rdma.message() << "); the data plane runs over TCP";
+    }
+  }
   absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
       MakeChannelCredentials(options.tls);
   if (!credentials.ok()) return credentials.status();
@@ -86,6 +97,32 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   GS_LOG(INFO) << "data plane listening on port " << d->listener_->port() << ", advertised as "
                << d->options_.advertise_host << "; coordinator " << options.coordinator;
   return d;
+}
+
+absl::Status Daemon::OpenRdma(const transport::TcpDeviceOptions& bootstrap) {
+  transport::RdmaDeviceOptions ro;
+  if (!options_.rdma_emulation.empty()) {
+    rdma::EmulationOptions eo;
+    eo.fabric = options_.rdma_emulation;
+    ASSIGN_OR_RETURN(verbs_emulation_, rdma::VerbsEmulation::Open(eo));
+    ro.verbs = &verbs_emulation_->verbs();
+  }
+  ro.device_name = options_.rdma_device;
+  ro.port = options_.rdma_port;
+  ro.gid_index = options_.rdma_gid_index;
+  ro.bootstrap = bootstrap;
+  ASSIGN_OR_RETURN(rdma_device_, transport::RdmaDevice::Open(ro));
+  rdma_advertised_ = rdma_device_->link_layer() == rdma::LinkLayer::kEthernet ? "roce" : "ib";
+  if (verbs_emulation_ != nullptr) {
+    absl::StrAppend(&rdma_advertised_, " emulated:", options_.rdma_emulation);
+  }
+  GS_LOG(INFO) << "RDMA: " << rdma_device_->description() << " (--transport="
+               << TransportModeName(options_.transport) << ")";
+  return absl::OkStatus();
+}
+
+std::string Daemon::rdma_description() const {
+  return rdma_device_ != nullptr ? rdma_device_->description() : std::string();
 }
 
 Daemon::~Daemon() {
@@ -170,6 +207,8 @@ absl::StatusOr<std::shared_ptr<Session>> Daemon::OpenSession(const OpenSessionAr
   jreq.set_requested_rank(args.rank);
   jreq.mutable_data_endpoint()->set_host(options_.advertise_host);
   jreq.mutable_data_endpoint()->set_port(listener_->port());
+  jreq.mutable_data_endpoint()->set_rdma(rdma_advertised_);
+  jreq.mutable_data_endpoint()->set_rdma_required(options_.transport == TransportMode::kRdma);
   {
     absl::MutexLock l(&mu_);
     jreq.set_status_endpoint(status_endpoint_);
@@ -233,6 +272,7 @@ absl::StatusOr<std::shared_ptr<Session>> Daemon::OpenSession(const OpenSessionAr
   JobPlacement placement;
   placement.world = info.world_size;
   std::vector<HostPort> node_endpoints;
+  std::vector<TransportAdvert> node_rdma;  // what each daemon advertised (Endpoint.rdma)
   const HostPort mine{options_.advertise_host, listener_->port()};
   for (const auto& m : jresp.members()) {
     const HostPort hp{m.data_endpoint().host(), m.data_endpoint().port()};
@@ -242,6 +282,8 @@ absl::StatusOr<std::shared_ptr<Session>> Daemon::OpenSession(const OpenSessionAr
     const int node = static_cast<int>(it - node_endpoints.begin());
     if (it == node_endpoints.end()) {
       node_endpoints.push_back(hp);
+      node_rdma.push_back(
+          {m.data_endpoint().rdma(), m.data_endpoint().rdma_required(), hp.ToString()});
       placement.ranks_of_node.emplace_back();
       placement.node_names.push_back(hp.ToString());
     }
@@ -263,13 +305,14 @@ absl::StatusOr<std::shared_ptr<Session>> Daemon::OpenSession(const OpenSessionAr
       d->setting_up_.erase(id);
     }
   } setup_done{this, session_id};
-  auto executor = GetOrCreateExecutor(info, placement, node_endpoints, streams,
+  auto executor = GetOrCreateExecutor(info, placement, node_endpoints, node_rdma, streams,
                                       std::max(deadline, absl::Now() + absl::Seconds(5)));
   if (!executor.ok()) {
     LeaveJob(info);
     return executor.status();
   }
   info.link = (*executor)->link();
+  info.transport = absl::StrCat((*executor)->transport(), ": ", (*executor)->transport_detail());
   info.memory_limit_bytes = options_.session_memory_limit_bytes;
   auto session = std::make_shared<Session>(info, *executor, options_.observer, tenant_memory_);
   (*executor)->Attach(session.get());
@@ -367,7 +410,8 @@ absl::Status Daemon::CloseSession(const std::string& id) {
 
 absl::StatusOr<std::shared_ptr<JobExecutor>> Daemon::GetOrCreateExecutor(
     const SessionInfo& info, const JobPlacement& placement,
-    const std::vector<HostPort>& node_endpoints, int streams, absl::Time deadline) {
+    const std::vector<HostPort>& node_endpoints, const std::vector<TransportAdvert>& node_rdma,
+    int streams, absl::Time deadline) {
   const std::string key = absl::StrCat(info.scoped_job_id(), "#", info.epoch);
   std::shared_ptr<ExecutorEntry> entry;
   bool create = false;
@@ -410,7 +454,19 @@ absl::StatusOr<std::shared_ptr<JobExecutor>> Daemon::GetOrCreateExecutor(
   // links; a job whose ranks all use this daemon needs neither.
   std::unique_ptr<transport::Context> node_ctx;
   LinkParams link;
+  std::string transport_name = "local";  // every rank on this daemon: no network
+  std::string transport_detail = "every rank of the job on this daemon";
   if (placement.nodes() > 1) {
+    // Every daemon of the epoch decides alike, from what each advertised.
+    absl::StatusOr<TransportChoice> choice =
+        ChooseTransport(options_.transport, node_rdma, info.data_tls, info.job_id);
+    if (!choice.ok()) return fail(choice.status());
+    transport::Device* device = choice->rdma ? rdma_device_.get() : device_.get();
+    transport_name = choice->rdma ? "rdma" : "tcp";
+    transport_detail = choice->rdma ? rdma_device_->description()
+                                    : absl::StrCat(streams, " TCP stream(s) per peer",
+                                                   choice->why_not_rdma.empty() ? "" : "; not RDMA: ",
+                                                   choice->why_not_rdma);
     transport::ContextSpec co;
     co.job_id = info.scoped_job_id();
     co.epoch = static_cast<uint64_t>(info.epoch);
@@ -421,8 +477,14 @@ absl::StatusOr<std::shared_ptr<JobExecutor>> Daemon::GetOrCreateExecutor(
     co.lanes = streams;  // every daemon uses the job's count, whoever created the job
     co.job_key = info.job_key;
     co.encrypt = info.data_tls;
-    auto ctx = device_->CreateContext(co);
+    auto ctx = device->CreateContext(co);
     if (!ctx.ok()) return fail(ctx.status());
+    for (int p = 0; p < placement.nodes(); ++p) {
+      if (p == placement.node_index) continue;
+      GS_LOG(INFO) << "job '" << info.job_id << "' epoch " << info.epoch << ": daemon " << p
+                   << " (" << placement.node_names[p] << ") over " << transport_name << " ("
+                   << transport_detail << ")";
+    }
     node_ctx = std::move(*ctx);
     const bool one_host = AllOnOneHost(node_endpoints);
     auto probe = ProbeLinks(*node_ctx, one_host, deadline);
@@ -441,7 +503,10 @@ absl::StatusOr<std::shared_ptr<JobExecutor>> Daemon::GetOrCreateExecutor(
                  << (link.burst_us_per_byte > 0 ? 1e-3 / link.burst_us_per_byte : 0)
                  << " GB/s, reduce "
                  << (link.reduce_us_per_byte > 0 ? 1e-3 / link.reduce_us_per_byte : 0)
-                 << " GB/s; TCP streams in use " << probe->streams << " of " << streams
+                 << " GB/s; "
+                 << (transport_name == "rdma"
+                         ? std::string("RDMA")
+                         : absl::StrCat("TCP streams in use ", probe->streams, " of ", streams))
                  << (probe->one_stream_gbps > 0
                          ? absl::StrCat(" (probe: 1 stream ", probe->one_stream_gbps, " GB/s, ",
                                         streams, " streams ", probe->all_streams_gbps, " GB/s)")
@@ -461,6 +526,8 @@ absl::StatusOr<std::shared_ptr<JobExecutor>> Daemon::GetOrCreateExecutor(
   eo.ps_shard_keys = info.ps_shard_keys;
   eo.data_tls = info.data_tls;
   eo.device = device_.get();
+  eo.transport = transport_name;
+  eo.transport_detail = transport_detail;
   eo.ps_partition_bytes = options_.ps_partition_bytes;
   eo.spin = options_.executor_spin;
   eo.observer = options_.observer;
@@ -522,6 +589,7 @@ void Daemon::Shutdown(const absl::Status& reason) {
     s->Close();
     LeaveJob(s->info());
   }
+  rdma_device_.reset();
   device_.reset();
   listener_.reset();
 }

@@ -22,12 +22,15 @@
 #include "common/tls.h"
 #include "ipc/fd_registration.h"
 #include "proto/coordinator.grpc.pb.h"
+#include "rdma/verbs_emulation.h"
 #include "transport/device.h"
+#include "transport/rdma_device.h"
 #include "transport/tcp_listener.h"
 #include "worker/coordinator_watch.h"
 #include "worker/daemon_observer.h"
 #include "worker/job_executor.h"
 #include "worker/session.h"
+#include "worker/transport_choice.h"
 
 namespace gradsync {
 
@@ -49,6 +52,15 @@ struct DaemonOptions {
   RingOptions ring;
   int socket_buffer_bytes = 0;  // 0: the kernel's autotuned buffers
   int tcp_streams = 2;  // default TCP connections per pair of daemons for jobs this daemon creates
+  // The data plane between daemons (gradsyncd --transport): RDMA where every
+  // daemon of an epoch has it (auto), TCP always, or RDMA or nothing.
+  TransportMode transport = TransportMode::kAuto;
+  std::string rdma_device;  // "" = the first device with an ACTIVE port
+  int rdma_port = 0;        // 0 = the device's first ACTIVE port
+  int rdma_gid_index = -1;  // RoCE: -1 chooses (rdma::ChooseGidIndex)
+  // Tests: the verbs emulation, linked with the other processes of this
+  // fabric on this host, instead of libibverbs (rdma/verbs_emulation.h).
+  std::string rdma_emulation;
   // TLS on the data connections of the jobs this daemon creates; and it
   // joins no job without (gradsyncd --data_tls). Needs `tls`.
   bool data_tls = false;
@@ -118,6 +130,12 @@ class Daemon {
   void Shutdown(const absl::Status& reason = absl::UnavailableError("daemon shutting down"));
 
   int data_port() const { return listener_->port(); }
+  // The RDMA port peers see ("ib", "roce", "ib emulated:F"; "" = none) and,
+  // without one, why not.
+  const std::string& rdma_advertised() const { return rdma_advertised_; }
+  const std::string& rdma_unavailable() const { return rdma_unavailable_; }
+  // "emu_ib0 port 1: InfiniBand, ..." ("" without RDMA).
+  std::string rdma_description() const;
   const std::string& advertise_host() const { return options_.advertise_host; }
   const std::string& node_id() const { return options_.node_id; }
   // The status service's address, sent to the coordinator with every join.
@@ -134,7 +152,11 @@ class Daemon {
   // local session, shared by the rest.
   absl::StatusOr<std::shared_ptr<JobExecutor>> GetOrCreateExecutor(
       const SessionInfo& info, const JobPlacement& placement,
-      const std::vector<HostPort>& node_endpoints, int streams, absl::Time deadline);
+      const std::vector<HostPort>& node_endpoints, const std::vector<TransportAdvert>& node_rdma,
+      int streams, absl::Time deadline);
+  // Opens the RDMA device (--transport auto|rdma) with the TCP device's
+  // options for its bootstrap connections.
+  absl::Status OpenRdma(const transport::TcpDeviceOptions& bootstrap);
   void LeaveJob(const SessionInfo& info);
   // CreateJob (idempotent) then JoinJob at the coordinator, until `deadline`.
   absl::StatusOr<v1::JoinJobResponse> CreateAndJoin(const v1::CreateJobRequest& creq,
@@ -147,6 +169,11 @@ class Daemon {
   DaemonOptions options_;
   std::unique_ptr<transport::TcpListener> listener_;
   std::unique_ptr<transport::Device> device_;  // over listener_
+  // RDMA (null: none here): the verbs emulation first, so it outlives the device.
+  std::unique_ptr<rdma::VerbsEmulation> verbs_emulation_;
+  std::unique_ptr<transport::RdmaDevice> rdma_device_;
+  std::string rdma_advertised_;
+  std::string rdma_unavailable_;
   std::unique_ptr<gradsync::v1::Coordinator::Stub> coordinator_;
   std::unique_ptr<CoordinatorWatch> coordinator_watch_;
   std::atomic<uint64_t> next_session_{1};

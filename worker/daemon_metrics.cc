@@ -306,43 +306,48 @@ void DaemonMetrics::OnPeerRetransmits(const std::string& peer, uint64_t retransm
   }
 }
 
-void DaemonMetrics::OnPeerBandwidth(const std::string& peer, double bytes_per_second) {
+void DaemonMetrics::OnPeerBandwidth(const std::string& peer, const std::string& transport,
+                                    double bytes_per_second) {
+  const std::string key = absl::StrCat(peer, " ", transport);
   prometheus::Gauge* g = nullptr;
   {
     absl::MutexLock l(&mu_);
-    auto it = peer_bandwidth_.find(peer);
+    auto it = peer_bandwidth_.find(key);
     if (it != peer_bandwidth_.end()) g = it->second;
   }
   if (g == nullptr) {
     auto made = registry_.AddGauge(
         "gradsync_daemon_peer_bandwidth_bytes",
         "Bytes/s sent to each peer daemon during the last op that sent it at least 1 MiB",
-        {{"peer_daemon", peer}});
+        {{"peer_daemon", peer}, {"transport", transport}});
     if (!made.ok()) return;
     g = *made;
     absl::MutexLock l(&mu_);
-    peer_bandwidth_[peer] = g;
+    peer_bandwidth_[key] = g;
   }
   g->Set(bytes_per_second);
 }
 
-void DaemonMetrics::OnPeerBytes(const std::string& peer, uint64_t sent, uint64_t received) {
+void DaemonMetrics::OnPeerBytes(const std::string& peer, const std::string& transport,
+                                uint64_t sent, uint64_t received) {
   // Called after every op for every peer it moved bytes with: the two series
-  // are found once per peer.
+  // are found once per peer and transport.
+  const std::string key = absl::StrCat(peer, " ", transport);
   std::pair<prometheus::Counter*, prometheus::Counter*> series{nullptr, nullptr};
   {
     absl::MutexLock l(&mu_);
-    auto it = peer_bytes_.find(peer);
+    auto it = peer_bytes_.find(key);
     if (it != peer_bytes_.end()) series = it->second;
   }
   if (series.first == nullptr || series.second == nullptr) {
     series.first = Counter("gradsync_daemon_peer_sent_bytes_total",
-                           "Data-plane bytes sent to each peer daemon", {{"peer_daemon", peer}});
+                           "Data-plane bytes sent to each peer daemon",
+                           {{"peer_daemon", peer}, {"transport", transport}});
     series.second = Counter("gradsync_daemon_peer_received_bytes_total",
                             "Data-plane bytes received from each peer daemon",
-                            {{"peer_daemon", peer}});
+                            {{"peer_daemon", peer}, {"transport", transport}});
     absl::MutexLock l(&mu_);
-    peer_bytes_[peer] = series;
+    peer_bytes_[key] = series;
   }
   if (sent > 0 && series.first != nullptr) series.first->Increment(static_cast<double>(sent));
   if (received > 0 && series.second != nullptr) {

@@ -26,9 +26,11 @@ class DaemonMetrics final : public DaemonObserver {
   void OnOpDone(const OpRecord& op) override;
   void OnSessionOpened(const std::string& job_id) override;
   void OnSessionClosed(const std::string& job_id) override;
-  void OnPeerBytes(const std::string& peer, uint64_t sent, uint64_t received) override;
+  void OnPeerBytes(const std::string& peer, const std::string& transport, uint64_t sent,
+                   uint64_t received) override;
   void OnPeerRetransmits(const std::string& peer, uint64_t retransmits) override;
-  void OnPeerBandwidth(const std::string& peer, double bytes_per_second) override;
+  void OnPeerBandwidth(const std::string& peer, const std::string& transport,
+                       double bytes_per_second) override;
   void OnEpochFailed(const std::string& cause) override;
   void OnHeartbeatFailed() override;
   void OnCoordinatorCheck(bool reachable) override;

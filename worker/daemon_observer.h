@@ -36,9 +36,11 @@ class DaemonObserver {
   virtual void OnOpDone(const OpRecord& op) { (void)op; }
   virtual void OnSessionOpened(const std::string& job_id) { (void)job_id; }
   virtual void OnSessionClosed(const std::string& job_id) { (void)job_id; }
-  // Bytes moved to/from one peer daemon ("host:port") since the last call.
-  virtual void OnPeerBytes(const std::string& peer, uint64_t sent, uint64_t received) {
-    (void)peer; (void)sent; (void)received;
+  // Bytes moved to/from one peer daemon ("host:port") over `transport`
+  // ("tcp", "rdma") since the last call.
+  virtual void OnPeerBytes(const std::string& peer, const std::string& transport, uint64_t sent,
+                           uint64_t received) {
+    (void)peer; (void)transport; (void)sent; (void)received;
   }
   // TCP retransmissions on the connections to a peer daemon since the last call.
   virtual void OnPeerRetransmits(const std::string& peer, uint64_t retransmits) {
@@ -46,8 +48,9 @@ class DaemonObserver {
   }
   // Bytes/s this rank sent to a peer daemon during the last op that sent it
   // at least 1 MiB (achieved per-link bandwidth).
-  virtual void OnPeerBandwidth(const std::string& peer, double bytes_per_second) {
-    (void)peer; (void)bytes_per_second;
+  virtual void OnPeerBandwidth(const std::string& peer, const std::string& transport,
+                               double bytes_per_second) {
+    (void)peer; (void)transport; (void)bytes_per_second;
   }
   // An epoch failed (cause: "peer_lost", "protocol", "timeout", "peer_abort",
   // "coordinator", "closed", "other").

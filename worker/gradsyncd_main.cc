@@ -77,6 +77,18 @@ ABSL_FLAG(bool, data_tls, false,
           "bound to the job key), and join no job without it; needs --tls_cert/--tls_key/--tls_ca");
 ABSL_FLAG(int32_t, tcp_streams, 2,
           "TCP connections per pair of daemons of a job, for jobs this daemon creates (a job's value wins)");
+ABSL_FLAG(std::string, transport, "auto",
+          "data plane between daemons: auto (RDMA when every daemon of a job epoch has the same "
+          "kind of RDMA port, else TCP), tcp, or rdma (refuse to start without an RDMA port, and "
+          "fail jobs that cannot use it)");
+ABSL_FLAG(std::string, rdma_device, "",
+          "verbs device for RDMA (e.g. mlx5_0; empty = the first with an ACTIVE port)");
+ABSL_FLAG(int32_t, rdma_port, 0, "port of --rdma_device (0 = its first ACTIVE port)");
+ABSL_FLAG(int32_t, rdma_gid_index, -1,
+          "RoCE GID table index (-1 = the first RoCE v2 entry with an IPv4 address)");
+ABSL_FLAG(std::string, rdma_emulation, "",
+          "tests only: use the in-process verbs emulation, linked with the other processes of "
+          "this fabric name on this host, instead of libibverbs (docs/architecture.md)");
 ABSL_FLAG(std::string, port_file, "",
           "if set, write the data-plane port and the metrics port (one per line) here once serving");
 ABSL_FLAG(int32_t, v, 0, "log verbosity: 0 info, 1 debug");
@@ -222,6 +234,21 @@ int main(int argc, char** argv) {
                      "it cannot run with --insecure";
     return 2;
   }
+  if (auto mode = gradsync::ParseTransportMode(absl::GetFlag(FLAGS_transport)); !mode.ok()) {
+    GS_LOG(ERROR) << mode.status().message();
+    return 2;
+  } else {
+    opts.transport = *mode;
+  }
+  opts.rdma_device = absl::GetFlag(FLAGS_rdma_device);
+  opts.rdma_port = absl::GetFlag(FLAGS_rdma_port);
+  opts.rdma_gid_index = absl::GetFlag(FLAGS_rdma_gid_index);
+  opts.rdma_emulation = absl::GetFlag(FLAGS_rdma_emulation);
+  if (opts.rdma_port < 0 || opts.rdma_port > 255 || opts.rdma_gid_index < -1 ||
+      opts.rdma_gid_index > 255) {
+    GS_LOG(ERROR) << "invalid flags: --rdma_port must be in [0, 255], --rdma_gid_index in [-1, 255]";
+    return 2;
+  }
   opts.spin_us = std::max(0, absl::GetFlag(FLAGS_spin_us));
   opts.executor_spin = absl::Microseconds(std::max(0, absl::GetFlag(FLAGS_queue_spin_us)));
   opts.timeline_dir = absl::GetFlag(FLAGS_timeline_dir);
@@ -258,6 +285,13 @@ int main(int argc, char** argv) {
   if (!daemon.ok()) {
     GS_LOG(ERROR) << "cannot start: " << daemon.status().message();
     return 1;
+  }
+  if (auto g = metrics.AddGauge("gradsync_daemon_rdma_up",
+                                 "1 while this daemon advertises a usable RDMA port (--transport "
+                                 "auto|rdma), 0 without one",
+                                 {});
+      g.ok()) {
+    (*g)->Set((*daemon)->rdma_advertised().empty() ? 0 : 1);
   }
 
   const std::string listen = absl::GetFlag(FLAGS_listen);

@@ -72,6 +72,10 @@ struct JobExecutorOptions {
   std::vector<std::string> ps_shard_keys;  // what each shard proves (PsShardKey)
   bool data_tls = false;  // the shard connections run TLS too (JobOptions.data_tls)
   transport::Device* device = nullptr;  // the data plane's (PS contexts); not owned
+  // The node context's transport ("tcp", "rdma"; "local" without one) and
+  // its details, for status, metrics and logs.
+  std::string transport = "local";
+  std::string transport_detail;
   uint64_t ps_partition_bytes = 1 << 20;
   // How long to keep polling after activity before sleeping.
   absl::Duration spin = absl::Microseconds(50);
@@ -89,6 +93,8 @@ class JobExecutor {
 
   const JobPlacement& placement() const { return options_.placement; }
   const LinkParams& link() const { return options_.link; }
+  const std::string& transport() const { return options_.transport; }
+  const std::string& transport_detail() const { return options_.transport_detail; }
   bool has_ps() const { return ps_ != nullptr; }
 
   // A local rank's session joins (before its first op) or leaves. Detach

@@ -190,10 +190,11 @@ void JobExecutor::FlushPeerBytes(absl::Duration op_run, absl::Time now) {
     const uint64_t sent = node_ctx_->BytesSentTo(p), recv = node_ctx_->BytesReceivedFrom(p);
     if (sent == peer_sent_[p] && recv == peer_received_[p]) continue;
     const std::string& peer = place.node_names[p];
-    options_.observer->OnPeerBytes(peer, sent - peer_sent_[p], recv - peer_received_[p]);
+    options_.observer->OnPeerBytes(peer, options_.transport, sent - peer_sent_[p],
+                                   recv - peer_received_[p]);
     // Since the last flush: the op just finished, plus at most a period of small ops.
     if (sent - peer_sent_[p] >= kPeerBandwidthMinBytes && secs > 0) {
-      options_.observer->OnPeerBandwidth(peer, (sent - peer_sent_[p]) / secs);
+      options_.observer->OnPeerBandwidth(peer, options_.transport, (sent - peer_sent_[p]) / secs);
     }
     peer_sent_[p] = sent;
     peer_received_[p] = recv;

@@ -64,6 +64,9 @@ struct SessionInfo {
   // go unanswered this long has been declared dead there.
   absl::Duration heartbeat_timeout = absl::Seconds(3);
   std::string job_algorithm;  // forced for every op of the job; "" = cost model
+  // The epoch's data plane between daemons: "rdma: ...", "tcp: ..." or
+  // "local: ..." (JobExecutor::transport and its detail).
+  std::string transport;
   LinkParams link;            // measured when the epoch formed, equal on every rank
   std::string timeline_path;  // non-empty: write the job's timeline for this rank here
   std::vector<HostPort> ps_shards;  // the epoch's gradsync-ps shards (algo "ps")

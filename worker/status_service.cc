@@ -28,6 +28,7 @@ grpc::Status StatusService::GetStatus(grpc::ServerContext* ctx,
     s->set_world_size(st.info.world_size);
     s->set_epoch(st.info.epoch);
     s->set_member_id(st.info.member_id);
+    s->set_transport(st.info.transport);
     if (!st.health.ok()) s->set_error(std::string(st.health.message()));
     s->set_queued_ops(st.queued);
     s->set_last_completed_seq(st.last_completed_seq);

@@ -159,6 +159,7 @@ grpc::Status WorkerService::OpenSession(grpc::ServerContext* ctx,
   resp->set_op_timeout_ms(absl::ToInt64Milliseconds(info.default_op_timeout));
   resp->set_ps_shards(static_cast<int32_t>(info.ps_shards.size()));
   resp->set_coordinator(daemon_->coordinator());
+  resp->set_transport(info.transport);
   return grpc::Status::OK;
 }
 
