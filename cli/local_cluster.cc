@@ -248,6 +248,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
         "--metrics_listen=127.0.0.1:0",
     };
     for (std::string& f : tls_flags(c->certs_.ps)) args.push_back(std::move(f));
+    args.insert(args.end(), options.ps_flags.begin(), options.ps_flags.end());
     auto pid = Spawn(ps_bin, args, absl::StrCat(c->work_dir_, "/ps", i, ".log"));
     if (!pid.ok()) return pid.status();
     c->shards_.push_back(Child{*pid, absl::StrCat("gradsync-ps #", i)});

@@ -26,6 +26,7 @@ struct LocalClusterOptions {
   std::string daemon_bin;       // empty: FindBinary("gradsyncd")
   std::vector<std::string> coordinator_flags;
   std::vector<std::string> daemon_flags;
+  std::vector<std::string> ps_flags;  // more flags for every gradsync-ps
   // More flags for daemon i (after daemon_flags; a later flag wins), e.g. its
   // own --coordinator address through a proxy.
   std::vector<std::vector<std::string>> per_daemon_flags;

@@ -38,6 +38,7 @@
 #include "common/sd_notify.h"
 #include "proto/coordinator.grpc.pb.h"
 #include "ps/shard.h"
+#include "transport/rdma_endpoint.h"
 
 #include <grpcpp/grpcpp.h>
 #include <thread>
@@ -62,6 +63,16 @@ ABSL_FLAG(std::string, advertise_host, "",
           "when that is a wildcard)");
 ABSL_FLAG(std::string, metrics_listen, "0.0.0.0:9472",
           "Prometheus /metrics HTTP address (empty = off; port 0 = any free port)");
+ABSL_FLAG(std::string, transport, "auto",
+          "how workers reach this shard: auto (over RDMA too, for workers that ask, when this "
+          "host has a usable RDMA port) or tcp");
+ABSL_FLAG(std::string, rdma_device, "", "verbs device (empty = the first with an ACTIVE port)");
+ABSL_FLAG(int32_t, rdma_port, 0, "port of --rdma_device (0 = its first ACTIVE port)");
+ABSL_FLAG(int32_t, rdma_gid_index, -1,
+          "RoCE GID table index (-1 = the first RoCE v2 entry with an IPv4 address)");
+ABSL_FLAG(std::string, rdma_emulation, "",
+          "tests only: the verbs emulation linked with the other processes of this fabric name "
+          "on this host, instead of libibverbs");
 ABSL_FLAG(std::string, config, "",
           "config file of `flag = value` lines (docs/operations.md); command-line flags win");
 
@@ -81,11 +92,12 @@ class Registrar {
  public:
   Registrar(const std::string& coordinator,
             const std::shared_ptr<grpc::ChannelCredentials>& credentials, std::string id,
-            std::string host, int port)
+            std::string host, int port, std::string rdma)
       : stub_(v1::Coordinator::NewStub(grpc::CreateChannel(coordinator, credentials))),
         id_(std::move(id)),
         host_(std::move(host)),
-        port_(port) {}
+        port_(port),
+        rdma_(std::move(rdma)) {}
   ~Registrar() { Stop(); }
   std::shared_ptr<v1::Coordinator::Stub> stub() const { return stub_; }
   absl::Status RegisterOnce() {
@@ -93,6 +105,7 @@ class Registrar {
     req.set_shard_id(id_);
     req.mutable_endpoint()->set_host(host_);
     req.mutable_endpoint()->set_port(port_);
+    req.mutable_endpoint()->set_rdma(rdma_);  // workers with the same port use RDMA
     v1::RegisterShardResponse resp;
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
@@ -119,6 +132,7 @@ class Registrar {
   std::shared_ptr<v1::Coordinator::Stub> stub_;
   const std::string id_, host_;
   const int port_;
+  const std::string rdma_;
   absl::Duration interval_ = absl::Seconds(1);
   absl::Notification stop_;
   std::thread thread_;
@@ -197,6 +211,8 @@ class ShardCollector : public prometheus::Collectable {
     add("gradsync_ps_tls_connections_total",
         "Worker connections accepted with TLS (jobs with data_tls)", T::Counter,
         st.tls_connections);
+    add("gradsync_ps_rdma_connections_total", "Worker connections accepted over RDMA",
+        T::Counter, st.rdma_connections);
     // The same family as the daemons' data port (port="ps" here).
     add("gradsync_auth_failures_total",
         "Connections refused for the job key: on a PS shard, no key for the job epoch here, no "
@@ -290,6 +306,31 @@ int Run() {
     GS_LOG(WARNING) << "no --coordinator: workers' connections are not authenticated (no job "
                        "keys); run standalone shards only on a trusted network";
   }
+  // RDMA for the workers that ask (their daemons see our port at the
+  // coordinator): bootstrapped over the same TCP connections.
+  transport::RdmaEndpoint rdma;
+  const std::string mode = absl::GetFlag(FLAGS_transport);
+  if (mode != "auto" && mode != "tcp") {
+    GS_LOG(ERROR) << "--transport '" << mode << "': expected auto or tcp";
+    return 2;
+  }
+  if (mode == "auto") {
+    transport::RdmaDeviceOptions ro;
+    ro.device_name = absl::GetFlag(FLAGS_rdma_device);
+    ro.port = absl::GetFlag(FLAGS_rdma_port);
+    ro.gid_index = absl::GetFlag(FLAGS_rdma_gid_index);
+    ro.bootstrap.socket_buffer_bytes = options->socket_buffer_bytes;
+    ro.bootstrap.tls = tls;
+    absl::StatusOr<transport::RdmaEndpoint> opened =
+        transport::OpenRdmaEndpoint(ro, absl::GetFlag(FLAGS_rdma_emulation));
+    if (opened.ok()) {
+      rdma = *std::move(opened);
+      options->rdma_device = rdma.device.get();
+      GS_LOG(INFO) << "RDMA: " << rdma.device->description();
+    } else {
+      GS_LOG(INFO) << "RDMA: not used (" << opened.status().message() << "); workers connect over TCP";
+    }
+  }
   absl::StatusOr<std::unique_ptr<PsShard>> shard = PsShard::Start(*options);
   if (!shard.ok()) {
     GS_LOG(ERROR) << "cannot start: " << shard.status();
@@ -307,6 +348,11 @@ int Run() {
                                  {});
       g.ok()) {
     (*g)->Set(tls.enabled() ? 0 : 1);
+  }
+  if (auto g = metrics.AddGauge("gradsync_ps_rdma_up",
+                                 "1 while this shard takes workers' connections over RDMA too", {});
+      g.ok()) {
+    (*g)->Set(rdma.device != nullptr ? 1 : 0);
   }
   metrics.AddCollectable(std::make_shared<ShardCollector>(shard->get()));
   std::unique_ptr<MetricsServer> metrics_server;
@@ -335,8 +381,8 @@ int Run() {
       GS_LOG(ERROR) << "cannot start: " << credentials.status().message();
       return 2;
     }
-    registrar =
-        std::make_unique<Registrar>(coord, *credentials, shard_id, host, (*shard)->port());
+    registrar = std::make_unique<Registrar>(coord, *credentials, shard_id, host,
+                                            (*shard)->port(), rdma.advertised);
     if (absl::Status s = registrar->RegisterOnce(); !s.ok()) {
       GS_LOG(ERROR) << "cannot register with the coordinator " << coord << ": " << s.message();
       return 1;

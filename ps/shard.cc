@@ -31,6 +31,7 @@ PsShardStats PsShard::Impl::stats() const {
   PsShardStats s;
   s.connections = connections_;
   s.tls_connections = tls_connections_;
+  s.rdma_connections = rdma_connections_;
   s.connections_refused = connections_refused_;
   s.auth_failures = auth_failures_;
   s.steps_completed = steps_completed_;

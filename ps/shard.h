@@ -80,6 +80,10 @@ struct PsShardOptions {
   // Makes the server contexts of the workers' connections (not owned;
   // outlives the shard). Null: a TCP device of the shard's own.
   transport::Device* device = nullptr;
+  // Makes them for workers whose Hello asks for RDMA (kRdmaBootstrapStream;
+  // not owned, outlives the shard). Null: such workers are refused, saying
+  // this shard has no RDMA port.
+  transport::Device* rdma_device = nullptr;
   // A job with no connections for this long is forgotten (its step history:
   // steps at or below the last finished one are refused until then).
   absl::Duration idle_job_timeout = absl::Seconds(300);
@@ -107,6 +111,7 @@ struct PsJobStats {
 struct PsShardStats {
   uint64_t connections = 0;          // worker connections accepted
   uint64_t tls_connections = 0;      // ... of them with TLS (jobs with data_tls)
+  uint64_t rdma_connections = 0;     // ... of them over RDMA
   uint64_t connections_refused = 0;  // handshakes refused (world size / shard index mismatch)
   // Connections refused for the job key: no key for the job epoch here, no
   // nonce, or a wrong proof.

@@ -63,6 +63,15 @@ void PsShard::Impl::Adopt(transport::RoutedConnection rc) {
       }
     }
   }
+  const bool rdma = rc.hello.stream == transport::kRdmaBootstrapStream;
+  if (refuse.ok() && rdma && options_.rdma_device == nullptr) {
+    refuse = absl::FailedPreconditionError(absl::StrCat(
+        "rank ", rank, " asked for RDMA, and this ps shard has no RDMA port (gradsync-ps "
+        "--transport)"));
+    absl::MutexLock l(&mu_);
+    absl::MutexLock jl(&job->mu);
+    --job->connecting;
+  }
   if (!refuse.ok()) return Refuse(rc, refuse);
   // Both sides prove the key before the connection replaces any other: a
   // forged Hello never displaces a worker's live connection.
@@ -99,7 +108,7 @@ void PsShard::Impl::Adopt(transport::RoutedConnection rc) {
     spec.key = key->key;
     spec.deadline = deadline;
     absl::StatusOr<std::unique_ptr<transport::Context>> ctx =
-        device_->AcceptClient(std::move(rc.fd), spec);
+        (rdma ? options_.rdma_device : device_)->AcceptClient(std::move(rc.fd), spec);
     s = ctx.status();
     if (s.ok() && !c->Start(std::move(*ctx), [this](std::shared_ptr<Conn> self) {
           ServeConnection(std::move(self));
@@ -120,6 +129,7 @@ void PsShard::Impl::Adopt(transport::RoutedConnection rc) {
   } else {
     ++connections_;
     if (key->data_tls) ++tls_connections_;
+    if (rdma) ++rdma_connections_;
   }
   GS_LOG(DEBUG) << job->prefix << ": worker rank " << rank << " of " << workers
                 << " connected from " << c->peer;

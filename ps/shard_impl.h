@@ -544,6 +544,7 @@ class PsShard::Impl {
   std::atomic<uint64_t> reserved_{0};
   std::atomic<uint64_t> connections_{0};
   std::atomic<uint64_t> tls_connections_{0};
+  std::atomic<uint64_t> rdma_connections_{0};
   std::atomic<uint64_t> connections_refused_{0};
   std::atomic<uint64_t> auth_failures_{0};
   ShardKeyCache keys_;

@@ -15,6 +15,13 @@ absl::Status ShardRegistry::Register(const std::string& shard_id, const v1::Endp
     return absl::InvalidArgumentError(absl::StrCat("shard '", shard_id, "': bad endpoint '",
                                                    endpoint.host(), ":", endpoint.port(), "'"));
   }
+  const std::string& rdma = endpoint.rdma();
+  if (rdma.size() > 128 ||
+      std::any_of(rdma.begin(), rdma.end(), [](char c) { return c < 0x20 || c > 0x7e; })) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "shard '", shard_id, "': its RDMA port description must be at most 128 printable "
+        "characters"));
+  }
   absl::MutexLock l(&mu_);
   shards_[shard_id] = Shard{endpoint, absl::Now()};
   return absl::OkStatus();

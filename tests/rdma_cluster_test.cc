@@ -92,6 +92,52 @@ TEST(RdmaCluster, DaemonsRunEveryAlgorithmOverEmulatedRdmaBitExactAndSaySo) {
   EXPECT_TRUE(absl::StrContains(status, "data plane: rdma: emu_ib0 port 1")) << status;
 }
 
+TEST(RdmaCluster, ParameterServerShardsServeWorkersOverRdma) {
+  const std::string fabric = FreshFabric();
+  LocalClusterOptions o;
+  o.daemons = 2;
+  o.ps_shards = 2;
+  o.daemon_flags = RdmaFlags(fabric, "auto");
+  o.ps_flags = {"--rdma_emulation=" + fabric};
+  auto cluster = LocalCluster::Start(o);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  auto ranks = OpenJob(**cluster, "ps-rdma", {0, 1}, 30000, 0, /*ps_shards=*/2);
+  ASSERT_TRUE(ranks.ok()) << ranks.status();
+  AllreduceIsExact(*ranks, (1 << 20) + 7, "ps");
+  AllreduceIsExact(*ranks, 3, "ps");
+  for (int k = 0; k < 2; ++k) {  // both workers' connections, over RDMA
+    auto text = HttpGet("127.0.0.1", (*cluster)->ps_metrics_port(k), "/metrics");
+    ASSERT_TRUE(text.ok()) << text.status();
+    EXPECT_EQ(FindSample(*text, "gradsync_ps_rdma_connections_total").value_or(-1), 2) << "shard " << k;
+    EXPECT_EQ(FindSample(*text, "gradsync_ps_rdma_up").value_or(-1), 1) << "shard " << k;
+  }
+  for (int d = 0; d < 2; ++d) {
+    EXPECT_TRUE(absl::StrContains(testing::ReadTextFile((*cluster)->daemon_log(d)),
+                                  "its 2 ps shard(s) over rdma"))
+        << "daemon " << d;
+  }
+}
+
+TEST(RdmaCluster, ShardsWithoutRdmaServeWorkersWithItOverTcp) {
+  LocalClusterOptions o;
+  o.daemons = 2;
+  o.ps_shards = 1;
+  o.daemon_flags = RdmaFlags(FreshFabric(), "auto");
+  o.ps_flags = {"--transport=tcp"};
+  auto cluster = LocalCluster::Start(o);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  auto ranks = OpenJob(**cluster, "ps-tcp", {0, 1}, 30000, 0, /*ps_shards=*/1);
+  ASSERT_TRUE(ranks.ok()) << ranks.status();
+  EXPECT_TRUE(absl::StartsWith((*ranks)[0].session->transport(), "rdma: "));  // between daemons
+  AllreduceIsExact(*ranks, 1 << 18, "ps");
+  auto text = HttpGet("127.0.0.1", (*cluster)->ps_metrics_port(0), "/metrics");
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_EQ(FindSample(*text, "gradsync_ps_rdma_connections_total").value_or(-1), 0);
+  EXPECT_EQ(FindSample(*text, "gradsync_ps_connections_total").value_or(-1), 2);
+  EXPECT_TRUE(absl::StrContains(testing::ReadTextFile((*cluster)->daemon_log(0)),
+                                "its 1 ps shard(s) over tcp (not RDMA: ps shard 0 (127.0.0.1:"));
+}
+
 TEST(RdmaCluster, AutoFallsBackToTcpWhereADaemonHasNoRdmaAndSaysWhy) {
   const std::string fabric = FreshFabric();
   LocalClusterOptions o;

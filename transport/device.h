@@ -1,10 +1,10 @@
 // A transport device: what creates a job's contexts (transport.h) and what
 // the planner and the daemon learn about the links from (DeviceProperties).
 //
-// Two devices exist: TCP (tcp_device.h), for real jobs, and in-process
-// (inproc.h), which connects contexts inside one process through memory
-// queues and injects faults, for testing the collectives' protocol logic.
-// An RDMA device plugs in here the same way.
+// Three devices exist: TCP (tcp_device.h) and RDMA verbs (rdma_device.h),
+// for real jobs, and in-process (inproc.h), which connects contexts inside
+// one process through memory queues and injects faults, for testing the
+// collectives' protocol logic.
 #ifndef GRADSYNC_TRANSPORT_DEVICE_H_
 #define GRADSYNC_TRANSPORT_DEVICE_H_
 
@@ -21,7 +21,7 @@
 namespace gradsync::transport {
 
 struct DeviceProperties {
-  std::string name;           // "tcp", "inproc"
+  std::string name;           // "tcp", "rdma", "inproc"
   bool host_memory = true;    // can register MemKind::kHost
   bool cuda_memory = false;   // can register MemKind::kCuda directly (GPUDirect)
   double link_gbps = 0;       // nominal link bandwidth; 0: unknown (the link probe measures it)
@@ -76,6 +76,9 @@ struct ServerSetSpec {
   std::vector<std::string> server_keys;
   // Encrypt every connection, bound to its server's key (ContextSpec::encrypt).
   bool encrypt = false;
+  // The Hello's stream field: 0, or wire.h's kRdmaBootstrapStream from an
+  // RDMA device bootstrapping over TCP (the server then answers over RDMA).
+  uint32_t hello_stream = 0;
 };
 
 // The server side of ConnectToServers: a context over one client's

@@ -13,6 +13,13 @@
 //             completion channel (and an eventfd Abort and Interrupt signal),
 //             and checks the bootstrap connections.
 //
+// Client and server contexts (Device::ConnectToServers / AcceptClient, the
+// parameter server): a server learns what a client sends before it posts a
+// receive, so the client announces each send with an RTS entry (tag,
+// length; rdma_control.h) before its data; the server's Probe reports it and
+// the receive it then posts sends the CTS. One more control message per
+// message on that path only. PostAbort goes over the bootstrap connection.
+//
 // Per peer and direction at most max_in_flight() requests are posted (more:
 // ResourceExhausted, as every context), so the send queue holds at most
 // max_in_flight CTS entries plus the writes of max_in_flight messages, and
@@ -47,6 +54,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/net.h"
 #include "rdma/verbs.h"
+#include "transport/rdma_control.h"
 #include "transport/transport.h"
 
 namespace gradsync::transport {
@@ -63,6 +71,15 @@ struct RdmaPort {
 struct RdmaContextOptions {
   int max_in_flight = 32;
   int max_inline_data = 64;
+  // A client's context toward servers (Device::ConnectToServers): every send
+  // is announced to the peer (an RTS entry: tag and length) before its data.
+  bool announce_sends = false;
+  // A server's context (Device::AcceptClient): announced messages no posted
+  // receive expects are reported by Probe, and Progress returns for them.
+  bool report_unexpected = false;
+  // How errors name peer k ("rank k" when missing) and this context.
+  std::vector<std::string> peer_names;
+  std::string self_name;
 };
 
 class RdmaContext final : public Context {
@@ -90,6 +107,10 @@ class RdmaContext final : public Context {
   absl::Status PostRecv(int peer, const MemoryRegion& mr, size_t offset, size_t capacity,
                         bool exact, const MessageTag& tag, Request* req) override;
   absl::Status Progress(absl::Time deadline) override;
+  bool Probe(int peer, Incoming* in) override;
+  // Over the bootstrap connection (the peer reads ABORTs there).
+  absl::Status PostAbort(int peer, uint64_t op_seq, const absl::Status& why,
+                         Request* req) override;
   void Abort(const absl::Status& reason) override;
   void Interrupt() override;
   absl::Status Fail(const absl::Status& reason) override;
@@ -104,8 +125,10 @@ class RdmaContext final : public Context {
   // Protocol counters (tests and the emulation bench): CTS entries sent and
   // received, RDMA WRITEs posted, for every peer together.
   struct Counters {
-    uint64_t cts_sent = 0;
+    uint64_t control_sent = 0;  // CTS and RTS entries
     uint64_t cts_received = 0;
+    uint64_t rts_sent = 0;
+    uint64_t rts_received = 0;
     uint64_t writes = 0;
     uint64_t messages_sent = 0;
     uint64_t messages_received = 0;
@@ -121,6 +144,11 @@ class RdmaContext final : public Context {
   absl::Status SetUp(absl::Time deadline);
   absl::Status Drain(bool* completed);
   absl::Status OnCompletion(const rdma::WorkCompletion& wc, bool* completed);
+  // A client announced a message (RTS): held for Probe unless a receive for
+  // it is posted already.
+  absl::Status OnAnnounced(Peer& p, const rdma_control::Entry& rts, bool* completed);
+  std::string PeerName(int peer) const;
+  std::string SelfName() const;
   absl::Status PumpPeer(Peer& p);
   // A peer's ABORT or lost connection on the bootstrap fails the context
   // with the bootstrap's error; a peer that closed its connections while

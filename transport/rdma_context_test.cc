@@ -119,7 +119,7 @@ TEST_F(RdmaContextTest, MessagesArriveBitExactWrittenOnceByTheSender) {
   EXPECT_EQ(std::memcmp(src.data(), dst.data(), total), 0);
   // One CTS per receive, one RDMA WRITE per message, every payload byte
   // written once (straight from the source into the destination).
-  EXPECT_EQ(c[1]->counters().cts_sent, sizes.size());
+  EXPECT_EQ(c[1]->counters().control_sent, sizes.size());
   EXPECT_EQ(c[0]->counters().cts_received, sizes.size());
   EXPECT_EQ(c[0]->counters().writes, sizes.size());
   EXPECT_EQ(emu_.stats().write_bytes - written_before, total);

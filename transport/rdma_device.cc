@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "transport/wire.h"
 
 namespace gradsync::transport {
 
@@ -100,13 +101,50 @@ absl::StatusOr<std::unique_ptr<RdmaDevice>> RdmaDevice::Open(RdmaDeviceOptions o
 
 RdmaDevice::~RdmaDevice() = default;
 
-absl::StatusOr<std::unique_ptr<Context>> RdmaDevice::CreateContext(const ContextSpec& spec) {
-  if (spec.encrypt) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "job '", spec.job_id,
-        "' encrypts its data plane (data_tls), which the RDMA transport cannot; run it over "
-        "TCP"));
+namespace {
+absl::Status RefuseEncryption(const std::string& job_id) {
+  return absl::FailedPreconditionError(absl::StrCat(
+      "job '", job_id,
+      "' encrypts its data plane (data_tls), which the RDMA transport cannot; run it over TCP"));
+}
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Context>> RdmaDevice::ConnectToServers(const ServerSetSpec& spec) {
+  if (spec.encrypt) return RefuseEncryption(spec.job_id);
+  ServerSetSpec boot = spec;
+  boot.hello_stream = kRdmaBootstrapStream;
+  ASSIGN_OR_RETURN(std::unique_ptr<Context> bootstrap, bootstrap_->ConnectToServers(boot));
+  RdmaContextOptions o;
+  o.max_in_flight = options_.max_in_flight;
+  o.announce_sends = true;
+  for (size_t k = 0; k < spec.servers.size(); ++k) {
+    o.peer_names.push_back(k < spec.server_names.size() && !spec.server_names[k].empty()
+                               ? spec.server_names[k]
+                               : absl::StrCat("server ", k, " (", spec.servers[k].ToString(), ")"));
   }
+  o.self_name = spec.self_name.empty() ? absl::StrCat("client rank ", spec.rank) : spec.self_name;
+  ASSIGN_OR_RETURN(std::unique_ptr<RdmaContext> ctx,
+                   RdmaContext::Connect(port_, std::move(bootstrap), o, spec.deadline));
+  return std::unique_ptr<Context>(std::move(ctx));
+}
+
+absl::StatusOr<std::unique_ptr<Context>> RdmaDevice::AcceptClient(UniqueFd connection,
+                                                                 const ClientSpec& spec) {
+  if (spec.encrypt) return RefuseEncryption(spec.job_id);
+  ASSIGN_OR_RETURN(std::unique_ptr<Context> bootstrap,
+                   bootstrap_->AcceptClient(std::move(connection), spec));
+  RdmaContextOptions o;
+  o.max_in_flight = options_.max_in_flight;
+  o.report_unexpected = true;
+  o.peer_names = {spec.client_name};
+  o.self_name = spec.self_name;
+  ASSIGN_OR_RETURN(std::unique_ptr<RdmaContext> ctx,
+                   RdmaContext::Connect(port_, std::move(bootstrap), o, spec.deadline));
+  return std::unique_ptr<Context>(std::move(ctx));
+}
+
+absl::StatusOr<std::unique_ptr<Context>> RdmaDevice::CreateContext(const ContextSpec& spec) {
+  if (spec.encrypt) return RefuseEncryption(spec.job_id);
   ContextSpec boot = spec;
   boot.lanes = 1;
   ASSIGN_OR_RETURN(std::unique_ptr<Context> bootstrap, bootstrap_->CreateContext(boot));

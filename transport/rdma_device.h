@@ -39,6 +39,14 @@ class RdmaDevice final : public Device {
   // connects one RC queue pair per peer. Jobs that encrypt their data plane
   // are refused (RDMA traffic is not encrypted).
   absl::StatusOr<std::unique_ptr<Context>> CreateContext(const ContextSpec& spec) override;
+  // A client's contexts toward servers (PS shards) and a server's toward one
+  // client, bootstrapped over TCP the same way; the client's Hello carries
+  // kRdmaBootstrapStream, so the server knows to answer here (a server with
+  // no RDMA refuses it). Sends of a client are announced (RTS) so the
+  // server can Probe them.
+  absl::StatusOr<std::unique_ptr<Context>> ConnectToServers(const ServerSetSpec& spec) override;
+  absl::StatusOr<std::unique_ptr<Context>> AcceptClient(UniqueFd connection,
+                                                        const ClientSpec& spec) override;
 
   // "emu_ib0 port 1: InfiniBand, lid 0x1, mtu 4096, 4x HDR (200 Gb/s); GID
   // index 0; GPUDirect RDMA: no (<why>)".

@@ -65,6 +65,8 @@ struct TcpContextOptions {
   // ConnectToServers: the key server k must prove (and this client proves
   // back) for the connection; missing entries are empty keys.
   std::vector<std::string> server_keys;
+  // ConnectToServers: the Hello's stream field (ServerSetSpec::hello_stream).
+  uint32_t hello_stream = 0;
   // Hears each connection refused for a missing or wrong proof ("bad_proof",
   // "no_proof"); may be empty.
   std::function<void(absl::string_view reason)> on_auth_failure;

@@ -207,7 +207,7 @@ absl::StatusOr<std::unique_ptr<TcpContext>> TcpContext::ConnectToServers(
     auto fd = TcpConnect(options.peers[k], deadline);
     if (!fd.ok()) return server_error(k, fd.status());
     hellos[k] = Hello{kHelloMagic, kWireVersion, static_cast<uint16_t>(options.job_id.size()),
-                      options.epoch, options.rank, k, options.world_size, 0};
+                      options.epoch, options.rank, k, options.world_size, options.hello_stream};
     nonces[k] = RandomNonce();
     absl::Status s = WriteFull(fd->get(), &hellos[k], sizeof(Hello), deadline);
     if (s.ok()) s = WriteFull(fd->get(), options.job_id.data(), options.job_id.size(), deadline);

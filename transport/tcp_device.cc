@@ -67,6 +67,7 @@ absl::StatusOr<std::unique_ptr<Context>> TcpDevice::ConnectToServers(const Serve
   o.self_name = spec.self_name;
   o.peer_names = spec.server_names;
   o.server_keys = spec.server_keys;
+  o.hello_stream = spec.hello_stream;
   o.verbatim_aborts = true;
   o.relay_faults = false;
   if (spec.encrypt) {

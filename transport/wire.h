@@ -58,6 +58,11 @@ struct Hello {
 };
 static_assert(sizeof(Hello) == 32, "Hello is 32 bytes on the wire");
 
+// Hello.stream of a client's connection to a server (ServerSetSpec) that
+// bootstraps RDMA: the server answers on an RDMA context (the Hello is
+// covered by the handshake's proof, so nobody on the path can change it).
+inline constexpr uint32_t kRdmaBootstrapStream = 0x80000000u;
+
 struct HelloAck {
   uint32_t magic;
   uint16_t code;  // absl::StatusCode; 0 = accepted

@@ -101,21 +101,13 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
 
 absl::Status Daemon::OpenRdma(const transport::TcpDeviceOptions& bootstrap) {
   transport::RdmaDeviceOptions ro;
-  if (!options_.rdma_emulation.empty()) {
-    rdma::EmulationOptions eo;
-    eo.fabric = options_.rdma_emulation;
-    ASSIGN_OR_RETURN(verbs_emulation_, rdma::VerbsEmulation::Open(eo));
-    ro.verbs = &verbs_emulation_->verbs();
-  }
   ro.device_name = options_.rdma_device;
   ro.port = options_.rdma_port;
   ro.gid_index = options_.rdma_gid_index;
   ro.bootstrap = bootstrap;
-  ASSIGN_OR_RETURN(rdma_device_, transport::RdmaDevice::Open(ro));
-  rdma_advertised_ = rdma_device_->link_layer() == rdma::LinkLayer::kEthernet ? "roce" : "ib";
-  if (verbs_emulation_ != nullptr) {
-    absl::StrAppend(&rdma_advertised_, " emulated:", options_.rdma_emulation);
-  }
+  ASSIGN_OR_RETURN(rdma_, transport::OpenRdmaEndpoint(ro, options_.rdma_emulation));
+  rdma_device_ = rdma_.device.get();
+  rdma_advertised_ = rdma_.advertised;
   GS_LOG(INFO) << "RDMA: " << rdma_device_->description() << " (--transport="
                << TransportModeName(options_.transport) << ")";
   return absl::OkStatus();
@@ -236,7 +228,10 @@ absl::StatusOr<std::shared_ptr<Session>> Daemon::OpenSession(const OpenSessionAr
     info.heartbeat_timeout = absl::Milliseconds(hb_ms);
   }
   info.job_algorithm = jresp.options().algorithm();
-  for (const auto& e : jresp.ps_shards()) info.ps_shards.push_back(HostPort{e.host(), e.port()});
+  for (const auto& e : jresp.ps_shards()) {
+    info.ps_shards.push_back(HostPort{e.host(), e.port()});
+    info.ps_shard_rdma.push_back(e.rdma());
+  }
   for (const std::string& id : jresp.ps_shard_ids()) {
     info.ps_shard_keys.push_back(PsShardKey(info.job_key, id));
   }
@@ -282,8 +277,8 @@ absl::StatusOr<std::shared_ptr<Session>> Daemon::OpenSession(const OpenSessionAr
     const int node = static_cast<int>(it - node_endpoints.begin());
     if (it == node_endpoints.end()) {
       node_endpoints.push_back(hp);
-      node_rdma.push_back(
-          {m.data_endpoint().rdma(), m.data_endpoint().rdma_required(), hp.ToString()});
+      node_rdma.push_back({m.data_endpoint().rdma(), m.data_endpoint().rdma_required(),
+                           absl::StrCat("daemon ", node, " (", hp.ToString(), ")")});
       placement.ranks_of_node.emplace_back();
       placement.node_names.push_back(hp.ToString());
     }
@@ -461,7 +456,7 @@ absl::StatusOr<std::shared_ptr<JobExecutor>> Daemon::GetOrCreateExecutor(
     absl::StatusOr<TransportChoice> choice =
         ChooseTransport(options_.transport, node_rdma, info.data_tls, info.job_id);
     if (!choice.ok()) return fail(choice.status());
-    transport::Device* device = choice->rdma ? rdma_device_.get() : device_.get();
+    transport::Device* device = choice->rdma ? rdma_device_ : device_.get();
     transport_name = choice->rdma ? "rdma" : "tcp";
     transport_detail = choice->rdma ? rdma_device_->description()
                                     : absl::StrCat(streams, " TCP stream(s) per peer",
@@ -515,6 +510,24 @@ absl::StatusOr<std::shared_ptr<JobExecutor>> Daemon::GetOrCreateExecutor(
                  << "; signatures by " << SignaturePatternName(link.signatures)
                  << (one_host ? " (every daemon on one host)" : " (daemons on several hosts)");
   }
+  // The parameter-server path: one context to every shard, so RDMA only
+  // when every shard has this daemon's kind of port.
+  transport::Device* ps_device = device_.get();
+  if (!info.ps_shards.empty()) {
+    std::vector<TransportAdvert> adverts = {
+        {rdma_advertised_, options_.transport == TransportMode::kRdma, "this daemon"}};
+    for (size_t k = 0; k < info.ps_shards.size(); ++k) {
+      adverts.push_back({info.ps_shard_rdma[k], false,
+                         absl::StrCat("ps shard ", k, " (", info.ps_shards[k].ToString(), ")")});
+    }
+    absl::StatusOr<TransportChoice> ps = ChooseTransport(options_.transport, adverts,
+                                                         info.data_tls, info.job_id);
+    if (!ps.ok()) return fail(ps.status());
+    if (ps->rdma) ps_device = rdma_device_;
+    GS_LOG(INFO) << "job '" << info.job_id << "' epoch " << info.epoch << ": its "
+                 << info.ps_shards.size() << " ps shard(s) over " << (ps->rdma ? "rdma" : "tcp")
+                 << (ps->why_not_rdma.empty() ? "" : absl::StrCat(" (not RDMA: ", ps->why_not_rdma, ")"));
+  }
   JobExecutorOptions eo;
   eo.job_id = info.scoped_job_id();
   eo.epoch = info.epoch;
@@ -525,7 +538,7 @@ absl::StatusOr<std::shared_ptr<JobExecutor>> Daemon::GetOrCreateExecutor(
   eo.ps_shards = info.ps_shards;
   eo.ps_shard_keys = info.ps_shard_keys;
   eo.data_tls = info.data_tls;
-  eo.device = device_.get();
+  eo.device = ps_device;
   eo.transport = transport_name;
   eo.transport_detail = transport_detail;
   eo.ps_partition_bytes = options_.ps_partition_bytes;
@@ -589,7 +602,8 @@ void Daemon::Shutdown(const absl::Status& reason) {
     s->Close();
     LeaveJob(s->info());
   }
-  rdma_device_.reset();
+  rdma_device_ = nullptr;
+  rdma_.device.reset();
   device_.reset();
   listener_.reset();
 }

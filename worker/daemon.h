@@ -22,9 +22,8 @@
 #include "common/tls.h"
 #include "ipc/fd_registration.h"
 #include "proto/coordinator.grpc.pb.h"
-#include "rdma/verbs_emulation.h"
 #include "transport/device.h"
-#include "transport/rdma_device.h"
+#include "transport/rdma_endpoint.h"
 #include "transport/tcp_listener.h"
 #include "worker/coordinator_watch.h"
 #include "worker/daemon_observer.h"
@@ -169,9 +168,8 @@ class Daemon {
   DaemonOptions options_;
   std::unique_ptr<transport::TcpListener> listener_;
   std::unique_ptr<transport::Device> device_;  // over listener_
-  // RDMA (null: none here): the verbs emulation first, so it outlives the device.
-  std::unique_ptr<rdma::VerbsEmulation> verbs_emulation_;
-  std::unique_ptr<transport::RdmaDevice> rdma_device_;
+  transport::RdmaEndpoint rdma_;                    // --transport auto|rdma
+  transport::RdmaDevice* rdma_device_ = nullptr;    // rdma_.device; null: no RDMA here
   std::string rdma_advertised_;
   std::string rdma_unavailable_;
   std::unique_ptr<gradsync::v1::Coordinator::Stub> coordinator_;

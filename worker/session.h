@@ -71,6 +71,7 @@ struct SessionInfo {
   std::string timeline_path;  // non-empty: write the job's timeline for this rank here
   std::vector<HostPort> ps_shards;  // the epoch's gradsync-ps shards (algo "ps")
   std::vector<std::string> ps_shard_keys;  // PsShardKey(job_key, shard id) of each; never shown
+  std::vector<std::string> ps_shard_rdma;  // each shard's advertised RDMA port (Endpoint.rdma)
   // Random bytes (ipc::kRegistrationTokenBytes) handed only to the session's
   // client; they prove the session on the daemon's fd socket. Never logged
   // or shown in status.

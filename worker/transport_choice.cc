@@ -26,8 +26,8 @@ const char* TransportModeName(TransportMode m) {
 
 namespace {
 
-std::string Name(const std::vector<TransportAdvert>& daemons, size_t i) {
-  return absl::StrCat("daemon ", i, " (", daemons[i].name, ")");
+const std::string& Name(const std::vector<TransportAdvert>& daemons, size_t i) {
+  return daemons[i].name;
 }
 
 // Why the epoch cannot run over RDMA ("" when it can). The same words on

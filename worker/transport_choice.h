@@ -22,11 +22,11 @@ enum class TransportMode {
 absl::StatusOr<TransportMode> ParseTransportMode(absl::string_view s);  // "auto", "tcp", "rdma"
 const char* TransportModeName(TransportMode m);
 
-// What one daemon of the epoch advertised.
+// What one daemon of the epoch (or a PS shard) advertised.
 struct TransportAdvert {
   std::string rdma;       // its RDMA port ("ib", "roce", ...; "" = none)
   bool required = false;  // it runs --transport=rdma
-  std::string name;       // how to name it ("host:port")
+  std::string name;       // how errors name it ("daemon 2 (host:port)", "ps shard 0 (...)")
 };
 
 struct TransportChoice {

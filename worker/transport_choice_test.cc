@@ -9,7 +9,8 @@ std::vector<TransportAdvert> Adverts(const std::vector<std::string>& rdma,
                                      const std::vector<bool>& required = {}) {
   std::vector<TransportAdvert> out;
   for (size_t i = 0; i < rdma.size(); ++i) {
-    out.push_back({rdma[i], i < required.size() && required[i], std::string(1, 'a' + i) + ":1"});
+    out.push_back({rdma[i], i < required.size() && required[i],
+                   "daemon " + std::to_string(i) + " (" + std::string(1, 'a' + i) + ":1)"});
   }
   return out;
 }
