@@ -83,6 +83,13 @@ int RtIpcCloseMemHandle(void* ptr);
 // The allocation holding `ptr` (cuMemGetAddressRange through the runtime's
 // driver entry point, so nothing links libcuda).
 int RtMemGetAddressRange(const void* ptr, void** base, size_t* size);
+// A dma-buf file descriptor of [ptr, +size) (cuMemGetHandleForAddressRange,
+// CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD; both page-aligned), for GPUDirect RDMA
+// by ibv_reg_dmabuf_mr. The caller closes *fd.
+int RtMemGetDmaBufFd(const void* ptr, size_t size, int* fd);
+// CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED of `device` (1: the driver and the
+// kernel can export its memory as dma-bufs).
+int RtDeviceDmaBufSupported(int device, int* supported);
 int RtHostRegister(void* ptr, size_t bytes);  // cudaHostRegisterPortable
 int RtHostUnregister(void* ptr);
 int RtMallocHost(void** ptr, size_t bytes);

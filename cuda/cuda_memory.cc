@@ -2,6 +2,9 @@
 // goes through cuda_internal.h.
 #include "cuda/cuda_memory.h"
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstdio>
 #include <utility>
 #include <vector>
@@ -100,6 +103,45 @@ absl::StatusOr<IpcExport> ExportIpc(const void* device_ptr) {
   out.handle.assign(reinterpret_cast<const char*>(h), kIpcHandleBytes);
   out.offset = static_cast<size_t>(static_cast<const char*>(device_ptr) - static_cast<const char*>(base));
   return out;
+}
+
+absl::StatusOr<DmaBufExport> ExportDmaBuf(const void* device_ptr, size_t size) {
+  ASSIGN_OR_RETURN(const int device, DeviceOfPointer(device_ptr));
+  void* base = nullptr;
+  size_t allocation = 0;
+  if (int e = rt::RtMemGetAddressRange(device_ptr, &base, &allocation); e != rt::kCudaSuccess) {
+    return CudaCallError("cuMemGetAddressRange", e);
+  }
+  // The dma-buf covers whole pages of the allocation around the range.
+  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t start = reinterpret_cast<uintptr_t>(device_ptr) & ~(page - 1);
+  const uintptr_t end = std::min(reinterpret_cast<uintptr_t>(base) + allocation,
+                                 (reinterpret_cast<uintptr_t>(device_ptr) + size + page - 1) &
+                                     ~(page - 1));
+  DmaBufExport out;
+  if (int e = rt::RtMemGetDmaBufFd(reinterpret_cast<void*>(start), end - start, &out.fd);
+      e != rt::kCudaSuccess) {
+    return CudaCallError(absl::StrCat("cuMemGetHandleForAddressRange (dma-buf) on GPU ", device), e);
+  }
+  out.offset = reinterpret_cast<uintptr_t>(device_ptr) - start;
+  return out;
+}
+
+bool DmaBufSupported(int device, std::string* why) {
+  if (absl::Status s = CudaUsable(); !s.ok()) {
+    *why = std::string(s.message());
+    return false;
+  }
+  int supported = 0;
+  if (int e = rt::RtDeviceDmaBufSupported(device, &supported); e != rt::kCudaSuccess) {
+    *why = std::string(CudaCallError("cuDeviceGetAttribute(DMA_BUF_SUPPORTED)", e).message());
+    return false;
+  }
+  if (supported == 0) {
+    *why = absl::StrCat("GPU ", device, " cannot export dma-bufs (driver or kernel too old)");
+    return false;
+  }
+  return true;
 }
 
 absl::StatusOr<IpcMapping> IpcMapping::Open(int device, absl::string_view handle) {

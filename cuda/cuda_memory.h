@@ -11,6 +11,7 @@
 #define GRADSYNC_CUDA_CUDA_MEMORY_H_
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 #include "absl/status/status.h"
@@ -47,6 +48,19 @@ struct IpcExport {
 // `device_ptr` must be memory from cudaMalloc (not the VMM or async pools,
 // which CUDA IPC handles do not cover) on the calling thread's device.
 absl::StatusOr<IpcExport> ExportIpc(const void* device_ptr);
+
+// GPUDirect RDMA by dma-buf: a dma-buf of the allocation holding a device
+// range, which ibv_reg_dmabuf_mr registers with the NIC (no peer-memory
+// module needed). `fd` is the caller's to close; the range starts `offset`
+// bytes into it.
+struct DmaBufExport {
+  int fd = -1;
+  uint64_t offset = 0;
+};
+// The page-aligned span of the allocation around [ptr, +size) is exported.
+absl::StatusOr<DmaBufExport> ExportDmaBuf(const void* device_ptr, size_t size);
+// Whether `device`'s memory can be exported as dma-bufs, and if not why.
+bool DmaBufSupported(int device, std::string* why);
 
 // Another process's allocation, opened in this one. Move-only; the destructor
 // closes it (cudaIpcCloseMemHandle, on its device).

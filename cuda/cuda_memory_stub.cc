@@ -13,6 +13,11 @@ absl::StatusOr<int> DeviceOfPointer(const void*) { return CudaUsable(); }
 absl::Status SetDevice(int) { return CudaUsable(); }
 absl::Status ResetDevice(int) { return CudaUsable(); }
 absl::StatusOr<IpcExport> ExportIpc(const void*) { return CudaUsable(); }
+absl::StatusOr<DmaBufExport> ExportDmaBuf(const void*, size_t) { return CudaUsable(); }
+bool DmaBufSupported(int, std::string* why) {
+  *why = std::string(CudaUsable().message());
+  return false;
+}
 
 absl::StatusOr<IpcMapping> IpcMapping::Open(int, absl::string_view) { return CudaUsable(); }
 IpcMapping::IpcMapping(IpcMapping&& o) noexcept

@@ -106,34 +106,57 @@ int RtIpcOpenMemHandle(void** ptr, const unsigned char handle[kIpcHandleBytes]) 
 }
 int RtIpcCloseMemHandle(void* ptr) { return static_cast<int>(cudaIpcCloseMemHandle(ptr)); }
 
+namespace {
+// A driver function through the runtime's entry point (nothing links libcuda),
+// looked up once; null with the error when this driver has none.
+struct DriverFn {
+  void* fn = nullptr;
+  int error = 0;
+};
+DriverFn LookUpDriver(const char* name, int version) {
+  DriverFn e;
+  cudaDriverEntryPointQueryResult q;
+  const cudaError_t err = cudaGetDriverEntryPointByVersion(name, &e.fn, version, cudaEnableDefault, &q);
+  if (err != cudaSuccess) {
+    e.error = static_cast<int>(err);
+    e.fn = nullptr;
+  } else if (q != cudaDriverEntryPointSuccess || e.fn == nullptr) {
+    e.error = static_cast<int>(cudaErrorSymbolNotFound);
+    e.fn = nullptr;
+  }
+  return e;
+}
+}  // namespace
+
 int RtMemGetAddressRange(const void* ptr, void** base, size_t* size) {
   using Fn = int (*)(unsigned long long*, size_t*, unsigned long long);  // CUresult(CUdeviceptr*, ...)
-  struct Entry {
-    Fn fn = nullptr;
-    int error = 0;
-  };
-  static const Entry entry = [] {
-    Entry e;
-    void* p = nullptr;
-    cudaDriverEntryPointQueryResult q;
-    const cudaError_t err =
-        cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &p, 12000, cudaEnableDefault, &q);
-    if (err != cudaSuccess) {
-      e.error = static_cast<int>(err);
-    } else if (q != cudaDriverEntryPointSuccess || p == nullptr) {
-      e.error = static_cast<int>(cudaErrorSymbolNotFound);
-    } else {
-      e.fn = reinterpret_cast<Fn>(p);
-    }
-    return e;
-  }();
+  static const DriverFn entry = LookUpDriver("cuMemGetAddressRange", 12000);
   if (entry.fn == nullptr) return entry.error;
-  Fn fn = entry.fn;
   unsigned long long b = 0;
-  const int r = fn(&b, size, reinterpret_cast<unsigned long long>(ptr));
+  const int r = reinterpret_cast<Fn>(entry.fn)(&b, size, reinterpret_cast<unsigned long long>(ptr));
   if (r != 0) return static_cast<int>(cudaErrorInvalidValue);  // CUDA_ERROR_* has no cudaError_t
   *base = reinterpret_cast<void*>(b);
   return 0;
+}
+
+int RtMemGetDmaBufFd(const void* ptr, size_t size, int* fd) {
+  // CUresult cuMemGetHandleForAddressRange(void*, CUdeviceptr, size_t, CUmemRangeHandleType, ull)
+  using Fn = int (*)(void*, unsigned long long, size_t, int, unsigned long long);
+  static const DriverFn entry = LookUpDriver("cuMemGetHandleForAddressRange", 11070);
+  if (entry.fn == nullptr) return entry.error;
+  constexpr int kDmaBufFd = 1;  // CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD
+  const int r = reinterpret_cast<Fn>(entry.fn)(fd, reinterpret_cast<unsigned long long>(ptr), size,
+                                               kDmaBufFd, 0);
+  return r == 0 ? 0 : static_cast<int>(cudaErrorNotSupported);
+}
+
+int RtDeviceDmaBufSupported(int device, int* supported) {
+  using Fn = int (*)(int*, int, int);  // CUresult cuDeviceGetAttribute(int*, CUdevice_attribute, CUdevice)
+  static const DriverFn entry = LookUpDriver("cuDeviceGetAttribute", 12000);
+  if (entry.fn == nullptr) return entry.error;
+  constexpr int kDmaBufSupported = 124;  // CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED
+  const int r = reinterpret_cast<Fn>(entry.fn)(supported, kDmaBufSupported, device);
+  return r == 0 ? 0 : static_cast<int>(cudaErrorInvalidDevice);
 }
 
 int RtHostRegister(void* ptr, size_t bytes) {

@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <endian.h>
+#include <fcntl.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -439,7 +440,7 @@ const VerbsTable kEmulatedVerbs = {
     },
     [](ibv_pd* pd, void* addr, size_t len, int access) { return F().RegMr(pd, addr, len, access); },
     [](ibv_pd* pd, uint64_t, size_t len, uint64_t iova, int fd, int access) -> ibv_mr* {
-      if (fd < 0) {
+      if (fd < 0 || ::fcntl(fd, F_GETFD) < 0) {  // the NIC takes a reference to an open dma-buf
         errno = EBADF;
         return nullptr;
       }

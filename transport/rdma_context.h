@@ -45,6 +45,7 @@
 #include <atomic>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -59,13 +60,25 @@
 
 namespace gradsync::transport {
 
+enum class GpuDirect { kNone, kPeerMem, kDmaBuf };
+// Exports the dma-buf of the allocation holding a device range (production:
+// cuda::ExportDmaBuf): the caller owns the descriptor.
+struct DmaBuf {
+  int fd = -1;
+  uint64_t offset = 0;  // of the range's first byte in the dma-buf
+};
+using DmaBufExporter = std::function<absl::StatusOr<DmaBuf>(const void* ptr, size_t size)>;
+
 // The verbs resources the contexts of one RDMA device share.
 struct RdmaPort {
   rdma::Context* verbs_context = nullptr;  // owned by the device
   rdma::ProtectionDomain* pd = nullptr;
   rdma::ConnectOptions connect;  // port, GID index, MTU
-  // Where device memory can be registered directly (GPUDirect RDMA).
-  bool cuda_memory = false;
+  // How device (CUDA) memory registers with the NIC, if it can: GPUDirect
+  // RDMA by ibv_reg_mr on the device pointer (the nvidia_peermem module) or
+  // by a dma-buf of the allocation (ibv_reg_dmabuf_mr).
+  GpuDirect gpudirect = GpuDirect::kNone;
+  DmaBufExporter export_dmabuf;  // kDmaBuf
 };
 
 struct RdmaContextOptions {

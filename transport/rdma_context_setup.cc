@@ -142,7 +142,8 @@ absl::Status RdmaContext::SetUp(absl::Time deadline) {
 
 absl::StatusOr<std::unique_ptr<MemoryRegion>> RdmaContext::RegisterMemory(void* data, size_t size,
                                                                          MemKind kind) {
-  if (kind.type == MemKind::kCuda && !port_.cuda_memory) {
+  const bool device = kind.type == MemKind::kCuda;
+  if (device && port_.gpudirect == GpuDirect::kNone) {
     return absl::FailedPreconditionError(absl::StrCat(
         "the RDMA device ", port_.verbs_context->name(), " cannot register ", kind.ToString(),
         " memory: GPUDirect RDMA is not available (device buffers are staged through host "
@@ -150,10 +151,19 @@ absl::StatusOr<std::unique_ptr<MemoryRegion>> RdmaContext::RegisterMemory(void* 
   }
   std::unique_ptr<rdma::MemoryRegion> mr;
   if (data != nullptr && size > 0) {
-    ASSIGN_OR_RETURN(mr, rdma::MemoryRegion::Register(*port_.pd, data, size));
+    if (device && port_.gpudirect == GpuDirect::kDmaBuf) {
+      // The NIC maps the GPU pages through a dma-buf of the allocation; the
+      // registration keeps its own reference, the descriptor is closed here.
+      ASSIGN_OR_RETURN(DmaBuf buf, port_.export_dmabuf(data, size));
+      UniqueFd fd(buf.fd);
+      ASSIGN_OR_RETURN(mr, rdma::MemoryRegion::RegisterDmabuf(*port_.pd, fd.get(), buf.offset,
+                                                              data, size));
+    } else {
+      ASSIGN_OR_RETURN(mr, rdma::MemoryRegion::Register(*port_.pd, data, size));
+    }
   }
   return std::unique_ptr<MemoryRegion>(
-      new rdma_internal::RdmaRegion(static_cast<char*>(data), size, kind, id(), std::move(mr)));
+      new RdmaRegion(static_cast<char*>(data), size, kind, id(), std::move(mr)));
 }
 
 std::string RdmaContext::PeerName(int peer) const {

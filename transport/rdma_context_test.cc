@@ -2,6 +2,9 @@
 // clear-to-send flow, bit-exact delivery with no copies, back-pressure, size
 // mismatches, verbs faults and a dead peer, the registration cache. Every
 // rank has its own TCP listener (the bootstrap) and RdmaDevice, as daemons do.
+#include <fcntl.h>
+#include <sys/mman.h>
+
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -291,6 +294,99 @@ TEST_F(RdmaContextTest, DeviceMemoryWithoutGpuDirectIsRefusedWithTheReason) {
   EXPECT_NE(r.status().message().find("cannot register cuda:0 memory: GPUDirect RDMA is not"),
             std::string::npos)
       << r.status();
+}
+
+// GPUDirect by dma-buf, the registration path: the exporter is asked for the
+// device range, ibv_reg_dmabuf_mr gets its descriptor and offset (and the
+// range as the iova), the descriptor is closed after, and the region moves
+// data. The "device memory" is host memory here: only a GPU and a NIC show
+// the real mapping.
+TEST(RdmaGpuDirect, DeviceMemoryRegistersByDmaBufFromTheExporter) {
+  VerbsEmulation emu;
+  std::vector<std::unique_ptr<TcpListener>> listeners;
+  std::vector<std::unique_ptr<RdmaDevice>> devices;
+  std::vector<HostPort> addrs;
+  std::vector<std::pair<const void*, size_t>> exported;
+  std::vector<int> fds;
+  for (int r = 0; r < 2; ++r) {
+    ListenerOptions lo;
+    lo.listen = {"127.0.0.1", 0};
+    listeners.push_back(*TcpListener::Start(lo));
+    addrs.push_back({"127.0.0.1", listeners.back()->port()});
+    RdmaDeviceOptions o;
+    o.verbs = &emu.verbs();
+    o.bootstrap.listener = listeners.back().get();
+    o.export_dmabuf = [&](const void* ptr, size_t size) -> absl::StatusOr<DmaBuf> {
+      exported.emplace_back(ptr, size);
+      const int fd = ::memfd_create("fake-dmabuf", MFD_CLOEXEC);
+      fds.push_back(fd);
+      return DmaBuf{fd, 0};
+    };
+    devices.push_back(*RdmaDevice::Open(o));
+  }
+  EXPECT_TRUE(devices[0]->gpudirect());
+  EXPECT_EQ(devices[0]->gpudirect_mode(), GpuDirect::kDmaBuf);
+  EXPECT_TRUE(devices[0]->properties().Supports(MemKind::Cuda(0)));
+  EXPECT_NE(devices[0]->description().find("GPUDirect RDMA: yes (dma-buf"), std::string::npos);
+  std::vector<std::unique_ptr<Context>> c(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      ContextSpec s;
+      s.job_id = "dmabuf";
+      s.epoch = 1;
+      s.rank = r;
+      s.world_size = 2;
+      s.peers = addrs;
+      s.deadline = absl::Now() + absl::Seconds(10);
+      auto ctx = devices[r]->CreateContext(s);
+      ASSERT_TRUE(ctx.ok()) << ctx.status();
+      c[r] = std::move(*ctx);
+    });
+  }
+  for (auto& t : threads) t.join();
+  ASSERT_TRUE(c[0] != nullptr && c[1] != nullptr);
+  std::vector<char> src(100000), dst(100000, 0);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<char>(i * 7 + 1);
+  const uint64_t reg_before = emu.stats().reg_mr;
+  auto smr = c[0]->RegisterMemory(src.data(), src.size(), MemKind::Cuda(0));
+  ASSERT_TRUE(smr.ok()) << smr.status();
+  auto dmr = c[1]->RegisterMemory(dst.data(), dst.size(), MemKind::Cuda(1));
+  ASSERT_TRUE(dmr.ok()) << dmr.status();
+  EXPECT_EQ(emu.stats().reg_mr - reg_before, 2u);
+  ASSERT_EQ(exported.size(), 2u);
+  EXPECT_EQ(exported[0], std::make_pair(static_cast<const void*>(src.data()), src.size()));
+  for (int fd : fds) EXPECT_EQ(::fcntl(fd, F_GETFD), -1) << "descriptor " << fd << " left open";
+  Request send, recv;
+  ASSERT_TRUE(c[1]->PostRecv(0, **dmr, 0, dst.size(), true, Tag(1, 0), &recv).ok());
+  ASSERT_TRUE(c[0]->PostSend(1, **smr, 0, src.size(), Tag(1, 0), &send).ok());
+  std::thread receiver([&] {
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    while (!recv.done) ASSERT_TRUE(c[1]->Progress(deadline).ok());
+  });
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (!send.done) ASSERT_TRUE(c[0]->Progress(deadline).ok());
+  receiver.join();
+  EXPECT_EQ(src, dst);
+  // An exporter that fails: the registration fails with its reason.
+  RdmaDeviceOptions broken;
+  broken.verbs = &emu.verbs();
+  broken.export_dmabuf = [](const void*, size_t) -> absl::StatusOr<DmaBuf> {
+    return absl::FailedPreconditionError("cuMemGetHandleForAddressRange: not supported");
+  };
+  broken.bootstrap.listener = listeners[0].get();
+  auto d = RdmaDevice::Open(broken);
+  ASSERT_TRUE(d.ok());
+  ContextSpec alone;
+  alone.job_id = "dmabuf-alone";
+  alone.epoch = 1;
+  alone.peers = {addrs[0]};
+  alone.deadline = absl::Now() + absl::Seconds(10);
+  auto lone = (*d)->CreateContext(alone);
+  ASSERT_TRUE(lone.ok()) << lone.status();
+  auto refused = (*lone)->RegisterMemory(src.data(), src.size(), MemKind::Cuda(0));
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(refused.status().message(), "cuMemGetHandleForAddressRange: not supported");
 }
 
 TEST(RdmaDevice, OpenSaysWhyThereIsNone) {

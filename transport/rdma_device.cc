@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "cuda/cuda_memory.h"
 #include "transport/wire.h"
 
 namespace gradsync::transport {
@@ -21,6 +22,17 @@ bool DetectPeerMemory(std::string* why) {
   }
   *why = "no (nvidia_peermem is not loaded)";
   return false;
+}
+
+GpuDirect DetectGpuDirect(std::string* why) {
+  if (DetectPeerMemory(why)) return GpuDirect::kPeerMem;
+  std::string dmabuf;
+  if (cuda::DmaBufSupported(0, &dmabuf)) {
+    *why = "yes (dma-buf: the CUDA driver exports GPU memory, ibv_reg_dmabuf_mr)";
+    return GpuDirect::kDmaBuf;
+  }
+  *why = absl::StrCat("no (nvidia_peermem is not loaded; dma-buf: ", dmabuf, ")");
+  return GpuDirect::kNone;
 }
 
 absl::StatusOr<std::unique_ptr<RdmaDevice>> RdmaDevice::Open(RdmaDeviceOptions options) {
@@ -78,17 +90,26 @@ absl::StatusOr<std::unique_ptr<RdmaDevice>> RdmaDevice::Open(RdmaDeviceOptions o
   d->port_.connect.path_mtu = info->active_mtu;
   d->link_layer_ = info->link_layer;
   const bool emulated = std::strcmp(verbs.name, "libibverbs") != 0;
-  bool peermem = false;
-  if (emulated) {
+  GpuDirect gpudirect = GpuDirect::kNone;
+  if (options.export_dmabuf) {
+    gpudirect = GpuDirect::kDmaBuf;
+    d->port_.export_dmabuf = options.export_dmabuf;
+    d->gpudirect_reason_ = "yes (dma-buf, the given exporter)";
+  } else if (emulated) {
     d->gpudirect_reason_ = "no (emulated verbs)";
   } else {
-    peermem = DetectPeerMemory(&d->gpudirect_reason_);
+    gpudirect = DetectGpuDirect(&d->gpudirect_reason_);
+    d->port_.export_dmabuf = [](const void* ptr, size_t size) -> absl::StatusOr<DmaBuf> {
+      absl::StatusOr<cuda::DmaBufExport> e = cuda::ExportDmaBuf(ptr, size);
+      if (!e.ok()) return e.status();
+      return DmaBuf{e->fd, e->offset};
+    };
   }
-  d->port_.cuda_memory = peermem;
+  d->port_.gpudirect = gpudirect;
 
   d->properties_.name = "rdma";
   d->properties_.host_memory = true;
-  d->properties_.cuda_memory = peermem;
+  d->properties_.cuda_memory = gpudirect != GpuDirect::kNone;
   d->properties_.link_gbps = info->speed_gbps();
   d->properties_.max_in_flight = options.max_in_flight;
   d->description_ = absl::StrCat(

@@ -25,6 +25,11 @@ struct RdmaDeviceOptions {
   int max_in_flight = 32;
   // The bootstrap connections' device options (the data-plane listener).
   TcpDeviceOptions bootstrap;
+  // GPUDirect RDMA by dma-buf: what exports device memory. Null: the CUDA
+  // driver's (cuda::ExportDmaBuf), used when GPU 0 can export dma-bufs and
+  // nvidia_peermem is not loaded. Tests give their own to run the
+  // registration path against the emulation.
+  DmaBufExporter export_dmabuf;
 };
 
 class RdmaDevice final : public Device {
@@ -52,8 +57,9 @@ class RdmaDevice final : public Device {
   // index 0; GPUDirect RDMA: no (<why>)".
   const std::string& description() const { return description_; }
   rdma::LinkLayer link_layer() const { return link_layer_; }
-  // Whether device memory registers directly, and why not.
+  // Whether device memory registers directly, how, and why not.
   bool gpudirect() const { return properties_.cuda_memory; }
+  GpuDirect gpudirect_mode() const { return port_.gpudirect; }
   const std::string& gpudirect_reason() const { return gpudirect_reason_; }
 
  private:
@@ -72,6 +78,9 @@ class RdmaDevice final : public Device {
 // GPUDirect RDMA on this host: whether the NVIDIA peer-memory module is
 // loaded (then ibv_reg_mr takes device pointers), with the reason either way.
 bool DetectPeerMemory(std::string* why);
+// How device memory would register here, with the reason: peer memory, else
+// dma-buf when the CUDA driver can export GPU 0's memory, else none.
+GpuDirect DetectGpuDirect(std::string* why);
 
 }  // namespace gradsync::transport
 
