@@ -22,14 +22,10 @@ const char* DeviceName(DeviceKind kind) {
   return "?";
 }
 
-namespace {
-// The test process's verbs emulation (never destroyed: clusters of any test
-// may still hold contexts on it at exit).
 const rdma::VerbsEmulation& Emulation() {
-  static auto* emu = new rdma::VerbsEmulation();
+  static auto* emu = new rdma::VerbsEmulation();  // never destroyed: contexts may outlive tests
   return *emu;
 }
-}  // namespace
 
 Cluster MakeCluster(int world, const std::string& job, DeviceKind device,
                     const transport::InProcFaults& faults) {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "rdma/verbs_emulation.h"
 #include "transport/inproc.h"
 #include "transport/tcp_listener.h"
 #include "transport/memory.h"
@@ -25,6 +26,9 @@ inline constexpr DeviceKind kAllDevices[] = {DeviceKind::kTcp, DeviceKind::kInPr
                                              DeviceKind::kRdma};
 // "tcp", "inproc", "rdma-emulated".
 const char* DeviceName(DeviceKind kind);
+
+// The process's verbs emulation that kRdma clusters run on (its stats).
+const rdma::VerbsEmulation& Emulation();
 
 // The host memory of a vector, as an op's buffer.
 template <class V>
