@@ -34,6 +34,16 @@ int LaunchReduce(int dtype, int op, void* dst, const void* src, size_t count, vo
 // (checked by the caller).
 int LaunchDivide(int dtype, void* data, size_t count, int64_t divisor, void* stream);
 
+// --- convert_kernels.cu ------------------------------------------------------
+// Enqueues the scaled conversion of kernels/scaled_convert.h: n f32 values of
+// `in` to `dtype` (kF16, kBF16, kF8E4M3, kF8E5M2) in `out`, one power-of-two
+// scale per chunk of `chunk` elements written to `scales`; and back.
+// cudaErrorInvalidValue for another dtype or chunk == 0.
+int LaunchEncodeScaled(int dtype, const float* in, size_t n, size_t chunk, float* scales,
+                       void* out, void* stream);
+int LaunchDecodeScaled(int dtype, const void* in, size_t n, size_t chunk, const float* scales,
+                       float* out, void* stream);
+
 // The toolkit's host-side fp8 conversion (cuda_fp8.h, __NV_SATFINITE) of n floats;
 // cudaErrorInvalidValue for a non-fp8 dtype. Runs on the CPU, no GPU needed.
 int HostFloatToFp8(int dtype, const float* in, uint8_t* out, size_t n);

@@ -144,6 +144,50 @@ absl::Status CudaReduceInto(DType dtype, ReduceOp op, void* dst_device, const vo
   return absl::OkStatus();
 }
 
+namespace {
+absl::Status CheckScaled(DType t, size_t chunk) {
+  if (t != DType::kF16 && t != DType::kBF16 && t != DType::kF8E4M3 && t != DType::kF8E5M2) {
+    return absl::InvalidArgumentError(absl::StrCat("scaled conversion to ", DTypeName(t),
+                                                   ": expected f16, bf16, f8e4m3 or f8e5m2"));
+  }
+  if (chunk == 0) return absl::InvalidArgumentError("scaled conversion in chunks of 0 elements");
+  return CudaUsable();
+}
+}  // namespace
+
+absl::Status CudaEncodeScaled(DType to, const float* in_device, size_t n, size_t chunk,
+                              void* out_device, float* scales_device, void* stream) {
+  RETURN_IF_ERROR(CheckScaled(to, chunk));
+  if (n == 0) return absl::OkStatus();
+  RETURN_IF_ERROR(ValidateDevicePointer("in", in_device, DType::kF32));
+  RETURN_IF_ERROR(ValidateDevicePointer("out", out_device, to));
+  RETURN_IF_ERROR(ValidateDevicePointer("scales", scales_device, DType::kF32));
+  const int err = rt::LaunchEncodeScaled(static_cast<int>(to), in_device, n, chunk, scales_device,
+                                         out_device, stream);
+  if (err != rt::kCudaSuccess) {
+    return CudaCallError(absl::StrCat("scaled encode to ", DTypeName(to), " (", n, " elements)"),
+                         err);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaDecodeScaled(DType from, const void* in_device, size_t n, size_t chunk,
+                              const float* scales_device, float* out_device, void* stream) {
+  RETURN_IF_ERROR(CheckScaled(from, chunk));
+  if (n == 0) return absl::OkStatus();
+  RETURN_IF_ERROR(ValidateDevicePointer("in", in_device, from));
+  RETURN_IF_ERROR(ValidateDevicePointer("out", out_device, DType::kF32));
+  RETURN_IF_ERROR(ValidateDevicePointer("scales", scales_device, DType::kF32));
+  const int err = rt::LaunchDecodeScaled(static_cast<int>(from), in_device, n, chunk,
+                                         scales_device, out_device, stream);
+  if (err != rt::kCudaSuccess) {
+    return CudaCallError(absl::StrCat("scaled decode from ", DTypeName(from), " (", n,
+                                      " elements)"),
+                         err);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CudaDivideBy(DType dtype, void* data_device, size_t count, int64_t divisor,
                           void* stream) {
   RETURN_IF_ERROR(ValidateDType(dtype));

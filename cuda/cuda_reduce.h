@@ -83,6 +83,16 @@ absl::Status CudaReduceInto(DType dtype, ReduceOp op, void* dst_device, const vo
 absl::Status CudaDivideBy(DType dtype, void* data_device, size_t count, int64_t divisor,
                           void* stream);
 
+// kernels/scaled_convert.h on the device, bit for bit: encodes n f32 values
+// into `to` (f16, bf16, f8e4m3, f8e5m2) with a power-of-two scale per chunk
+// of `chunk` elements (ScaledChunks(n, chunk) floats in `scales_device`),
+// and decodes them back, enqueued on `stream`. kInvalidArgument for another
+// type, chunk 0 or a pointer CUDA cannot use.
+absl::Status CudaEncodeScaled(DType to, const float* in_device, size_t n, size_t chunk,
+                              void* out_device, float* scales_device, void* stream);
+absl::Status CudaDecodeScaled(DType from, const void* in_device, size_t n, size_t chunk,
+                              const float* scales_device, float* out_device, void* stream);
+
 // The CUDA toolkit's own float -> fp8 conversion (cuda_fp8.h's host path of
 // __nv_cvt_float_to_fp8 with __NV_SATFINITE, which the kernels use on the GPU),
 // for n floats; runs on the CPU and needs no GPU. The reference common/fp8.h is

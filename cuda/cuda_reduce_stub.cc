@@ -31,6 +31,12 @@ absl::Status CudaReduceInto(DType, ReduceOp, void*, const void*, size_t, void*) 
 }
 
 absl::Status CudaDivideBy(DType, void*, size_t, int64_t, void*) { return NotUsable(); }
+absl::Status CudaEncodeScaled(DType, const float*, size_t, size_t, void*, float*, void*) {
+  return NotUsable();
+}
+absl::Status CudaDecodeScaled(DType, const void*, size_t, size_t, const float*, float*, void*) {
+  return NotUsable();
+}
 
 absl::Status CudaSynchronize(void*) { return NotUsable(); }
 

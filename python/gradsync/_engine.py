@@ -1,7 +1,8 @@
 """Runs torch tensors' collectives through one gradsync session: staging
-through pooled shared-memory buffers, and completion of torch futures on a
-progress thread (in submission order, the order the daemon runs them).
-Internal to gradsync.torch."""
+through pooled buffers (shared memory for CPU tensors, device buffers on the
+tensor's GPU for CUDA tensors), and completion of torch futures on a progress
+thread (in submission order, the order the daemon runs them). Internal to
+gradsync.torch."""
 
 from __future__ import annotations
 
@@ -23,14 +24,23 @@ _TORCH_DTYPES = {torch.float32: "f32", torch.float64: "f64", torch.float16: "f16
                  torch.uint8: "u8"}
 
 
+def check_device(t: torch.Tensor) -> None:
+    """CPU tensors, and CUDA tensors (staged through device buffers)."""
+    if t.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"gradsync: tensors on {t.device} are not supported (cpu or cuda)")
+
+
 def gradsync_dtype(t: torch.Tensor) -> str:
     name = _TORCH_DTYPES.get(t.dtype)
     if name is None:
         raise ValueError(f"gradsync: unsupported tensor dtype {t.dtype} "
                          f"(supported: {', '.join(str(d) for d in _TORCH_DTYPES)})")
-    if t.device.type != "cpu":
-        raise ValueError(f"gradsync: tensors on {t.device} are not supported yet (CPU tensors only)")
+    check_device(t)
     return name
+
+
+def _cuda(device: Optional[torch.device]) -> bool:
+    return device is not None and device.type == "cuda"
 
 
 def daemon_target() -> str:
@@ -103,7 +113,8 @@ class Engine:
             client_name=f"torch rank {rank} pid {os.getpid()}")
         self._pool: Dict[int, List] = collections.defaultdict(list)
         self._pool_lock = threading.Lock()
-        self._queue: Deque[Tuple[Work, Callable[[], object], torch.futures.Future, list]] = collections.deque()
+        self._queue: Deque[Tuple[Work, Callable[[], object], torch.futures.Future, list,
+                                 Optional[torch.device]]] = collections.deque()
         self._cv = threading.Condition()
         self._closing = False
         self._broken: Optional[str] = None
@@ -111,26 +122,31 @@ class Engine:
         self._thread.start()
         _live_engines.add(self)
 
-    # Staging: shared-memory buffers by size class (powers of two), reused;
-    # at most POOL_PER_CLASS per class are kept, none above POOL_MAX_BYTES.
+    # Staging: buffers by device and size class (powers of two), reused; at
+    # most POOL_PER_CLASS per class are kept, none above POOL_MAX_BYTES. CPU
+    # tensors stage through shared memory, CUDA tensors through device
+    # buffers on their GPU (a device-to-device copy each way).
     POOL_PER_CLASS = 4
     POOL_MAX_BYTES = 64 << 20
 
-    def stage(self, nbytes: int):
+    def stage(self, nbytes: int, device: Optional[torch.device] = None):
         size = 1 << max(12, (max(1, nbytes) - 1).bit_length())
+        index = -1
+        if _cuda(device):
+            index = device.index if device.index is not None else torch.cuda.current_device()
         with self._pool_lock:
-            free = self._pool[size]
+            free = self._pool[(index, size)]
             if free:
                 return free.pop()
-        buf = self.session.alloc(size)
-        buf.size_class = size
+        buf = self.session.alloc(size) if index < 0 else self.session.alloc_device(size, index)
+        buf.size_class = (index, size)
         return buf
 
     def unstage(self, buf) -> None:
         """Returns a staging buffer whose op is over (never one that may still run)."""
         with self._pool_lock:
             free = self._pool[buf.size_class]
-            if buf.size_class <= self.POOL_MAX_BYTES and len(free) < self.POOL_PER_CLASS:
+            if buf.size_class[1] <= self.POOL_MAX_BYTES and len(free) < self.POOL_PER_CLASS:
                 free.append(buf)
                 return
         buf.free()
@@ -140,13 +156,19 @@ class Engine:
 
     def submit(self, kind: str, buf, dtype: torch.dtype, count: int, finish: Callable[[], object],
                op: str = "sum", root: int = 0, name: Optional[str] = None,
-               staged: Optional[list] = None) -> torch.futures.Future:
+               staged: Optional[list] = None,
+               device: Optional[torch.device] = None) -> torch.futures.Future:
         """Submits `kind` on the first `count` elements of staging buffer `buf`;
         the future gets finish()'s value once the op is done and finish() ran.
-        The staged buffers go back to the pool once the op is over."""
+        The staged buffers go back to the pool once the op is over. For a
+        CUDA `device` the copies into the staging buffer (on the caller's
+        stream) finish before the op is submitted, and finish()'s copies out
+        before the future completes and the buffer is reused."""
         staged = staged or []
         fut = torch.futures.Future()
         try:
+            if _cuda(device):
+                torch.cuda.current_stream(device).synchronize()
             with self._cv:
                 if self._broken is not None:
                     raise RuntimeError(f"gradsync: this process group is unusable: {self._broken}")
@@ -162,7 +184,7 @@ class Engine:
                 self.unstage(b)
             raise
         with self._cv:
-            self._queue.append((work, finish, fut, staged))
+            self._queue.append((work, finish, fut, staged, device))
             self._cv.notify()
         return fut
 
@@ -174,11 +196,13 @@ class Engine:
                         self._cv.wait()
                     if not self._queue:
                         return
-                    work, finish, fut, staged = self._queue[0]
+                    work, finish, fut, staged, device = self._queue[0]
                 over = True  # the op ended (done, or failed with its own error)
                 try:
                     work.wait(self.timeout_s + 5)
                     value, error = finish(), None
+                    if _cuda(device):
+                        torch.cuda.synchronize(device)  # the copies out, before reuse
                 except Exception as e:  # surfaces in Work.wait() / the future
                     value, error = None, e
                     over = work.done()  # a wait that ran out leaves the op running
@@ -200,7 +224,7 @@ class Engine:
         with self._cv:
             self._broken = self._broken or why
             pending, self._queue = list(self._queue), collections.deque()
-        for _, _, fut, _ in pending:
+        for _, _, fut, _, _ in pending:
             if not fut.done():
                 fut.set_exception(RuntimeError(f"gradsync: {why}"))
 

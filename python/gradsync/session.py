@@ -113,37 +113,63 @@ class Buffer:
         lib = _capi.lib()
         self.address: int = lib.gs_buffer_data(handle)
         self.nbytes: int = lib.gs_buffer_size(handle)
-        self._bytes = (ctypes.c_char * self.nbytes).from_address(self.address)
-        self._bytes._owner = self  # a view (which holds _bytes) keeps its Buffer alive
-        # Released when the buffer and its last view are gone; not at exit,
-        # where other threads may still use the memory (the exit unmaps it).
-        self._unmap = weakref.finalize(self._bytes, _release, session, handle)
+        # The CUDA device (this process's ordinal) of a device buffer, else -1.
+        self.cuda_device: int = lib.gs_buffer_cuda_device(handle)
+        if self.cuda_device >= 0:
+            # Device memory: no host view; torch() views it on the GPU. A view
+            # holds the Buffer (through its __cuda_array_interface__ object).
+            self._bytes = None
+            self._unmap = weakref.finalize(self, _release, session, handle)
+        else:
+            self._bytes = (ctypes.c_char * self.nbytes).from_address(self.address)
+            self._bytes._owner = self  # a view (which holds _bytes) keeps its Buffer alive
+            # Released when the buffer and its last view are gone; not at exit,
+            # where other threads may still use the memory (the exit unmaps it).
+            self._unmap = weakref.finalize(self._bytes, _release, session, handle)
         self._unmap.atexit = False
 
+    def _host_only(self, what: str) -> None:
+        if self.cuda_device >= 0:
+            raise error(3, f"gradsync: {what} of a device buffer (cuda:{self.cuda_device}); "
+                           "use torch() for a CUDA tensor view")
+
     def __buffer__(self, flags):  # Python 3.12+; older ones use memoryview(buf.bytes)
+        self._host_only("a memoryview")
         return memoryview(self._bytes)
 
     @property
     def bytes(self) -> memoryview:
-        """The buffer's bytes, writable (the buffer protocol)."""
+        """The buffer's bytes, writable (the buffer protocol); host buffers only."""
+        self._host_only("the bytes")
         return memoryview(self._bytes).cast("B")
 
     def numpy(self, dtype: Any = "float32", count: Optional[int] = None, offset: int = 0):
         """A numpy array over `count` elements at byte `offset` (default: all that fit)."""
         import numpy
+        self._host_only("a numpy array")
         dt = numpy.dtype(dtype)
         if count is None:
             count = (self.nbytes - offset) // dt.itemsize
         return numpy.frombuffer(self._bytes, dtype=dt, count=count, offset=offset)
 
     def torch(self, dtype: Any = None, count: Optional[int] = None, offset: int = 0):
-        """A CPU torch tensor over the buffer (no copy)."""
+        """A torch tensor over the buffer (no copy): on the CPU for a host
+        buffer, on cuda:N for a device buffer (needs a torch with CUDA)."""
         import torch
         dtype = torch.float32 if dtype is None else dtype
         esize = torch.empty((), dtype=dtype).element_size()
         if count is None:
             count = (self.nbytes - offset) // esize
-        return torch.frombuffer(self._bytes, dtype=dtype, count=count, offset=offset)
+        if offset < 0 or count < 0 or offset + count * esize > self.nbytes:
+            raise error(3, f"gradsync: {count} elements at byte {offset} exceed the buffer's "
+                           f"{self.nbytes} bytes")
+        if self.cuda_device < 0:
+            return torch.frombuffer(self._bytes, dtype=dtype, count=count, offset=offset)
+        if not torch.cuda.is_available():
+            raise error(9, f"gradsync: a device buffer (cuda:{self.cuda_device}) needs a torch "
+                           f"with CUDA; this one ({torch.__version__}) has none")
+        return torch.as_tensor(_CudaArray(self, dtype, count, offset),
+                               device=f"cuda:{self.cuda_device}")
 
     def free(self) -> None:
         """Frees the buffer at the daemon and unmaps it now: every view of it
@@ -152,6 +178,27 @@ class Buffer:
             handle, self._handle = self._handle, 0
             self._unmap.detach()
             _check(_free_buffer(self._session, handle))
+
+
+_TYPESTR = {"float32": "<f4", "float64": "<f8", "float16": "<f2", "bfloat16": "<V2",
+            "int32": "<i4", "int64": "<i8", "uint8": "|u1", "int8": "|i1", "bool": "|b1"}
+
+
+class _CudaArray:
+    """A device buffer's range as __cuda_array_interface__ (version 3), so
+    torch.as_tensor views it without a copy; the tensor keeps this object, and
+    so the Buffer, alive."""
+
+    def __init__(self, buf: Buffer, dtype, count: int, offset: int):
+        name = str(dtype).replace("torch.", "")
+        if name not in _TYPESTR:
+            raise error(3, f"gradsync: no CUDA view of dtype {dtype}")
+        self._buf = buf
+        self.__cuda_array_interface__ = {
+            "shape": (count,), "typestr": _TYPESTR[name], "descr": [("", _TYPESTR[name])],
+            "data": (buf.address + offset, False), "strides": None, "version": 3,
+            "stream": None,  # the daemon's ops complete before Work.wait returns
+        }
 
 
 def _still_running(code: int) -> bool:
@@ -275,10 +322,7 @@ class Session(_Closable):
         out = ctypes.c_void_p()
         with self._using() as handle:
             _check(_capi.lib().gs_buffer_alloc(handle, int(nbytes), ctypes.byref(out)))
-        buf = Buffer(self, out.value)
-        with self._lock:
-            self._buffers[buf.address] = buf
-        return buf
+        return self._add(Buffer(self, out.value))
 
     def register_fd(self, fd: int, nbytes: int, offset: int = 0) -> Buffer:
         """Registers `nbytes` at `offset` (page-aligned) of the file behind
@@ -291,7 +335,31 @@ class Session(_Closable):
         with self._using() as handle:
             _check(_capi.lib().gs_buffer_register_fd(handle, int(fd), int(offset), int(nbytes),
                                                      ctypes.byref(out)))
-        buf = Buffer(self, out.value)
+        return self._add(Buffer(self, out.value))
+
+    def alloc_device(self, nbytes: int, cuda_device: int = 0) -> Buffer:
+        """A new buffer of at least `nbytes` bytes in the memory of this
+        process's CUDA device `cuda_device`, allocated by the daemon (shared
+        by CUDA IPC); its torch() is a CUDA tensor. Fails, saying why, where
+        this process or the daemon has no usable GPU."""
+        out = ctypes.c_void_p()
+        with self._using() as handle:
+            _check(_capi.lib().gs_buffer_alloc_device(handle, int(nbytes), int(cuda_device),
+                                                      ctypes.byref(out)))
+        return self._add(Buffer(self, out.value))
+
+    def register_device(self, device_ptr: int, nbytes: int) -> Buffer:
+        """Registers CUDA memory this process holds ([device_ptr, +nbytes)
+        inside one cudaMalloc allocation, e.g. a CUDA tensor's data_ptr()): ops
+        on the buffer read and write it in place. Keep the memory allocated
+        while the buffer lives."""
+        out = ctypes.c_void_p()
+        with self._using() as handle:
+            _check(_capi.lib().gs_buffer_register_device(handle, ctypes.c_void_p(int(device_ptr)),
+                                                         int(nbytes), ctypes.byref(out)))
+        return self._add(Buffer(self, out.value))
+
+    def _add(self, buf: Buffer) -> Buffer:
         with self._lock:
             self._buffers[buf.address] = buf
         return buf
@@ -302,11 +370,18 @@ class Session(_Closable):
         dt = numpy.dtype(dtype)
         return self.alloc(max(1, count * dt.itemsize)).numpy(dt, count)
 
-    def empty_tensor(self, count: int, dtype: Any = None):
-        """A CPU torch tensor of `count` elements in a new shared-memory buffer."""
+    def empty_tensor(self, count: int, dtype: Any = None, device: Any = None):
+        """A torch tensor of `count` elements in a new buffer: shared memory
+        for the CPU (device None or "cpu"), the GPU's memory for "cuda:N"."""
         import torch
         dtype = torch.float32 if dtype is None else dtype
         esize = torch.empty((), dtype=dtype).element_size()
+        dev = torch.device(device) if device is not None else torch.device("cpu")
+        if dev.type == "cuda":
+            index = dev.index if dev.index is not None else torch.cuda.current_device()
+            return self.alloc_device(max(1, count * esize), index).torch(dtype, count)
+        if dev.type != "cpu":
+            raise error(3, f"gradsync: tensors on {dev} are not supported (cpu or cuda)")
         return self.alloc(max(1, count * esize)).torch(dtype, count)
 
     def _locate(self, array: Any) -> Tuple[Buffer, int, int]:

@@ -10,10 +10,12 @@
 
 The daemon is $GRADSYNC_DAEMON (or entry $LOCAL_RANK of $GRADSYNC_DAEMONS),
 default unix:/run/gradsync/gradsyncd.sock. Ranks agree on a gradsync job id
-through the process group's c10d store. CPU tensors of f32, f64, f16, bf16,
-i32, i64 and u8. Each op is staged through a pooled shared-memory buffer (one
-copy in, one copy out) and completes on a progress thread; errors (which rank,
-which op) surface from Work.wait() as RuntimeError. See docs/python.md.
+through the process group's c10d store. CPU and CUDA tensors of f32, f64, f16,
+bf16, i32, i64 and u8. Each op is staged through a pooled buffer (one copy in,
+one copy out): shared memory for CPU tensors, a device buffer on the tensor's
+GPU for CUDA tensors (where the installed torch has CUDA); it completes on a
+progress thread; errors (which rank, which op) surface from Work.wait() as
+RuntimeError. See docs/python.md.
 """
 
 import collections
@@ -26,7 +28,7 @@ from typing import List, Optional
 import torch
 import torch.distributed as dist
 
-from ._engine import Engine, gradsync_dtype
+from ._engine import Engine, check_device, gradsync_dtype
 
 __all__ = ["ProcessGroupGradsync", "HookState", "allreduce_hook", "BACKEND"]
 
@@ -140,8 +142,7 @@ class ProcessGroupGradsync(dist.ProcessGroup):
     # One tensor in place: allreduce and reduce in its dtype; broadcast as bytes
     # (any dtype: bool, int8, complex, ... move as they are).
     def _in_place(self, kind: str, tensor: torch.Tensor, op: str = "sum", root: int = 0):
-        if tensor.device.type != "cpu":
-            raise ValueError(f"gradsync: tensors on {tensor.device} are not supported yet (CPU only)")
+        check_device(tensor)
         if tensor.numel() == 0:
             return _completed([tensor])
         as_bytes = kind == "broadcast"
@@ -150,7 +151,7 @@ class ProcessGroupGradsync(dist.ProcessGroup):
             gradsync_dtype(tensor)
         e = self._engine
         n = tensor.numel() * tensor.element_size() if as_bytes else tensor.numel()
-        buf = e.stage(tensor.numel() * tensor.element_size())
+        buf = e.stage(tensor.numel() * tensor.element_size(), tensor.device)
         staging = e.view(buf, dtype, n)
         flat = tensor.reshape(-1)
         staging.copy_(flat.contiguous().view(torch.uint8) if as_bytes else flat)
@@ -161,7 +162,8 @@ class ProcessGroupGradsync(dist.ProcessGroup):
                 result = staging.view(tensor.dtype) if as_bytes else staging
                 tensor.copy_(result.view(tensor.shape))
             return [tensor]
-        return _work(e.submit(kind, buf, dtype, n, finish, op=op, root=root, staged=[buf]))
+        return _work(e.submit(kind, buf, dtype, n, finish, op=op, root=root, staged=[buf],
+                              device=tensor.device))
 
     def allreduce(self, tensors, opts=None):
         opts = opts or dist.AllreduceOptions()
@@ -191,9 +193,11 @@ class ProcessGroupGradsync(dist.ProcessGroup):
                              f"output tensors; got {len(inputs)} and {len(outputs)}")
         ref = inputs[0]
         for t in list(inputs) + list(outputs):
-            if t.numel() != ref.numel() or t.dtype != ref.dtype or t.device.type != "cpu":
-                raise ValueError(f"gradsync: {kind} needs CPU tensors of {ref.numel()} {ref.dtype} "
-                                 f"elements each; got {t.numel()} {t.dtype} on {t.device}")
+            if t.numel() != ref.numel() or t.dtype != ref.dtype or t.device != ref.device:
+                raise ValueError(f"gradsync: {kind} needs tensors of {ref.numel()} {ref.dtype} "
+                                 f"elements each on {ref.device}; got {t.numel()} {t.dtype} on "
+                                 f"{t.device}")
+        check_device(ref)
         if ref.numel() == 0:
             return _completed(outputs)
         as_bytes = kind != "reduce_scatter"
@@ -202,7 +206,7 @@ class ProcessGroupGradsync(dist.ProcessGroup):
         dtype = torch.uint8 if as_bytes else ref.dtype
         block = ref.numel() * ref.element_size() if as_bytes else ref.numel()
         e = self._engine
-        buf = e.stage(n * ref.numel() * ref.element_size())
+        buf = e.stage(n * ref.numel() * ref.element_size(), ref.device)
         staging = e.view(buf, dtype, n * block)
 
         def put(j: int, t: torch.Tensor) -> None:
@@ -226,7 +230,8 @@ class ProcessGroupGradsync(dist.ProcessGroup):
                 for j, t in enumerate(outputs):
                     get(j, t)
             return outputs
-        return _work(e.submit(kind, buf, dtype, n * block, finish, op=op, staged=[buf]))
+        return _work(e.submit(kind, buf, dtype, n * block, finish, op=op, staged=[buf],
+                              device=ref.device))
 
     def allgather(self, output_tensors, input_tensors, opts=None):
         if len(output_tensors) != 1:
@@ -353,7 +358,7 @@ def allreduce_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.F
     tensor = bucket.buffer()
     e = state.engine
     n = tensor.numel()
-    buf = e.stage(n * tensor.element_size())
+    buf = e.stage(n * tensor.element_size(), tensor.device)
     staging = e.view(buf, tensor.dtype, n)
     staging.copy_(tensor)
     state.buckets += 1
@@ -364,4 +369,4 @@ def allreduce_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.F
         tensor.copy_(staging)
         return tensor
     return e.submit("allreduce", buf, tensor.dtype, n, finish, op="avg",
-                    name=f"bucket{bucket.index()}", staged=[buf])
+                    name=f"bucket{bucket.index()}", staged=[buf], device=tensor.device)

@@ -289,6 +289,19 @@ class Errors(unittest.TestCase):
             np.testing.assert_array_equal(out[r][0], want)
             self.assertIn("needs 1073741824", out[r][1])
 
+    def test_device_buffers_without_cuda_say_why(self):
+        with gradsync.Client(TARGETS[0]) as c, \
+                c.open_session(job_name("device"), 1, rank=0, timeout=10) as s:
+            with self.assertRaises(gradsync.FailedPrecondition) as cm:
+                s.alloc_device(1 << 20, 0)
+            self.assertIn("device buffers need CUDA in this process", str(cm.exception))
+            with self.assertRaises(gradsync.FailedPrecondition) as cm:
+                s.register_device(0x7f0000000000, 4096)
+            self.assertIn("RegisterDeviceBuffer", str(cm.exception))
+            host = s.alloc(64)
+            self.assertEqual(host.cuda_device, -1)  # a host buffer
+            self.assertEqual(len(host.bytes), host.nbytes)
+
     def test_unreachable_daemon(self):
         with self.assertRaises(gradsync.Unavailable) as cm:
             gradsync.Client("unix-abstract:gradsync-no-such-daemon", timeout=0.5)

@@ -1,8 +1,9 @@
 """The torch.distributed backend "gradsync" on real processes and a real
 daemon ($GRADSYNC_DAEMON): every collective the backend implements, every
 dtype and reduce op, exact against values every rank can compute; async ops;
-errors (a rank that never submits, an unsupported dtype) surfacing from
-wait(); and destroy_process_group followed by a fresh group.
+errors (a rank that never submits, an unsupported dtype or device) surfacing
+from wait(); CUDA tensors where this torch has CUDA (Debian's has not); and
+destroy_process_group followed by a fresh group.
 
 Run without --worker it launches WORLD processes of itself and fails if any
 rank fails."""
@@ -107,6 +108,25 @@ def worker():
         raise AssertionError("int16 accepted")
     except ValueError as e:
         assert "torch.int16" in str(e), e
+    dist.barrier()
+    # A device gradsync does not stage through is refused, naming it.
+    try:
+        dist.all_reduce(torch.zeros(3, device="meta"))
+        raise AssertionError("a meta tensor accepted")
+    except ValueError as e:
+        assert "tensors on meta are not supported (cpu or cuda)" in str(e), e
+    if torch.cuda.is_available():  # CUDA tensors, staged through device buffers
+        dev = torch.device("cuda", rank % torch.cuda.device_count())
+        g = torch.arange(1 << 20, dtype=torch.float32, device=dev) * (rank + 1)
+        dist.all_reduce(g)
+        want = torch.arange(1 << 20, dtype=torch.float32, device=dev) * (world * (world + 1) // 2)
+        assert torch.equal(g, want), (g[:3], want[:3])
+        outs = [torch.zeros(4, dtype=torch.int32, device=dev) for _ in range(world)]
+        dist.all_gather(outs, torch.full((4,), rank, dtype=torch.int32, device=dev))
+        assert [o[0].item() for o in outs] == list(range(world)), outs
+        print(f"rank {rank}: CUDA tensors on {dev} ok")
+    else:
+        print(f"rank {rank}: this torch has no CUDA; CUDA tensors not exercised")
     dist.barrier()
     dist.destroy_process_group()
     # A fresh group (a new gradsync job); an op rank 2 never submits fails on
