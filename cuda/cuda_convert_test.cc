@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "cuda/cuda_reduce.h"
+#include "cuda/cuda_testing.h"
 #include "gtest/gtest.h"
 #include "kernels/scaled_convert.h"
 
@@ -39,19 +40,7 @@ TEST(CudaScaledConvert, RefusesTypesItDoesNotConvertTo) {
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
 }
 
-class CudaScaledConvertGpu : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (!CudaAvailable()) {
-      const std::string reason(ListCudaDevices().status().message());
-      const char* require = std::getenv("GRADSYNC_REQUIRE_CUDA");
-      if (require != nullptr && std::string(require) == "1") {
-        FAIL() << "GRADSYNC_REQUIRE_CUDA=1 but CUDA is not usable: " << reason;
-      }
-      GTEST_SKIP() << "no usable CUDA device: " << reason;
-    }
-  }
-};
+using CudaScaledConvertGpu = CudaGpuTest;
 
 bool SameFloat(float a, float b) {
   uint32_t x, y;

@@ -1,4 +1,5 @@
 #include "cuda/cuda_reduce.h"
+#include "cuda/cuda_testing.h"
 
 #include <cmath>
 #include <cstdint>
@@ -368,21 +369,8 @@ std::string HexElement(DType dtype, const std::vector<uint8_t>& bytes, size_t i)
 
 constexpr size_t kCounts[] = {0, 1, 7, 1000, (size_t{1} << 20) + 3};
 
-class CudaGpuTest : public ::testing::Test {
+class CudaGpuReduceTest : public CudaGpuTest {
  protected:
-  // On a GPU host, run with --test_env=GRADSYNC_REQUIRE_CUDA=1 so that a missing
-  // device or a too-old driver fails the test instead of skipping it.
-  void SetUp() override {
-    if (!CudaAvailable()) {
-      const std::string reason(ListCudaDevices().status().message());
-      const char* require = std::getenv("GRADSYNC_REQUIRE_CUDA");
-      if (require != nullptr && std::string(require) == "1") {
-        FAIL() << "GRADSYNC_REQUIRE_CUDA=1 but CUDA is not usable: " << reason;
-      }
-      GTEST_SKIP() << "no usable CUDA device, skipping GPU comparisons: " << reason;
-    }
-  }
-
   // Runs dst OP src on the device with the operands at element offsets
   // dst_offset / src_offset inside their buffers, and compares with RefReduce.
   void CheckReduce(DType dtype, ReduceOp op, size_t count, size_t dst_offset, size_t src_offset,
@@ -418,7 +406,7 @@ class CudaGpuTest : public ::testing::Test {
   }
 };
 
-class CudaReduceAllTypesTest : public CudaGpuTest,
+class CudaReduceAllTypesTest : public CudaGpuReduceTest,
                                public ::testing::WithParamInterface<std::tuple<DType, ReduceOp>> {};
 
 TEST_P(CudaReduceAllTypesTest, MatchesScalarReferenceBitExactly) {
@@ -445,7 +433,7 @@ INSTANTIATE_TEST_SUITE_P(AllDTypesAndOps, CudaReduceAllTypesTest,
                                                ReduceOpName(std::get<1>(info.param)));
                          });
 
-class CudaDivideTest : public CudaGpuTest, public ::testing::WithParamInterface<DType> {};
+class CudaDivideTest : public CudaGpuReduceTest, public ::testing::WithParamInterface<DType> {};
 
 TEST_P(CudaDivideTest, MatchesScalarReferenceBitExactly) {
   const DType dtype = GetParam();
@@ -482,7 +470,7 @@ INSTANTIATE_TEST_SUITE_P(AllDTypes, CudaDivideTest, ::testing::ValuesIn(kAllDTyp
                            return std::string(DTypeName(info.param));
                          });
 
-TEST_F(CudaGpuTest, ListsDevicesWithNamesAndMemory) {
+TEST_F(CudaGpuReduceTest, ListsDevicesWithNamesAndMemory) {
   const absl::StatusOr<std::vector<CudaDeviceInfo>> devices = ListCudaDevices();
   ASSERT_TRUE(devices.ok()) << devices.status();
   ASSERT_FALSE(devices->empty());
@@ -495,7 +483,7 @@ TEST_F(CudaGpuTest, ListsDevicesWithNamesAndMemory) {
   }
 }
 
-TEST_F(CudaGpuTest, ReducesOnAnExplicitStream) {
+TEST_F(CudaGpuReduceTest, ReducesOnAnExplicitStream) {
   absl::StatusOr<Stream> stream = Stream::Create();
   ASSERT_TRUE(stream.ok()) << stream.status();
   ASSERT_NE(stream->get(), nullptr);
@@ -504,7 +492,7 @@ TEST_F(CudaGpuTest, ReducesOnAnExplicitStream) {
   EXPECT_TRUE(stream->Synchronize().ok());
 }
 
-TEST_F(CudaGpuTest, AverageIsSumThenDivide) {
+TEST_F(CudaGpuReduceTest, AverageIsSumThenDivide) {
   const size_t count = 12345;
   std::vector<float> a(count), b(count), want(count);
   for (size_t i = 0; i < count; ++i) {
@@ -525,7 +513,7 @@ TEST_F(CudaGpuTest, AverageIsSumThenDivide) {
   EXPECT_EQ(std::memcmp(got.data(), want.data(), count * sizeof(float)), 0);
 }
 
-TEST_F(CudaGpuTest, RejectsBadArgumentsWithoutTouchingTheContext) {
+TEST_F(CudaGpuReduceTest, RejectsBadArgumentsWithoutTouchingTheContext) {
   absl::StatusOr<DeviceBuffer> buf = DeviceBuffer::Allocate(1024);
   ASSERT_TRUE(buf.ok()) << buf.status();
   std::vector<float> host(256, 1.0f);
@@ -561,7 +549,7 @@ TEST_F(CudaGpuTest, RejectsBadArgumentsWithoutTouchingTheContext) {
   CheckReduce(DType::kF32, ReduceOp::kSum, 1000, 0, 0, nullptr);
 }
 
-TEST_F(CudaGpuTest, DeviceBufferMovesOwnership) {
+TEST_F(CudaGpuReduceTest, DeviceBufferMovesOwnership) {
   absl::StatusOr<DeviceBuffer> a = DeviceBuffer::Allocate(64);
   ASSERT_TRUE(a.ok());
   void* ptr = a->data();

@@ -138,6 +138,31 @@ inline void OnEveryRank(int n, const std::function<void(int)>& fn) {
   for (auto& t : threads) t.join();
 }
 
+// Every rank sums (rank + 1) * (k % 1000) over `count` i32 elements of a
+// new buffer with `algo` ("" = the planner's) and checks every element.
+inline void ExpectAllreduceExact(std::vector<RankHandle>& ranks, size_t count,
+                                 const std::string& algo) {
+  const int n = static_cast<int>(ranks.size());
+  OnEveryRank(n, [&](int r) {
+    auto buf = ranks[r].session->AllocateBuffer(count * 4);
+    ASSERT_TRUE(buf.ok()) << buf.status();
+    auto* v = static_cast<int32_t*>((*buf)->data());
+    for (size_t k = 0; k < count; ++k) v[k] = static_cast<int32_t>((r + 1) * (k % 1000));
+    client::CollectiveSpec spec;
+    spec.buffer = buf->get();
+    spec.count = count;
+    spec.dtype = DType::kI32;
+    spec.algorithm = algo;
+    spec.name = "g." + algo;
+    auto res = ranks[r].session->Run(spec);
+    ASSERT_TRUE(res.ok()) << "rank " << r << " (" << algo << "): " << res.status();
+    for (size_t k = 0; k < count; ++k) {
+      ASSERT_EQ(v[k], static_cast<int32_t>(n * (n + 1) / 2 * (k % 1000)))
+          << algo << ": rank " << r << " element " << k;
+    }
+  });
+}
+
 // A whole file ("" if it cannot be read), e.g. a daemon's log.
 inline std::string ReadTextFile(const std::string& path) {
   std::ifstream in(path);

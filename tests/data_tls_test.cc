@@ -18,27 +18,6 @@
 namespace gradsync {
 namespace {
 
-// Every rank sums (rank + 1) * k over `count` i32 elements with `algo`.
-void AllreduceIsExact(std::vector<testing::RankHandle>& ranks, size_t count, const std::string& algo) {
-  const int n = static_cast<int>(ranks.size());
-  testing::OnEveryRank(n, [&](int r) {
-    auto buf = ranks[r].session->AllocateBuffer(count * 4);
-    ASSERT_TRUE(buf.ok()) << buf.status();
-    auto* v = static_cast<int32_t*>((*buf)->data());
-    for (size_t k = 0; k < count; ++k) v[k] = static_cast<int32_t>((r + 1) * (k % 1000));
-    client::CollectiveSpec spec;
-    spec.buffer = buf->get();
-    spec.count = count;
-    spec.dtype = DType::kI32;
-    spec.algorithm = algo;
-    spec.name = "g." + algo;
-    auto res = ranks[r].session->Run(spec);
-    ASSERT_TRUE(res.ok()) << "rank " << r << ": " << res.status();
-    for (size_t k = 0; k < count; ++k) {
-      ASSERT_EQ(v[k], static_cast<int32_t>(n * (n + 1) / 2 * (k % 1000))) << "rank " << r << " element " << k;
-    }
-  });
-}
 
 TEST(DataTls, JobsOfDaemonsWithItAreEncryptedAndExact) {
   LocalClusterOptions o;
@@ -48,7 +27,7 @@ TEST(DataTls, JobsOfDaemonsWithItAreEncryptedAndExact) {
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   auto ranks = testing::OpenJob(**cluster, "secret", {0, 1, 2});
   ASSERT_TRUE(ranks.ok()) << ranks.status();
-  for (const std::string algo : {"ring", "rhd", "tree"}) AllreduceIsExact(*ranks, 3 << 20, algo);
+  for (const std::string algo : {"ring", "rhd", "tree"}) testing::ExpectAllreduceExact(*ranks, 3 << 20, algo);
   for (int d = 0; d < 3; ++d) {
     EXPECT_TRUE(absl::StrContains(testing::ReadTextFile((*cluster)->daemon_log(d)), "data TLS 1.3")) << "daemon " << d;
   }
@@ -63,7 +42,7 @@ TEST(DataTls, PsJobsRunItToTheShardsToo) {
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   auto ranks = testing::OpenJob(**cluster, "ps-secret", {0, 1}, 30000, 0, /*ps_shards=*/2);
   ASSERT_TRUE(ranks.ok()) << ranks.status();
-  AllreduceIsExact(*ranks, 1 << 20, "ps");
+  testing::ExpectAllreduceExact(*ranks, 1 << 20, "ps");
   for (int k = 0; k < 2; ++k) {  // each shard took both workers' connections over TLS
     auto text = HttpGet("127.0.0.1", (*cluster)->ps_metrics_port(k), "/metrics");
     ASSERT_TRUE(text.ok()) << text.status();
@@ -113,7 +92,7 @@ TEST(DataTls, ADaemonThatRequiresItRefusesAPlaintextJobAndOneWithoutFollowsATlsJ
   std::vector<testing::RankHandle> ranks(2);
   ranks[0].session = std::move(*first);
   ranks[1].session = std::move(*second);
-  AllreduceIsExact(ranks, 1 << 20, "ring");
+  testing::ExpectAllreduceExact(ranks, 1 << 20, "ring");
   EXPECT_TRUE(absl::StrContains(testing::ReadTextFile((*cluster)->daemon_log(1)), "data TLS 1.3"));
 }
 

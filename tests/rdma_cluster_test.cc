@@ -31,28 +31,6 @@ std::vector<std::string> RdmaFlags(const std::string& fabric, const std::string&
   return {"--transport=" + mode, "--rdma_emulation=" + fabric};
 }
 
-// Every rank sums (rank + 1) * (k % 1000) over `count` i32 elements with `algo`.
-void AllreduceIsExact(std::vector<testing::RankHandle>& ranks, size_t count, const std::string& algo) {
-  const int n = static_cast<int>(ranks.size());
-  OnEveryRank(n, [&](int r) {
-    auto buf = ranks[r].session->AllocateBuffer(count * 4);
-    ASSERT_TRUE(buf.ok()) << buf.status();
-    auto* v = static_cast<int32_t*>((*buf)->data());
-    for (size_t k = 0; k < count; ++k) v[k] = static_cast<int32_t>((r + 1) * (k % 1000));
-    client::CollectiveSpec spec;
-    spec.buffer = buf->get();
-    spec.count = count;
-    spec.dtype = DType::kI32;
-    spec.algorithm = algo;
-    spec.name = "g." + algo;
-    auto res = ranks[r].session->Run(spec);
-    ASSERT_TRUE(res.ok()) << "rank " << r << " (" << algo << "): " << res.status();
-    for (size_t k = 0; k < count; ++k) {
-      ASSERT_EQ(v[k], static_cast<int32_t>(n * (n + 1) / 2 * (k % 1000)))
-          << algo << ": rank " << r << " element " << k;
-    }
-  });
-}
 
 std::string Status(const LocalCluster& cluster) {
   const TlsConfig& op = cluster.certs().operator_;
@@ -72,9 +50,9 @@ TEST(RdmaCluster, DaemonsRunEveryAlgorithmOverEmulatedRdmaBitExactAndSaySo) {
         << r.session->transport();
   }
   for (const std::string algo : {"ring", "rhd", "tree", "hier", "auto"}) {
-    AllreduceIsExact(*ranks, (1 << 20) + 3, algo);
+    testing::ExpectAllreduceExact(*ranks, (1 << 20) + 3, algo);
   }
-  AllreduceIsExact(*ranks, 5, "ring");  // fewer elements than ranks' chunks
+  testing::ExpectAllreduceExact(*ranks, 5, "ring");  // fewer elements than ranks' chunks
   for (int d = 0; d < 3; ++d) {
     const std::string log = testing::ReadTextFile(cluster->daemon_log(d));
     EXPECT_TRUE(absl::StrContains(log, "RDMA: emu_ib0 port 1")) << "daemon " << d;
@@ -103,8 +81,8 @@ TEST(RdmaCluster, ParameterServerShardsServeWorkersOverRdma) {
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   auto ranks = OpenJob(**cluster, "ps-rdma", {0, 1}, 30000, 0, /*ps_shards=*/2);
   ASSERT_TRUE(ranks.ok()) << ranks.status();
-  AllreduceIsExact(*ranks, (1 << 20) + 7, "ps");
-  AllreduceIsExact(*ranks, 3, "ps");
+  testing::ExpectAllreduceExact(*ranks, (1 << 20) + 7, "ps");
+  testing::ExpectAllreduceExact(*ranks, 3, "ps");
   for (int k = 0; k < 2; ++k) {  // both workers' connections, over RDMA
     auto text = HttpGet("127.0.0.1", (*cluster)->ps_metrics_port(k), "/metrics");
     ASSERT_TRUE(text.ok()) << text.status();
@@ -129,7 +107,7 @@ TEST(RdmaCluster, ShardsWithoutRdmaServeWorkersWithItOverTcp) {
   auto ranks = OpenJob(**cluster, "ps-tcp", {0, 1}, 30000, 0, /*ps_shards=*/1);
   ASSERT_TRUE(ranks.ok()) << ranks.status();
   EXPECT_TRUE(absl::StartsWith((*ranks)[0].session->transport(), "rdma: "));  // between daemons
-  AllreduceIsExact(*ranks, 1 << 18, "ps");
+  testing::ExpectAllreduceExact(*ranks, 1 << 18, "ps");
   auto text = HttpGet("127.0.0.1", (*cluster)->ps_metrics_port(0), "/metrics");
   ASSERT_TRUE(text.ok()) << text.status();
   EXPECT_EQ(FindSample(*text, "gradsync_ps_rdma_connections_total").value_or(-1), 0);
@@ -152,12 +130,12 @@ TEST(RdmaCluster, AutoFallsBackToTcpWhereADaemonHasNoRdmaAndSaysWhy) {
   EXPECT_EQ((*mixed)[0].session->transport(), why);
   EXPECT_EQ((*mixed)[1].session->transport(), why);
   EXPECT_EQ((*mixed)[2].session->transport(), "tcp: 2 TCP stream(s) per peer");  // its own choice
-  AllreduceIsExact(*mixed, 1 << 18, "ring");
+  testing::ExpectAllreduceExact(*mixed, 1 << 18, "ring");
   // The two daemons with RDMA use it between themselves.
   auto pair = OpenJob(**cluster, "pair", {0, 1});
   ASSERT_TRUE(pair.ok()) << pair.status();
   EXPECT_TRUE(absl::StartsWith((*pair)[1].session->transport(), "rdma: emu_ib0")) << (*pair)[1].session->transport();
-  AllreduceIsExact(*pair, 1 << 18, "ring");
+  testing::ExpectAllreduceExact(*pair, 1 << 18, "ring");
   // A job of one daemon moves nothing between daemons.
   auto alone = OpenJob(**cluster, "alone", {1, 1});
   ASSERT_TRUE(alone.ok()) << alone.status();
@@ -252,7 +230,7 @@ TEST(RdmaCluster, ADaemonKilledMidOpFailsTheOthersOpNamingItWithinSeconds) {
   auto again = OpenJob(*cluster, "after-kill", {0, 1});
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_TRUE(absl::StartsWith((*again)[0].session->transport(), "rdma: ")) << (*again)[0].session->transport();
-  AllreduceIsExact(*again, 1 << 16, "ring");
+  testing::ExpectAllreduceExact(*again, 1 << 16, "ring");
 }
 
 }  // namespace

@@ -1,0 +1,30 @@
+// For CUDA tests: a fixture whose tests need a usable GPU. Without one they
+// skip, saying why; with GRADSYNC_REQUIRE_CUDA=1 (on a GPU host) they fail
+// instead, so a missing device or a too-old driver cannot pass as a skip.
+#ifndef GRADSYNC_CUDA_CUDA_TESTING_H_
+#define GRADSYNC_CUDA_CUDA_TESTING_H_
+
+#include <cstdlib>
+#include <string>
+
+#include "cuda/cuda_reduce.h"
+#include "gtest/gtest.h"
+
+namespace gradsync::cuda {
+
+class CudaGpuTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (CudaAvailable()) return;
+    const std::string reason(ListCudaDevices().status().message());
+    const char* require = std::getenv("GRADSYNC_REQUIRE_CUDA");
+    if (require != nullptr && std::string(require) == "1") {
+      FAIL() << "GRADSYNC_REQUIRE_CUDA=1 but CUDA is not usable: " << reason;
+    }
+    GTEST_SKIP() << "no usable CUDA device: " << reason;
+  }
+};
+
+}  // namespace gradsync::cuda
+
+#endif  // GRADSYNC_CUDA_CUDA_TESTING_H_
