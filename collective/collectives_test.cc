@@ -64,7 +64,8 @@ constexpr ReduceOp kOps[] = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax};
 // scratch that is reused between ops (as the daemon does).
 struct World {
   Cluster cluster;
-  std::vector<transport::Scratch> scratch;
+  DeviceKind device = DeviceKind::kTcp;
+  std::vector<std::unique_ptr<transport::Scratch>> scratch;
   uint64_t seq = 0;
 };
 
@@ -75,7 +76,10 @@ class Worlds : public ::testing::Environment {
     if (w == nullptr) {
       w = std::make_unique<World>();
       w->cluster = MakeCluster(n, absl::StrCat("collectives-", n), device);
-      w->scratch = std::vector<transport::Scratch>(n);
+      w->device = device;
+      w->scratch.reserve(n);
+      for (int r = 0; r < n; ++r) w->scratch.push_back(std::make_unique<transport::Scratch>(
+          testing::ScratchAllocatorFor(device)));
     }
     return *w;
   }
@@ -120,6 +124,8 @@ std::vector<absl::Status> RunEverywhere(World& w, const Case& c, uint64_t seq,
     CollectiveCall call;
     call.kind = c.kind;
     call.buffer = HostBuffer(bufs[r]);
+    call.buffer.kind = testing::BufferKindFor(w.device);
+    call.reducer = testing::ReducerFor(w.device);
     call.count = c.count;
     call.dtype = c.dtype;
     call.op = c.op;
@@ -127,7 +133,7 @@ std::vector<absl::Status> RunEverywhere(World& w, const Case& c, uint64_t seq,
     call.seq = seq;
     call.deadline = absl::Now() + absl::Seconds(30);
     call.ring = c.ring;
-    return RunCollective(*w.cluster.contexts[r], call, c.algo, &w.scratch[r]);
+    return RunCollective(*w.cluster.contexts[r], call, c.algo, w.scratch[r].get());
   });
 }
 
@@ -254,6 +260,7 @@ void SweepLarge(CollectiveKind kind) {
   Sweep(kind, {DType::kBF16}, {ReduceOp::kSum}, {100003}, {5}, RingOptions{});
   Sweep(kind, {DType::kF32}, {ReduceOp::kSum}, {100003}, {4}, small, DeviceKind::kInProc);
   Sweep(kind, {DType::kF32}, {ReduceOp::kSum}, {100003}, {4}, small, DeviceKind::kRdma);
+  Sweep(kind, {DType::kF32}, {ReduceOp::kSum}, {100003}, {4}, small, DeviceKind::kTcpStaged);
 }
 
 TEST(Collectives, AllreduceEveryAlgorithmIsBitExact) { SweepMain(CollectiveKind::kAllreduce); }
@@ -401,7 +408,7 @@ TEST(Collectives, BarrierWaitsForTheLastRankToEnter) {
         call.seq = seq;
         call.deadline = absl::Now() + absl::Seconds(30);
         enter[r] = Clock::now();
-        absl::Status s = RunCollective(*w.cluster.contexts[r], call, algo, &w.scratch[r]);
+        absl::Status s = RunCollective(*w.cluster.contexts[r], call, algo, w.scratch[r].get());
         leave[r] = Clock::now();
         return s;
       });
@@ -424,7 +431,7 @@ TEST(Collectives, OneShotRefusesBuffersAboveItsCap) {
   call.buffer = HostBuffer(buf);
   call.count = buf.size() / 4;
   call.seq = ++w.seq;
-  absl::Status s = RunCollective(*w.cluster.contexts[0], call, Algorithm::kOneShot, &w.scratch[0]);
+  absl::Status s = RunCollective(*w.cluster.contexts[0], call, Algorithm::kOneShot, w.scratch[0].get());
   EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
   EXPECT_EQ(s.message(), "oneshot allreduce of 65540 bytes: oneshot carries at most 65536 bytes per rank");
 }
@@ -473,25 +480,25 @@ TEST(Collectives, RefusesUnimplementedPairsAndBadRootsBeforeMovingData) {
   call.count = 2;
   call.seq = ++w.seq;
   call.kind = CollectiveKind::kAllreduce;
-  absl::Status s = RunCollective(*w.cluster.contexts[0], call, Algorithm::kPairwise, &w.scratch[0]);
+  absl::Status s = RunCollective(*w.cluster.contexts[0], call, Algorithm::kPairwise, w.scratch[0].get());
   EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
   EXPECT_EQ(s.message(),
             "algorithm 'pairwise' does not implement allreduce (algorithms for allreduce: ring, "
             "rhd, rd, tree, oneshot)");
   call.kind = CollectiveKind::kBroadcast;
   call.root = 4;
-  s = RunCollective(*w.cluster.contexts[0], call, Algorithm::kBinomialTree, &w.scratch[0]);
+  s = RunCollective(*w.cluster.contexts[0], call, Algorithm::kBinomialTree, w.scratch[0].get());
   EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
   EXPECT_NE(s.message().find("root 4 out of range for world size 4"), std::string::npos) << s;
   call.kind = CollectiveKind::kReduce;
   call.root = -1;
-  s = RunCollective(*w.cluster.contexts[1], call, Algorithm::kRing, &w.scratch[1]);
+  s = RunCollective(*w.cluster.contexts[1], call, Algorithm::kRing, w.scratch[1].get());
   EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
   // allgather of 2 elements per rank at 4 ranks needs 32 bytes; 16 are there.
   call.kind = CollectiveKind::kAllgather;
   call.root = 0;
   call.buffer.size = 16;
-  s = RunCollective(*w.cluster.contexts[1], call, Algorithm::kRing, &w.scratch[1]);
+  s = RunCollective(*w.cluster.contexts[1], call, Algorithm::kRing, w.scratch[1].get());
   EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
   EXPECT_EQ(s.message(), "allgather of 2 f32 elements at 4 ranks needs a buffer of 32 bytes; got 16");
   call.buffer = HostBuffer(buf);
@@ -500,7 +507,7 @@ TEST(Collectives, RefusesUnimplementedPairsAndBadRootsBeforeMovingData) {
       if (Implements(algo, kind)) continue;
       call.kind = kind;
       call.root = 0;
-      s = RunCollective(*w.cluster.contexts[2], call, algo, &w.scratch[2]);
+      s = RunCollective(*w.cluster.contexts[2], call, algo, w.scratch[2].get());
       EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
       EXPECT_NE(s.message().find(absl::StrCat("'", AlgorithmName(algo), "' does not implement ",
                                               CollectiveName(kind))),

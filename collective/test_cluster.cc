@@ -5,6 +5,7 @@
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "rdma/verbs_emulation.h"
+#include "transport/staging_testing.h"
 #include "transport/rdma_device.h"
 #include "transport/tcp_device.h"
 
@@ -18,6 +19,7 @@ const char* DeviceName(DeviceKind kind) {
     case DeviceKind::kTcp: return "tcp";
     case DeviceKind::kInProc: return "inproc";
     case DeviceKind::kRdma: return "rdma-emulated";
+    case DeviceKind::kTcpStaged: return "tcp-staged-device";
   }
   return "?";
 }
@@ -25,6 +27,42 @@ const char* DeviceName(DeviceKind kind) {
 const rdma::VerbsEmulation& Emulation() {
   static auto* emu = new rdma::VerbsEmulation();  // never destroyed: contexts may outlive tests
   return *emu;
+}
+
+namespace {
+// The CPU kernels, for memory labelled as the emulated device's.
+class EmulatedDeviceReducer final : public Reducer {
+ public:
+  transport::MemKind kind() const override { return transport::testing::EmulatedDevice(); }
+  void Reduce(DType t, ReduceOp op, void* dst, const void* src, size_t n) const override {
+    CpuReducer().Reduce(t, op, dst, src, n);
+  }
+  void Combine(DType t, ReduceOp op, void* dst, const void* a, const void* b,
+               size_t n) const override {
+    CpuReducer().Combine(t, op, dst, a, b, n);
+  }
+  void Divide(DType t, void* data, size_t n, int64_t divisor) const override {
+    CpuReducer().Divide(t, data, n, divisor);
+  }
+  void Copy(void* dst, const void* src, size_t bytes) const override {
+    CpuReducer().Copy(dst, src, bytes);
+  }
+};
+}  // namespace
+
+transport::MemKind BufferKindFor(DeviceKind kind) {
+  return kind == DeviceKind::kTcpStaged ? transport::testing::EmulatedDevice()
+                                        : transport::MemKind::Host();
+}
+
+const Reducer* ReducerFor(DeviceKind kind) {
+  static const EmulatedDeviceReducer device;
+  return kind == DeviceKind::kTcpStaged ? &device : nullptr;
+}
+
+const transport::MemoryAllocator& ScratchAllocatorFor(DeviceKind kind) {
+  static const transport::testing::EmulatedDeviceAllocator device;
+  return kind == DeviceKind::kTcpStaged ? device : transport::HostAllocator();
 }
 
 Cluster MakeCluster(int world, const std::string& job, DeviceKind device,
@@ -83,6 +121,14 @@ Cluster MakeCluster(int world, const std::string& job, DeviceKind device,
     });
   }
   for (auto& t : threads) t.join();
+  if (device == DeviceKind::kTcpStaged) {
+    for (int r = 0; r < world; ++r) {
+      if (c.contexts[r] == nullptr) continue;
+      c.copiers.push_back(std::make_unique<transport::testing::EmulatedCopier>(absl::Microseconds(50)));
+      c.inner.push_back(std::move(c.contexts[r]));
+      c.contexts[r] = std::make_unique<transport::StagingContext>(*c.inner.back(), *c.copiers.back());
+    }
+  }
   return c;
 }
 

@@ -14,18 +14,31 @@
 
 #include "absl/status/status.h"
 #include "rdma/verbs_emulation.h"
+#include "collective/reducer.h"
 #include "transport/inproc.h"
+#include "transport/staging_context.h"
 #include "transport/tcp_listener.h"
 #include "transport/memory.h"
 #include "transport/transport.h"
 
 namespace gradsync::testing {
 
-enum class DeviceKind { kTcp, kInProc, kRdma };
+// kTcpStaged: TCP contexts wrapped in a StagingContext
+// (transport/staging_context.h) with the emulated GPU copier
+// (transport/staging_testing.h): ops run on "device memory" (host memory
+// labelled cuda:0) with a device-kind reducer and scratch, every message
+// staged through host blocks, as the daemon runs device buffers over TCP.
+enum class DeviceKind { kTcp, kInProc, kRdma, kTcpStaged };
 inline constexpr DeviceKind kAllDevices[] = {DeviceKind::kTcp, DeviceKind::kInProc,
-                                             DeviceKind::kRdma};
-// "tcp", "inproc", "rdma-emulated".
+                                             DeviceKind::kRdma, DeviceKind::kTcpStaged};
+// "tcp", "inproc", "rdma-emulated", "tcp-staged-device".
 const char* DeviceName(DeviceKind kind);
+
+// What an op on `kind`'s contexts runs on: its buffers' memory kind, the
+// reducer (null: the CPU's) and the allocator of its scratch.
+transport::MemKind BufferKindFor(DeviceKind kind);
+const Reducer* ReducerFor(DeviceKind kind);
+const transport::MemoryAllocator& ScratchAllocatorFor(DeviceKind kind);
 
 // The process's verbs emulation that kRdma clusters run on (its stats).
 const rdma::VerbsEmulation& Emulation();
@@ -39,6 +52,9 @@ transport::Buffer HostBuffer(V& v) {
 struct Cluster {
   std::vector<std::unique_ptr<transport::TcpListener>> listeners;  // TCP and RDMA
   std::vector<std::unique_ptr<transport::Device>> devices;  // TCP and RDMA (after the contexts go)
+  // kTcpStaged: the copiers and the TCP contexts the staging contexts wrap.
+  std::vector<std::unique_ptr<transport::DeviceCopier>> copiers;
+  std::vector<std::unique_ptr<transport::Context>> inner;
   std::vector<std::unique_ptr<transport::Context>> contexts;  // destroyed first
   int size() const { return static_cast<int>(contexts.size()); }
 };

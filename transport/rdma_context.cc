@@ -401,7 +401,7 @@ absl::Status RdmaContext::FailWith(const absl::Status& reason, const PeerFault& 
     fault_ = fault;
     own_fault_ = true;
   }
-  bootstrap_->Fail(status_);  // ABORT to every peer, with the reason
+  (void)bootstrap_->Fail(status_);  // ABORT to every peer, with the reason
   return status_;
 }
 

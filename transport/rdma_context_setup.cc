@@ -35,7 +35,7 @@ absl::StatusOr<std::unique_ptr<RdmaContext>> RdmaContext::Connect(
   std::unique_ptr<RdmaContext> ctx(new RdmaContext(port, std::move(bootstrap), options));
   absl::Status s = ctx->SetUp(deadline);
   if (!s.ok()) {
-    ctx->bootstrap_->Fail(s);  // the peers learn why at once
+    (void)ctx->bootstrap_->Fail(s);  // the peers learn why at once
     return absl::Status(s.code(), absl::StrCat(ctx->SelfName(), ": RDMA set-up on ",
                                                port.verbs_context->name(), ": ", s.message()));
   }
