@@ -29,6 +29,9 @@ enum ReduceOpCode : int { kSum = 1, kAvg = 2, kMin = 3, kMax = 4, kProd = 5 };
 // launch status (cudaGetLastError right after the launch). count == 0 launches
 // nothing. The caller validates pointers and CUDA availability.
 int LaunchReduce(int dtype, int op, void* dst, const void* src, size_t count, void* stream);
+// Enqueues dst[i] = a[i] OP b[i] (any two may be the same pointer), as above.
+int LaunchCombine(int dtype, int op, void* dst, const void* a, const void* b, size_t count,
+                  void* stream);
 // Enqueues data[i] = data[i] / divisor (floating types in their compute type,
 // integers truncating toward zero, wrapping). For integer types divisor != 0
 // (checked by the caller).
@@ -51,6 +54,7 @@ int HostFloatToFp8(int dtype, const float* in, uint8_t* out, size_t n);
 // cudaError_t values host code needs to tell apart (static_assert'ed in the shim).
 constexpr int kCudaSuccess = 0;
 constexpr int kCudaErrorMemoryAllocation = 2;
+constexpr int kCudaErrorNotReady = 600;
 
 // --- cuda_runtime_shim.cu: thin wrappers over the CUDA runtime -------------
 struct RtDeviceProps {
@@ -109,6 +113,9 @@ int RtMemcpyAsync(void* dst, const void* src, size_t bytes, void* stream);
 int RtDeviceSynchronize();
 int RtDeviceReset();
 int RtEventCreate(void** event);  // timing enabled
+int RtEventCreateNoTiming(void** event);  // cudaEventDisableTiming (cheaper)
+// cudaEventQuery: kCudaSuccess when done, kCudaErrorNotReady while pending.
+int RtEventQuery(void* event);
 int RtEventDestroy(void* event);
 int RtEventRecord(void* event, void* stream);
 int RtEventSynchronize(void* event);

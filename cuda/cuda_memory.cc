@@ -233,6 +233,43 @@ absl::Status CopyAsync(void* dst, const void* src, size_t bytes, void* stream) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<Event> Event::Create() {
+  RETURN_IF_ERROR(CudaUsable());
+  Event ev;
+  if (int e = rt::RtEventCreateNoTiming(&ev.event_); e != rt::kCudaSuccess) {
+    return CudaCallError("cudaEventCreateWithFlags", e);
+  }
+  return ev;
+}
+Event::Event(Event&& o) noexcept : event_(std::exchange(o.event_, nullptr)) {}
+Event& Event::operator=(Event&& o) noexcept {
+  if (this != &o) {
+    Reset();
+    event_ = std::exchange(o.event_, nullptr);
+  }
+  return *this;
+}
+Event::~Event() { Reset(); }
+void Event::Reset() {
+  if (event_ != nullptr) rt::RtEventDestroy(event_);
+  event_ = nullptr;
+}
+absl::Status Event::Record(void* stream) {
+  if (int e = rt::RtEventRecord(event_, stream); e != rt::kCudaSuccess) {
+    return CudaCallError("cudaEventRecord", e);
+  }
+  return absl::OkStatus();
+}
+absl::StatusOr<bool> Event::Done() const {
+  const int e = rt::RtEventQuery(event_);
+  if (e == rt::kCudaSuccess) return true;
+  if (e == rt::kCudaErrorNotReady) {
+    rt::RtGetLastError();  // not an error: clear it
+    return false;
+  }
+  return CudaCallError("cudaEventQuery", e);
+}
+
 absl::StatusOr<StreamTimer> StreamTimer::Create() {
   RETURN_IF_ERROR(CudaUsable());
   StreamTimer t;

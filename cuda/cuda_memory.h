@@ -115,6 +115,29 @@ class PinnedHost {
 // host memory on `stream` (the direction follows from the pointers).
 absl::Status CopyAsync(void* dst, const void* src, size_t bytes, void* stream);
 
+// A completion marker on a stream (no timing), polled without blocking: what
+// a copy pipeline waits on instead of synchronizing a stream or the device.
+// Move-only.
+class Event {
+ public:
+  static absl::StatusOr<Event> Create();
+  Event() = default;
+  Event(Event&& o) noexcept;
+  Event& operator=(Event&& o) noexcept;
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  ~Event();
+
+  // Marks the point of `stream` reached by the work enqueued so far.
+  absl::Status Record(void* stream);
+  // Whether everything before the mark has finished; the CUDA error if it failed.
+  absl::StatusOr<bool> Done() const;
+
+ private:
+  void Reset();
+  void* event_ = nullptr;
+};
+
 // A pair of timing events on one stream. Move-only.
 class StreamTimer {
  public:

@@ -45,6 +45,17 @@ void PinnedHost::Reset() {}
 
 absl::Status CopyAsync(void*, const void*, size_t, void*) { return CudaUsable(); }
 
+absl::StatusOr<Event> Event::Create() { return CudaUsable(); }
+Event::Event(Event&& o) noexcept : event_(std::exchange(o.event_, nullptr)) {}
+Event& Event::operator=(Event&& o) noexcept {
+  event_ = std::exchange(o.event_, nullptr);
+  return *this;
+}
+Event::~Event() = default;
+void Event::Reset() {}
+absl::Status Event::Record(void*) { return CudaUsable(); }
+absl::StatusOr<bool> Event::Done() const { return CudaUsable(); }
+
 absl::StatusOr<StreamTimer> StreamTimer::Create() { return CudaUsable(); }
 StreamTimer::StreamTimer(StreamTimer&& o) noexcept
     : start_(std::exchange(o.start_, nullptr)), stop_(std::exchange(o.stop_, nullptr)) {}

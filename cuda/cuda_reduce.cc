@@ -144,6 +144,27 @@ absl::Status CudaReduceInto(DType dtype, ReduceOp op, void* dst_device, const vo
   return absl::OkStatus();
 }
 
+absl::Status CudaCombineInto(DType dtype, ReduceOp op, void* dst_device, const void* a_device,
+                             const void* b_device, size_t count, void* stream) {
+  RETURN_IF_ERROR(ValidateDType(dtype));
+  if (!IsValidReduceOp(static_cast<int>(op))) {
+    return absl::InvalidArgumentError(absl::StrCat("invalid reduce op ", static_cast<int>(op)));
+  }
+  RETURN_IF_ERROR(CudaUsable());
+  if (count == 0) return absl::OkStatus();
+  RETURN_IF_ERROR(ValidateDevicePointer("dst", dst_device, dtype));
+  RETURN_IF_ERROR(ValidateDevicePointer("a", a_device, dtype));
+  RETURN_IF_ERROR(ValidateDevicePointer("b", b_device, dtype));
+  const int err = rt::LaunchCombine(static_cast<int>(dtype), static_cast<int>(op), dst_device,
+                                    a_device, b_device, count, stream);
+  if (err != rt::kCudaSuccess) {
+    return CudaCallError(absl::StrCat("CUDA combine kernel launch (", DTypeName(dtype), " ",
+                                      ReduceOpName(op), ", count ", count, ")"),
+                         err);
+  }
+  return absl::OkStatus();
+}
+
 namespace {
 absl::Status CheckScaled(DType t, size_t chunk) {
   if (t != DType::kF16 && t != DType::kBF16 && t != DType::kF8E4M3 && t != DType::kF8E5M2) {

@@ -74,6 +74,11 @@ absl::Status CudaUsable();
 absl::Status CudaReduceInto(DType dtype, ReduceOp op, void* dst_device, const void* src_device,
                             size_t count, void* stream);
 
+// dst[i] = a[i] OP b[i] (operands in that order: it matters for min/max with
+// NaN or signed zeros), as CudaReduceInto; dst may be a or b.
+absl::Status CudaCombineInto(DType dtype, ReduceOp op, void* dst_device, const void* a_device,
+                             const void* b_device, size_t count, void* stream);
+
 // data[i] = data[i] / divisor, enqueued on `stream`, as the CPU DivideBy: floats
 // divide by the converted divisor in their compute type (f16/bf16 in f32, then
 // round to nearest even; a zero divisor gives inf/NaN as IEEE says); integers

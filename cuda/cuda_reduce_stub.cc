@@ -31,6 +31,9 @@ absl::Status CudaReduceInto(DType, ReduceOp, void*, const void*, size_t, void*) 
 }
 
 absl::Status CudaDivideBy(DType, void*, size_t, int64_t, void*) { return NotUsable(); }
+absl::Status CudaCombineInto(DType, ReduceOp, void*, const void*, const void*, size_t, void*) {
+  return NotUsable();
+}
 absl::Status CudaEncodeScaled(DType, const float*, size_t, size_t, void*, float*, void*) {
   return NotUsable();
 }

@@ -9,6 +9,7 @@
 namespace gradsync {
 namespace cuda {
 namespace internal {
+static_assert(kCudaErrorNotReady == static_cast<int>(cudaErrorNotReady), "cudaErrorNotReady");
 
 static_assert(kCudaSuccess == static_cast<int>(cudaSuccess), "cudaSuccess");
 static_assert(kCudaErrorMemoryAllocation == static_cast<int>(cudaErrorMemoryAllocation),
@@ -180,6 +181,15 @@ int RtEventCreate(void** event) {
   return static_cast<int>(err);
 }
 int RtEventDestroy(void* event) { return static_cast<int>(cudaEventDestroy(static_cast<cudaEvent_t>(event))); }
+int RtEventCreateNoTiming(void** event) {
+  cudaEvent_t e = nullptr;
+  const cudaError_t err = cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
+  *event = err == cudaSuccess ? static_cast<void*>(e) : nullptr;
+  return static_cast<int>(err);
+}
+int RtEventQuery(void* event) {
+  return static_cast<int>(cudaEventQuery(static_cast<cudaEvent_t>(event)));
+}
 int RtEventRecord(void* event, void* stream) {
   return static_cast<int>(cudaEventRecord(static_cast<cudaEvent_t>(event), static_cast<cudaStream_t>(stream)));
 }

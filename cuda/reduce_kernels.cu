@@ -232,6 +232,36 @@ int LaunchReduceForType(int op, void* dst, const void* src, size_t count, cudaSt
   }
 }
 
+template <typename Tr, int Op>
+__global__ void __launch_bounds__(kThreadsPerBlock)
+    CombineKernel(typename Tr::Storage* dst, const typename Tr::Storage* a,
+                  const typename Tr::Storage* b, size_t count) {
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
+       i += stride) {
+    dst[i] = ApplyOp<Tr, Op>(a[i], b[i]);  // per element: aliasing dst with a or b is fine
+  }
+}
+
+template <typename Tr>
+int LaunchCombineForType(int op, void* dst, const void* a, const void* b, size_t count,
+                         cudaStream_t stream) {
+  using S = typename Tr::Storage;
+  const unsigned int blocks = GridSize(count);
+  S* d = static_cast<S*>(dst);
+  const S* x = static_cast<const S*>(a);
+  const S* y = static_cast<const S*>(b);
+  switch (op) {
+    case kSum:
+    case kAvg: CombineKernel<Tr, kSum><<<blocks, kThreadsPerBlock, 0, stream>>>(d, x, y, count); break;
+    case kMin: CombineKernel<Tr, kMin><<<blocks, kThreadsPerBlock, 0, stream>>>(d, x, y, count); break;
+    case kMax: CombineKernel<Tr, kMax><<<blocks, kThreadsPerBlock, 0, stream>>>(d, x, y, count); break;
+    case kProd: CombineKernel<Tr, kProd><<<blocks, kThreadsPerBlock, 0, stream>>>(d, x, y, count); break;
+    default: return static_cast<int>(cudaErrorInvalidValue);
+  }
+  return static_cast<int>(cudaGetLastError());
+}
+
 template <typename Tr>
 int LaunchDivideTyped(void* data, size_t count, int64_t divisor, cudaStream_t stream) {
   using S = typename Tr::Storage;
@@ -259,6 +289,24 @@ int LaunchReduce(int dtype, int op, void* dst, const void* src, size_t count, vo
     case kU8: return LaunchReduceForType<U8Traits>(op, dst, src, count, s);
     case kF8E4M3: return LaunchReduceForType<Fp8Traits<__NV_E4M3>>(op, dst, src, count, s);
     case kF8E5M2: return LaunchReduceForType<Fp8Traits<__NV_E5M2>>(op, dst, src, count, s);
+    default: return static_cast<int>(cudaErrorInvalidValue);
+  }
+}
+
+int LaunchCombine(int dtype, int op, void* dst, const void* a, const void* b, size_t count,
+                  void* stream) {
+  if (count == 0) return static_cast<int>(cudaSuccess);
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  switch (dtype) {
+    case kF32: return LaunchCombineForType<F32Traits>(op, dst, a, b, count, s);
+    case kF64: return LaunchCombineForType<F64Traits>(op, dst, a, b, count, s);
+    case kF16: return LaunchCombineForType<HalfTraits>(op, dst, a, b, count, s);
+    case kBF16: return LaunchCombineForType<BFloat16Traits>(op, dst, a, b, count, s);
+    case kI32: return LaunchCombineForType<I32Traits>(op, dst, a, b, count, s);
+    case kI64: return LaunchCombineForType<I64Traits>(op, dst, a, b, count, s);
+    case kU8: return LaunchCombineForType<U8Traits>(op, dst, a, b, count, s);
+    case kF8E4M3: return LaunchCombineForType<Fp8Traits<__NV_E4M3>>(op, dst, a, b, count, s);
+    case kF8E5M2: return LaunchCombineForType<Fp8Traits<__NV_E5M2>>(op, dst, a, b, count, s);
     default: return static_cast<int>(cudaErrorInvalidValue);
   }
 }

@@ -154,10 +154,9 @@ LocalCluster* DeviceBuffersOnAGpu::cluster_ = nullptr;
 // Every dtype (sum), then every op (f32), on buffers the daemons allocated
 // for ranks 0 and 2 and memory the test holds for ranks 1 and 3, with a
 // count that splits unevenly over 4 ranks.
-TEST_F(DeviceBuffersOnAGpu, FourRankAllreduceIsBitExactForEveryDTypeAndOp) {
-  GPU_OR_SKIP();
-  ASSERT_NE(cluster_, nullptr);
-  auto ranks = testing::OpenJob(*cluster_, "device-allreduce", testing::FirstN(kRanks));
+void FourRankAllreduceIsBitExact(LocalCluster& cluster, const std::string& job) {
+  constexpr int kRanks = 4;
+  auto ranks = testing::OpenJob(cluster, job, testing::FirstN(kRanks));
   ASSERT_TRUE(ranks.ok()) << ranks.status();
   constexpr size_t kCount = (1 << 20) + 3;
   std::vector<std::unique_ptr<client::Buffer>> bufs(kRanks);
@@ -212,6 +211,26 @@ TEST_F(DeviceBuffersOnAGpu, FourRankAllreduceIsBitExactForEveryDTypeAndOp) {
   }
   // Free before the test's own allocations go (the daemons have them open).
   for (int r = 0; r < kRanks; ++r) EXPECT_TRUE((*ranks)[r].session->FreeBuffer(std::move(bufs[r])).ok());
+}
+
+TEST_F(DeviceBuffersOnAGpu, FourRankAllreduceIsBitExactForEveryDTypeAndOp) {
+  GPU_OR_SKIP();
+  ASSERT_NE(cluster_, nullptr);
+  // In place on the GPU (the default --device_ops): staged through host
+  // blocks, reduced by the CUDA kernels.
+  FourRankAllreduceIsBitExact(*cluster_, "device-allreduce");
+  for (int d = 0; d < kRanks; ++d) {
+    EXPECT_TRUE(absl::StrContains(testing::ReadTextFile(cluster_->daemon_log(d)),
+                                  "run in place, staged through page-locked host blocks"))
+        << "daemon " << d;
+  }
+}
+
+TEST(DeviceBuffersOnHostTwins, FourRankAllreduceIsBitExactForEveryDTypeAndOp) {
+  GPU_OR_SKIP();
+  auto cluster = testing::StartCluster(4, {"--device_ops=host_twin"});
+  ASSERT_NE(cluster, nullptr);
+  FourRankAllreduceIsBitExact(*cluster, "device-allreduce-twins");
 }
 
 // Allgather and broadcast over device buffers, each forced algorithm that

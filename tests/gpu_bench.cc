@@ -150,14 +150,21 @@ void AllreduceTable(int ranks, size_t bytes, int iters) {
   std::printf("\n## %d-rank allreduce, f32 sum, %zu MiB per rank (local cluster, TCP loopback)\n\n",
               ranks, bytes / kMiB);
   std::printf("| buffers | time per op | busbw GB/s |\n|---|---|---|\n");
-  auto cluster = testing::StartCluster(ranks);
-  if (cluster == nullptr) std::exit(1);
-  for (bool device : {true, false}) {
-    const double s = AllreduceSeconds(*cluster, ranks, bytes, device, iters);
-    const double busbw = 2.0 * (ranks - 1) / ranks * bytes / s / 1e9;
-    std::printf("| %s | %.1f ms | %.2f |\n", device ? "device (cuda:0)" : "host", s * 1e3, busbw);
+  // Device buffers in place (staged per message, reduced on the GPU) and on
+  // host twins (whole-range copies around a host op), then host buffers.
+  for (const char* mode : {"in_place", "host_twin"}) {
+    auto cluster = testing::StartCluster(ranks, {absl::StrCat("--device_ops=", mode)});
+    if (cluster == nullptr) std::exit(1);
+    for (bool device : {true, false}) {
+      if (!device && std::string(mode) != "in_place") continue;
+      const double s = AllreduceSeconds(*cluster, ranks, bytes, device, iters);
+      const double busbw = 2.0 * (ranks - 1) / ranks * bytes / s / 1e9;
+      std::printf("| %s | %.1f ms | %.2f |\n",
+                  device ? absl::StrCat("device (cuda:0), ", mode).c_str() : "host", s * 1e3,
+                  busbw);
+    }
+    CHECK_OK(cluster->StopAll());
   }
-  CHECK_OK(cluster->StopAll());
 }
 
 }  // namespace

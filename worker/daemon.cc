@@ -449,6 +449,7 @@ absl::StatusOr<std::shared_ptr<JobExecutor>> Daemon::GetOrCreateExecutor(
   // links; a job whose ranks all use this daemon needs neither.
   std::unique_ptr<transport::Context> node_ctx;
   LinkParams link;
+  bool node_moves_device_memory = false;  // RDMA with GPUDirect
   std::string transport_name = "local";  // every rank on this daemon: no network
   std::string transport_detail = "every rank of the job on this daemon";
   if (placement.nodes() > 1) {
@@ -458,6 +459,7 @@ absl::StatusOr<std::shared_ptr<JobExecutor>> Daemon::GetOrCreateExecutor(
     if (!choice.ok()) return fail(choice.status());
     transport::Device* device = choice->rdma ? rdma_device_ : device_.get();
     transport_name = choice->rdma ? "rdma" : "tcp";
+    node_moves_device_memory = choice->rdma && rdma_device_->gpudirect();
     transport_detail = choice->rdma ? rdma_device_->description()
                                     : absl::StrCat(streams, " TCP stream(s) per peer",
                                                    choice->why_not_rdma.empty() ? "" : "; not RDMA: ",
@@ -540,6 +542,8 @@ absl::StatusOr<std::shared_ptr<JobExecutor>> Daemon::GetOrCreateExecutor(
   eo.data_tls = info.data_tls;
   eo.device = ps_device;
   eo.transport = transport_name;
+  eo.device_ops_in_place = options_.device_ops_in_place;
+  eo.node_moves_device_memory = node_moves_device_memory;
   eo.transport_detail = transport_detail;
   eo.ps_partition_bytes = options_.ps_partition_bytes;
   eo.spin = options_.executor_spin;

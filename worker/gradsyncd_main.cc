@@ -81,6 +81,11 @@ ABSL_FLAG(std::string, transport, "auto",
           "data plane between daemons: auto (RDMA when every daemon of a job epoch has the same "
           "kind of RDMA port, else TCP), tcp, or rdma (refuse to start without an RDMA port, and "
           "fail jobs that cannot use it)");
+ABSL_FLAG(std::string, device_ops, "in_place",
+          "device buffers' ops: in_place (on the GPU: messages staged through page-locked host "
+          "blocks or sent by GPUDirect RDMA, reduced by CUDA kernels; for jobs with one rank per "
+          "daemon and flat plans) or host_twin (copied to host memory before each op and back "
+          "after)");
 ABSL_FLAG(std::string, rdma_device, "",
           "verbs device for RDMA (e.g. mlx5_0; empty = the first with an ACTIVE port)");
 ABSL_FLAG(int32_t, rdma_port, 0, "port of --rdma_device (0 = its first ACTIVE port)");
@@ -239,6 +244,12 @@ int main(int argc, char** argv) {
     return 2;
   } else {
     opts.transport = *mode;
+  }
+  if (const std::string d = absl::GetFlag(FLAGS_device_ops); d != "in_place" && d != "host_twin") {
+    GS_LOG(ERROR) << "--device_ops '" << d << "': expected in_place or host_twin";
+    return 2;
+  } else {
+    opts.device_ops_in_place = d == "in_place";
   }
   opts.rdma_device = absl::GetFlag(FLAGS_rdma_device);
   opts.rdma_port = absl::GetFlag(FLAGS_rdma_port);

@@ -397,8 +397,10 @@ void JobExecutor::RunCurrent(const std::vector<Session*>& members) {
       s = absl::Status(health.code(), absl::StrCat("the epoch failed earlier: ", health.message()));
     }
   }
-  // Device buffers run on their host twins.
-  if (s.ok()) s = StageDeviceBuffers(ops, bytes, /*in=*/true);
+  // Device buffers run in place on their GPU (worker/device_path.h) where
+  // the op allows, else on their host twins.
+  DevicePath* on_device = s.ok() ? DevicePathFor(ops) : nullptr;
+  if (s.ok() && on_device == nullptr) s = StageDeviceBuffers(ops, bytes, /*in=*/true);
   // The local ranks' signatures, compared in memory.
   bool local_mismatch = false;
   if (s.ok() && k > 1) {
@@ -429,15 +431,23 @@ void JobExecutor::RunCurrent(const std::vector<Session*>& members) {
     const bool fused = mine.fused() && !local_mismatch &&
                        (lead.sig.kind == CollectiveKind::kAllreduce ||
                         lead.sig.kind == CollectiveKind::kBarrier);
-    s = Exchange(ops, mine, local_mismatch, fused, &plan, &agreed_streams);
+    if (on_device != nullptr && fused) {  // the fused exchange carries the data: host twins
+      on_device = nullptr;
+      s = StageDeviceBuffers(ops, bytes, /*in=*/true);
+    }
+    if (s.ok()) s = Exchange(ops, mine, local_mismatch, fused, &plan, &agreed_streams);
     exchange = FastNow() - negotiate_start;
     TraceEvent("negotiate", "op", negotiate_start);
     if (s.ok()) {
       plan_name = one_rank_per_daemon_ || plan.path == PlanPath::kParameterServer ? plan.Name() : "hier";
-      if (!fused) {  // a fused op is done with the exchange
+      if (!fused && on_device != nullptr && plan.path != PlanPath::kFlat) {
+        on_device = nullptr;  // the PS path moves host memory
+        s = StageDeviceBuffers(ops, bytes, /*in=*/true);
+      }
+      if (!fused && s.ok()) {  // a fused op is done with the exchange
         SetPhase(absl::StrCat("running ", plan_name));
         const absl::Time run_start = TraceNow();
-        s = RunAgreed(ops, plan);
+        s = RunAgreed(ops, plan, on_device);
         TraceEvent(plan_name, "op", run_start);
       }
       if (s.ok()) {
@@ -451,7 +461,7 @@ void JobExecutor::RunCurrent(const std::vector<Session*>& members) {
       }
     }
   }
-  if (s.ok()) s = StageDeviceBuffers(ops, bytes, /*in=*/false);
+  if (s.ok() && on_device == nullptr) s = StageDeviceBuffers(ops, bytes, /*in=*/false);
   const absl::Time end = FastNow();
   absl::Status first_failure;
   for (size_t i = 0; i < k; ++i) {
@@ -490,7 +500,8 @@ void JobExecutor::RunCurrent(const std::vector<Session*>& members) {
   if (options_.observer != nullptr) Account(bytes, end - negotiate_start, end);
 }
 
-absl::Status JobExecutor::RunAgreed(const std::vector<QueuedOp*>& ops, const Plan& plan) {
+absl::Status JobExecutor::RunAgreed(const std::vector<QueuedOp*>& ops, const Plan& plan,
+                                    DevicePath* on_device) {
   const QueuedOp& lead = *ops[0];
   const JobPlacement& place = options_.placement;
   const CollectiveKind kind = lead.sig.kind;
@@ -537,6 +548,7 @@ absl::Status JobExecutor::RunAgreed(const std::vector<QueuedOp*>& ops, const Pla
                                                      "', which does not implement ",
                                                      CollectiveName(kind)));
     }
+    if (on_device != nullptr) return RunOnDevice(*on_device, lead, plan.algorithm);
     CollectiveCall call;
     call.kind = kind;
     call.buffer = transport::Buffer{lead.data(), CollectiveBufferBytes(kind, lead.sig.count,
@@ -582,14 +594,5 @@ absl::StatusOr<const transport::MemoryRegion*> JobExecutor::BufferRegion(const Q
                             std::weak_ptr<const void>(op.buffer));
 }
 
-absl::Status JobExecutor::StageDeviceBuffers(const std::vector<QueuedOp*>& ops, size_t bytes, bool in) {
-  for (size_t i = 0; i < ops.size(); ++i) {
-    DeviceMemory* d = ops[i]->device.get();
-    if (d == nullptr) continue;
-    absl::Status s = in ? d->StageIn(ops[i]->offset, bytes) : d->StageOut(ops[i]->offset, bytes);
-    if (!s.ok()) return absl::Status(s.code(), absl::StrCat("rank ", local_[i], ": ", s.message()));
-  }
-  return absl::OkStatus();
-}
 
 }  // namespace gradsync

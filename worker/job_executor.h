@@ -35,7 +35,9 @@
 
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -54,6 +56,7 @@
 #include "transport/memory.h"
 #include "transport/transport.h"
 #include "worker/daemon_observer.h"
+#include "worker/device_path.h"
 #include "worker/node_collectives.h"
 
 namespace gradsync {
@@ -72,6 +75,12 @@ struct JobExecutorOptions {
   std::vector<std::string> ps_shard_keys;  // what each shard proves (PsShardKey)
   bool data_tls = false;  // the shard connections run TLS too (JobOptions.data_tls)
   transport::Device* device = nullptr;  // the data plane's (PS contexts); not owned
+  // Device buffers' ops run in place on their GPU where they can (the device
+  // path), else on their host twins (gradsyncd --device_ops).
+  bool device_ops_in_place = true;
+  // The node context moves device memory itself (GPUDirect RDMA): the device
+  // path sends straight from GPU memory, no staging.
+  bool node_moves_device_memory = false;
   // The node context's transport ("tcp", "rdma"; "local" without one) and
   // its details, for status, metrics and logs.
   std::string transport = "local";
@@ -138,7 +147,14 @@ class JobExecutor {
   absl::Status Exchange(const std::vector<QueuedOp*>& ops, const Plan& mine, bool local_mismatch,
                         bool fused, Plan* agreed, uint8_t* agreed_streams);
   absl::Status CompareEverywhere(const std::vector<QueuedOp*>& ops);
-  absl::Status RunAgreed(const std::vector<QueuedOp*>& ops, const Plan& plan);
+  // `on_device`: the op runs in place on its GPU (a flat plan, one rank here).
+  absl::Status RunAgreed(const std::vector<QueuedOp*>& ops, const Plan& plan,
+                         DevicePath* on_device);
+  // job_executor_device.cc: the GPU's device path for an op whose buffer is a
+  // device buffer and that can run in place (one rank here, other daemons to
+  // reach, in-place device ops on); null: the op runs on host twins.
+  DevicePath* DevicePathFor(const std::vector<QueuedOp*>& ops);
+  absl::Status RunOnDevice(DevicePath& path, const QueuedOp& lead, Algorithm algorithm);
   // The registration on node_ctx_ of the buffer `op` runs on (cached).
   // Copies each device buffer's op range into its host twin (`in`) or the
   // result back; the error names the local rank.
@@ -163,6 +179,10 @@ class JobExecutor {
   transport::Scratch scratch_, algo_scratch_;
   // The clients' buffers registered on node_ctx_, once per buffer (executor thread only).
   transport::RegistrationCache registrations_;
+  // Device paths by GPU ordinal, made on first use; GPUs whose path could not
+  // be made run on host twins (executor thread only).
+  std::map<int, std::unique_ptr<DevicePath>> device_paths_;
+  std::set<int> device_path_failed_;
   uint64_t next_seq_ = 1;                  // executor thread only
   std::vector<std::shared_ptr<QueuedOp>> slots_;  // by local index; executor thread only
   std::vector<std::string> encoded_;       // executor thread only
