@@ -86,6 +86,11 @@ int RtPointerKind(const void* ptr, int* kind, int* device);
 
 // --- cuda_runtime_shim.cu: device memory, IPC, pinned memory, timing --------
 int RtSetDevice(int device);
+// Whether kernels on `device` can reach `peer`'s memory (cudaDeviceCanAccessPeer),
+// and then turns that on for the current device (cudaDeviceEnablePeerAccess;
+// already on is success).
+int RtCanAccessPeer(int device, int peer, int* can);
+int RtEnablePeerAccess(int peer);
 // The device's 16-byte UUID (cudaDeviceProp::uuid).
 int RtDeviceUuid(int device, unsigned char uuid[16]);
 constexpr size_t kIpcHandleBytes = 64;  // sizeof(cudaIpcMemHandle_t)

@@ -83,6 +83,23 @@ absl::Status SetDevice(int device) {
   return absl::OkStatus();
 }
 
+absl::Status EnablePeerAccess(int device, int peer) {
+  if (device == peer) return absl::OkStatus();
+  RETURN_IF_ERROR(SetDevice(device));
+  int can = 0;
+  if (int e = rt::RtCanAccessPeer(device, peer, &can); e != rt::kCudaSuccess) {
+    return CudaCallError("cudaDeviceCanAccessPeer", e);
+  }
+  if (can == 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "GPU ", device, " cannot reach GPU ", peer, "'s memory (no peer access between them)"));
+  }
+  if (int e = rt::RtEnablePeerAccess(peer); e != rt::kCudaSuccess) {
+    return CudaCallError(absl::StrCat("cudaDeviceEnablePeerAccess(", peer, ")"), e);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ResetDevice(int device) {
   RETURN_IF_ERROR(SetDevice(device));
   if (int e = rt::RtDeviceReset(); e != rt::kCudaSuccess) return CudaCallError("cudaDeviceReset", e);

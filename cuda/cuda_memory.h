@@ -34,6 +34,10 @@ absl::StatusOr<int> DeviceWithUuid(absl::string_view uuid);
 absl::StatusOr<int> DeviceOfPointer(const void* ptr);
 // cudaSetDevice for the calling thread.
 absl::Status SetDevice(int device);
+// Lets kernels on `device` read and write `peer`'s memory (peer access over
+// NVLink or PCIe); FailedPrecondition when the two cannot reach each other.
+// The same device is OK at once.
+absl::Status EnablePeerAccess(int device, int peer);
 // Destroys this process's primary context on `device` (cudaDeviceReset):
 // every allocation, stream and mapping made there must be gone.
 absl::Status ResetDevice(int device);

@@ -12,6 +12,7 @@ absl::StatusOr<int> DeviceWithUuid(absl::string_view) { return CudaUsable(); }
 absl::StatusOr<int> DeviceOfPointer(const void*) { return CudaUsable(); }
 absl::Status SetDevice(int) { return CudaUsable(); }
 absl::Status ResetDevice(int) { return CudaUsable(); }
+absl::Status EnablePeerAccess(int, int) { return CudaUsable(); }
 absl::StatusOr<IpcExport> ExportIpc(const void*) { return CudaUsable(); }
 absl::StatusOr<DmaBufExport> ExportDmaBuf(const void*, size_t) { return CudaUsable(); }
 bool DmaBufSupported(int, std::string* why) {

@@ -82,6 +82,17 @@ int RtPointerKind(const void* ptr, int* kind, int* device) {
 }
 
 int RtSetDevice(int device) { return static_cast<int>(cudaSetDevice(device)); }
+int RtCanAccessPeer(int device, int peer, int* can) {
+  return static_cast<int>(cudaDeviceCanAccessPeer(can, device, peer));
+}
+int RtEnablePeerAccess(int peer) {
+  const cudaError_t e = cudaDeviceEnablePeerAccess(peer, 0);
+  if (e == cudaErrorPeerAccessAlreadyEnabled) {
+    cudaGetLastError();
+    return static_cast<int>(cudaSuccess);
+  }
+  return static_cast<int>(e);
+}
 
 int RtDeviceUuid(int device, unsigned char uuid[16]) {
   cudaDeviceProp p;

@@ -154,9 +154,11 @@ LocalCluster* DeviceBuffersOnAGpu::cluster_ = nullptr;
 // Every dtype (sum), then every op (f32), on buffers the daemons allocated
 // for ranks 0 and 2 and memory the test holds for ranks 1 and 3, with a
 // count that splits unevenly over 4 ranks.
-void FourRankAllreduceIsBitExact(LocalCluster& cluster, const std::string& job) {
+// Rank r on daemon daemons[r] (default: rank r on daemon r).
+void FourRankAllreduceIsBitExact(LocalCluster& cluster, const std::string& job,
+                                 std::vector<int> daemons = testing::FirstN(4)) {
   constexpr int kRanks = 4;
-  auto ranks = testing::OpenJob(cluster, job, testing::FirstN(kRanks));
+  auto ranks = testing::OpenJob(cluster, job, daemons);
   ASSERT_TRUE(ranks.ok()) << ranks.status();
   constexpr size_t kCount = (1 << 20) + 3;
   std::vector<std::unique_ptr<client::Buffer>> bufs(kRanks);
@@ -224,6 +226,16 @@ TEST_F(DeviceBuffersOnAGpu, FourRankAllreduceIsBitExactForEveryDTypeAndOp) {
                                   "run in place, staged through page-locked host blocks"))
         << "daemon " << d;
   }
+}
+
+// Two ranks on each of two daemons: combined on the GPU (hierarchical path
+// in place), then across the daemons.
+TEST(DeviceBuffersColocated, TwoRanksPerDaemonAllreduceIsBitExactForEveryDTypeAndOp) {
+  GPU_OR_SKIP();
+  auto cluster = testing::StartCluster(2);
+  ASSERT_NE(cluster, nullptr);
+  FourRankAllreduceIsBitExact(*cluster, "device-colocated", {0, 0, 1, 1});
+  EXPECT_TRUE(absl::StrContains(testing::ReadTextFile(cluster->daemon_log(0)), "run in place"));
 }
 
 TEST(DeviceBuffersOnHostTwins, FourRankAllreduceIsBitExactForEveryDTypeAndOp) {

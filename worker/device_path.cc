@@ -129,13 +129,13 @@ void CudaReducer::Copy(void* dst, const void* src, size_t bytes) const {
 // --- DevicePath ------------------------------------------------------------------
 
 absl::StatusOr<std::unique_ptr<DevicePath>> DevicePath::Create(int device,
-                                                               transport::Context& node_ctx,
+                                                               transport::Context* node_ctx,
                                                                bool direct) {
   std::unique_ptr<DevicePath> p(new DevicePath(device, node_ctx));
   ASSIGN_OR_RETURN(p->reducer_, CudaReducer::Create(device));
-  if (!direct) {
+  if (node_ctx != nullptr && !direct) {
     ASSIGN_OR_RETURN(p->copier_, CudaCopier::Create(device));
-    p->staging_ = std::make_unique<transport::StagingContext>(node_ctx, *p->copier_);
+    p->staging_ = std::make_unique<transport::StagingContext>(*node_ctx, *p->copier_);
   }
   return p;
 }

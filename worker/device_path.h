@@ -91,27 +91,37 @@ class CudaReducer final : public Reducer {
   mutable absl::Status error_;
 };
 
-// One GPU's device path on one node context.
+// One GPU's device path on one node context (null: every rank of the job is
+// on this daemon; the ops are memory copies and reductions on the GPU).
 class DevicePath {
  public:
   // `direct`: the node context moves this GPU's memory itself (GPUDirect RDMA).
   static absl::StatusOr<std::unique_ptr<DevicePath>> Create(int device,
-                                                            transport::Context& node_ctx,
+                                                            transport::Context* node_ctx,
                                                             bool direct);
   int device() const { return device_; }
-  transport::Context& context() { return staging_ != nullptr ? *staging_ : node_ctx_; }
+  // The node context to run the op on (null without one).
+  transport::Context* context() {
+    return staging_ != nullptr ? staging_.get() : node_ctx_;
+  }
   const CudaReducer& reducer() const { return *reducer_; }
+  // GPU scratch: for the in-memory stages and for the algorithms.
   transport::Scratch& scratch() { return scratch_; }
-  // Staging counters (null when direct).
+  transport::Scratch& algo_scratch() { return algo_scratch_; }
+  // Staging counters (null when direct or without a node context).
   const transport::StagingContext* staging() const { return staging_.get(); }
 
  private:
-  DevicePath(int device, transport::Context& node_ctx)
-      : device_(device), node_ctx_(node_ctx), allocator_(device), scratch_(allocator_) {}
+  DevicePath(int device, transport::Context* node_ctx)
+      : device_(device),
+        node_ctx_(node_ctx),
+        allocator_(device),
+        scratch_(allocator_),
+        algo_scratch_(allocator_) {}
   const int device_;
-  transport::Context& node_ctx_;
+  transport::Context* node_ctx_;
   CudaAllocator allocator_;
-  transport::Scratch scratch_;
+  transport::Scratch scratch_, algo_scratch_;
   std::unique_ptr<CudaReducer> reducer_;
   std::unique_ptr<CudaCopier> copier_;
   std::unique_ptr<transport::StagingContext> staging_;  // destroyed before the copier

@@ -421,9 +421,14 @@ void JobExecutor::RunCurrent(const std::vector<Session*>& members) {
                   : lead.sig.forced != kAutoCode ? PlanCodeName(lead.sig.forced)
                                                  : "ring";
       SetPhase(absl::StrCat("running ", plan_name));
-      LocalCollective c{lead.sig.kind, lead.sig.dtype, lead.sig.op, lead.sig.count, lead.sig.root, {}};
-      for (QueuedOp* op : ops) c.bufs.push_back(op->data());
-      s = RunInMemory(place, c, &scratch_, pool_.get());
+      if (on_device != nullptr) {
+        s = RunInMemoryOnDevice(*on_device, ops);
+      } else {
+        LocalCollective c{lead.sig.kind, lead.sig.dtype, lead.sig.op, lead.sig.count,
+                          lead.sig.root, {}};
+        for (QueuedOp* op : ops) c.bufs.push_back(op->data());
+        s = RunInMemory(place, c, &scratch_, pool_.get());
+      }
     }
     exchange = FastNow() - negotiate_start;
   } else if (s.ok()) {
@@ -440,7 +445,7 @@ void JobExecutor::RunCurrent(const std::vector<Session*>& members) {
     TraceEvent("negotiate", "op", negotiate_start);
     if (s.ok()) {
       plan_name = one_rank_per_daemon_ || plan.path == PlanPath::kParameterServer ? plan.Name() : "hier";
-      if (!fused && on_device != nullptr && plan.path != PlanPath::kFlat) {
+      if (!fused && on_device != nullptr && plan.path == PlanPath::kParameterServer) {
         on_device = nullptr;  // the PS path moves host memory
         s = StageDeviceBuffers(ops, bytes, /*in=*/true);
       }
@@ -500,99 +505,6 @@ void JobExecutor::RunCurrent(const std::vector<Session*>& members) {
   if (options_.observer != nullptr) Account(bytes, end - negotiate_start, end);
 }
 
-absl::Status JobExecutor::RunAgreed(const std::vector<QueuedOp*>& ops, const Plan& plan,
-                                    DevicePath* on_device) {
-  const QueuedOp& lead = *ops[0];
-  const JobPlacement& place = options_.placement;
-  const CollectiveKind kind = lead.sig.kind;
-  if (plan.path == PlanPath::kParameterServer) {
-    if (ps_ == nullptr) {
-      return absl::FailedPreconditionError("rank 0 chose the parameter server; this daemon has no shards");
-    }
-    if (kind != CollectiveKind::kAllreduce) {
-      return absl::InvalidArgumentError(absl::StrCat("rank 0 chose 'ps', which does not implement ",
-                                                     CollectiveName(kind)));
-    }
-    ps::PsMemory memory;  // the client's shared-memory buffer, registered once
-    if (lead.buffer != nullptr) {
-      memory.whole = transport::Buffer{lead.buffer->data(), lead.buffer->size()};
-      memory.owner = lead.buffer;
-    }
-    const ps::PsMemory* mem = lead.buffer != nullptr ? &memory : nullptr;
-    if (one_rank_per_daemon_) {
-      return ps_->PushPull(lead.seq, lead.data(), lead.sig.count, lead.sig.dtype, lead.sig.op,
-                           place.world, local_[0], options_.ps_partition_bytes, slicer_,
-                           lead.deadline, mem);
-    }
-    // This daemon's partial result is one worker's push.
-    std::vector<char*> bufs;
-    for (QueuedOp* op : ops) bufs.push_back(op->data());
-    const Reducer& red = CpuReducer();  // the PS path moves host memory
-    ReduceInOrder(red, bufs, lead.sig.count, lead.sig.dtype, lead.sig.op, /*divide_by=*/0);
-    absl::Status s = ps_->PushPull(lead.seq, bufs[0], lead.sig.count, lead.sig.dtype,
-                                   CombineOp(lead.sig.op), place.nodes(), place.node_index,
-                                   options_.ps_partition_bytes, slicer_, lead.deadline, mem);
-    if (!s.ok()) return s;
-    const size_t data_bytes = lead.sig.count * DTypeSize(lead.sig.dtype);
-    if (lead.sig.op == ReduceOp::kAvg) red.Divide(lead.sig.dtype, bufs[0], lead.sig.count, place.world);
-    for (size_t i = 1; i < bufs.size(); ++i) red.Copy(bufs[i], bufs[0], data_bytes);
-    return absl::OkStatus();
-  }
-  if (one_rank_per_daemon_) {
-    if (plan.path == PlanPath::kHierarchical) {
-      return absl::FailedPreconditionError(
-          "rank 0 chose the hierarchical path; this job has one rank per daemon");
-    }
-    if (!Implements(plan.algorithm, kind)) {
-      return absl::InvalidArgumentError(absl::StrCat("rank 0 chose '", plan.Name(),
-                                                     "', which does not implement ",
-                                                     CollectiveName(kind)));
-    }
-    if (on_device != nullptr) return RunOnDevice(*on_device, lead, plan.algorithm);
-    CollectiveCall call;
-    call.kind = kind;
-    call.buffer = transport::Buffer{lead.data(), CollectiveBufferBytes(kind, lead.sig.count,
-                                                                      lead.sig.dtype, place.world)};
-    if (lead.buffer != nullptr) {
-      absl::StatusOr<const transport::MemoryRegion*> region = BufferRegion(lead);
-      if (!region.ok()) return region.status();
-      call.region = *region;
-    }
-    call.count = lead.sig.count;
-    call.dtype = lead.sig.dtype;
-    call.op = lead.sig.op;
-    call.root = lead.sig.root;
-    call.seq = lead.seq;
-    call.deadline = lead.deadline;
-    call.ring = options_.ring;
-    return RunCollective(*node_ctx_, call, plan.algorithm, &algo_scratch_);
-  }
-  // Ranks share daemons: combined in memory, one share per daemon between them.
-  const CollectiveKind stage = kind == CollectiveKind::kReduceScatter ? CollectiveKind::kAllreduce : kind;
-  Algorithm node_algo = plan.path == PlanPath::kFlat
-                            ? plan.algorithm
-                            : ChooseAlgorithm(stage, CollectiveBufferBytes(kind, lead.sig.count,
-                                                                           lead.sig.dtype, place.world),
-                                              place.nodes(), options_.link, /*allow_oneshot=*/false);
-  if (!Implements(node_algo, stage) || node_algo == Algorithm::kOneShot) node_algo = Algorithm::kRing;
-  LocalCollective c{kind, lead.sig.dtype, lead.sig.op, lead.sig.count, lead.sig.root, {}};
-  for (QueuedOp* op : ops) c.bufs.push_back(op->data());
-  if (lead.buffer != nullptr) {
-    absl::StatusOr<const transport::MemoryRegion*> region = BufferRegion(lead);
-    if (!region.ok()) return region.status();
-    c.region0 = *region;
-  }
-  absl::Time deadline = lead.deadline;
-  for (const QueuedOp* op : ops) deadline = std::min(deadline, op->deadline);
-  return RunAcrossNodes(*node_ctx_, place, c, node_algo, lead.seq, deadline, options_.ring,
-                        &scratch_, &algo_scratch_, pool_.get());
-}
-
-absl::StatusOr<const transport::MemoryRegion*> JobExecutor::BufferRegion(const QueuedOp& op) {
-  const ShmSegment& seg = *op.buffer;
-  return registrations_.Get(*node_ctx_, transport::Buffer{seg.data(), seg.size()},
-                            std::weak_ptr<const void>(op.buffer));
-}
 
 
 }  // namespace gradsync

@@ -150,11 +150,17 @@ class JobExecutor {
   // `on_device`: the op runs in place on its GPU (a flat plan, one rank here).
   absl::Status RunAgreed(const std::vector<QueuedOp*>& ops, const Plan& plan,
                          DevicePath* on_device);
-  // job_executor_device.cc: the GPU's device path for an op whose buffer is a
-  // device buffer and that can run in place (one rank here, other daemons to
-  // reach, in-place device ops on); null: the op runs on host twins.
+  // job_executor_run.cc. The device path of an op whose buffers are all
+  // device buffers, on GPUs the lead's can reach, with in-place device ops
+  // on; null: the op runs on host twins.
   DevicePath* DevicePathFor(const std::vector<QueuedOp*>& ops);
-  absl::Status RunOnDevice(DevicePath& path, const QueuedOp& lead, Algorithm algorithm);
+  // c->bufs: the ops' device memory, c's reducer and bufs[0]'s registration.
+  absl::Status DeviceLocal(DevicePath& path, const std::vector<QueuedOp*>& ops,
+                           LocalCollective* c);
+  // `s`, or the CUDA reducer's error when the op ran but a kernel failed.
+  absl::Status DeviceResult(DevicePath& path, absl::Status s);
+  absl::Status RunFlatOnDevice(DevicePath& path, const QueuedOp& lead, Algorithm algorithm);
+  absl::Status RunInMemoryOnDevice(DevicePath& path, const std::vector<QueuedOp*>& ops);
   // The registration on node_ctx_ of the buffer `op` runs on (cached).
   // Copies each device buffer's op range into its host twin (`in`) or the
   // result back; the error names the local rank.
@@ -183,6 +189,7 @@ class JobExecutor {
   // be made run on host twins (executor thread only).
   std::map<int, std::unique_ptr<DevicePath>> device_paths_;
   std::set<int> device_path_failed_;
+  std::set<int> peer_access_;  // GPUs the device paths' kernels may reach
   uint64_t next_seq_ = 1;                  // executor thread only
   std::vector<std::shared_ptr<QueuedOp>> slots_;  // by local index; executor thread only
   std::vector<std::string> encoded_;       // executor thread only
