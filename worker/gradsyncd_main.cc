@@ -83,8 +83,8 @@ ABSL_FLAG(std::string, transport, "auto",
           "fail jobs that cannot use it)");
 ABSL_FLAG(std::string, device_ops, "in_place",
           "device buffers' ops: in_place (on the GPU: messages staged through page-locked host "
-          "blocks or sent by GPUDirect RDMA, reduced by CUDA kernels; for jobs with one rank per "
-          "daemon and flat plans) or host_twin (copied to host memory before each op and back "
+          "blocks or sent by GPUDirect RDMA, reduced by CUDA kernels, co-located ranks combined on "
+          "the GPU; not the PS path) or host_twin (copied to host memory before each op and back "
           "after)");
 ABSL_FLAG(std::string, rdma_device, "",
           "verbs device for RDMA (e.g. mlx5_0; empty = the first with an ACTIVE port)");
