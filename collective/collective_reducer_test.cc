@@ -60,25 +60,6 @@ class CountingReducer final : public Reducer {
   mutable std::atomic<int> calls_{0};
 };
 
-// Host memory that claims to be cuda:0, to reach the checks that follow the
-// memory-kind ones without a GPU.
-class CudaLabelledReducer final : public Reducer {
- public:
-  transport::MemKind kind() const override { return transport::MemKind::Cuda(0); }
-  void Reduce(DType t, ReduceOp op, void* dst, const void* src, size_t count) const override {
-    CpuReducer().Reduce(t, op, dst, src, count);
-  }
-  void Combine(DType t, ReduceOp op, void* dst, const void* a, const void* b,
-               size_t count) const override {
-    CpuReducer().Combine(t, op, dst, a, b, count);
-  }
-  void Divide(DType t, void* data, size_t count, int64_t divisor) const override {
-    CpuReducer().Divide(t, data, count, divisor);
-  }
-  void Copy(void* dst, const void* src, size_t bytes) const override {
-    CpuReducer().Copy(dst, src, bytes);
-  }
-};
 
 class CudaLabelledAllocator final : public transport::MemoryAllocator {
  public:
@@ -146,7 +127,9 @@ TEST(Collectives, AlgorithmsReduceWithTheCallsReducerAndCheckItsMemoryKind) {
   absl::Status s = RunCollective(*w.cluster.contexts[0], call, Algorithm::kRing, &w.scratch[0]);
   EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
   EXPECT_EQ(s.message(), "allreduce: the buffer is cuda:0 memory, the reducer works on host memory");
-  const CudaLabelledReducer cuda_reducer;
+  // Host memory that claims to be cuda:0 (the emulated device's reducer), to
+  // reach the checks that follow the memory-kind ones without a GPU.
+  const Reducer& cuda_reducer = *testing::ReducerFor(testing::DeviceKind::kTcpStaged);
   call.reducer = &cuda_reducer;
   s = RunCollective(*w.cluster.contexts[0], call, Algorithm::kRing, &w.scratch[0]);
   EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;

@@ -76,45 +76,57 @@ void StagingContext::GiveBack(std::unique_ptr<Block> block) {
   if (block != nullptr) free_[block->size].push_back(std::move(block));
 }
 
+bool StagingContext::SendsWaiting(int peer) const {
+  for (const Staged& s : staged_) {
+    if (s.send && s.peer == peer && s.stage != Stage::kTransferring) return true;
+  }
+  return false;
+}
+
 absl::Status StagingContext::PostSend(int peer, const MemoryRegion& mr, size_t offset, size_t len,
                                       const MessageTag& tag, Request* req) {
-  if (mr.kind().type == MemKind::kHost) return inner_.PostSend(peer, mr, offset, len, tag, req);
+  const bool host = mr.kind().type == MemKind::kHost;
+  if (host && !SendsWaiting(peer)) return inner_.PostSend(peer, mr, offset, len, tag, req);
   RETURN_IF_ERROR(inner_.health());
-  if (!(mr.kind() == copier_.kind()) || offset > mr.size() || len > mr.size() - offset) {
+  if ((!host && !(mr.kind() == copier_.kind())) || offset > mr.size() ||
+      len > mr.size() - offset) {
     return absl::InvalidArgumentError(absl::StrCat("send of [", offset, ", +", len, ") of a ",
                                                    mr.size(), "-byte ", mr.kind().ToString(),
                                                    " region this context cannot stage"));
   }
-  ASSIGN_OR_RETURN(std::unique_ptr<Block> block, TakeBlock(len));
   Staged s;
   s.send = true;
   s.peer = peer;
   s.user = req;
-  s.device = mr.data() + offset;
   s.bytes = len;
   s.tag = tag;
-  if (len > 0) {
-    absl::StatusOr<uint64_t> ticket =
-        copier_.Copy(DeviceCopier::Direction::kToHost, block->data, s.device, len);
-    if (!ticket.ok()) {
-      GiveBack(std::move(block));
-      return FailWith(ticket.status());
+  s.stage = Stage::kReady;
+  if (host) {  // queued behind staged sends to the peer, sent from its own memory
+    s.direct_region = &mr;
+    s.direct_offset = offset;
+  } else {
+    ASSIGN_OR_RETURN(s.block, TakeBlock(len));
+    s.device = mr.data() + offset;
+    if (len > 0) {
+      absl::StatusOr<uint64_t> ticket =
+          copier_.Copy(DeviceCopier::Direction::kToHost, s.block->data, s.device, len);
+      if (!ticket.ok()) {
+        GiveBack(std::move(s.block));
+        return FailWith(ticket.status());
+      }
+      s.ticket = *ticket;
+      s.stage = Stage::kCopying;
+      ++copies_in_flight_;
+      counters_.max_copies_in_flight =
+          std::max(counters_.max_copies_in_flight, copies_in_flight_);
     }
-    s.ticket = *ticket;
-    ++copies_in_flight_;
-    counters_.max_copies_in_flight = std::max(counters_.max_copies_in_flight, copies_in_flight_);
+    ++counters_.staged_sends;
   }
-  s.block = std::move(block);
   req->done = false;
   req->bytes = 0;
   staged_.push_back(std::move(s));
-  ++counters_.staged_sends;
-  if (len == 0) {  // nothing to copy: on the wire at once
-    Staged& last = staged_.back();
-    last.stage = Stage::kTransferring;
-    RETURN_IF_ERROR(inner_.PostSend(peer, *last.block->region, 0, 0, tag, &last.inner));
-  }
-  return absl::OkStatus();
+  bool completed = false;
+  return Advance(&completed);  // a ready one goes out now (its completion is seen in Progress)
 }
 
 absl::Status StagingContext::PostRecv(int peer, const MemoryRegion& mr, size_t offset,
@@ -156,29 +168,42 @@ absl::Status StagingContext::PostRecv(int peer, const MemoryRegion& mr, size_t o
 }
 
 absl::Status StagingContext::Advance(bool* completed) {
+  // Peers with a send not yet posted, in posting order: later sends wait.
+  std::vector<int> held;
+  auto is_held = [&](int peer) { return std::find(held.begin(), held.end(), peer) != held.end(); };
   for (auto it = staged_.begin(); it != staged_.end();) {
     Staged& s = *it;
     if (s.stage == Stage::kCopying) {
       absl::StatusOr<bool> done = copier_.Done(s.ticket);
       if (!done.ok()) return FailWith(done.status());
       if (!*done) {
+        if (s.send) held.push_back(s.peer);
         ++it;
         continue;
       }
       --copies_in_flight_;
-      if (s.send) {  // in the block: on the wire (the post may complete it at once)
-        s.stage = Stage::kTransferring;
-        RETURN_IF_ERROR(inner_.PostSend(s.peer, *s.block->region, 0, s.bytes, s.tag, &s.inner));
-        continue;  // look at it again
+      if (s.send) {
+        s.stage = Stage::kReady;
+      } else {  // received and copied to the device: the receive is done
+        s.user->bytes = s.inner.bytes;
+        s.user->done = true;
+        *completed = true;
+        GiveBack(std::move(s.block));
+        it = staged_.erase(it);
+        continue;
       }
-      // Received and copied to the device: the receive is done.
-      s.user->bytes = s.inner.bytes;
-      s.user->done = true;
-      *completed = true;
-      GiveBack(std::move(s.block));
-      it = staged_.erase(it);
-      continue;
     }
+    if (s.stage == Stage::kReady) {
+      if (is_held(s.peer)) {
+        ++it;
+        continue;
+      }
+      s.stage = Stage::kTransferring;  // the post may complete it at once: looked at below
+      const MemoryRegion& from = s.direct_region != nullptr ? *s.direct_region : *s.block->region;
+      RETURN_IF_ERROR(inner_.PostSend(s.peer, from, s.direct_region != nullptr ? s.direct_offset : 0,
+                                      s.bytes, s.tag, &s.inner));
+    }
+    // kTransferring.
     if (!s.inner.done) {
       ++it;
       continue;

@@ -12,7 +12,8 @@
 // segment (with the device's Reducer) while later ones travel. No device-wide
 // synchronization: completions are polled per copy (CUDA events).
 //
-// Host memory passes straight through to the inner context. Blocks are pooled
+// Host memory passes straight through to the inner context (a send queued
+// behind staged sends to the same peer, to keep their order). Blocks are pooled
 // by size class (power of two), registered once with the inner context, and
 // bounded by what is in flight. Threading: as any context (one driving
 // thread; Abort and Interrupt from any thread).
@@ -95,7 +96,11 @@ class StagingContext final : public Context {
     size_t size = 0;
     std::unique_ptr<MemoryRegion> region;  // on the inner context
   };
-  enum class Stage { kCopying, kTransferring };
+  // A send: kCopying (device -> block), kReady (waiting for the sends to the
+  // same peer posted before it: the inner context delivers a peer's messages
+  // in posting order and the receiver may expect that order), kTransferring.
+  // A receive: kTransferring (on the inner context), kCopying (block -> device).
+  enum class Stage { kCopying, kReady, kTransferring };
   struct Staged {
     bool send = false;
     int peer = 0;
@@ -106,6 +111,10 @@ class StagingContext final : public Context {
     bool exact = false;
     MessageTag tag;
     std::unique_ptr<Block> block;
+    // A host-memory send queued behind staged ones to the same peer: sent
+    // from [direct, +bytes) of `direct_region` (no block, no copy).
+    const MemoryRegion* direct_region = nullptr;
+    size_t direct_offset = 0;
     Stage stage = Stage::kCopying;
     uint64_t ticket = 0;
   };
@@ -114,6 +123,8 @@ class StagingContext final : public Context {
   void GiveBack(std::unique_ptr<Block> block);
   // Moves every staged message along; *completed when a user request finished.
   absl::Status Advance(bool* completed);
+  // Whether a send to `peer` waits to be posted to the inner context.
+  bool SendsWaiting(int peer) const;
   absl::Status FailWith(const absl::Status& reason);
   bool Copying() const;
 

@@ -105,6 +105,39 @@ TEST(StagingContext, DeviceMemoryArrivesBitExactWithCopiesOverlapping) {
   EXPECT_GT(p.copiers[0]->finished(), 0u);
 }
 
+// A peer's messages leave in posting order even when a later one needs no
+// copy (empty) or is host memory: the receiver here posts each receive only
+// after the previous one completed, so a message that overtook would find no
+// receive and fail the context.
+TEST(StagingContext, MessagesToAPeerKeepTheirPostingOrder) {
+  Pair p = Connect(absl::Milliseconds(20));  // the first message's copy is slow
+  std::vector<char> dev(4096, 'd'), host(64, 'h'), in_dev(4096, 0), in_host(64, 0);
+  auto dmr = *p.staged[0]->RegisterMemory(dev.data(), dev.size(), EmulatedDevice());
+  auto hmr = *p.staged[0]->RegisterMemory(host.data(), host.size());
+  auto in_dmr = *p.staged[1]->RegisterMemory(in_dev.data(), in_dev.size(), EmulatedDevice());
+  auto in_hmr = *p.staged[1]->RegisterMemory(in_host.data(), in_host.size());
+  std::vector<Request> sends(3);
+  ASSERT_TRUE(p.staged[0]->PostSend(1, *dmr, 0, 4096, Tag(1, 0), &sends[0]).ok());
+  ASSERT_TRUE(p.staged[0]->PostSend(1, *dmr, 0, 0, Tag(1, 1), &sends[1]).ok());
+  ASSERT_TRUE(p.staged[0]->PostSend(1, *hmr, 0, 64, Tag(1, 2), &sends[2]).ok());
+  absl::Status receiver;
+  std::thread t([&] {
+    for (uint32_t slot = 0; slot < 3 && receiver.ok(); ++slot) {
+      std::vector<Request> r(1);
+      const MemoryRegion& into = slot == 2 ? *in_hmr : *in_dmr;
+      receiver = p.staged[1]->PostRecv(0, into, 0, slot == 0 ? 4096 : slot == 1 ? 0 : 64, true,
+                                       Tag(1, slot), &r[0]);
+      if (receiver.ok()) receiver = WaitAll(*p.staged[1], r);
+    }
+  });
+  const absl::Status sender = WaitAll(*p.staged[0], sends);
+  t.join();
+  EXPECT_TRUE(sender.ok()) << sender;
+  EXPECT_TRUE(receiver.ok()) << receiver;
+  EXPECT_EQ(in_dev, dev);
+  EXPECT_EQ(in_host, host);
+}
+
 TEST(StagingContext, HostMemoryPassesStraightThrough) {
   Pair p = Connect(absl::ZeroDuration());
   std::vector<char> src(1000, 'h'), dst(1000, 0);

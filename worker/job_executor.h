@@ -46,6 +46,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "collective/collectives.h"
 #include "collective/cost_model.h"
 #include "collective/planner.h"
 #include "collective/ring_allreduce.h"
@@ -160,6 +161,8 @@ class JobExecutor {
   // `s`, or the CUDA reducer's error when the op ran but a kernel failed.
   absl::Status DeviceResult(DevicePath& path, absl::Status s);
   absl::Status RunFlatOnDevice(DevicePath& path, const QueuedOp& lead, Algorithm algorithm);
+  // The flat call of `lead` on its buffer at `data` (host or device memory).
+  CollectiveCall FlatCall(const QueuedOp& lead, char* data, transport::MemKind kind) const;
   absl::Status RunInMemoryOnDevice(DevicePath& path, const std::vector<QueuedOp*>& ops);
   // The registration on node_ctx_ of the buffer `op` runs on (cached).
   // Copies each device buffer's op range into its host twin (`in`) or the

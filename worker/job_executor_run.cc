@@ -63,22 +63,12 @@ absl::Status JobExecutor::RunAgreed(const std::vector<QueuedOp*>& ops, const Pla
                                                      CollectiveName(kind)));
     }
     if (on_device != nullptr) return RunFlatOnDevice(*on_device, lead, plan.algorithm);
-    CollectiveCall call;
-    call.kind = kind;
-    call.buffer = transport::Buffer{lead.data(), CollectiveBufferBytes(kind, lead.sig.count,
-                                                                      lead.sig.dtype, place.world)};
+    CollectiveCall call = FlatCall(lead, lead.data(), transport::MemKind::Host());
     if (lead.buffer != nullptr) {
       absl::StatusOr<const transport::MemoryRegion*> region = BufferRegion(lead);
       if (!region.ok()) return region.status();
       call.region = *region;
     }
-    call.count = lead.sig.count;
-    call.dtype = lead.sig.dtype;
-    call.op = lead.sig.op;
-    call.root = lead.sig.root;
-    call.seq = lead.seq;
-    call.deadline = lead.deadline;
-    call.ring = options_.ring;
     return RunCollective(*node_ctx_, call, plan.algorithm, &algo_scratch_);
   }
   // Ranks share daemons: combined in memory, one share per daemon between them.
@@ -185,23 +175,14 @@ absl::Status JobExecutor::RunInMemoryOnDevice(DevicePath& path, const std::vecto
   return DeviceResult(path, RunInMemory(options_.placement, c, &path.scratch()));
 }
 
-absl::Status JobExecutor::RunFlatOnDevice(DevicePath& path, const QueuedOp& lead,
-                                          Algorithm algorithm) {
-  const JobPlacement& place = options_.placement;
-  const transport::MemKind kind = transport::MemKind::Cuda(path.device());
-  const DeviceMemory& memory = *lead.device;
+CollectiveCall JobExecutor::FlatCall(const QueuedOp& lead, char* data,
+                                     transport::MemKind kind) const {
   CollectiveCall call;
   call.kind = lead.sig.kind;
-  call.buffer = transport::Buffer{memory.device_data() + lead.offset,
+  call.buffer = transport::Buffer{data,
                                   CollectiveBufferBytes(lead.sig.kind, lead.sig.count,
-                                                        lead.sig.dtype, place.world),
+                                                        lead.sig.dtype, options_.placement.world),
                                   kind};
-  // The whole device buffer, registered once on the path's context.
-  absl::StatusOr<const transport::MemoryRegion*> region = registrations_.Get(
-      *path.context(), transport::Buffer{memory.device_data(), memory.size(), kind},
-      std::weak_ptr<const void>(lead.device));
-  if (!region.ok()) return region.status();
-  call.region = *region;
   call.count = lead.sig.count;
   call.dtype = lead.sig.dtype;
   call.op = lead.sig.op;
@@ -209,6 +190,19 @@ absl::Status JobExecutor::RunFlatOnDevice(DevicePath& path, const QueuedOp& lead
   call.seq = lead.seq;
   call.deadline = lead.deadline;
   call.ring = options_.ring;
+  return call;
+}
+
+absl::Status JobExecutor::RunFlatOnDevice(DevicePath& path, const QueuedOp& lead,
+                                          Algorithm algorithm) {
+  const transport::MemKind kind = transport::MemKind::Cuda(path.device());
+  const DeviceMemory& memory = *lead.device;
+  CollectiveCall call = FlatCall(lead, memory.device_data() + lead.offset, kind);
+  // The whole device buffer, registered once on the path's context.
+  ASSIGN_OR_RETURN(call.region,
+                   registrations_.Get(*path.context(),
+                                      transport::Buffer{memory.device_data(), memory.size(), kind},
+                                      std::weak_ptr<const void>(lead.device)));
   call.reducer = &path.reducer();
   return DeviceResult(path, RunCollective(*path.context(), call, algorithm,
                                           &path.algo_scratch()));
