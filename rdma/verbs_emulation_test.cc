@@ -135,6 +135,22 @@ TEST(VerbsEmulation, SendWaitsForAReceiveAndShortReceiveIsLengthError) {
   EXPECT_EQ(sc[0].status, IBV_WC_REM_INV_REQ_ERR);
 }
 
+// Each RDMA context (job epoch) has a protection domain of its own: an rkey
+// of memory registered on another domain is refused as a bad key would be.
+TEST(VerbsEmulation, AnRkeyOfAnotherProtectionDomainIsARemoteAccessError) {
+  VerbsEmulation emu;
+  Pair p = Connect(emu);
+  auto other = *ProtectionDomain::Create(*p.ctx);  // another job's domain on the same NIC
+  std::vector<char> src(64, 's'), foreign(64, 'f');
+  auto smr = *MemoryRegion::Register(*p.pd, src.data(), src.size());
+  auto fmr = *MemoryRegion::Register(*other, foreign.data(), foreign.size());
+  ASSERT_TRUE(p.qp[0]->PostWrite(*smr, 0, 64, fmr->Remote(), 0, 1, true).ok());
+  auto sc = Drain(*p.cq[0]);
+  ASSERT_EQ(sc.size(), 1u);
+  EXPECT_EQ(sc[0].status, IBV_WC_REM_ACCESS_ERR);
+  EXPECT_EQ(foreign, std::vector<char>(64, 'f'));  // untouched
+}
+
 TEST(VerbsEmulation, FullSendQueueRefusesUntilCompletionsArePolled) {
   VerbsEmulation emu;
   Pair p = Connect(emu, QueuePairOptions{.max_send_wr = 4});

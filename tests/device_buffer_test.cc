@@ -154,7 +154,15 @@ LocalCluster* DeviceBuffersOnAGpu::cluster_ = nullptr;
 // Every dtype (sum), then every op (f32), on buffers the daemons allocated
 // for ranks 0 and 2 and memory the test holds for ranks 1 and 3, with a
 // count that splits unevenly over 4 ranks.
-// Rank r on daemon daemons[r] (default: rank r on daemon r).
+// The GPU of rank r: spread over every visible GPU (all on GPU 0 with one),
+// so a host with several runs the ranks on several, and co-located ranks on
+// different GPUs go through peer access.
+int Gpu(int r) {
+  auto devices = cuda::ListCudaDevices();
+  return devices.ok() && !devices->empty() ? r % static_cast<int>(devices->size()) : 0;
+}
+
+// Rank r on daemon daemons[r] (default: rank r on daemon r), its buffer on Gpu(r).
 void FourRankAllreduceIsBitExact(LocalCluster& cluster, const std::string& job,
                                  std::vector<int> daemons = testing::FirstN(4)) {
   constexpr int kRanks = 4;
@@ -166,11 +174,11 @@ void FourRankAllreduceIsBitExact(LocalCluster& cluster, const std::string& job,
   for (int r = 0; r < kRanks; ++r) {
     client::Session& s = *(*ranks)[r].session;
     if (r % 2 == 0) {
-      auto b = s.AllocateDeviceBuffer(kCount * 8, 0);
+      auto b = s.AllocateDeviceBuffer(kCount * 8, Gpu(r));
       ASSERT_TRUE(b.ok()) << "rank " << r << ": " << b.status();
       bufs[r] = std::move(*b);
     } else {
-      ASSERT_TRUE(cuda::SetDevice(0).ok());
+      ASSERT_TRUE(cuda::SetDevice(Gpu(r)).ok());
       auto mem = cuda::DeviceBuffer::Allocate(kCount * 8 + 256);
       ASSERT_TRUE(mem.ok()) << mem.status();
       own[r] = std::move(*mem);

@@ -72,7 +72,6 @@ using DmaBufExporter = std::function<absl::StatusOr<DmaBuf>(const void* ptr, siz
 // The verbs resources the contexts of one RDMA device share.
 struct RdmaPort {
   rdma::Context* verbs_context = nullptr;  // owned by the device
-  rdma::ProtectionDomain* pd = nullptr;
   rdma::ConnectOptions connect;  // port, GID index, MTU
   // How device (CUDA) memory registers with the NIC, if it can: GPUDirect
   // RDMA by ibv_reg_mr on the device pointer (the nvidia_peermem module) or
@@ -173,6 +172,10 @@ class RdmaContext final : public Context {
 
   const RdmaPort port_;
   const RdmaContextOptions options_;
+  // This context's own protection domain: its queue pairs reach only the
+  // memory registered on it (another job's rkeys mean nothing here). Shared
+  // with its regions, which may outlive the context.
+  std::shared_ptr<rdma::ProtectionDomain> pd_;
   std::unique_ptr<Context> bootstrap_;
   const int rank_;
   const int size_;

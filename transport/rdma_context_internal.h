@@ -75,13 +75,17 @@ inline size_t PartsOf(size_t len) {
 class RdmaRegion final : public MemoryRegion {
  public:
   RdmaRegion(char* data, size_t size, MemKind kind, uint64_t context_id,
-             std::unique_ptr<rdma::MemoryRegion> mr)
-      : MemoryRegion(data, size, kind), context_id_(context_id), mr_(std::move(mr)) {}
+             std::shared_ptr<rdma::ProtectionDomain> pd, std::unique_ptr<rdma::MemoryRegion> mr)
+      : MemoryRegion(data, size, kind),
+        context_id_(context_id),
+        pd_(std::move(pd)),
+        mr_(std::move(mr)) {}
   uint64_t context_id() const { return context_id_; }
   const rdma::MemoryRegion* mr() const { return mr_.get(); }  // null when empty
 
  private:
   const uint64_t context_id_;
+  std::shared_ptr<rdma::ProtectionDomain> pd_;  // outlives mr_
   std::unique_ptr<rdma::MemoryRegion> mr_;
 };
 

@@ -45,6 +45,8 @@ absl::StatusOr<std::unique_ptr<RdmaContext>> RdmaContext::Connect(
 absl::Status RdmaContext::SetUp(absl::Time deadline) {
   if (!wake_fd_.valid()) return absl::InternalError("eventfd failed");
   rdma::Context& vc = *port_.verbs_context;
+  ASSIGN_OR_RETURN(std::unique_ptr<rdma::ProtectionDomain> pd, rdma::ProtectionDomain::Create(vc));
+  pd_ = std::move(pd);
   ASSIGN_OR_RETURN(channel_, rdma::CompletionChannel::Create(vc));
   const int flags = fcntl(channel_->fd(), F_GETFL);
   if (flags < 0 || fcntl(channel_->fd(), F_SETFL, flags | O_NONBLOCK) != 0) {
@@ -67,7 +69,7 @@ absl::Status RdmaContext::SetUp(absl::Time deadline) {
     qo.max_send_wr = sq_depth;
     qo.max_recv_wr = rq_depth;
     qo.max_inline_data = options_.max_inline_data;
-    ASSIGN_OR_RETURN(p->qp, rdma::QueuePair::Create(*port_.pd, *cq_, *cq_, qo));
+    ASSIGN_OR_RETURN(p->qp, rdma::QueuePair::Create(*pd_, *cq_, *cq_, qo));
     if (p->qp->max_inline_data() < rdma_control::kEntryBytes) {
       return absl::FailedPreconditionError(
           absl::StrCat("the device grants ", p->qp->max_inline_data(),
@@ -75,7 +77,7 @@ absl::Status RdmaContext::SetUp(absl::Time deadline) {
     }
     p->slots.assign(rq_depth * rdma_control::kSlotBytes, '\0');
     ASSIGN_OR_RETURN(p->slots_mr,
-                     rdma::MemoryRegion::Register(*port_.pd, p->slots.data(), p->slots.size()));
+                     rdma::MemoryRegion::Register(*pd_, p->slots.data(), p->slots.size()));
     ASSIGN_OR_RETURN(rdma::QpEndpoint e, p->qp->LocalEndpoint(port_.connect));
     const std::string enc = e.Encode();
     std::memcpy(local.data() + r * enc.size(), enc.data(), enc.size());
@@ -156,14 +158,14 @@ absl::StatusOr<std::unique_ptr<MemoryRegion>> RdmaContext::RegisterMemory(void* 
       // registration keeps its own reference, the descriptor is closed here.
       ASSIGN_OR_RETURN(DmaBuf buf, port_.export_dmabuf(data, size));
       UniqueFd fd(buf.fd);
-      ASSIGN_OR_RETURN(mr, rdma::MemoryRegion::RegisterDmabuf(*port_.pd, fd.get(), buf.offset,
+      ASSIGN_OR_RETURN(mr, rdma::MemoryRegion::RegisterDmabuf(*pd_, fd.get(), buf.offset,
                                                               data, size));
     } else {
-      ASSIGN_OR_RETURN(mr, rdma::MemoryRegion::Register(*port_.pd, data, size));
+      ASSIGN_OR_RETURN(mr, rdma::MemoryRegion::Register(*pd_, data, size));
     }
   }
   return std::unique_ptr<MemoryRegion>(
-      new RdmaRegion(static_cast<char*>(data), size, kind, id(), std::move(mr)));
+      new RdmaRegion(static_cast<char*>(data), size, kind, id(), pd_, std::move(mr)));
 }
 
 std::string RdmaContext::PeerName(int peer) const {

@@ -82,9 +82,7 @@ absl::StatusOr<std::unique_ptr<RdmaDevice>> RdmaDevice::Open(RdmaDeviceOptions o
       gid_index = rdma::ChooseGidIndex(table);
     }
   }
-  ASSIGN_OR_RETURN(d->pd_, rdma::ProtectionDomain::Create(*d->context_));
   d->port_.verbs_context = d->context_.get();
-  d->port_.pd = d->pd_.get();
   d->port_.connect.port_num = port;
   d->port_.connect.gid_index = gid_index;
   d->port_.connect.path_mtu = info->active_mtu;

@@ -66,7 +66,6 @@ class RdmaDevice final : public Device {
   RdmaDevice() = default;
   RdmaDeviceOptions options_;
   std::unique_ptr<rdma::Context> context_;
-  std::unique_ptr<rdma::ProtectionDomain> pd_;
   RdmaPort port_;
   DeviceProperties properties_;
   std::string description_;
