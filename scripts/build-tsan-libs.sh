@@ -4,9 +4,12 @@
 # absl::debian3), with -fsanitize=thread, into $GRADSYNC_TSAN_LIBS/{abseil,grpc}/lib
 # (default /var/cache/gradsync-tsan). scripts/test-tsan.sh puts both first on
 # LD_LIBRARY_PATH, so ThreadSanitizer sees what synchronizes gradsync's threads:
-#  - Abseil: libabsl_synchronization and what it links. absl::Mutex, CondVar
-#    and Notification (and SpinLock in base) are the only Abseil code with
-#    TSan annotations; uninstrumented, TSan never sees a Mutex synchronize.
+#  - Abseil, all its libraries. absl::Mutex, CondVar and Notification (and
+#    SpinLock, call_once) carry TSan annotations: uninstrumented, TSan never
+#    sees a Mutex synchronize. And the atomics of other libraries hand data
+#    between threads too: absl::Status's reference count (the last Unref
+#    frees a status other threads read), the random pool's call_once and
+#    spin locks, which gRPC uses from all its threads.
 #  - gRPC: libgpr, libgrpc, libgrpc++ (+ reflection, upb, address_sorting).
 #    gRPC hands calls, messages and statuses between its threads through
 #    lock-free queues and atomics; uninstrumented, every object passed that
@@ -15,8 +18,8 @@
 # symbol the system library defines (other than weak template copies, which
 # depend on inlining) defined too. Run as root (it may add the deb-src entry
 # and install dpkg-dev, cmake and the build dependencies). Does nothing for a
-# package whose libraries for the installed version are already there.
-# About 1 minute for Abseil and 15-25 minutes for gRPC on 2 cores.
+# package whose libraries (for the installed version) are already there.
+# About 5 minutes for Abseil and 20 minutes for gRPC on 2 cores.
 set -euo pipefail
 root="${GRADSYNC_TSAN_LIBS:-/var/cache/gradsync-tsan}"
 sysdir=/usr/lib/x86_64-linux-gnu
@@ -42,7 +45,7 @@ build() {
   local ver dest work
   ver="$(dpkg-query -W -f='${source:Version}' "$bin")"
   dest="$root/$src/lib"
-  [[ -f "$dest/.built-$ver" ]] && return 0
+  [[ "$(cat "$dest/.built" 2>/dev/null)" == "$ver $targets" ]] && return 0
   echo "build-tsan-libs: building $src $ver with ThreadSanitizer into $dest"
   if ! apt-cache showsrc "$src" 2>/dev/null | grep -qx "Version: $ver"; then
     sed 's/^Types: deb$/Types: deb-src/' /etc/apt/sources.list.d/debian.sources \
@@ -64,7 +67,7 @@ build() {
     { echo "build failed: $work/build.log" >&2; exit 1; }
 
   mkdir -p "$dest"
-  rm -f "$dest"/lib* "$dest"/.built-*
+  rm -f "$dest"/lib* "$dest"/.built
   local lib name soname missing
   for lib in $(find "$work/build" -name 'lib*.so.*' -type f); do
     name="$(basename "$lib")"
@@ -77,11 +80,11 @@ build() {
     ln -sf "$name" "$dest/$soname"
   done
   rm -rf "$work"
-  touch "$dest/.built-$ver"
+  echo "$ver $targets" > "$dest/.built"
   echo "build-tsan-libs: $(find "$dest" -type f -name 'lib*' | wc -l) $src libraries in $dest"
 }
 
-build abseil libabsl20220623 "-g" synchronization -DCMAKE_CXX_STANDARD=17
+build abseil libabsl20220623 "-g" all -DCMAKE_CXX_STANDARD=17
 nm -D --defined-only "$root/abseil/lib/libabsl_synchronization.so.20220623" | c++filt |
   grep -c 'absl::debian3::Mutex::Lock()' > /dev/null || { echo "no absl::debian3::Mutex" >&2; exit 1; }
 
