@@ -47,7 +47,7 @@ build() {
   dest="$root/$src/lib"
   [[ "$(cat "$dest/.built" 2>/dev/null)" == "$ver $targets" ]] && return 0
   echo "build-tsan-libs: building $src $ver with ThreadSanitizer into $dest"
-  if ! apt-cache showsrc "$src" 2>/dev/null | grep -qx "Version: $ver"; then
+  if ! apt-cache showsrc "$src" 2>/dev/null | grep -x "Version: $ver" > /dev/null; then
     sed 's/^Types: deb$/Types: deb-src/' /etc/apt/sources.list.d/debian.sources \
       > /etc/apt/sources.list.d/gradsync-deb-src.sources
     apt-get update -q
@@ -56,7 +56,8 @@ build() {
   work="$(mktemp -d)"
   (cd "$work" && apt-get source -q "$src=$ver" > source.log 2>&1) ||
     { echo "apt-get source $src=$ver failed: $work/source.log" >&2; exit 1; }
-  local flags="$(dpkg-buildflags --get CPPFLAGS) $(dpkg-buildflags --get CXXFLAGS) ${tsan[*]} $cflags"
+  local flags
+  flags="$(dpkg-buildflags --get CPPFLAGS) $(dpkg-buildflags --get CXXFLAGS) ${tsan[*]} $cflags"
   cmake -S "$(find "$work" -maxdepth 1 -type d -name "$src-*")" -B "$work/build" \
     -DCMAKE_BUILD_TYPE=None -DCMAKE_INSTALL_PREFIX=/usr -DBUILD_SHARED_LIBS=ON \
     -DCMAKE_C_FLAGS="$flags" -DCMAKE_CXX_FLAGS="$flags" \
@@ -69,7 +70,7 @@ build() {
   mkdir -p "$dest"
   rm -f "$dest"/lib* "$dest"/.built
   local lib name soname missing
-  for lib in $(find "$work/build" -name 'lib*.so.*' -type f); do
+  while IFS= read -r lib; do
     name="$(basename "$lib")"
     soname="$(objdump -p "$lib" | awk '$1 == "SONAME" {print $2}')"
     [[ "$soname" == "$(objdump -p "$sysdir/$name" | awk '$1 == "SONAME" {print $2}')" ]] ||
@@ -78,7 +79,7 @@ build() {
     [[ -z "$missing" ]] || { echo "$name lacks symbols of $sysdir/$name: $missing" >&2; exit 1; }
     cp "$lib" "$dest/$name"
     ln -sf "$name" "$dest/$soname"
-  done
+  done < <(find "$work/build" -name 'lib*.so.*' -type f)
   rm -rf "$work"
   echo "$ver $targets" > "$dest/.built"
   echo "build-tsan-libs: $(find "$dest" -type f -name 'lib*' | wc -l) $src libraries in $dest"
@@ -92,6 +93,7 @@ nm -D --defined-only "$root/abseil/lib/libabsl_synchronization.so.20220623" | c+
 # and so libprotoc; the other build dependencies are what gradsync links.
 need libprotoc-dev libc-ares-dev libre2-dev libssl-dev zlib1g-dev libabsl-dev libprotobuf-dev \
   protobuf-compiler
+# -g1: line tables (file:line in reports) for its 800 files, not full debug info.
 build grpc libgrpc29 "-g1" "gpr grpc grpc++ grpc++_reflection" -DgRPC_BUILD_TESTS=OFF \
   -DgRPC_ABSL_PROVIDER=package -DgRPC_CARES_PROVIDER=package -DgRPC_PROTOBUF_PROVIDER=package \
   -DgRPC_RE2_PROVIDER=package -DgRPC_SSL_PROVIDER=package -DgRPC_ZLIB_PROVIDER=package \

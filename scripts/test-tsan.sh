@@ -8,7 +8,7 @@
 # Dockerfile's library check) are left out. Arguments: bazel flags, and
 # targets (default //...). Ends with "tsan: N passed, M failed".
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 scripts/build-tsan-libs.sh || exit 1
 libs="${GRADSYNC_TSAN_LIBS:-/var/cache/gradsync-tsan}"
 flags=()
