@@ -65,7 +65,7 @@ TEST(DataTls, ADaemonThatRequiresItRefusesAPlaintextJobAndOneWithoutFollowsATlsJ
   so.rank = 1;
   so.timeout = absl::Seconds(5);
   absl::StatusOr<std::unique_ptr<client::Session>> waiting;
-  std::thread t([&] { waiting = (*c1)->OpenSession(so); });
+  std::thread t([&, so] { waiting = (*c1)->OpenSession(so); });  // a copy: `so` changes below
   absl::SleepFor(absl::Milliseconds(500));
   auto c0 = client::Client::Connect((*cluster)->daemon_target(0));
   ASSERT_TRUE(c0.ok());
@@ -82,7 +82,7 @@ TEST(DataTls, ADaemonThatRequiresItRefusesAPlaintextJobAndOneWithoutFollowsATlsJ
   so.timeout = absl::Seconds(20);
   so.rank = 0;
   absl::StatusOr<std::unique_ptr<client::Session>> first;
-  std::thread t0([&] { first = (*c0)->OpenSession(so); });
+  std::thread t0([&, so] { first = (*c0)->OpenSession(so); });
   absl::SleepFor(absl::Milliseconds(500));
   so.rank = 1;
   auto second = (*c1)->OpenSession(so);

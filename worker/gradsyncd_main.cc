@@ -385,15 +385,18 @@ int main(int argc, char** argv) {
   }
   std::unique_ptr<gradsync::LocalClientSocket> client_socket;
   if (unix_socket) {
-    auto started = gradsync::LocalClientSocket::Start(listen, absl::GetFlag(FLAGS_socket_group),
-                                                      server.get());
-    if (!started.ok()) {
-      GS_LOG(ERROR) << "--listen: " << started.status().message();
+    auto listening = gradsync::LocalClientSocket::Listen(listen, absl::GetFlag(FLAGS_socket_group),
+                                                         server.get());
+    if (!listening.ok()) {
+      GS_LOG(ERROR) << "--listen: " << listening.status().message();
       return 1;
     }
-    client_socket = *std::move(started);
+    client_socket = *std::move(listening);
     gradsync::LocalClientSocket* sock = client_socket.get();
     service.SetPeerCredentials([sock](const std::string& peer) { return sock->PeerOf(peer); });
+    // Only now: a call accepted earlier would read the lookup while it is set
+    // and, finding none, open a session without an owner.
+    client_socket->StartAccepting();
   } else {
     GS_LOG(WARNING) << "clients over TCP (--listen " << listen
                     << "): sessions are not tied to a uid";

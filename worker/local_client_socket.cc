@@ -18,7 +18,7 @@
 
 namespace gradsync {
 
-absl::StatusOr<std::unique_ptr<LocalClientSocket>> LocalClientSocket::Start(
+absl::StatusOr<std::unique_ptr<LocalClientSocket>> LocalClientSocket::Listen(
     const std::string& address, const std::string& group, grpc::Server* server) {
   absl::StatusOr<ipc::UnixAddress> parsed = ipc::ParseUnixAddress(address);
   if (!parsed.ok()) return parsed.status();
@@ -37,8 +37,11 @@ absl::StatusOr<std::unique_ptr<LocalClientSocket>> LocalClientSocket::Start(
   std::unique_ptr<LocalClientSocket> s(new LocalClientSocket(*std::move(fd), server));
   s->path_ = parsed->path;
   if (!s->stop_.valid()) return absl::InternalError("eventfd: " + ErrnoString(errno));
-  s->thread_ = std::thread([p = s.get()] { p->AcceptLoop(); });
   return s;
+}
+
+void LocalClientSocket::StartAccepting() {
+  thread_ = std::thread([this] { AcceptLoop(); });
 }
 
 LocalClientSocket::LocalClientSocket(UniqueFd listener, grpc::Server* server)

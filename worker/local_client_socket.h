@@ -28,13 +28,18 @@ namespace gradsync {
 
 class LocalClientSocket {
  public:
-  // Listens on "unix:PATH" or "unix-abstract:NAME" and feeds `server` (a
-  // started grpc::Server, not owned, outliving this object) each connection.
+  // Listens on "unix:PATH" or "unix-abstract:NAME" for connections to feed
+  // `server` (a started grpc::Server, not owned, outliving this object).
   // `group`: the path socket's group ("": the daemon's). InvalidArgument for
-  // an unknown group or address.
-  static absl::StatusOr<std::unique_ptr<LocalClientSocket>> Start(const std::string& address,
-                                                                  const std::string& group,
-                                                                  grpc::Server* server);
+  // an unknown group or address. Connections wait in the backlog until
+  // StartAccepting().
+  static absl::StatusOr<std::unique_ptr<LocalClientSocket>> Listen(const std::string& address,
+                                                                   const std::string& group,
+                                                                   grpc::Server* server);
+  // Accepts connections from now on and hands each to the server. Call once,
+  // after what the server's calls look up here (PeerOf, through
+  // WorkerService::SetPeerCredentials) is in place.
+  void StartAccepting();
   ~LocalClientSocket();  // stops accepting (live connections stay with gRPC)
   LocalClientSocket(const LocalClientSocket&) = delete;
   LocalClientSocket& operator=(const LocalClientSocket&) = delete;

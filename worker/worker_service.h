@@ -47,7 +47,8 @@ class WorkerService final : public v1::Worker::Service {
                            v1::OpenOpQueueResponse* resp) override;
 
   // Where the caller's credentials come from (LocalClientSocket::PeerOf);
-  // unset: no uids (a TCP --listen). Set before clients connect.
+  // unset: no uids (a TCP --listen). Set before any call can arrive
+  // (LocalClientSocket::StartAccepting).
   void SetPeerCredentials(std::function<std::optional<ucred>(const std::string& peer)> lookup) {
     peer_credentials_ = std::move(lookup);
   }
