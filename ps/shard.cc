@@ -93,6 +93,26 @@ void PsShard::Impl::Shutdown() {
   conns_.clear();
 }
 
+namespace {
+
+// Sets o.region to the memory a DATA frame is sent from: a partition result
+// from the job's pool is registered once per connection (the pool keeps it);
+// anything else gets a registration of its own, dropped with the frame.
+absl::Status RegisterOutgoing(transport::Context& ctx, ServeState::Outgoing& o) {
+  char* p = const_cast<char*>(o.frame.payload());
+  const size_t n = o.frame.header.length;
+  const GiveBack* owner = o.frame.data ? std::get_deleter<GiveBack>(o.frame.data) : nullptr;
+  if (owner != nullptr && owner->pool != nullptr && owner->size == n) {
+    ASSIGN_OR_RETURN(o.region, owner->pool->Registration(ctx, p, n));
+    return absl::OkStatus();
+  }
+  ASSIGN_OR_RETURN(o.mr, ctx.RegisterMemory(p, n));
+  o.region = o.mr.get();
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 void PsShard::Impl::ServeConnection(std::shared_ptr<Conn> c) {
   Reader rd;
   rd.conn = c;
@@ -109,7 +129,7 @@ void PsShard::Impl::ServeConnection(std::shared_ptr<Conn> c) {
   const absl::Status why = Serve(rd, *ctx, state);
   if (!why.ok() && ctx->health().ok()) (void)ctx->Fail(why);  // tells the worker
   if (state.pending != nullptr) Release(*state.pending);
-  c->pool->ForgetRegistrations();
+  c->job->pool->ForgetRegistrations(*ctx);
   ConnectionEnded(rd, why);
 }
 
@@ -137,12 +157,9 @@ absl::Status PsShard::Impl::Serve(Reader& rd, transport::Context& ctx, ServeStat
       if (h.type == static_cast<uint8_t>(FrameType::kAbort)) {
         st = ctx.PostAbort(0, h.op_seq, AbortStatus(h, o.frame.owned), &o.req);
       } else {
-        absl::StatusOr<std::unique_ptr<transport::MemoryRegion>> mr =
-            ctx.RegisterMemory(const_cast<char*>(o.frame.payload()), h.length);
-        st = mr.status();
+        st = RegisterOutgoing(ctx, o);
         if (st.ok()) {
-          o.mr = std::move(*mr);
-          st = ctx.PostSend(0, *o.mr, 0, h.length,
+          st = ctx.PostSend(0, *o.region, 0, h.length,
                             transport::MessageTag{h.op_seq, h.slot, h.dtype, h.offset}, &o.req);
         }
       }
@@ -206,8 +223,8 @@ absl::Status PsShard::Impl::Serve(Reader& rd, transport::Context& ctx, ServeStat
           ASSIGN_OR_RETURN(p.mr, ctx.RegisterMemory(p.header.data(), in.bytes));
           p.region = p.mr.get();
         } else if (p.kind == Incoming::kPush) {  // within its step's reservation
-          p.buf = Buffer(c.pool->Take(in.bytes), GiveBack{c.pool, in.bytes});
-          ASSIGN_OR_RETURN(p.region, c.pool->Registration(ctx, p.buf.get(), in.bytes));
+          p.buf = Buffer(job.pool->Take(in.bytes), GiveBack{job.pool, in.bytes});
+          ASSIGN_OR_RETURN(p.region, job.pool->Registration(ctx, p.buf.get(), in.bytes));
         } else {  // discarded: not pooled, freed once read
           p.buf = Buffer(new char[in.bytes], GiveBack{nullptr, in.bytes});
           ASSIGN_OR_RETURN(p.mr, ctx.RegisterMemory(p.buf.get(), in.bytes));

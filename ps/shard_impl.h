@@ -49,16 +49,23 @@ namespace shard_internal {
 using transport::FrameHeader;
 using transport::FrameType;
 
-// Recycles one connection's push buffers (partitions are mostly of one size),
-// so that steady-state pushes reuse memory instead of page-faulting fresh
-// pages, and keeps each buffer's registration on the connection's context
-// (made on its first receive, dropped when the buffer is freed or the
-// connection ends). The connection's thread takes buffers; aggregation
-// threads (staged pushes) and senders (results) give them back. Its lock is
-// per connection.
+// Recycles a job's partition buffers (partitions are mostly of one size):
+// a push lands in one, the first rank's push becomes the partition's result,
+// and the result goes back once every worker's copy is sent. Steady-state
+// steps reuse memory instead of page-faulting fresh pages, and each buffer
+// keeps its registration on every connection's context that received into it
+// or sent from it (made on first use: over RDMA an ibv_reg_mr pins the pages,
+// so it is made once, not per frame), dropped when the buffer is freed or
+// that connection ends. Connection threads take buffers and register them;
+// aggregation threads (staged pushes) and senders (results) give them back.
+// Its lock is per job.
 class BufferPool {
  public:
-  static constexpr size_t kMaxPooledBytes = 32 << 20;
+  // Keeps at most this many bytes per worker of free buffers.
+  static constexpr size_t kMaxPooledBytesPerWorker = 32 << 20;
+
+  explicit BufferPool(int workers)
+      : max_pooled_(kMaxPooledBytesPerWorker * static_cast<size_t>(std::max(workers, 1))) {}
 
   char* Take(size_t n) {
     {
@@ -77,45 +84,58 @@ class BufferPool {
   void Give(char* p, size_t n) {
     {
       absl::MutexLock l(&mu_);
-      if (pooled_ + n <= kMaxPooledBytes) {
+      if (pooled_ + n <= max_pooled_) {
         free_.push_back({n, p});
         pooled_ += n;
         return;
       }
-      regions_.erase(p);
+      regions_.erase(p);  // the memory is freed: no context may keep it
     }
     delete[] p;
   }
 
-  // The registration of buffer [p, p+n) on `ctx` (the connection's), made once.
+  // The registration of buffer [p, p+n) (taken from this pool and held by the
+  // caller) on `ctx`, made once per context.
   absl::StatusOr<const transport::MemoryRegion*> Registration(transport::Context& ctx, char* p,
                                                                size_t n) {
     absl::MutexLock l(&mu_);
-    std::unique_ptr<transport::MemoryRegion>& r = regions_[p];
+    std::unique_ptr<transport::MemoryRegion>& r = regions_[p][&ctx];
     if (r == nullptr || r->size() != n) {
       absl::StatusOr<std::unique_ptr<transport::MemoryRegion>> mr = ctx.RegisterMemory(p, n);
       if (!mr.ok()) {
-        regions_.erase(p);
+        regions_[p].erase(&ctx);
         return mr.status();
       }
       r = std::move(*mr);
     }
     return r.get();
   }
-  // The connection's context is going away.
-  void ForgetRegistrations() {
+  // `ctx` is going away: drops every registration on it.
+  void ForgetRegistrations(const transport::Context& ctx) {
     absl::MutexLock l(&mu_);
-    regions_.clear();
+    for (auto it = regions_.begin(); it != regions_.end();) {
+      it->second.erase(&ctx);
+      it = it->second.empty() ? regions_.erase(it) : std::next(it);
+    }
+  }
+  // Registrations held, over all buffers and contexts (tests).
+  size_t registrations() {
+    absl::MutexLock l(&mu_);
+    size_t n = 0;
+    for (const auto& [p, by_ctx] : regions_) n += by_ctx.size();
+    return n;
   }
   ~BufferPool() {
     for (auto& [n, p] : free_) delete[] p;
   }
 
  private:
+  const size_t max_pooled_;
   absl::Mutex mu_;
   std::vector<std::pair<size_t, char*>> free_ ABSL_GUARDED_BY(mu_);
   size_t pooled_ ABSL_GUARDED_BY(mu_) = 0;
-  std::map<char*, std::unique_ptr<transport::MemoryRegion>> regions_ ABSL_GUARDED_BY(mu_);
+  std::map<char*, std::map<const transport::Context*, std::unique_ptr<transport::MemoryRegion>>>
+      regions_ ABSL_GUARDED_BY(mu_);
 };
 
 // Returns a buffer to its pool (which it keeps alive) when dropped.
@@ -159,7 +179,8 @@ struct Job {
         tag(transport::JobTag(id)),
         workers(workers_),
         shard(shard_),
-        prefix(absl::StrCat("ps shard ", shard, ": job '", name, "'")) {}
+        prefix(absl::StrCat("ps shard ", shard, ": job '", name, "'")),
+        pool(std::make_shared<BufferPool>(workers_)) {}
 
   const std::string id;    // "ps/<job>"
   const std::string name;  // "<job>"
@@ -168,6 +189,8 @@ struct Job {
   const int workers;
   const int shard;           // this server's index in the job's shard list
   const std::string prefix;  // "ps shard 1: job 'j'", opens every error message
+  // Its partition buffers (pushes, then results) and their registrations.
+  const std::shared_ptr<BufferPool> pool;
 
   absl::Mutex mu;
   std::map<int, std::shared_ptr<Conn>> conns ABSL_GUARDED_BY(mu);  // by rank
@@ -327,7 +350,6 @@ struct Conn : std::enable_shared_from_this<Conn> {
   const int rank;
   const std::string peer;
   std::atomic<uint64_t>* const bytes_pulled;
-  const std::shared_ptr<BufferPool> pool = std::make_shared<BufferPool>();
 
   absl::Mutex mu;
   std::deque<OutFrame> out ABSL_GUARDED_BY(mu);
@@ -396,7 +418,8 @@ class Aggregator {
 struct ServeState {
   struct Outgoing {
     OutFrame frame;
-    std::unique_ptr<transport::MemoryRegion> mr;
+    std::unique_ptr<transport::MemoryRegion> mr;  // a frame's own (a pooled result's is the pool's)
+    const transport::MemoryRegion* region = nullptr;
     transport::Request req;
     absl::Time posted;
   };
