@@ -45,6 +45,19 @@ absl::StatusOr<int> WaitForPortFile(const std::string& path, pid_t pid, const st
   return absl::DeadlineExceededError(absl::StrCat(name, " did not become ready; see ", log));
 }
 
+// The last `lines` lines of a child's log, indented, for an error message.
+std::string LogTail(const std::string& path, size_t lines) {
+  std::ifstream f(path);
+  std::vector<std::string> tail;
+  for (std::string line; std::getline(f, line);) {
+    tail.push_back(std::move(line));
+    if (tail.size() > lines) tail.erase(tail.begin());
+  }
+  std::string out;
+  for (const std::string& line : tail) absl::StrAppend(&out, "\n    | ", line);
+  return out;
+}
+
 }  // namespace
 
 std::string FindBinary(const std::string& name) {
@@ -197,7 +210,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
   c->coordinator_args_ = cargs;
   auto cpid = Spawn(coord_bin, cargs, coord_log);
   if (!cpid.ok()) return cpid.status();
-  c->coordinator_ = Child{*cpid, "gradsync-coordinator"};
+  c->coordinator_ = Child{*cpid, "gradsync-coordinator", false, 0, coord_log};
   auto cport = WaitForPortFile(coord_port_file, *cpid, "gradsync-coordinator", coord_log, deadline);
   if (!cport.ok()) {
     c->keep_logs_ = true;
@@ -234,7 +247,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
     }
     auto pid = Spawn(daemon_bin, args, c->daemon_log(i));
     if (!pid.ok()) return pid.status();
-    c->daemons_.push_back(Child{*pid, absl::StrCat("gradsyncd #", i)});
+    c->daemons_.push_back(Child{*pid, absl::StrCat("gradsyncd #", i), false, 0, c->daemon_log(i)});
   }
   // Parameter-server shards: registered with the coordinator before any job
   // forms (WaitForShards below).
@@ -249,9 +262,10 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
     };
     for (std::string& f : tls_flags(c->certs_.ps)) args.push_back(std::move(f));
     args.insert(args.end(), options.ps_flags.begin(), options.ps_flags.end());
-    auto pid = Spawn(ps_bin, args, absl::StrCat(c->work_dir_, "/ps", i, ".log"));
+    const std::string log = absl::StrCat(c->work_dir_, "/ps", i, ".log");
+    auto pid = Spawn(ps_bin, args, log);
     if (!pid.ok()) return pid.status();
-    c->shards_.push_back(Child{*pid, absl::StrCat("gradsync-ps #", i)});
+    c->shards_.push_back(Child{*pid, absl::StrCat("gradsync-ps #", i), false, 0, log});
   }
   for (int i = 0; i < options.ps_shards; ++i) {
     auto port = WaitForPortFile(absl::StrCat(c->work_dir_, "/ps", i, ".port"), c->shards_[i].pid,
@@ -331,7 +345,7 @@ absl::Status LocalCluster::RestartCoordinator(absl::Duration timeout) {
     const std::string log = absl::StrCat(work_dir_, "/coordinator.", ++coordinator_restarts_, ".log");
     auto pid = Spawn(coordinator_bin_, args, log);
     if (!pid.ok()) return pid.status();
-    coordinator_ = Child{*pid, "gradsync-coordinator"};
+    coordinator_ = Child{*pid, "gradsync-coordinator", false, 0, log};
     auto port = WaitForPortFile(port_file, *pid, "gradsync-coordinator", log, deadline);
     if (port.ok()) return absl::OkStatus();
     last = port.status();
@@ -388,15 +402,17 @@ absl::Status LocalCluster::StopAll(absl::Duration grace) {
         ::waitpid(ch->pid, &ch->status, 0);
         ch->exited = true;
         absl::StrAppend(&failures, " ", ch->name, " ignored SIGTERM for ",
-                        absl::FormatDuration(grace), ";");
+                        absl::FormatDuration(grace), ";", LogTail(ch->log, 20), "\n");
       } else {
         absl::SleepFor(absl::Milliseconds(10));
       }
     }
     if (WIFEXITED(ch->status) && WEXITSTATUS(ch->status) != 0) {
-      absl::StrAppend(&failures, " ", ch->name, " exited with ", WEXITSTATUS(ch->status), ";");
+      absl::StrAppend(&failures, " ", ch->name, " exited with ", WEXITSTATUS(ch->status), ";",
+                      LogTail(ch->log, 20), "\n");
     } else if (WIFSIGNALED(ch->status) && WTERMSIG(ch->status) != SIGKILL) {
-      absl::StrAppend(&failures, " ", ch->name, " died of signal ", WTERMSIG(ch->status), ";");
+      absl::StrAppend(&failures, " ", ch->name, " died of signal ", WTERMSIG(ch->status), ";",
+                      LogTail(ch->log, 20), "\n");
     }
   }
   if (!failures.empty()) {

@@ -99,6 +99,7 @@ class LocalCluster {
     std::string name;
     bool exited = false;
     int status = 0;
+    std::string log;  // its stdout/stderr
   };
   LocalCluster() = default;
   static absl::StatusOr<pid_t> Spawn(const std::string& bin, const std::vector<std::string>& args,

@@ -45,7 +45,8 @@ class SharedClusterTest : public ::testing::Test {
   static void SetUpTestSuite() { cluster_ = StartCluster(Daemons).release(); }
   static void TearDownTestSuite() {
     if (cluster_ != nullptr) {
-      EXPECT_TRUE(cluster_->StopAll().ok());
+      const absl::Status stopped = cluster_->StopAll();
+      EXPECT_TRUE(stopped.ok()) << stopped;
       delete cluster_;
       cluster_ = nullptr;
     }

@@ -244,7 +244,7 @@ TEST(ExternalMemoryWithoutFdSocket, RegisterBufferSaysTheDaemonHasNone) {
   EXPECT_EQ(buf.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(buf.status().message().find("has no fd socket"), std::string::npos) << buf.status();
   EXPECT_TRUE((*job)[0].session->Close().ok());
-  EXPECT_TRUE((*cluster)->StopAll().ok());
+  EXPECT_EQ((*cluster)->StopAll(), absl::OkStatus());
 }
 
 // A session holds at most --session_memory_limit_mb of buffers, allocated and
@@ -275,7 +275,7 @@ TEST(SessionMemoryQuota, BuffersBeyondTheQuotaAreRefusedNamingIt) {
   b = s.AllocateBuffer(512 << 10);
   EXPECT_TRUE(b.ok()) << b.status();
   EXPECT_TRUE(s.Close().ok());
-  EXPECT_TRUE(cluster->StopAll().ok());
+  EXPECT_EQ(cluster->StopAll(), absl::OkStatus());
 }
 
 // All sessions of one tenant on a daemon hold at most
@@ -334,7 +334,7 @@ TEST(TenantMemoryQuota, ATenantsSessionsShareOneQuotaPerDaemon) {
   EXPECT_TRUE(in_b.ok()) << in_b.status();
   EXPECT_TRUE(b->session->Close().ok());
   EXPECT_TRUE(other->session->Close().ok());
-  EXPECT_TRUE((*cluster)->StopAll().ok());
+  EXPECT_EQ((*cluster)->StopAll(), absl::OkStatus());
 }
 
 }  // namespace

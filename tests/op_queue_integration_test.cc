@@ -363,7 +363,7 @@ TEST(OpQueueFailure, DaemonStoppingClosesTheQueueWithItsReasonAndUnlinksIt) {
   ASSERT_TRUE(b.ok());
   ASSERT_TRUE(s.Allreduce(**b, 0, 1, DType::kI64, ReduceOp::kSum, "before").ok());
   ASSERT_EQ(QueueSegments(*cluster, 0).size(), 1u);
-  EXPECT_TRUE(cluster->StopAll().ok());  // SIGTERM: graceful
+  EXPECT_EQ(cluster->StopAll(), absl::OkStatus());  // SIGTERM: graceful
   EXPECT_TRUE(QueueSegments(*cluster, 0).empty());
   auto res = s.Allreduce(**b, 0, 1, DType::kI64, ReduceOp::kSum, "after");
   EXPECT_TRUE(absl::IsUnavailable(res.status())) << res.status();

@@ -65,7 +65,7 @@ TEST(SessionOwnerSegments, NamedSegmentsBelongToTheSessionsUid) {
       "tests/foreign_uid_client own '", cluster->daemon_target(0), "' 2>&1"));
   EXPECT_NE(out.find("buffer: uid=65534 open=ok\n"), std::string::npos) << out;
   EXPECT_NE(out.find("queue: uid=65534 open=ok\n"), std::string::npos) << out;
-  EXPECT_TRUE(cluster->StopAll().ok());
+  EXPECT_EQ(cluster->StopAll(), absl::OkStatus());
 }
 
 // A path socket is mode 0660 and, with --socket_group, in that group; a

@@ -83,7 +83,7 @@ TEST(SetupLiveness, MembersStayAliveWhileASlowEpochSetsUp) {
     absl::SleepFor(absl::Milliseconds(1500));  // three heartbeat intervals
   }
   for (auto& r : *job) (void)r.session->Close();
-  EXPECT_TRUE(cluster->StopAll().ok());
+  EXPECT_EQ(cluster->StopAll(), absl::OkStatus());
 }
 
 }  // namespace

@@ -108,5 +108,16 @@ TEST_F(StoppedDaemon, TheOtherRanksFailNamingTheStoppedRank) {
   EXPECT_LT(took, absl::Seconds(8));
 }
 
+// A daemon that does not stop on SIGTERM is killed after the grace period,
+// and the error names it and shows the end of its log (what it last did).
+TEST_F(StoppedDaemon, AnUncleanStopNamesTheDaemonAndShowsItsLog) {
+  StopDaemon(*cluster_, 1);
+  const absl::Status st = cluster_->StopAll(absl::Seconds(1));
+  EXPECT_TRUE(absl::IsInternal(st)) << st;
+  EXPECT_TRUE(absl::StrContains(st.message(), "gradsyncd #1 ignored SIGTERM for 1s;")) << st;
+  EXPECT_FALSE(absl::StrContains(st.message(), "gradsyncd #0")) << st;
+  EXPECT_TRUE(absl::StrContains(st.message(), "\n    | ")) << st;
+}
+
 }  // namespace
 }  // namespace gradsync
