@@ -361,6 +361,49 @@ TEST(Failure, SigtermDrainsTheRunningOpThenRefusesNewOnesAndExitsZero) {
       << "wait status " << cluster->DaemonWaitStatus(0);
 }
 
+// Clients keep calling while their daemon stops: calls that reach it during
+// the shutdown (a session's RPCs, new sessions) get errors, and the daemon
+// still exits 0, with nothing torn down under a call still being served.
+TEST(Failure, SigtermWhileClientsKeepCallingExitsZero) {
+  auto cluster = StartCluster(1);
+  ASSERT_NE(cluster, nullptr);
+  auto ranks = OpenJob(*cluster, "busy", {0});
+  ASSERT_TRUE(ranks.ok()) << ranks.status();
+  std::atomic<bool> stop{false};
+  std::atomic<int> calls{0};
+  std::vector<std::thread> callers;
+  for (int t = 0; t < 2; ++t) {  // a session's RPCs: allocate, then free
+    callers.emplace_back([&] {
+      while (!stop) {
+        auto b = (*ranks)[0].session->AllocateBuffer(4096);  // fails once the session closed
+        if (b.ok()) ++calls;
+      }
+    });
+  }
+  callers.emplace_back([&] {  // new one-rank jobs
+    for (int i = 0; !stop; ++i) {
+      auto c = client::Client::Connect(cluster->daemon_target(0), absl::Seconds(1));
+      if (!c.ok()) continue;
+      client::SessionOptions so;
+      so.job_id = absl::StrCat("busy-", i);
+      so.timeout = absl::Seconds(2);
+      auto s = (*c)->OpenSession(so);
+      if (s.ok()) ++calls;
+    }
+  });
+  absl::SleepFor(absl::Milliseconds(300));
+  cluster->SignalDaemon(0, SIGTERM);
+  const absl::Time deadline = absl::Now() + absl::Seconds(15);
+  while (cluster->DaemonAlive(0) && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(10));
+  stop = true;
+  for (auto& t : callers) t.join();
+  EXPECT_GT(calls.load(), 0);
+  ASSERT_FALSE(cluster->DaemonAlive(0)) << "the daemon did not exit within 15 s of SIGTERM";
+  EXPECT_TRUE(WIFEXITED(cluster->DaemonWaitStatus(0)) && WEXITSTATUS(cluster->DaemonWaitStatus(0)) == 0)
+      << "wait status " << cluster->DaemonWaitStatus(0) << "; log:\n"
+      << testing::ReadTextFile(cluster->daemon_log(0));
+}
+
 }  // namespace
 }  // namespace gradsync
 

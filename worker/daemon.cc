@@ -120,6 +120,12 @@ std::string Daemon::rdma_description() const {
 Daemon::~Daemon() {
   Shutdown();
   coordinator_watch_.reset();  // here: a session still opening may read it until then
+  // Here, not in Shutdown: the client and status servers may still call in
+  // (data_port(), an OpenSession that is about to be refused) until they stop.
+  rdma_device_ = nullptr;
+  rdma_.device.reset();
+  device_.reset();
+  listener_.reset();
 }
 
 size_t Daemon::session_count() const {
@@ -606,10 +612,6 @@ void Daemon::Shutdown(const absl::Status& reason) {
     s->Close();
     LeaveJob(s->info());
   }
-  rdma_device_ = nullptr;
-  rdma_.device.reset();
-  device_.reset();
-  listener_.reset();
 }
 
 }  // namespace gradsync

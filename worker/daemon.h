@@ -105,7 +105,7 @@ struct OpenSessionArgs {
 class Daemon {
  public:
   static absl::StatusOr<std::unique_ptr<Daemon>> Start(const DaemonOptions& options);
-  ~Daemon();  // Shutdown()
+  ~Daemon();  // Shutdown(), then closes the data plane
 
   // Creates the job if needed, joins it, connects to every peer. Blocks up to
   // args.timeout.
@@ -130,6 +130,7 @@ class Daemon {
   // op to finish. Returns how many ops were still pending at the deadline.
   int Drain(absl::Duration timeout);
   // Fails every session's epoch with `reason`, closes them, stops threads.
+  // The data plane's listener and devices stay until the destructor.
   void Shutdown(const absl::Status& reason = absl::UnavailableError("daemon shutting down"));
 
   int data_port() const { return listener_->port(); }

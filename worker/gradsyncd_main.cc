@@ -447,9 +447,10 @@ int main(int argc, char** argv) {
     GS_LOG(INFO) << "drained: no op was running";
   }
   (*daemon)->Shutdown(absl::UnavailableError("daemon shutting down"));
-  client_socket.reset();  // no new connections
+  if (client_socket != nullptr) client_socket->StopAccepting();  // no new connections
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   server->Wait();
+  client_socket.reset();  // only now: calls read their caller's credentials from it
   {
     absl::MutexLock l(&coordinator_state->mu);
     coordinator_state->server = nullptr;  // the watch may still report until the daemon goes

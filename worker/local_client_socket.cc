@@ -49,10 +49,14 @@ LocalClientSocket::LocalClientSocket(UniqueFd listener, grpc::Server* server)
       stop_(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)),
       server_(server) {}
 
-LocalClientSocket::~LocalClientSocket() {
+void LocalClientSocket::StopAccepting() {
   const uint64_t one = 1;
   (void)!::write(stop_.get(), &one, sizeof(one));
   if (thread_.joinable()) thread_.join();
+}
+
+LocalClientSocket::~LocalClientSocket() {
+  StopAccepting();
   if (!path_.empty()) ::unlink(path_.c_str());
 }
 

@@ -40,7 +40,10 @@ class LocalClientSocket {
   // after what the server's calls look up here (PeerOf, through
   // WorkerService::SetPeerCredentials) is in place.
   void StartAccepting();
-  ~LocalClientSocket();  // stops accepting (live connections stay with gRPC)
+  // Accepts no more connections (live ones stay with gRPC, and PeerOf still
+  // answers for them: destroy this only once the server has stopped).
+  void StopAccepting();
+  ~LocalClientSocket();  // StopAccepting()
   LocalClientSocket(const LocalClientSocket&) = delete;
   LocalClientSocket& operator=(const LocalClientSocket&) = delete;
 
