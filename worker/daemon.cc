@@ -554,7 +554,7 @@ absl::StatusOr<std::shared_ptr<JobExecutor>> Daemon::GetOrCreateExecutor(
   eo.ps_partition_bytes = options_.ps_partition_bytes;
   eo.spin = options_.executor_spin;
   eo.observer = options_.observer;
-  auto executor = std::make_shared<JobExecutor>(std::move(eo), std::move(node_ctx));
+  auto executor = JobExecutor::Start(std::move(eo), std::move(node_ctx));
   entry->executor = executor;
   entry->ready.Notify();
   return executor;

@@ -92,11 +92,23 @@ JobExecutor::~JobExecutor() {
   }
   if (feed != nullptr) feed->Wake();
   if (node_ctx_ != nullptr) node_ctx_->Abort(absl::CancelledError("job executor stopped"));
-  if (thread_.get_id() == std::this_thread::get_id()) {
-    thread_.detach();  // the last reference went away on the executor itself
-  } else if (thread_.joinable()) {
-    thread_.join();
-  }
+  GS_CHECK(thread_.get_id() != std::this_thread::get_id())
+      << "a job executor destroyed on its own thread";
+  if (thread_.joinable()) thread_.join();
+}
+
+std::shared_ptr<JobExecutor> JobExecutor::Start(JobExecutorOptions options,
+                                                std::unique_ptr<transport::Context> node_ctx) {
+  return std::shared_ptr<JobExecutor>(
+      new JobExecutor(std::move(options), std::move(node_ctx)), [](JobExecutor* e) {
+        if (e->thread_.get_id() == std::this_thread::get_id()) {
+          // The executor's Run() goes on after this returns: it stops once
+          // the destructor, on this new thread, tells it to, and is joined.
+          std::thread([e] { delete e; }).detach();
+        } else {
+          delete e;
+        }
+      });
 }
 
 void JobExecutor::Attach(Session* session) {

@@ -95,8 +95,13 @@ struct JobExecutorOptions {
 class JobExecutor {
  public:
   // `node_ctx` connects the job's daemons (null when every rank is here).
+  // Should the last reference go away on the executor's own thread (a call
+  // it made released the last session), the executor is destroyed on a
+  // thread of its own, which joins it.
+  static std::shared_ptr<JobExecutor> Start(JobExecutorOptions options,
+                                            std::unique_ptr<transport::Context> node_ctx);
   JobExecutor(JobExecutorOptions options, std::unique_ptr<transport::Context> node_ctx);
-  ~JobExecutor();  // stops the thread
+  ~JobExecutor();  // stops and joins the thread (never call it on that thread)
 
   JobExecutor(const JobExecutor&) = delete;
   JobExecutor& operator=(const JobExecutor&) = delete;
