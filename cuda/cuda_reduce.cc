@@ -124,13 +124,20 @@ absl::Status CudaUsable() {
   return absl::FailedPreconditionError(absl::StrCat("CUDA is not usable: ", probe.message()));
 }
 
-absl::Status CudaReduceInto(DType dtype, ReduceOp op, void* dst_device, const void* src_device,
-                            size_t count, void* stream) {
+namespace {
+// What every reduce kernel launch needs: a dtype and op it has, and a GPU.
+absl::Status CheckReduceLaunch(DType dtype, ReduceOp op) {
   RETURN_IF_ERROR(ValidateDType(dtype));
   if (!IsValidReduceOp(static_cast<int>(op))) {
     return absl::InvalidArgumentError(absl::StrCat("invalid reduce op ", static_cast<int>(op)));
   }
-  RETURN_IF_ERROR(CudaUsable());
+  return CudaUsable();
+}
+}  // namespace
+
+absl::Status CudaReduceInto(DType dtype, ReduceOp op, void* dst_device, const void* src_device,
+                            size_t count, void* stream) {
+  RETURN_IF_ERROR(CheckReduceLaunch(dtype, op));
   if (count == 0) return absl::OkStatus();
   RETURN_IF_ERROR(ValidateDevicePointer("dst", dst_device, dtype));
   RETURN_IF_ERROR(ValidateDevicePointer("src", src_device, dtype));
@@ -146,11 +153,7 @@ absl::Status CudaReduceInto(DType dtype, ReduceOp op, void* dst_device, const vo
 
 absl::Status CudaCombineInto(DType dtype, ReduceOp op, void* dst_device, const void* a_device,
                              const void* b_device, size_t count, void* stream) {
-  RETURN_IF_ERROR(ValidateDType(dtype));
-  if (!IsValidReduceOp(static_cast<int>(op))) {
-    return absl::InvalidArgumentError(absl::StrCat("invalid reduce op ", static_cast<int>(op)));
-  }
-  RETURN_IF_ERROR(CudaUsable());
+  RETURN_IF_ERROR(CheckReduceLaunch(dtype, op));
   if (count == 0) return absl::OkStatus();
   RETURN_IF_ERROR(ValidateDevicePointer("dst", dst_device, dtype));
   RETURN_IF_ERROR(ValidateDevicePointer("a", a_device, dtype));
