@@ -132,7 +132,9 @@ TcpContext::Peer& TcpContext::Conn(int peer, const MessageTag& tag) {
   return peers_[static_cast<size_t>(peer) * streams_ + stream];
 }
 
-TcpContext::~TcpContext() = default;
+TcpContext::~TcpContext() {
+  if (told_peers_) FlushBeforeClose();
+}
 
 absl::StatusOr<std::unique_ptr<MemoryRegion>> TcpContext::RegisterMemory(void* data, size_t size,
                                                                          MemKind kind) {

@@ -244,6 +244,11 @@ class TcpContext : public Context, public TcpControls {
   // Tells every peer (an ABORT frame: reason's code in `offset`, the latest
   // posted op in `op_seq`, its message) and drops what is posted.
   void BroadcastAbort(const absl::Status& reason);
+  // Before the connections close after an ABORT: each is half-closed and
+  // read until the peer has acknowledged everything sent (bounded). Closing
+  // with unread bytes would reset the connection and drop an ABORT still in
+  // the send queue.
+  void FlushBeforeClose();
 
   const std::string job_id_;
   const uint64_t job_tag_;

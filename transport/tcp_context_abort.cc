@@ -1,7 +1,13 @@
 // TcpContext's failures: a peer's fault or the owner's Fail/Abort fails the
 // context once, and every peer is told with an ABORT frame (after the frame
 // each was in the middle of, so none misparses).
+#include <linux/sockios.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
@@ -10,6 +16,7 @@
 namespace gradsync::transport {
 namespace {
 constexpr size_t kHeaderBytes = sizeof(FrameHeader);
+constexpr absl::Duration kFlushBeforeClose = absl::Milliseconds(250);
 }  // namespace
 
 void TcpContext::FailBy(PeerFault f, const absl::Status& reason) {
@@ -83,6 +90,35 @@ void TcpContext::BroadcastAbort(const absl::Status& reason) {
   for (Peer& p : peers_) {
     p.sends.clear();
     p.recvs.clear();
+  }
+}
+
+void TcpContext::FlushBeforeClose() {
+  std::vector<int> open;
+  for (Peer& p : peers_) {
+    if (p.rank == rank_ || !p.fd.valid()) continue;
+    ::shutdown(p.fd.get(), SHUT_WR);
+    open.push_back(p.fd.get());
+  }
+  const absl::Time deadline = FastNow() + kFlushBeforeClose;
+  char sink[4096];
+  while (!open.empty()) {
+    for (size_t i = 0; i < open.size();) {
+      ssize_t r;
+      while ((r = ::recv(open[i], sink, sizeof(sink), MSG_DONTWAIT)) > 0) {
+      }
+      int unacked = 0;
+      const bool done = r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR) ||
+                        (::ioctl(open[i], SIOCOUTQ, &unacked) == 0 && unacked == 0);
+      if (done) {
+        open[i] = open.back();
+        open.pop_back();
+      } else {
+        ++i;
+      }
+    }
+    if (open.empty() || FastNow() >= deadline) break;
+    absl::SleepFor(absl::Milliseconds(1));
   }
 }
 
