@@ -107,6 +107,10 @@ int RunChild(int sock, const std::string& fabric, Script script) {
   if (!s.Open(fabric)) return 10;
   Hello peer;
   if (!WriteAll(sock, s.MakeHello()) || !ReadAll(sock, &peer) || !s.Connect(peer)) return 11;
+  // Our QP is ready to receive: only now may the parent post to it (a work
+  // request to a QP not yet connected finds nobody, as on a real fabric).
+  const char connected = 1;
+  if (!WriteAll(sock, connected)) return 16;
   if (script == Script::kExitAfterConnect) return 0;
   const int recvs = script == Script::kReceiveOne ? 1 : 2;
   if (script == Script::kReceiveWhenTold) {
@@ -157,6 +161,8 @@ class LinkedEmulation : public ::testing::Test {
     ASSERT_TRUE(ReadAll(sock_, &peer));
     ASSERT_TRUE(WriteAll(sock_, side_.MakeHello()));
     ASSERT_TRUE(side_.Connect(peer));
+    char connected = 0;
+    ASSERT_TRUE(ReadAll(sock_, &connected));  // the child's QP is connected too
     peer_memory_ = peer.memory;
     for (size_t i = 0; i < kBytes; ++i) side_.buf[i] = static_cast<char>(i * 31 + 7);
   }
