@@ -118,13 +118,6 @@ class BufferPool {
       it = it->second.empty() ? regions_.erase(it) : std::next(it);
     }
   }
-  // Registrations held, over all buffers and contexts (tests).
-  size_t registrations() {
-    absl::MutexLock l(&mu_);
-    size_t n = 0;
-    for (const auto& [p, by_ctx] : regions_) n += by_ctx.size();
-    return n;
-  }
   ~BufferPool() {
     for (auto& [n, p] : free_) delete[] p;
   }
