@@ -3,6 +3,7 @@
 
 #include <cstdio>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "common/build_info.h"
@@ -30,6 +31,9 @@ ABSL_FLAG(int, days, 365, "certs: validity in days");
 ABSL_FLAG(std::string, nodes, "",
           "certs: comma-separated node names; each gets its own node certificate NAME.{pem,key} "
           "(CN NAME, OU node), from a new CA or, with an existing --dir, from its CA");
+ABSL_FLAG(std::string, ps_names, "",
+          "certs: comma-separated PS shard names; each gets its own PS certificate NAME.{pem,key} "
+          "(CN NAME, OU ps), whose shard ids no other certificate can take over");
 ABSL_FLAG(std::string, revoke, "",
           "certs: revoke this certificate (issued by the CA in --dir): writes the CA's next CRL "
           "into DIR/crl/, the directory --tls_crl_dir names");
@@ -114,6 +118,7 @@ constexpr char kUsage[] =
     "  certs   write a lab CA and a certificate per role (coordinator, node, ps, operator)\n"
     "          into --dir, naming --hosts, for mutual TLS (--tls_cert/--tls_key/--tls_ca);\n"
     "          --nodes a,b: one node certificate per name (added to an existing --dir);\n"
+    "          --ps_names s0,s1: one PS shard certificate per name (likewise);\n"
     "          --revoke FILE.pem: add it to the CA's CRL in DIR/crl (--tls_crl_dir)\n"
     "  job delete ID  end a job at the coordinator (--coordinator; an operator certificate;\n"
     "          --reason is shown to its ranks)\n"
@@ -144,7 +149,9 @@ int RunCerts(const std::string& dir, const std::vector<std::string>& hosts) {
   };
   const std::vector<std::string> nodes =
       absl::StrSplit(absl::GetFlag(FLAGS_nodes), ',', absl::SkipEmpty());
-  if (nodes.empty() || ::access((dir + "/ca.key").c_str(), R_OK) != 0) {
+  const std::vector<std::string> shards =
+      absl::StrSplit(absl::GetFlag(FLAGS_ps_names), ',', absl::SkipEmpty());
+  if ((nodes.empty() && shards.empty()) || ::access((dir + "/ca.key").c_str(), R_OK) != 0) {
     auto certs = gradsync::MakeLabCerts(dir, hosts, days);
     if (!certs.ok()) return Fail("certs", std::string(certs.status().message()));
     std::printf("CA %s (key %s/ca.key: keep it off the nodes)\n", certs->ca.c_str(), dir.c_str());
@@ -153,14 +160,19 @@ int RunCerts(const std::string& dir, const std::vector<std::string>& hosts) {
     print("ps", certs->ps);
     print("operator", certs->operator_);
   }
-  for (const std::string& name : nodes) {
-    if (name == "ca" || name == "coordinator" || name == "node" || name == "ps" ||
-        name == "operator" || name.find('/') != std::string::npos) {
-      return Fail("certs", "--nodes: '" + name + "' is not a usable node name");
+  // One certificate of `role` per name, for hosts that must be told apart
+  // (revoked alone; a shard id bound to its own certificate).
+  for (const auto& [role, flag, names] :
+       {std::make_tuple("node", "--nodes", nodes), std::make_tuple("ps", "--ps_names", shards)}) {
+    for (const std::string& name : names) {
+      if (name == "ca" || name == "coordinator" || name == "node" || name == "ps" ||
+          name == "operator" || name.find('/') != std::string::npos) {
+        return Fail("certs", std::string(flag) + ": '" + name + "' is not a usable name");
+      }
+      auto c = gradsync::AddLabCert(dir, role, name, hosts, days);
+      if (!c.ok()) return Fail("certs", std::string(c.status().message()));
+      print(std::string(role) + " " + name, *c);
     }
-    auto c = gradsync::AddLabCert(dir, "node", name, hosts, days);
-    if (!c.ok()) return Fail("certs", std::string(c.status().message()));
-    print("node " + name, *c);
   }
   return 0;
 }

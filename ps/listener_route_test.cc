@@ -30,7 +30,9 @@ std::unique_ptr<TcpListener> StartRouting(Routed* routed, const std::string& pre
     const absl::Time deadline = absl::Now() + absl::Seconds(1);
     absl::MutexLock l(&routed->mu);
     absl::StatusOr<std::string> nonce = ps::ReadWorkerNonce(rc, deadline);
-    if (nonce.ok()) (void)ps::ProveJobKey(rc, "", *nonce, deadline);
+    if (nonce.ok() && ps::ProveJobKey(rc, "", *nonce, deadline).ok()) {
+      (void)WriteHelloAck(rc.fd.get(), absl::OkStatus(), deadline);  // admitted
+    }
     routed->conns.push_back(std::move(rc));
   };
   auto l = TcpListener::Start(lo);

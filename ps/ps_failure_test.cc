@@ -292,7 +292,10 @@ class FakeShard {
     lo.route = [this, crash](transport::RoutedConnection rc) {
       const absl::Time deadline = absl::Now() + absl::Seconds(2);
       absl::StatusOr<std::string> nonce = ReadWorkerNonce(rc, deadline);  // then the ack
-      if (!nonce.ok() || !ProveJobKey(rc, "", *nonce, deadline).ok()) return;
+      if (!nonce.ok() || !ProveJobKey(rc, "", *nonce, deadline).ok() ||
+          !transport::WriteHelloAck(rc.fd.get(), absl::OkStatus(), deadline).ok()) {
+        return;
+      }
       if (crash) {
         FrameHeader h;
         if (ReadFull(rc.fd.get(), &h, sizeof(h), deadline).ok()) {

@@ -140,18 +140,7 @@ absl::StatusOr<UniqueFd> ConnectToShard(const HostPort& addr, const std::string&
   RETURN_IF_ERROR(WriteFull(fd.get(), ps_job_id.data(), ps_job_id.size(), deadline));
   const std::string nonce = transport::RandomNonce();
   RETURN_IF_ERROR(WriteFull(fd.get(), nonce.data(), nonce.size(), deadline));
-  transport::HelloAck ack;
-  RETURN_IF_ERROR(ReadFull(fd.get(), &ack, sizeof(ack), deadline));
-  if (ack.magic != transport::kHelloMagic) return absl::DataLossError("bad handshake reply");
-  if (ack.code != 0) {
-    std::string msg(std::min<size_t>(ack.message_len, 1024), '\0');
-    (void)ReadFull(fd.get(), msg.data(), msg.size(), deadline);
-    const absl::StatusCode code =
-        ack.code <= static_cast<uint16_t>(absl::StatusCode::kUnauthenticated)
-            ? static_cast<absl::StatusCode>(ack.code)
-            : absl::StatusCode::kUnknown;
-    return absl::Status(code, "refused: " + msg);
-  }
+  RETURN_IF_ERROR(transport::ReadHelloAck(fd.get(), deadline));
   // The shard proves the key first, then this side (transport/wire.h).
   std::string shard_nonce(transport::kNonceBytes, '\0'), proof(transport::kProofBytes, '\0');
   RETURN_IF_ERROR(ReadFull(fd.get(), shard_nonce.data(), shard_nonce.size(), deadline));
@@ -163,6 +152,7 @@ absl::StatusOr<UniqueFd> ConnectToShard(const HostPort& addr, const std::string&
   const std::string mine = transport::HandshakeProof(key, transport::HandshakeRole::kConnector, hello,
                                                      ps_job_id, shard_nonce, nonce);
   RETURN_IF_ERROR(WriteFull(fd.get(), mine.data(), mine.size(), deadline));
+  RETURN_IF_ERROR(transport::ReadHelloAck(fd.get(), deadline));  // the shard's admission
   RETURN_IF_ERROR(TuneDataSocket(fd.get(), socket_buffer_bytes));
   return fd;
 }

@@ -43,9 +43,10 @@ absl::Status WriteFrame(int fd, const transport::FrameHeader& h, const void* pay
                         absl::Time deadline);
 
 // A hand-driven worker connection (PsWorker uses transport::Device::ConnectToServers): connects to a shard, sends the Hello for
-// `ps_job_id` (a PsJobId), reads the HelloAck and tunes the socket
-// (TCP_NODELAY, buffers, non-blocking). A refusal comes back with the shard's
-// code and "refused: <message>".
+// `ps_job_id` (a PsJobId), proves `key` as a worker does, reads the shard's
+// admission and tunes the socket (TCP_NODELAY, buffers, non-blocking). A
+// refusal comes back with the shard's code and "refused: <message>"; a shard
+// that did not prove the key (it has none for the job) is UNAUTHENTICATED.
 absl::StatusOr<UniqueFd> ConnectToShard(const HostPort& addr, const std::string& ps_job_id,
                                         uint64_t epoch, int rank, int workers, int shard,
                                         absl::Time deadline, int socket_buffer_bytes,

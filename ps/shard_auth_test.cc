@@ -2,7 +2,9 @@
 // then worker) before the shard takes them: a forged Hello with a wrong key,
 // or for a job epoch the shard has no key for, is refused and counted, and
 // never replaces a worker's live connection.
+#include <atomic>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -89,25 +91,87 @@ TEST(PsShardAuth, AWorkerWithTheKeyIsServedAForgerIsRefusedAndReplacesNothing) {
   EXPECT_EQ(buf[0], 2.5f);
 }
 
-TEST(PsShardAuth, WrongKeysAndUnknownJobsAreRefusedWithTheReason) {
+TEST(PsShardAuth, AnUnknownJobLooksLikeAWrongKeyAndNothingIsMadeBeforeTheProof) {
   auto shards = StartShards(1, WithKeys());
-  // A job epoch the shard has no key for: refused before anything is made.
-  auto fd = ConnectToShard(HostPort{"127.0.0.1", shards[0]->port()}, *PsJobId("other"), 1, 0, 1, 0,
-                      absl::Now() + absl::Seconds(5), 0, kKey);
-  ASSERT_FALSE(fd.ok());
-  EXPECT_EQ(fd.status().code(), absl::StatusCode::kPermissionDenied) << fd.status();
-  EXPECT_TRUE(absl::StrContains(fd.status().message(), "does not serve job 'other'"))
-      << fd.status();
-  EXPECT_EQ(shards[0]->stats().jobs, 0u);
-  // A worker holding another key: the shard's proof does not check out.
-  fd = ConnectToShard(HostPort{"127.0.0.1", shards[0]->port()}, *PsJobId("auth"), 1, 0, 1, 0,
-                           absl::Now() + absl::Seconds(5), 0, "not-the-key");
+  const HostPort addr{"127.0.0.1", shards[0]->port()};
+  // A job epoch the shard has no key for: the shard proves a random key, so
+  // the answer is the same as for a wrong key, and says nothing about the job.
+  auto fd = ConnectToShard(addr, *PsJobId("other"), 1, 0, 1, 0, absl::Now() + absl::Seconds(5),
+                           0, kKey);
   ASSERT_FALSE(fd.ok());
   EXPECT_EQ(fd.status().code(), absl::StatusCode::kUnauthenticated) << fd.status();
-  // The right key gets in.
-  fd = ConnectToShard(HostPort{"127.0.0.1", shards[0]->port()}, *PsJobId("auth"), 1, 0, 1, 0,
-                      absl::Now() + absl::Seconds(5), 0, kKey);
-  EXPECT_TRUE(fd.ok()) << fd.status();
+  EXPECT_EQ(fd.status().message(), "the shard did not prove the job's key");
+  // A worker holding another key, announcing 3 workers for the real job: the
+  // same answer, and the job's state is not made from its Hello.
+  fd = ConnectToShard(addr, *PsJobId("auth"), 1, 0, 3, 0, absl::Now() + absl::Seconds(5), 0,
+                      "not-the-key");
+  ASSERT_FALSE(fd.ok());
+  EXPECT_EQ(fd.status().code(), absl::StatusCode::kUnauthenticated) << fd.status();
+  EXPECT_EQ(fd.status().message(), "the shard did not prove the job's key");
+  EXPECT_EQ(shards[0]->stats().jobs, 0u);
+  // The shard counts each once it read the connector's (missing) proof.
+  for (const absl::Time until = absl::Now() + absl::Seconds(10);
+       shards[0]->stats().auth_failures < 2 && absl::Now() < until;) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  EXPECT_EQ(shards[0]->stats().auth_failures, 2u);
+  // The real single worker gets in and is served.
+  PsWorkerOptions wo;
+  wo.job_id = "auth";
+  wo.epoch = 1;
+  wo.shards = Addresses(shards);
+  wo.shard_keys = {kKey};
+  auto w = PsWorker::Create(wo);
+  ASSERT_TRUE(w.ok()) << w.status();
+  std::vector<float> buf(1000, 0.5f);
+  absl::Status s = Step(**w, buf, 1);
+  EXPECT_TRUE(s.ok()) << s;
+  EXPECT_EQ(buf[999], 0.5f);
+  // A proven worker whose Hello does not fit the job is told why.
+  fd = ConnectToShard(addr, *PsJobId("auth"), 1, 0, 2, 0, absl::Now() + absl::Seconds(5), 0, kKey);
+  ASSERT_FALSE(fd.ok());
+  EXPECT_EQ(fd.status().code(), absl::StatusCode::kFailedPrecondition) << fd.status();
+  EXPECT_EQ(fd.status().message(),
+            "refused: ps shard 0: job 'auth' epoch 1 has 1 workers here, rank 0 connected with 2");
+}
+
+// Hellos with a wrong world size sprayed at the shard by someone without the
+// key while the job's worker connects and steps: the job forms from its
+// proven worker alone, and every step is exact.
+TEST(PsShardAuth, SprayedHellosWithoutTheKeyDoNotShapeTheJob) {
+  auto shards = StartShards(1, WithKeys());
+  const HostPort addr{"127.0.0.1", shards[0]->port()};
+  std::atomic<bool> stop{false};
+  std::atomic<int> sprayed{0};
+  std::thread sprayer([&] {
+    for (int i = 0; i < 2000 && !stop; ++i) {
+      auto fd = ConnectToShard(addr, *PsJobId("auth"), 1, 0, 3, 0,
+                               absl::Now() + absl::Seconds(5), 0, "guess");
+      EXPECT_FALSE(fd.ok());
+      ++sprayed;
+    }
+  });
+  PsWorkerOptions wo;
+  wo.job_id = "auth";
+  wo.epoch = 1;
+  wo.shards = Addresses(shards);
+  wo.shard_keys = {kKey};
+  auto w = PsWorker::Create(wo);
+  ASSERT_TRUE(w.ok()) << w.status();
+  // Wait until the spray is under way.
+  for (const absl::Time until = absl::Now() + absl::Seconds(20); sprayed < 20 && absl::Now() < until;) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  for (uint64_t step = 1; step <= 20; ++step) {
+    std::vector<float> buf(3000, static_cast<float>(step));
+    absl::Status s = Step(**w, buf, step);
+    ASSERT_TRUE(s.ok()) << "step " << step << ": " << s;
+    ASSERT_EQ(buf[2999], static_cast<float>(step));
+  }
+  stop = true;
+  sprayer.join();
+  EXPECT_GE(shards[0]->stats().auth_failures, 20u);
+  EXPECT_EQ(shards[0]->stats().jobs, 1u);
 }
 
 }  // namespace

@@ -11,21 +11,49 @@ void PsShard::Impl::Refuse(transport::RoutedConnection& rc, const absl::Status& 
   ++connections_refused_;
   GS_LOG(WARNING) << "ps shard: refused " << rc.peer << " (job '" << rc.job_id << "' rank "
                   << rc.hello.src_rank << "): " << why.message();
-  const std::string msg(why.message().substr(0, 1024));
-  transport::HelloAck ack{transport::kHelloMagic, static_cast<uint16_t>(why.code()),
-                          static_cast<uint16_t>(msg.size())};
-  const absl::Time deadline = absl::Now() + absl::Seconds(1);
-  if (WriteFull(rc.fd.get(), &ack, sizeof(ack), deadline).ok()) {
-    (void)WriteFull(rc.fd.get(), msg.data(), msg.size(), deadline);
+  (void)transport::WriteHelloAck(rc.fd.get(), why, absl::Now() + absl::Seconds(1));
+}
+
+// Admits a proven worker into its job epoch's state (made by the first
+// proven worker), counting it as connecting: the job, or why the Hello does
+// not fit the job as it is here.
+absl::StatusOr<std::shared_ptr<Job>> PsShard::Impl::AdmitProven(
+    const transport::RoutedConnection& rc) {
+  const int rank = rc.hello.src_rank;
+  const int workers = rc.hello.world_size;
+  const int shard = rc.hello.dst_rank;
+  absl::MutexLock l(&mu_);
+  if (stopping_) return absl::UnavailableError("ps shard is shutting down");
+  std::shared_ptr<Job>& slot = jobs_[{rc.job_id, rc.hello.epoch}];
+  if (slot == nullptr) slot = std::make_shared<Job>(rc.job_id, rc.hello.epoch, workers, shard);
+  std::shared_ptr<Job> job = slot;
+  absl::MutexLock jl(&job->mu);
+  if (job->workers != workers) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(job->prefix, " epoch ", job->epoch, " has ", job->workers,
+                     " workers here, rank ", rank, " connected with ", workers));
   }
+  if (job->shard != shard) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(job->prefix, " epoch ", job->epoch, " uses this server as shard ", job->shard,
+                     ", rank ", rank, " connected to it as shard ", shard));
+  }
+  if (rc.hello.stream == transport::kRdmaBootstrapStream && options_.rdma_device == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rank ", rank, " asked for RDMA, and this ps shard has no RDMA port (gradsync-ps "
+        "--transport)"));
+  }
+  ++job->connecting;  // until the connection is registered, or given up
+  return job;
 }
 
 void PsShard::Impl::Adopt(transport::RoutedConnection rc) {
   const int rank = rc.hello.src_rank;
   const int workers = rc.hello.world_size;
-  const int shard = rc.hello.dst_rank;
-  // Nothing is created for a connection whose job epoch this shard has no
-  // key for (a forged Hello, or a job that is not assigned here).
+  // Nothing about a job is made or told before the worker proved the job
+  // epoch's key: a Hello for a job this shard has no key for (a forgery, a
+  // guess, or a job not assigned here) gets a proof under a random key, so
+  // from outside it looks exactly like a wrong key.
   const absl::Time deadline = absl::Now() + absl::Seconds(5);
   absl::StatusOr<std::string> nonce = ReadWorkerNonce(rc, deadline);
   if (!nonce.ok()) {
@@ -35,50 +63,25 @@ void PsShard::Impl::Adopt(transport::RoutedConnection rc) {
   }
   absl::StatusOr<ShardJobKey> key = keys_.Get(std::string(JobOfPsJobId(rc.job_id)), rc.hello.epoch);
   if (!key.ok()) {
-    ++auth_failures_;
-    return Refuse(rc, key.status());
+    GS_LOG(WARNING) << "ps shard: no key for " << rc.peer << " (job '" << rc.job_id << "' epoch "
+                    << rc.hello.epoch << " rank " << rank << "): " << key.status().message();
   }
-  std::shared_ptr<Job> job;
-  absl::Status refuse;
-  {
-    absl::MutexLock l(&mu_);
-    if (stopping_) {
-      refuse = absl::UnavailableError("ps shard is shutting down");
-    } else {
-      std::shared_ptr<Job>& slot = jobs_[{rc.job_id, rc.hello.epoch}];
-      if (slot == nullptr)
-        slot = std::make_shared<Job>(rc.job_id, rc.hello.epoch, workers, shard);
-      job = slot;
-      absl::MutexLock jl(&job->mu);
-      if (job->workers != workers) {
-        refuse = absl::FailedPreconditionError(
-            absl::StrCat(job->prefix, " epoch ", job->epoch, " has ", job->workers,
-                         " workers here, rank ", rank, " connected with ", workers));
-      } else if (job->shard != shard) {
-        refuse = absl::FailedPreconditionError(
-            absl::StrCat(job->prefix, " epoch ", job->epoch, " uses this server as shard ",
-                         job->shard, ", rank ", rank, " connected to it as shard ", shard));
-      } else {
-        ++job->connecting;
-      }
+  const std::string proof_key = key.ok() ? key->key : transport::RandomNonce() + transport::RandomNonce();
+  if (absl::Status proven = ProveJobKey(rc, proof_key, *nonce, deadline); !proven.ok() || !key.ok()) {
+    ++auth_failures_;
+    if (key.ok()) {
+      GS_LOG(WARNING) << "ps shard: refused " << rc.peer << " (job '" << rc.job_id << "' rank "
+                      << rank << "): " << proven.message();
     }
+    return;
   }
+  absl::StatusOr<std::shared_ptr<Job>> admitted = AdmitProven(rc);
+  if (!admitted.ok()) return Refuse(rc, admitted.status());
+  std::shared_ptr<Job> job = *std::move(admitted);
   const bool rdma = rc.hello.stream == transport::kRdmaBootstrapStream;
-  if (refuse.ok() && rdma && options_.rdma_device == nullptr) {
-    refuse = absl::FailedPreconditionError(absl::StrCat(
-        "rank ", rank, " asked for RDMA, and this ps shard has no RDMA port (gradsync-ps "
-        "--transport)"));
-    absl::MutexLock l(&mu_);
-    absl::MutexLock jl(&job->mu);
-    --job->connecting;
-  }
-  if (!refuse.ok()) return Refuse(rc, refuse);
-  // Both sides prove the key before the connection replaces any other: a
-  // forged Hello never displaces a worker's live connection.
-  if (absl::Status proven = ProveJobKey(rc, key->key, *nonce, deadline); !proven.ok()) {
-    ++auth_failures_;
-    GS_LOG(WARNING) << "ps shard: refused " << rc.peer << " (job '" << rc.job_id << "' rank "
-                    << rank << "): " << proven.message();
+  if (absl::Status s = transport::WriteHelloAck(rc.fd.get(), absl::OkStatus(), deadline); !s.ok()) {
+    GS_LOG(WARNING) << job->prefix << ": rank " << rank << " at " << rc.peer
+                    << " went away before its admission: " << s.message();
     absl::MutexLock l(&mu_);
     absl::MutexLock jl(&job->mu);
     --job->connecting;

@@ -473,6 +473,8 @@ class PsShard::Impl {
 
   // The listener's route: a worker's connection to this shard.
   void Adopt(transport::RoutedConnection rc);
+  absl::StatusOr<std::shared_ptr<Job>> AdmitProven(const transport::RoutedConnection& rc)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // The thread of a connection: Serve, then ConnectionEnded.
   void ServeConnection(std::shared_ptr<Conn> c);

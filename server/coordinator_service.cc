@@ -251,7 +251,8 @@ grpc::Status CoordinatorService::RegisterShard(grpc::ServerContext* ctx,
   if (grpc::Status denied = RequireRole(*ctx, tls_, "ps", "RegisterShard"); !denied.ok()) {
     return denied;
   }
-  absl::Status s = shards_.Register(request->shard_id(), request->endpoint());
+  // The id is bound to the certificate that registered it first.
+  absl::Status s = shards_.Register(request->shard_id(), request->endpoint(), IdentityOf(*ctx).name);
   if (!s.ok()) return ToGrpcStatus(s);
   response->set_heartbeat_interval_ms(1000);
   return grpc::Status::OK;
@@ -272,6 +273,13 @@ grpc::Status CoordinatorService::GetShardKey(grpc::ServerContext* ctx,
                                              v1::GetShardKeyResponse* response) {
   if (grpc::Status denied = RequireRole(*ctx, tls_, "ps", "GetShardKey"); !denied.ok()) {
     return denied;
+  }
+  // Only the shard itself (the certificate that registered the id) gets its key.
+  if (const std::string caller = IdentityOf(*ctx).name;
+      !shards_.IsRegisteredBy(request->shard_id(), caller)) {
+    return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                        absl::StrCat("shard '", request->shard_id(),
+                                     "' is not registered by certificate '", caller, "'"));
   }
   if (!shards_.IsAssigned(request->job_id(), request->epoch(), request->shard_id())) {
     return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,

@@ -1,13 +1,15 @@
 #include "server/shard_registry.h"
 
 #include <algorithm>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
 namespace gradsync {
 
-absl::Status ShardRegistry::Register(const std::string& shard_id, const v1::Endpoint& endpoint) {
+absl::Status ShardRegistry::Register(const std::string& shard_id, const v1::Endpoint& endpoint,
+                                     const std::string& identity) {
   if (shard_id.empty() || shard_id.size() > 256) {
     return absl::InvalidArgumentError("shard_id must have 1..256 characters");
   }
@@ -23,8 +25,53 @@ absl::Status ShardRegistry::Register(const std::string& shard_id, const v1::Endp
         "characters"));
   }
   absl::MutexLock l(&mu_);
-  shards_[shard_id] = Shard{endpoint, absl::Now()};
+  const absl::Time now = absl::Now();
+  auto it = shards_.find(shard_id);
+  if (it != shards_.end() && it->second.identity == identity) {  // a renewal
+    it->second.endpoint = endpoint;
+    it->second.last_seen = now;
+    return absl::OkStatus();
+  }
+  ForgetDeadLocked(now);
+  it = shards_.find(shard_id);
+  if (it != shards_.end()) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "shard '", shard_id, "' is registered by certificate '", it->second.identity,
+        "'; certificate '", identity, "' may not register it (give each shard its own id)"));
+  }
+  int held = 0;
+  for (const auto& [id, s] : shards_) held += s.identity == identity;
+  if (!identity.empty() && held >= kMaxShardsPerIdentity) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "certificate '", identity, "' already registered ", held, " shards (at most ",
+        kMaxShardsPerIdentity, "); shard '", shard_id, "' is refused"));
+  }
+  if (shards_.size() >= static_cast<size_t>(kMaxShards)) {
+    return absl::ResourceExhaustedError(absl::StrCat("the coordinator has ", shards_.size(),
+                                                     " shards registered (at most ", kMaxShards,
+                                                     "); shard '", shard_id, "' is refused"));
+  }
+  shards_[shard_id] = Shard{endpoint, now, identity};
   return absl::OkStatus();
+}
+
+bool ShardRegistry::IsRegisteredBy(const std::string& shard_id,
+                                   const std::string& identity) const {
+  absl::MutexLock l(&mu_);
+  auto it = shards_.find(shard_id);
+  return it != shards_.end() && it->second.identity == identity;
+}
+
+void ShardRegistry::ForgetDeadLocked(absl::Time now) {
+  std::set<std::string> serving;
+  for (const auto& [key, a] : assigned_) serving.insert(a.ids.begin(), a.ids.end());
+  for (auto it = shards_.begin(); it != shards_.end();) {
+    if (now - it->second.last_seen > forget_after_ && serving.count(it->first) == 0) {
+      it = shards_.erase(it);
+    } else {
+      ++it;
+    }
+  }
 }
 
 std::vector<v1::ShardStatus> ShardRegistry::List() const {
@@ -42,6 +89,7 @@ std::vector<v1::ShardStatus> ShardRegistry::List() const {
     st.set_alive(now - s.last_seen <= timeout_);
     st.set_last_seen_age_ms(absl::ToInt64Milliseconds(now - s.last_seen));
     st.set_jobs(load[id]);
+    st.set_identity(s.identity);
     out.push_back(st);
   }
   return out;

@@ -4,6 +4,13 @@
 // for `timeout` is dead. A job epoch that wants K shards gets the K alive
 // shards with the fewest assigned epochs (ties: shard id), chosen once and
 // remembered, so every rank of the epoch gets the same list.
+//
+// A shard id belongs to the identity that registered it first (with TLS, the
+// common name of its certificate): another identity can neither register it
+// again (with its own endpoint) nor be given its key. The id is released
+// only when the shard has been dead for `forget_after` and serves no job
+// epoch. Each certificate holds at most kMaxShardsPerIdentity ids, and the
+// registry at most kMaxShards.
 #ifndef GRADSYNC_SERVER_SHARD_REGISTRY_H_
 #define GRADSYNC_SERVER_SHARD_REGISTRY_H_
 
@@ -21,9 +28,20 @@ namespace gradsync {
 
 class ShardRegistry {
  public:
-  explicit ShardRegistry(absl::Duration timeout = absl::Seconds(5)) : timeout_(timeout) {}
+  static constexpr int kMaxShards = 4096;
+  static constexpr int kMaxShardsPerIdentity = 64;
 
-  absl::Status Register(const std::string& shard_id, const v1::Endpoint& endpoint);
+  explicit ShardRegistry(absl::Duration timeout = absl::Seconds(5),
+                         absl::Duration forget_after = absl::Hours(1))
+      : timeout_(timeout), forget_after_(forget_after) {}
+
+  // Registers or renews `shard_id` for `identity` (the caller's certificate
+  // name; empty without TLS). PERMISSION_DENIED if another identity holds
+  // the id, RESOURCE_EXHAUSTED over the limits above.
+  absl::Status Register(const std::string& shard_id, const v1::Endpoint& endpoint,
+                        const std::string& identity = "");
+  // True if `identity` registered `shard_id` (a shard asks for its own key).
+  bool IsRegisteredBy(const std::string& shard_id, const std::string& identity) const;
   std::vector<v1::ShardStatus> List() const;
 
   struct Assignment {
@@ -42,8 +60,13 @@ class ShardRegistry {
   struct Shard {
     v1::Endpoint endpoint;
     absl::Time last_seen;
+    std::string identity;
   };
+  // Drops shards dead for forget_after_ that serve no job epoch.
+  void ForgetDeadLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   const absl::Duration timeout_;
+  const absl::Duration forget_after_;
   mutable absl::Mutex mu_;
   std::map<std::string, Shard> shards_ ABSL_GUARDED_BY(mu_);
   std::map<std::pair<std::string, int64_t>, Assignment> assigned_ ABSL_GUARDED_BY(mu_);

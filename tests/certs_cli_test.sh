@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `gradsync certs`: a lab CA and role certificates, one node certificate per
-# --nodes name (its own CN, OU node, signed by the same CA), and --revoke
+# --nodes name (its own CN, OU node, signed by the same CA), one PS certificate
+# per --ps_names name (OU ps), and --revoke
 # writing a cumulative, CA-signed CRL that OpenSSL's own verifier honours.
 set -euo pipefail
 gradsync=$(readlink -f "$1")
@@ -20,6 +21,12 @@ for n in node-a node-b; do
   openssl verify -CAfile "$dir/ca.pem" "$dir/$n.pem" >/dev/null || fail "$n is not signed by the CA"
 done
 [[ $(grep -c "^CA " "$dir.nodes" || true) == 0 ]] || fail "--nodes on an existing dir made a new CA"
+"$gradsync" certs --dir="$dir" --ps_names=shard-a > "$dir.ps" || fail "certs --ps_names"
+grep -q "^ps shard-a *--tls_cert=$dir/shard-a.pem" "$dir.ps" || fail "shard-a not printed: $(cat "$dir.ps")"
+subject=$(openssl x509 -in "$dir/shard-a.pem" -noout -subject -nameopt RFC2253)
+[[ "${subject#subject=}" == "CN=shard-a,OU=ps,O=gradsync" ]] || fail "shard-a subject is '$subject'"
+openssl verify -CAfile "$dir/ca.pem" "$dir/shard-a.pem" >/dev/null || fail "shard-a is not signed by the CA"
+[[ $(grep -c "^CA " "$dir.ps" || true) == 0 ]] || fail "--ps_names on an existing dir made a new CA"
 
 "$gradsync" certs --dir="$dir" --revoke="$dir/node-a.pem" > "$dir.revoke" || fail "certs --revoke"
 hash=$(openssl x509 -in "$dir/ca.pem" -noout -hash)

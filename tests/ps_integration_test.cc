@@ -5,12 +5,18 @@
 #include <thread>
 #include <vector>
 
+#include <grpcpp/create_channel.h>
+
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "cli/expected.h"
 #include "cli/local_cluster.h"
+#include "common/certs.h"
+#include "common/tls.h"
 #include "collective/reference.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu_reduce.h"
+#include "proto/coordinator.grpc.pb.h"
 #include "tests/cluster_util.h"
 
 namespace gradsync {
@@ -192,6 +198,98 @@ TEST_F(PsIntegration, KilledShardFailsEveryWorkerNamingTheShard) {
     EXPECT_FALSE(st[r].ok()) << "rank " << r;
     EXPECT_NE(st[r].message().find("ps shard"), std::string::npos) << "rank " << r << ": " << st[r];
   }
+}
+
+// A PS certificate of another host (a compromised or misconfigured shard)
+// tries to take over shard ps0 of a running job of the lab tenant: it
+// re-registers ps0 with its own endpoint, again and again, and asks for
+// ps0's key. Both are refused, ps0 keeps its endpoint, and the job's sums
+// stay exact.
+TEST_F(PsIntegration, AnotherShardsCertificateCannotTakeOverAShard) {
+  auto job = OpenPsJob(*cluster_, "takeover", 2, 2);
+  ASSERT_TRUE(job.ok()) << job.status();
+  auto intruder_cert = AddLabCert(cluster_->certs().dir, "ps", "intruder-ps", {});
+  ASSERT_TRUE(intruder_cert.ok()) << intruder_cert.status();
+  auto stub_of = [&](const TlsConfig& cert) {
+    auto credentials = MakeChannelCredentials(cert);
+    EXPECT_TRUE(credentials.ok()) << credentials.status();
+    return v1::Coordinator::NewStub(
+        grpc::CreateChannel(cluster_->coordinator_address(), *credentials));
+  };
+  auto ctx = [] {
+    auto c = std::make_unique<grpc::ClientContext>();
+    c->set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    return c;
+  };
+  auto intruder = stub_of(*intruder_cert);
+  auto shard = stub_of(cluster_->certs().ps);
+  auto op = stub_of(cluster_->certs().operator_);
+  v1::JobStatus status;
+  {
+    v1::GetJobStatusRequest req;
+    req.set_job_id("lab/takeover");
+    grpc::Status s = op->GetJobStatus(ctx().get(), req, &status);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+  }
+  v1::RegisterShardRequest reg;
+  reg.set_shard_id("ps0");
+  reg.mutable_endpoint()->set_host("127.0.0.1");
+  reg.mutable_endpoint()->set_port(1);
+  for (int i = 0; i < 200; ++i) {
+    v1::RegisterShardResponse resp;
+    grpc::Status s = intruder->RegisterShard(ctx().get(), reg, &resp);
+    ASSERT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << i << ": " << s.error_message();
+    ASSERT_EQ(s.error_message(),
+              "shard 'ps0' is registered by certificate 'lab-ps'; certificate 'intruder-ps' may "
+              "not register it (give each shard its own id)");
+  }
+  v1::GetShardKeyRequest key_req;
+  key_req.set_shard_id("ps0");
+  key_req.set_job_id("lab/takeover");
+  key_req.set_epoch(status.epoch());
+  v1::GetShardKeyResponse key;
+  grpc::Status s = intruder->GetShardKey(ctx().get(), key_req, &key);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
+  EXPECT_EQ(s.error_message(), "shard 'ps0' is not registered by certificate 'intruder-ps'");
+  EXPECT_TRUE(key.key().empty());
+  // The real shard's certificate gets its key; the intruder registers its own id.
+  s = shard->GetShardKey(ctx().get(), key_req, &key);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  EXPECT_FALSE(key.key().empty());
+  reg.set_shard_id("intruder");
+  v1::RegisterShardResponse resp;
+  EXPECT_TRUE(intruder->RegisterShard(ctx().get(), reg, &resp).ok());
+  v1::ListShardsResponse shards;
+  ASSERT_TRUE(op->ListShards(ctx().get(), v1::ListShardsRequest(), &shards).ok());
+  bool seen = false;
+  for (const v1::ShardStatus& st : shards.shards()) {
+    if (st.shard_id() != "ps0") continue;
+    seen = true;
+    EXPECT_NE(st.endpoint().port(), 1);
+    EXPECT_EQ(st.identity(), "lab-ps");
+  }
+  EXPECT_TRUE(seen);
+  // The job still reaches the real shards: exact sums.
+  std::vector<std::string> errors(2);
+  OnEveryRank(2, [&](int r) {
+    auto& session = *(*job)[r].session;
+    const uint64_t count = 100003;
+    auto b = session.AllocateBuffer(count * 4);
+    if (!b.ok()) return void(errors[r] = std::string(b.status().message()));
+    FillInput(CollectiveKind::kAllreduce, DType::kF32, r, 2, count,
+              static_cast<char*>((*b)->data()));
+    client::CollectiveSpec spec;
+    spec.buffer = b->get();
+    spec.count = count;
+    spec.algorithm = "ps";
+    spec.name = "after";
+    auto res = session.Run(spec);
+    if (!res.ok()) return void(errors[r] = std::string(res.status().message()));
+    const uint64_t wrong = CountWrong(CollectiveKind::kAllreduce, DType::kF32, ReduceOp::kSum, 0,
+                                      r, 2, count, static_cast<char*>((*b)->data()));
+    if (wrong) errors[r] = absl::StrCat(wrong, " wrong");
+  });
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
 }
 
 TEST_F(PsIntegration, ForcingPsWithoutShardsIsRefused) {

@@ -49,7 +49,8 @@ class Server {
       if (!WriteFull(fd, &ack, sizeof(ack), deadline).ok() ||
           !WriteFull(fd, nonce.data(), nonce.size(), deadline).ok() ||
           !WriteFull(fd, proof.data(), proof.size(), deadline).ok() ||
-          !ReadFull(fd, theirs.data(), theirs.size(), deadline).ok()) {
+          !ReadFull(fd, theirs.data(), theirs.size(), deadline).ok() ||
+          !WriteHelloAck(fd, absl::OkStatus(), deadline).ok()) {  // admitted
         return;
       }
       ClientSpec spec;

@@ -44,7 +44,8 @@ class RawServer {
         std::string theirs(kProofBytes, '\0');
         if (!WriteFull(fd, nonce.data(), nonce.size(), deadline).ok() ||
             !WriteFull(fd, proof.data(), proof.size(), deadline).ok() ||
-            !ReadFull(fd, theirs.data(), theirs.size(), deadline).ok()) {
+            !ReadFull(fd, theirs.data(), theirs.size(), deadline).ok() ||
+            !WriteHelloAck(fd, absl::OkStatus(), deadline).ok()) {  // admitted
           return;
         }
       }

@@ -12,24 +12,6 @@
 
 namespace gradsync::transport {
 
-namespace {
-
-// Reads a HelloAck: OK, or the acceptor's refusal with its code and message.
-absl::Status ReadHelloAck(int fd, absl::Time deadline) {
-  HelloAck ack;
-  RETURN_IF_ERROR(ReadFull(fd, &ack, sizeof(ack), deadline));
-  if (ack.magic != kHelloMagic) return absl::DataLossError("bad handshake reply");
-  if (ack.code == 0) return absl::OkStatus();
-  std::string msg(std::min<size_t>(ack.message_len, 1024), '\0');
-  (void)ReadFull(fd, msg.data(), msg.size(), deadline);
-  const absl::StatusCode code = ack.code <= static_cast<uint16_t>(absl::StatusCode::kUnauthenticated)
-                                    ? static_cast<absl::StatusCode>(ack.code)
-                                    : absl::StatusCode::kUnknown;
-  return absl::Status(code, "refused: " + msg);
-}
-
-}  // namespace
-
 absl::StatusOr<std::unique_ptr<TcpContext>> TcpContext::Create(const TcpContextOptions& options,
                                                                int peers, int self) {
   std::unique_ptr<TcpContext> ctx(new TcpContext(options, peers, self));
@@ -234,6 +216,7 @@ absl::StatusOr<std::unique_ptr<TcpContext>> TcpContext::ConnectToServers(
                                               options.job_id, server_nonce, nonces[k]);
       s = WriteFull(fd, mine.data(), mine.size(), deadline);
     }
+    if (s.ok()) s = ReadHelloAck(fd, deadline);  // the server admits the proven client
     if (s.ok()) s = TuneDataSocket(fd, options.socket_buffer_bytes);
     if (!s.ok()) return server_error(k, s);
   }

@@ -1,13 +1,37 @@
 #include "transport/wire.h"
 
 #include <openssl/crypto.h>
+#include <algorithm>
 #include <sys/random.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/digest.h"
+#include "common/net.h"
+#include "common/status_macros.h"
 
 namespace gradsync::transport {
+
+absl::Status ReadHelloAck(int fd, absl::Time deadline) {
+  HelloAck ack;
+  RETURN_IF_ERROR(ReadFull(fd, &ack, sizeof(ack), deadline));
+  if (ack.magic != kHelloMagic) return absl::DataLossError("bad handshake reply");
+  if (ack.code == 0) return absl::OkStatus();
+  std::string msg(std::min<size_t>(ack.message_len, 1024), '\0');
+  (void)ReadFull(fd, msg.data(), msg.size(), deadline);
+  const absl::StatusCode code = ack.code <= static_cast<uint16_t>(absl::StatusCode::kUnauthenticated)
+                                    ? static_cast<absl::StatusCode>(ack.code)
+                                    : absl::StatusCode::kUnknown;
+  return absl::Status(code, "refused: " + msg);
+}
+
+absl::Status WriteHelloAck(int fd, const absl::Status& verdict, absl::Time deadline) {
+  const std::string msg(verdict.message().substr(0, 1024));
+  const HelloAck ack{kHelloMagic, static_cast<uint16_t>(verdict.code()),
+                     static_cast<uint16_t>(msg.size())};
+  RETURN_IF_ERROR(WriteFull(fd, &ack, sizeof(ack), deadline));
+  return WriteFull(fd, msg.data(), msg.size(), deadline);
+}
 
 uint64_t JobTag(absl::string_view job_id) {
   uint64_t h = 1469598103934665603ull;

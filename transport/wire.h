@@ -11,7 +11,11 @@
 //   connector -> acceptor : HandshakeMac(connect, Na, Nc)
 // and neither side takes a frame before the other's proof checked out. A PS
 // worker and a shard (TcpContext::ConnectToServers, ps/shard_handshake.h)
-// run the same exchange with the job's shard key. Then
+// run the same exchange with the job's shard key, and the shard then admits
+// or refuses the proven worker:
+//   acceptor  -> connector: HelloAck (admission: OK, or the refusal's code and message)
+// so nothing about a job is created or revealed to a peer that did not
+// prove the key. Then
 // both sides exchange frames:
 //   FrameHeader (48 bytes) + `length` payload bytes
 // A DATA frame carries part of an op's buffer: (job, epoch, op sequence,
@@ -27,6 +31,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 
 namespace gradsync::transport {
 
@@ -38,7 +43,8 @@ inline constexpr uint32_t kFrameMagic = 0x4E595347;  // "GSYN"
 // (collective/op_signature.h), not all-to-all; daemons of different versions
 // refuse each other at the handshake instead of falling out of step.
 // 3: the daemons of a job prove the job key at the handshake.
-inline constexpr uint16_t kWireVersion = 3;
+// 4: a PS shard admits a worker (a second HelloAck) only after the proofs.
+inline constexpr uint16_t kWireVersion = 4;
 // A tenant's job "TENANT/JOB" (32 + 1 + 128), with room for "ps/" in front.
 inline constexpr size_t kMaxJobIdBytes = 192;
 inline constexpr int kMaxWorldSize = 4096;
@@ -100,6 +106,13 @@ std::string HandshakeProof(absl::string_view key, HandshakeRole role, const Hell
 bool ProofsEqual(absl::string_view a, absl::string_view b);
 // kNonceBytes random bytes (getrandom).
 std::string RandomNonce();
+
+// Reads a HelloAck within the deadline: OK, or the acceptor's refusal with
+// its code and "refused: <message>"; DataLoss for a reply that is no HelloAck.
+absl::Status ReadHelloAck(int fd, absl::Time deadline);
+// Writes a HelloAck for `verdict` (OK: accepted; else its code and at most
+// 1,024 bytes of its message).
+absl::Status WriteHelloAck(int fd, const absl::Status& verdict, absl::Time deadline);
 
 // 64-bit FNV-1a of the job id.
 uint64_t JobTag(absl::string_view job_id);
