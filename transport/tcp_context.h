@@ -36,6 +36,10 @@ struct TcpContextOptions {
   int world_size = 1;
   std::vector<HostPort> peers;  // data endpoints, indexed by rank
   absl::Time deadline;          // for the whole connection set-up
+  // Connect: how long a claimed connection has for each step of its
+  // handshake (its nonce; its proof after our answer) before it is dropped
+  // and the next one with the same Hello is tried.
+  absl::Duration handshake_step_timeout = absl::Seconds(3);
   int socket_buffer_bytes = 0;  // SO_SNDBUF/SO_RCVBUF; 0: the kernel's autotuned buffers
   // TCP connections per peer pair. Message i of an op travels on stream
   // i % streams (control messages on stream 0), so one flow's window is not
@@ -86,8 +90,9 @@ class TcpContext : public Context, public TcpControls {
  public:
   // Connects to every peer: lower ranks connect to higher ranks (handshake
   // through the higher rank's TcpListener), higher ranks claim those
-  // connections from `listener`. Phases are ordered so no cycle of waits can
-  // form. Fails with the first peer that could not be reached by the deadline.
+  // connections from `listener`. The connecting side runs on a thread of its
+  // own, so no cycle of waits can form and every proof comes within a round
+  // trip. Fails with the first peer that could not be reached by the deadline.
   static absl::StatusOr<std::unique_ptr<TcpContext>> Connect(const TcpContextOptions& options,
                                                              TcpListener* listener);
   // A client context (Device::ConnectToServers): dials every address of

@@ -129,6 +129,50 @@ TEST(TcpHandshake, AForgerWhoConnectsFirstDoesNotKeepTheRealPeerOut) {
   EXPECT_EQ(failures, std::vector<std::string>{"bad_proof"});
 }
 
+// Forgers who connected first with the real peer's Hello and then stay
+// silent (one never sends its nonce, one never proves the key) each cost
+// one handshake step, not the whole connect deadline (both ranks failed
+// after 30 s): rank 1 drops them and takes rank 0's real connection.
+TEST(TcpHandshake, SilentForgersWhoConnectedFirstCostOneStepEach) {
+  Mesh m = Listeners(2);
+  const std::string key(32, 'k');
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  std::vector<UniqueFd> forgers;
+  for (bool with_nonce : {false, true}) {
+    auto fd = TcpConnect(m.addrs[1], deadline);
+    ASSERT_TRUE(fd.ok());
+    if (with_nonce) {
+      (void)testing::SendHelloAndNonce(fd->get(), "keyed", 3, 0, 1, 2, deadline);
+    } else {
+      Hello h{kHelloMagic, kWireVersion, 5, 3, 0, 1, 2, 0};
+      ASSERT_TRUE(WriteFull(fd->get(), &h, sizeof(h), deadline).ok());
+      ASSERT_TRUE(WriteFull(fd->get(), "keyed", 5, deadline).ok());
+    }
+    forgers.push_back(std::move(*fd));
+    const uint64_t want = forgers.size();
+    while (m.listeners[1]->stats().parked < want && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+  }
+  std::vector<std::string> failures;
+  std::vector<absl::Status> st(2);
+  std::vector<std::thread> threads;
+  const absl::Time start = absl::Now();
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      TcpContextOptions o = Options(m, r, key, &failures, absl::Seconds(20));
+      o.handshake_step_timeout = absl::Milliseconds(500);
+      st[r] = TcpContext::Connect(o, m.listeners[r].get()).status();
+    });
+  }
+  for (auto& t : threads) t.join();
+  const absl::Duration took = absl::Now() - start;
+  for (const absl::Status& s : st) EXPECT_TRUE(s.ok()) << s;
+  EXPECT_EQ(failures, (std::vector<std::string>{"no_proof", "no_proof"}));
+  // Two steps of 0.5 s, and the real handshake: far below the 20 s deadline.
+  EXPECT_LT(took, absl::Seconds(10)) << took;
+}
+
 // A proof is bound to both nonces: the proof rank 1 sent one connection does
 // not open another (a replay).
 TEST(TcpHandshake, ProofsDependOnBothNoncesAndTheRole) {

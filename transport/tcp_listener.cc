@@ -5,6 +5,9 @@
 #include <poll.h>
 #include <sys/socket.h>
 
+#include <algorithm>
+#include <map>
+
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
@@ -109,12 +112,6 @@ void TcpListener::AcceptLoop() {
     std::string peer = PeerName(ss);
     std::string source = peer.substr(0, peer.rfind(':'));
     absl::MutexLock l(&mu_);
-    if (static_cast<int>(handshakes_.size()) >= options_.max_pending_handshakes) {
-      ++stats_.rejected;
-      GS_LOG(WARNING) << "data plane: too many pending handshakes, refusing " << peer;
-      Refuse(fd.get(), absl::StrCat(handshakes_.size(), " handshakes in progress"));
-      continue;  // fd closes
-    }
     int from_source = 0;
     for (const auto& h : handshakes_) from_source += !h->done && h->source == source ? 1 : 0;
     if (from_source >= options_.max_handshakes_per_source) {
@@ -124,14 +121,55 @@ void TcpListener::AcceptLoop() {
       Refuse(fd.get(), absl::StrCat(from_source, " handshakes from ", source, " in progress"));
       continue;  // fd closes
     }
+    if (static_cast<int>(handshakes_.size()) >= options_.max_pending_handshakes &&
+        !EvictForLocked(source, from_source)) {
+      ++stats_.rejected;
+      GS_LOG(WARNING) << "data plane: too many pending handshakes, refusing " << peer;
+      Refuse(fd.get(), absl::StrCat(handshakes_.size(), " handshakes in progress"));
+      continue;  // fd closes
+    }
     ++stats_.accepted;
     auto h = std::make_unique<Handshake>();
     h->source = std::move(source);
+    h->fd = fd.get();
+    h->started = absl::Now();
     Handshake* raw = h.get();
     handshakes_.push_back(std::move(h));
     raw->thread = std::thread(
         [this, f = fd.Release(), peer, raw]() mutable { DoHandshake(UniqueFd(f), peer, raw); });
   }
+}
+
+bool TcpListener::EvictForLocked(const std::string& source, int from_source) {
+  // The source holding the most handshakes that still wait for their Hello.
+  std::map<std::string, int> waiting;
+  for (const auto& h : handshakes_) {
+    if (!h->done && h->fd >= 0) ++waiting[h->source];
+  }
+  const std::string* heaviest = nullptr;
+  for (const auto& [src, n] : waiting) {
+    if (heaviest == nullptr || n > waiting[*heaviest]) heaviest = &src;
+  }
+  if (heaviest == nullptr || *heaviest == source || waiting[*heaviest] <= from_source + 1) {
+    return false;  // the newcomer's source already has its share
+  }
+  Handshake* oldest = nullptr;
+  for (const auto& h : handshakes_) {
+    if (!h->done && h->fd >= 0 && h->source == *heaviest &&
+        (oldest == nullptr || h->started < oldest->started)) {
+      oldest = h.get();
+    }
+  }
+  // Its thread is still reading the Hello from this fd (it sets fd = -1
+  // under mu_ before anything else happens to it): the read fails at once.
+  GS_LOG(WARNING) << "data plane: handshake slots are full; dropping the oldest silent "
+                     "connection of "
+                  << *heaviest << " (" << waiting[*heaviest] << " waiting) for one from "
+                  << source;
+  ::shutdown(oldest->fd, SHUT_RDWR);
+  oldest->fd = -1;
+  ++stats_.evicted;
+  return true;
 }
 
 void TcpListener::ReapLocked() {
@@ -169,6 +207,11 @@ void TcpListener::DoHandshake(UniqueFd fd, std::string peer, Handshake* self) {
   if (s.ok()) {
     job_id.resize(hello.job_id_len);
     s = ReadFull(fd.get(), job_id.data(), job_id.size(), deadline);
+  }
+  {
+    absl::MutexLock l(&mu_);  // from here on the connection cannot be evicted
+    if (self->fd < 0 && s.ok()) s = absl::UnavailableError("evicted for a fair share");
+    self->fd = -1;
   }
   const bool routed = routing && s.ok() && absl::StartsWith(job_id, options_.route_prefix);
   if (routing && s.ok()) s = routed ? ValidateRoutedRanks(hello) : ValidateHello(hello);
@@ -222,6 +265,32 @@ absl::Status TcpListener::ParkLocked(Key key, UniqueFd fd, const std::string& so
     } else {
       ++same_key;
       ++it;
+    }
+  }
+  if (same_key >= options_.max_parked_per_hello) {
+    // A full queue: the source holding the most of it gives up its oldest,
+    // unless that is the newcomer's source or it holds no more than one
+    // more than the newcomer's (so one host cannot keep another's Hello out).
+    std::map<std::string, int> held;
+    for (auto it = parked_.lower_bound(key); it != parked_.end() && it->first == key; ++it) {
+      ++held[it->second.source];
+    }
+    auto heaviest = std::max_element(held.begin(), held.end(), [](const auto& a, const auto& b) {
+      return a.second < b.second;
+    });
+    if (heaviest->first != source && heaviest->second > held[source] + 1) {
+      for (auto it = parked_.lower_bound(key); it != parked_.end() && it->first == key; ++it) {
+        if (it->second.source != heaviest->first) continue;
+        GS_LOG(WARNING) << "data plane: dropping the oldest of " << heaviest->second
+                        << " connections from " << heaviest->first << " waiting for job '"
+                        << std::get<0>(key) << "' epoch " << std::get<1>(key) << " rank "
+                        << std::get<2>(key) << " -> " << std::get<3>(key) << " for one from "
+                        << source;
+        parked_.erase(it);
+        ++stats_.evicted;
+        --same_key;
+        break;
+      }
     }
   }
   if (same_key >= options_.max_parked_per_hello) {

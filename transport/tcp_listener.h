@@ -44,7 +44,10 @@ struct ListenerOptions {
   int max_pending_handshakes = 256;
   // Per source address (the connector's IP): handshakes in progress, and
   // parked connections. One host that opens silent connections, or parks
-  // Hellos nobody claims, cannot take every slot from the others.
+  // Hellos nobody claims, cannot take every slot from the others; and when
+  // several hosts fill every handshake slot, a newcomer from a host with
+  // fewer slots takes the slot of the oldest silent connection of the host
+  // with the most (fair shares).
   // A daemon opens up to 16 streams per peer for each job forming at once,
   // all from one address; this leaves room for several.
   int max_handshakes_per_source = 64;
@@ -74,6 +77,7 @@ struct ListenerStats {
   uint64_t expired = 0;   // parked but never claimed
   uint64_t routed = 0;    // handed to ListenerOptions::route
   uint64_t replaced = 0;  // parked, then closed by the peer before anyone claimed it
+  uint64_t evicted = 0;   // silent connections dropped to give another source its share
   uint64_t parked = 0;    // waiting to be claimed now
 };
 
@@ -104,6 +108,8 @@ class TcpListener {
     std::thread thread;
     std::atomic<bool> done{false};
     std::string source;
+    absl::Time started;
+    int fd = -1;  // while its Hello is being read (guarded by mu_); -1 after
   };
 
   TcpListener(const ListenerOptions& options, UniqueFd fd, int port);
@@ -115,6 +121,12 @@ class TcpListener {
   absl::Status ParkLocked(Key key, UniqueFd fd, const std::string& source)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReapLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The handshake slots are full: makes room for a connection from `source`
+  // (holding `from_source` slots) by dropping the oldest connection still
+  // silent before its Hello from the source that holds the most, if that
+  // source holds more than one slot more than `source`. False: no room.
+  bool EvictForLocked(const std::string& source, int from_source)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const ListenerOptions options_;
   UniqueFd listen_fd_;

@@ -87,6 +87,64 @@ TEST(TcpListenerLimits, SilentConnectionsOfOneHostLeaveSlotsForOthers) {
   EXPECT_EQ(l->stats().rejected, 12u);  // 16 silent, 4 admitted
 }
 
+// Several hosts together fill every handshake slot with silent connections
+// (4 hosts x 64 of 256 slots blocked every job forming on the daemon): a
+// connection from a host holding fewer slots takes the slot of the oldest
+// silent connection of the host holding the most.
+TEST(TcpListenerLimits, SilentHostsFillingEverySlotMakeRoomForANewcomer) {
+  ListenerOptions o;
+  o.max_pending_handshakes = 8;
+  o.max_handshakes_per_source = 4;
+  o.handshake_timeout = absl::Seconds(60);
+  auto l = Start(o);
+  ASSERT_NE(l, nullptr);
+  std::vector<UniqueFd> silent;
+  for (const char* host : {"127.0.0.2", "127.0.0.3"}) {
+    for (int i = 0; i < 4; ++i) silent.push_back(ConnectFrom(host, l->port()));
+  }
+  ASSERT_TRUE(AwaitStats(*l, [](const ListenerStats& s) { return s.accepted == 8; }));
+  UniqueFd real = ConnectFrom("127.0.0.1", l->port());
+  SendHello(real.get(), "job", 1, 0, 1);
+  auto claimed = l->Claim("job", 1, 0, 1, 0, absl::Now() + absl::Seconds(5));
+  ASSERT_TRUE(claimed.ok()) << claimed.status();
+  ASSERT_TRUE(AwaitStats(*l, [](const ListenerStats& s) { return s.rejected == 1; }));
+  EXPECT_EQ(l->stats().evicted, 1u);
+  // The evicted connection was the oldest silent one of 127.0.0.2, closed.
+  EXPECT_EQ(ReadByte(silent[0].get()), -1);
+  for (size_t i = 1; i < silent.size(); ++i) {
+    struct pollfd p = {silent[i].get(), POLLIN, 0};
+    EXPECT_EQ(::poll(&p, 1, 0), 0) << "silent connection " << i << " was closed";
+  }
+}
+
+// One host parks the most Hellos with a real peer's key (job, epoch, ranks):
+// the real peer's connection from another host still gets into the queue,
+// in place of the oldest of that host's.
+TEST(TcpListenerLimits, OneHostsHellosCannotKeepAnothersOut) {
+  ListenerOptions o;
+  o.max_parked_per_hello = 3;
+  auto l = Start(o);
+  ASSERT_NE(l, nullptr);
+  std::vector<UniqueFd> forged;
+  for (int i = 0; i < 3; ++i) {
+    forged.push_back(ConnectFrom("127.0.0.2", l->port()));
+    SendHello(forged.back().get(), "job", 1, 0, 1);
+  }
+  ASSERT_TRUE(AwaitStats(*l, [](const ListenerStats& s) { return s.parked == 3; }));
+  UniqueFd real = ConnectFrom("127.0.0.1", l->port());
+  SendHello(real.get(), "job", 1, 0, 1);
+  ASSERT_TRUE(AwaitStats(*l, [](const ListenerStats& s) { return s.evicted == 1; }));
+  EXPECT_EQ(l->stats().parked, 3u);
+  EXPECT_EQ(ReadByte(forged[0].get()), -1);  // the oldest forged one was closed
+  const char x = 'x';
+  for (int i = 0; i < 3; ++i) {
+    auto claimed = l->Claim("job", 1, 0, 1, 0, absl::Now() + absl::Seconds(5));
+    ASSERT_TRUE(claimed.ok()) << claimed.status();
+    ASSERT_EQ(::write(claimed->get(), &x, 1), 1);
+  }
+  EXPECT_EQ(ReadByte(real.get()), 'x');  // the real peer's connection was claimed
+}
+
 TEST(TcpListenerLimits, UnclaimedHellosOfOneHostAreCapped) {
   ListenerOptions o;
   o.max_parked_per_source = 3;
