@@ -58,7 +58,7 @@ ABSL_FLAG(std::string, metrics_listen, "0.0.0.0:9470",
           "Prometheus metrics endpoint (http://ADDRESS/metrics), IPv4:port or [IPv6]:port; "
           "port 0 picks a free port; empty: no metrics endpoint");
 ABSL_FLAG(std::string, tenants_file, "",
-          "tenants and their tokens, one 'NAME TOKEN [max_forming_jobs=N]' per line "
+          "tenants and their tokens, one 'NAME TOKEN [max_forming_jobs=N] [max_jobs=N]' per line "
           "(docs/security.md); re-read when it changes. Empty: one namespace, every node may "
           "create and read every job (a warning)");
 ABSL_FLAG(int, v, 0, "log verbosity: 0 info, 1 debug");

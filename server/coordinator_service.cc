@@ -1,5 +1,6 @@
 #include "server/coordinator_service.h"
 
+#include <algorithm>
 #include <chrono>
 #include <utility>
 
@@ -82,7 +83,15 @@ absl::StatusOr<CallScope> CoordinatorService::Scope(const grpc::ServerContextBas
   }
   if (tenant->has_value()) {
     scope.tenant = (*tenant)->name;
-    scope.max_forming_jobs = (*tenant)->max_forming_jobs;
+    // Each tenant's fair share of every table, so no tenant can fill one.
+    const int tenants = std::max(1, tenants_->size());
+    scope.limits.max_jobs = static_cast<int>(kMaxJobs) / tenants;
+    if ((*tenant)->max_jobs > 0) {
+      scope.limits.max_jobs = std::min(scope.limits.max_jobs, (*tenant)->max_jobs);
+    }
+    scope.limits.max_forming_jobs = (*tenant)->max_forming_jobs;
+    scope.limits.max_forming_ranks = kMaxFormingRanks / tenants;
+    scope.limits.max_pending_joins = static_cast<int>(kMaxPendingJoins) / tenants;
     return scope;
   }
   if (member_call) {
@@ -146,7 +155,7 @@ grpc::Status CoordinatorService::CreateJob(grpc::ServerContext* ctx,
   if (!scope.ok()) return ToGrpcStatus(scope.status());
   v1::CreateJobRequest scoped = *request;
   scoped.set_job_id(scope->ToRegistry(request->job_id()));
-  return Reply(registry_->CreateJob(scoped, scope->max_forming_jobs), response);
+  return Reply(registry_->CreateJob(scoped, scope->limits), response);
 }
 
 // Ends its call when the registry answers the join; a cancelled call
@@ -191,7 +200,8 @@ grpc::ServerUnaryReactor* CoordinatorService::JoinJob(grpc::CallbackServerContex
       [this, reactor, response, timer, tenant = scope->tenant,
        job = scoped.job_id()](absl::StatusOr<v1::JoinJobResponse> joined) {
         reactor->Finish(ReplyToJoin(std::move(joined), tenant, job, response));
-      });
+      },
+      scope->limits.max_pending_joins);
   reactor->set_join(join);
   return reactor;
 }

@@ -47,7 +47,7 @@ class RpcObserver {
 struct CallScope {
   std::string tenant;        // "" with `all`
   bool all = false;
-  int max_forming_jobs = 0;  // the tenant's cap (0: none)
+  NamespaceLimits limits;  // the tenant's share of the registry's tables (none with `all`)
   std::string ToRegistry(absl::string_view job_id) const;
   bool Sees(absl::string_view scoped_id) const;
   std::string FromRegistry(absl::string_view scoped_id) const;

@@ -83,7 +83,7 @@ void JobRegistry::FinishJoin(const JoinDone& done,
 }
 
 uint64_t JobRegistry::StartJoin(const v1::JoinJobRequest& request, absl::Time wait_deadline,
-                                JoinDone done) {
+                                JoinDone done, int max_pending_in_namespace) {
   const absl::Time start = absl::Now();
   const int64_t timeout_ms =
       request.timeout_ms() > 0 ? request.timeout_ms() : options_.default_join_timeout_ms;
@@ -95,7 +95,8 @@ uint64_t JobRegistry::StartJoin(const v1::JoinJobRequest& request, absl::Time wa
     return 0;
   }
   absl::ReleasableMutexLock lock(&mu_);
-  absl::StatusOr<std::shared_ptr<const v1::JoinJobResponse>> now = RegisterJoinLocked(request, &p);
+  absl::StatusOr<std::shared_ptr<const v1::JoinJobResponse>> now =
+      RegisterJoinLocked(request, &p, max_pending_in_namespace);
   if (!now.ok() || *now != nullptr) {
     lock.Release();
     FinishJoin(done, std::move(now), p.rank);
@@ -103,6 +104,7 @@ uint64_t JobRegistry::StartJoin(const v1::JoinJobRequest& request, absl::Time wa
   }
   const uint64_t id = next_join_id_++;
   p.done = std::move(done);
+  ++pending_per_namespace_[std::string(JobNamespace(p.job_id))];
   pending_joins_.emplace(id, std::move(p));
   changed_.SignalAll();  // JoinLoop takes the new deadline into account
   return id;
@@ -136,7 +138,7 @@ absl::StatusOr<v1::JoinJobResponse> JobRegistry::JoinJob(const v1::JoinJobReques
 }
 
 absl::StatusOr<std::shared_ptr<const v1::JoinJobResponse>> JobRegistry::RegisterJoinLocked(
-    const v1::JoinJobRequest& request, PendingJoin* p) {
+    const v1::JoinJobRequest& request, PendingJoin* p, int max_pending_in_namespace) {
   const std::string& member_id = request.member_id();
   if (shutdown_) return absl::UnavailableError("coordinator is shutting down");
   Job* job = FindJobLocked(request.job_id());
@@ -178,6 +180,14 @@ absl::StatusOr<std::shared_ptr<const v1::JoinJobResponse>> JobRegistry::Register
         " joins already wait for rendezvous on this coordinator (at most ", kMaxPendingJoins,
         ")"));
   }
+  const absl::string_view ns = JobNamespace(job->id);
+  if (auto it = pending_per_namespace_.find(ns);
+      max_pending_in_namespace > 0 && it != pending_per_namespace_.end() &&
+      it->second >= max_pending_in_namespace) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "join of job '", job->id, "' by member '", member_id, "': tenant '", ns, "' already has ",
+        it->second, " joins waiting for rendezvous (its share: ", max_pending_in_namespace, ")"));
+  }
   int rank;
   if (auto it = job->rank_of.find(member_id); it != job->rank_of.end()) {
     rank = it->second;
@@ -189,6 +199,11 @@ absl::StatusOr<std::shared_ptr<const v1::JoinJobResponse>> JobRegistry::Register
                                                    ")"));
     }
     MemberState& m = *job->members[rank];
+    if (m.waiting_joins >= kMaxWaitingJoinsPerMember) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "join of job '", job->id, "' by member '", member_id, "': ", m.waiting_joins,
+          " joins of this member already wait (at most ", kMaxWaitingJoinsPerMember, ")"));
+    }
     m.endpoint = request.data_endpoint();  // a retry may come from a restarted listener
     m.status_endpoint = request.status_endpoint().substr(0, 300);
     ++m.waiting_joins;
@@ -294,6 +309,10 @@ void JobRegistry::JoinLoop() {
         continue;
       }
       answers.push_back({std::move(it->second.done), *std::move(outcome), it->second.rank});
+      if (auto ns = pending_per_namespace_.find(JobNamespace(it->second.job_id));
+          ns != pending_per_namespace_.end() && --ns->second <= 0) {
+        pending_per_namespace_.erase(ns);
+      }
       it = pending_joins_.erase(it);
     }
     if (!answers.empty()) {

@@ -226,7 +226,7 @@ void JobRegistry::EmitLocked(Job& job, v1::JobEvent::Kind kind, int rank,
 // CreateJob
 
 absl::StatusOr<v1::CreateJobResponse> JobRegistry::CreateJob(const v1::CreateJobRequest& request,
-                                                             int max_forming_in_namespace) {
+                                                             const NamespaceLimits& limits) {
   if (absl::Status s = ValidateJobId(request.job_id()); !s.ok()) return s;
   if (request.world_size() < 1 || request.world_size() > kMaxWorldSize) {
     return absl::InvalidArgumentError(absl::StrCat("world size ", request.world_size(),
@@ -271,18 +271,43 @@ absl::StatusOr<v1::CreateJobResponse> JobRegistry::CreateJob(const v1::CreateJob
     return absl::ResourceExhaustedError(
         absl::StrCat("cannot create job '", request.job_id(), "': ", kMaxJobs, " jobs exist"));
   }
-  if (max_forming_in_namespace > 0) {
-    const absl::string_view ns = JobNamespace(request.job_id());
-    int forming = 0;
-    for (const auto& [id, other] : jobs_) {
-      if (other->state == v1::JOB_STATE_FORMING && JobNamespace(id) == ns) ++forming;
+  // What the namespace (and everyone) holds now.
+  const absl::string_view ns = JobNamespace(request.job_id());
+  int jobs = 0, forming = 0;
+  int64_t forming_ranks = 0, all_forming_ranks = 0;
+  for (const auto& [id, other] : jobs_) {
+    const bool is_forming = other->state == v1::JOB_STATE_FORMING;
+    if (is_forming) all_forming_ranks += other->world_size;
+    if (JobNamespace(id) != ns) continue;
+    ++jobs;
+    if (is_forming) {
+      ++forming;
+      forming_ranks += other->world_size;
     }
-    if (forming >= max_forming_in_namespace) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "cannot create job '", request.job_id(), "': tenant '", ns, "' already has ", forming,
-          " forming jobs (its limit, max_forming_jobs in the tenants file); they expire after "
-          "the forming-job timeout"));
-    }
+  }
+  auto refuse = [&](absl::string_view why) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot create job '", request.job_id(), "': ", why));
+  };
+  const std::string tenant = absl::StrCat("tenant '", ns, "'");
+  if (limits.max_jobs > 0 && jobs >= limits.max_jobs) {
+    return refuse(absl::StrCat(tenant, " already has ", jobs, " jobs (its share: ",
+                               limits.max_jobs, ")"));
+  }
+  if (limits.max_forming_jobs > 0 && forming >= limits.max_forming_jobs) {
+    return refuse(absl::StrCat(tenant, " already has ", forming,
+                               " forming jobs (its limit, max_forming_jobs in the tenants file); "
+                               "they expire after the forming-job timeout"));
+  }
+  if (limits.max_forming_ranks > 0 &&
+      forming_ranks + request.world_size() > limits.max_forming_ranks) {
+    return refuse(absl::StrCat(tenant, "'s forming jobs already have ", forming_ranks,
+                               " ranks; with ", request.world_size(), " more it would exceed its "
+                               "share of ", limits.max_forming_ranks));
+  }
+  if (all_forming_ranks + request.world_size() > kMaxFormingRanks) {
+    return refuse(absl::StrCat("forming jobs already have ", all_forming_ranks,
+                               " ranks on this coordinator (at most ", kMaxFormingRanks, ")"));
   }
   auto job = std::make_unique<Job>();
   job->id = request.job_id();

@@ -59,6 +59,22 @@ inline constexpr std::size_t kMaxMemberKeyBytes = 64;
 inline constexpr std::size_t kMaxJobs = 10000;
 // Joins waiting for a rendezvous at once, over all jobs.
 inline constexpr std::size_t kMaxPendingJoins = 65536;
+// Joins of one member waiting at once (its retries).
+inline constexpr int kMaxWaitingJoinsPerMember = 4;
+// Ranks of forming jobs (the sum of their world sizes), over all jobs: each
+// forming rank holds a member slot until the rendezvous completes.
+inline constexpr int64_t kMaxFormingRanks = 262144;
+
+// What one namespace (a tenant) may hold of the registry's tables; 0: no
+// limit of its own (the registry's global ones still hold). The coordinator
+// gives each tenant a fair share (CoordinatorService::Scope), so one tenant
+// cannot take a table from the others.
+struct NamespaceLimits {
+  int max_jobs = 0;            // jobs in any state
+  int max_forming_jobs = 0;    // jobs whose first rendezvous has not completed
+  int64_t max_forming_ranks = 0;  // the sum of the forming jobs' world sizes
+  int max_pending_joins = 0;   // joins waiting for a rendezvous
+};
 inline constexpr std::size_t kMaxRememberedDeletions = 1024;
 // Limits of a job's options (0 keeps meaning "the coordinator's default").
 inline constexpr int64_t kMinHeartbeatTimeoutMs = 100;
@@ -149,10 +165,11 @@ class JobRegistry {
   // the registry defaults; the reply carries the effective options.
   // INVALID_ARGUMENT: bad id, world size outside 1..4096, negative options.
   // ALREADY_EXISTS: same id, other world size (the message names both).
-  // RESOURCE_EXHAUSTED: kMaxJobs jobs exist, or `max_forming_in_namespace`
-  // (> 0) forming jobs of the id's namespace do. UNAVAILABLE: shutting down.
+  // RESOURCE_EXHAUSTED: kMaxJobs jobs exist, kMaxFormingRanks ranks form,
+  // or the id's namespace is at one of `limits` (naming which). UNAVAILABLE:
+  // shutting down.
   absl::StatusOr<v1::CreateJobResponse> CreateJob(const v1::CreateJobRequest& request,
-                                                  int max_forming_in_namespace = 0);
+                                                  const NamespaceLimits& limits = {});
 
   // Rendezvous; blocks until every rank of the current epoch joined, then
   // returns this member's rank, the epoch and all members indexed by rank.
@@ -181,9 +198,12 @@ class JobRegistry {
   // calling thread when the answer is known at once (0 is returned), else
   // later on the registry's join thread (the join's id is returned, for
   // CancelJoin). `wait_deadline` bounds the wait as WaitControl::deadline
-  // does. RESOURCE_EXHAUSTED when kMaxPendingJoins joins already wait.
+  // does. RESOURCE_EXHAUSTED when kMaxPendingJoins joins already wait, when
+  // kMaxWaitingJoinsPerMember of this member do, or `max_pending_in_namespace`
+  // (> 0) of the job's namespace do.
   using JoinDone = std::function<void(absl::StatusOr<v1::JoinJobResponse>)>;
-  uint64_t StartJoin(const v1::JoinJobRequest& request, absl::Time wait_deadline, JoinDone done);
+  uint64_t StartJoin(const v1::JoinJobRequest& request, absl::Time wait_deadline, JoinDone done,
+                     int max_pending_in_namespace = 0);
   // A pending join's caller went away: it ends CANCELLED (as JoinJob does
   // when wait.is_cancelled() turns true). No-op for an answered join.
   void CancelJoin(uint64_t id);
@@ -244,7 +264,8 @@ class JobRegistry {
   // shared response when the join is answered at once, nullptr when it must
   // wait (p then describes the wait), or the error.
   absl::StatusOr<std::shared_ptr<const v1::JoinJobResponse>> RegisterJoinLocked(
-      const v1::JoinJobRequest& request, PendingJoin* p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+      const v1::JoinJobRequest& request, PendingJoin* p, int max_pending_in_namespace)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // How a pending join ends now, or nullopt while it still waits.
   std::optional<absl::StatusOr<std::shared_ptr<const v1::JoinJobResponse>>> JoinOutcomeLocked(
       PendingJoin& p, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -283,6 +304,8 @@ class JobRegistry {
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t next_member_serial_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<uint64_t, PendingJoin> pending_joins_ ABSL_GUARDED_BY(mu_);
+  // pending_joins_ per job namespace ("" for jobs without one).
+  std::map<std::string, int, std::less<>> pending_per_namespace_ ABSL_GUARDED_BY(mu_);
   // Why recently deleted jobs ended (DeleteJob), for the NOT_FOUND their
   // members get; the oldest are forgotten beyond kMaxRememberedDeletions.
   std::map<std::string, std::string, std::less<>> deleted_ ABSL_GUARDED_BY(mu_);

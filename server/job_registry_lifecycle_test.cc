@@ -182,6 +182,83 @@ TEST_F(JobRegistryTest, RanksThatDisagreeOnTheWorldSizeBothFailAtOnce) {
   EXPECT_TRUE(replies[0].ok() && replies[1].ok()) << replies[0].status() << replies[1].status();
 }
 
+// One tenant's world-size-1 jobs run as soon as their member joins, so
+// max_forming_jobs never stopped them: 10,000 of them left every other
+// tenant "10000 jobs exist" for up to an hour. Each namespace now holds at
+// most its share of jobs in any state, of forming ranks and of waiting joins.
+TEST_F(JobRegistryTest, ANamespaceHoldsOnlyItsShareOfJobsAndFormingRanks) {
+  NamespaceLimits limits;
+  limits.max_jobs = 3;
+  limits.max_forming_ranks = 8192;
+  auto create = [&](const std::string& id, int world) {
+    v1::CreateJobRequest req;
+    req.set_job_id(id);
+    req.set_world_size(world);
+    return registry_.CreateJob(req, limits).status();
+  };
+  for (int i = 0; i < 3; ++i) {
+    const std::string id = absl::StrCat("greedy/j", i);
+    ASSERT_TRUE(create(id, 1).ok()) << i;
+    ASSERT_TRUE(Join(id, "m", 0, 7000).ok());  // running at once
+  }
+  absl::Status refused = create("greedy/j3", 1);
+  EXPECT_TRUE(absl::IsResourceExhausted(refused)) << refused;
+  EXPECT_EQ(refused.message(),
+            "cannot create job 'greedy/j3': tenant 'greedy' already has 3 jobs (its share: 3)");
+  EXPECT_TRUE(create("other/j0", 1).ok());  // another tenant is not affected
+  ASSERT_TRUE(create("wide/a", 4096).ok());
+  ASSERT_TRUE(create("wide/b", 4096).ok());
+  refused = create("wide/c", 2);
+  EXPECT_TRUE(absl::IsResourceExhausted(refused)) << refused;
+  EXPECT_EQ(refused.message(),
+            "cannot create job 'wide/c': tenant 'wide''s forming jobs already have 8192 ranks; "
+            "with 2 more it would exceed its share of 8192");
+  EXPECT_TRUE(create("other/wide", 4096).ok());
+}
+
+// 66,000 join retries of one member held every tenant's joins off (and
+// 1 GB of the coordinator). One member has at most 4 joins waiting, and a
+// namespace at most its share.
+TEST_F(JobRegistryTest, JoinsWaitingPerMemberAndPerNamespaceAreBounded) {
+  Create("t/pair", 2);
+  std::vector<absl::StatusOr<v1::JoinJobResponse>> answers;
+  absl::Mutex mu;
+  auto start = [&](const std::string& job, const std::string& member, int max_in_namespace) {
+    return registry_.StartJoin(
+        job_registry_testing::JoinRequest(job, member, -1, 7000, /*timeout_ms=*/5000),
+        absl::InfiniteFuture(),
+        [&](absl::StatusOr<v1::JoinJobResponse> r) {
+          absl::MutexLock l(&mu);
+          answers.push_back(std::move(r));
+        },
+        max_in_namespace);
+  };
+  for (int i = 0; i < kMaxWaitingJoinsPerMember; ++i) EXPECT_NE(start("t/pair", "a", 0), 0u);
+  EXPECT_EQ(start("t/pair", "a", 0), 0u);  // answered at once
+  {
+    absl::MutexLock l(&mu);
+    ASSERT_EQ(answers.size(), 1u);
+    EXPECT_TRUE(absl::IsResourceExhausted(answers[0].status())) << answers[0].status();
+    EXPECT_EQ(answers[0].status().message(),
+              "join of job 't/pair' by member 'a': 4 joins of this member already wait (at most "
+              "4)");
+  }
+  Create("t/other", 3);
+  EXPECT_NE(start("t/other", "x", 5), 0u);  // 4 of t's joins wait; its share is 5: x waits
+  EXPECT_EQ(start("t/other", "y", 5), 0u);
+  {
+    absl::MutexLock l(&mu);
+    ASSERT_EQ(answers.size(), 2u);
+    EXPECT_EQ(answers[1].status().message(),
+              "join of job 't/other' by member 'y': tenant 't' already has 5 joins waiting for "
+              "rendezvous (its share: 5)");
+  }
+  registry_.Shutdown();  // answers the 5 waiting joins, on the registry's join thread
+  absl::MutexLock l(&mu);
+  auto all_answered = [&] { return answers.size() == 7; };
+  EXPECT_TRUE(mu.AwaitWithTimeout(absl::Condition(&all_answered), absl::Seconds(10)));
+}
+
 TEST_F(JobRegistryTest, WatchSeesEveryEventInOrder) {
   Create("j", 2, /*heartbeat_timeout_ms=*/300);
   auto watch = registry_.WatchJob("j");

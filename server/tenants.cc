@@ -64,7 +64,7 @@ absl::StatusOr<std::map<std::string, Tenant>> ParseTenants(absl::string_view tex
     auto bad = [&](absl::string_view why) {
       return absl::InvalidArgumentError(absl::StrCat("tenants file line ", line_no, ": ", why));
     };
-    if (words.size() < 2) return bad("expected 'NAME TOKEN [max_forming_jobs=N]'");
+    if (words.size() < 2) return bad("expected 'NAME TOKEN [max_forming_jobs=N] [max_jobs=N]'");
     Tenant tenant;
     tenant.name = std::string(words[0]);
     if (!ValidTenantName(tenant.name)) {
@@ -83,12 +83,12 @@ absl::StatusOr<std::map<std::string, Tenant>> ParseTenants(absl::string_view tex
     for (size_t i = 2; i < words.size(); ++i) {
       std::pair<absl::string_view, absl::string_view> kv = absl::StrSplit(words[i], '=');
       int value = 0;
-      if (kv.first != "max_forming_jobs" || !absl::SimpleAtoi(kv.second, &value) || value < 1 ||
-          value > 10000) {
+      const bool known = kv.first == "max_forming_jobs" || kv.first == "max_jobs";
+      if (!known || !absl::SimpleAtoi(kv.second, &value) || value < 1 || value > 10000) {
         return bad(absl::StrCat("unknown option '", absl::CHexEscape(words[i]),
-                                "' (max_forming_jobs=1..10000)"));
+                                "' (max_forming_jobs=1..10000, max_jobs=1..10000)"));
       }
-      tenant.max_forming_jobs = value;
+      (kv.first == "max_jobs" ? tenant.max_jobs : tenant.max_forming_jobs) = value;
     }
     if (!names.insert(tenant.name).second) {
       return bad(absl::StrCat("tenant '", tenant.name, "' appears twice"));

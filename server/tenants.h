@@ -2,7 +2,7 @@
 //
 // The operator keeps a tenants file (--tenants_file), one tenant per line:
 //
-//   # name   token                              [max_forming_jobs=N]
+//   # name   token                              [max_forming_jobs=N] [max_jobs=N]
 //   vision   5b1c0a7e9f2d4c3b8a6e1f0d2c4b6a8e   max_forming_jobs=16
 //
 // A training process passes its tenant's token to its daemon, which sends it
@@ -46,6 +46,9 @@ inline constexpr char kAuthorizationMetadata[] = "authorization";
 struct Tenant {
   std::string name;
   int max_forming_jobs = kDefaultMaxFormingJobsPerTenant;
+  // Jobs in any state; 0: its fair share of the coordinator's table alone
+  // (kMaxJobs / tenants), which also caps a value set here.
+  int max_jobs = 0;
 };
 
 // Parses a tenants file's text: InvalidArgument naming the line on a bad

@@ -36,11 +36,14 @@ void Write(const std::string& path, const std::string& text) {
 
 TEST(ParseTenants, ReadsNamesTokensAndCaps) {
   auto t = ParseTenants(absl::StrCat("# comment\n\nvision ", kTokenA,
-                                     "  max_forming_jobs=3  # trailing\nnlp\t", kTokenB, "\n"));
+                                     "  max_forming_jobs=3 max_jobs=40 # trailing\nnlp\t", kTokenB,
+                                     "\n"));
   ASSERT_TRUE(t.ok()) << t.status();
   ASSERT_EQ(t->size(), 2u);
   EXPECT_EQ(t->at(kTokenA).name, "vision");
   EXPECT_EQ(t->at(kTokenA).max_forming_jobs, 3);
+  EXPECT_EQ(t->at(kTokenA).max_jobs, 40);
+  EXPECT_EQ(t->at(kTokenB).max_jobs, 0);  // its fair share
   EXPECT_EQ(t->at(kTokenB).name, "nlp");
   EXPECT_EQ(t->at(kTokenB).max_forming_jobs, kDefaultMaxFormingJobsPerTenant);
 }
@@ -50,13 +53,14 @@ TEST(ParseTenants, NamesTheLineAndTheProblem) {
     std::string text;
     std::string error;
   } cases[] = {
-      {"lonely\n", "line 1: expected 'NAME TOKEN [max_forming_jobs=N]'"},
+      {"lonely\n", "line 1: expected 'NAME TOKEN [max_forming_jobs=N] [max_jobs=N]'"},
       {absl::StrCat("ok ", kTokenA, "\nbad/name ", kTokenB), "line 2: tenant name 'bad/name'"},
       {"short 0123456789", "the token of tenant 'short' has 10 characters; 16..256"},
       {absl::StrCat("a ", kTokenA, "\na ", kTokenB), "tenant 'a' appears twice"},
       {absl::StrCat("a ", kTokenA, "\nb ", kTokenA), "already another tenant's"},
       {absl::StrCat("a ", kTokenA, " colour=blue"), "unknown option 'colour=blue'"},
       {absl::StrCat("a ", kTokenA, " max_forming_jobs=0"), "unknown option 'max_forming_jobs=0'"},
+      {absl::StrCat("a ", kTokenA, " max_jobs=10001"), "unknown option 'max_jobs=10001'"},
       {absl::StrCat("ps ", kTokenA), "'ps' is reserved"},
   };
   for (const Case& c : cases) {

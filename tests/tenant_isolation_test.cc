@@ -23,13 +23,15 @@ namespace gradsync {
 namespace {
 
 constexpr char kOtherToken[] = "0f0f0f0f0f0f0f0f-other-tenant";
+constexpr char kGreedyToken[] = "9a9a9a9a9a9a9a9a-greedy-tenant";
 
 class TenantIsolation : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     LocalClusterOptions o;
     o.daemons = 2;
-    o.extra_tenants = {absl::StrCat("other ", kOtherToken, " max_forming_jobs=4")};
+    o.extra_tenants = {absl::StrCat("other ", kOtherToken, " max_forming_jobs=4"),
+                       absl::StrCat("greedy ", kGreedyToken, " max_jobs=5")};
     auto c = LocalCluster::Start(o);
     ASSERT_TRUE(c.ok()) << c.status();
     cluster_ = c->release();
@@ -172,6 +174,79 @@ TEST_F(TenantIsolation, ASessionWithoutAValidTokenIsRefusedWithTheReason) {
   EXPECT_EQ(none.status().code(), absl::StatusCode::kUnauthenticated) << none.status();
   EXPECT_TRUE(absl::StrContains(none.status().message(), "needs a tenant token")) << none.status();
   EXPECT_EQ(ListJobs("").count("lab/no-entry"), 0u);
+}
+
+// A tenant that creates world-size-1 jobs (running at once, so never
+// "forming") until the table is full, and retries one member's join many
+// times at once, used to deny every other tenant new jobs and joins. Each
+// tenant now holds only its share: the greedy one is refused, naming its
+// share, and the lab tenant's job forms and runs.
+TEST_F(TenantIsolation, OneTenantCannotFillTheCoordinatorsTables) {
+  auto credentials = MakeChannelCredentials(cluster_->certs().node);
+  ASSERT_TRUE(credentials.ok());
+  auto node = v1::Coordinator::NewStub(
+      grpc::CreateChannel(cluster_->coordinator_address(), *credentials));
+  auto ctx = [] {
+    auto c = std::make_unique<grpc::ClientContext>();
+    c->set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    c->AddMetadata("authorization", absl::StrCat("Bearer ", kGreedyToken));
+    return c;
+  };
+  auto create = [&](const std::string& job, int world) {
+    v1::CreateJobRequest req;
+    req.set_job_id(job);
+    req.set_world_size(world);
+    v1::CreateJobResponse resp;
+    return node->CreateJob(ctx().get(), req, &resp);
+  };
+  auto join = [&](const std::string& job, const std::string& member, int64_t timeout_ms) {
+    v1::JoinJobRequest req;
+    req.set_job_id(job);
+    req.set_member_id(member);
+    req.set_member_key("greedy-member-key-0123456789");
+    req.set_requested_rank(-1);
+    req.mutable_data_endpoint()->set_host("127.0.0.1");
+    req.mutable_data_endpoint()->set_port(9);
+    req.set_timeout_ms(timeout_ms);
+    v1::JoinJobResponse resp;
+    return node->JoinJob(ctx().get(), req, &resp);
+  };
+  for (int i = 0; i < 4; ++i) {  // plus the forming job below: its 5 (max_jobs=5)
+    const std::string job = absl::StrCat("solo-", i);
+    grpc::Status s = create(job, 1);
+    ASSERT_TRUE(s.ok()) << job << ": " << s.error_message();
+    s = join(job, "m", 5000);
+    ASSERT_TRUE(s.ok()) << job << ": " << s.error_message();  // running at once
+  }
+  ASSERT_TRUE(create("pair", 2).ok());
+  grpc::Status refused = create("one-too-many", 1);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << refused.error_message();
+  EXPECT_EQ(refused.error_message(),
+            "cannot create job 'greedy/one-too-many': tenant 'greedy' already has 5 jobs (its "
+            "share: 5)");
+  // One member's join retried 5 times at once: 4 wait, one is refused at once.
+  std::vector<grpc::Status> joins(5);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 5; ++i) {
+    threads.emplace_back([&, i] { joins[i] = join("pair", "retrier", 3000); });
+  }
+  for (auto& t : threads) t.join();
+  int refused_joins = 0, timed_out = 0;
+  for (const grpc::Status& j : joins) {
+    if (j.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
+      ++refused_joins;
+      EXPECT_EQ(j.error_message(),
+                "join of job 'greedy/pair' by member 'retrier': 4 joins of this member already "
+                "wait (at most 4)");
+    }
+    timed_out += j.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ? 1 : 0;
+  }
+  EXPECT_EQ(refused_joins, 1);
+  EXPECT_EQ(timed_out, 4);
+  // The lab tenant is not affected.
+  auto lab = Open("after-greedy", "");
+  ASSERT_TRUE(lab.ok()) << lab.status();
+  testing::ExpectAllreduceExact(*lab, 1000, "ring");
 }
 
 }  // namespace
