@@ -251,8 +251,7 @@ grpc::Status CoordinatorService::DeleteJob(grpc::ServerContext* ctx,
                                                       {{scope->ToRegistry(request->job_id()),
                                                         request->job_id()}})));
   }
-  shards_.ForgetJob(scope->ToRegistry(request->job_id()));
-  return Reply(std::move(deleted), response);
+  return Reply(std::move(deleted), response);  // its shards went with it (ShardRelease)
 }
 
 grpc::Status CoordinatorService::RegisterShard(grpc::ServerContext* ctx,
@@ -403,11 +402,16 @@ grpc::Status CoordinatorService::WatchJob(grpc::ServerContext* ctx,
 absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     CoordinatorServerOptions options) {
   std::unique_ptr<CoordinatorServer> s(new CoordinatorServer());
+  std::vector<JobRegistryObserver*> observers = {&s->shard_release_};
+  if (options.registry.observer != nullptr) observers.push_back(options.registry.observer);
+  s->observers_ = std::make_unique<JobRegistryObserverList>(std::move(observers));
+  options.registry.observer = s->observers_.get();
   s->registry_ = std::make_unique<JobRegistry>(std::move(options.registry));
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
       MakeServerCredentials(options.tls);
   if (!credentials.ok()) return credentials.status();
-  s->service_ = std::make_unique<CoordinatorService>(s->registry_.get(), options.rpc_observer,
+  s->service_ = std::make_unique<CoordinatorService>(s->registry_.get(), &s->shards_,
+                                                     options.rpc_observer,
                                                      options.tls.enabled(), options.tenants);
   if (options.tenants != nullptr && options.tls.enabled()) {
     (*credentials)->SetAuthMetadataProcessor(

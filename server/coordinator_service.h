@@ -70,9 +70,17 @@ class CoordinatorService final
   // `tenants` (may be null: one namespace, no tokens): creating, joining,
   // heartbeating and leaving need a tenant's token, and a tenant reads only
   // its own jobs (operators without a token read all, ids as TENANT/JOB).
-  explicit CoordinatorService(JobRegistry* registry, RpcObserver* rpc_observer = nullptr,
-                              bool tls = false, std::shared_ptr<TenantTable> tenants = nullptr)
-      : registry_(registry), rpc_observer_(rpc_observer), tls_(tls), tenants_(std::move(tenants)) {}
+  // `shards` (not owned, outlives the service) holds the PS shards and their
+  // assignments; the registry's observer releases those of ended jobs
+  // (ShardRelease).
+  CoordinatorService(JobRegistry* registry, ShardRegistry* shards,
+                     RpcObserver* rpc_observer = nullptr, bool tls = false,
+                     std::shared_ptr<TenantTable> tenants = nullptr)
+      : registry_(registry),
+        shards_(*shards),
+        rpc_observer_(rpc_observer),
+        tls_(tls),
+        tenants_(std::move(tenants)) {}
 
   grpc::Status CreateJob(grpc::ServerContext* ctx, const v1::CreateJobRequest* request,
                          v1::CreateJobResponse* response) override;
@@ -113,10 +121,10 @@ class CoordinatorService final
                                   absl::string_view job_id, bool member_call) const;
 
   JobRegistry* const registry_;
+  ShardRegistry& shards_;
   RpcObserver* const rpc_observer_;
   const bool tls_;
   const std::shared_ptr<TenantTable> tenants_;
-  ShardRegistry shards_;
 };
 
 struct CoordinatorServerOptions {
@@ -156,6 +164,11 @@ class CoordinatorServer {
  private:
   CoordinatorServer() = default;
 
+  // The registry tells the shards (and options.registry.observer) through
+  // observers_, so these outlive it.
+  ShardRegistry shards_;
+  ShardRelease shard_release_{&shards_};
+  std::unique_ptr<JobRegistryObserverList> observers_;
   std::unique_ptr<JobRegistry> registry_;
   std::unique_ptr<CoordinatorService> service_;
   std::unique_ptr<grpc::Server> server_;  // destroyed first

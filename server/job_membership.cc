@@ -63,6 +63,7 @@ bool JobRegistry::MaybeDeleteLocked(Job& job) {
   GS_LOG(INFO) << message;
   EmitLocked(job, v1::JobEvent::KIND_JOB_DELETED, -1, message);
   observer().OnJobStateChanged(job.state, v1::JOB_STATE_UNSPECIFIED);
+  observer().OnJobRemoved(job.id);
   jobs_.erase(jobs_.find(job.id));
   return true;
 }
@@ -94,6 +95,7 @@ absl::StatusOr<v1::DeleteJobResponse> JobRegistry::DeleteJob(absl::string_view j
   GS_LOG(WARNING) << message;
   EmitLocked(*job, v1::JobEvent::KIND_JOB_DELETED, -1, message);
   observer().OnJobStateChanged(job->state, v1::JOB_STATE_UNSPECIFIED);
+  observer().OnJobRemoved(id);
   jobs_.erase(jobs_.find(id));
   if (deleted_.insert_or_assign(id, why).second) deleted_order_.push_back(id);
   while (deleted_order_.size() > kMaxRememberedDeletions) {
@@ -155,6 +157,7 @@ void JobRegistry::CheckLivenessLocked(absl::Time now) {
         GS_LOG(INFO) << message;
         EmitLocked(job, v1::JobEvent::KIND_JOB_DELETED, -1, message);
         observer().OnJobStateChanged(job.state, v1::JOB_STATE_UNSPECIFIED);
+        observer().OnJobRemoved(job.id);
         jobs_.erase(jobs_.find(job.id));
       }
       continue;
@@ -179,6 +182,7 @@ void JobRegistry::CheckLivenessLocked(absl::Time now) {
       EmitLocked(job, v1::JobEvent::KIND_MEMBER_DEAD, rank, reason);
       if (job.state == v1::JOB_STATE_RUNNING) {
         AbortLocked(job, rank, reason, JobRegistryObserver::AbortCause::kMemberDead);
+        observer().OnEpochFailed(job.id, job.epoch);
       }
     }
     if (someone_died) MaybeDeleteLocked(job);

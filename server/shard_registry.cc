@@ -145,4 +145,9 @@ void ShardRegistry::ForgetJob(const std::string& job_id, int64_t keep_epoch) {
   }
 }
 
+void ShardRegistry::ForgetEpoch(const std::string& job_id, int64_t epoch) {
+  absl::MutexLock l(&mu_);
+  assigned_.erase({job_id, epoch});
+}
+
 }  // namespace gradsync

@@ -23,6 +23,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "proto/coordinator.pb.h"
+#include "server/job_registry_observer.h"
 
 namespace gradsync {
 
@@ -55,6 +56,8 @@ class ShardRegistry {
   bool IsAssigned(const std::string& job_id, int64_t epoch, const std::string& shard_id) const;
   // Forgets assignments of epochs of `job_id` other than `keep_epoch`.
   void ForgetJob(const std::string& job_id, int64_t keep_epoch = -1);
+  // Forgets the assignment of (job, epoch).
+  void ForgetEpoch(const std::string& job_id, int64_t epoch);
 
  private:
   struct Shard {
@@ -70,6 +73,20 @@ class ShardRegistry {
   mutable absl::Mutex mu_;
   std::map<std::string, Shard> shards_ ABSL_GUARDED_BY(mu_);
   std::map<std::pair<std::string, int64_t>, Assignment> assigned_ ABSL_GUARDED_BY(mu_);
+};
+
+// Releases a job's shard assignments when the job registry ends it (a failed
+// epoch, the job removed), so a shard's load counts only live jobs.
+class ShardRelease final : public JobRegistryObserver {
+ public:
+  explicit ShardRelease(ShardRegistry* shards) : shards_(shards) {}
+  void OnEpochFailed(const std::string& job_id, int64_t epoch) override {
+    shards_->ForgetEpoch(job_id, epoch);
+  }
+  void OnJobRemoved(const std::string& job_id) override { shards_->ForgetJob(job_id); }
+
+ private:
+  ShardRegistry* const shards_;  // not owned
 };
 
 }  // namespace gradsync

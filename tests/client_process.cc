@@ -1,5 +1,7 @@
 // A separate client process for tests: opens a session, fills a buffer with
 // 1.0f, submits an allreduce, prints "SUBMITTED", then waits to be killed.
+// With --nosubmit it prints "OPENED" once the session is open and submits
+// nothing.
 #include <unistd.h>
 
 #include <cstdio>
@@ -13,6 +15,7 @@ ABSL_FLAG(std::string, job, "", "job id");
 ABSL_FLAG(int32_t, world, 2, "world size");
 ABSL_FLAG(int32_t, rank, 0, "rank");
 ABSL_FLAG(int64_t, count, 1 << 20, "f32 elements");
+ABSL_FLAG(bool, submit, true, "allocate and submit the allreduce");
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
@@ -27,6 +30,12 @@ int main(int argc, char** argv) {
   if (!s.ok()) {
     std::fprintf(stderr, "%s\n", std::string(s.status().message()).c_str());
     return 3;
+  }
+  if (!absl::GetFlag(FLAGS_submit)) {
+    std::printf("OPENED\n");
+    std::fflush(stdout);
+    ::sleep(60);
+    return 0;
   }
   const size_t count = static_cast<size_t>(absl::GetFlag(FLAGS_count));
   auto b = (*s)->AllocateBuffer(count * sizeof(float));

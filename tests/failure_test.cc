@@ -184,6 +184,7 @@ struct OrphanRun {
   absl::StatusOr<client::OpResult> result;
   absl::Duration took;  // rank 1's allreduce
   float last = 0;       // its buffer's last element after it
+  pid_t pid = -1;       // the killed client's
 };
 void RunOrphan(LocalCluster& cluster, absl::Duration timeout, OrphanRun* out) {
   const std::string helper = "tests/client_process";
@@ -216,12 +217,22 @@ void RunOrphan(LocalCluster& cluster, absl::Duration timeout, OrphanRun* out) {
   while (::read(pipe_fds[0], &ch, 1) == 1 && ch != '\n') line += ch;
   ::close(pipe_fds[0]);
   ASSERT_EQ(line, "SUBMITTED");
-  ::kill(pid, SIGKILL);
-  int wstatus = 0;
-  ::waitpid(pid, &wstatus, 0);
   auto b = (*s)->AllocateBuffer(1000000 * sizeof(float));
   ASSERT_TRUE(b.ok());
   for (int i = 0; i < 1000000; ++i) (*b)->as<float>()[i] = 2.0f;
+  ::kill(pid, SIGKILL);
+  int wstatus = 0;
+  ::waitpid(pid, &wstatus, 0);
+  out->pid = pid;
+  // Rank 1 submits once daemon 0 closed the dead client's session (else the
+  // orphaned op, already at daemon 0, may still run with it and complete).
+  const std::string closed = absl::StrCat("rank 0 (client pid ", pid,
+                                          ") of job 'orphan' disconnected: its process exited");
+  const absl::Time give_up = absl::Now() + absl::Seconds(10);
+  while (!absl::StrContains(testing::ReadTextFile(cluster.daemon_log(0)), closed) &&
+         absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
   const absl::Time start = absl::Now();
   out->result =
       (*s)->Allreduce(**b, 0, 1000000, DType::kF32, ReduceOp::kSum, "orphan", timeout);
@@ -229,15 +240,27 @@ void RunOrphan(LocalCluster& cluster, absl::Duration timeout, OrphanRun* out) {
   out->last = (*b)->as<float>()[999999];
 }
 
-// The orphaned op is at daemon 0, which still runs it, so rank 1's matching
-// op completes.
-TEST(Failure, ClientKilledMidOpDoesNotTakeItsDaemonDown) {
+// Daemon 0 closes the dead client's session at once (its pidfd), so rank 1's
+// matching op fails naming rank 0, not at the op timeout; the daemon lives on
+// (DeadClient.* in dead_client_test.cc: the leaks and a 4-rank job).
+TEST(Failure, ClientKilledMidOpFailsThePeerNamingItAndDoesNotTakeItsDaemonDown) {
   auto cluster = StartCluster(2);
   ASSERT_NE(cluster, nullptr);
   OrphanRun run;
   RunOrphan(*cluster, absl::Seconds(20), &run);
-  EXPECT_TRUE(run.result.ok()) << run.result.status();
-  EXPECT_EQ(run.last, 3.0f);
+  ASSERT_FALSE(run.result.ok());
+  // Daemon 1 hears it from daemon 0's ABORT, or (should its heartbeat come
+  // first, within 500 ms) from the coordinator, where rank 0 left the job.
+  const std::string msg(run.result.status().message());
+  const std::string aborted =
+      absl::StrCat("allreduce 'orphan' f32[1000000] sum (op 1) failed at rank 1: aborted by "
+                   "rank 0: rank 0 (client pid ", run.pid,
+                   ") of job 'orphan' disconnected: its process exited");
+  EXPECT_TRUE(msg == aborted ||
+              (absl::StrContains(msg, "job 'orphan' epoch 1 ended: rank 0 (member ") &&
+               absl::StrContains(msg, ") left the job")))
+      << msg;
+  EXPECT_LT(run.took, absl::Seconds(5));  // not the 60 s op timeout
   EXPECT_TRUE(cluster->DaemonAlive(0));
   ExpectWorkingAllreduce(*cluster, "after-orphan", {0, 1});
 }

@@ -93,6 +93,15 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   watch.observer = options.observer;
   watch.on_change = options.on_coordinator_change;
   d->coordinator_watch_ = std::make_unique<CoordinatorWatch>(channel, std::move(watch));
+  auto client_watch = ClientWatch::Start(
+      [p = d.get()](const std::string& id, int64_t pid) { p->ClientExited(id, pid); });
+  if (client_watch.ok()) {
+    d->client_watch_ = std::move(*client_watch);
+  } else {
+    GS_LOG(WARNING) << "client processes are not watched (a session whose client dies ends at "
+                       "its lease): "
+                    << client_watch.status().message();
+  }
   d->heartbeat_thread_ = std::thread([p = d.get()] { p->HeartbeatLoop(); });
   GS_LOG(INFO) << "data plane listening on port " << d->listener_->port() << ", advertised as "
                << d->options_.advertise_host << "; coordinator " << options.coordinator;
@@ -120,6 +129,9 @@ std::string Daemon::rdma_description() const {
 Daemon::~Daemon() {
   Shutdown();
   coordinator_watch_.reset();  // here: a session still opening may read it until then
+  // Likewise (a session still opening watches its client); its thread calls
+  // into members declared after it, so it stops first.
+  client_watch_.reset();
   // Here, not in Shutdown: the client and status servers may still call in
   // (data_port(), an OpenSession that is about to be refused) until they stop.
   rdma_device_ = nullptr;
@@ -225,6 +237,7 @@ absl::StatusOr<std::shared_ptr<Session>> Daemon::OpenSession(const OpenSessionAr
   info.tenant = jresp.tenant();
   info.tenant_token = args.tenant_token;
   info.owner_uid = args.owner_uid;
+  info.client_pid = args.client_pid;
   info.rank = jresp.rank();
   info.world_size = jresp.world_size();
   info.epoch = jresp.epoch();
@@ -326,10 +339,12 @@ absl::StatusOr<std::shared_ptr<Session>> Daemon::OpenSession(const OpenSessionAr
     }
     sessions_[session_id] = session;
   }
-  GS_LOG(INFO) << "session " << session_id << " (" << args.client_name << "): job '"
-               << args.job_id << "' epoch " << info.epoch << " rank " << info.rank << " of "
-               << info.world_size << " (" << placement.local_ranks().size() << " on this daemon, "
-               << placement.nodes() << " daemon(s))";
+  GS_LOG(INFO) << "session " << session_id << " (" << args.client_name << ", pid "
+               << args.client_pid << "): job '" << args.job_id << "' epoch " << info.epoch
+               << " rank " << info.rank << " of " << info.world_size << " ("
+               << placement.local_ranks().size() << " on this daemon, " << placement.nodes()
+               << " daemon(s))";
+  WatchClient(info);
   return session;
 }
 
@@ -403,10 +418,54 @@ absl::Status Daemon::CloseSession(const std::string& id) {
     s = it->second;
     sessions_.erase(it);
   }
+  if (client_watch_ != nullptr) client_watch_->Unwatch(id);
   s->Close();
   LeaveJob(s->info());
   GS_LOG(INFO) << "session " << id << " closed";
   return absl::OkStatus();
+}
+
+void Daemon::WatchClient(const SessionInfo& info) {
+  if (client_watch_ == nullptr || info.client_pid <= 0) return;
+  const absl::Status s = client_watch_->Watch(info.session_id, info.client_pid);
+  if (absl::IsNotFound(s)) {
+    ClientExited(info.session_id, info.client_pid);
+  } else if (!s.ok()) {
+    GS_LOG(WARNING) << "session " << info.session_id << ": not watching its client: "
+                    << s.message();
+  }
+}
+
+void Daemon::ClientExited(const std::string& id, int64_t pid) {
+  std::shared_ptr<Session> s;
+  {
+    absl::MutexLock l(&mu_);
+    auto it = sessions_.find(id);
+    if (it == sessions_.end()) return;  // closed meanwhile
+    s = it->second;
+    sessions_.erase(it);
+  }
+  const SessionInfo& info = s->info();
+  const absl::Status why = absl::UnavailableError(
+      absl::StrCat("rank ", info.rank, " (client pid ", pid, ") of job '", info.job_id,
+                   "' disconnected: its process exited"));
+  GS_LOG(WARNING) << "session " << id << ": " << why.message() << "; closing the session";
+  // A failure, not a leave: the other daemons are told at once (ABORT), as
+  // their pending op cannot complete without this rank.
+  s->AbortEpoch(why);
+  s->Close(why);
+  NotifyClosed(id, why);
+  LeaveJob(info);
+}
+
+void Daemon::SetSessionClosedListener(SessionClosedListener listener) {
+  absl::MutexLock l(&listener_mu_);
+  session_closed_ = std::move(listener);
+}
+
+void Daemon::NotifyClosed(const std::string& id, const absl::Status& why) {
+  absl::MutexLock l(&listener_mu_);
+  if (session_closed_) session_closed_(id, why);
 }
 
 void Daemon::LeaveJob(const SessionInfo& info) {

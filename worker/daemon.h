@@ -25,6 +25,7 @@
 #include "transport/device.h"
 #include "transport/rdma_endpoint.h"
 #include "transport/tcp_listener.h"
+#include "worker/client_watch.h"
 #include "worker/coordinator_watch.h"
 #include "worker/daemon_observer.h"
 #include "worker/job_executor.h"
@@ -97,6 +98,9 @@ struct OpenSessionArgs {
   // The uid of the process that opens the session (-1: unknown, a TCP
   // client); only that uid may use the session.
   int64_t owner_uid = -1;
+  // The pid of the process that opens the session (SO_PEERCRED; 0: unknown,
+  // a TCP client). When it exits the session closes at once.
+  int64_t client_pid = 0;
   // Non-empty: the coordinator the client means; refused when this daemon
   // uses another (SameGrpcTarget).
   std::string expected_coordinator;
@@ -125,6 +129,14 @@ class Daemon {
                                                               const std::string& token);
   // Closes the session and leaves the job. Idempotent for a known id.
   absl::Status CloseSession(const std::string& id);
+  // Called after the daemon closed a session on its own (its client process
+  // exited, its lease ran out), with the reason: the gRPC edge stops the
+  // session's op queue, which holds the session. Set before sessions open;
+  // nullptr removes it (and waits for a call in progress). Never called after
+  // Shutdown returned.
+  using SessionClosedListener =
+      std::function<void(const std::string& session_id, const absl::Status& why)>;
+  void SetSessionClosedListener(SessionClosedListener listener);
   // Graceful stop, first half: refuses new sessions and ops (Unavailable
   // naming the drain) and waits up to `timeout` for every queued and running
   // op to finish. Returns how many ops were still pending at the deadline.
@@ -162,6 +174,14 @@ class Daemon {
   // options for its bootstrap connections.
   absl::Status OpenRdma(const transport::TcpDeviceOptions& bootstrap);
   void LeaveJob(const SessionInfo& info);
+  // The client process of session `id` exited: closes the session, telling
+  // the job's other ranks which rank went and why, and leaves the job.
+  void ClientExited(const std::string& id, int64_t pid);
+  // Starts watching the session's client process (if known); closes the
+  // session at once if it already exited.
+  void WatchClient(const SessionInfo& info);
+  // Tells the SessionClosedListener.
+  void NotifyClosed(const std::string& id, const absl::Status& why);
   // CreateJob (idempotent) then JoinJob at the coordinator, until `deadline`.
   absl::StatusOr<v1::JoinJobResponse> CreateAndJoin(const v1::CreateJobRequest& creq,
                                                     v1::JoinJobRequest jreq,
@@ -179,6 +199,10 @@ class Daemon {
   std::string rdma_unavailable_;
   std::unique_ptr<gradsync::v1::Coordinator::Stub> coordinator_;
   std::unique_ptr<CoordinatorWatch> coordinator_watch_;
+  // Null where the kernel has no pidfds: sessions then end at their lease.
+  std::unique_ptr<ClientWatch> client_watch_;
+  absl::Mutex listener_mu_;  // held while the listener runs
+  SessionClosedListener session_closed_ ABSL_GUARDED_BY(listener_mu_);
   std::atomic<uint64_t> next_session_{1};
   std::string status_endpoint_ ABSL_GUARDED_BY(mu_);
 

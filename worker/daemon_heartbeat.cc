@@ -43,9 +43,14 @@ void Daemon::HeartbeatLoop() {
       }
     }
     for (auto& s : expired) {
-      GS_LOG(WARNING) << "session " << s->info().session_id << " unused for "
+      const std::string& id = s->info().session_id;
+      GS_LOG(WARNING) << "session " << id << " unused for "
                       << absl::FormatDuration(options_.session_lease) << ": closing it";
+      if (client_watch_ != nullptr) client_watch_->Unwatch(id);
       s->Close();
+      NotifyClosed(id, absl::FailedPreconditionError(absl::StrCat(
+                           "session ", id, " was unused for ",
+                           absl::FormatDuration(options_.session_lease), " and closed")));
       LeaveJob(s->info());
     }
     for (const SessionInfo& info : setup) {

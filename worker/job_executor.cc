@@ -149,6 +149,10 @@ void JobExecutor::Detach(int rank, const absl::Status& why) {
 }
 
 void JobExecutor::Abort(const absl::Status& reason) {
+  {
+    absl::MutexLock l(&mu_);
+    tell_peers_ = true;
+  }
   Break(reason);
   if (node_ctx_ != nullptr) node_ctx_->Abort(reason);
 }
@@ -212,17 +216,30 @@ void JobExecutor::Run() {
       e->using_ = false;
     }
   };
+  bool told_peers = false;  // of an Abort
   while (true) {
     absl::Status broken;
+    bool tell_peers = false;
     {
       absl::MutexLock l(&mu_);
       if (stop_) break;
       members = members_;
       broken = broken_;
+      tell_peers = tell_peers_;
       using_ = true;
       ++generation_;
     }
     Release release{this};
+    if (tell_peers && !told_peers && node_ctx_ != nullptr) {
+      // Abort() from another thread only marks the context; its driver (this
+      // thread) sends the ABORTs, or the other daemons would learn of it
+      // (e.g. a client here that died) only at their op deadline. A session
+      // that merely closed (Detach) tells nobody: the others' running op may
+      // still complete without it, and its connections close with the
+      // executor.
+      (void)node_ctx_->Fail(broken);
+      told_peers = true;
+    }
     const bool took = TakeArrivals(members);
     const bool any = std::any_of(slots_.begin(), slots_.end(), [](const auto& s) { return s != nullptr; });
     const bool all = std::all_of(slots_.begin(), slots_.end(), [](const auto& s) { return s != nullptr; });

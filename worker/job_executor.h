@@ -114,13 +114,17 @@ class JobExecutor {
 
   // A local rank's session joins (before its first op) or leaves. Detach
   // breaks the epoch with `why` (the other ranks' next ops cannot complete
-  // without this one), tells the other daemons, and returns once the
-  // executor no longer uses the session (which may then be destroyed).
+  // without this one), fails a running op, and returns once the executor no
+  // longer uses the session (which may then be destroyed). The other daemons
+  // learn of it from a failing op here or when the executor's connections
+  // close, not from an ABORT of its own (see Abort).
   void Attach(Session* session);
   void Detach(int rank, const absl::Status& why);
   // A session queued an op or changed its feed.
   void Kick();
-  // Fails the epoch from outside (the coordinator said so, daemon stopping).
+  // Fails the epoch from outside (the coordinator said so, daemon stopping,
+  // a local client died) and tells the other daemons at once (an ABORT with
+  // `reason`, sent by the executor's thread).
   void Abort(const absl::Status& reason);
 
   // For status: what op `seq` is doing ("negotiating" / "running <plan>",
@@ -214,6 +218,7 @@ class JobExecutor {
   bool using_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status broken_ ABSL_GUARDED_BY(mu_);
+  bool tell_peers_ ABSL_GUARDED_BY(mu_) = false;  // Abort(): send the other daemons an ABORT
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   bool sleeping_ ABSL_GUARDED_BY(mu_) = false;
   std::shared_ptr<class SubmissionFeed> sleep_feed_ ABSL_GUARDED_BY(mu_);

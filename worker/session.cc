@@ -399,9 +399,11 @@ void Session::AbortEpoch(const absl::Status& reason) {
 }
 
 void Session::Close() {
-  std::call_once(close_once_, [this] {
-    const absl::Status why =
-        absl::CancelledError(absl::StrCat("rank ", info_.rank, " closed its session"));
+  Close(absl::CancelledError(absl::StrCat("rank ", info_.rank, " closed its session")));
+}
+
+void Session::Close(const absl::Status& why) {
+  std::call_once(close_once_, [this, &why] {
     std::deque<std::shared_ptr<QueuedOp>> queued;
     {
       absl::MutexLock l(&mu_);

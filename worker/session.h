@@ -82,6 +82,9 @@ struct SessionInfo {
   // The uid that opened the session (SO_PEERCRED of its client socket
   // connection); -1: unknown (clients over TCP), anyone may use it.
   int64_t owner_uid = -1;
+  // The pid of the client process that opened the session (SO_PEERCRED);
+  // its exit closes the session (worker/client_watch.h). 0: unknown.
+  int64_t client_pid = 0;
 };
 
 // OK when a caller of uid `caller_uid` (-1: unknown) may `what` the session:
@@ -235,8 +238,10 @@ class Session {
   // Fails the epoch from outside (coordinator said so, daemon stopping).
   void AbortEpoch(const absl::Status& reason);
   // Leaves the executor (which fails a running op and breaks the epoch),
-  // fails the queued ops, frees the buffers. Idempotent.
+  // fails the queued ops, frees the buffers. Idempotent. `why` is what the
+  // job's other ranks are told (the default: "rank R closed its session").
   void Close();
+  void Close(const absl::Status& why);
 
   SessionStatus Status() const;
 

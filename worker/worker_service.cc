@@ -88,6 +88,12 @@ int64_t WorkerService::CallerUid(const grpc::ServerContext& ctx) const {
   return cred.has_value() ? static_cast<int64_t>(cred->uid) : -1;
 }
 
+int64_t WorkerService::CallerPid(const grpc::ServerContext& ctx) const {
+  if (!peer_credentials_) return 0;
+  std::optional<ucred> cred = peer_credentials_(ctx.peer());
+  return cred.has_value() ? static_cast<int64_t>(cred->pid) : 0;
+}
+
 absl::StatusOr<std::shared_ptr<Session>> WorkerService::OwnSession(const grpc::ServerContext& ctx,
                                                                    const std::string& session_id,
                                                                    absl::string_view call) const {
@@ -100,7 +106,16 @@ WorkerService::WorkerService(Daemon* daemon, OpQueueServerOptions queue_options,
                              std::string fd_socket)
     : daemon_(daemon),
       queues_(WithDescriptors(std::move(queue_options), !fd_socket.empty())),
-      fd_socket_(std::move(fd_socket)) {}
+      fd_socket_(std::move(fd_socket)) {
+  // A session the daemon closed on its own (client exited, lease) takes its
+  // op queue with it now: the queue holds the session, and the session its
+  // job's executor (thread, connections).
+  daemon_->SetSessionClosedListener([this](const std::string& id, const absl::Status& why) {
+    queues_.CloseSession(id, why);
+  });
+}
+
+WorkerService::~WorkerService() { daemon_->SetSessionClosedListener(nullptr); }
 
 absl::StatusOr<ipc::FetchedSegment> WorkerService::FetchSegment(const ipc::FetchRequest& request,
                                                                 const ucred& peer) {
@@ -143,6 +158,7 @@ grpc::Status WorkerService::OpenSession(grpc::ServerContext* ctx,
   a.client_name = req->client_name();
   a.tenant_token = req->tenant_token();
   a.owner_uid = CallerUid(*ctx);
+  a.client_pid = CallerPid(*ctx);
   a.expected_coordinator = req->expected_coordinator();
   auto s = daemon_->OpenSession(a);
   if (!s.ok()) return ToGrpcStatus(s.status());

@@ -26,7 +26,7 @@ class WorkerService final : public v1::Worker::Service {
   explicit WorkerService(Daemon* daemon, OpQueueServerOptions queue_options = {},
                          std::string fd_socket = "");
   // Stops every op queue (each tells its client the daemon is shutting down).
-  ~WorkerService() override = default;
+  ~WorkerService() override;
 
   grpc::Status OpenSession(grpc::ServerContext* ctx, const v1::OpenSessionRequest* req,
                            v1::OpenSessionResponse* resp) override;
@@ -61,6 +61,8 @@ class WorkerService final : public v1::Worker::Service {
  private:
   // The caller's uid (-1: unknown).
   int64_t CallerUid(const grpc::ServerContext& ctx) const;
+  // The caller's pid (0: unknown).
+  int64_t CallerPid(const grpc::ServerContext& ctx) const;
   // The session, if the caller may use it: PERMISSION_DENIED naming both
   // uids when the session belongs to another uid.
   absl::StatusOr<std::shared_ptr<Session>> OwnSession(const grpc::ServerContext& ctx,
