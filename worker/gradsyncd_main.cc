@@ -30,6 +30,7 @@
 #include "worker/daemon.h"
 #include "worker/device_memory.h"
 #include "worker/shm_segment.h"
+#include "worker/socket_group.h"
 #include "worker/status_service.h"
 #include "worker/worker_service.h"
 
@@ -38,7 +39,8 @@ ABSL_FLAG(std::string, listen, "unix:/run/gradsync/gradsyncd.sock",
 ABSL_FLAG(std::string, coordinator, "127.0.0.1:7070", "gradsync-coordinator address (host:port)");
 ABSL_FLAG(std::string, socket_group, "",
           "group of the unix client socket and fd socket (mode 0660): the users who may run "
-          "training processes on this node; empty: the daemon's group");
+          "training processes on this node; empty: the daemon's group; refused with a "
+          "unix-abstract: socket, which has no file permissions");
 ABSL_FLAG(std::string, data_listen, "0.0.0.0:7071",
           "data-plane TCP listen address (port 0 = any free port)");
 ABSL_FLAG(std::string, advertise_host, "",
@@ -126,6 +128,29 @@ absl::Status PrepareUnixSocket(const std::string& listen) {
   return absl::OkStatus();
 }
 
+// The fd socket --fd_socket names ("auto": derived from --listen).
+std::string FdSocketAddress() {
+  std::string fd_socket = absl::GetFlag(FLAGS_fd_socket);
+  if (fd_socket == "auto") fd_socket = gradsync::BufferFdServer::DefaultAddress(absl::GetFlag(FLAGS_listen));
+  return fd_socket;
+}
+
+// --socket_group with an abstract socket restricts nothing: refused before
+// anything starts (worker/socket_group.h).
+absl::Status CheckSocketGroups() {
+  const std::string group = absl::GetFlag(FLAGS_socket_group);
+  const std::pair<std::string, const char*> sockets[] = {
+      {absl::GetFlag(FLAGS_listen), "the client socket (--listen)"},
+      {FdSocketAddress(), "the fd socket (--fd_socket)"}};
+  for (const auto& [address, what] : sockets) {
+    if (!absl::StartsWith(address, "unix-abstract:")) continue;
+    absl::StatusOr<gradsync::ipc::UnixAddress> parsed = gradsync::ipc::ParseUnixAddress(address);
+    if (!parsed.ok()) return parsed.status();
+    if (absl::Status s = gradsync::CheckSocketGroup(*parsed, group, what); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 // The daemon's health-service entry for its coordinator link: SERVING while
@@ -155,6 +180,10 @@ int main(int argc, char** argv) {
   }
   gradsync::SetLogTag("gradsyncd");
   if (absl::GetFlag(FLAGS_v) > 0) gradsync::SetMinLogLevel(gradsync::LogLevel::kDebug);
+  if (absl::Status s = CheckSocketGroups(); !s.ok()) {
+    GS_LOG(ERROR) << "cannot start: " << s.message();
+    return 2;
+  }
 
   // Block the stop signals in every thread; one thread waits for them.
   sigset_t stop_signals;
@@ -344,8 +373,7 @@ int main(int argc, char** argv) {
   }
   gradsync::OpQueueServerOptions queue_options;
   queue_options.spin = absl::Microseconds(std::max(0, absl::GetFlag(FLAGS_queue_spin_us)));
-  std::string fd_socket = absl::GetFlag(FLAGS_fd_socket);
-  if (fd_socket == "auto") fd_socket = gradsync::BufferFdServer::DefaultAddress(listen);
+  const std::string fd_socket = FdSocketAddress();
   if (fd_socket.empty()) {
     GS_LOG(WARNING) << "no fd socket (--fd_socket is empty or --listen is TCP): buffers and op "
                        "queues are named POSIX shared memory that a local client can truncate, "
@@ -357,7 +385,7 @@ int main(int argc, char** argv) {
   if (!fd_socket.empty()) {
     gradsync::Daemon* core = daemon->get();
     auto started = gradsync::BufferFdServer::Start(
-        fd_socket,
+        fd_socket, absl::GetFlag(FLAGS_socket_group),
         [core](const gradsync::ipc::RegisterRequest& request, int fd, const ucred& peer) {
           return core->RegisterFdBuffer(request, fd, peer);
         },
