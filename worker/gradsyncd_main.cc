@@ -103,6 +103,10 @@ ABSL_FLAG(std::string, status_listen, "0.0.0.0:7072",
           "TCP address of the read-only status service used by `gradsync status` (empty = off)");
 ABSL_FLAG(std::string, metrics_listen, "0.0.0.0:9471",
           "Prometheus /metrics HTTP address (empty = off; port 0 = any free port)");
+ABSL_FLAG(bool, metrics_identifying_labels, false,
+          "label metrics with job ids (TENANT/JOB) and peer daemons' addresses (the per-job "
+          "gradsync_job_* series, peer_daemon); the metrics endpoint has no authentication: only "
+          "for a scraper every user of the node may trust");
 ABSL_FLAG(std::string, fd_socket, "auto",
           "unix socket where local clients register memory by passing its descriptor: "
           "unix:PATH or unix-abstract:NAME; auto = --listen + \".fd\" for a unix --listen, "
@@ -214,7 +218,8 @@ int main(int argc, char** argv) {
       g.ok()) {
     (*g)->Set(tls->enabled() ? 0 : 1);
   }
-  auto daemon_metrics = gradsync::DaemonMetrics::Create(metrics);
+  auto daemon_metrics =
+      gradsync::DaemonMetrics::Create(metrics, absl::GetFlag(FLAGS_metrics_identifying_labels));
   if (!daemon_metrics.ok()) {
     GS_LOG(ERROR) << "metrics: " << daemon_metrics.status().message();
     return 1;
