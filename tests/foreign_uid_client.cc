@@ -10,7 +10,8 @@
 //   foreign_uid_client own TARGET
 // or, with `sdk`, drops every supplementary group (a plain user in group
 // 65534 only), opens a session with the C++ SDK (job "foreign-sdk", world 1;
-// its op queue comes from the fd socket), allocates and fetches a buffer and
+// its op queue comes from the fd socket), allocates and fetches a buffer of
+// 512 KiB and
 // prints "sdk: ok" or "sdk: STATUS":
 //   foreign_uid_client sdk TARGET
 #include <fcntl.h>
@@ -111,7 +112,7 @@ int SdkSession(const std::string& target) {
     std::printf("sdk: %s\n", session.status().ToString().c_str());
     return 1;
   }
-  auto buffer = (*session)->AllocateBuffer(4096);
+  auto buffer = (*session)->AllocateBuffer(512 << 10);
   if (!buffer.ok()) {
     std::printf("sdk: %s\n", buffer.status().ToString().c_str());
     return 1;

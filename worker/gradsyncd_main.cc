@@ -27,6 +27,7 @@
 #include "worker/local_client_socket.h"
 #include "worker/daemon_metrics.h"
 #include "worker/buffer_fd_server.h"
+#include "worker/buffer_limits.h"
 #include "worker/daemon.h"
 #include "worker/device_memory.h"
 #include "worker/shm_segment.h"
@@ -52,10 +53,13 @@ ABSL_FLAG(int64_t, session_lease_ms, 120000,
           "a session with no client call and no running op for this long is closed");
 ABSL_FLAG(int64_t, session_memory_limit_mb, 0,
           "the most buffer memory (allocated and registered) one session may hold, MiB; "
-          "0 = the machine's physical memory");
+          "0 = half of the machine's buffer memory (the smaller of physical memory and /dev/shm)");
 ABSL_FLAG(int64_t, tenant_memory_limit_mb, 0,
-          "the most buffer memory all sessions of one tenant may hold on this daemon, MiB; "
-          "0 = no limit beyond --session_memory_limit_mb");
+          "the most buffer memory all sessions of one tenant (without tenants: of one uid) may "
+          "hold on this daemon, MiB; 0 = half of the machine's buffer memory");
+ABSL_FLAG(int64_t, buffer_memory_limit_mb, 0,
+          "the most buffer memory all sessions may hold on this daemon together, MiB; "
+          "0 = three quarters of the machine's buffer memory");
 ABSL_FLAG(int64_t, segment_bytes, 1 << 20, "largest pipelined ring message");
 ABSL_FLAG(int32_t, max_inflight, 4, "ring segments in flight per direction");
 ABSL_FLAG(int32_t, socket_buffer_bytes, 0,
@@ -248,20 +252,29 @@ int main(int argc, char** argv) {
   opts.node_id = absl::GetFlag(FLAGS_node_id);
   opts.heartbeat_interval = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_interval_ms));
   opts.session_lease = absl::Milliseconds(absl::GetFlag(FLAGS_session_lease_ms));
-  if (const int64_t mb = absl::GetFlag(FLAGS_session_memory_limit_mb); mb < 0) {
-    GS_LOG(ERROR) << "--session_memory_limit_mb must be >= 0, got " << mb;
-    return 2;
-  } else {
-    opts.session_memory_limit_bytes =
-        mb > 0 ? static_cast<uint64_t>(mb) << 20
-               : static_cast<uint64_t>(::sysconf(_SC_PHYS_PAGES)) *
-                     static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
-  }
-  if (const int64_t mb = absl::GetFlag(FLAGS_tenant_memory_limit_mb); mb < 0) {
-    GS_LOG(ERROR) << "--tenant_memory_limit_mb must be >= 0, got " << mb;
-    return 2;
-  } else {
-    opts.tenant_memory_limit_bytes = static_cast<uint64_t>(mb) << 20;
+  {
+    const uint64_t machine = gradsync::MachineBufferMemory();
+    const gradsync::BufferLimits defaults = gradsync::DefaultBufferLimits(machine);
+    const std::pair<const char*, int64_t> flags[] = {
+        {"--session_memory_limit_mb", absl::GetFlag(FLAGS_session_memory_limit_mb)},
+        {"--tenant_memory_limit_mb", absl::GetFlag(FLAGS_tenant_memory_limit_mb)},
+        {"--buffer_memory_limit_mb", absl::GetFlag(FLAGS_buffer_memory_limit_mb)}};
+    for (const auto& [name, mb] : flags) {
+      if (mb < 0 || mb > (int64_t{1} << 40)) {
+        GS_LOG(ERROR) << name << " must be in [0, 2^40], got " << mb;
+        return 2;
+      }
+    }
+    auto bytes = [](int64_t mb, uint64_t fallback) {
+      return mb > 0 ? static_cast<uint64_t>(mb) << 20 : fallback;
+    };
+    opts.session_memory_limit_bytes = bytes(flags[0].second, defaults.session);
+    opts.tenant_memory_limit_bytes = bytes(flags[1].second, defaults.account);
+    opts.buffer_memory_limit_bytes = bytes(flags[2].second, defaults.total);
+    GS_LOG(INFO) << "buffer memory: " << (opts.session_memory_limit_bytes >> 20)
+                 << " MiB per session, " << (opts.tenant_memory_limit_bytes >> 20)
+                 << " MiB per tenant (or uid), " << (opts.buffer_memory_limit_bytes >> 20)
+                 << " MiB in all (the machine can back " << (machine >> 20) << " MiB)";
   }
   opts.ring.segment_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_segment_bytes));
   opts.ring.max_inflight = absl::GetFlag(FLAGS_max_inflight);
