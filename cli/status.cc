@@ -97,7 +97,7 @@ absl::StatusOr<int> RunStatus(const StatusOptions& o) {
       if (ep.empty() || daemons.count(ep) || daemon_errors.count(ep)) continue;
       auto stub = v1::DaemonStatus::NewStub(grpc::CreateChannel(ep, *credentials));
       v1::DaemonStatusResponse resp;
-      auto ctx = Ctx(o.timeout);
+      auto ctx = Ctx(o.timeout, token);  // a node certificate sees only this tenant's sessions
       grpc::Status s = stub->GetStatus(ctx.get(), v1::GetDaemonStatusRequest(), &resp);
       if (s.ok()) {
         daemons[ep] = resp;

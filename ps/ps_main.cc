@@ -63,6 +63,9 @@ ABSL_FLAG(std::string, advertise_host, "",
           "when that is a wildcard)");
 ABSL_FLAG(std::string, metrics_listen, "0.0.0.0:9472",
           "Prometheus /metrics HTTP address (empty = off; port 0 = any free port)");
+ABSL_FLAG(bool, metrics_identifying_labels, false,
+          "export the per-job series gradsync_ps_job_* (label gradsync_job: the job id with its "
+          "tenant); the metrics endpoint has no authentication: only for a trusted scraper");
 ABSL_FLAG(std::string, transport, "auto",
           "how workers reach this shard: auto (over RDMA too, for workers that ask, when this "
           "host has a usable RDMA port) or tcp");
@@ -179,7 +182,8 @@ class KeyFetcher {
 // gradsync_ps_* metrics from PsShard::stats() at scrape time (docs/metrics.md).
 class ShardCollector : public prometheus::Collectable {
  public:
-  explicit ShardCollector(PsShard* shard) : shard_(shard) {}
+  // `per_job`: also the series labelled with job ids (--metrics_identifying_labels).
+  ShardCollector(PsShard* shard, bool per_job) : shard_(shard), per_job_(per_job) {}
   std::vector<prometheus::MetricFamily> Collect() const override {
     const PsShardStats st = shard_->stats();
     std::vector<prometheus::MetricFamily> out;
@@ -238,6 +242,7 @@ class ShardCollector : public prometheus::Collectable {
       }
       out.push_back(std::move(f));
     };
+    if (!per_job_) return out;
     per_job("gradsync_ps_job_steps_total", "Steps this shard completed, per job",
             &PsJobStats::steps_completed);
     per_job("gradsync_ps_job_steps_failed_total", "Steps that failed on this shard, per job",
@@ -251,6 +256,7 @@ class ShardCollector : public prometheus::Collectable {
 
  private:
   PsShard* shard_;
+  const bool per_job_;
 };
 
 // Flags -> options, validated once.
@@ -354,7 +360,8 @@ int Run() {
       g.ok()) {
     (*g)->Set(rdma.device != nullptr ? 1 : 0);
   }
-  metrics.AddCollectable(std::make_shared<ShardCollector>(shard->get()));
+  metrics.AddCollectable(std::make_shared<ShardCollector>(
+      shard->get(), absl::GetFlag(FLAGS_metrics_identifying_labels)));
   std::unique_ptr<MetricsServer> metrics_server;
   if (const std::string address = absl::GetFlag(FLAGS_metrics_listen); !address.empty()) {
     auto started = MetricsServer::Start(address, metrics);

@@ -25,6 +25,7 @@ double Sample(int port, const std::string& series) {
 TEST(DaemonMetrics, OpsBytesLatencyAndPeersAreExported) {
   LocalClusterOptions o;
   o.daemons = 3;
+  o.daemon_flags = {"--metrics_identifying_labels"};
   auto cluster = LocalCluster::Start(o);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   const int port0 = (*cluster)->daemon_metrics_port(0);
@@ -94,6 +95,7 @@ TEST(DaemonMetrics, OpsBytesLatencyAndPeersAreExported) {
 TEST(DaemonMetrics, NodeLocalOpsAreCountedPerRank) {
   LocalClusterOptions o;
   o.daemons = 1;
+  o.daemon_flags = {"--metrics_identifying_labels"};
   auto cluster = LocalCluster::Start(o);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   const int port = (*cluster)->daemon_metrics_port(0);
@@ -141,6 +143,54 @@ TEST(DaemonMetrics, NodeLocalOpsAreCountedPerRank) {
   EXPECT_EQ(Sample(port, "gradsync_job_ops_total{gradsync_job=\"node-metrics\",status=\"error\"}"), 4);
   EXPECT_GT(Sample(port, "gradsync_job_op_seconds_total{gradsync_job=\"node-metrics\"}"), 0);
   EXPECT_EQ(Sample(port, "gradsync_job_local_ranks{gradsync_job=\"node-metrics\"}"), 4);
+  for (auto& r : *job) ASSERT_TRUE(r.session->Close().ok());
+}
+
+// The metrics endpoints have no authentication: by default neither a
+// daemon's nor a PS shard's series name a job, its tenant or a peer daemon's
+// address; the peer traffic is summed over peers.
+TEST(DaemonMetrics, NoJobIdsOrPeerAddressesWithoutTheOptIn) {
+  LocalClusterOptions o;
+  o.daemons = 2;
+  o.ps_shards = 1;
+  auto cluster = LocalCluster::Start(o);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const std::string job_id = "confidential-job-7";
+  auto job = OpenJob(**cluster, job_id, {0, 1}, 30000, 0, /*ps_shards=*/1);
+  ASSERT_TRUE(job.ok()) << job.status();
+  const size_t count = 1 << 18;
+  OnEveryRank(2, [&](int r) {
+    auto& s = *(*job)[r].session;
+    auto b = s.AllocateBuffer(count * 4);
+    ASSERT_TRUE(b.ok());
+    for (const char* algorithm : {"ring", "ps"}) {
+      client::CollectiveSpec spec;
+      spec.buffer = b->get();
+      spec.count = count;
+      spec.algorithm = algorithm;
+      spec.name = algorithm;
+      auto res = s.Run(spec);
+      ASSERT_TRUE(res.ok()) << algorithm << ": " << res.status();
+    }
+  });
+  const std::string peer = absl::StrCat("127.0.0.1:", (*cluster)->daemon_data_port(1));
+  auto daemon = HttpGet("127.0.0.1", (*cluster)->daemon_metrics_port(0), "/metrics");
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  auto ps = HttpGet("127.0.0.1", (*cluster)->ps_metrics_port(0), "/metrics");
+  ASSERT_TRUE(ps.ok()) << ps.status();
+  for (const std::string* text : {&*daemon, &*ps}) {
+    EXPECT_EQ(text->find(job_id), std::string::npos) << *text;
+    EXPECT_EQ(text->find("gradsync_job"), std::string::npos) << *text;
+    EXPECT_EQ(text->find("peer_daemon"), std::string::npos) << *text;
+    EXPECT_EQ(text->find(peer), std::string::npos) << *text;
+  }
+  // Still counted, without the labels.
+  auto sent = FindSample(*daemon, "gradsync_daemon_peer_sent_bytes_total{transport=\"tcp\"}");
+  ASSERT_TRUE(sent.ok()) << sent.status() << "\n" << *daemon;
+  EXPECT_GE(*sent, count * 4 / 2.0);
+  auto pushed = FindSample(*ps, "gradsync_ps_pushed_bytes_total");
+  ASSERT_TRUE(pushed.ok()) << pushed.status();
+  EXPECT_GT(*pushed, 0);
   for (auto& r : *job) ASSERT_TRUE(r.session->Close().ok());
 }
 

@@ -8,6 +8,12 @@
 // it could open it:
 //   buffer|queue: uid=UID open=ok|ERRNO
 //   foreign_uid_client own TARGET
+// or, with `sdk`, drops every supplementary group (a plain user in group
+// 65534 only), opens a session with the C++ SDK (job "foreign-sdk", world 1;
+// its op queue comes from the fd socket), allocates and fetches a buffer of
+// 512 KiB and
+// prints "sdk: ok" or "sdk: STATUS":
+//   foreign_uid_client sdk TARGET
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -20,9 +26,13 @@
 #include <memory>
 #include <string>
 
+#include <grp.h>
+
 #include <grpcpp/grpcpp.h>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "client/client.h"
 #include "proto/worker.grpc.pb.h"
 
 namespace {
@@ -87,18 +97,47 @@ int OwnSession(const std::string& target) {
   return stub->CloseSession(&ctx, close, &closed).ok() ? 0 : 1;
 }
 
+int SdkSession(const std::string& target) {
+  auto client = gradsync::client::Client::Connect(target, absl::Seconds(10));
+  if (!client.ok()) {
+    std::printf("sdk: %s\n", client.status().ToString().c_str());
+    return 1;
+  }
+  gradsync::client::SessionOptions options;
+  options.job_id = absl::StrCat("foreign-sdk-", ::getpid());
+  options.world_size = 1;
+  options.timeout = absl::Seconds(20);
+  auto session = (*client)->OpenSession(options);
+  if (!session.ok()) {
+    std::printf("sdk: %s\n", session.status().ToString().c_str());
+    return 1;
+  }
+  auto buffer = (*session)->AllocateBuffer(512 << 10);
+  if (!buffer.ok()) {
+    std::printf("sdk: %s\n", buffer.status().ToString().c_str());
+    return 1;
+  }
+  std::printf("sdk: ok\n");
+  return (*session)->Close().ok() ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc != 3) {
-    std::fprintf(stderr, "usage: foreign_uid_client TARGET SESSION_ID | own TARGET\n");
+    std::fprintf(stderr, "usage: foreign_uid_client TARGET SESSION_ID | own TARGET | sdk TARGET\n");
     return 2;
+  }
+  if (std::string(argv[1]) == "sdk" && ::setgroups(0, nullptr) != 0) {
+    std::printf("cannot drop the supplementary groups (not root?)\n");
+    return 3;
   }
   if (::setgid(65534) != 0 || ::setuid(65534) != 0) {
     std::printf("cannot become uid 65534 (not root?)\n");
     return 3;
   }
   if (std::string(argv[1]) == "own") return OwnSession(argv[2]);
+  if (std::string(argv[1]) == "sdk") return SdkSession(argv[2]);
   auto stub = gradsync::v1::Worker::NewStub(
       grpc::CreateChannel(argv[1], grpc::InsecureChannelCredentials()));
   const std::string id = argv[2];

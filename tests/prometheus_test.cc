@@ -318,6 +318,10 @@ TEST(Prometheus, ScrapesTheClusterAndAnswersTheDashboardQueries) {
   LocalClusterOptions o;
   o.daemons = kDaemons;
   o.ps_shards = 1;
+  // The dashboard's job row and peer panels read job ids and peer addresses,
+  // which the daemons and shards export only when told to.
+  o.daemon_flags = {"--metrics_identifying_labels"};
+  o.ps_flags = {"--metrics_identifying_labels"};
   auto cluster = LocalCluster::Start(o);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   LocalCluster& c = **cluster;

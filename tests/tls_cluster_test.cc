@@ -25,6 +25,8 @@
 namespace gradsync {
 namespace {
 
+constexpr char kOtherToken[] = "0ther0ther0ther0-status-tenant";
+
 class TlsCluster : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -32,6 +34,7 @@ class TlsCluster : public ::testing::Test {
     o.daemons = 2;
     o.ps_shards = 1;
     o.tls = true;
+    o.extra_tenants = {absl::StrCat("other ", kOtherToken)};
     auto c = LocalCluster::Start(o);
     ASSERT_TRUE(c.ok()) << c.status();
     cluster_ = c->release();
@@ -297,6 +300,44 @@ TEST_F(TlsCluster, AnOperatorDeletesAJobAndItsRanksLearnWhy) {
   auto again = testing::OpenJob(*cluster_, "doomed", {0, 1});
   ASSERT_TRUE(again.ok()) << again.status();
   for (auto& r : *again) EXPECT_TRUE(r.session->Close().ok());
+}
+
+// A daemon's status port shows an operator every session, but a node
+// certificate (any other daemon) only the sessions of the tenant whose token
+// its call carries: none without one, none with another tenant's.
+TEST_F(TlsCluster, TheStatusPortShowsANodeOnlyItsTenantsSessions) {
+  auto job = testing::OpenJob(*cluster_, "status-scope", {0});
+  ASSERT_TRUE(job.ok()) << job.status();
+  v1::JobStatus status;
+  v1::GetJobStatusRequest req;
+  req.set_job_id("status-scope");
+  ASSERT_TRUE(Coordinator(cluster_->certs().operator_)->GetJobStatus(Ctx().get(), req, &status).ok());
+  const std::string endpoint = status.members(0).status_endpoint();
+  ASSERT_FALSE(endpoint.empty());
+  // The job ids of the sessions `tls` (with `token`, "" for none) sees.
+  auto seen = [&](const TlsConfig& tls, const std::string& token) {
+    auto credentials = MakeChannelCredentials(tls);
+    EXPECT_TRUE(credentials.ok()) << credentials.status();
+    auto stub = v1::DaemonStatus::NewStub(grpc::CreateChannel(endpoint, *credentials));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    if (!token.empty()) ctx.AddMetadata("authorization", "Bearer " + token);
+    v1::DaemonStatusResponse resp;
+    const grpc::Status s = stub->GetStatus(&ctx, {}, &resp);
+    std::vector<std::string> jobs;
+    if (!s.ok()) return std::vector<std::string>{"error: " + s.error_message()};
+    for (const auto& session : resp.sessions()) {
+      jobs.push_back(session.job_id());
+      EXPECT_FALSE(session.member_id().empty());
+    }
+    return jobs;
+  };
+  const std::vector<std::string> lab_job = {"lab/status-scope"};
+  EXPECT_EQ(seen(cluster_->certs().operator_, ""), lab_job);
+  EXPECT_EQ(seen(cluster_->certs().node, ""), std::vector<std::string>{});
+  EXPECT_EQ(seen(cluster_->certs().node, kOtherToken), std::vector<std::string>{});
+  EXPECT_EQ(seen(cluster_->certs().node, LabTenantToken()), lab_job);
+  EXPECT_TRUE((*job)[0].session->Close().ok());
 }
 
 }  // namespace gradsync

@@ -6,10 +6,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/logging.h"
+#include "worker/socket_group.h"
 
 namespace gradsync {
 
@@ -21,13 +24,16 @@ std::string BufferFdServer::DefaultAddress(const std::string& listen) {
 }
 
 absl::StatusOr<std::unique_ptr<BufferFdServer>> BufferFdServer::Start(const std::string& address,
+                                                                       const std::string& group,
                                                                        Handler handler,
                                                                        FetchHandler fetch,
                                                                        DaemonObserver* observer) {
   absl::StatusOr<ipc::UnixAddress> parsed = ipc::ParseUnixAddress(address);
   if (!parsed.ok()) return parsed.status();
+  if (absl::Status s = CheckSocketGroup(*parsed, group, "the fd socket"); !s.ok()) return s;
   absl::StatusOr<UniqueFd> listener = ipc::ListenSeqpacket(*parsed, 0660);
   if (!listener.ok()) return listener.status();
+  if (absl::Status s = ApplySocketGroup(*parsed, group, "the fd socket"); !s.ok()) return s;
   UniqueFd wake(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!wake.valid()) return absl::InternalError(absl::StrCat("eventfd: ", ErrnoString(errno)));
   return std::unique_ptr<BufferFdServer>(new BufferFdServer(
@@ -61,23 +67,68 @@ BufferFdServer::~BufferFdServer() {
 }
 
 void BufferFdServer::Loop() {
+  std::vector<Pending> pending;
+  std::vector<pollfd> polled;
   while (true) {
-    struct pollfd p[2] = {{listener_.get(), POLLIN, 0}, {wake_.get(), POLLIN, 0}};
-    if (::poll(p, 2, -1) < 0) {
+    polled.assign({{listener_.get(), POLLIN, 0}, {wake_.get(), POLLIN, 0}});
+    absl::Time next = absl::InfiniteFuture();
+    for (const Pending& p : pending) {
+      polled.push_back({p.conn.get(), POLLIN, 0});
+      next = std::min(next, p.deadline);
+    }
+    const int timeout_ms =
+        next == absl::InfiniteFuture()
+            ? -1
+            : static_cast<int>(std::max<int64_t>(
+                  0, absl::ToInt64Milliseconds(next - absl::Now() + absl::Milliseconds(1))));
+    if (::poll(polled.data(), polled.size(), timeout_ms) < 0) {
       if (errno == EINTR) continue;
       GS_LOG(ERROR) << "fd socket " << address_.text << ": poll: " << ErrnoString(errno);
       return;
     }
-    if (p[1].revents != 0) return;
+    if (polled[1].revents != 0) return;
+    // Serve what arrived and what timed out; keep the rest.
+    const absl::Time now = absl::Now();
+    std::vector<Pending> waiting;
+    for (size_t i = 0; i < pending.size(); ++i) {
+      Pending& p = pending[i];
+      if (polled[i + 2].revents == 0 && p.deadline > now) {
+        waiting.push_back(std::move(p));
+        continue;
+      }
+      Serve(p.conn.get(), p.peer, p.deadline);
+      limits_.Release(absl::StrCat(p.peer.uid));
+    }
+    pending = std::move(waiting);
+    if (polled[0].revents != 0) Accept(&pending);
+  }
+}
+
+void BufferFdServer::Accept(std::vector<Pending>* pending) {
+  while (true) {
     UniqueFd conn(::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
     if (!conn.valid()) {
       if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED) {
         GS_LOG(WARNING) << "fd socket " << address_.text << ": accept: " << ErrnoString(errno);
         ::usleep(10000);  // e.g. out of descriptors: do not spin
       }
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      return;
+    }
+    ucred peer{};
+    socklen_t len = sizeof(peer);
+    if (::getsockopt(conn.get(), SOL_SOCKET, SO_PEERCRED, &peer, &len) != 0) {
+      GS_LOG(WARNING) << "fd socket: SO_PEERCRED: " << ErrnoString(errno);
       continue;
     }
-    Serve(conn.get());
+    if (!limits_.Acquire(absl::StrCat(peer.uid))) {
+      GS_LOG(WARNING) << "fd socket: closed a connection from pid " << peer.pid << " uid "
+                      << peer.uid << ": " << limits_.held(absl::StrCat(peer.uid))
+                      << " of its connections (at most " << kMaxConnectionsPerUid << " per uid, "
+                      << kMaxConnections << " in all) have not sent their request yet";
+      continue;
+    }
+    pending->push_back({std::move(conn), peer, absl::Now() + kRequestTimeout});
   }
 }
 
@@ -94,11 +145,7 @@ void Answer(int conn, const ipc::RegisterResponse& response, int fd) {
 
 }  // namespace
 
-void BufferFdServer::Serve(int conn) {
-  ucred peer{};
-  socklen_t len = sizeof(peer);
-  if (::getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &peer, &len) != 0) peer.pid = 0;
-  const absl::Time deadline = absl::Now() + kRequestTimeout;
+void BufferFdServer::Serve(int conn, const ucred& peer, absl::Time deadline) {
   UniqueFd fd;
   absl::StatusOr<std::string> bytes = ipc::ReceiveMessage(
       conn, sizeof(ipc::RegisterRequestWire) + ipc::kMaxSessionIdBytes, &fd, deadline);

@@ -3,10 +3,12 @@
 // sealed segments (buffers, op queue) the daemon made for their session
 // (ipc/fd_registration.h).
 //
-// One thread serves the socket, one connection at a time: a registration is
-// one message each way, and a connection that has not sent its request
-// within kRequestTimeout is dropped, so a silent client holds the socket for
-// at most that long. Refusals are logged with the peer's pid and uid and
+// One thread serves the socket: a registration is one message each way. It
+// polls every connection that has not sent its request yet and answers each
+// as its request arrives, so a silent connection delays nobody else; it is
+// dropped after kRequestTimeout. One uid holds at most kMaxConnectionsPerUid
+// such connections and all uids kMaxConnections; a connection beyond either
+// is closed at once. Refusals are logged with the peer's pid and uid and
 // counted; the daemon goes on serving.
 #ifndef GRADSYNC_WORKER_BUFFER_FD_SERVER_H_
 #define GRADSYNC_WORKER_BUFFER_FD_SERVER_H_
@@ -18,9 +20,11 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/connection_limits.h"
 #include "common/net.h"
 #include "ipc/fd_registration.h"
 #include "worker/daemon_observer.h"
@@ -38,10 +42,15 @@ class BufferFdServer {
       std::function<absl::StatusOr<ipc::FetchedSegment>(const ipc::FetchRequest& request,
                                                         const ucred& peer)>;
   static constexpr absl::Duration kRequestTimeout = absl::Seconds(1);
+  static constexpr int kMaxConnectionsPerUid = 16;
+  static constexpr int kMaxConnections = 512;
 
-  // Listens on `address` ("unix:PATH", mode 0660, or "unix-abstract:NAME").
-  // `observer` (may be null; outlives the server) hears every result.
+  // Listens on `address` ("unix:PATH", mode 0660 and, with `group`, in that
+  // group; or "unix-abstract:NAME", which refuses a group:
+  // worker/socket_group.h). `observer` (may be null; outlives the server)
+  // hears every result.
   static absl::StatusOr<std::unique_ptr<BufferFdServer>> Start(const std::string& address,
+                                                               const std::string& group,
                                                                Handler handler,
                                                                FetchHandler fetch,
                                                                DaemonObserver* observer);
@@ -57,8 +66,15 @@ class BufferFdServer {
  private:
   BufferFdServer(ipc::UnixAddress address, UniqueFd listener, UniqueFd wake, Handler handler,
                  FetchHandler fetch, DaemonObserver* observer);
+  // An accepted connection waiting for its request.
+  struct Pending {
+    UniqueFd conn;
+    ucred peer;
+    absl::Time deadline;
+  };
   void Loop();
-  void Serve(int conn);
+  void Accept(std::vector<Pending>* pending);
+  void Serve(int conn, const ucred& peer, absl::Time deadline);
   void ServeRegistration(int conn, absl::string_view bytes, UniqueFd fd, const ucred& peer);
   void ServeFetch(int conn, absl::string_view bytes, bool carried_fd, const ucred& peer);
 
@@ -69,6 +85,7 @@ class BufferFdServer {
   const FetchHandler fetch_;
   DaemonObserver* const observer_;
   ino_t inode_ = 0;  // of the socket file bound at a path
+  ConnectionLimits limits_{kMaxConnectionsPerUid, kMaxConnections};  // by uid; Loop's only
   std::thread thread_;
 };
 

@@ -37,7 +37,8 @@ std::string Hostname() {
 
 Daemon::Daemon(const DaemonOptions& options)
     : options_(options),
-      tenant_memory_(std::make_shared<TenantMemory>(options.tenant_memory_limit_bytes)) {}
+      tenant_memory_(std::make_shared<TenantMemory>(options.tenant_memory_limit_bytes,
+                                                    options.buffer_memory_limit_bytes)) {}
 
 absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
   if (options.coordinator.empty()) {

@@ -45,9 +45,11 @@ struct DaemonOptions {
   // The most buffer memory one session may hold (SessionInfo::memory_limit_bytes);
   // 0: unlimited.
   uint64_t session_memory_limit_bytes = 0;
-  // The most buffer memory the sessions of one tenant may hold together
-  // (TenantMemory); 0: unlimited.
+  // The most buffer memory the sessions of one tenant (without tenants: of
+  // one uid) may hold together (TenantMemory); 0: unlimited.
   uint64_t tenant_memory_limit_bytes = 0;
+  // The most buffer memory all sessions may hold together; 0: unlimited.
+  uint64_t buffer_memory_limit_bytes = 0;
   absl::Duration connect_timeout = absl::Seconds(30);
   RingOptions ring;
   int socket_buffer_bytes = 0;  // 0: the kernel's autotuned buffers

@@ -131,8 +131,17 @@ const char* DaemonMetrics::SizeClass(uint64_t bytes) {
   return "gt_256m";
 }
 
-absl::StatusOr<std::unique_ptr<DaemonMetrics>> DaemonMetrics::Create(MetricsRegistry& registry) {
-  std::unique_ptr<DaemonMetrics> m(new DaemonMetrics(registry));
+prometheus::Labels DaemonMetrics::PeerLabels(const std::string& peer,
+                                             const std::string& transport) const {
+  prometheus::Labels labels;
+  if (identifying_labels_) labels["peer_daemon"] = peer;
+  if (!transport.empty()) labels["transport"] = transport;
+  return labels;
+}
+
+absl::StatusOr<std::unique_ptr<DaemonMetrics>> DaemonMetrics::Create(MetricsRegistry& registry,
+                                                                     bool identifying_labels) {
+  std::unique_ptr<DaemonMetrics> m(new DaemonMetrics(registry, identifying_labels));
   auto q = registry.AddGauge("gradsync_daemon_queue_depth",
                              "Ops submitted to this daemon and not finished yet");
   if (!q.ok()) return q.status();
@@ -175,8 +184,10 @@ absl::StatusOr<std::unique_ptr<DaemonMetrics>> DaemonMetrics::Create(MetricsRegi
              {{"collective", "allreduce"}, {"algorithm", "ring"}, {"status", "ok"}});
   m->Counter("gradsync_daemon_epoch_failures_total", "Job epochs that failed here, by cause",
              {{"cause", "peer_lost"}});
-  m->jobs_ = std::make_shared<JobCollector>();
-  registry.AddCollectable(m->jobs_);
+  if (identifying_labels) {
+    m->jobs_ = std::make_shared<JobCollector>();
+    registry.AddCollectable(m->jobs_);
+  }
   return m;
 }
 
@@ -257,7 +268,7 @@ const DaemonMetrics::OpSeries& DaemonMetrics::SeriesFor(const OpRecord& op) {
 
 void DaemonMetrics::OnOpDone(const OpRecord& op) {
   queue_depth_->Decrement();
-  jobs_->Op(op);
+  if (jobs_ != nullptr) jobs_->Op(op);
   const OpSeries& series = SeriesFor(op);
   if (series.ops != nullptr) series.ops->Increment();
   if (op.code != absl::StatusCode::kOk) return;
@@ -291,23 +302,24 @@ void DaemonMetrics::OnOpDone(const OpRecord& op) {
 
 void DaemonMetrics::OnSessionOpened(const std::string& job_id) {
   sessions_->Increment();
-  jobs_->Opened(job_id);
+  if (jobs_ != nullptr) jobs_->Opened(job_id);
 }
 void DaemonMetrics::OnSessionClosed(const std::string& job_id) {
   sessions_->Decrement();
-  jobs_->Closed(job_id);
+  if (jobs_ != nullptr) jobs_->Closed(job_id);
 }
 
 void DaemonMetrics::OnPeerRetransmits(const std::string& peer, uint64_t retransmits) {
   if (auto* c = Counter("gradsync_daemon_peer_retransmits_total",
                         "TCP segments retransmitted on the connections to each peer daemon",
-                        {{"peer_daemon", peer}})) {
+                        PeerLabels(peer, ""))) {
     c->Increment(static_cast<double>(retransmits));
   }
 }
 
 void DaemonMetrics::OnPeerBandwidth(const std::string& peer, const std::string& transport,
                                     double bytes_per_second) {
+  if (!identifying_labels_) return;  // a per-link gauge means nothing summed over peers
   const std::string key = absl::StrCat(peer, " ", transport);
   prometheus::Gauge* g = nullptr;
   {
@@ -331,8 +343,9 @@ void DaemonMetrics::OnPeerBandwidth(const std::string& peer, const std::string& 
 void DaemonMetrics::OnPeerBytes(const std::string& peer, const std::string& transport,
                                 uint64_t sent, uint64_t received) {
   // Called after every op for every peer it moved bytes with: the two series
-  // are found once per peer and transport.
-  const std::string key = absl::StrCat(peer, " ", transport);
+  // are found once per peer (or, without identifying labels, once) and transport.
+  const prometheus::Labels labels = PeerLabels(peer, transport);
+  const std::string key = Key("", labels);
   std::pair<prometheus::Counter*, prometheus::Counter*> series{nullptr, nullptr};
   {
     absl::MutexLock l(&mu_);
@@ -341,11 +354,9 @@ void DaemonMetrics::OnPeerBytes(const std::string& peer, const std::string& tran
   }
   if (series.first == nullptr || series.second == nullptr) {
     series.first = Counter("gradsync_daemon_peer_sent_bytes_total",
-                           "Data-plane bytes sent to each peer daemon",
-                           {{"peer_daemon", peer}, {"transport", transport}});
+                           "Data-plane bytes sent to each peer daemon", labels);
     series.second = Counter("gradsync_daemon_peer_received_bytes_total",
-                            "Data-plane bytes received from each peer daemon",
-                            {{"peer_daemon", peer}, {"transport", transport}});
+                            "Data-plane bytes received from each peer daemon", labels);
     absl::MutexLock l(&mu_);
     peer_bytes_[key] = series;
   }

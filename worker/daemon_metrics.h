@@ -20,7 +20,13 @@ namespace gradsync {
 class DaemonMetrics final : public DaemonObserver {
  public:
   // Registers every metric in `registry` (which must outlive this object).
-  static absl::StatusOr<std::unique_ptr<DaemonMetrics>> Create(MetricsRegistry& registry);
+  // The metrics endpoint is unauthenticated: only with `identifying_labels`
+  // (gradsyncd --metrics_identifying_labels) do series carry job ids (with
+  // their tenant) or peer addresses: the per-job series, and the peer series
+  // by `peer_daemon`. Without it the peer counters are summed over peers and
+  // the per-peer bandwidth gauge is not exported.
+  static absl::StatusOr<std::unique_ptr<DaemonMetrics>> Create(MetricsRegistry& registry,
+                                                               bool identifying_labels = false);
 
   void OnOpQueued() override;
   void OnOpDone(const OpRecord& op) override;
@@ -44,7 +50,10 @@ class DaemonMetrics final : public DaemonObserver {
   static const char* SizeClass(uint64_t bytes);
 
  private:
-  explicit DaemonMetrics(MetricsRegistry& registry) : registry_(registry) {}
+  DaemonMetrics(MetricsRegistry& registry, bool identifying_labels)
+      : registry_(registry), identifying_labels_(identifying_labels) {}
+  // `peer_daemon` (only with identifying labels) and `transport` if given.
+  prometheus::Labels PeerLabels(const std::string& peer, const std::string& transport) const;
   class JobCollector;
   prometheus::Counter* Counter(const std::string& name, const std::string& help,
                                const prometheus::Labels& labels);
@@ -88,7 +97,9 @@ class DaemonMetrics final : public DaemonObserver {
   // peer -> its sent and received byte counters
   std::map<std::string, std::pair<prometheus::Counter*, prometheus::Counter*>> peer_bytes_
       ABSL_GUARDED_BY(mu_);
-  std::shared_ptr<JobCollector> jobs_;  // per-job series, only for jobs with a session here
+  const bool identifying_labels_;
+  // per-job series, only for jobs with a session here; null without identifying labels
+  std::shared_ptr<JobCollector> jobs_;
 };
 
 }  // namespace gradsync

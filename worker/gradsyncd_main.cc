@@ -27,9 +27,11 @@
 #include "worker/local_client_socket.h"
 #include "worker/daemon_metrics.h"
 #include "worker/buffer_fd_server.h"
+#include "worker/buffer_limits.h"
 #include "worker/daemon.h"
 #include "worker/device_memory.h"
 #include "worker/shm_segment.h"
+#include "worker/socket_group.h"
 #include "worker/status_service.h"
 #include "worker/worker_service.h"
 
@@ -38,7 +40,8 @@ ABSL_FLAG(std::string, listen, "unix:/run/gradsync/gradsyncd.sock",
 ABSL_FLAG(std::string, coordinator, "127.0.0.1:7070", "gradsync-coordinator address (host:port)");
 ABSL_FLAG(std::string, socket_group, "",
           "group of the unix client socket and fd socket (mode 0660): the users who may run "
-          "training processes on this node; empty: the daemon's group");
+          "training processes on this node; empty: the daemon's group; refused with a "
+          "unix-abstract: socket, which has no file permissions");
 ABSL_FLAG(std::string, data_listen, "0.0.0.0:7071",
           "data-plane TCP listen address (port 0 = any free port)");
 ABSL_FLAG(std::string, advertise_host, "",
@@ -50,10 +53,13 @@ ABSL_FLAG(int64_t, session_lease_ms, 120000,
           "a session with no client call and no running op for this long is closed");
 ABSL_FLAG(int64_t, session_memory_limit_mb, 0,
           "the most buffer memory (allocated and registered) one session may hold, MiB; "
-          "0 = the machine's physical memory");
+          "0 = half of the machine's buffer memory (the smaller of physical memory and /dev/shm)");
 ABSL_FLAG(int64_t, tenant_memory_limit_mb, 0,
-          "the most buffer memory all sessions of one tenant may hold on this daemon, MiB; "
-          "0 = no limit beyond --session_memory_limit_mb");
+          "the most buffer memory all sessions of one tenant (without tenants: of one uid) may "
+          "hold on this daemon, MiB; 0 = half of the machine's buffer memory");
+ABSL_FLAG(int64_t, buffer_memory_limit_mb, 0,
+          "the most buffer memory all sessions may hold on this daemon together, MiB; "
+          "0 = three quarters of the machine's buffer memory");
 ABSL_FLAG(int64_t, segment_bytes, 1 << 20, "largest pipelined ring message");
 ABSL_FLAG(int32_t, max_inflight, 4, "ring segments in flight per direction");
 ABSL_FLAG(int32_t, socket_buffer_bytes, 0,
@@ -101,6 +107,10 @@ ABSL_FLAG(std::string, status_listen, "0.0.0.0:7072",
           "TCP address of the read-only status service used by `gradsync status` (empty = off)");
 ABSL_FLAG(std::string, metrics_listen, "0.0.0.0:9471",
           "Prometheus /metrics HTTP address (empty = off; port 0 = any free port)");
+ABSL_FLAG(bool, metrics_identifying_labels, false,
+          "label metrics with job ids (TENANT/JOB) and peer daemons' addresses (the per-job "
+          "gradsync_job_* series, peer_daemon); the metrics endpoint has no authentication: only "
+          "for a scraper every user of the node may trust");
 ABSL_FLAG(std::string, fd_socket, "auto",
           "unix socket where local clients register memory by passing its descriptor: "
           "unix:PATH or unix-abstract:NAME; auto = --listen + \".fd\" for a unix --listen, "
@@ -122,6 +132,29 @@ absl::Status PrepareUnixSocket(const std::string& listen) {
   if (slash != std::string::npos && slash > 0) {
     const std::string dir = path.substr(0, slash);
     ::mkdir(dir.c_str(), 0755);
+  }
+  return absl::OkStatus();
+}
+
+// The fd socket --fd_socket names ("auto": derived from --listen).
+std::string FdSocketAddress() {
+  std::string fd_socket = absl::GetFlag(FLAGS_fd_socket);
+  if (fd_socket == "auto") fd_socket = gradsync::BufferFdServer::DefaultAddress(absl::GetFlag(FLAGS_listen));
+  return fd_socket;
+}
+
+// --socket_group with an abstract socket restricts nothing: refused before
+// anything starts (worker/socket_group.h).
+absl::Status CheckSocketGroups() {
+  const std::string group = absl::GetFlag(FLAGS_socket_group);
+  const std::pair<std::string, const char*> sockets[] = {
+      {absl::GetFlag(FLAGS_listen), "the client socket (--listen)"},
+      {FdSocketAddress(), "the fd socket (--fd_socket)"}};
+  for (const auto& [address, what] : sockets) {
+    if (!absl::StartsWith(address, "unix-abstract:")) continue;
+    absl::StatusOr<gradsync::ipc::UnixAddress> parsed = gradsync::ipc::ParseUnixAddress(address);
+    if (!parsed.ok()) return parsed.status();
+    if (absl::Status s = gradsync::CheckSocketGroup(*parsed, group, what); !s.ok()) return s;
   }
   return absl::OkStatus();
 }
@@ -155,6 +188,10 @@ int main(int argc, char** argv) {
   }
   gradsync::SetLogTag("gradsyncd");
   if (absl::GetFlag(FLAGS_v) > 0) gradsync::SetMinLogLevel(gradsync::LogLevel::kDebug);
+  if (absl::Status s = CheckSocketGroups(); !s.ok()) {
+    GS_LOG(ERROR) << "cannot start: " << s.message();
+    return 2;
+  }
 
   // Block the stop signals in every thread; one thread waits for them.
   sigset_t stop_signals;
@@ -185,7 +222,8 @@ int main(int argc, char** argv) {
       g.ok()) {
     (*g)->Set(tls->enabled() ? 0 : 1);
   }
-  auto daemon_metrics = gradsync::DaemonMetrics::Create(metrics);
+  auto daemon_metrics =
+      gradsync::DaemonMetrics::Create(metrics, absl::GetFlag(FLAGS_metrics_identifying_labels));
   if (!daemon_metrics.ok()) {
     GS_LOG(ERROR) << "metrics: " << daemon_metrics.status().message();
     return 1;
@@ -214,20 +252,29 @@ int main(int argc, char** argv) {
   opts.node_id = absl::GetFlag(FLAGS_node_id);
   opts.heartbeat_interval = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_interval_ms));
   opts.session_lease = absl::Milliseconds(absl::GetFlag(FLAGS_session_lease_ms));
-  if (const int64_t mb = absl::GetFlag(FLAGS_session_memory_limit_mb); mb < 0) {
-    GS_LOG(ERROR) << "--session_memory_limit_mb must be >= 0, got " << mb;
-    return 2;
-  } else {
-    opts.session_memory_limit_bytes =
-        mb > 0 ? static_cast<uint64_t>(mb) << 20
-               : static_cast<uint64_t>(::sysconf(_SC_PHYS_PAGES)) *
-                     static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
-  }
-  if (const int64_t mb = absl::GetFlag(FLAGS_tenant_memory_limit_mb); mb < 0) {
-    GS_LOG(ERROR) << "--tenant_memory_limit_mb must be >= 0, got " << mb;
-    return 2;
-  } else {
-    opts.tenant_memory_limit_bytes = static_cast<uint64_t>(mb) << 20;
+  {
+    const uint64_t machine = gradsync::MachineBufferMemory();
+    const gradsync::BufferLimits defaults = gradsync::DefaultBufferLimits(machine);
+    const std::pair<const char*, int64_t> flags[] = {
+        {"--session_memory_limit_mb", absl::GetFlag(FLAGS_session_memory_limit_mb)},
+        {"--tenant_memory_limit_mb", absl::GetFlag(FLAGS_tenant_memory_limit_mb)},
+        {"--buffer_memory_limit_mb", absl::GetFlag(FLAGS_buffer_memory_limit_mb)}};
+    for (const auto& [name, mb] : flags) {
+      if (mb < 0 || mb > (int64_t{1} << 40)) {
+        GS_LOG(ERROR) << name << " must be in [0, 2^40], got " << mb;
+        return 2;
+      }
+    }
+    auto bytes = [](int64_t mb, uint64_t fallback) {
+      return mb > 0 ? static_cast<uint64_t>(mb) << 20 : fallback;
+    };
+    opts.session_memory_limit_bytes = bytes(flags[0].second, defaults.session);
+    opts.tenant_memory_limit_bytes = bytes(flags[1].second, defaults.account);
+    opts.buffer_memory_limit_bytes = bytes(flags[2].second, defaults.total);
+    GS_LOG(INFO) << "buffer memory: " << (opts.session_memory_limit_bytes >> 20)
+                 << " MiB per session, " << (opts.tenant_memory_limit_bytes >> 20)
+                 << " MiB per tenant (or uid), " << (opts.buffer_memory_limit_bytes >> 20)
+                 << " MiB in all (the machine can back " << (machine >> 20) << " MiB)";
   }
   opts.ring.segment_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_segment_bytes));
   opts.ring.max_inflight = absl::GetFlag(FLAGS_max_inflight);
@@ -344,8 +391,7 @@ int main(int argc, char** argv) {
   }
   gradsync::OpQueueServerOptions queue_options;
   queue_options.spin = absl::Microseconds(std::max(0, absl::GetFlag(FLAGS_queue_spin_us)));
-  std::string fd_socket = absl::GetFlag(FLAGS_fd_socket);
-  if (fd_socket == "auto") fd_socket = gradsync::BufferFdServer::DefaultAddress(listen);
+  const std::string fd_socket = FdSocketAddress();
   if (fd_socket.empty()) {
     GS_LOG(WARNING) << "no fd socket (--fd_socket is empty or --listen is TCP): buffers and op "
                        "queues are named POSIX shared memory that a local client can truncate, "
@@ -357,7 +403,7 @@ int main(int argc, char** argv) {
   if (!fd_socket.empty()) {
     gradsync::Daemon* core = daemon->get();
     auto started = gradsync::BufferFdServer::Start(
-        fd_socket,
+        fd_socket, absl::GetFlag(FLAGS_socket_group),
         [core](const gradsync::ipc::RegisterRequest& request, int fd, const ucred& peer) {
           return core->RegisterFdBuffer(request, fd, peer);
         },

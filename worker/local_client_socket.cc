@@ -1,6 +1,5 @@
 #include "worker/local_client_socket.h"
 
-#include <grp.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -15,6 +14,7 @@
 #include "absl/strings/strip.h"
 #include "common/logging.h"
 #include "ipc/fd_registration.h"
+#include "worker/socket_group.h"
 
 namespace gradsync {
 
@@ -22,18 +22,10 @@ absl::StatusOr<std::unique_ptr<LocalClientSocket>> LocalClientSocket::Listen(
     const std::string& address, const std::string& group, grpc::Server* server) {
   absl::StatusOr<ipc::UnixAddress> parsed = ipc::ParseUnixAddress(address);
   if (!parsed.ok()) return parsed.status();
+  if (absl::Status s = CheckSocketGroup(*parsed, group, "the client socket"); !s.ok()) return s;
   absl::StatusOr<UniqueFd> fd = ipc::ListenUnix(*parsed, SOCK_STREAM, 0660, "the client socket");
   if (!fd.ok()) return fd.status();
-  if (!group.empty() && !parsed->abstract) {
-    struct group* g = ::getgrnam(group.c_str());
-    if (g == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat("--socket_group: no group '", group, "'"));
-    }
-    if (::chown(parsed->path.c_str(), static_cast<uid_t>(-1), g->gr_gid) != 0) {
-      return absl::PermissionDeniedError(absl::StrCat("chown ", parsed->path, " to group '", group,
-                                                      "': ", ErrnoString(errno)));
-    }
-  }
+  if (absl::Status s = ApplySocketGroup(*parsed, group, "the client socket"); !s.ok()) return s;
   std::unique_ptr<LocalClientSocket> s(new LocalClientSocket(*std::move(fd), server));
   s->path_ = parsed->path;
   if (!s->stop_.valid()) return absl::InternalError("eventfd: " + ErrnoString(errno));

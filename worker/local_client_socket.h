@@ -5,7 +5,8 @@
 // the uid that opened it (worker/worker_service.h).
 //
 // A path socket is created with mode 0660 and, with `group`, chowned to it:
-// only the owner, that group and root can connect at all.
+// only the owner, that group and root can connect at all. An abstract socket
+// cannot carry a group (worker/socket_group.h).
 #ifndef GRADSYNC_WORKER_LOCAL_CLIENT_SOCKET_H_
 #define GRADSYNC_WORKER_LOCAL_CLIENT_SOCKET_H_
 
@@ -31,7 +32,7 @@ class LocalClientSocket {
   // Listens on "unix:PATH" or "unix-abstract:NAME" for connections to feed
   // `server` (a started grpc::Server, not owned, outliving this object).
   // `group`: the path socket's group ("": the daemon's). InvalidArgument for
-  // an unknown group or address. Connections wait in the backlog until
+  // an unknown group or address, or a group with an abstract socket. Connections wait in the backlog until
   // StartAccepting().
   static absl::StatusOr<std::unique_ptr<LocalClientSocket>> Listen(const std::string& address,
                                                                    const std::string& group,

@@ -43,7 +43,8 @@ Session::Session(SessionInfo info, std::shared_ptr<JobExecutor> executor,
     : info_(std::move(info)),
       executor_(std::move(executor)),
       observer_(observer),
-      tenant_memory_(std::move(tenant_memory)) {
+      tenant_memory_(std::move(tenant_memory)),
+      memory_account_(MemoryAccount(info_.tenant, info_.owner_uid)) {
   if (observer_ != nullptr) observer_->OnSessionOpened(info_.job_id);
   if (!info_.timeline_path.empty()) {
     auto t = Timeline::Open(info_.timeline_path, info_.rank,
@@ -210,7 +211,7 @@ absl::Status Session::CheckQuotaLocked(uint64_t size, const char* what) const {
   const uint64_t limit = info_.memory_limit_bytes;
   if (limit == 0 || (size <= limit && buffer_bytes_ <= limit - size)) {
     if (tenant_memory_ == nullptr) return absl::OkStatus();
-    return tenant_memory_->Check(info_.tenant, size,
+    return tenant_memory_->Check(memory_account_, size,
                                  absl::StrCat("session ", info_.session_id, ": ", what));
   }
   return absl::ResourceExhaustedError(absl::StrCat(
@@ -220,7 +221,7 @@ absl::Status Session::CheckQuotaLocked(uint64_t size, const char* what) const {
 }
 
 void Session::ReleaseTenantMemory(uint64_t bytes) {
-  if (tenant_memory_ != nullptr && bytes > 0) tenant_memory_->Release(info_.tenant, bytes);
+  if (tenant_memory_ != nullptr && bytes > 0) tenant_memory_->Release(memory_account_, bytes);
 }
 
 uint64_t Session::buffer_bytes() const {
@@ -234,7 +235,7 @@ absl::StatusOr<BufferInfo> Session::AddBuffer(std::unique_ptr<ShmSegment> segmen
   RETURN_IF_ERROR(CheckQuotaLocked(segment->size(), "adding"));
   if (tenant_memory_ != nullptr) {
     RETURN_IF_ERROR(tenant_memory_->Charge(
-        info_.tenant, segment->size(), absl::StrCat("session ", info_.session_id, ": adding")));
+        memory_account_, segment->size(), absl::StrCat("session ", info_.session_id, ": adding")));
   }
   const uint64_t id = next_buffer_id_++;
   BufferInfo info{id, segment->name(), segment->size(), segment->by_descriptor()};
@@ -267,7 +268,7 @@ absl::StatusOr<BufferInfo> Session::AddDeviceBuffer(std::shared_ptr<DeviceMemory
   RETURN_IF_ERROR(CheckQuotaLocked(size, "adding"));
   if (tenant_memory_ != nullptr) {
     RETURN_IF_ERROR(tenant_memory_->Charge(
-        info_.tenant, size, absl::StrCat("session ", info_.session_id, ": adding")));
+        memory_account_, size, absl::StrCat("session ", info_.session_id, ": adding")));
   }
   const uint64_t id = next_buffer_id_++;
   BufferInfo info{id, absl::StrCat("device buffer on ", device->uuid()), size, false,

@@ -155,7 +155,8 @@ class Session {
  public:
   // `executor` runs the ops of this daemon's ranks of the job; the session
   // attaches itself to it (Attach) once it is shared. `tenant_memory`
-  // (optional) is charged with the session's buffers under info.tenant.
+  // (optional) is charged with the session's buffers under its account:
+  // info.tenant, or without one info.owner_uid (MemoryAccount).
   Session(SessionInfo info, std::shared_ptr<JobExecutor> executor,
           DaemonObserver* observer = nullptr,
           std::shared_ptr<TenantMemory> tenant_memory = nullptr);
@@ -268,6 +269,7 @@ class Session {
   const std::shared_ptr<JobExecutor> executor_;
   DaemonObserver* const observer_;
   const std::shared_ptr<TenantMemory> tenant_memory_;  // may be null
+  const std::string memory_account_;  // MemoryAccount(tenant, owner uid)
   std::unique_ptr<Timeline> timeline_;  // null unless the job's timeline is on
 
   mutable absl::Mutex mu_;

@@ -1,10 +1,37 @@
 #include "worker/status_service.h"
 
+#include <openssl/crypto.h>
+
+#include <string>
+
+#include "absl/strings/strip.h"
+#include "absl/strings/string_view.h"
+#include "common/metrics.h"
 #include "common/tls.h"
 
-#include "common/metrics.h"
-
 namespace gradsync {
+namespace {
+
+// The tenant token a call carries ("authorization: Bearer TOKEN"), or "".
+std::string CallTenantToken(const grpc::ServerContext& ctx) {
+  const auto& metadata = ctx.client_metadata();
+  auto it = metadata.find("authorization");
+  if (it == metadata.end()) return "";
+  absl::string_view value(it->second.data(), it->second.size());
+  if (!absl::ConsumePrefix(&value, "Bearer ")) return "";
+  return std::string(value);
+}
+
+bool SameToken(const std::string& a, const std::string& b) {
+  return a.size() == b.size() && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
+}
+
+}  // namespace
+
+bool StatusService::MaySee(const SessionInfo& info, bool everything, const std::string& token) {
+  if (everything) return true;
+  return !token.empty() && !info.tenant.empty() && SameToken(info.tenant_token, token);
+}
 
 grpc::Status StatusService::GetStatus(grpc::ServerContext* ctx,
                                       const v1::GetDaemonStatusRequest* req,
@@ -16,7 +43,11 @@ grpc::Status StatusService::GetStatus(grpc::ServerContext* ctx,
   resp->set_version(kGradsyncVersion);
   resp->set_data_port(daemon_->data_port());
   const absl::Time now = absl::Now();
+  // Without TLS nobody is authenticated (an --insecure daemon serves all).
+  const bool everything = !tls_ || IdentityOf(*ctx).role == "operator";
+  const std::string token = CallTenantToken(*ctx);
   for (const SessionStatus& st : daemon_->Status()) {
+    if (!MaySee(st.info, everything, token)) continue;
     if (!req->job_id().empty() && st.info.job_id != req->job_id() &&
         st.info.scoped_job_id() != req->job_id()) {
       continue;
