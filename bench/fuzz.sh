@@ -40,7 +40,7 @@ fi
 
 # The sources each target links (the parser and what it needs).
 declare -A SRCS=(
-  [wire_fuzz]="transport/wire.cc common/digest.cc"
+  [wire_fuzz]="transport/wire.cc common/digest.cc common/net.cc"
   [fd_request_fuzz]="ipc/fd_registration.cc common/net.cc"
   [config_fuzz]="common/config_file.cc"
   [op_queue_fuzz]="ipc/op_queue.cc ipc/doorbell.cc common/types.cc"

@@ -71,7 +71,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         case 0: {
           gradsync::v1::CreateJobRequest req;
           if (!req.ParseFromString(bytes)) break;
-          auto r = registry.CreateJob(req, /*max_forming_in_namespace=*/3);
+          gradsync::NamespaceLimits limits;
+          limits.max_forming_jobs = 3;
+          limits.max_jobs = 8;
+          limits.max_forming_ranks = 8192;
+          auto r = registry.CreateJob(req, limits);
           if (r.ok()) Check(r->options().heartbeat_timeout_ms() > 0);
           break;
         }

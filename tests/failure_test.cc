@@ -318,7 +318,7 @@ TEST(Failure, GarbageAndTruncatedHandshakesOnTheDataPortAreRefused) {
     ASSERT_TRUE(WriteFull(fd->get(), &h, sizeof(h), deadline).ok());
     ASSERT_TRUE(WriteFull(fd->get(), "job", 3, deadline).ok());
     EXPECT_EQ(ReadRefusal(fd->get(), deadline),
-              "unsupported wire version 99 (this daemon speaks 3)");
+              "unsupported wire version 99 (this daemon speaks 4)");
   }
   {  // Absurd sizes in an otherwise well-formed hello.
     auto fd = TcpConnect(addr, deadline);

@@ -155,6 +155,15 @@ absl::StatusOr<v1::JoinJobResponse> Daemon::CreateAndJoin(const v1::CreateJobReq
   // (the coordinator went away mid-rendezvous) is made again with the same
   // member id and key: a retry at the same coordinator, a fresh join at a
   // restarted one, which has to learn the job again first.
+  // A new session while the coordinator is known to be down fails at once,
+  // naming it: no job can form without it. (A join already under way rides
+  // out a restart: the retries below.)
+  if (const std::string down = coordinator_watch_ != nullptr ? coordinator_watch_->Describe() : "";
+      !down.empty()) {
+    return absl::UnavailableError(absl::StrCat("create job '", creq.job_id(), "': ", down,
+                                               "; no job can be created or joined until it "
+                                               "answers"));
+  }
   for (int attempt = 1;; ++attempt) {
     v1::CreateJobResponse cresp;
     auto rpc = CoordinatorRpcContext(std::max(deadline - absl::Now(), absl::Milliseconds(1)), tenant_token);
