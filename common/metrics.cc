@@ -1,19 +1,15 @@
 #include "common/metrics.h"
 
-#include <arpa/inet.h>
 #include <dirent.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <exception>
 #include <fstream>
 #include <iterator>
-#include <thread>
 #include <utility>
 
 #include <prometheus/check_names.h>
-#include <prometheus/exposer.h>
 #include <prometheus/family.h>
 #include <prometheus/text_serializer.h>
 
@@ -26,7 +22,6 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "common/net.h"
 
 namespace gradsync {
 namespace {
@@ -158,50 +153,6 @@ class ProcessCollector final : public prometheus::Collectable {
  private:
   const double constructed_;
 };
-
-// "host:port" with an IP literal host; fills the civetweb listening_ports
-// string ("1.2.3.4:N" / "[::1]:N") and the host part for address().
-absl::Status ParseListenAddress(absl::string_view address, std::string* civet,
-                                std::string* host_out) {
-  auto bad = [&](absl::string_view why) {
-    return absl::InvalidArgumentError(absl::StrCat("metrics listen address '", address, "': ",
-                                                   why, " (expected IPv4:port or [IPv6]:port, "
-                                                   "e.g. 0.0.0.0:9470 or 127.0.0.1:0)"));
-  };
-  std::string host;
-  absl::string_view port;
-  bool v6 = false;
-  if (absl::StartsWith(address, "[")) {
-    const size_t close = address.find(']');
-    if (close == absl::string_view::npos || close + 1 >= address.size() ||
-        address[close + 1] != ':') {
-      return bad("unterminated '[' or no port");
-    }
-    host = std::string(address.substr(1, close - 1));
-    port = address.substr(close + 2);
-    v6 = true;
-  } else {
-    const size_t colon = address.rfind(':');
-    if (colon == absl::string_view::npos) return bad("no port");
-    host = std::string(address.substr(0, colon));
-    port = address.substr(colon + 1);
-  }
-  if (port.empty() || port.size() > 5 ||
-      port.find_first_not_of("0123456789") != absl::string_view::npos) {
-    return bad("the port must be a number 0..65535");
-  }
-  int port_number = 0;
-  if (!absl::SimpleAtoi(port, &port_number) || port_number > 65535) {
-    return bad("the port must be a number 0..65535");
-  }
-  unsigned char buf[sizeof(struct in6_addr)];
-  if (inet_pton(v6 ? AF_INET6 : AF_INET, host.c_str(), buf) != 1) {
-    return bad(v6 ? "not an IPv6 address" : "the host must be an IPv4 address or [IPv6]");
-  }
-  *civet = v6 ? absl::StrCat("[", host, "]:", port_number) : absl::StrCat(host, ":", port_number);
-  *host_out = v6 ? absl::StrCat("[", host, "]") : host;
-  return absl::OkStatus();
-}
 
 }  // namespace
 
@@ -407,62 +358,6 @@ absl::Status MetricsRegistry::AddProcessMetrics(absl::string_view version) {
   (*info)->Set(1);
   AddCollectable(std::make_shared<ProcessCollector>());
   return absl::OkStatus();
-}
-
-// ---------------------------------------------------------------------------
-// MetricsServer
-
-absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
-    absl::string_view address, const MetricsRegistry& registry) {
-  std::string civet, host;
-  if (absl::Status s = ParseListenAddress(address, &civet, &host); !s.ok()) return s;
-  std::unique_ptr<MetricsServer> server(new MetricsServer());
-  try {
-    server->exposer_ = std::make_unique<prometheus::Exposer>(std::vector<std::string>{
-        "listening_ports", civet, "num_threads", std::to_string(kThreads), "request_timeout_ms",
-        std::to_string(kRequestTimeoutMs)});
-    server->exposer_->RegisterCollectable(registry.collectable());
-    const std::vector<int> ports = server->exposer_->GetListeningPorts();
-    if (ports.empty() || ports[0] <= 0) {
-      return absl::UnavailableError(
-          absl::StrCat("metrics endpoint on '", address, "': no listening port"));
-    }
-    server->port_ = ports[0];
-  } catch (const std::exception& e) {
-    return absl::UnavailableError(absl::StrCat("cannot serve metrics on '", address,
-                                               "' (address in use or not local?): ", e.what()));
-  }
-  server->address_ = absl::StrCat(host, ":", server->port_);
-  // Where to connect to wake the listener when stopping (see the destructor).
-  if (host == "0.0.0.0") {
-    server->wake_host_ = "127.0.0.1";
-  } else if (host == "[::]") {
-    server->wake_host_ = "::1";
-  } else {
-    server->wake_host_ = absl::StartsWith(host, "[") ? host.substr(1, host.size() - 2) : host;
-  }
-  return server;
-}
-
-MetricsServer::~MetricsServer() {
-  if (exposer_ == nullptr) return;
-  // civetweb 1.15's listener thread notices the stop request only between
-  // poll(2) calls, which time out after 2 s. Connecting to the port wakes it,
-  // so stopping takes milliseconds. The connections are closed at once; a
-  // worker that picks one up sees EOF and drops it.
-  std::atomic<bool> stopped{false};
-  std::thread waker([this, &stopped] {
-    while (!stopped.load()) {
-      {
-        absl::StatusOr<UniqueFd> fd =
-            TcpConnect(HostPort{wake_host_, port_}, absl::Now() + absl::Milliseconds(100));
-      }  // closed here
-      absl::SleepFor(absl::Milliseconds(20));
-    }
-  });
-  exposer_.reset();
-  stopped.store(true);
-  waker.join();
 }
 
 }  // namespace gradsync

@@ -38,10 +38,7 @@
 #include "common/build_info.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-
-namespace prometheus {
-class Exposer;
-}  // namespace prometheus
+#include "absl/time/time.h"
 
 namespace gradsync {
 
@@ -113,7 +110,7 @@ class MetricsRegistry {
   // Idempotent.
   absl::Status AddProcessMetrics(absl::string_view version = kGradsyncVersion);
 
-  // What MetricsServer registers with its prometheus::Exposer.
+  // What MetricsServer serves (it holds only this weak reference).
   std::weak_ptr<prometheus::Collectable> collectable() const;
 
  private:
@@ -122,19 +119,56 @@ class MetricsRegistry {
   std::shared_ptr<Exported> exported_;
 };
 
-// An HTTP server that serves a MetricsRegistry at /metrics (prometheus-cpp's
-// Exposer, on civetweb, with kThreads threads). It holds only a weak reference to the
-// registry: destroying the registry first is safe (scrapes then return no
-// gradsync metrics). The Exposer adds its own exposer_* metrics.
+// An HTTP/1.x server that serves a MetricsRegistry at /metrics, in the
+// Prometheus text format (version 0.0.4). One thread ("gs-metrics") runs a
+// poll(2) loop over non-blocking sockets, so a connection costs a slot, not a
+// thread: idle or slow connections never delay another connection's scrape.
+//
+//   - GET (and HEAD) /metrics: 200 with the registry's metrics plus the
+//     server's own gradsync_metrics_* series; any query string is ignored.
+//     Other paths: 404; other methods: 405; a malformed request: 400;
+//     request headers over kMaxRequestBytes: 431. Every reply closes the
+//     connection ("Connection: close"; no keep-alive, no gzip).
+//   - A connection must send its whole request within kRequestTimeoutMs of
+//     being accepted and take its reply within kReplyTimeoutMs; otherwise it
+//     is closed (408 if it sent part of a request).
+//   - At most kMaxConnections connections in all and kMaxConnectionsPerSource
+//     per source (an IPv4 address; an IPv6 /64). A newcomer from a source at
+//     its limit is closed at once. When every slot is taken, a newcomer from a
+//     source holding fewer connections than the biggest holder takes the slot
+//     of that holder's oldest connection still sending its request; otherwise
+//     the newcomer is closed. So one host cannot lock out another, and several
+//     hosts together cannot lock out a host with fewer connections.
+//
+// It holds only a weak reference to the registry: destroying the registry
+// first is safe (scrapes then return no gradsync metrics but the server's).
 class MetricsServer {
  public:
+  static constexpr int kRequestTimeoutMs = 2000;
+  static constexpr int kReplyTimeoutMs = 10000;
+  static constexpr int kMaxConnections = 1024;
+  static constexpr int kMaxConnectionsPerSource = 128;
+  static constexpr int kMaxRequestBytes = 8192;
+
+  // The limits above; tests shrink or stretch them.
+  struct Options {
+    int max_connections = kMaxConnections;
+    int max_connections_per_source = kMaxConnectionsPerSource;
+    absl::Duration request_timeout = absl::Milliseconds(kRequestTimeoutMs);
+    absl::Duration reply_timeout = absl::Milliseconds(kReplyTimeoutMs);
+    int max_request_bytes = kMaxRequestBytes;
+  };
+
   // Starts serving. `address` is "IPv4:port" or "[IPv6]:port"; port 0 picks a
-  // free port (see port()). INVALID_ARGUMENT: malformed address;
+  // free port (see port()). INVALID_ARGUMENT: malformed address or options;
   // UNAVAILABLE: cannot listen (address in use, not local, ...). The message
   // names the address.
   static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(absl::string_view address,
                                                               const MetricsRegistry& registry);
-  ~MetricsServer();  // stops serving; waits for running scrapes
+  static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(absl::string_view address,
+                                                              const MetricsRegistry& registry,
+                                                              const Options& options);
+  ~MetricsServer();  // stops serving and closes every connection; waits for a running scrape
   MetricsServer(const MetricsServer&) = delete;
   MetricsServer& operator=(const MetricsServer&) = delete;
 
@@ -142,19 +176,18 @@ class MetricsServer {
   int port() const { return port_; }
   const std::string& address() const { return address_; }
 
-  // Server threads, and how long a connection may take to send its request:
-  // a connection that sends nothing holds a thread at most that long, so
-  // idle connections delay a scrape by seconds, not block it.
-  static constexpr int kThreads = 4;
-  static constexpr int kRequestTimeoutMs = 2000;
+  // Connections open now (accepted and not yet closed). Thread-safe; for
+  // tests and debugging (the same value is exported as
+  // gradsync_metrics_connections).
+  int open_connections() const;
 
  private:
+  class Loop;  // the serving thread and its connections (metrics_server.cc)
   MetricsServer() = default;
 
-  std::unique_ptr<prometheus::Exposer> exposer_;
+  std::unique_ptr<Loop> loop_;
   int port_ = 0;
   std::string address_;
-  std::string wake_host_;  // an address of the listener to connect to
 };
 
 }  // namespace gradsync
