@@ -155,25 +155,33 @@ absl::StatusOr<v1::JoinJobResponse> Daemon::CreateAndJoin(const v1::CreateJobReq
   // (the coordinator went away mid-rendezvous) is made again with the same
   // member id and key: a retry at the same coordinator, a fresh join at a
   // restarted one, which has to learn the job again first.
-  // A new session while the coordinator is known to be down fails at once,
-  // naming it: no job can form without it. (A join already under way rides
-  // out a restart: the retries below.)
-  if (const std::string down = coordinator_watch_ != nullptr ? coordinator_watch_->Describe() : "";
-      !down.empty()) {
-    return absl::UnavailableError(absl::StrCat("create job '", creq.job_id(), "': ", down,
-                                               "; no job can be created or joined until it "
-                                               "answers"));
-  }
+  //
+  // A new session while the coordinator is known to be down waits for it
+  // only kCoordinatorDownGrace (it may just be back: the channel reconnects
+  // within a second), then fails naming it: no job can form without it. A
+  // join already under way rides out a restart (the retries below).
+  constexpr absl::Duration kCoordinatorDownGrace = absl::Seconds(2);
+  const bool down_at_start =
+      coordinator_watch_ != nullptr && !coordinator_watch_->Describe().empty();
   for (int attempt = 1;; ++attempt) {
     v1::CreateJobResponse cresp;
-    auto rpc = CoordinatorRpcContext(std::max(deadline - absl::Now(), absl::Milliseconds(1)), tenant_token);
+    const absl::Time create_deadline =
+        attempt == 1 && down_at_start ? std::min(deadline, absl::Now() + kCoordinatorDownGrace)
+                                      : deadline;
+    auto rpc = CoordinatorRpcContext(std::max(create_deadline - absl::Now(), absl::Milliseconds(1)),
+                                     tenant_token);
     rpc->set_wait_for_ready(true);
     absl::Status s = FromGrpcStatus(coordinator_->CreateJob(rpc.get(), creq, &cresp));
     if (!s.ok()) {
       const std::string why = coordinator_watch_ != nullptr ? coordinator_watch_->Describe() : "";
-      return absl::Status(s.code(), absl::StrCat("coordinator ", options_.coordinator, ": create job '",
-                                                 creq.job_id(), "': ", s.message(),
-                                                 why.empty() ? "" : absl::StrCat(" (", why, ")")));
+      if (!why.empty() && (absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s))) {
+        return absl::UnavailableError(absl::StrCat(
+            "create job '", creq.job_id(), "': ", why,
+            "; no job can be created or joined until it answers (", s.message(), ")"));
+      }
+      return absl::Status(s.code(), absl::StrCat("coordinator ", options_.coordinator,
+                                                 ": create job '", creq.job_id(), "': ",
+                                                 s.message()));
     }
     jreq.set_timeout_ms(std::max<int64_t>(1, absl::ToInt64Milliseconds(deadline - absl::Now())));
     v1::JoinJobResponse jresp;
