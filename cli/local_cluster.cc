@@ -316,6 +316,9 @@ int LocalCluster::daemon_metrics_port(int i) const {
 int LocalCluster::coordinator_metrics_port() const {
   return PortLine(work_dir_ + "/coordinator.port", 1);
 }
+int LocalCluster::ps_data_port(int i) const {
+  return PortLine(absl::StrCat(work_dir_, "/ps", i, ".port"), 0);
+}
 int LocalCluster::ps_metrics_port(int i) const {
   return PortLine(absl::StrCat(work_dir_, "/ps", i, ".port"), 1);
 }

@@ -73,7 +73,8 @@ class LocalCluster {
   int daemon_metrics_port(int i) const;
   // The coordinator's metrics port (0 if unknown).
   int coordinator_metrics_port() const;
-  // PS shard i's Prometheus port (from its port file).
+  // PS shard i's data-plane and Prometheus ports (from its port file).
+  int ps_data_port(int i) const;
   int ps_metrics_port(int i) const;
 
   // SIGKILLs the coordinator (and reaps it): its jobs are gone.

@@ -20,19 +20,12 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def data():
@@ -55,7 +48,10 @@ def worker(args):
     if args.mode == "gradsync" or args.mode == "hook":
         import gradsync.torch as gt  # registers backend "gradsync"
     backend = "gradsync" if args.mode == "gradsync" else "gloo"
-    dist.init_process_group(backend, rank=rank, world_size=world)
+    # The ranks meet in a file of the launcher's (FileStore): a port picked
+    # free in advance can be taken by another process before rank 0 binds it.
+    dist.init_process_group(backend, init_method=os.environ["TRAIN_DDP_INIT"], rank=rank,
+                            world_size=world)
     model = nn.Sequential(nn.Linear(64, args.hidden), nn.ReLU(), nn.Linear(args.hidden, args.hidden),
                           nn.ReLU(), nn.Linear(args.hidden, 10))
     ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=args.bucket_mb)
@@ -98,11 +94,11 @@ def find_gradsync(arg):
 
 
 def run_mode(args, mode, tmp, env):
-    port = free_port()
+    init = "file://" + os.path.join(tmp, f"{mode}.rendezvous")
     procs = []
     for r in range(args.ranks):
         e = dict(env, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(args.ranks),
-                 MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+                 TRAIN_DDP_INIT=init)
         out = os.path.join(tmp, f"{mode}.{r}.json")
         cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--mode", mode, "--out", out]
         for k in ("seed", "epochs", "batch", "hidden", "lr", "bucket_mb"):

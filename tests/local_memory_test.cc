@@ -1,10 +1,13 @@
 // gradsyncd's bounds on client buffer memory, with real processes: without
 // tenants each uid has its own share (tests/foreign_uid_client, uid 65534,
 // next to this root process); the defaults are sized from the machine, so a
-// session cannot be granted more buffer memory than the node can back.
+// session cannot be granted more buffer memory than the node can back; and
+// one uid's sessions are bounded (--max_sessions_per_uid).
 #include <unistd.h>
 
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
@@ -74,6 +77,41 @@ TEST(LocalMemory, DefaultLimitsAreSizedFromTheMachine) {
                 "would exceed the session's buffer quota of ", limit, " bytes")),
             std::string::npos)
       << too_big.status();
+  EXPECT_EQ(cluster->StopAll(), absl::OkStatus());
+}
+
+// One local user opening session after session (each a job membership, an
+// op queue and an executor thread in gradsyncd) is held at its limit, with
+// an error naming the uid; closing one makes room again.
+TEST(LocalMemory, OneUidsSessionsAreBounded) {
+  auto cluster = testing::StartCluster(1, {"--max_sessions_per_uid=3"});
+  ASSERT_NE(cluster, nullptr);
+  auto c = client::Client::Connect(cluster->daemon_target(0), absl::Seconds(10));
+  ASSERT_TRUE(c.ok()) << c.status();
+  std::vector<std::unique_ptr<client::Session>> sessions;
+  auto open = [&](int i) {
+    client::SessionOptions so;
+    so.job_id = absl::StrCat("many-", i);
+    so.timeout = absl::Seconds(20);
+    return (*c)->OpenSession(so);
+  };
+  for (int i = 0; i < 3; ++i) {
+    auto s = open(i);
+    ASSERT_TRUE(s.ok()) << i << ": " << s.status();
+    sessions.push_back(std::move(*s));
+  }
+  auto refused = open(3);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
+  EXPECT_NE(refused.status().message().find(absl::StrCat(
+                "uid ", ::geteuid(), " already has 3 sessions on this gradsyncd (at most 3, "
+                "--max_sessions_per_uid)")),
+            std::string::npos)
+      << refused.status();
+  ASSERT_TRUE(sessions.back()->Close().ok());
+  sessions.pop_back();
+  auto again = open(4);
+  EXPECT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(cluster->StopAll(), absl::OkStatus());
 }
 

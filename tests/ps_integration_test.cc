@@ -1,5 +1,6 @@
 // Parameter-server allreduce through real processes: 4 gradsyncd, 2
 // gradsync-ps shards registered with the coordinator, jobs with ps_shards.
+#include <atomic>
 #include <csignal>
 #include <cstring>
 #include <thread>
@@ -17,7 +18,9 @@
 #include "gtest/gtest.h"
 #include "kernels/cpu_reduce.h"
 #include "proto/coordinator.grpc.pb.h"
+#include "ps/protocol.h"
 #include "tests/cluster_util.h"
+#include "transport/wire.h"
 
 namespace gradsync {
 namespace {
@@ -290,6 +293,64 @@ TEST_F(PsIntegration, AnotherShardsCertificateCannotTakeOverAShard) {
     if (wrong) errors[r] = absl::StrCat(wrong, " wrong");
   });
   for (int r = 0; r < 2; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+}
+
+// Someone with no certificate and no key sprays Hellos announcing 3 workers
+// at both shards while a tenant's 2-worker PS job forms and runs: the shards
+// made the job's state from the first Hello, with the wrong size, and both
+// workers failed ("has 3 workers here, rank 0 connected with 2"). Now
+// nothing is made before the key proof, and every step is exact.
+TEST_F(PsIntegration, HellosSprayedWithoutTheKeyDoNotShapeAFormingJob) {
+  std::atomic<bool> stop{false};
+  std::atomic<int> sprayed{0};
+  std::thread sprayer([&] {
+    const std::string id = *ps::PsJobId("lab/sprayed");
+    for (int i = 0; i < 5000 && !stop; ++i) {
+      const int shard = i % 2;
+      auto fd = TcpConnect({"127.0.0.1", cluster_->ps_data_port(shard)},
+                           absl::Now() + absl::Seconds(2));
+      if (!fd.ok()) continue;
+      const absl::Time deadline = absl::Now() + absl::Seconds(2);
+      transport::Hello h{transport::kHelloMagic, transport::kWireVersion,
+                         static_cast<uint16_t>(id.size()), 1, 0, shard, 3, 0};
+      const std::string nonce = transport::RandomNonce();
+      (void)WriteFull(fd->get(), &h, sizeof(h), deadline);
+      (void)WriteFull(fd->get(), id.data(), id.size(), deadline);
+      (void)WriteFull(fd->get(), nonce.data(), nonce.size(), deadline);
+      ++sprayed;  // and closes without a proof
+    }
+  });
+  for (const absl::Time until = absl::Now() + absl::Seconds(20);
+       sprayed < 50 && absl::Now() < until;) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  auto job = OpenPsJob(*cluster_, "sprayed", 2, 2);
+  ASSERT_TRUE(job.ok()) << job.status();
+  std::vector<std::string> errors(2);
+  OnEveryRank(2, [&](int r) {
+    auto& session = *(*job)[r].session;
+    const uint64_t count = 50001;
+    auto b = session.AllocateBuffer(count * 4);
+    if (!b.ok()) return void(errors[r] = std::string(b.status().message()));
+    for (int step = 0; step < 5; ++step) {
+      FillInput(CollectiveKind::kAllreduce, DType::kF32, r, 2, count,
+                static_cast<char*>((*b)->data()));
+      client::CollectiveSpec spec;
+      spec.buffer = b->get();
+      spec.count = count;
+      spec.algorithm = "ps";
+      spec.name = "sprayed";
+      auto res = session.Run(spec);
+      if (!res.ok()) return void(errors[r] = absl::StrCat("step ", step, ": ", res.status().message()));
+      const uint64_t wrong = CountWrong(CollectiveKind::kAllreduce, DType::kF32, ReduceOp::kSum, 0,
+                                        r, 2, count, static_cast<char*>((*b)->data()));
+      if (wrong) return void(errors[r] = absl::StrCat(wrong, " wrong at step ", step));
+    }
+  });
+  stop = true;
+  sprayer.join();
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+  EXPECT_GE(sprayed.load(), 50);
 }
 
 TEST_F(PsIntegration, ForcingPsWithoutShardsIsRefused) {

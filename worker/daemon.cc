@@ -201,7 +201,25 @@ absl::StatusOr<std::shared_ptr<Session>> Daemon::OpenSession(const OpenSessionAr
     absl::MutexLock l(&mu_);
     if (shut_down_) return absl::UnavailableError("daemon is shutting down");
     if (draining_) return absl::UnavailableError("gradsyncd is draining for shutdown (SIGTERM)");
+    // One uid's sessions, open and opening, are bounded: a local user cannot
+    // take the daemon's threads, descriptors and memory from the others.
+    int held = opening_[args.owner_uid];
+    for (const auto& [id, s] : sessions_) held += s->info().owner_uid == args.owner_uid ? 1 : 0;
+    if (held >= options_.max_sessions_per_uid) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "uid ", args.owner_uid, " already has ", held, " sessions on this gradsyncd (at most ",
+          options_.max_sessions_per_uid, ", --max_sessions_per_uid); close some first"));
+    }
+    ++opening_[args.owner_uid];
   }
+  struct Opening {
+    Daemon* d;
+    int64_t uid;
+    ~Opening() {
+      absl::MutexLock l(&d->mu_);
+      if (--d->opening_[uid] <= 0) d->opening_.erase(uid);
+    }
+  } opening{this, args.owner_uid};
   RETURN_IF_ERROR(CheckSessionShape(args.world_size, args.rank, args.tcp_streams));
   if (!args.expected_coordinator.empty() &&
       !SameGrpcTarget(args.expected_coordinator, options_.coordinator)) {

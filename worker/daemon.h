@@ -42,6 +42,9 @@ struct DaemonOptions {
   std::string node_id;                     // default: hostname
   absl::Duration heartbeat_interval = absl::Milliseconds(500);
   absl::Duration session_lease = absl::Minutes(2);  // idle sessions are closed
+  // Sessions one uid may hold (open or opening) on this daemon; each holds a
+  // job's membership, an op queue and, per job, an executor thread.
+  int max_sessions_per_uid = 256;
   // The most buffer memory one session may hold (SessionInfo::memory_limit_bytes);
   // 0: unlimited.
   uint64_t session_memory_limit_bytes = 0;
@@ -215,6 +218,8 @@ class Daemon {
   // link probe, after the rendezvous): the heartbeat loop beats for them too,
   // since the coordinator's liveness clock starts at the rendezvous.
   std::map<std::string, SessionInfo> setting_up_ ABSL_GUARDED_BY(mu_);
+  // OpenSession calls under way, by the caller's uid (max_sessions_per_uid).
+  std::map<int64_t, int> opening_ ABSL_GUARDED_BY(mu_);
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
   struct ExecutorEntry {

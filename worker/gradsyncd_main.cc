@@ -51,6 +51,9 @@ ABSL_FLAG(std::string, node_id, "", "name of this node in logs and member ids (d
 ABSL_FLAG(int64_t, heartbeat_interval_ms, 500, "heartbeat period to the coordinator");
 ABSL_FLAG(int64_t, session_lease_ms, 120000,
           "a session with no client call and no running op for this long is closed");
+ABSL_FLAG(int32_t, max_sessions_per_uid, 256,
+          "sessions one uid may hold (open or opening) on this daemon; more are "
+          "RESOURCE_EXHAUSTED naming the uid");
 ABSL_FLAG(int64_t, session_memory_limit_mb, 0,
           "the most buffer memory (allocated and registered) one session may hold, MiB; "
           "0 = half of the machine's buffer memory (the smaller of physical memory and /dev/shm)");
@@ -252,6 +255,7 @@ int main(int argc, char** argv) {
   opts.node_id = absl::GetFlag(FLAGS_node_id);
   opts.heartbeat_interval = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_interval_ms));
   opts.session_lease = absl::Milliseconds(absl::GetFlag(FLAGS_session_lease_ms));
+  opts.max_sessions_per_uid = absl::GetFlag(FLAGS_max_sessions_per_uid);
   {
     const uint64_t machine = gradsync::MachineBufferMemory();
     const gradsync::BufferLimits defaults = gradsync::DefaultBufferLimits(machine);
@@ -312,9 +316,11 @@ int main(int argc, char** argv) {
   opts.timeline_dir = absl::GetFlag(FLAGS_timeline_dir);
   opts.ps_partition_bytes = static_cast<uint64_t>(std::max<int64_t>(4096, absl::GetFlag(FLAGS_ps_partition_bytes)));
   if (opts.heartbeat_interval <= absl::ZeroDuration() || opts.ring.segment_bytes < 4096 ||
-      opts.ring.max_inflight < 1 || opts.tcp_streams < 1 || opts.tcp_streams > 16) {
+      opts.ring.max_inflight < 1 || opts.tcp_streams < 1 || opts.tcp_streams > 16 ||
+      opts.max_sessions_per_uid < 1) {
     GS_LOG(ERROR) << "invalid flags: --heartbeat_interval_ms must be > 0, --segment_bytes >= "
-                     "4096, --max_inflight >= 1, --tcp_streams in [1, 16]";
+                     "4096, --max_inflight >= 1, --tcp_streams in [1, 16], "
+                     "--max_sessions_per_uid >= 1";
     return 2;
   }
   // The coordinator's reachability, from start-up on: the health service's

@@ -10,9 +10,10 @@ rank fails."""
 
 import datetime
 import os
-import socket
+import shutil
 import subprocess
 import sys
+import tempfile
 
 WORLD = 3
 
@@ -22,7 +23,10 @@ def worker():
     import torch.distributed as dist
     import gradsync.torch  # noqa: F401  registers "gradsync"
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    # The ranks meet in files of the launcher's (FileStore): a port picked
+    # free in advance can be taken by another process before rank 0 binds it.
     dist.init_process_group("gradsync", rank=rank, world_size=world,
+                            init_method=os.environ["FIRST_INIT"],
                             timeout=datetime.timedelta(seconds=20))
     assert dist.get_backend() == "gradsync"
     R = dist.ReduceOp
@@ -131,10 +135,9 @@ def worker():
     dist.destroy_process_group()
     # A fresh group (a new gradsync job); an op rank 2 never submits fails on
     # the others within the group timeout, naming rank 2.
-    # Its store is on a port of its own: ranks leaving the first group's
-    # barrier may otherwise reach rank 0's old store as it closes (a reset).
+    # Its store is a file of its own.
     dist.init_process_group("gradsync", rank=rank, world_size=world,
-                            init_method=f"tcp://127.0.0.1:{os.environ['SECOND_PORT']}",
+                            init_method=os.environ["SECOND_INIT"],
                             timeout=datetime.timedelta(seconds=2))
     t = torch.ones(10)
     dist.all_reduce(t)
@@ -161,16 +164,15 @@ def worker():
 
 
 def main():
-    with socket.socket() as s1, socket.socket() as s2:
-        s1.bind(("127.0.0.1", 0))
-        s2.bind(("127.0.0.1", 0))
-        port, second_port = s1.getsockname()[1], s2.getsockname()[1]
+    tmp = tempfile.mkdtemp(prefix="torch-backend-")
     procs = []
     for r in range(WORLD):
-        env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(WORLD), MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(port), SECOND_PORT=str(second_port))
+        env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(WORLD),
+                   FIRST_INIT="file://" + os.path.join(tmp, "first"),
+                   SECOND_INIT="file://" + os.path.join(tmp, "second"))
         procs.append(subprocess.Popen([sys.executable, __file__, "--worker"], env=env))
     codes = [p.wait(timeout=300) for p in procs]
+    shutil.rmtree(tmp, ignore_errors=True)
     if any(codes):
         sys.exit(f"torch backend test: exit codes by rank {codes}")
     print("torch backend test: PASS")
