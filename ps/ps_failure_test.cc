@@ -45,6 +45,37 @@ void WaitFor(F done) {
   ASSERT_TRUE(done());
 }
 
+// Every shard's accepted push bytes.
+std::vector<uint64_t> TakenPushes(const std::vector<std::unique_ptr<PsShard>>& servers) {
+  std::vector<uint64_t> taken;
+  for (const auto& server : servers) taken.push_back(server->stats().bytes_pushed);
+  return taken;
+}
+
+// Waits until the shards took, since `before`, everything `ranks` workers
+// push of a step of `tensor_bytes` (f32) before they wait for a missing rank:
+// each has at most kWindow partitions per shard in flight (MakeWorkers'
+// max_inflight) and gets no results until every rank pushed. Then those
+// workers are in the step at every shard and wait there.
+constexpr size_t kWindow = 8;
+void WaitUntilShardsTookFirstPushes(const std::vector<std::unique_ptr<PsShard>>& servers,
+                                    const std::vector<uint64_t>& before, int ranks,
+                                    uint64_t tensor_bytes, uint64_t partition_bytes) {
+  std::vector<uint64_t> want(servers.size(), 0);
+  std::vector<size_t> seen(servers.size(), 0);
+  for (const Partition& p : BalancedSlicer().Slice(tensor_bytes, sizeof(float), partition_bytes,
+                                                   static_cast<int>(servers.size()))) {
+    if (seen[p.shard]++ < kWindow) want[p.shard] += ranks * p.bytes;
+  }
+  WaitFor([&] {
+    const std::vector<uint64_t> now = TakenPushes(servers);
+    for (size_t k = 0; k < servers.size(); ++k) {
+      if (now[k] - before[k] != want[k]) return false;
+    }
+    return true;
+  });
+}
+
 PsShardOptions Fast() {
   PsShardOptions o;
   o.step_timeout = kShardTimeout;
@@ -124,8 +155,10 @@ TEST(PsFailure, LateStepIsRefusedAndNeverLandsInTheNextStep) {
   bufs = in;
   std::vector<float> late(6000, 1e30f);
   std::vector<absl::Status> step2;
+  const std::vector<uint64_t> before = TakenPushes(servers);
   std::thread others([&] { step2 = Step(w, bufs, {0, 1}, 2); });
-  absl::SleepFor(absl::Milliseconds(50));
+  // Step 2 runs at the shards: ranks 0 and 1 pushed into it and wait for rank 2.
+  WaitUntilShardsTookFirstPushes(servers, before, 2, 6000 * sizeof(float), 1024);
   const BalancedSlicer slicer;
   const absl::Status refused =
       w[2]->PushPull(1, late.data(), late.size(), DType::kF32, ReduceOp::kSum, 3, 2, 1024, slicer,
@@ -398,8 +431,10 @@ TEST(PsFailure, WorkerThatDisconnectsMidStepFailsTheOthersNamingIt) {
                          header.data(), deadline)
                   .ok());
   std::vector<absl::Status> st;
+  const std::vector<uint64_t> before = TakenPushes(servers);
   std::thread t([&] { st = Step(w, bufs, {0, 1}, 1); });
-  absl::SleepFor(absl::Milliseconds(200));
+  // Ranks 0 and 1 pushed into step 1 at the shard and wait for rank 2.
+  WaitUntilShardsTookFirstPushes(servers, before, 2, 4000 * sizeof(float), 1024);
   fd->Reset();
   t.join();
   for (const absl::Status& s : st) {

@@ -16,8 +16,10 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "common/metrics_testing.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "ps/ps_testing.h"
@@ -43,10 +45,11 @@ std::string TmpPath(const std::string& name) {
   return absl::StrCat(tmp ? tmp : "/tmp", "/", name, ".", getpid());
 }
 
-// A running gradsync-ps on 127.0.0.1 and its port.
+// A running gradsync-ps on 127.0.0.1, its port and its metrics port.
 struct Server {
   pid_t pid = -1;
   int port = 0;
+  int metrics_port = 0;
 };
 
 Server Spawn(const std::string& base) {
@@ -55,7 +58,8 @@ Server Spawn(const std::string& base) {
   Server s;
   const std::string port_file = TmpPath(name + ".port");
   const std::string log = TmpPath(name + ".log");
-  std::vector<std::string> args = {BinaryPath(), "--listen=127.0.0.1:0", "--metrics_listen=",
+  std::vector<std::string> args = {BinaryPath(), "--listen=127.0.0.1:0",
+                                   "--metrics_listen=127.0.0.1:0",
                                    "--port_file=" + port_file,
                                    "--step_timeout_ms=30000"};
   std::vector<char*> argv;
@@ -72,11 +76,15 @@ Server Spawn(const std::string& base) {
     std::ifstream in(port_file);
     std::stringstream text;
     text << in.rdbuf();
-    const std::string first = text.str().substr(0, text.str().find('\n'));
-    if (absl::SimpleAtoi(first, &s.port) && s.port > 0) break;
+    const std::vector<std::string> lines = absl::StrSplit(text.str(), '\n');
+    if (lines.size() >= 2 && absl::SimpleAtoi(lines[0], &s.port) && s.port > 0 &&
+        absl::SimpleAtoi(lines[1], &s.metrics_port)) {
+      break;
+    }
     absl::SleepFor(absl::Milliseconds(10));
   }
   EXPECT_GT(s.port, 0) << "no port file from " << BinaryPath();
+  EXPECT_GT(s.metrics_port, 0) << "no metrics port in the port file";
   return s;
 }
 
@@ -94,6 +102,13 @@ int WaitExit(pid_t pid, absl::Duration timeout) {
   kill(pid, SIGKILL);
   waitpid(pid, nullptr, 0);
   return -1;
+}
+
+// Partition bytes the shard took (its gradsync_ps_pushed_bytes_total), -1 if unknown.
+double Pushed(const Server& s) {
+  auto text = HttpGet("127.0.0.1", s.metrics_port, "/metrics");
+  if (!text.ok()) return -1;
+  return FindSample(*text, "gradsync_ps_pushed_bytes_total").value_or(-1);
 }
 
 // Runs a step of 50000 floats on `ranks` of `world` workers; returns the statuses.
@@ -118,8 +133,16 @@ void StopShardMidStep(int signal, const std::string& want) {
   for (const absl::Status& s : st) ASSERT_TRUE(s.ok()) << s;
   for (const auto& b : bufs) ASSERT_EQ(b[49999], 4.5f);
 
+  const double before = Pushed(a) + Pushed(b);
   std::thread t([&] { st = Step(w, bufs, {0, 1}, 2); });  // rank 2 is missing
-  absl::SleepFor(absl::Milliseconds(300));
+  // The shards took all of step 2 from ranks 0 and 1 (13 partitions fit
+  // their windows of 8 per shard): those wait for their results now.
+  const double taken = before + 2 * 50000 * sizeof(float);
+  const absl::Time until = absl::Now() + absl::Seconds(10);
+  while (Pushed(a) + Pushed(b) != taken && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_EQ(Pushed(a) + Pushed(b), taken);
   const absl::Time stopped = absl::Now();
   kill(b.pid, signal);
   t.join();

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "server/job_registry_testing.h"
@@ -198,11 +199,23 @@ TEST_F(JobRegistryTest, RetriedJoinGetsSameRankWhileFormingAndAfterRunning) {
   absl::StatusOr<v1::JoinJobResponse> retry = absl::UnknownError("not run");
   std::thread t1([&] { first = Join("j", "a", -1, 5000); });
   AwaitJoined("j", 1);
-  std::thread t2([&] { retry = Join("j", "a", -1, 5000); });  // same member, still forming
-  absl::SleepFor(absl::Milliseconds(20));
+  // The same member again, still forming: StartJoin returns once the retry
+  // waits in the registry (JoinJob is StartJoin and a wait for the answer).
+  absl::Notification retried;
+  const uint64_t pending = registry_.StartJoin(
+      job_registry_testing::JoinRequest("j", "a", -1, 5000, 5000), absl::InfiniteFuture(),
+      [&](absl::StatusOr<v1::JoinJobResponse> r) {
+        retry = std::move(r);
+        retried.Notify();
+      });
+  EXPECT_NE(pending, 0u) << "the retry was answered at once";
   auto b = Join("j", "b", -1, 5001);
   t1.join();
-  t2.join();
+  if (!retried.WaitForNotificationWithTimeout(absl::Seconds(10))) {
+    registry_.CancelJoin(pending);
+    retried.WaitForNotification();  // `done` writes `retry` and `retried`
+    FAIL() << "the retried join was never answered";
+  }
   ASSERT_TRUE(first.ok() && retry.ok() && b.ok());
   EXPECT_EQ(first->rank(), 0);
   EXPECT_EQ(retry->rank(), 0);

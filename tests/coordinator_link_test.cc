@@ -236,9 +236,23 @@ TEST(CoordinatorLink, ARankWaitingInTheRendezvousJoinsTheRestartedCoordinator) {
     if (!s.ok()) return void(first = s.status());
     ranks[0].session = std::move(*s);
   });
-  absl::SleepFor(absl::Seconds(1));  // rank 0 waits in JoinJob
+  // Rank 0 waits in JoinJob: the coordinator counts it as a member of the
+  // forming job.
+  ASSERT_TRUE(Eventually(
+      [&] {
+        auto text = HttpGet("127.0.0.1", cluster->coordinator_metrics_port(), "/metrics");
+        return text.ok() && FindSample(*text, "gradsync_coordinator_members").value_or(0) == 1;
+      },
+      absl::Seconds(20)))
+      << "rank 0 never joined";
   cluster->KillCoordinator();
-  absl::SleepFor(absl::Milliseconds(500));
+  // Daemon 0 saw its join cut off by the dead coordinator, and retries.
+  ASSERT_TRUE(Eventually(
+      [&] {
+        return absl::StrContains(testing::ReadTextFile(cluster->daemon_log(0)), "joining again");
+      },
+      absl::Seconds(20)))
+      << testing::ReadTextFile(cluster->daemon_log(0));
   ASSERT_TRUE(cluster->RestartCoordinator().ok());
   const absl::Time back = absl::Now();
   auto c = client::Client::Connect(cluster->daemon_target(1), absl::Seconds(5));

@@ -18,6 +18,22 @@
 namespace gradsync {
 namespace {
 
+// Members the coordinator counts (joined a job, also while it forms); -1 if
+// its metrics cannot be read.
+double CoordinatorMembers(LocalCluster& cluster) {
+  auto text = HttpGet("127.0.0.1", cluster.coordinator_metrics_port(), "/metrics");
+  if (!text.ok()) return -1;
+  return FindSample(*text, "gradsync_coordinator_members").value_or(-1);
+}
+
+// Waits until the coordinator counts `n` members.
+void AwaitMembers(LocalCluster& cluster, double n) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (CoordinatorMembers(cluster) != n && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_EQ(CoordinatorMembers(cluster), n);
+}
 
 TEST(DataTls, JobsOfDaemonsWithItAreEncryptedAndExact) {
   LocalClusterOptions o;
@@ -66,7 +82,7 @@ TEST(DataTls, ADaemonThatRequiresItRefusesAPlaintextJobAndOneWithoutFollowsATlsJ
   so.timeout = absl::Seconds(5);
   absl::StatusOr<std::unique_ptr<client::Session>> waiting;
   std::thread t([&, so] { waiting = (*c1)->OpenSession(so); });  // a copy: `so` changes below
-  absl::SleepFor(absl::Milliseconds(500));
+  AwaitMembers(**cluster, 1);  // rank 1 waits in the rendezvous
   auto c0 = client::Client::Connect((*cluster)->daemon_target(0));
   ASSERT_TRUE(c0.ok());
   so.rank = 0;
@@ -82,8 +98,10 @@ TEST(DataTls, ADaemonThatRequiresItRefusesAPlaintextJobAndOneWithoutFollowsATlsJ
   so.timeout = absl::Seconds(20);
   so.rank = 0;
   absl::StatusOr<std::unique_ptr<client::Session>> first;
+  const double members = CoordinatorMembers(**cluster);
+  ASSERT_GE(members, 0);
   std::thread t0([&, so] { first = (*c0)->OpenSession(so); });
-  absl::SleepFor(absl::Milliseconds(500));
+  AwaitMembers(**cluster, members + 1);  // rank 0 waits in the rendezvous
   so.rank = 1;
   auto second = (*c1)->OpenSession(so);
   t0.join();

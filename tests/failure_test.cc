@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <thread>
 
@@ -16,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "cli/local_cluster.h"
+#include "common/metrics_testing.h"
 #include "common/net.h"
 #include "gtest/gtest.h"
 #include "tests/cluster_util.h"
@@ -30,6 +32,21 @@ using testing::StartCluster;
 
 
 // Every rank sums ones; checks the result on every rank.
+// Polls until `pred` holds or `timeout` passes; returns pred().
+bool Eventually(const std::function<bool()>& pred, absl::Duration timeout = absl::Seconds(20)) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (!pred() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(10));
+  return pred();
+}
+
+// Ops submitted to daemon `d` and not finished (gradsync_daemon_queue_depth),
+// -1 if its metrics cannot be read.
+double QueueDepth(LocalCluster& cluster, int d) {
+  auto text = HttpGet("127.0.0.1", cluster.daemon_metrics_port(d), "/metrics");
+  if (!text.ok()) return -1;
+  return FindSample(*text, "gradsync_daemon_queue_depth").value_or(-1);
+}
+
 void ExpectWorkingAllreduce(LocalCluster& cluster, const std::string& job,
                             const std::vector<int>& daemons) {
   auto ranks = OpenJob(cluster, job, daemons);
@@ -96,14 +113,16 @@ TEST(Failure, DaemonKilledMidOpFailsEveryOtherRankNamingItAndSurvivorsServeNewJo
   auto ranks = OpenJob(*cluster, "victim", testing::FirstN(4), /*op_timeout_ms=*/60000,
                        /*heartbeat_timeout_ms=*/2000);
   ASSERT_TRUE(ranks.ok()) << ranks.status();
-  std::atomic<bool> running[4] = {false, false, false, false};
+  std::atomic<int> started[4] = {0, 0, 0, 0};  // ops each rank submitted
   absl::Mutex mu;
   absl::Time killed_at = absl::InfiniteFuture();
   std::vector<absl::Status> st(4);
   std::vector<absl::Time> failed_at(4, absl::InfiniteFuture());
   std::thread killer([&] {
-    while (!(running[0] && running[1] && running[2] && running[3])) absl::SleepFor(absl::Milliseconds(5));
-    absl::SleepFor(absl::Milliseconds(300));
+    // Every rank finished an op and is in the next one: data is moving.
+    EXPECT_TRUE(Eventually(
+        [&] { return started[0] >= 2 && started[1] >= 2 && started[2] >= 2 && started[3] >= 2; },
+        absl::Seconds(60)));
     absl::MutexLock l(&mu);
     killed_at = absl::Now();
     cluster->SignalDaemon(2, SIGKILL);
@@ -114,7 +133,7 @@ TEST(Failure, DaemonKilledMidOpFailsEveryOtherRankNamingItAndSurvivorsServeNewJo
     auto b = s.AllocateBuffer(count * sizeof(float));
     ASSERT_TRUE(b.ok()) << b.status();
     for (int it = 0; it < 1000; ++it) {
-      running[r] = true;
+      ++started[r];
       auto res = s.Allreduce(**b, 0, count, DType::kF32, ReduceOp::kSum, "big");
       if (!res.ok()) {
         st[r] = res.status();
@@ -162,7 +181,10 @@ TEST(Failure, DaemonKilledWhileTheOthersWaitForItsRankEndsTheirWaitNamingIt) {
     ASSERT_TRUE(h.ok()) << h.status();
     ops[r] = *h;
   }
-  absl::SleepFor(absl::Milliseconds(200));
+  // Their daemons took the op and wait for rank 2.
+  for (int d : {0, 1, 3}) {
+    EXPECT_TRUE(Eventually([&] { return QueueDepth(*cluster, d) == 1; })) << "daemon " << d;
+  }
   const absl::Time killed_at = absl::Now();
   cluster->SignalDaemon(2, SIGKILL);
   OnEveryRank(4, [&](int r) {
@@ -363,9 +385,12 @@ TEST(Failure, SigtermDrainsTheRunningOpThenRefusesNewOnesAndExitsZero) {
   // Rank 0 submits; its daemon gets SIGTERM before rank 1 submits.
   auto h0 = (*ranks)[0].session->AllreduceAsync(*bufs[0], 0, 1024, DType::kF32, ReduceOp::kSum, "d");
   ASSERT_TRUE(h0.ok());
-  absl::SleepFor(absl::Milliseconds(100));
+  ASSERT_TRUE(Eventually([&] { return QueueDepth(*cluster, 0) == 1; })) << "daemon 0 never took op";
   cluster->SignalDaemon(0, SIGTERM);
-  absl::SleepFor(absl::Milliseconds(200));
+  ASSERT_TRUE(Eventually([&] {
+    return absl::StrContains(testing::ReadTextFile(cluster->daemon_log(0)),
+                             "received SIGTERM, shutting down");
+  })) << testing::ReadTextFile(cluster->daemon_log(0));
   EXPECT_TRUE(cluster->DaemonAlive(0)) << "daemon 0 must wait for the running op";
   // A new op on the draining daemon is refused, naming the drain.
   auto late = (*ranks)[0].session->Allreduce(*bufs[0], 0, 1024, DType::kF32, ReduceOp::kSum, "late");
@@ -414,7 +439,7 @@ TEST(Failure, SigtermWhileClientsKeepCallingExitsZero) {
       if (s.ok()) ++calls;
     }
   });
-  absl::SleepFor(absl::Milliseconds(300));
+  EXPECT_TRUE(Eventually([&] { return calls.load() > 0; })) << "no call got through";
   cluster->SignalDaemon(0, SIGTERM);
   const absl::Time deadline = absl::Now() + absl::Seconds(15);
   while (cluster->DaemonAlive(0) && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(10));
@@ -518,7 +543,8 @@ TEST(Failure, NodeLocalRankClosingItsSessionEndsTheOthersWaitAtOnce) {
   std::vector<absl::Status> st(2);
   std::vector<absl::Duration> took(2);
   std::thread leaver([&] {
-    absl::SleepFor(absl::Milliseconds(300));
+    // Ranks 0 and 1 submitted op 1 and wait for rank 2.
+    EXPECT_TRUE(Eventually([&] { return QueueDepth(*cluster, 0) == 2; }));
     EXPECT_TRUE((*ranks)[2].session->Close().ok());
   });
   OnEveryRank(2, [&](int r) {
@@ -621,8 +647,9 @@ TEST(Failure, NodeLocalClientsNoticeTheirDaemonDying) {
   std::vector<absl::Status> last(2);
   std::vector<absl::Duration> took(2);
   std::atomic<bool> killed{false};
+  std::atomic<int> done[2] = {0, 0};  // ops each rank finished
   std::thread killer([&] {
-    absl::SleepFor(absl::Milliseconds(300));
+    EXPECT_TRUE(Eventually([&] { return done[0] > 0 && done[1] > 0; }));  // both ranks tick
     cluster->SignalDaemon(0, SIGKILL);
     killed = true;
   });
@@ -636,6 +663,7 @@ TEST(Failure, NodeLocalClientsNoticeTheirDaemonDying) {
       if (killed && killed_at == absl::InfiniteFuture()) killed_at = absl::Now();
       last[r] = s.Allreduce(**b, 0, 1, DType::kF32, ReduceOp::kSum, "tick", absl::Seconds(20)).status();
       if (!last[r].ok()) break;
+      ++done[r];
       absl::SleepFor(absl::Milliseconds(2));
     }
     took[r] = absl::Now() - killed_at;

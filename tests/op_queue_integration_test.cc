@@ -388,8 +388,13 @@ TEST(OpQueueLease, QueueTrafficKeepsTheSessionAndAnIdleOneIsReaped) {
     absl::SleepFor(absl::Milliseconds(100));
   }
   // Idle past the lease: the daemon closes the session and its queue (the
-  // poller ends; its mapping goes when the next queue opens).
-  absl::SleepFor(absl::Milliseconds(2500));
+  // poller ends; its mapping goes when the next queue opens). The client
+  // stays idle while the test waits for that in the daemon's log.
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (!DaemonLogHas(*cluster, 0, "op queue gradsync-queue-1 closed: session") &&
+         absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
   EXPECT_TRUE(DaemonLogHas(*cluster, 0, "op queue gradsync-queue-1 closed: session"));
   auto res = s.Allreduce(**b, 0, 1, DType::kI64, ReduceOp::kSum, "late");
   EXPECT_TRUE(absl::IsFailedPrecondition(res.status())) << res.status();

@@ -189,14 +189,18 @@ TEST(RdmaCluster, ADaemonKilledMidOpFailsTheOthersOpNamingItWithinSeconds) {
   auto ranks = OpenJob(*cluster, "rdma-victim", {0, 1, 2}, /*op_timeout_ms=*/60000,
                        /*heartbeat_timeout_ms=*/2000);
   ASSERT_TRUE(ranks.ok()) << ranks.status();
-  std::atomic<int> running{0};
+  std::atomic<int> started[3] = {0, 0, 0};  // ops each rank submitted
   absl::Mutex mu;
   absl::Time killed_at = absl::InfiniteFuture();
   std::vector<absl::Status> st(3);
   std::vector<absl::Time> failed_at(3, absl::InfiniteFuture());
   std::thread killer([&] {
-    while (running < 3) absl::SleepFor(absl::Milliseconds(5));
-    absl::SleepFor(absl::Milliseconds(300));
+    // Every rank finished an op and is in the next one: data is moving.
+    const absl::Time deadline = absl::Now() + absl::Seconds(60);
+    while ((started[0] < 2 || started[1] < 2 || started[2] < 2) && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    EXPECT_TRUE(started[0] >= 2 && started[1] >= 2 && started[2] >= 2);
     absl::MutexLock l(&mu);
     killed_at = absl::Now();
     cluster->SignalDaemon(2, SIGKILL);
@@ -207,7 +211,7 @@ TEST(RdmaCluster, ADaemonKilledMidOpFailsTheOthersOpNamingItWithinSeconds) {
     auto b = s.AllocateBuffer(count * sizeof(float));
     ASSERT_TRUE(b.ok()) << b.status();
     for (int it = 0; it < 100000; ++it) {
-      if (it == 0) ++running;
+      ++started[r];
       auto res = s.Allreduce(**b, 0, count, DType::kF32, ReduceOp::kSum, "big");
       if (!res.ok()) {
         st[r] = res.status();

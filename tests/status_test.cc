@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "cli/local_cluster.h"
 #include "gtest/gtest.h"
@@ -29,6 +30,16 @@ std::string Status(const LocalCluster& cluster, const std::string& args) {
   return RunCommand(absl::StrCat("cli/gradsync status --coordinator=",
                                  cluster.coordinator_address(), " --tls_cert=", op.cert,
                                  " --tls_key=", op.key, " --tls_ca=", op.ca, args, " 2>&1"));
+}
+
+// Whether `gradsync status` shows ranks 0 and 1 waiting in op 2 for rank 2.
+bool RankTwoNamed(const std::string& out) {
+  return absl::StrContains(out, "op 2 negotiating for") &&
+         absl::StrContains(out, "(waiting for rank 2)") &&
+         absl::StrContains(out, "has been waiting") &&
+         absl::StrContains(out, "rank 2 has not submitted it (last completed op 1") &&
+         !absl::StrContains(out, "rank 0 has not submitted") &&
+         !absl::StrContains(out, "rank 1 has not submitted");
 }
 
 // `op1_algorithm`: what op 1 must have run ("" = anything).
@@ -60,8 +71,12 @@ void RunStalledJob(int daemons, const std::string& job, const std::vector<int>& 
     ASSERT_TRUE(h.ok());
     handles.push_back(*h);
   }
-  absl::SleepFor(absl::Milliseconds(1200));
-  out->during = Status(*out->cluster, "");
+  // Until the daemons negotiate op 2 for ranks 0 and 1 and name rank 2 as
+  // the one they wait for.
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  do {
+    out->during = Status(*out->cluster, "");
+  } while (!RankTwoNamed(out->during) && absl::Now() < deadline);
   // Rank 2 catches up; the op completes.
   ASSERT_TRUE(out->ranks[2].session->Allreduce(*out->bufs[2], 0, count, DType::kF32,
                                                ReduceOp::kSum, "w").ok());

@@ -92,6 +92,12 @@ class FakeBackend final : public OpQueueBackend {
     absl::MutexLock l(&mu_);
     return touches_;
   }
+  // Waits until `n` ops have finished and been handed to the listener.
+  bool AwaitFinished(int n, absl::Duration timeout) {
+    absl::MutexLock l(&mu_);
+    auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return finished_ >= n; };
+    return mu_.AwaitWithTimeout(absl::Condition(&done), timeout);
+  }
   std::vector<uint64_t> unreported() const {
     absl::MutexLock l(&mu_);
     return unreported_;
@@ -125,10 +131,10 @@ class FakeBackend final : public OpQueueBackend {
       c.algorithm = "fake";
       c.run_us = static_cast<int64_t>(op.id);
       if (op.name == "fail") c.status = absl::AbortedError(absl::StrCat("op ", op.id, " failed at rank 1"));
-      if (!listener || !listener(op.id, c)) {
-        absl::MutexLock l(&mu_);
-        unreported_.push_back(op.id);
-      }
+      const bool reported = listener && listener(op.id, c);
+      absl::MutexLock l(&mu_);
+      if (!reported) unreported_.push_back(op.id);
+      ++finished_;
     }
   }
 
@@ -138,6 +144,7 @@ class FakeBackend final : public OpQueueBackend {
   bool held_ ABSL_GUARDED_BY(mu_) = false;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   int touches_ ABSL_GUARDED_BY(mu_) = 0;
+  int finished_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t next_op_ ABSL_GUARDED_BY(mu_) = 1;
   std::deque<Op> queue_ ABSL_GUARDED_BY(mu_);
   std::vector<uint64_t> unreported_ ABSL_GUARDED_BY(mu_);
@@ -330,8 +337,7 @@ TEST_F(OpQueueServerTest, CompletionsBeyondTheRingWaitInOverflowAndAreNeverDropp
   ASSERT_TRUE(taken(8));
   backend_->Release();
   // All 8 finish while the client reads nothing: 4 fit, 4 overflow.
-  for (int i = 0; i < 200 && !client_->overflow(); ++i) absl::SleepFor(absl::Milliseconds(5));
-  absl::SleepFor(absl::Milliseconds(50));
+  ASSERT_TRUE(backend_->AwaitFinished(8, absl::Seconds(10)));
   EXPECT_TRUE(client_->overflow());
   auto done = Collect(8);
   ASSERT_EQ(done.size(), 8u);
@@ -345,7 +351,18 @@ TEST_F(OpQueueServerTest, OutstandingOpsAreBoundedByLeavingEntriesInTheRing) {
   Open(16, o);
   backend_->Hold();
   for (uint64_t t = 1; t <= 10; ++t) Submit(t);
-  absl::SleepFor(absl::Milliseconds(200));
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (client_->header()->sq_head.load() < 3 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  ASSERT_EQ(client_->header()->sq_head.load(), 3u);
+  // The poller bumps the heartbeat, then looks at the ring, every tick: two
+  // more beats and it has looked at all 10 entries since, and left 7.
+  const uint64_t beat = client_->daemon_heartbeat();
+  while (client_->daemon_heartbeat() < beat + 2 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  ASSERT_GE(client_->daemon_heartbeat(), beat + 2);
   EXPECT_EQ(client_->header()->sq_head.load(), 3u);
   backend_->Release();
   auto done = Collect(10);
@@ -377,8 +394,11 @@ TEST_F(OpQueueServerTest, CloseSessionStopsTheQueueAtOnceWithTheReason) {
 TEST_F(OpQueueServerTest, HeartbeatsFlowBothWays) {
   Open(8);
   const uint64_t hb0 = client_->daemon_heartbeat();
-  absl::SleepFor(absl::Milliseconds(300));
-  EXPECT_GE(client_->daemon_heartbeat(), hb0 + 3);  // poll interval 50 ms here
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (client_->daemon_heartbeat() < hb0 + 3 && absl::Now() < deadline) {  // poll interval 50 ms here
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_GE(client_->daemon_heartbeat(), hb0 + 3);
   const int touches = backend_->touches();
   client_->BumpHeartbeat();
   for (int i = 0; i < 100 && backend_->touches() == touches; ++i) absl::SleepFor(absl::Milliseconds(10));
