@@ -23,27 +23,12 @@
 #include "common/metrics.h"
 #include "common/metrics_testing.h"
 #include "common/net.h"
+#include "common/net_testing.h"
 
 namespace gradsync {
 namespace {
 
-// A blocking TCP connection from `source` to 127.0.0.1:port.
-UniqueFd ConnectFrom(const char* source, int port) {
-  UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  EXPECT_TRUE(fd.valid());
-  sockaddr_in from{};
-  from.sin_family = AF_INET;
-  ::inet_pton(AF_INET, source, &from.sin_addr);
-  EXPECT_EQ(::bind(fd.get(), reinterpret_cast<sockaddr*>(&from), sizeof(from)), 0)
-      << ErrnoString(errno);
-  sockaddr_in to{};
-  to.sin_family = AF_INET;
-  to.sin_port = htons(static_cast<uint16_t>(port));
-  to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  EXPECT_EQ(::connect(fd.get(), reinterpret_cast<sockaddr*>(&to), sizeof(to)), 0)
-      << ErrnoString(errno);
-  return fd;
-}
+using testing::ConnectFrom;
 
 // Everything `fd` receives until the peer closes, or until the deadline
 // (then `*closed` is false).

@@ -3,16 +3,13 @@
 // a forger who parks silent connections with a forming job's Hello before
 // the real peer, and silent connections from several source addresses that
 // fill every handshake slot. The job forms all the same, in seconds.
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/net.h"
+#include "common/net_testing.h"
 #include "gtest/gtest.h"
 #include "tests/cluster_util.h"
 #include "transport/wire.h"
@@ -22,21 +19,7 @@ namespace {
 
 using DataPortAttack = testing::SharedClusterTest<2>;
 
-// A connection to 127.0.0.1:port from `source` (an address of lo).
-UniqueFd ConnectFrom(const char* source, int port) {
-  UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  EXPECT_TRUE(fd.valid());
-  sockaddr_in from{};
-  from.sin_family = AF_INET;
-  ::inet_pton(AF_INET, source, &from.sin_addr);
-  EXPECT_EQ(::bind(fd.get(), reinterpret_cast<sockaddr*>(&from), sizeof(from)), 0);
-  sockaddr_in to{};
-  to.sin_family = AF_INET;
-  to.sin_port = htons(static_cast<uint16_t>(port));
-  to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  EXPECT_EQ(::connect(fd.get(), reinterpret_cast<sockaddr*>(&to), sizeof(to)), 0);
-  return fd;
-}
+using testing::ConnectFrom;
 
 // The job "lab/<job>" epoch 1, rank 0 -> rank 1 of 2, `stream`: guessable.
 void SendForgedHello(int fd, const std::string& job, uint32_t stream) {

@@ -52,6 +52,37 @@ absl::StatusOr<std::vector<testing::RankHandle>> OpenPsJob(LocalCluster& cluster
   return ranks;
 }
 
+// Every rank of `job` runs `steps` PS allreduces (sum over f32) of `count`
+// elements, each checked element by element; returns each rank's first
+// error ("" if all were exact).
+std::vector<std::string> RunExactPsSteps(std::vector<testing::RankHandle>& job, uint64_t count,
+                                         int steps, const std::string& name) {
+  const int world = static_cast<int>(job.size());
+  std::vector<std::string> errors(world);
+  OnEveryRank(world, [&](int r) {
+    auto& session = *job[r].session;
+    auto b = session.AllocateBuffer(count * 4);
+    if (!b.ok()) return void(errors[r] = std::string(b.status().message()));
+    for (int step = 0; step < steps; ++step) {
+      FillInput(CollectiveKind::kAllreduce, DType::kF32, r, world, count,
+                static_cast<char*>((*b)->data()));
+      client::CollectiveSpec spec;
+      spec.buffer = b->get();
+      spec.count = count;
+      spec.algorithm = "ps";
+      spec.name = name;
+      auto res = session.Run(spec);
+      if (!res.ok()) {
+        return void(errors[r] = absl::StrCat("step ", step, ": ", res.status().message()));
+      }
+      const uint64_t wrong = CountWrong(CollectiveKind::kAllreduce, DType::kF32, ReduceOp::kSum, 0,
+                                        r, world, count, static_cast<char*>((*b)->data()));
+      if (wrong) return void(errors[r] = absl::StrCat(wrong, " wrong at step ", step));
+    }
+  });
+  return errors;
+}
+
 // Rank-order reduction: acc = x_0; acc = acc OP x_r for r = 1.. (the shard's order).
 std::vector<char> RankOrder(const std::vector<std::vector<char>>& in, DType t, ReduceOp op,
                             size_t count) {
@@ -273,25 +304,7 @@ TEST_F(PsIntegration, AnotherShardsCertificateCannotTakeOverAShard) {
   }
   EXPECT_TRUE(seen);
   // The job still reaches the real shards: exact sums.
-  std::vector<std::string> errors(2);
-  OnEveryRank(2, [&](int r) {
-    auto& session = *(*job)[r].session;
-    const uint64_t count = 100003;
-    auto b = session.AllocateBuffer(count * 4);
-    if (!b.ok()) return void(errors[r] = std::string(b.status().message()));
-    FillInput(CollectiveKind::kAllreduce, DType::kF32, r, 2, count,
-              static_cast<char*>((*b)->data()));
-    client::CollectiveSpec spec;
-    spec.buffer = b->get();
-    spec.count = count;
-    spec.algorithm = "ps";
-    spec.name = "after";
-    auto res = session.Run(spec);
-    if (!res.ok()) return void(errors[r] = std::string(res.status().message()));
-    const uint64_t wrong = CountWrong(CollectiveKind::kAllreduce, DType::kF32, ReduceOp::kSum, 0,
-                                      r, 2, count, static_cast<char*>((*b)->data()));
-    if (wrong) errors[r] = absl::StrCat(wrong, " wrong");
-  });
+  const std::vector<std::string> errors = RunExactPsSteps(*job, 100003, 1, "after");
   for (int r = 0; r < 2; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
 }
 
@@ -326,27 +339,7 @@ TEST_F(PsIntegration, HellosSprayedWithoutTheKeyDoNotShapeAFormingJob) {
   }
   auto job = OpenPsJob(*cluster_, "sprayed", 2, 2);
   ASSERT_TRUE(job.ok()) << job.status();
-  std::vector<std::string> errors(2);
-  OnEveryRank(2, [&](int r) {
-    auto& session = *(*job)[r].session;
-    const uint64_t count = 50001;
-    auto b = session.AllocateBuffer(count * 4);
-    if (!b.ok()) return void(errors[r] = std::string(b.status().message()));
-    for (int step = 0; step < 5; ++step) {
-      FillInput(CollectiveKind::kAllreduce, DType::kF32, r, 2, count,
-                static_cast<char*>((*b)->data()));
-      client::CollectiveSpec spec;
-      spec.buffer = b->get();
-      spec.count = count;
-      spec.algorithm = "ps";
-      spec.name = "sprayed";
-      auto res = session.Run(spec);
-      if (!res.ok()) return void(errors[r] = absl::StrCat("step ", step, ": ", res.status().message()));
-      const uint64_t wrong = CountWrong(CollectiveKind::kAllreduce, DType::kF32, ReduceOp::kSum, 0,
-                                        r, 2, count, static_cast<char*>((*b)->data()));
-      if (wrong) return void(errors[r] = absl::StrCat(wrong, " wrong at step ", step));
-    }
-  });
+  const std::vector<std::string> errors = RunExactPsSteps(*job, 50001, 5, "sprayed");
   stop = true;
   sprayer.join();
   for (int r = 0; r < 2; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;

@@ -14,27 +14,14 @@
 #include <vector>
 
 #include "absl/time/clock.h"
+#include "common/net_testing.h"
 #include "gtest/gtest.h"
 #include "transport/wire.h"
 
 namespace gradsync::transport {
 namespace {
 
-// A connection to 127.0.0.1:port from `source` (an address of lo).
-UniqueFd ConnectFrom(const char* source, int port) {
-  UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  EXPECT_TRUE(fd.valid());
-  sockaddr_in from{};
-  from.sin_family = AF_INET;
-  ::inet_pton(AF_INET, source, &from.sin_addr);
-  EXPECT_EQ(::bind(fd.get(), reinterpret_cast<sockaddr*>(&from), sizeof(from)), 0);
-  sockaddr_in to{};
-  to.sin_family = AF_INET;
-  to.sin_port = htons(static_cast<uint16_t>(port));
-  to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  EXPECT_EQ(::connect(fd.get(), reinterpret_cast<sockaddr*>(&to), sizeof(to)), 0);
-  return fd;
-}
+using gradsync::testing::ConnectFrom;
 
 // One byte from `fd` within 5 s, else -1.
 int ReadByte(int fd) {
