@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <sys/stat.h>
 
+#include <atomic>
 #include <set>
 #include <string>
 #include <thread>
@@ -118,15 +119,25 @@ TEST(ClientConnect, AUnixPathLongerThanTheKernelAllowsIsNamedAtOnce) {
 TEST(ClientConnect, WaitsForADaemonThatStartsLate) {
   const std::string address = NewAddress();
   std::unique_ptr<FakeWorker> fake;
+  std::atomic<bool> connecting{false};
+  absl::Time connect_start;
   std::thread starter([&] {
+    // Lateness is the behaviour under test: the daemon starts 300 ms after
+    // Connect began (past gRPC's first 100 ms reconnect backoff, so Connect
+    // has found nobody at least once).
+    while (!connecting.load()) absl::SleepFor(absl::Milliseconds(1));
     absl::SleepFor(absl::Milliseconds(300));
     auto started = FakeWorker::Start(address);
     ASSERT_TRUE(started.ok()) << started.status();
     fake = std::move(*started);
   });
-  auto client = Client::Connect(address, absl::Seconds(5));
+  connect_start = absl::Now();
+  connecting = true;
+  auto client = Client::Connect(address, absl::Seconds(20));
+  const absl::Duration took = absl::Now() - connect_start;
   starter.join();
   EXPECT_TRUE(client.ok()) << client.status();
+  EXPECT_GE(took, absl::Milliseconds(300)) << "connected before the daemon started";
 }
 
 TEST_F(ClientTest, OpenSessionReportsRankAndForwardsOptions) {
@@ -425,13 +436,20 @@ TEST_F(ClientTest, DaemonGoingAwayIsAnErrorNotAHang) {
   fake_->set_op_delay(absl::Seconds(30));
   auto op = session_->AllreduceAsync(*buf, 0, 1, DType::kF32, ReduceOp::kSum, "g");
   ASSERT_TRUE(op.ok()) << op.status();
+  // The daemon goes away while the client is blocked in a Wait RPC: the
+  // fake has been asked (every RPC bumps rpc_count as it arrives).
+  const int64_t rpcs = fake_->rpc_count();
+  std::atomic<bool> saw_wait{false};
   std::thread killer([&] {
-    absl::SleepFor(absl::Milliseconds(200));
+    const absl::Time deadline = absl::Now() + absl::Seconds(20);
+    while (fake_->rpc_count() == rpcs && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));
+    saw_wait = fake_->rpc_count() > rpcs;
     fake_.reset();
   });
   const absl::Time start = absl::Now();
   auto result = session_->Wait(*op, absl::Seconds(20));
   killer.join();
+  EXPECT_TRUE(saw_wait) << "the client never called Wait";
   EXPECT_FALSE(result.ok());
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
   buf.reset();

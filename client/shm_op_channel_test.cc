@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <deque>
 #include <memory>
 #include <string>
@@ -90,6 +91,10 @@ class ScriptedDaemon {
     return received_;
   }
   uint64_t client_heartbeat() const { return end_->client_heartbeat(); }
+  // A client submitter is waiting for room in the full submission ring.
+  bool space_wanted() const { return end_->header()->sq_space_wanted.load() != 0; }
+  // Client threads asleep on the completion bell.
+  uint32_t completion_sleepers() const { return end_->header()->cq_bell.waiters.load(); }
 
  private:
   void PostLocked(uint64_t token, absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -175,6 +180,14 @@ SubmitArgs Op(absl::string_view name, int64_t timeout_ms = 0) {
 }
 
 absl::Time In(absl::Duration d) { return absl::Now() + d; }
+
+// Polls `pred` every millisecond until it holds or 20 s pass; returns pred().
+template <typename Pred>
+bool Eventually(Pred pred) {
+  const absl::Time deadline = In(absl::Seconds(20));
+  while (!pred() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));
+  return pred();
+}
 
 TEST(ShmOpChannel, SubmitReturnsTokensAndWaitReturnsTheOutcome) {
   ScriptedDaemon daemon(8);
@@ -306,12 +319,15 @@ TEST(ShmOpChannel, FullRingWaitsForRoomBoundedByTheOpTimeout) {
   EXPECT_GE(absl::Now() - start, absl::Milliseconds(190));
   EXPECT_LT(absl::Now() - start, absl::Seconds(2));
   // Room appears while a submitter waits: it goes through.
+  EXPECT_FALSE(daemon.space_wanted());  // the timed-out submitter took its request back
+  std::atomic<bool> saw_waiting{false};
   std::thread unpause([&] {
-    absl::SleepFor(absl::Milliseconds(100));
+    saw_waiting = Eventually([&] { return daemon.space_wanted(); });
     daemon.PauseTaking(false);
   });
-  auto fourth = ch->Submit(Op("d", /*timeout_ms=*/5000));
+  auto fourth = ch->Submit(Op("d", /*timeout_ms=*/30000));
   unpause.join();
+  EXPECT_TRUE(saw_waiting) << "the fourth submission never waited for room";
   ASSERT_TRUE(fourth.ok()) << fourth.status();
   EXPECT_EQ(fourth->op_id, 3u);  // the timed-out one used no token
   EXPECT_TRUE(ch->Wait(fourth->op_id, In(absl::Seconds(5)))->done);
@@ -324,7 +340,7 @@ TEST(ShmOpChannel, DeadDaemonIsUnavailableOnceItsHeartbeatStops) {
   auto ch = daemon.Channel(o);
   auto op = ch->Submit(Op("hold"));
   ASSERT_TRUE(op.ok());
-  absl::SleepFor(absl::Milliseconds(100));
+  ASSERT_TRUE(Eventually([&] { return daemon.received().size() == 1; })) << "the daemon never took the op";
   daemon.Die();
   const absl::Time start = absl::Now();
   auto out = ch->Wait(op->op_id, absl::InfiniteFuture());
@@ -343,13 +359,17 @@ TEST(ShmOpChannel, ClosedQueueFailsWaitersWithTheDaemonsReason) {
   auto done = ch->Submit(Op("ok"));
   auto held = ch->Submit(Op("hold"));
   ASSERT_TRUE(done.ok() && held.ok());
-  absl::SleepFor(absl::Milliseconds(50));
+  // The daemon took both, so "ok"'s completion is in the ring before the close.
+  ASSERT_TRUE(Eventually([&] { return daemon.received().size() == 2; })) << "the daemon never took both";
+  std::atomic<bool> saw_sleeper{false};
   std::thread closer([&] {
-    absl::SleepFor(absl::Milliseconds(100));
+    // Close while the waiter sleeps on the completion bell.
+    saw_sleeper = Eventually([&] { return daemon.completion_sleepers() > 0; });
     daemon.Close(absl::FailedPreconditionError("session s-1 is closed: session closed"));
   });
-  auto out = ch->Wait(held->op_id, In(absl::Seconds(10)));
+  auto out = ch->Wait(held->op_id, In(absl::Seconds(30)));
   closer.join();
+  EXPECT_TRUE(saw_sleeper) << "Wait never slept on the completion bell";
   EXPECT_EQ(out.status(), absl::FailedPreconditionError("session s-1 is closed: session closed"));
   // A completion that arrived before the close is still reported.
   auto first = ch->Wait(done->op_id, absl::InfinitePast());

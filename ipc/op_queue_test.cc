@@ -3,6 +3,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
 #include <deque>
 #include <memory>
@@ -240,15 +241,23 @@ TEST(OpQueue, DoorbellWakesASleeperAcrossThreads) {
   Queue q = MakeQueue(4);
   Doorbell bell = q.client->completion_bell();
   const uint32_t snap = bell.Snapshot();
+  std::atomic<bool> saw_sleeper{false};
   std::thread ringer([&] {
-    absl::SleepFor(absl::Milliseconds(50));
+    // Ring once the waiter is asleep on the bell (it counts itself in
+    // `waiters` right before FUTEX_WAIT).
+    const absl::Time deadline = absl::Now() + absl::Seconds(20);
+    while (q.client->header()->cq_bell.waiters.load() == 0 && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    saw_sleeper = q.client->header()->cq_bell.waiters.load() > 0;
     q.daemon->completion_bell().Ring();
   });
   const absl::Time start = absl::Now();
-  bell.Wait(snap, absl::Seconds(5));
+  bell.Wait(snap, absl::Seconds(30));
   const absl::Duration took = absl::Now() - start;
   ringer.join();
-  EXPECT_LT(took, absl::Seconds(2));
+  EXPECT_TRUE(saw_sleeper) << "the waiter never slept on the bell";
+  EXPECT_LT(took, absl::Seconds(25));  // woken by the ring, not by its timeout
 }
 
 TEST(OpQueue, SpinSeesARingWithoutSleepingAndGivesUpAtItsLimit) {

@@ -1,10 +1,14 @@
 #include "transport/inproc.h"
 
+#include <sys/syscall.h>
+
+#include <atomic>
 #include <cstring>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "common/thread_testing.h"
 #include "gtest/gtest.h"
 
 namespace gradsync::transport {
@@ -89,13 +93,20 @@ TEST(InProc, AbortFromAnotherThreadWakesProgress) {
   auto mb = ctx[1]->RegisterMemory(b.data(), b.size());
   Request r;
   ASSERT_TRUE(ctx[1]->PostRecv(0, **mb, 0, 8, true, MessageTag{1, 0, 0, 0}, &r).ok());
+  const pid_t progress_thread = ::gradsync::testing::ThisThreadId();
+  std::atomic<bool> progressing{false};
+  std::atomic<bool> was_asleep{false};
   std::thread t([&] {
-    absl::SleepFor(absl::Milliseconds(50));
+    // Abort once Progress sleeps on its condition variable (a futex).
+    while (!progressing.load()) absl::SleepFor(absl::Milliseconds(1));
+    was_asleep = ::gradsync::testing::WaitUntilAsleepInSyscall(progress_thread, {SYS_futex});
     ctx[1]->Abort(absl::CancelledError("closing"));
   });
   const absl::Time t0 = absl::Now();
+  progressing = true;
   absl::Status st = ctx[1]->Progress(absl::Now() + absl::Seconds(10));
   t.join();
+  EXPECT_TRUE(was_asleep) << "Progress never slept";
   EXPECT_TRUE(absl::IsCancelled(st)) << st;
   EXPECT_LT(absl::Now() - t0, absl::Seconds(5));
 }

@@ -2,9 +2,16 @@
 // and every kind of bad input a peer can send.
 #include "transport/tcp_context.h"
 
+#include <linux/sockios.h>
+#include <poll.h>
+#include <sys/ioctl.h>
+#include <sys/syscall.h>
+
+#include <atomic>
 #include <cstring>
 #include <thread>
 
+#include "common/thread_testing.h"
 #include "gtest/gtest.h"
 #include "transport/handshake_testing.h"
 #include "transport/tcp_listener.h"
@@ -113,9 +120,26 @@ TEST(TcpContext, FramesArrivingTogetherAreSplitOntoTheirReceives) {
   payloads.push_back(std::string(200 << 10, 'L'));          // larger than the stage
   payloads.back()[12345] = 'x';
   payloads.push_back("tail");
-  for (uint32_t i = 0; i < payloads.size(); ++i) add(i, payloads[i]);
+  size_t before_large = 0;  // the bytes up to and including the large frame's header
+  for (uint32_t i = 0; i < payloads.size(); ++i) {
+    if (payloads[i].size() == (200u << 10)) before_large = wire.size() + sizeof(FrameHeader);
+    add(i, payloads[i]);
+  }
   Send(p, wire.data(), wire.size());  // before any receive is posted
-  absl::SleepFor(absl::Milliseconds(50));
+  // The small frames and the large one's header are in the context's socket
+  // before a receive is posted: the raw end's send queue (unsent +
+  // unacknowledged; on loopback acknowledged means queued at the receiver)
+  // holds no more than the rest. (The receiver's buffer need not hold the
+  // whole large payload.)
+  int unacked = -1;
+  auto arrived = [&] {
+    return ::ioctl(p.raw.get(), SIOCOUTQ, &unacked) == 0 && unacked >= 0 &&
+           wire.size() - static_cast<size_t>(unacked) >= before_large;
+  };
+  const absl::Time arrive_by = absl::Now() + absl::Seconds(20);
+  while (!arrived() && absl::Now() < arrive_by) absl::SleepFor(absl::Milliseconds(1));
+  ASSERT_TRUE(arrived()) << "only " << wire.size() - unacked << " of the first " << before_large
+                         << " bytes reached the context's socket";
   std::vector<std::vector<char>> bufs(payloads.size());
   std::vector<Request> reqs(payloads.size());
   std::vector<std::unique_ptr<MemoryRegion>> mrs;
@@ -285,14 +309,21 @@ TEST(TcpContext, FailTellsThePeerWhy) {
 
 TEST(TcpContext, AbortFromAnotherThreadWakesProgress) {
   Pair p = Connect();
+  const pid_t progress_thread = ::gradsync::testing::ThisThreadId();
+  std::atomic<bool> receiving{false};
+  std::atomic<bool> was_asleep{false};
   std::thread t([&] {
-    absl::SleepFor(absl::Milliseconds(100));
+    // Abort once Progress sleeps in poll() (the spin before it is over).
+    while (!receiving.load()) absl::SleepFor(absl::Milliseconds(1));
+    was_asleep = ::gradsync::testing::WaitUntilAsleepInSyscall(progress_thread, {SYS_poll, SYS_ppoll});
     p.ctx->Abort(absl::AbortedError("coordinator says rank 0 is dead"));
   });
   std::vector<char> buf;
   const absl::Time t0 = absl::Now();
+  receiving = true;
   absl::Status s = ReceiveOne(p, &buf);
   t.join();
+  EXPECT_TRUE(was_asleep) << "Progress never slept in poll()";
   EXPECT_TRUE(absl::IsAborted(s)) << s;
   EXPECT_LT(absl::Now() - t0, absl::Seconds(2));
 }
