@@ -7,6 +7,27 @@ RING="$1"
 MEMBW="$2"
 fail() { echo "FAIL: $*"; exit 1; }
 NUM='[0-9]+(\.[0-9]+)?(e[-+][0-9]+)?'
+# Waits (up to 30 s) until process $1 has $2 children; prints them.
+await_children() {
+  local deadline=$((SECONDS + 30)) kids
+  while :; do
+    kids=$(pgrep -P "$1" | tr '\n' ' ')
+    [[ $(wc -w <<<"$kids") -ge $2 ]] && break
+    ((SECONDS < deadline)) && kill -0 "$1" 2>/dev/null || break
+    sleep 0.02
+  done
+  echo "$kids"
+}
+# Waits (up to 10 s) until none of the processes named in $1 exists.
+gone() {
+  local deadline=$((SECONDS + 10)) k
+  for k in $1; do
+    while kill -0 "$k" 2>/dev/null; do
+      ((SECONDS < deadline)) || return 1
+      sleep 0.02
+    done
+  done
+}
 
 out=$("$RING" --ranks=3 --streams=2 --sizes=8,100K,1M --iters=3 --warmup=1 --segment_bytes=64K \
       --timeout_ms=60000 2>&1) || fail "ring exited $?: $out"
@@ -50,27 +71,19 @@ done
 # A run that cannot finish in time fails, and leaves no process behind.
 "$RING" --ranks=4 --sizes=64M --iters=1000 --warmup=0 --timeout_ms=1500 >/dev/null 2>&1 &
 pid=$!
-sleep 0.5
-kids=$(pgrep -P "$pid" | tr '\n' ' ')
-[[ -n "$kids" ]] || fail "no ring children seen"
+kids=$(await_children "$pid" 4)
+[[ $(wc -w <<<"$kids") -eq 4 ]] || fail "expected 4 ring children, saw '$kids'"
 wait "$pid"
 rc=$?
 [[ $rc -ne 0 ]] || fail "an over-deadline run exited 0"
-sleep 0.2
-for k in $kids; do
-  kill -0 "$k" 2>/dev/null && fail "child $k outlived the timed-out run"
-done
+gone "$kids" || fail "a child of '$kids' outlived the timed-out run by 10 s"
 
 # Killing the parent takes the children with it (PR_SET_PDEATHSIG).
 "$RING" --ranks=3 --sizes=64M --iters=1000 --warmup=0 --timeout_ms=60000 >/dev/null 2>&1 &
 pid=$!
-sleep 0.5
-kids=$(pgrep -P "$pid" | tr '\n' ' ')
-[[ -n "$kids" ]] || fail "no ring children seen"
+kids=$(await_children "$pid" 3)
+[[ $(wc -w <<<"$kids") -eq 3 ]] || fail "expected 3 ring children, saw '$kids'"
 kill -KILL "$pid"
 wait "$pid" 2>/dev/null
-sleep 0.3
-for k in $kids; do
-  kill -0 "$k" 2>/dev/null && fail "child $k outlived its killed parent"
-done
+gone "$kids" || fail "a child of '$kids' outlived its killed parent by 10 s"
 echo "PASS"

@@ -28,7 +28,23 @@ common=(--coordinator="$GRADSYNC_COORDINATOR" --min_bytes=4K --max_bytes=64K --s
 RANK=1 WORLD_SIZE=2 LOCAL_RANK=0 "$GRADSYNC" bench "${common[@]}" --daemon="$GRADSYNC_DAEMON_1" \
   --job=bench-env --csv="$T/r1.csv" > "$T/r1.out" 2> "$T/r1.err" &
 r1=$!
-sleep 1
+# Rank 1 waits in the rendezvous once the coordinator counts it as a member
+# (gradsync_coordinator_members; the metrics port is line 2 of the cluster's
+# coordinator.port).
+deadline=$((SECONDS + 30))
+work=""
+until [[ -n "$work" ]]; do
+  work=$(sed -n 's/^# gradsync cluster: .* (logs in \(.*\)); Ctrl-C stops it$/\1/p' "$T/cluster.log")
+  ((SECONDS < deadline)) || fail "no logs line from gradsync cluster: $(cat "$T/cluster.log")"
+  [[ -n "$work" ]] || sleep 0.05
+done
+metrics_port=$(sed -n 2p "$work/coordinator.port")
+members() { curl -sf "http://127.0.0.1:$metrics_port/metrics" | awk '$1 == "gradsync_coordinator_members" {print $2}'; }
+until [[ "$(members)" == 1 ]]; do
+  ((SECONDS < deadline)) && kill -0 $r1 2>/dev/null \
+    || fail "rank 1 never joined (members '$(members)'): $(cat "$T/r1.out" "$T/r1.err")"
+  sleep 0.05
+done
 RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 "$GRADSYNC" bench "${common[@]}" --daemon="$GRADSYNC_DAEMON_0" \
   --job=bench-env --csv="$T/r0.csv" --plot="$T/r0.svg" > "$T/r0.out" 2> "$T/r0.err" \
   || fail "rank 0 exited $?: $(cat "$T/r0.out" "$T/r0.err")"
