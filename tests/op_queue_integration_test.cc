@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <fstream>
 #include <string>
@@ -20,6 +21,7 @@
 #include "cli/expected.h"
 #include "cli/local_cluster.h"
 #include "client/c_api.h"
+#include "common/metrics_testing.h"
 #include "gtest/gtest.h"
 #include "proto/worker.grpc.pb.h"
 #include "tests/cluster_util.h"
@@ -45,6 +47,14 @@ std::vector<std::string> QueueSegments(const LocalCluster& cluster, int i) {
     if (std::find(out.begin(), out.end(), name) == out.end()) out.push_back(name);
   }
   return out;
+}
+
+// Ops submitted to daemon `i` and not finished (gradsync_daemon_queue_depth),
+// -1 if its metrics cannot be read.
+double QueueDepth(const LocalCluster& cluster, int i) {
+  auto text = HttpGet("127.0.0.1", cluster.daemon_metrics_port(i), "/metrics");
+  if (!text.ok()) return -1;
+  return FindSample(*text, "gradsync_daemon_queue_depth").value_or(-1);
 }
 
 // Whether daemon `i`'s log has a line containing `text`.
@@ -335,14 +345,20 @@ TEST(OpQueueFailure, WaitOnADaemonThatWasKilledFailsWithUnavailableWithinSeconds
   auto op = s.AllreduceAsync(**b, 0, 4, DType::kF32, ReduceOp::kSum, "stuck");
   ASSERT_TRUE(op.ok()) << op.status();
   absl::Time killed_at;
+  std::atomic<bool> held{false};
   std::thread killer([&] {
-    absl::SleepFor(absl::Milliseconds(300));
+    // Daemon 0 holds the op (gradsync_daemon_queue_depth), waiting for rank 1.
+    const absl::Time deadline = absl::Now() + absl::Seconds(20);
+    while (!(held = QueueDepth(*cluster, 0) == 1) && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(10));
+    }
     killed_at = absl::Now();
     cluster->SignalDaemon(0, SIGKILL);
   });
   auto res = s.Wait(*op, absl::Seconds(30));
   const absl::Time failed_at = absl::Now();
   killer.join();
+  EXPECT_TRUE(held) << "daemon 0 never held the op";
   EXPECT_TRUE(absl::IsUnavailable(res.status())) << res.status();
   EXPECT_EQ(res.status().message(),
             absl::StrCat("gradsyncd at ", cluster->daemon_target(0),

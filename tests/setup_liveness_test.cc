@@ -16,11 +16,20 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "common/metrics_testing.h"
 #include "gtest/gtest.h"
 #include "tests/cluster_util.h"
 
 namespace gradsync {
 namespace {
+
+// Heartbeat calls the coordinator received (gradsync_coordinator_heartbeats_total),
+// -1 if its metrics cannot be read.
+double Heartbeats(const LocalCluster& cluster) {
+  auto text = HttpGet("127.0.0.1", cluster.coordinator_metrics_port(), "/metrics");
+  if (!text.ok()) return -1;
+  return FindSample(*text, "gradsync_coordinator_heartbeats_total").value_or(-1);
+}
 
 TEST(SetupLiveness, MembersStayAliveWhileASlowEpochSetsUp) {
   if (::geteuid() != 0) GTEST_SKIP() << "needs root for a network namespace and tc";
@@ -80,7 +89,14 @@ TEST(SetupLiveness, MembersStayAliveWhileASlowEpochSetsUp) {
     for (int r = 0; r < 2; ++r) {
       EXPECT_TRUE(results[r].ok()) << name << ", rank " << r << ": " << results[r];
     }
-    absl::SleepFor(absl::Milliseconds(1500));  // three heartbeat intervals
+    // Three heartbeat rounds (500 ms each) from both daemons reach the
+    // coordinator, each one a chance for it to judge a member dead.
+    const double beats = Heartbeats(*cluster);
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    while (Heartbeats(*cluster) < beats + 6 && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    EXPECT_GE(Heartbeats(*cluster), beats + 6) << "the daemons stopped heartbeating";
   }
   for (auto& r : *job) (void)r.session->Close();
   EXPECT_EQ(cluster->StopAll(), absl::OkStatus());
