@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "common/process.h"
 #include "common/status_macros.h"
 #include "transport/tcp_context.h"
 
@@ -188,6 +189,7 @@ absl::StatusOr<std::unique_ptr<TcpContext>> TcpContext::Connect(const TcpContext
     connected = connect_higher();
     if (!connected.ok()) failed = true;
   });
+  NameThread(connector, "gs-connect");
   absl::Status accepted = accept_lower();
   if (!accepted.ok()) failed = true;
   connector.join();
