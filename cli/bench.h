@@ -1,4 +1,4 @@
-// `gradsync bench`: nccl-tests for gradsync. See docs/bench.md.
+// `gradsync bench`: nccl-tests for gradsync. See docs/cli.md#bench.
 #ifndef GRADSYNC_CLI_BENCH_H_
 #define GRADSYNC_CLI_BENCH_H_
 

@@ -5,7 +5,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "transport/wire.h"
 
 namespace gradsync::internal {
 
@@ -19,7 +18,7 @@ Exchange::Exchange(transport::Context& ctx, uint64_t seq, DType dtype, uint32_t 
       step_(step),
       sent_pieces_(ctx.size(), 0),
       recv_pieces_(ctx.size(), 0) {
-  const size_t bytes = std::clamp<size_t>(piece_bytes, 1, transport::kMaxFrameBytes);
+  const size_t bytes = std::clamp<size_t>(piece_bytes, 1, transport::kMaxMessageBytes);
   piece_elems_ = std::max<size_t>(1, bytes / esize_);
   if (step >= kMaxSteps) {
     error_ = absl::InvalidArgumentError(absl::StrCat("collective step ", step, " out of range"));

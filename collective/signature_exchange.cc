@@ -10,7 +10,6 @@
 #include "collective/signature_exchange_impl.h"
 #include "common/clock.h"
 #include "common/status_macros.h"
-#include "transport/wire.h"
 
 namespace gradsync {
 namespace signature_internal {

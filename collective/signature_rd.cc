@@ -7,7 +7,6 @@
 #include "collective/signature_exchange_impl.h"
 #include "common/clock.h"
 #include "common/status_macros.h"
-#include "transport/wire.h"
 
 // Recursive doubling (the message format and the schedule: signature_exchange_impl.h).
 namespace gradsync {

@@ -8,8 +8,8 @@
 // Widening to f32 is exact. Narrowing rounds to nearest even and saturates: a
 // finite value beyond the largest finite one (after rounding) and an infinity
 // become the largest finite value of that sign, as CUDA's
-// __nv_cvt_float_to_fp8(x, __NV_SATFINITE, ...) does (cuda/fp8_reference_test.cc
-// checks it bit for bit). Gradients overflowing to ±max rather than to inf/NaN is
+// __nv_cvt_float_to_fp8(x, __NV_SATFINITE, ...) does (CudaFp8.CpuConversionMatchesTheToolkitBitForBit
+// in cuda/cuda_reduce_test.cc checks it bit for bit). Gradients overflowing to ±max rather than to inf/NaN is
 // what mixed-precision training expects. Every NaN becomes the canonical 0x7f
 // (positive, all ones; a quiet NaN in E5M2), as CUDA makes it.
 // Values that round to zero keep their sign.

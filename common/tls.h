@@ -6,7 +6,7 @@
 //
 // A peer's role comes from its certificate's organizational unit (OU):
 // "node" (gradsyncd), "ps" (gradsync-ps), "operator" (people and the CLI).
-// scripts/gradsync-certs.sh makes such certificates.
+// `gradsync certs` (common/certs.h) makes such certificates for a lab.
 #ifndef GRADSYNC_COMMON_TLS_H_
 #define GRADSYNC_COMMON_TLS_H_
 

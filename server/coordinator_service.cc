@@ -1,6 +1,7 @@
 #include "server/coordinator_service.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <utility>
 
@@ -128,20 +129,27 @@ const char* CoordinatorRpcName(CoordinatorRpc rpc) {
   return "unknown";
 }
 
+// Records an RPC's duration once: at Done(), or when it goes out of scope.
+// A callback RPC calls Done() before it finishes its call, so the client
+// never sees the answer before the RPC is counted.
 class CoordinatorService::Timer {
  public:
   Timer(RpcObserver* observer, CoordinatorRpc rpc)
       : observer_(observer), rpc_(rpc), start_(observer ? absl::Now() : absl::InfinitePast()) {}
-  ~Timer() {
-    if (observer_ != nullptr) observer_->OnRpcDone(rpc_, absl::Now() - start_);
-  }
+  ~Timer() { Done(); }
   Timer(const Timer&) = delete;
   Timer& operator=(const Timer&) = delete;
+  void Done() {
+    if (observer_ != nullptr && !done_.exchange(true)) {
+      observer_->OnRpcDone(rpc_, absl::Now() - start_);
+    }
+  }
 
  private:
   RpcObserver* const observer_;
   const CoordinatorRpc rpc_;
   const absl::Time start_;
+  std::atomic<bool> done_{false};
 };
 
 grpc::Status CoordinatorService::CreateJob(grpc::ServerContext* ctx,
@@ -186,6 +194,7 @@ grpc::ServerUnaryReactor* CoordinatorService::JoinJob(grpc::CallbackServerContex
   auto timer = std::make_shared<Timer>(rpc_observer_, CoordinatorRpc::kJoinJob);
   absl::StatusOr<CallScope> scope = Scope(*ctx, "JoinJob", request->job_id(), true);
   if (!scope.ok()) {
+    timer->Done();
     reactor->Finish(ToGrpcStatus(scope.status()));
     return reactor;
   }
@@ -199,7 +208,9 @@ grpc::ServerUnaryReactor* CoordinatorService::JoinJob(grpc::CallbackServerContex
       scoped, RpcDeadline(*ctx),
       [this, reactor, response, timer, tenant = scope->tenant,
        job = scoped.job_id()](absl::StatusOr<v1::JoinJobResponse> joined) {
-        reactor->Finish(ReplyToJoin(std::move(joined), tenant, job, response));
+        grpc::Status reply = ReplyToJoin(std::move(joined), tenant, job, response);
+        timer->Done();
+        reactor->Finish(reply);
       },
       scope->limits.max_pending_joins);
   reactor->set_join(join);

@@ -33,7 +33,7 @@
 namespace gradsync::transport {
 
 // Asynchronous copies between one GPU's memory and page-locked host memory.
-// Production: worker/cuda_pipeline.h (CUDA streams and events); tests: a host
+// Production: CudaCopier (worker/device_path.h; CUDA streams and events); tests: a host
 // emulation. Copies of one direction complete in the order they were made.
 class DeviceCopier {
  public:

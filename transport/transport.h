@@ -91,6 +91,13 @@ class TcpControls {
   virtual uint64_t Retransmits(int peer) const = 0;
 };
 
+// MessageTag::slot of an op's control messages (signatures, ABORTs), as
+// opposed to its data messages 0, 1, ...
+inline constexpr uint32_t kControlSlot = 0xffffffffu;
+// The largest message any context carries in one piece; larger payloads are
+// split by the algorithm.
+inline constexpr uint32_t kMaxMessageBytes = 64u << 20;
+
 // Identifies one message within a job epoch.
 struct MessageTag {
   uint64_t op_seq = 0;

@@ -32,6 +32,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "transport/transport.h"
 
 namespace gradsync::transport {
 
@@ -49,8 +50,8 @@ inline constexpr uint16_t kWireVersion = 4;
 inline constexpr size_t kMaxJobIdBytes = 192;
 inline constexpr int kMaxWorldSize = 4096;
 inline constexpr uint32_t kMaxAbortBytes = 4096;
-inline constexpr uint32_t kMaxFrameBytes = 64u << 20;
-inline constexpr uint32_t kControlSlot = 0xffffffffu;
+// A frame carries one message (transport.h: kMaxMessageBytes, kControlSlot).
+inline constexpr uint32_t kMaxFrameBytes = kMaxMessageBytes;
 
 struct Hello {
   uint32_t magic;
