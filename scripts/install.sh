@@ -71,7 +71,7 @@ bindir="$prefix/bin" docdir="$prefix/share/doc/gradsync" sharedir="$prefix/share
 
 binaries=(server/gradsync-coordinator worker/gradsyncd cli/gradsync ps/gradsync-ps
           bench/gradsync-ring-limit bench/gradsync-membw cuda/gradsync-cuda-probe
-          rdma/gradsync-rdma-probe)
+          transport/gradsync-rdma-probe)
 if [[ -z "$from" ]]; then
   targets=()
   for b in "${binaries[@]}"; do targets+=("//${b%/*}:${b##*/}"); done
