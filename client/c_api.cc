@@ -83,7 +83,7 @@ int CheckAllreduceArgs(const char* fn, gs_session* session, gs_buffer* buffer, i
   if (!gradsync::IsValidDType(dtype)) {
     return Fail(absl::StatusCode::kInvalidArgument,
                 absl::StrCat(fn, ": dtype ", dtype,
-                             " is not a GS_DTYPE_* value (1..7: f32 f64 f16 bf16 i32 i64 u8)"));
+                             " is not a GS_DTYPE_* value (", gradsync::ValidDTypesText(), ")"));
   }
   if (!gradsync::IsValidReduceOp(op)) {
     return Fail(absl::StatusCode::kInvalidArgument,

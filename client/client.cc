@@ -281,7 +281,7 @@ absl::StatusOr<OpHandle> Session::SubmitAsync(const CollectiveSpec& spec) {
   const int dtype_value = static_cast<int>(dtype);
   if (!IsValidDType(dtype_value)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        what(), ": invalid dtype value ", dtype_value, " (expected 1..7: f32 f64 f16 bf16 i32 i64 u8)"));
+        what(), ": invalid dtype value ", dtype_value, " (expected ", ValidDTypesText(), ")"));
   }
   const int op_value = static_cast<int>(spec.op);
   if (!IsValidReduceOp(op_value)) {

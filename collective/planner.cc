@@ -129,7 +129,7 @@ std::string Planner::Observe(const Plan& plan, CollectiveKind kind, size_t bytes
 }
 
 void Planner::ObserveSmallOp(CollectiveKind kind, Algorithm algo, size_t bytes, double took_us) {
-  if (kind != CollectiveKind::kAllreduce || bytes > kOneShotMaxBytes ||
+  if (kind != CollectiveKind::kAllreduce || bytes > settings_.oneshot_max_bytes ||
       (algo != Algorithm::kOneShot && algo != Algorithm::kRecursiveDoubling)) {
     return;
   }

@@ -85,6 +85,15 @@ bool IsReducingCollective(CollectiveKind k) {
 }
 
 bool IsValidDType(int v) { return v >= 1 && v <= 9; }
+std::string ValidDTypesText() {
+  int last = 1;
+  std::string names;
+  for (int v = 1; IsValidDType(v); ++v) {
+    absl::StrAppend(&names, " ", DTypeName(static_cast<DType>(v)));
+    last = v;
+  }
+  return absl::StrCat("1..", last, ":", names);
+}
 bool IsFloatDType(DType t) {
   return t != DType::kI32 && t != DType::kI64 && t != DType::kU8;
 }

@@ -74,6 +74,8 @@ bool IsRootedCollective(CollectiveKind k);
 bool IsReducingCollective(CollectiveKind k);
 
 bool IsValidDType(int v);
+// The valid dtype values and names, for error messages: "1..9: f32 f64 ...".
+std::string ValidDTypesText();
 // f32, f64, f16, bf16 and the fp8 types.
 bool IsFloatDType(DType t);
 bool IsValidReduceOp(int v);

@@ -100,6 +100,12 @@ TEST(Types, IsValidAcceptsExactlyTheEnumerators) {
   }
 }
 
+// The text every dtype error quotes follows the enum (it said 1..7 after the
+// fp8 types were added).
+TEST(Types, ValidDTypesTextListsEveryEnumerator) {
+  EXPECT_EQ(ValidDTypesText(), "1..9: f32 f64 f16 bf16 i32 i64 u8 f8e4m3 f8e5m2");
+}
+
 TEST(Types, ParseDTypeAcceptsEveryNameAnyCaseAndAliases) {
   for (DType t : kAllDTypes) {
     EXPECT_EQ(ParseDType(DTypeName(t)).value(), t);
