@@ -62,6 +62,7 @@ thread_local std::string t_last_error;
 
 int Fail(const absl::Status& status) {
   t_last_error = std::string(status.message());
+  if (gradsync::client::IsStillRunning(status)) return GS_PENDING;
   return static_cast<int>(status.code());
 }
 

@@ -58,7 +58,10 @@ enum {
   GS_INTERNAL = 13,
   GS_UNAVAILABLE = 14, /* the daemon cannot be reached; retrying may help */
   GS_DATA_LOSS = 15,
-  GS_UNAUTHENTICATED = 16
+  GS_UNAUTHENTICATED = 16,
+  /* Not an error: a wait or poll ran out while the op is still running (it
+   * goes on; wait again). An op past its own deadline is GS_DEADLINE_EXCEEDED. */
+  GS_PENDING = 100
 };
 
 /* Element types (values of gradsync::DType / gradsync.v1.DataType). */
@@ -195,10 +198,10 @@ int gs_buffer_free(gs_session* session, gs_buffer* buffer);
 int gs_allreduce_async(gs_session* session, gs_buffer* buffer, size_t offset_bytes, size_t count,
                        int dtype, int op, const char* name, int64_t timeout_ms, uint64_t* op_id);
 /* Waits up to timeout_ms (0: poll; -1: until the op ends, which its deadline
- * at the daemon bounds) for op `op_id`. GS_OK: done; GS_DEADLINE_EXCEEDED:
- * still running (the message says "still running after ..."), or the op
- * itself ran past its deadline (the message names who it waited for);
- * otherwise the op's own error (e.g. GS_ABORTED). */
+ * at the daemon bounds) for op `op_id`. GS_OK: done; GS_PENDING: still
+ * running (wait again); otherwise the op's own error (e.g. GS_ABORTED, or
+ * GS_DEADLINE_EXCEEDED when the op ran past its deadline, naming who it
+ * waited for). */
 int gs_wait(gs_session* session, uint64_t op_id, int64_t timeout_ms);
 /* One collective for gs_submit / gs_run. */
 typedef struct gs_collective_spec {

@@ -19,6 +19,7 @@
 #include <grpcpp/support/channel_arguments.h>
 
 #include "absl/strings/match.h"
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "absl/strings/ascii.h"
@@ -35,6 +36,15 @@
 
 namespace gradsync {
 namespace client {
+
+namespace {
+// The payload that marks Wait's "still running" (IsStillRunning).
+constexpr char kStillRunningPayload[] = "gradsync.dev/still-running";
+}  // namespace
+
+bool IsStillRunning(const absl::Status& s) {
+  return absl::IsDeadlineExceeded(s) && s.GetPayload(kStillRunningPayload).has_value();
+}
 namespace {
 
 using internal::kRpcMargin;
@@ -372,9 +382,10 @@ absl::StatusOr<OpResult> Session::Wait(const OpHandle& op, absl::Duration timeou
       timeout == absl::InfiniteDuration() ? absl::InfiniteFuture() : FastNow() + timeout;
   ASSIGN_OR_RETURN(internal::WaitOutcome outcome, ops_->Wait(op.op_id, deadline));
   if (!outcome.done) {
-    return absl::DeadlineExceededError(absl::StrCat(OpLabel(op), " of session ", id_,
-                                                    " still running after ",
-                                                    absl::FormatDuration(timeout)));
+    absl::Status pending = absl::DeadlineExceededError(absl::StrCat(
+        OpLabel(op), " of session ", id_, " still running after ", absl::FormatDuration(timeout)));
+    pending.SetPayload(kStillRunningPayload, absl::Cord("1"));
+    return pending;
   }
   OpResult result;
   result.algorithm = std::move(outcome.algorithm);

@@ -302,8 +302,10 @@ class Session {
   // deadline at the daemon bounds). Long waits are split into RPCs of at most
   // 30 s (+5 s deadline margin), so a dead daemon is an error, not a hang.
   // DeadlineExceeded naming the op if it is still running by then (it keeps
-  // running; wait again later). If the op failed, its error exactly as the
-  // daemon reported it (e.g. Aborted "... rank 2 ...").
+  // running; wait again later), marked so that IsStillRunning() is true. If
+  // the op failed, its error exactly as the daemon reported it (e.g. Aborted
+  // "... rank 2 ..."; an op past its own deadline is DeadlineExceeded too,
+  // with IsStillRunning() false).
   absl::StatusOr<OpResult> Wait(const OpHandle& op, absl::Duration timeout);
 
   // Non-blocking check (one RPC): true = done OK, false = still running,
@@ -389,6 +391,11 @@ class Client {
 
   const std::shared_ptr<internal::WorkerConnection> conn_;
 };
+
+// True if `s` is a wait that ran out while its op is still running (it goes
+// on; wait again), false for every other status, including an op's own
+// DEADLINE_EXCEEDED. The C API returns GS_PENDING for these.
+bool IsStillRunning(const absl::Status& s);
 
 }  // namespace client
 }  // namespace gradsync

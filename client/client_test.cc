@@ -220,6 +220,8 @@ TEST_F(ClientTest, ShortWaitIsDeadlineExceededWhileOpRunsThenOk) {
   auto early = session_->Wait(*op, absl::Milliseconds(50));
   EXPECT_LT(absl::Now() - start, absl::Milliseconds(500));
   ASSERT_EQ(early.status().code(), absl::StatusCode::kDeadlineExceeded) << early.status();
+  EXPECT_TRUE(IsStillRunning(early.status())) << early.status();
+  EXPECT_FALSE(IsStillRunning(absl::DeadlineExceededError(early.status().message())));
   EXPECT_THAT(std::string(early.status().message()), HasSubstr("grad/slow"));
   EXPECT_THAT(std::string(early.status().message()), HasSubstr(absl::StrCat("op ", op->op_id)));
   auto polled = session_->Poll(*op);

@@ -18,12 +18,13 @@ See docs/python.md.
 """
 
 from .errors import (Aborted, DeadlineExceeded, FailedPrecondition, GradsyncError,
-                     InvalidArgument, Unavailable)
+                     InvalidArgument, StillRunning, Unavailable)
 from .session import (COLLECTIVES, DTYPES, OPS, Buffer, Client, Result, Session, Work,
                       dtype_name)
 
 __all__ = [
     "Client", "Session", "Buffer", "Work", "Result", "GradsyncError", "InvalidArgument",
-    "DeadlineExceeded", "FailedPrecondition", "Aborted", "Unavailable", "DTYPES", "OPS",
+    "DeadlineExceeded", "StillRunning", "FailedPrecondition", "Aborted", "Unavailable", "DTYPES",
+    "OPS",
     "COLLECTIVES", "dtype_name",
 ]

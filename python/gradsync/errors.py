@@ -5,7 +5,7 @@ _NAMES = {
     1: "CANCELLED", 2: "UNKNOWN", 3: "INVALID_ARGUMENT", 4: "DEADLINE_EXCEEDED", 5: "NOT_FOUND",
     6: "ALREADY_EXISTS", 7: "PERMISSION_DENIED", 8: "RESOURCE_EXHAUSTED", 9: "FAILED_PRECONDITION",
     10: "ABORTED", 11: "OUT_OF_RANGE", 12: "UNIMPLEMENTED", 13: "INTERNAL", 14: "UNAVAILABLE",
-    15: "DATA_LOSS", 16: "UNAUTHENTICATED",
+    15: "DATA_LOSS", 16: "UNAUTHENTICATED", 100: "PENDING",
 }
 
 
@@ -31,6 +31,12 @@ class DeadlineExceeded(GradsyncError, TimeoutError):
     """A wait or an op ran past its deadline (code 4)."""
 
 
+class StillRunning(DeadlineExceeded):
+    """A wait ran out while the op is still running (C API GS_PENDING, 100): it
+    goes on; wait again. A DeadlineExceeded that is not a StillRunning is the
+    op's own deadline."""
+
+
 class FailedPrecondition(GradsyncError):
     """The call does not fit the state (a closed session, say; code 9)."""
 
@@ -43,8 +49,11 @@ class Unavailable(GradsyncError, ConnectionError):
     """The daemon (or a peer) cannot be reached (code 14)."""
 
 
+# The C API's GS_PENDING: a wait ran out, the op goes on.
+PENDING = 100
+
 _CLASSES = {3: InvalidArgument, 4: DeadlineExceeded, 9: FailedPrecondition, 10: Aborted,
-            14: Unavailable}
+            14: Unavailable, PENDING: StillRunning}
 
 
 def error(code: int, message: str) -> GradsyncError:

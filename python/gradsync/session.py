@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple, Union
 
 from . import _capi
-from .errors import GradsyncError, error
+from .errors import PENDING, GradsyncError, error
 
 DEFAULT_DAEMON = "unix:/run/gradsync/gradsyncd.sock"
 
@@ -202,10 +202,9 @@ class _CudaArray:
 
 
 def _still_running(code: int) -> bool:
-    """Whether a wait/poll code means "not done yet" rather than the op's own
-    DEADLINE_EXCEEDED (the C API returns code 4 for both; the SDK's wait says
-    "still running after")."""
-    return code == 4 and "still running after" in _capi.last_error()
+    """Whether a wait/poll code means "not done yet" (GS_PENDING), as opposed
+    to any error of the op, its own DEADLINE_EXCEEDED included."""
+    return code == PENDING
 
 
 class Work:
@@ -222,7 +221,8 @@ class Work:
 
     def wait(self, timeout: Optional[float] = None) -> Result:
         """Waits up to `timeout` seconds (None: until the op ends, which its
-        deadline at the daemon bounds). DeadlineExceeded if it is still running."""
+        deadline at the daemon bounds). StillRunning (a DeadlineExceeded) if it is
+        still running then: wait again."""
         if self._result is not None:
             return self._result
         if self._error is not None:

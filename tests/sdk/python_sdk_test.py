@@ -193,6 +193,7 @@ class Errors(unittest.TestCase):
         self.assertEqual(errors, [None, None])
         e = out[0]
         self.assertIsInstance(e, gradsync.DeadlineExceeded)
+        self.assertNotIsInstance(e, gradsync.StillRunning)  # the op's own deadline
         self.assertIn("waiting for rank(s) 1 to submit op 1", str(e))
 
     def test_a_wait_that_runs_out_says_so_and_the_op_goes_on(self):
@@ -201,8 +202,10 @@ class Errors(unittest.TestCase):
             a[:] = 1
             if r == 0:
                 w = s.allreduce(a)
-                with self.assertRaises(gradsync.DeadlineExceeded):
+                with self.assertRaises(gradsync.StillRunning) as pending:
                     w.wait(0.2)  # rank 1 comes later
+                self.assertIsInstance(pending.exception, gradsync.DeadlineExceeded)
+                self.assertEqual(pending.exception.code, 100)
                 self.assertFalse(w.done())
                 return w.wait(30).algorithm, a[0]
             import time
