@@ -76,28 +76,6 @@ int NullArg(const char* fn, const char* arg) {
   return Fail(absl::StatusCode::kInvalidArgument, absl::StrCat(fn, ": ", arg, " is NULL"));
 }
 
-// Checks the C-only arguments (pointers, enum values) of an allreduce.
-int CheckAllreduceArgs(const char* fn, gs_session* session, gs_buffer* buffer, int dtype, int op,
-                       int64_t timeout_ms) {
-  if (session == nullptr) return NullArg(fn, "session");
-  if (buffer == nullptr) return NullArg(fn, "buffer");
-  if (!gradsync::IsValidDType(dtype)) {
-    return Fail(absl::StatusCode::kInvalidArgument,
-                absl::StrCat(fn, ": dtype ", dtype,
-                             " is not a GS_DTYPE_* value (", gradsync::ValidDTypesText(), ")"));
-  }
-  if (!gradsync::IsValidReduceOp(op)) {
-    return Fail(absl::StatusCode::kInvalidArgument,
-                absl::StrCat(fn, ": op ", op,
-                             " is not a GS_OP_* value (1..5: sum avg min max prod)"));
-  }
-  if (timeout_ms < 0) {
-    return Fail(absl::StatusCode::kInvalidArgument,
-                absl::StrCat(fn, ": timeout_ms must be >= 0, got ", timeout_ms));
-  }
-  return GS_OK;
-}
-
 // The prefix of a caller's struct that this library knows: a shorter (older)
 // struct leaves the rest at its defaults.
 template <typename T>
@@ -152,6 +130,45 @@ int ToSpec(const char* fn, gs_session* session, const gs_collective_spec* in,
   spec->algorithm = c.algorithm != nullptr ? c.algorithm : "";
   spec->timeout = absl::Milliseconds(c.timeout_ms);
   return GS_OK;  // dtype/op/range: the SDK checks them with the op's name
+}
+
+
+// The allreduce of the entry points that predate gs_collective_spec
+// (gs_allreduce_async, gs_allreduce): thin wrappers of gs_submit and gs_run.
+gs_collective_spec AllreduceSpec(gs_buffer* buffer, size_t offset_bytes, size_t count, int dtype,
+                                 int op, const char* name, int64_t timeout_ms) {
+  gs_collective_spec spec;
+  gs_collective_spec_init(&spec);
+  spec.kind = GS_ALLREDUCE;
+  spec.buffer = buffer;
+  spec.offset_bytes = offset_bytes;
+  spec.count = count;
+  spec.dtype = dtype;
+  spec.op = op;
+  spec.name = name;
+  spec.timeout_ms = timeout_ms;
+  return spec;
+}
+
+// gs_submit, with `fn` naming the entry point in errors.
+int Submit(const char* fn, gs_session* session, const gs_collective_spec* spec, uint64_t* op_id) {
+  if (op_id == nullptr) return NullArg(fn, "op_id");
+  gradsync::client::CollectiveSpec c;
+  if (int rc = ToSpec(fn, session, spec, &c)) return rc;
+  auto handle = session->impl->SubmitAsync(c);
+  if (!handle.ok()) return Fail(handle.status());
+  *op_id = handle->op_id;
+  return GS_OK;
+}
+
+// gs_run, with `fn` naming the entry point in errors.
+int Run(const char* fn, gs_session* session, const gs_collective_spec* spec, gs_result* result) {
+  gradsync::client::CollectiveSpec c;
+  if (int rc = ToSpec(fn, session, spec, &c)) return rc;
+  auto r = session->impl->Run(c);
+  if (!r.ok()) return Fail(r.status());
+  FillResult(*r, result);
+  return GS_OK;
 }
 
 }  // namespace
@@ -321,15 +338,10 @@ int gs_buffer_free(gs_session* session, gs_buffer* buffer) {
 int gs_allreduce_async(gs_session* session, gs_buffer* buffer, size_t offset_bytes, size_t count,
                        int dtype, int op, const char* name, int64_t timeout_ms, uint64_t* op_id) {
   if (op_id == nullptr) return NullArg("gs_allreduce_async", "op_id");
-  if (int rc = CheckAllreduceArgs("gs_allreduce_async", session, buffer, dtype, op, timeout_ms)) {
-    return rc;
-  }
-  auto handle = session->impl->AllreduceAsync(
-      *buffer->impl, offset_bytes, count, static_cast<DType>(dtype), static_cast<ReduceOp>(op),
-      name == nullptr ? "" : name, absl::Milliseconds(timeout_ms));
-  if (!handle.ok()) return Fail(handle.status());
-  *op_id = handle->op_id;
-  return GS_OK;
+  if (buffer == nullptr) return NullArg("gs_allreduce_async", "buffer");
+  const gs_collective_spec spec =
+      AllreduceSpec(buffer, offset_bytes, count, dtype, op, name, timeout_ms);
+  return Submit("gs_allreduce_async", session, &spec, op_id);
 }
 
 int gs_wait(gs_session* session, uint64_t op_id, int64_t timeout_ms) {
@@ -347,24 +359,14 @@ int gs_wait(gs_session* session, uint64_t op_id, int64_t timeout_ms) {
 
 int gs_allreduce(gs_session* session, gs_buffer* buffer, size_t offset_bytes, size_t count,
                  int dtype, int op, const char* name, int64_t timeout_ms) {
-  if (int rc = CheckAllreduceArgs("gs_allreduce", session, buffer, dtype, op, timeout_ms)) {
-    return rc;
-  }
-  auto result = session->impl->Allreduce(*buffer->impl, offset_bytes, count,
-                                         static_cast<DType>(dtype), static_cast<ReduceOp>(op),
-                                         name == nullptr ? "" : name,
-                                         absl::Milliseconds(timeout_ms));
-  return Report(result.status());
+  if (buffer == nullptr) return NullArg("gs_allreduce", "buffer");
+  const gs_collective_spec spec =
+      AllreduceSpec(buffer, offset_bytes, count, dtype, op, name, timeout_ms);
+  return Run("gs_allreduce", session, &spec, nullptr);
 }
 
 int gs_submit(gs_session* session, const gs_collective_spec* spec, uint64_t* op_id) {
-  if (op_id == nullptr) return NullArg("gs_submit", "op_id");
-  gradsync::client::CollectiveSpec c;
-  if (int rc = ToSpec("gs_submit", session, spec, &c)) return rc;
-  auto handle = session->impl->SubmitAsync(c);
-  if (!handle.ok()) return Fail(handle.status());
-  *op_id = handle->op_id;
-  return GS_OK;
+  return Submit("gs_submit", session, spec, op_id);
 }
 
 int gs_wait_result(gs_session* session, uint64_t op_id, int64_t timeout_ms, gs_result* result) {
@@ -394,12 +396,7 @@ int gs_poll(gs_session* session, uint64_t op_id, gs_result* result) {
 }
 
 int gs_run(gs_session* session, const gs_collective_spec* spec, gs_result* result) {
-  gradsync::client::CollectiveSpec c;
-  if (int rc = ToSpec("gs_run", session, spec, &c)) return rc;
-  auto r = session->impl->Run(c);
-  if (!r.ok()) return Fail(r.status());
-  FillResult(*r, result);
-  return GS_OK;
+  return Run("gs_run", session, spec, result);
 }
 
 int gs_session_event_fd(gs_session* session, int* fd) {

@@ -194,7 +194,9 @@ int gs_buffer_free(gs_session* session, gs_buffer* buffer);
  * (GS_OP_*) at `offset_bytes` (a multiple of the element size) in `buffer`,
  * and returns at once with *op_id set. `name` (may be NULL) identifies the op
  * across ranks. `timeout_ms` bounds the op at the daemon (0: job default).
- * Bad dtype/op/range/arguments: GS_INVALID_ARGUMENT without any RPC. */
+ * Bad dtype/op/range/arguments: GS_INVALID_ARGUMENT without any RPC.
+ * A thin wrapper of gs_submit (an allreduce gs_collective_spec), kept for
+ * callers written before it. */
 int gs_allreduce_async(gs_session* session, gs_buffer* buffer, size_t offset_bytes, size_t count,
                        int dtype, int op, const char* name, int64_t timeout_ms, uint64_t* op_id);
 /* Waits up to timeout_ms (0: poll; -1: until the op ends, which its deadline
@@ -249,7 +251,7 @@ int gs_session_event_fd(gs_session* session, int* fd);
 
 /* gs_allreduce_async + gs_wait: blocks until the op ends, at most
  * timeout_ms + 5 s (timeout_ms 0: the job's default op timeout at the daemon,
- * and the client gives up after 10 min + 5 s). */
+ * and the client gives up after 10 min + 5 s). A thin wrapper of gs_run. */
 int gs_allreduce(gs_session* session, gs_buffer* buffer, size_t offset_bytes, size_t count,
                  int dtype, int op, const char* name, int64_t timeout_ms);
 

@@ -235,7 +235,7 @@ TEST_F(CApiTest, SubmitRunAndPollWithASpec) {
   bad = spec;
   bad.dtype = 42;
   EXPECT_EQ(gs_run(session_, &bad, &result), GS_INVALID_ARGUMENT);
-  EXPECT_THAT(gs_last_error(), HasSubstr("invalid dtype value 42"));
+  EXPECT_THAT(gs_last_error(), HasSubstr("dtype 42 is not a valid value (1..9: f32 f64"));
   bad = spec;
   bad.struct_size = 0;
   EXPECT_EQ(gs_run(session_, &bad, &result), GS_INVALID_ARGUMENT);

@@ -291,12 +291,12 @@ absl::StatusOr<OpHandle> Session::SubmitAsync(const CollectiveSpec& spec) {
   const int dtype_value = static_cast<int>(dtype);
   if (!IsValidDType(dtype_value)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        what(), ": invalid dtype value ", dtype_value, " (expected ", ValidDTypesText(), ")"));
+        what(), ": dtype ", dtype_value, " is not a valid value (", ValidDTypesText(), ")"));
   }
   const int op_value = static_cast<int>(spec.op);
   if (!IsValidReduceOp(op_value)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        what(), ": invalid reduce op value ", op_value, " (expected 1..5: sum avg min max prod)"));
+        what(), ": reduce op ", op_value, " is not a valid value (1..5: sum avg min max prod)"));
   }
   if (IsRootedCollective(spec.kind) && (spec.root < 0 || spec.root >= world_size_)) {
     return absl::InvalidArgumentError(absl::StrCat(what(), ": root ", spec.root,

@@ -297,9 +297,9 @@ TEST_F(ClientTest, BadArgumentsFailLocallyWithoutRpcAndNameTheValues) {
   expect_invalid(session_->AllreduceAsync(*buf, 2, 1, DType::kF32, ReduceOp::kSum, "g"),
                  {"offset_bytes 2", "element size 4"});
   expect_invalid(session_->AllreduceAsync(*buf, 0, 1, static_cast<DType>(42), ReduceOp::kSum, "g"),
-                 {"dtype value 42"});
+                 {"dtype 42 is not a valid value"});
   expect_invalid(session_->AllreduceAsync(*buf, 0, 1, DType::kF32, static_cast<ReduceOp>(9), "g"),
-                 {"reduce op value 9"});
+                 {"reduce op 9 is not a valid value"});
   expect_invalid(session_->AllreduceAsync(*buf, 0, 1, DType::kF32, ReduceOp::kSum, "g",
                                           absl::Milliseconds(-1)),
                  {"timeout"});
