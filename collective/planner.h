@@ -33,7 +33,7 @@ namespace gradsync {
 
 enum class PlanPath : uint8_t {
   kFlat = 0,             // one collective algorithm among all ranks
-  kHierarchical = 1,     // ranks sharing a daemon combined in memory (worker/node_collectives.h)
+  kHierarchical = 1,     // ranks sharing a daemon combined in memory (collective/hierarchical.h)
   kParameterServer = 2,  // pushed to and pulled from gradsync-ps shards (ps/worker_client.h)
 };
 
@@ -92,7 +92,7 @@ struct PlannerSettings {
 
 // The participants of an op's network stage, fixed for the job's epoch: one
 // per daemon (the job's executor combines the ranks that share a daemon
-// before and after it, worker/node_collectives.h).
+// before and after it, collective/hierarchical.h).
 struct PlanTopology {
   int world = 1;           // participants (daemons)
   int ps_shards = 0;       // 0: no parameter-server path

@@ -16,7 +16,7 @@
 //   3. the op runs: with one rank per daemon, the plan's algorithm on the
 //      client's buffer among the daemons; with ranks sharing daemons, the
 //      local ranks are combined in memory in rank order and the node context
-//      carries each daemon's share (worker/node_collectives.h); with every
+//      carries each daemon's share (collective/hierarchical.h); with every
 //      rank here, all of it in memory;
 //   4. every local rank's op completes.
 // A mismatch fails only that op. Any other failure (a peer lost, a deadline,
@@ -58,7 +58,7 @@
 #include "transport/transport.h"
 #include "worker/daemon_observer.h"
 #include "worker/device_path.h"
-#include "worker/node_collectives.h"
+#include "collective/hierarchical.h"
 
 namespace gradsync {
 

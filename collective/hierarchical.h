@@ -1,5 +1,6 @@
-// Collectives of the ranks that share one daemon, run by the job's executor
-// (worker/job_executor.h) on their buffers, all mapped in this process.
+// Collectives of the ranks that share one daemon (the hierarchical path of
+// collective/planner.h), run by the job's executor (worker/job_executor.h)
+// on their buffers, all mapped in this process.
 //
 // All ranks on this daemon (RunInMemory): the whole collective is memory
 // copies and reductions, in rank order. Several daemons (RunAcrossNodes):
@@ -24,8 +25,8 @@
 // Memory: every reduction and copy goes through the op's Reducer (the CPU's
 // for host buffers), and staging comes from the executor's Scratch of the
 // buffers' memory kind; nothing here touches the bytes itself.
-#ifndef GRADSYNC_WORKER_NODE_COLLECTIVES_H_
-#define GRADSYNC_WORKER_NODE_COLLECTIVES_H_
+#ifndef GRADSYNC_COLLECTIVE_HIERARCHICAL_H_
+#define GRADSYNC_COLLECTIVE_HIERARCHICAL_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -37,24 +38,13 @@
 #include "collective/algorithm.h"
 #include "collective/reducer.h"
 #include "collective/ring_allreduce.h"
+#include "collective/topology.h"
+#include "common/slice_pool.h"
 #include "common/types.h"
 #include "transport/memory.h"
 #include "transport/transport.h"
-#include "worker/slice_pool.h"
 
 namespace gradsync {
-
-// Where a job's ranks live, the same on every daemon of the job.
-struct JobPlacement {
-  int world = 1;
-  int node_index = 0;                           // this daemon
-  std::vector<int> node_of_rank;                // by rank
-  std::vector<std::vector<int>> ranks_of_node;  // by node (daemon), ascending
-  std::vector<std::string> node_names;          // each daemon's data endpoint, "host:port"
-
-  int nodes() const { return static_cast<int>(ranks_of_node.size()); }
-  const std::vector<int>& local_ranks() const { return ranks_of_node[node_index]; }
-};
 
 // One op on this daemon's ranks: their buffers by local index (ranks
 // ascending; null for a buffer-less barrier).
@@ -102,4 +92,4 @@ void ReduceInOrder(const Reducer& red, const std::vector<char*>& bufs, size_t co
 
 }  // namespace gradsync
 
-#endif  // GRADSYNC_WORKER_NODE_COLLECTIVES_H_
+#endif  // GRADSYNC_COLLECTIVE_HIERARCHICAL_H_

@@ -4,7 +4,7 @@
 // device-kind reducer and scratch) with every message staged through host
 // blocks, compared byte for byte with the same ops on host memory over plain
 // TCP. Also RunInMemory (every rank on one daemon) on device memory.
-#include "worker/node_collectives.h"
+#include "collective/hierarchical.h"
 
 #include <thread>
 #include <vector>

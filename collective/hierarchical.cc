@@ -1,4 +1,4 @@
-#include "worker/node_collectives.h"
+#include "collective/hierarchical.h"
 
 #include <algorithm>
 #include <functional>
