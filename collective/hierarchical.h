@@ -63,14 +63,19 @@ struct LocalCollective {
   const Reducer& reduce() const { return reducer != nullptr ? *reducer : CpuReducer(); }
 };
 
-// Large allreduces are reduced and copied in slices on `pool` (null: on the
-// calling thread alone); every element is still combined in rank order.
-inline constexpr size_t kMinSliceBytes = 1 << 20;
+// Large in-memory allreduce passes run in slices of at least `min_bytes`
+// (from twice that size) on `pool`; every element is still combined in rank
+// order. No pool or min_bytes 0: on the calling thread alone. The planner
+// decides min_bytes (Plan::slice_min_bytes).
+struct Slicing {
+  SlicePool* pool = nullptr;
+  size_t min_bytes = 0;
+};
 
 // Every rank of the job is on this daemon.
 // `scratch` must be of the buffers' memory kind.
 absl::Status RunInMemory(const JobPlacement& placement, const LocalCollective& c,
-                         transport::Scratch* scratch, SlicePool* pool = nullptr);
+                         transport::Scratch* scratch, Slicing slicing = {});
 
 // Several daemons: `node_ctx` connects them (rank = node index);
 // `node_algo` runs the node stage where one runs (it must implement the
@@ -80,7 +85,15 @@ absl::Status RunAcrossNodes(transport::Context& node_ctx, const JobPlacement& pl
                             const LocalCollective& c, Algorithm node_algo, uint64_t seq,
                             absl::Time deadline, const RingOptions& ring,
                             transport::Scratch* scratch, transport::Scratch* algo_scratch,
-                            SlicePool* pool = nullptr);
+                            Slicing slicing = {});
+
+// An allreduce's local stages around any stage among the daemons (the node
+// collective of RunAcrossNodes, the parameter server's push and pull):
+// ReduceLocalShare combines bufs[1..] into bufs[0] in rank order (avg:
+// summed); SpreadLocalResult divides bufs[0] by `world` (avg) and copies it
+// to the other buffers.
+void ReduceLocalShare(const LocalCollective& c, Slicing slicing);
+void SpreadLocalResult(const LocalCollective& c, int world, Slicing slicing);
 
 // The element-wise operator of a reduction (avg sums; its division comes last).
 inline ReduceOp CombineOp(ReduceOp op) { return op == ReduceOp::kAvg ? ReduceOp::kSum : op; }

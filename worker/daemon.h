@@ -78,8 +78,9 @@ struct DaemonOptions {
   // before it sleeps (gradsyncd --queue_spin_us).
   absl::Duration executor_spin = absl::Microseconds(50);
   std::string timeline_dir = "/var/lib/gradsync/timeline";  // for jobs with timeline on
-  uint64_t ps_partition_bytes = 1 << 20;  // parameter-server partition size
-  PlannerSettings planner;  // how ops are planned (collective/planner.h)
+  // How ops are planned (collective/planner.h), the parameter-server
+  // partition size among its settings.
+  PlannerSettings planner;
   DaemonObserver* observer = nullptr;  // metrics; not owned, outlives the daemon
   // Whether the coordinator answers (CoordinatorWatch), on every change.
   std::function<void(bool reachable, const std::string& detail)> on_coordinator_change;
