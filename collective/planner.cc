@@ -92,7 +92,7 @@ Plan Planner::Propose(const PlanRequest& op) {
   Plan plan;
   if (topology_.every_rank_here) {
     plan.in_memory = true;
-    plan.on_device = op.device_path;
+    plan.on_device = op.device_path && settings_.device_ops_in_place;
     if (!topology_.one_rank_per_daemon()) {
       plan.path = PlanPath::kHierarchical;
       plan.local_stage = true;
@@ -125,7 +125,7 @@ Plan Planner::Propose(const PlanRequest& op) {
   plan.streams = tune ? static_cast<uint8_t>(streams_.Propose()) : 0;
   plan.fused = Fused(plan, op);
   // Until rank 0's plan is known: a fused exchange carries host memory.
-  plan.on_device = op.device_path && !plan.fused;
+  plan.on_device = op.device_path && settings_.device_ops_in_place && !plan.fused;
   Complete(op, &plan);
   return plan;
 }

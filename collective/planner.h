@@ -129,6 +129,10 @@ struct PlannerSettings {
   // Partition size of parameter-server allreduces (gradsyncd
   // --ps_partition_bytes).
   uint64_t ps_partition_bytes = 1 << 20;
+  // Device buffers' ops run in place on their GPU where a device path can
+  // run them (staged through host blocks, reduced by CUDA kernels), else on
+  // their host twins (gradsyncd --device_ops=in_place|host_twin).
+  bool device_ops_in_place = true;
 };
 
 // The participants of an op's network stage, fixed for the job's epoch: one
@@ -151,7 +155,8 @@ struct PlanRequest {
   size_t bytes = 0;               // per rank: the op's whole buffer (CollectiveBufferBytes)
   uint8_t forced = kAutoCode;     // the forced plan code (validated, RequestedPlanCode)
   bool local_mismatch = false;    // the local ranks' signatures differ
-  bool device_path = false;       // every buffer is device memory and a device path can run it
+  bool device_path = false;       // every buffer is device memory and a device path was made
+                                  // for it (WantsDevicePath)
 };
 
 class Planner {
@@ -163,6 +168,13 @@ class Planner {
   const PlanTopology& topology() const { return topology_; }
   // This rank's refined link estimate.
   const LinkParams& link() const { return link_; }
+
+  // Whether an op whose buffers are all device memory (`device_buffers`)
+  // could run in place: the executor then makes its device path (a
+  // resource), and says in PlanRequest::device_path whether it could.
+  bool WantsDevicePath(bool device_buffers) const {
+    return device_buffers && settings_.device_ops_in_place;
+  }
 
   // This daemon's whole plan for `op`: with every rank here, the one that
   // runs; else the proposal its signature carries. Fused plans are decided

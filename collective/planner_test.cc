@@ -238,6 +238,18 @@ TEST(Planner, DeviceBuffersRunInPlaceUnlessFusedOrOnTheParameterServer) {
   here.ranks = 2;
   here.every_rank_here = true;
   EXPECT_TRUE(Planner(PlannerSettings{}, here, Loopback()).Propose(small).on_device);
+  EXPECT_TRUE(planner.WantsDevicePath(true));
+  EXPECT_FALSE(planner.WantsDevicePath(false));  // host buffers among them
+}
+
+TEST(Planner, HostTwinsWhenDeviceOpsInPlaceAreOff) {
+  PlannerSettings s;
+  s.device_ops_in_place = false;  // gradsyncd --device_ops=host_twin
+  Planner planner(s, Flat(2), Loopback());
+  EXPECT_FALSE(planner.WantsDevicePath(true));
+  PlanRequest big = Op(CollectiveKind::kAllreduce, 64 << 20);
+  big.device_path = true;
+  EXPECT_FALSE(planner.Propose(big).on_device);
 }
 
 TEST(Planner, SlicingAndPartitionSizesComeFromTheSettings) {

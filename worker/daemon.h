@@ -63,10 +63,6 @@ struct DaemonOptions {
   std::string rdma_device;  // "" = the first device with an ACTIVE port
   int rdma_port = 0;        // 0 = the device's first ACTIVE port
   int rdma_gid_index = -1;  // RoCE: -1 chooses (rdma::ChooseGidIndex)
-  // Device buffers' ops run in place on their GPU where they can (staged
-  // through host blocks, reduced by CUDA kernels), else on host twins
-  // (gradsyncd --device_ops=in_place|host_twin).
-  bool device_ops_in_place = true;
   // Tests: the verbs emulation, linked with the other processes of this
   // fabric on this host, instead of libibverbs (rdma/verbs_emulation.h).
   std::string rdma_emulation;

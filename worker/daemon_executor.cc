@@ -152,7 +152,6 @@ absl::StatusOr<std::shared_ptr<JobExecutor>> Daemon::GetOrCreateExecutor(
   eo.data_tls = info.data_tls;
   eo.device = ps_device;
   eo.transport = transport_name;
-  eo.device_ops_in_place = options_.device_ops_in_place;
   eo.node_moves_device_memory = node_moves_device_memory;
   eo.transport_detail = transport_detail;
   eo.spin = options_.executor_spin;

@@ -300,7 +300,7 @@ int main(int argc, char** argv) {
     GS_LOG(ERROR) << "--device_ops '" << d << "': expected in_place or host_twin";
     return 2;
   } else {
-    opts.device_ops_in_place = d == "in_place";
+    opts.planner.device_ops_in_place = d == "in_place";
   }
   opts.rdma_device = absl::GetFlag(FLAGS_rdma_device);
   opts.rdma_port = absl::GetFlag(FLAGS_rdma_port);

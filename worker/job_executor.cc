@@ -436,8 +436,11 @@ void JobExecutor::RunCurrent(const std::vector<Session*>& members) {
   }
   // What the planner needs to know of the op here; it decides the rest
   // (collective/planner.h). A device path is made for device buffers where
-  // one can be (worker/device_path.h).
-  DevicePath* device_path = s.ok() ? DevicePathFor(ops) : nullptr;
+  // the planner would use one and one can be made (worker/device_path.h).
+  const bool device_buffers =
+      std::all_of(ops.begin(), ops.end(), [](const QueuedOp* op) { return op->device != nullptr; });
+  DevicePath* device_path =
+      s.ok() && planner_->WantsDevicePath(device_buffers) ? DevicePathFor(ops) : nullptr;
   PlanRequest request;
   request.kind = lead.sig.kind;
   request.bytes = bytes;

@@ -78,9 +78,6 @@ struct JobExecutorOptions {
   std::vector<std::string> ps_shard_keys;  // what each shard proves (PsShardKey)
   bool data_tls = false;  // the shard connections run TLS too (JobOptions.data_tls)
   transport::Device* device = nullptr;  // the data plane's (PS contexts); not owned
-  // Device buffers' ops run in place on their GPU where they can (the device
-  // path), else on their host twins (gradsyncd --device_ops).
-  bool device_ops_in_place = true;
   // The node context moves device memory itself (GPUDirect RDMA): the device
   // path sends straight from GPU memory, no staging.
   bool node_moves_device_memory = false;
@@ -165,8 +162,8 @@ class JobExecutor {
   absl::Status RunAgreed(const std::vector<QueuedOp*>& ops, const Plan& plan,
                          DevicePath* on_device);
   // job_executor_run.cc. The device path of an op whose buffers are all
-  // device buffers, on GPUs the lead's can reach, with in-place device ops
-  // on; null: none (the planner then runs the op on host twins).
+  // device buffers, on GPUs the lead's can reach; null: none (the planner
+  // then runs the op on host twins).
   DevicePath* DevicePathFor(const std::vector<QueuedOp*>& ops);
   // c->bufs: the ops' device memory, c's reducer and bufs[0]'s registration.
   absl::Status DeviceLocal(DevicePath& path, const std::vector<QueuedOp*>& ops,

@@ -82,7 +82,6 @@ absl::StatusOr<const transport::MemoryRegion*> JobExecutor::BufferRegion(const Q
 
 
 DevicePath* JobExecutor::DevicePathFor(const std::vector<QueuedOp*>& ops) {
-  if (!options_.device_ops_in_place) return nullptr;
   for (const QueuedOp* op : ops) {
     if (op->device == nullptr) return nullptr;  // host buffers among them: host twins
   }
