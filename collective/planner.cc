@@ -75,35 +75,127 @@ Planner::Planner(PlannerSettings settings, PlanTopology topology, LinkParams agr
       link_(agreed_link),
       streams_(topology.streams, topology.probe_streams) {}
 
-Plan Planner::Propose(CollectiveKind kind, size_t bytes, uint8_t forced) {
+namespace {
+
+// The data of a flat oneshot allreduce (or the barrier) ride on the
+// signature exchange, which every local rank's signature must agree to.
+bool Fused(const Plan& plan, const PlanRequest& op) {
+  return plan.path == PlanPath::kFlat && plan.algorithm == Algorithm::kOneShot &&
+         !op.local_mismatch &&
+         (op.kind == CollectiveKind::kAllreduce || op.kind == CollectiveKind::kBarrier);
+}
+
+}  // namespace
+
+Plan Planner::Propose(const PlanRequest& op) {
   const int world = topology_.world;
   Plan plan;
-  if (forced != kAutoCode) {
-    absl::StatusOr<Plan> p = PlanFromCode(forced);
+  if (topology_.every_rank_here) {
+    plan.in_memory = true;
+    plan.on_device = op.device_path && settings_.device_ops_in_place;
+    if (!topology_.one_rank_per_daemon()) {
+      plan.path = PlanPath::kHierarchical;
+      plan.local_stage = true;
+      plan.slice_min_bytes = settings_.min_slice_bytes;
+      plan.shown_name = "hier";
+    } else {
+      // A job of one rank runs nothing; it reports what it was asked for.
+      plan.shown_name = op.forced != kAutoCode ? PlanCodeName(op.forced) : "ring";
+    }
+    return plan;
+  }
+  if (op.forced != kAutoCode) {
+    absl::StatusOr<Plan> p = PlanFromCode(op.forced);
     if (p.ok()) plan = *p;  // the caller validated the code (RequestedPlanCode)
-  } else if (bytes <= settings_.oneshot_max_bytes &&
-             fused_memo_.Choose(kind, bytes, world, agreed_link_) == Algorithm::kOneShot) {
+  } else if (op.bytes <= settings_.oneshot_max_bytes &&
+             fused_memo_.Choose(op.kind, op.bytes, world, agreed_link_) == Algorithm::kOneShot) {
     plan.algorithm = Algorithm::kOneShot;  // decided on the agreed link: alike everywhere
-  } else if (topology_.ps_shards > 0 && kind == CollectiveKind::kAllreduce &&
-             PreferParameterServer(bytes, world, topology_.ps_shards, link_)) {
+  } else if (topology_.ps_shards > 0 && op.kind == CollectiveKind::kAllreduce &&
+             PreferParameterServer(op.bytes, world, topology_.ps_shards, link_)) {
     plan.path = PlanPath::kParameterServer;
   } else {
-    plan.algorithm = memo_.Choose(kind, bytes, world, link_, /*allow_oneshot=*/false);
+    plan.algorithm = memo_.Choose(op.kind, op.bytes, world, link_, /*allow_oneshot=*/false);
   }
   // Large bandwidth-bound flat ops carry this rank's stream count proposal.
   const bool tune = plan.path == PlanPath::kFlat && topology_.streams > 1 &&
-                    bytes >= settings_.stream_tuning_min_bytes &&
-                    (kind == CollectiveKind::kAllreduce || kind == CollectiveKind::kReduceScatter ||
-                     kind == CollectiveKind::kAllgather);
+                    op.bytes >= settings_.stream_tuning_min_bytes &&
+                    (op.kind == CollectiveKind::kAllreduce ||
+                     op.kind == CollectiveKind::kReduceScatter ||
+                     op.kind == CollectiveKind::kAllgather);
   plan.streams = tune ? static_cast<uint8_t>(streams_.Propose()) : 0;
+  plan.fused = Fused(plan, op);
+  // Until rank 0's plan is known: a fused exchange carries host memory.
+  plan.on_device = op.device_path && settings_.device_ops_in_place && !plan.fused;
+  Complete(op, &plan);
   return plan;
+}
+
+absl::StatusOr<Plan> Planner::Agree(const PlanRequest& op, const Plan& mine, uint8_t code,
+                                    uint8_t streams) const {
+  absl::StatusOr<Plan> agreed = PlanFromCode(code);
+  if (!agreed.ok()) {
+    return absl::Status(agreed.status().code(),
+                        absl::StrCat("rank 0 proposed ", agreed.status().message()));
+  }
+  Plan plan = *agreed;
+  plan.streams = streams;
+  // Alike on every daemon (the fused exchange succeeded only if so).
+  plan.fused = mine.fused;
+  plan.on_device = mine.on_device && plan.path != PlanPath::kParameterServer;  // PS: host memory
+  if (!plan.fused) {
+    if (plan.path == PlanPath::kParameterServer) {
+      if (topology_.ps_shards == 0) {
+        return absl::FailedPreconditionError(
+            "rank 0 chose the parameter server; this daemon has no shards");
+      }
+      if (op.kind != CollectiveKind::kAllreduce) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "rank 0 chose 'ps', which does not implement ", CollectiveName(op.kind)));
+      }
+    } else if (topology_.one_rank_per_daemon()) {
+      if (plan.path == PlanPath::kHierarchical) {
+        return absl::FailedPreconditionError(
+            "rank 0 chose the hierarchical path; this job has one rank per daemon");
+      }
+      if (!Implements(plan.algorithm, op.kind)) {
+        return absl::InvalidArgumentError(absl::StrCat("rank 0 chose '", plan.Name(),
+                                                       "', which does not implement ",
+                                                       CollectiveName(op.kind)));
+      }
+    }
+  }
+  Complete(op, &plan);
+  return plan;
+}
+
+void Planner::Complete(const PlanRequest& op, Plan* plan) const {
+  const bool shared = !topology_.one_rank_per_daemon();
+  plan->local_stage = shared;
+  plan->codec = Codec::kNone;
+  if (plan->path == PlanPath::kParameterServer) {
+    plan->ps_partition_bytes = settings_.ps_partition_bytes;
+    plan->shown_name = plan->Name();
+    return;
+  }
+  plan->shown_name = shared ? "hier" : plan->Name();
+  if (!shared) return;
+  plan->slice_min_bytes = settings_.min_slice_bytes;
+  // The stage among the daemons: allreduce for reduce_scatter (every block).
+  const CollectiveKind stage =
+      op.kind == CollectiveKind::kReduceScatter ? CollectiveKind::kAllreduce : op.kind;
+  Algorithm node = plan->path == PlanPath::kFlat
+                       ? plan->algorithm
+                       : ChooseAlgorithm(stage, op.bytes, topology_.world, agreed_link_,
+                                         /*allow_oneshot=*/false);
+  if (!Implements(node, stage) || node == Algorithm::kOneShot) node = Algorithm::kRing;
+  plan->node_algorithm = node;
 }
 
 std::string Planner::Observe(const Plan& plan, CollectiveKind kind, size_t bytes, uint8_t streams,
                              double took_us, double exchange_us, bool rank0) {
   if (plan.path != PlanPath::kFlat) return "";
   const int world = topology_.world;
-  if (plan.fused()) {
+  if (plan.algorithm == Algorithm::kOneShot) {  // the data rode on the exchange
     ObserveSmallOp(kind, Algorithm::kOneShot, bytes, exchange_us);
     return "";
   }

@@ -1,15 +1,24 @@
-// How an op runs, decided in one place: its path (flat among the ranks,
-// hierarchical through the daemons that host several ranks, or the parameter
-// server), the collective algorithm, the TCP stream count and the codec.
+// How an op runs, decided in one place: its path (flat among the daemons,
+// hierarchical through the daemons that host several ranks, the parameter
+// server, or all in memory when every rank is on this daemon), the network
+// algorithm and the node-stage algorithm, whether the data ride on the
+// signature exchange (fused), the TCP stream count, whether device buffers
+// run in place on their GPU or on their host twins, the slicing of in-memory
+// passes, the parameter-server partition size, the codec and the name users
+// see. The job's executor (worker/job_executor.h) dispatches on the Plan and
+// decides nothing; it tells the planner what it knows (the op, whether the
+// local signatures differ, whether a device path can run the op) as a
+// PlanRequest, and the job's shape as a PlanTopology.
 //
 // Every rank proposes a plan in its op signature (collective/op_signature.h,
 // `proposal` and `streams`, not compared) and every rank runs rank 0's, so
-// ranks whose link estimates drifted apart still agree. A forced plan (the
-// op's or the job's algorithm) is compared like the rest of the signature.
-// One decision cannot wait for rank 0's: whether the op's data ride on the
-// signature exchange itself (oneshot), which every rank must know before the
-// exchange. It is made from inputs equal on every rank (the signature and the
-// link figures agreed when the job formed), so every rank decides alike.
+// ranks whose link estimates drifted apart still agree (Agree completes rank
+// 0's plan here). A forced plan (the op's or the job's algorithm) is
+// compared like the rest of the signature. One decision cannot wait for
+// rank 0's: whether the op's data ride on the signature exchange itself
+// (fused, oneshot), which every rank must know before the exchange. It is
+// made from inputs equal on every rank (the signature and the link figures
+// agreed when the job formed), so every rank decides alike.
 //
 // Every threshold the choice uses is a PlannerSettings field; the rest is
 // the cost model (collective/cost_model.h) and the stream tuner
@@ -32,24 +41,50 @@
 namespace gradsync {
 
 enum class PlanPath : uint8_t {
-  kFlat = 0,             // one collective algorithm among all ranks
-  kHierarchical = 1,     // ranks sharing a daemon combined in memory (worker/node_collectives.h)
+  kFlat = 0,             // one collective algorithm among the daemons
+  kHierarchical = 1,     // ranks sharing a daemon combined in memory (collective/hierarchical.h)
   kParameterServer = 2,  // pushed to and pulled from gradsync-ps shards (ps/worker_client.h)
 };
 
-// What travels besides the data's own encoding. Only kNone today.
+// What travels besides the data's own encoding. Only kNone (identity) today.
 enum class Codec : uint8_t { kNone = 0 };
 
 struct Plan {
+  // What the op signature carries (Code): the path and, kFlat, the algorithm.
   PlanPath path = PlanPath::kFlat;
-  Algorithm algorithm = Algorithm::kRing;  // kFlat only
+  Algorithm algorithm = Algorithm::kRing;  // kFlat: the algorithm among the daemons
   uint8_t streams = 0;                     // TCP streams for the op; 0: keep the current count
   Codec codec = Codec::kNone;
 
-  // The data ride on the signature exchange (flat oneshot).
-  bool fused() const { return path == PlanPath::kFlat && algorithm == Algorithm::kOneShot; }
+  // The rest, decided by the Planner on every daemon (Propose, Agree).
+  // Every rank is on this daemon: the whole op in memory, no exchange
+  // (RunInMemory, collective/hierarchical.h).
+  bool in_memory = false;
+  // Ranks share daemons: the local ranks are combined in memory before and
+  // after the stage among the daemons (RunAcrossNodes; the PS path pushes
+  // the daemon's partial result).
+  bool local_stage = false;
+  // The algorithm of that stage among the daemons (local_stage, not kPS):
+  // the flat algorithm, or the cost model's for a hierarchical plan; ring
+  // where that one does not implement the stage's collective, or is oneshot.
+  Algorithm node_algorithm = Algorithm::kRing;
+  // The data ride on the signature exchange (a flat oneshot allreduce or
+  // barrier whose local signatures agree); nothing runs after it.
+  bool fused = false;
+  // Device buffers run in place on their GPU (the device path); false: on
+  // their host twins.
+  bool on_device = false;
+  // In-memory passes over the local ranks' buffers go in slices of at least
+  // this many bytes on the executor's slice pool; 0: on one thread.
+  size_t slice_min_bytes = 0;
+  // kParameterServer: the partition size of the push and pull.
+  uint64_t ps_partition_bytes = 0;
   // "ring", "rhd", "rd", "tree", "pairwise", "oneshot", "hier", "ps": what an
   // op's result, its log line, its metrics and `gradsync status` show.
+  const char* shown_name = "ring";
+
+  // The name of the signature's code (path and algorithm): shown_name
+  // differs where ranks share daemons ("hier") or every rank is here.
   const char* Name() const;
   // The byte an op signature carries (PlanCode / PlanFromCode).
   uint8_t Code() const;
@@ -88,16 +123,40 @@ struct PlannerSettings {
   // Small latency-bound ops refresh the latency estimate from the fastest of
   // every this many.
   int alpha_window = 32;
+  // In-memory passes over several local ranks' buffers go in slices of at
+  // least this many bytes (on a slice pool, from twice this size).
+  size_t min_slice_bytes = 1 << 20;
+  // Partition size of parameter-server allreduces (gradsyncd
+  // --ps_partition_bytes).
+  uint64_t ps_partition_bytes = 1 << 20;
+  // Device buffers' ops run in place on their GPU where a device path can
+  // run them (staged through host blocks, reduced by CUDA kernels), else on
+  // their host twins (gradsyncd --device_ops=in_place|host_twin).
+  bool device_ops_in_place = true;
 };
 
 // The participants of an op's network stage, fixed for the job's epoch: one
 // per daemon (the job's executor combines the ranks that share a daemon
-// before and after it, worker/node_collectives.h).
+// before and after it, collective/hierarchical.h).
 struct PlanTopology {
   int world = 1;           // participants (daemons)
+  int ranks = 1;           // the job's ranks; at most `world`: one per daemon
+  bool every_rank_here = false;  // no node context: the job runs on this daemon alone
   int ps_shards = 0;       // 0: no parameter-server path
   int streams = 1;         // TCP connections per peer
   int probe_streams = 1;   // what the link probe chose (1 or streams)
+
+  bool one_rank_per_daemon() const { return ranks <= world; }
+};
+
+// One op, as the executor sees it on this daemon.
+struct PlanRequest {
+  CollectiveKind kind = CollectiveKind::kAllreduce;
+  size_t bytes = 0;               // per rank: the op's whole buffer (CollectiveBufferBytes)
+  uint8_t forced = kAutoCode;     // the forced plan code (validated, RequestedPlanCode)
+  bool local_mismatch = false;    // the local ranks' signatures differ
+  bool device_path = false;       // every buffer is device memory and a device path was made
+                                  // for it (WantsDevicePath)
 };
 
 class Planner {
@@ -110,12 +169,26 @@ class Planner {
   // This rank's refined link estimate.
   const LinkParams& link() const { return link_; }
 
-  // This rank's proposal for an op of `kind` and `bytes` per rank (the op's
-  // whole buffer, CollectiveBufferBytes), with `forced` the forced plan code
-  // or kAutoCode. Fused plans (fused()) are decided alike on every rank.
-  Plan Propose(CollectiveKind kind, size_t bytes, uint8_t forced);
+  // Whether an op whose buffers are all device memory (`device_buffers`)
+  // could run in place: the executor then makes its device path (a
+  // resource), and says in PlanRequest::device_path whether it could.
+  bool WantsDevicePath(bool device_buffers) const {
+    return device_buffers && settings_.device_ops_in_place;
+  }
 
-  // `plan` ran an op of `bytes` per rank on `streams` TCP streams (0: not
+  // This daemon's whole plan for `op`: with every rank here, the one that
+  // runs; else the proposal its signature carries. Fused plans are decided
+  // alike on every rank.
+  Plan Propose(const PlanRequest& op);
+  // The plan that runs: rank 0's `code` and `streams` from the signature
+  // exchange, completed here for `op` (this daemon proposed `mine`).
+  // FailedPrecondition / InvalidArgument for a plan this daemon cannot run
+  // (ps without shards, hier with one rank per daemon, an algorithm that
+  // does not implement the op); DataLoss for an unknown code.
+  absl::StatusOr<Plan> Agree(const PlanRequest& op, const Plan& mine, uint8_t code,
+                             uint8_t streams) const;
+
+  // `plan` (Agree's) ran an op of `bytes` per rank on `streams` TCP streams (0: not
   // tuned) in `took_us` microseconds, measured from the start of its
   // signature exchange (`exchange_us` of them in it): refines the link
   // estimate and, on rank 0, the stream tuner. Returns a line to log when
@@ -124,6 +197,9 @@ class Planner {
                       double took_us, double exchange_us, bool rank0);
 
  private:
+  // The decisions that follow from the path and algorithm: the node-stage
+  // algorithm, the device path, slicing, PS partitions, the name shown.
+  void Complete(const PlanRequest& op, Plan* plan) const;
   void ObserveSmallOp(CollectiveKind kind, Algorithm algo, size_t bytes, double took_us);
 
   const PlannerSettings settings_;

@@ -24,6 +24,23 @@ PlanTopology Flat(int world) {
   return t;
 }
 
+PlanRequest Op(CollectiveKind kind, size_t bytes, uint8_t forced = kAutoCode) {
+  PlanRequest op;
+  op.kind = kind;
+  op.bytes = bytes;
+  op.forced = forced;
+  return op;
+}
+
+// `world` daemons hosting `ranks` ranks (more ranks than daemons: some share).
+PlanTopology Shared(int world, int ranks) {
+  PlanTopology t = Flat(world);
+  t.ranks = ranks;
+  return t;
+}
+
+uint8_t Code(Algorithm a) { return static_cast<uint8_t>(a); }
+
 TEST(Plan, CodesRoundTripAndUnknownCodesAreNamed) {
   for (Algorithm a : kAllAlgorithms) {
     Plan p;
@@ -62,35 +79,36 @@ TEST(RequestedPlanCode, NamesAndRefusals) {
 
 TEST(Planner, ForcedPlansWinAndOneshotIsFusedOnlyAcrossDaemons) {
   Planner flat(PlannerSettings{}, Flat(4), Loopback());
-  Plan p = flat.Propose(CollectiveKind::kAllreduce, 1 << 20,
-                        static_cast<uint8_t>(Algorithm::kRecursiveDoubling));
+  Plan p =
+      flat.Propose(Op(CollectiveKind::kAllreduce, 1 << 20, Code(Algorithm::kRecursiveDoubling)));
   EXPECT_EQ(p.algorithm, Algorithm::kRecursiveDoubling);
-  EXPECT_FALSE(p.fused());
-  p = flat.Propose(CollectiveKind::kAllreduce, 8, kAutoCode);
-  EXPECT_TRUE(p.fused()) << p.Name();  // 8 bytes on a dear round trip
-  p = flat.Propose(CollectiveKind::kAllreduce, 64 << 20, kAutoCode);
+  EXPECT_FALSE(p.fused);
+  p = flat.Propose(Op(CollectiveKind::kAllreduce, 8, kAutoCode));
+  EXPECT_TRUE(p.fused) << p.Name();  // 8 bytes on a dear round trip
+  p = flat.Propose(Op(CollectiveKind::kAllreduce, 64 << 20, kAutoCode));
   EXPECT_EQ(p.path, PlanPath::kFlat);
   EXPECT_NE(p.algorithm, Algorithm::kOneShot);
   EXPECT_GT(p.streams, 0);  // large enough to carry a stream proposal
-  EXPECT_EQ(flat.Propose(CollectiveKind::kAllreduce, 1 << 20, kAutoCode).streams, 0);
+  EXPECT_EQ(flat.Propose(Op(CollectiveKind::kAllreduce, 1 << 20, kAutoCode)).streams, 0);
 }
 
 TEST(Planner, ForcedHierarchicalAndParameterServerPlansAreKept) {
   PlanTopology t = Flat(2);
   t.ps_shards = 2;
   Planner planner(PlannerSettings{}, t, Loopback());
-  EXPECT_EQ(planner.Propose(CollectiveKind::kAllreduce, 8, kHierarchicalPlanCode).path,
+  EXPECT_EQ(planner.Propose(Op(CollectiveKind::kAllreduce, 8, kHierarchicalPlanCode)).path,
             PlanPath::kHierarchical);
-  EXPECT_EQ(planner.Propose(CollectiveKind::kAllreduce, 8, kParameterServerPlanCode).path,
+  EXPECT_EQ(planner.Propose(Op(CollectiveKind::kAllreduce, 8, kParameterServerPlanCode)).path,
             PlanPath::kParameterServer);
-  EXPECT_EQ(planner.Propose(CollectiveKind::kAllreduce, 8, kParameterServerPlanCode).streams, 0);
+  EXPECT_EQ(planner.Propose(Op(CollectiveKind::kAllreduce, 8, kParameterServerPlanCode)).streams,
+            0);
 }
 
 TEST(Planner, SettingsBoundTheFusedPlan) {
   PlannerSettings s;
   s.oneshot_max_bytes = 0;  // never fuse
   Planner planner(s, Flat(4), Loopback());
-  EXPECT_FALSE(planner.Propose(CollectiveKind::kAllreduce, 8, kAutoCode).fused());
+  EXPECT_FALSE(planner.Propose(Op(CollectiveKind::kAllreduce, 8, kAutoCode)).fused);
 }
 
 TEST(Planner, ObservedTransfersRefineTheLinkAndTheAlphaWindow) {
@@ -113,6 +131,194 @@ TEST(Planner, ObservedTransfersRefineTheLinkAndTheAlphaWindow) {
   const LinkParams before = planner.link();
   planner.Observe(hier, CollectiveKind::kAllreduce, 64 << 20, 0, 1, 0, true);
   EXPECT_EQ(planner.link().beta_us_per_byte, before.beta_us_per_byte);
+}
+
+TEST(Planner, NodeStageAlgorithmFollowsThePlanOrTheCostModelWithRingFallback) {
+  Planner planner(PlannerSettings{}, Shared(2, 3), Loopback());
+  const PlanRequest big = Op(CollectiveKind::kAllreduce, 64 << 20);
+  const Plan mine = planner.Propose(big);
+  EXPECT_TRUE(mine.local_stage);
+  // A flat plan's algorithm runs the stage among the daemons.
+  absl::StatusOr<Plan> p = planner.Agree(big, mine, Code(Algorithm::kRecursiveDoubling), 0);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->node_algorithm, Algorithm::kRecursiveDoubling);
+  // A hierarchical plan: the cost model's choice on the agreed link, no oneshot.
+  p = planner.Agree(big, mine, kHierarchicalPlanCode, 0);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->node_algorithm, ChooseAlgorithm(CollectiveKind::kAllreduce, 64 << 20, 2, Loopback(),
+                                               /*allow_oneshot=*/false));
+  // reduce_scatter's stage is an allreduce of every block.
+  const PlanRequest rs = Op(CollectiveKind::kReduceScatter, 64 << 20);
+  p = planner.Agree(rs, planner.Propose(rs), kHierarchicalPlanCode, 0);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->node_algorithm, ChooseAlgorithm(CollectiveKind::kAllreduce, 64 << 20, 2, Loopback(),
+                                               /*allow_oneshot=*/false));
+  // Ring where the plan's algorithm does not implement the stage, or is oneshot.
+  p = planner.Agree(big, mine, Code(Algorithm::kPairwise), 0);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->node_algorithm, Algorithm::kRing);
+  const PlanRequest bcast = Op(CollectiveKind::kBroadcast, 1 << 10);
+  p = planner.Agree(bcast, planner.Propose(bcast), Code(Algorithm::kOneShot), 0);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_FALSE(p->fused);
+  EXPECT_EQ(p->node_algorithm, Algorithm::kRing);
+}
+
+TEST(Planner, FusedOnlyForAnAllreduceOrBarrierWhoseLocalSignaturesAgree) {
+  Planner planner(PlannerSettings{}, Shared(2, 4), Loopback());
+  PlanRequest small = Op(CollectiveKind::kAllreduce, 8);
+  EXPECT_TRUE(planner.Propose(small).fused);  // the daemon's partial result rides along
+  small.local_mismatch = true;
+  const Plan mine = planner.Propose(small);
+  EXPECT_FALSE(mine.fused);
+  // Still proposed: the exchange reports the mismatch.
+  EXPECT_EQ(mine.algorithm, Algorithm::kOneShot);
+  EXPECT_FALSE(planner.Propose(Op(CollectiveKind::kAllreduce, 64 << 20)).fused);
+  // Agree keeps the decision every daemon made before the exchange.
+  small.local_mismatch = false;
+  const Plan fused = planner.Propose(small);
+  absl::StatusOr<Plan> p = planner.Agree(small, fused, Code(Algorithm::kOneShot), 0);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_TRUE(p->fused);
+}
+
+TEST(Planner, TheNameShownIsHierWhereRanksShareDaemons) {
+  const PlanRequest big = Op(CollectiveKind::kAllreduce, 64 << 20);
+  PlanTopology shared = Shared(2, 3);
+  shared.ps_shards = 2;
+  Planner hier(PlannerSettings{}, shared, Loopback());
+  absl::StatusOr<Plan> p = hier.Agree(big, hier.Propose(big), Code(Algorithm::kRing), 0);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_STREQ(p->shown_name, "hier");
+  EXPECT_STREQ(p->Name(), "ring");  // what the signature carried
+  p = hier.Agree(big, hier.Propose(big), kParameterServerPlanCode, 0);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_STREQ(p->shown_name, "ps");
+  Planner flat(PlannerSettings{}, Flat(2), Loopback());
+  p = flat.Agree(big, flat.Propose(big), Code(Algorithm::kRecursiveHalvingDoubling), 0);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_STREQ(p->shown_name, "rhd");
+  // Every rank on this daemon: several ranks show "hier"; a job of one rank
+  // runs nothing and shows what it asked for.
+  PlanTopology here;
+  here.ranks = 3;
+  here.every_rank_here = true;
+  Plan local = Planner(PlannerSettings{}, here, Loopback()).Propose(big);
+  EXPECT_TRUE(local.in_memory);
+  EXPECT_STREQ(local.shown_name, "hier");
+  here.ranks = 1;
+  Planner one(PlannerSettings{}, here, Loopback());
+  EXPECT_STREQ(one.Propose(big).shown_name, "ring");
+  EXPECT_STREQ(one.Propose(Op(CollectiveKind::kAllreduce, 8, kParameterServerPlanCode)).shown_name,
+               "ps");
+  EXPECT_TRUE(one.Propose(big).in_memory);
+}
+
+TEST(Planner, DeviceBuffersRunInPlaceUnlessFusedOrOnTheParameterServer) {
+  PlanTopology t = Flat(2);
+  t.ps_shards = 2;
+  Planner planner(PlannerSettings{}, t, Loopback());
+  PlanRequest big = Op(CollectiveKind::kAllreduce, 64 << 20);
+  EXPECT_FALSE(planner.Propose(big).on_device);  // no device path: host twins
+  big.device_path = true;
+  const Plan mine = planner.Propose(big);
+  EXPECT_TRUE(mine.on_device);
+  absl::StatusOr<Plan> p = planner.Agree(big, mine, Code(Algorithm::kRing), 0);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_TRUE(p->on_device);
+  p = planner.Agree(big, mine, kParameterServerPlanCode, 0);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_FALSE(p->on_device);  // the PS path moves host memory
+  PlanRequest small = Op(CollectiveKind::kAllreduce, 8);
+  small.device_path = true;
+  const Plan fused = planner.Propose(small);
+  ASSERT_TRUE(fused.fused);
+  EXPECT_FALSE(fused.on_device);  // the exchange carries host memory
+  PlanTopology here;
+  here.ranks = 2;
+  here.every_rank_here = true;
+  EXPECT_TRUE(Planner(PlannerSettings{}, here, Loopback()).Propose(small).on_device);
+  EXPECT_TRUE(planner.WantsDevicePath(true));
+  EXPECT_FALSE(planner.WantsDevicePath(false));  // host buffers among them
+}
+
+TEST(Planner, HostTwinsWhenDeviceOpsInPlaceAreOff) {
+  PlannerSettings s;
+  s.device_ops_in_place = false;  // gradsyncd --device_ops=host_twin
+  Planner planner(s, Flat(2), Loopback());
+  EXPECT_FALSE(planner.WantsDevicePath(true));
+  PlanRequest big = Op(CollectiveKind::kAllreduce, 64 << 20);
+  big.device_path = true;
+  EXPECT_FALSE(planner.Propose(big).on_device);
+}
+
+TEST(Planner, SlicingAndPartitionSizesComeFromTheSettings) {
+  PlannerSettings s;
+  s.min_slice_bytes = 4096;
+  s.ps_partition_bytes = 65536;
+  PlanTopology shared = Shared(2, 3);
+  shared.ps_shards = 1;
+  Planner planner(s, shared, Loopback());
+  const PlanRequest big = Op(CollectiveKind::kAllreduce, 64 << 20);
+  const Plan mine = planner.Propose(big);
+  absl::StatusOr<Plan> p = planner.Agree(big, mine, kHierarchicalPlanCode, 0);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->slice_min_bytes, 4096u);
+  EXPECT_EQ(p->ps_partition_bytes, 0u);
+  p = planner.Agree(big, mine, kParameterServerPlanCode, 0);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->ps_partition_bytes, 65536u);
+  EXPECT_EQ(p->slice_min_bytes, 0u);  // the PS path's local reduce runs on one thread
+  // One rank per daemon: nothing in memory to slice.
+  Planner flat(s, Flat(2), Loopback());
+  EXPECT_EQ(flat.Propose(big).slice_min_bytes, 0u);
+  PlanTopology here;
+  here.ranks = 4;
+  here.every_rank_here = true;
+  EXPECT_EQ(Planner(s, here, Loopback()).Propose(big).slice_min_bytes, 4096u);
+  EXPECT_EQ(PlannerSettings{}.min_slice_bytes, size_t{1} << 20);
+  EXPECT_EQ(PlannerSettings{}.ps_partition_bytes, uint64_t{1} << 20);
+}
+
+TEST(Planner, TheCodecIsIdentity) {
+  Planner planner(PlannerSettings{}, Shared(2, 3), Loopback());
+  for (size_t bytes : {size_t{8}, size_t{1} << 20, size_t{64} << 20}) {
+    const PlanRequest op = Op(CollectiveKind::kAllreduce, bytes);
+    const Plan mine = planner.Propose(op);
+    EXPECT_EQ(mine.codec, Codec::kNone);
+    absl::StatusOr<Plan> p = planner.Agree(op, mine, mine.Code(), mine.streams);
+    ASSERT_TRUE(p.ok()) << p.status();
+    EXPECT_EQ(p->codec, Codec::kNone);
+  }
+}
+
+TEST(Planner, AgreeCarriesRankZerosStreamsAndRefusesWhatThisDaemonCannotRun) {
+  const PlanRequest big = Op(CollectiveKind::kAllreduce, 64 << 20);
+  Planner flat(PlannerSettings{}, Flat(2), Loopback());  // no shards, one rank per daemon
+  const Plan mine = flat.Propose(big);
+  absl::StatusOr<Plan> p = flat.Agree(big, mine, Code(Algorithm::kRing), 2);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->streams, 2);
+  EXPECT_FALSE(p->local_stage);
+  p = flat.Agree(big, mine, kParameterServerPlanCode, 0);
+  EXPECT_TRUE(absl::IsFailedPrecondition(p.status())) << p.status();
+  EXPECT_EQ(p.status().message(), "rank 0 chose the parameter server; this daemon has no shards");
+  p = flat.Agree(big, mine, kHierarchicalPlanCode, 0);
+  EXPECT_EQ(p.status().message(),
+            "rank 0 chose the hierarchical path; this job has one rank per daemon");
+  p = flat.Agree(big, mine, Code(Algorithm::kPairwise), 0);
+  EXPECT_TRUE(absl::IsInvalidArgument(p.status())) << p.status();
+  EXPECT_EQ(p.status().message(), "rank 0 chose 'pairwise', which does not implement allreduce");
+  p = flat.Agree(big, mine, 77, 0);
+  EXPECT_TRUE(absl::IsDataLoss(p.status())) << p.status();
+  EXPECT_EQ(p.status().message(), "rank 0 proposed unknown plan code 77");
+  PlanTopology t = Flat(2);
+  t.ps_shards = 1;
+  Planner ps(PlannerSettings{}, t, Loopback());
+  const PlanRequest bcast = Op(CollectiveKind::kBroadcast, 1 << 20);
+  p = ps.Agree(bcast, ps.Propose(bcast), kParameterServerPlanCode, 0);
+  EXPECT_TRUE(absl::IsInvalidArgument(p.status())) << p.status();
+  EXPECT_EQ(p.status().message(), "rank 0 chose 'ps', which does not implement broadcast");
 }
 
 }  // namespace

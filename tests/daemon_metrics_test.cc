@@ -102,7 +102,7 @@ TEST(DaemonMetrics, NodeLocalOpsAreCountedPerRank) {
   ASSERT_GT(port, 0);
   auto job = OpenJob(**cluster, "node-metrics", {0, 0, 0, 0});
   ASSERT_TRUE(job.ok()) << job.status();
-  const size_t large = (2 << 20) / 4 + 1;  // f32 elements: reduced in slices (worker/slice_pool.h)
+  const size_t large = (2 << 20) / 4 + 1;  // f32 elements: reduced in slices (common/slice_pool.h)
   OnEveryRank(4, [&](int r) {
     auto& s = *(*job)[r].session;
     auto b = s.AllocateBuffer(large * 4);

@@ -495,7 +495,7 @@ TEST(Failure, RankLeavingRightAfterTheLastOpDoesNotFailTheOthersLastOp) {
 }
 
 // ---- Node-local jobs: every rank on one daemon, which combines them in
-// memory (worker/node_collectives.h).
+// memory (collective/hierarchical.h).
 
 TEST(Failure, NodeLocalRankThatNeverSubmitsIsNamedAndTheEpochEnds) {
   auto cluster = StartCluster(1);

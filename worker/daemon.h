@@ -63,10 +63,6 @@ struct DaemonOptions {
   std::string rdma_device;  // "" = the first device with an ACTIVE port
   int rdma_port = 0;        // 0 = the device's first ACTIVE port
   int rdma_gid_index = -1;  // RoCE: -1 chooses (rdma::ChooseGidIndex)
-  // Device buffers' ops run in place on their GPU where they can (staged
-  // through host blocks, reduced by CUDA kernels), else on host twins
-  // (gradsyncd --device_ops=in_place|host_twin).
-  bool device_ops_in_place = true;
   // Tests: the verbs emulation, linked with the other processes of this
   // fabric on this host, instead of libibverbs (rdma/verbs_emulation.h).
   std::string rdma_emulation;
@@ -78,8 +74,9 @@ struct DaemonOptions {
   // before it sleeps (gradsyncd --queue_spin_us).
   absl::Duration executor_spin = absl::Microseconds(50);
   std::string timeline_dir = "/var/lib/gradsync/timeline";  // for jobs with timeline on
-  uint64_t ps_partition_bytes = 1 << 20;  // parameter-server partition size
-  PlannerSettings planner;  // how ops are planned (collective/planner.h)
+  // How ops are planned (collective/planner.h), the parameter-server
+  // partition size among its settings.
+  PlannerSettings planner;
   DaemonObserver* observer = nullptr;  // metrics; not owned, outlives the daemon
   // Whether the coordinator answers (CoordinatorWatch), on every change.
   std::function<void(bool reachable, const std::string& detail)> on_coordinator_change;

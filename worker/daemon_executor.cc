@@ -152,10 +152,8 @@ absl::StatusOr<std::shared_ptr<JobExecutor>> Daemon::GetOrCreateExecutor(
   eo.data_tls = info.data_tls;
   eo.device = ps_device;
   eo.transport = transport_name;
-  eo.device_ops_in_place = options_.device_ops_in_place;
   eo.node_moves_device_memory = node_moves_device_memory;
   eo.transport_detail = transport_detail;
-  eo.ps_partition_bytes = options_.ps_partition_bytes;
   eo.spin = options_.executor_spin;
   eo.observer = options_.observer;
   auto executor = JobExecutor::Start(std::move(eo), std::move(node_ctx));

@@ -300,7 +300,7 @@ int main(int argc, char** argv) {
     GS_LOG(ERROR) << "--device_ops '" << d << "': expected in_place or host_twin";
     return 2;
   } else {
-    opts.device_ops_in_place = d == "in_place";
+    opts.planner.device_ops_in_place = d == "in_place";
   }
   opts.rdma_device = absl::GetFlag(FLAGS_rdma_device);
   opts.rdma_port = absl::GetFlag(FLAGS_rdma_port);
@@ -314,7 +314,8 @@ int main(int argc, char** argv) {
   opts.spin_us = std::max(0, absl::GetFlag(FLAGS_spin_us));
   opts.executor_spin = absl::Microseconds(std::max(0, absl::GetFlag(FLAGS_queue_spin_us)));
   opts.timeline_dir = absl::GetFlag(FLAGS_timeline_dir);
-  opts.ps_partition_bytes = static_cast<uint64_t>(std::max<int64_t>(4096, absl::GetFlag(FLAGS_ps_partition_bytes)));
+  opts.planner.ps_partition_bytes =
+      static_cast<uint64_t>(std::max<int64_t>(4096, absl::GetFlag(FLAGS_ps_partition_bytes)));
   if (opts.heartbeat_interval <= absl::ZeroDuration() || opts.ring.segment_bytes < 4096 ||
       opts.ring.max_inflight < 1 || opts.tcp_streams < 1 || opts.tcp_streams > 16 ||
       opts.max_sessions_per_uid < 1) {

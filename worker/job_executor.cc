@@ -45,6 +45,8 @@ JobExecutor::JobExecutor(JobExecutorOptions options, std::unique_ptr<transport::
   const JobPlacement& p = options_.placement;
   PlanTopology topology;  // the network stage: one participant per daemon
   topology.world = p.nodes();
+  topology.ranks = p.world;
+  topology.every_rank_here = node_ctx_ == nullptr;
   topology.ps_shards = static_cast<int>(options_.ps_shards.size());
   const transport::TcpControls* tcp = node_ctx_ != nullptr ? node_ctx_->tcp() : nullptr;
   topology.streams = tcp != nullptr ? tcp->streams() : 1;
@@ -426,67 +428,73 @@ void JobExecutor::RunCurrent(const std::vector<Session*>& members) {
       s = absl::Status(health.code(), absl::StrCat("the epoch failed earlier: ", health.message()));
     }
   }
-  // Device buffers run in place on their GPU (worker/device_path.h) where
-  // the op allows, else on their host twins.
-  DevicePath* on_device = s.ok() ? DevicePathFor(ops) : nullptr;
-  if (s.ok() && on_device == nullptr) s = StageDeviceBuffers(ops, bytes, /*in=*/true);
   // The local ranks' signatures, compared in memory.
   bool local_mismatch = false;
   if (s.ok() && k > 1) {
     for (size_t i = 0; i < k; ++i) ops[i]->sig.EncodeTo(&encoded_[i]);
     for (size_t i = 1; i < k; ++i) local_mismatch = local_mismatch || !SameSignature(encoded_[0], encoded_[i]);
   }
+  // What the planner needs to know of the op here; it decides the rest
+  // (collective/planner.h). A device path is made for device buffers where
+  // the planner would use one and one can be made (worker/device_path.h).
+  const bool device_buffers =
+      std::all_of(ops.begin(), ops.end(), [](const QueuedOp* op) { return op->device != nullptr; });
+  DevicePath* device_path =
+      s.ok() && planner_->WantsDevicePath(device_buffers) ? DevicePathFor(ops) : nullptr;
+  PlanRequest request;
+  request.kind = lead.sig.kind;
+  request.bytes = bytes;
+  request.forced = lead.sig.forced;
+  request.local_mismatch = local_mismatch;
+  request.device_path = device_path != nullptr;
+  Plan mine;
+  if (s.ok()) mine = planner_->Propose(request);
+  if (s.ok() && !mine.on_device) s = StageDeviceBuffers(ops, bytes, /*in=*/true);
   std::string plan_name;
-  Plan plan;
-  uint8_t agreed_streams = 0;
+  Plan plan = mine;
   absl::Duration exchange;
-  if (s.ok() && node_ctx_ == nullptr) {
+  if (s.ok() && mine.in_memory) {
     // Every rank is here: the whole op in memory.
     if (local_mismatch) {
       s = CompareSignatures(seq, encoded_);  // local index = rank
     } else {
-      // A job of one rank runs nothing; it reports what it was asked for.
-      plan_name = !one_rank_per_daemon_ ? "hier"
-                  : lead.sig.forced != kAutoCode ? PlanCodeName(lead.sig.forced)
-                                                 : "ring";
+      plan_name = plan.shown_name;
       SetPhase(absl::StrCat("running ", plan_name));
-      if (on_device != nullptr) {
-        s = RunInMemoryOnDevice(*on_device, ops);
+      if (plan.on_device) {
+        s = RunInMemoryOnDevice(*device_path, ops);
       } else {
         LocalCollective c{lead.sig.kind, lead.sig.dtype, lead.sig.op, lead.sig.count,
                           lead.sig.root, {}};
         for (QueuedOp* op : ops) c.bufs.push_back(op->data());
-        s = RunInMemory(place, c, &scratch_, pool_.get());
+        s = RunInMemory(place, c, &scratch_, Slicing{pool_.get(), plan.slice_min_bytes});
       }
     }
     exchange = FastNow() - negotiate_start;
   } else if (s.ok()) {
-    const Plan mine = planner_->Propose(lead.sig.kind, bytes, lead.sig.forced);
-    const bool fused = mine.fused() && !local_mismatch &&
-                       (lead.sig.kind == CollectiveKind::kAllreduce ||
-                        lead.sig.kind == CollectiveKind::kBarrier);
-    if (on_device != nullptr && fused) {  // the fused exchange carries the data: host twins
-      on_device = nullptr;
-      s = StageDeviceBuffers(ops, bytes, /*in=*/true);
-    }
-    if (s.ok()) s = Exchange(ops, mine, local_mismatch, fused, &plan, &agreed_streams);
+    uint8_t agreed_code = OpSignature::kNoAlgorithm, agreed_streams = 0;
+    s = Exchange(ops, mine, local_mismatch, &agreed_code, &agreed_streams);
     exchange = FastNow() - negotiate_start;
     TraceEvent("negotiate", "op", negotiate_start);
     if (s.ok()) {
-      plan_name = one_rank_per_daemon_ || plan.path == PlanPath::kParameterServer ? plan.Name() : "hier";
-      if (!fused && on_device != nullptr && plan.path == PlanPath::kParameterServer) {
-        on_device = nullptr;  // the PS path moves host memory
-        s = StageDeviceBuffers(ops, bytes, /*in=*/true);
+      absl::StatusOr<Plan> agreed = planner_->Agree(request, mine, agreed_code, agreed_streams);
+      if (agreed.ok()) {
+        plan = *agreed;
+      } else {
+        s = agreed.status();
       }
-      if (!fused && s.ok()) {  // a fused op is done with the exchange
+    }
+    if (s.ok()) {
+      plan_name = plan.shown_name;
+      if (mine.on_device && !plan.on_device) s = StageDeviceBuffers(ops, bytes, /*in=*/true);
+      if (!plan.fused && s.ok()) {  // a fused op is done with the exchange
         SetPhase(absl::StrCat("running ", plan_name));
         const absl::Time run_start = TraceNow();
-        s = RunAgreed(ops, plan, on_device);
+        s = RunAgreed(ops, plan, plan.on_device ? device_path : nullptr);
         TraceEvent(plan_name, "op", run_start);
       }
       if (s.ok()) {
         const std::string line = planner_->Observe(
-            plan, lead.sig.kind, bytes, agreed_streams,
+            plan, lead.sig.kind, bytes, plan.streams,
             absl::ToDoubleMicroseconds(FastNow() - negotiate_start),
             absl::ToDoubleMicroseconds(exchange), place.node_index == 0);
         if (!line.empty()) GS_LOG(INFO) << "job '" << options_.job_id << "': " << line;
@@ -495,7 +503,7 @@ void JobExecutor::RunCurrent(const std::vector<Session*>& members) {
       }
     }
   }
-  if (s.ok() && on_device == nullptr) s = StageDeviceBuffers(ops, bytes, /*in=*/false);
+  if (s.ok() && !plan.on_device) s = StageDeviceBuffers(ops, bytes, /*in=*/false);
   const absl::Time end = FastNow();
   absl::Status first_failure;
   for (size_t i = 0; i < k; ++i) {

@@ -13,11 +13,13 @@
 //      daemon's partial result. When signatures differ anywhere, the daemons
 //      exchange every rank's signature, so every rank reports the same
 //      mismatch naming the ranks;
-//   3. the op runs: with one rank per daemon, the plan's algorithm on the
-//      client's buffer among the daemons; with ranks sharing daemons, the
-//      local ranks are combined in memory in rank order and the node context
-//      carries each daemon's share (worker/node_collectives.h); with every
-//      rank here, all of it in memory;
+//   3. the op runs as the planner (collective/planner.h) decided, the
+//      executor dispatching on the Plan: with one rank per daemon, the
+//      plan's algorithm on the client's buffer among the daemons; with ranks
+//      sharing daemons, the local ranks are combined in memory in rank order
+//      and the node context carries each daemon's share
+//      (collective/hierarchical.h); with every rank here, all of it in
+//      memory; or the parameter server;
 //   4. every local rank's op completes.
 // A mismatch fails only that op. Any other failure (a peer lost, a deadline,
 // a session closing, an abort) breaks the epoch: the node context tells the
@@ -58,7 +60,7 @@
 #include "transport/transport.h"
 #include "worker/daemon_observer.h"
 #include "worker/device_path.h"
-#include "worker/node_collectives.h"
+#include "collective/hierarchical.h"
 
 namespace gradsync {
 
@@ -76,9 +78,6 @@ struct JobExecutorOptions {
   std::vector<std::string> ps_shard_keys;  // what each shard proves (PsShardKey)
   bool data_tls = false;  // the shard connections run TLS too (JobOptions.data_tls)
   transport::Device* device = nullptr;  // the data plane's (PS contexts); not owned
-  // Device buffers' ops run in place on their GPU where they can (the device
-  // path), else on their host twins (gradsyncd --device_ops).
-  bool device_ops_in_place = true;
   // The node context moves device memory itself (GPUDirect RDMA): the device
   // path sends straight from GPU memory, no staging.
   bool node_moves_device_memory = false;
@@ -86,7 +85,6 @@ struct JobExecutorOptions {
   // its details, for status, metrics and logs.
   std::string transport = "local";
   std::string transport_detail;
-  uint64_t ps_partition_bytes = 1 << 20;
   // How long to keep polling after activity before sleeping.
   absl::Duration spin = absl::Microseconds(50);
   DaemonObserver* observer = nullptr;  // not owned; may be null
@@ -154,15 +152,18 @@ class JobExecutor {
   void Idle(const std::vector<Session*>& members, absl::Time last_active);
 
   // The phases of RunCurrent.
+  // `mine`: this daemon's proposal (fused: the data ride on the exchange).
+  // Sets rank 0's plan code and stream count.
   absl::Status Exchange(const std::vector<QueuedOp*>& ops, const Plan& mine, bool local_mismatch,
-                        bool fused, Plan* agreed, uint8_t* agreed_streams);
+                        uint8_t* agreed_code, uint8_t* agreed_streams);
   absl::Status CompareEverywhere(const std::vector<QueuedOp*>& ops);
-  // `on_device`: the op runs in place on its GPU (a flat plan, one rank here).
+  // Runs `plan` (Agree's, not fused); `on_device`: the device path, when
+  // plan.on_device.
   absl::Status RunAgreed(const std::vector<QueuedOp*>& ops, const Plan& plan,
                          DevicePath* on_device);
   // job_executor_run.cc. The device path of an op whose buffers are all
-  // device buffers, on GPUs the lead's can reach, with in-place device ops
-  // on; null: the op runs on host twins.
+  // device buffers, on GPUs the lead's can reach; null: none (the planner
+  // then runs the op on host twins).
   DevicePath* DevicePathFor(const std::vector<QueuedOp*>& ops);
   // c->bufs: the ops' device memory, c's reducer and bufs[0]'s registration.
   absl::Status DeviceLocal(DevicePath& path, const std::vector<QueuedOp*>& ops,

@@ -19,7 +19,7 @@ constexpr absl::Duration kPeerBytesPeriod = absl::Milliseconds(100);
 }  // namespace
 
 absl::Status JobExecutor::Exchange(const std::vector<QueuedOp*>& ops, const Plan& mine,
-                                   bool local_mismatch, bool fused, Plan* agreed_plan,
+                                   bool local_mismatch, uint8_t* agreed_code,
                                    uint8_t* agreed_streams) {
   const QueuedOp& lead = *ops[0];
   const JobPlacement& place = options_.placement;
@@ -34,12 +34,12 @@ absl::Status JobExecutor::Exchange(const std::vector<QueuedOp*>& ops, const Plan
   absl::Time deadline = lead.deadline;
   for (const QueuedOp* op : ops) deadline = std::min(deadline, op->deadline);
   FusedAllreduce small;
-  const bool with_data = fused && lead.sig.kind == CollectiveKind::kAllreduce;
+  const bool with_data = mine.fused && lead.sig.kind == CollectiveKind::kAllreduce;
   const size_t data_bytes = lead.sig.count * DTypeSize(lead.sig.dtype);
   // With one rank per daemon the client's buffer rides as it is (avg
   // divides by the participants, which are the ranks); else this daemon's
   // partial result, in rank order, summed for avg.
-  const bool partial = with_data && !one_rank_per_daemon_;
+  const bool partial = with_data && mine.local_stage;
   const Reducer& red = CpuReducer();  // the clients' buffers are host shared memory
   if (with_data && !partial) {
     small = {lead.data(), lead.sig.dtype, lead.sig.op, lead.sig.count, &red};
@@ -64,11 +64,7 @@ absl::Status JobExecutor::Exchange(const std::vector<QueuedOp*>& ops, const Plan
   if (!s.ok()) return s;
   // Every daemon switches alike, after the exchange (which uses stream 0).
   if (*agreed_streams > 0 && node_ctx_->tcp() != nullptr) node_ctx_->tcp()->UseStreams(*agreed_streams);
-  absl::StatusOr<Plan> p = PlanFromCode(agreed);
-  if (!p.ok()) {
-    return absl::Status(p.status().code(), absl::StrCat("rank 0 proposed ", p.status().message()));
-  }
-  *agreed_plan = *p;
+  *agreed_code = agreed;
   if (partial) {
     if (lead.sig.op == ReduceOp::kAvg) red.Divide(lead.sig.dtype, scratch_.data(), lead.sig.count, place.world);
     for (QueuedOp* op : ops) red.Copy(op->data(), scratch_.data(), data_bytes);

@@ -1,6 +1,7 @@
-// How JobExecutor runs an agreed op: the parameter-server path, one rank per
-// daemon (flat) or several (combined in memory, then across daemons); on
-// host memory, or a device buffer's op in place on its GPU (the device path,
+// How JobExecutor runs an agreed op, dispatching on the planner's Plan
+// (collective/planner.h): the parameter-server path, one rank per daemon
+// (flat) or several (combined in memory, then across daemons); on host
+// memory, or a device buffer's op in place on its GPU (the device path,
 // worker/device_path.h) rather than on its host twin (StageDeviceBuffers).
 #include <algorithm>
 
@@ -19,49 +20,33 @@ absl::Status JobExecutor::RunAgreed(const std::vector<QueuedOp*>& ops, const Pla
   const QueuedOp& lead = *ops[0];
   const JobPlacement& place = options_.placement;
   const CollectiveKind kind = lead.sig.kind;
+  absl::Time deadline = lead.deadline;
+  for (const QueuedOp* op : ops) deadline = std::min(deadline, op->deadline);
+  LocalCollective c{kind, lead.sig.dtype, lead.sig.op, lead.sig.count, lead.sig.root, {}};
+  const Slicing slicing{pool_.get(), plan.slice_min_bytes};
   if (plan.path == PlanPath::kParameterServer) {
-    if (ps_ == nullptr) {
-      return absl::FailedPreconditionError("rank 0 chose the parameter server; this daemon has no shards");
-    }
-    if (kind != CollectiveKind::kAllreduce) {
-      return absl::InvalidArgumentError(absl::StrCat("rank 0 chose 'ps', which does not implement ",
-                                                     CollectiveName(kind)));
-    }
     ps::PsMemory memory;  // the client's shared-memory buffer, registered once
     if (lead.buffer != nullptr) {
       memory.whole = transport::Buffer{lead.buffer->data(), lead.buffer->size()};
       memory.owner = lead.buffer;
     }
     const ps::PsMemory* mem = lead.buffer != nullptr ? &memory : nullptr;
-    if (one_rank_per_daemon_) {
+    if (!plan.local_stage) {
       return ps_->PushPull(lead.seq, lead.data(), lead.sig.count, lead.sig.dtype, lead.sig.op,
-                           place.world, local_[0], options_.ps_partition_bytes, slicer_,
+                           place.world, local_[0], plan.ps_partition_bytes, slicer_,
                            lead.deadline, mem);
     }
-    // This daemon's partial result is one worker's push.
-    std::vector<char*> bufs;
-    for (QueuedOp* op : ops) bufs.push_back(op->data());
-    const Reducer& red = CpuReducer();  // the PS path moves host memory
-    ReduceInOrder(red, bufs, lead.sig.count, lead.sig.dtype, lead.sig.op, /*divide_by=*/0);
-    absl::Status s = ps_->PushPull(lead.seq, bufs[0], lead.sig.count, lead.sig.dtype,
-                                   CombineOp(lead.sig.op), place.nodes(), place.node_index,
-                                   options_.ps_partition_bytes, slicer_, lead.deadline, mem);
-    if (!s.ok()) return s;
-    const size_t data_bytes = lead.sig.count * DTypeSize(lead.sig.dtype);
-    if (lead.sig.op == ReduceOp::kAvg) red.Divide(lead.sig.dtype, bufs[0], lead.sig.count, place.world);
-    for (size_t i = 1; i < bufs.size(); ++i) red.Copy(bufs[i], bufs[0], data_bytes);
+    // This daemon's partial result is one worker's push (host memory: the
+    // CPU's reducer), combined and spread as the hierarchical allreduce does.
+    for (QueuedOp* op : ops) c.bufs.push_back(op->data());
+    ReduceLocalShare(c, slicing);
+    RETURN_IF_ERROR(ps_->PushPull(lead.seq, c.bufs[0], lead.sig.count, lead.sig.dtype,
+                                  CombineOp(lead.sig.op), place.nodes(), place.node_index,
+                                  plan.ps_partition_bytes, slicer_, lead.deadline, mem));
+    SpreadLocalResult(c, place.world, slicing);
     return absl::OkStatus();
   }
-  if (one_rank_per_daemon_) {
-    if (plan.path == PlanPath::kHierarchical) {
-      return absl::FailedPreconditionError(
-          "rank 0 chose the hierarchical path; this job has one rank per daemon");
-    }
-    if (!Implements(plan.algorithm, kind)) {
-      return absl::InvalidArgumentError(absl::StrCat("rank 0 chose '", plan.Name(),
-                                                     "', which does not implement ",
-                                                     CollectiveName(kind)));
-    }
+  if (!plan.local_stage) {
     if (on_device != nullptr) return RunFlatOnDevice(*on_device, lead, plan.algorithm);
     CollectiveCall call = FlatCall(lead, lead.data(), transport::MemKind::Host());
     if (lead.buffer != nullptr) {
@@ -72,20 +57,10 @@ absl::Status JobExecutor::RunAgreed(const std::vector<QueuedOp*>& ops, const Pla
     return RunCollective(*node_ctx_, call, plan.algorithm, &algo_scratch_);
   }
   // Ranks share daemons: combined in memory, one share per daemon between them.
-  const CollectiveKind stage = kind == CollectiveKind::kReduceScatter ? CollectiveKind::kAllreduce : kind;
-  Algorithm node_algo = plan.path == PlanPath::kFlat
-                            ? plan.algorithm
-                            : ChooseAlgorithm(stage, CollectiveBufferBytes(kind, lead.sig.count,
-                                                                           lead.sig.dtype, place.world),
-                                              place.nodes(), options_.link, /*allow_oneshot=*/false);
-  if (!Implements(node_algo, stage) || node_algo == Algorithm::kOneShot) node_algo = Algorithm::kRing;
-  absl::Time deadline = lead.deadline;
-  for (const QueuedOp* op : ops) deadline = std::min(deadline, op->deadline);
-  LocalCollective c{kind, lead.sig.dtype, lead.sig.op, lead.sig.count, lead.sig.root, {}};
   if (on_device != nullptr) {
     RETURN_IF_ERROR(DeviceLocal(*on_device, ops, &c));
-    absl::Status s = RunAcrossNodes(*on_device->context(), place, c, node_algo, lead.seq,
-                                    deadline, options_.ring, &on_device->scratch(),
+    absl::Status s = RunAcrossNodes(*on_device->context(), place, c, plan.node_algorithm,
+                                    lead.seq, deadline, options_.ring, &on_device->scratch(),
                                     &on_device->algo_scratch());
     return DeviceResult(*on_device, s);
   }
@@ -95,8 +70,8 @@ absl::Status JobExecutor::RunAgreed(const std::vector<QueuedOp*>& ops, const Pla
     if (!region.ok()) return region.status();
     c.region0 = *region;
   }
-  return RunAcrossNodes(*node_ctx_, place, c, node_algo, lead.seq, deadline, options_.ring,
-                        &scratch_, &algo_scratch_, pool_.get());
+  return RunAcrossNodes(*node_ctx_, place, c, plan.node_algorithm, lead.seq, deadline,
+                        options_.ring, &scratch_, &algo_scratch_, slicing);
 }
 
 absl::StatusOr<const transport::MemoryRegion*> JobExecutor::BufferRegion(const QueuedOp& op) {
@@ -107,7 +82,6 @@ absl::StatusOr<const transport::MemoryRegion*> JobExecutor::BufferRegion(const Q
 
 
 DevicePath* JobExecutor::DevicePathFor(const std::vector<QueuedOp*>& ops) {
-  if (!options_.device_ops_in_place) return nullptr;
   for (const QueuedOp* op : ops) {
     if (op->device == nullptr) return nullptr;  // host buffers among them: host twins
   }

@@ -4,7 +4,7 @@
 // device-kind reducer and scratch) with every message staged through host
 // blocks, compared byte for byte with the same ops on host memory over plain
 // TCP. Also RunInMemory (every rank on one daemon) on device memory.
-#include "worker/node_collectives.h"
+#include "collective/hierarchical.h"
 
 #include <thread>
 #include <vector>
@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "collective/reference.h"
 #include "collective/test_cluster.h"
+#include "common/slice_pool.h"
 #include "gtest/gtest.h"
 
 namespace gradsync {
@@ -106,6 +107,38 @@ TEST(NodeCollectives, EveryRankOnOneDaemonOnDeviceMemoryMatchesTheHostRun) {
       ASSERT_TRUE(RunInMemory(p, c, &scratch).ok());
     }
     for (int r = 0; r < 4; ++r) EXPECT_TRUE(out[0][r] == out[1][r]) << DTypeName(t) << " rank " << r;
+  }
+}
+
+// The allreduce's local stages (also the PS path's): sliced on a pool or
+// on one thread, every element combined in rank order, the same bytes.
+TEST(NodeCollectives, LocalStagesGiveTheSameBytesSlicedOrNot) {
+  constexpr size_t kCount = 10000;  // 40000 bytes of f32: ten slices of 4096
+  SlicePool pool(3);
+  std::vector<std::vector<char>> out[3];
+  const Slicing slicings[3] = {Slicing{}, Slicing{&pool, 4096}, Slicing{&pool, 0}};
+  for (int run = 0; run < 3; ++run) {
+    std::vector<std::vector<char>>& bufs = out[run];
+    bufs.resize(3);
+    for (int r = 0; r < 3; ++r) {
+      bufs[r] = testing::IntegerValuedData(DType::kF32, kCount, r, 5, ReduceOp::kAvg);
+    }
+    LocalCollective c{CollectiveKind::kAllreduce, DType::kF32, ReduceOp::kAvg, kCount, 0, {}};
+    for (auto& b : bufs) c.bufs.push_back(b.data());
+    ReduceLocalShare(c, slicings[run]);
+    SpreadLocalResult(c, /*world=*/6, slicings[run]);
+  }
+  // The reference: ReduceInOrder, then the division and the copies.
+  std::vector<std::vector<char>> want(3);
+  for (int r = 0; r < 3; ++r) {
+    want[r] = testing::IntegerValuedData(DType::kF32, kCount, r, 5, ReduceOp::kAvg);
+  }
+  ReduceInOrder(CpuReducer(), {want[0].data(), want[1].data(), want[2].data()}, kCount,
+                DType::kF32, ReduceOp::kAvg, /*divide_by=*/6);
+  for (int run = 0; run < 3; ++run) {
+    for (int r = 0; r < 3; ++r) {
+      EXPECT_TRUE(out[run][r] == want[0]) << "run " << run << " rank " << r;
+    }
   }
 }
 

@@ -1,4 +1,4 @@
-#include "worker/node_collectives.h"
+#include "collective/hierarchical.h"
 
 #include <algorithm>
 #include <functional>
@@ -162,13 +162,13 @@ absl::Status BlocksAcrossNodes(transport::Context& ctx, const JobPlacement& p,
   return absl::OkStatus();
 }
 
-// Runs fn over [0, count) in slices on `pool`, or at once.
-void Sliced(SlicePool* pool, size_t count, size_t es,
+// Runs fn over [0, count) in slices on the pool, or at once.
+void Sliced(Slicing slicing, size_t count, size_t es,
             const std::function<void(size_t begin, size_t end)>& fn) {
-  if (pool == nullptr || count * es < 2 * kMinSliceBytes) {
+  if (slicing.pool == nullptr || slicing.min_bytes == 0 || count * es < 2 * slicing.min_bytes) {
     fn(0, count);
   } else {
-    pool->ForRanges(count, es, kMinSliceBytes, fn);
+    slicing.pool->ForRanges(count, es, slicing.min_bytes, fn);
   }
 }
 
@@ -192,15 +192,31 @@ void ReduceInOrder(const Reducer& red, const std::vector<char*>& bufs, size_t co
   if (op == ReduceOp::kAvg && divide_by > 0) red.Divide(dtype, bufs[0], count, divide_by);
 }
 
+void ReduceLocalShare(const LocalCollective& c, Slicing slicing) {
+  Sliced(slicing, c.count, DTypeSize(c.dtype),
+         [&](size_t b, size_t e) { ReduceSlice(c, b, e, 0, false); });
+}
+
+void SpreadLocalResult(const LocalCollective& c, int world, Slicing slicing) {
+  const size_t es = DTypeSize(c.dtype);
+  const Reducer& red = c.reduce();
+  Sliced(slicing, c.count, es, [&](size_t b, size_t e) {
+    if (c.op == ReduceOp::kAvg) red.Divide(c.dtype, c.bufs[0] + b * es, e - b, world);
+    for (size_t j = 1; j < c.bufs.size(); ++j) {
+      red.Copy(c.bufs[j] + b * es, c.bufs[0] + b * es, (e - b) * es);
+    }
+  });
+}
+
 absl::Status RunInMemory(const JobPlacement& p, const LocalCollective& c,
-                         transport::Scratch* scratch, SlicePool* pool) {
+                         transport::Scratch* scratch, Slicing slicing) {
   const int world = p.world;
   const size_t es = DTypeSize(c.dtype);
   const size_t block = c.count * es;
   const Reducer& red = c.reduce();
   switch (c.kind) {
     case CollectiveKind::kAllreduce:
-      Sliced(pool, c.count, es, [&](size_t b, size_t e) { ReduceSlice(c, b, e, world, true); });
+      Sliced(slicing, c.count, es, [&](size_t b, size_t e) { ReduceSlice(c, b, e, world, true); });
       return absl::OkStatus();
     case CollectiveKind::kReduceScatter: {
       ASSIGN_OR_RETURN(transport::Buffer tmp, scratch->Reserve(block));
@@ -245,7 +261,7 @@ absl::Status RunAcrossNodes(transport::Context& ctx, const JobPlacement& p,
                             const LocalCollective& c, Algorithm node_algo, uint64_t seq,
                             absl::Time deadline, const RingOptions& ring,
                             transport::Scratch* scratch, transport::Scratch* algo_scratch,
-                            SlicePool* pool) {
+                            Slicing slicing) {
   const int world = p.world;
   const size_t es = DTypeSize(c.dtype);
   const size_t block = c.count * es;
@@ -266,18 +282,13 @@ absl::Status RunAcrossNodes(transport::Context& ctx, const JobPlacement& p,
   };
   switch (c.kind) {
     case CollectiveKind::kAllreduce: {
-      Sliced(pool, c.count, es, [&](size_t b, size_t e) { ReduceSlice(c, b, e, 0, false); });
+      ReduceLocalShare(c, slicing);
       call.kind = CollectiveKind::kAllreduce;
       call.buffer = transport::Buffer{c.bufs[0], block, kind};
       call.region = c.region0;
       call.count = c.count;
       RETURN_IF_ERROR(between(RunCollective(ctx, call, node_algo, algo_scratch)));
-      Sliced(pool, c.count, es, [&](size_t b, size_t e) {
-        if (c.op == ReduceOp::kAvg) red.Divide(c.dtype, c.bufs[0] + b * es, e - b, world);
-        for (size_t j = 1; j < c.bufs.size(); ++j) {
-          red.Copy(c.bufs[j] + b * es, c.bufs[0] + b * es, (e - b) * es);
-        }
-      });
+      SpreadLocalResult(c, world, slicing);
       return absl::OkStatus();
     }
     case CollectiveKind::kReduceScatter: {

@@ -1,4 +1,4 @@
-#include "worker/slice_pool.h"
+#include "common/slice_pool.h"
 
 #include <algorithm>
 

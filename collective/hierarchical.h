@@ -1,5 +1,6 @@
-// Collectives of the ranks that share one daemon, run by the job's executor
-// (worker/job_executor.h) on their buffers, all mapped in this process.
+// Collectives of the ranks that share one daemon (the hierarchical path of
+// collective/planner.h), run by the job's executor (worker/job_executor.h)
+// on their buffers, all mapped in this process.
 //
 // All ranks on this daemon (RunInMemory): the whole collective is memory
 // copies and reductions, in rank order. Several daemons (RunAcrossNodes):
@@ -24,8 +25,8 @@
 // Memory: every reduction and copy goes through the op's Reducer (the CPU's
 // for host buffers), and staging comes from the executor's Scratch of the
 // buffers' memory kind; nothing here touches the bytes itself.
-#ifndef GRADSYNC_WORKER_NODE_COLLECTIVES_H_
-#define GRADSYNC_WORKER_NODE_COLLECTIVES_H_
+#ifndef GRADSYNC_COLLECTIVE_HIERARCHICAL_H_
+#define GRADSYNC_COLLECTIVE_HIERARCHICAL_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -37,24 +38,13 @@
 #include "collective/algorithm.h"
 #include "collective/reducer.h"
 #include "collective/ring_allreduce.h"
+#include "collective/topology.h"
+#include "common/slice_pool.h"
 #include "common/types.h"
 #include "transport/memory.h"
 #include "transport/transport.h"
-#include "worker/slice_pool.h"
 
 namespace gradsync {
-
-// Where a job's ranks live, the same on every daemon of the job.
-struct JobPlacement {
-  int world = 1;
-  int node_index = 0;                           // this daemon
-  std::vector<int> node_of_rank;                // by rank
-  std::vector<std::vector<int>> ranks_of_node;  // by node (daemon), ascending
-  std::vector<std::string> node_names;          // each daemon's data endpoint, "host:port"
-
-  int nodes() const { return static_cast<int>(ranks_of_node.size()); }
-  const std::vector<int>& local_ranks() const { return ranks_of_node[node_index]; }
-};
 
 // One op on this daemon's ranks: their buffers by local index (ranks
 // ascending; null for a buffer-less barrier).
@@ -73,14 +63,19 @@ struct LocalCollective {
   const Reducer& reduce() const { return reducer != nullptr ? *reducer : CpuReducer(); }
 };
 
-// Large allreduces are reduced and copied in slices on `pool` (null: on the
-// calling thread alone); every element is still combined in rank order.
-inline constexpr size_t kMinSliceBytes = 1 << 20;
+// Large in-memory allreduce passes run in slices of at least `min_bytes`
+// (from twice that size) on `pool`; every element is still combined in rank
+// order. No pool or min_bytes 0: on the calling thread alone. The planner
+// decides min_bytes (Plan::slice_min_bytes).
+struct Slicing {
+  SlicePool* pool = nullptr;
+  size_t min_bytes = 0;
+};
 
 // Every rank of the job is on this daemon.
 // `scratch` must be of the buffers' memory kind.
 absl::Status RunInMemory(const JobPlacement& placement, const LocalCollective& c,
-                         transport::Scratch* scratch, SlicePool* pool = nullptr);
+                         transport::Scratch* scratch, Slicing slicing = {});
 
 // Several daemons: `node_ctx` connects them (rank = node index);
 // `node_algo` runs the node stage where one runs (it must implement the
@@ -90,7 +85,15 @@ absl::Status RunAcrossNodes(transport::Context& node_ctx, const JobPlacement& pl
                             const LocalCollective& c, Algorithm node_algo, uint64_t seq,
                             absl::Time deadline, const RingOptions& ring,
                             transport::Scratch* scratch, transport::Scratch* algo_scratch,
-                            SlicePool* pool = nullptr);
+                            Slicing slicing = {});
+
+// An allreduce's local stages around any stage among the daemons (the node
+// collective of RunAcrossNodes, the parameter server's push and pull):
+// ReduceLocalShare combines bufs[1..] into bufs[0] in rank order (avg:
+// summed); SpreadLocalResult divides bufs[0] by `world` (avg) and copies it
+// to the other buffers.
+void ReduceLocalShare(const LocalCollective& c, Slicing slicing);
+void SpreadLocalResult(const LocalCollective& c, int world, Slicing slicing);
 
 // The element-wise operator of a reduction (avg sums; its division comes last).
 inline ReduceOp CombineOp(ReduceOp op) { return op == ReduceOp::kAvg ? ReduceOp::kSum : op; }
@@ -102,4 +105,4 @@ void ReduceInOrder(const Reducer& red, const std::vector<char*>& bufs, size_t co
 
 }  // namespace gradsync
 
-#endif  // GRADSYNC_WORKER_NODE_COLLECTIVES_H_
+#endif  // GRADSYNC_COLLECTIVE_HIERARCHICAL_H_

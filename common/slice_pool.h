@@ -2,8 +2,8 @@
 // (the job's executor reduces and copies the buffers of the ranks on this
 // daemon; one thread alone is bound by one core's memory bandwidth).
 // The helpers sleep between ops; Run returns when every slice is done.
-#ifndef GRADSYNC_WORKER_SLICE_POOL_H_
-#define GRADSYNC_WORKER_SLICE_POOL_H_
+#ifndef GRADSYNC_COMMON_SLICE_POOL_H_
+#define GRADSYNC_COMMON_SLICE_POOL_H_
 
 #include <cstddef>
 #include <functional>
@@ -49,4 +49,4 @@ class SlicePool {
 
 }  // namespace gradsync
 
-#endif  // GRADSYNC_WORKER_SLICE_POOL_H_
+#endif  // GRADSYNC_COMMON_SLICE_POOL_H_
