@@ -35,6 +35,17 @@ PsShardOptions WithKeys() {
   return o;
 }
 
+// The one worker of job "auth" epoch 1, holding the shard key.
+absl::StatusOr<std::unique_ptr<PsWorker>> AuthWorker(
+    const std::vector<std::unique_ptr<PsShard>>& shards) {
+  PsWorkerOptions wo;
+  wo.job_id = "auth";
+  wo.epoch = 1;
+  wo.shards = Addresses(shards);
+  wo.shard_keys = {kKey};
+  return PsWorker::Create(wo);
+}
+
 absl::Status Step(PsWorker& w, std::vector<float>& buf, uint64_t step) {
   const BalancedSlicer slicer;
   return w.PushPull(step, buf.data(), buf.size(), DType::kF32, ReduceOp::kSum, 1, 0, 1024, slicer,
@@ -65,12 +76,7 @@ UniqueFd Forge(int port, const std::string& job, const std::string& proof) {
 
 TEST(PsShardAuth, AWorkerWithTheKeyIsServedAForgerIsRefusedAndReplacesNothing) {
   auto shards = StartShards(1, WithKeys());
-  PsWorkerOptions wo;
-  wo.job_id = "auth";
-  wo.epoch = 1;
-  wo.shards = Addresses(shards);
-  wo.shard_keys = {kKey};
-  auto w = PsWorker::Create(wo);
+  auto w = AuthWorker(shards);
   ASSERT_TRUE(w.ok()) << w.status();
   std::vector<float> buf(4000, 1.5f);
   ASSERT_TRUE(Step(**w, buf, 1).ok());
@@ -116,12 +122,7 @@ TEST(PsShardAuth, AnUnknownJobLooksLikeAWrongKeyAndNothingIsMadeBeforeTheProof) 
   }
   EXPECT_EQ(shards[0]->stats().auth_failures, 2u);
   // The real single worker gets in and is served.
-  PsWorkerOptions wo;
-  wo.job_id = "auth";
-  wo.epoch = 1;
-  wo.shards = Addresses(shards);
-  wo.shard_keys = {kKey};
-  auto w = PsWorker::Create(wo);
+  auto w = AuthWorker(shards);
   ASSERT_TRUE(w.ok()) << w.status();
   std::vector<float> buf(1000, 0.5f);
   absl::Status s = Step(**w, buf, 1);
@@ -151,12 +152,7 @@ TEST(PsShardAuth, SprayedHellosWithoutTheKeyDoNotShapeTheJob) {
       ++sprayed;
     }
   });
-  PsWorkerOptions wo;
-  wo.job_id = "auth";
-  wo.epoch = 1;
-  wo.shards = Addresses(shards);
-  wo.shard_keys = {kKey};
-  auto w = PsWorker::Create(wo);
+  auto w = AuthWorker(shards);
   ASSERT_TRUE(w.ok()) << w.status();
   // Wait until the spray is under way.
   for (const absl::Time until = absl::Now() + absl::Seconds(20); sprayed < 20 && absl::Now() < until;) {
