@@ -18,7 +18,7 @@ namespace gradsync {
 
 // CollectiveKind and CollectiveName live in common/types.h.
 
-inline constexpr size_t kMaxOpNameBytes = 256;
+// kMaxOpNameBytes (the longest op name) lives in common/types.h.
 
 struct OpSignature {
   uint64_t seq = 0;

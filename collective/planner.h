@@ -35,6 +35,7 @@
 #include "absl/strings/string_view.h"
 #include "collective/algorithm.h"
 #include "collective/cost_model.h"
+#include "collective/plan_code.h"
 #include "collective/stream_tuner.h"
 #include "common/types.h"
 
@@ -93,25 +94,13 @@ struct Plan {
   }
 };
 
-// Signature codes: an Algorithm's value for a flat plan, these for the other
-// paths, kAutoCode (algorithm.h) for none.
-inline constexpr uint8_t kHierarchicalPlanCode = 100;
-inline constexpr uint8_t kParameterServerPlanCode = 101;
+// Signature codes (collective/plan_code.h): an Algorithm's value for a flat
+// plan, kHierarchicalPlanCode / kParameterServerPlanCode for the other paths,
+// kAutoCode (algorithm.h) for none.
 // DataLoss naming the code if it is none of the above.
 absl::StatusOr<Plan> PlanFromCode(uint8_t code);
 // The name of a code ("?" if unknown; "auto" for kAutoCode).
 const char* PlanCodeName(uint8_t code);
-
-// The code of a plan requested by name ("" or "auto": kAutoCode) for a
-// `kind` op of `bytes` bytes per rank: an algorithm name, "hier" or "ps".
-// Every check that depends only on the op itself, so the client SDK and
-// gradsyncd refuse the same requests with the same words. InvalidArgument
-// (without the op's name: callers prefix it) for an unknown name, a plan that
-// does not implement `kind`, or oneshot above its size. What depends on the
-// job (hier needs ranks that share a daemon, ps needs shards) is the
-// caller's to check.
-absl::StatusOr<uint8_t> RequestedPlanCode(absl::string_view name, CollectiveKind kind,
-                                          uint64_t bytes);
 
 struct PlannerSettings {
   // Largest allreduce (bytes per rank) whose data may ride on the signature

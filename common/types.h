@@ -73,6 +73,9 @@ bool IsRootedCollective(CollectiveKind k);
 // Whether the reduce op matters (allreduce, reduce_scatter, reduce).
 bool IsReducingCollective(CollectiveKind k);
 
+// The longest op name (bytes): the SDK, the op queue and the signature cap it.
+inline constexpr size_t kMaxOpNameBytes = 256;
+
 bool IsValidDType(int v);
 // The valid dtype values and names, for error messages: "1..9: f32 f64 ...".
 std::string ValidDTypesText();
