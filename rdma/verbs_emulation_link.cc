@@ -78,6 +78,23 @@ EmulationLink::~EmulationLink() {
   }
   Wake();
   if (thread_.joinable()) thread_.join();
+  FlushQueued(absl::Now() + absl::Seconds(2));
+}
+
+// A NIC acknowledges what it received whatever its process does next: the
+// answers this node owes (a write's status, which its sender waits for) go out
+// before the link closes, as far as the peer reads them within the deadline.
+void EmulationLink::FlushQueued(absl::Time deadline) {
+  for (auto& [id, c] : conns_) {
+    while (!c->out.empty()) {
+      const int64_t left_ms = absl::ToInt64Milliseconds(deadline - absl::Now());
+      if (left_ms <= 0) return;
+      pollfd p{c->fd.get(), POLLOUT, 0};
+      if (::poll(&p, 1, static_cast<int>(left_ms)) <= 0 || (p.revents & (POLLERR | POLLHUP))) break;
+      std::string why;
+      if (!WriteQueued(*c, &why)) break;
+    }
+  }
 }
 
 void EmulationLink::Wake() {

@@ -26,6 +26,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "common/net.h"
 
 namespace gradsync::rdma {
@@ -50,7 +51,7 @@ class EmulationLink {
   // Binds the lowest free node number of `fabric` (1..kMaxNodes). Nothing
   // is read or dialed before Start.
   static absl::StatusOr<std::unique_ptr<EmulationLink>> Open(const std::string& fabric);
-  ~EmulationLink();  // stops the I/O thread; calls no handler after it returns
+  ~EmulationLink();  // stops the I/O thread, flushes queued answers (2 s at most); no handler call after it
 
   // Starts the I/O thread, which calls `handler` (it outlives the link).
   void Start(Handler* handler);
@@ -75,6 +76,8 @@ class EmulationLink {
   // Reads what is there; false when the connection ended (why in *why).
   bool ReadFrames(uint64_t id, Conn& c, std::string* why);
   bool WriteQueued(Conn& c, std::string* why);
+  // After the I/O thread stopped: writes what is still queued, until `deadline`.
+  void FlushQueued(absl::Time deadline);
   void Wake();
 
   const std::string fabric_;
