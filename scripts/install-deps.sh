@@ -18,6 +18,9 @@ PACKAGES=(
   clang libclang-rt-14-dev
   # The Python package (python/gradsync) and its tests.
   python3-numpy
+  # The wheel (scripts/build-wheel.sh, //tests:wheel_test): built offline with Debian's
+  # setuptools and wheel, installed with pip into a venv; pyflakes (//tests:python_lint_test).
+  python3-pip python3-venv python3-setuptools python3-wheel pyflakes3
   # PyTorch (the torch.distributed backend, the DDP hook, examples/train_ddp.py).
   python3-torch python3-sklearn
   # The Prometheus server (//tests:prometheus_test) and promtool (deploy/validate.sh).

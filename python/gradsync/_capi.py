@@ -54,6 +54,8 @@ def _candidates():
     if env:
         yield env
     here = pathlib.Path(os.path.abspath(__file__)).parent
+    # The wheel's own copy (scripts/build-wheel.sh).
+    yield str(here / "_lib" / "libgradsync.so")
     recorded = here / "_libpath.txt"
     if recorded.exists():
         yield recorded.read_text().strip()
@@ -87,8 +89,8 @@ def lib():
                 tried[-1] = f"{path} ({e})"
         else:
             raise ImportError(
-                "gradsync: cannot find libgradsync.so (set GRADSYNC_LIB, or install the SDK with "
-                "scripts/install-sdk.sh); tried: " + ", ".join(tried))
+                "gradsync: cannot find libgradsync.so (set GRADSYNC_LIB, install the wheel of "
+                "scripts/build-wheel.sh, or install the SDK with scripts/install-sdk.sh); tried: " + ", ".join(tried))
         _declare(loaded)
         _lib = loaded
         return _lib

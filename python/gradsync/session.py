@@ -9,7 +9,7 @@ import os
 import threading
 import weakref
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Dict, Optional, Tuple
 
 from . import _capi
 from .errors import PENDING, GradsyncError, error

@@ -18,9 +18,7 @@ progress thread; errors (which rank, which op) surface from Work.wait() as
 RuntimeError. See docs/python.md.
 """
 
-import collections
 import datetime
-import os
 import threading
 import time
 from typing import List, Optional

@@ -9,6 +9,7 @@ Run without --worker it launches WORLD processes of itself and fails if any
 rank fails."""
 
 import datetime
+import importlib
 import os
 import shutil
 import subprocess
@@ -21,7 +22,7 @@ WORLD = 3
 def worker():
     import torch
     import torch.distributed as dist
-    import gradsync.torch  # noqa: F401  registers "gradsync"
+    importlib.import_module("gradsync.torch")  # registers the backend "gradsync"
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     # The ranks meet in files of the launcher's (FileStore): a port picked
     # free in advance can be taken by another process before rank 0 binds it.
