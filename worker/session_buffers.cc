@@ -138,7 +138,10 @@ absl::StatusOr<uint64_t> SessionBuffers::AddLocked(std::shared_ptr<ShmSegment> s
 }
 
 absl::StatusOr<BufferInfo> SessionBuffers::Add(std::unique_ptr<ShmSegment> segment) {
-  BufferInfo info{0, segment->name(), segment->size(), segment->by_descriptor()};
+  BufferInfo info;
+  info.shm_name = segment->name();
+  info.size = segment->size();
+  info.by_descriptor = segment->by_descriptor();
   absl::MutexLock l(&mu_);
   ASSIGN_OR_RETURN(info.id, AddLocked(std::shared_ptr<ShmSegment>(std::move(segment)), nullptr));
   return info;
