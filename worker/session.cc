@@ -1,14 +1,9 @@
 #include "worker/session.h"
 
-#include <unistd.h>
-
 #include <algorithm>
-#include <atomic>
-#include <random>
 
 #include "absl/strings/str_cat.h"
 #include "collective/collectives.h"
-#include "collective/planner.h"
 #include "common/clock.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
@@ -23,19 +18,18 @@ absl::Status CheckOwner(const SessionInfo& info, int64_t caller_uid, absl::strin
       caller_uid < 0 ? std::string("(unknown)") : absl::StrCat(caller_uid), " may not ", what,
       " it"));
 }
-namespace {
-std::atomic<uint64_t> g_segment_counter{0};
 
-// Per-process random part: pids repeat across containers and sandboxes that
-// share /dev/shm.
-const std::string& ProcessNonce() {
-  static const std::string* nonce = [] {
-    std::random_device rd;
-    return new std::string(absl::StrCat(absl::Hex(rd(), absl::kZeroPad8)));
-  }();
-  return *nonce;
+namespace {
+SessionBuffers::Options BufferOptions(const SessionInfo& info) {
+  SessionBuffers::Options o;
+  o.session_id = info.session_id;
+  o.job_id = info.job_id;
+  o.rank = info.rank;
+  o.memory_limit_bytes = info.memory_limit_bytes;
+  o.owner_uid = info.owner_uid;
+  o.tenant = info.tenant;
+  return o;
 }
-constexpr size_t kMaxUnreportedOps = 4096;
 }  // namespace
 
 Session::Session(SessionInfo info, std::shared_ptr<JobExecutor> executor,
@@ -43,8 +37,9 @@ Session::Session(SessionInfo info, std::shared_ptr<JobExecutor> executor,
     : info_(std::move(info)),
       executor_(std::move(executor)),
       observer_(observer),
-      tenant_memory_(std::move(tenant_memory)),
-      memory_account_(MemoryAccount(info_.tenant, info_.owner_uid)) {
+      epoch_(info_.job_id, info_.epoch),
+      buffers_(BufferOptions(info_), std::move(tenant_memory)),
+      ops_(info_.session_id, &epoch_) {
   if (observer_ != nullptr) observer_->OnSessionOpened(info_.job_id);
   if (!info_.timeline_path.empty()) {
     auto t = Timeline::Open(info_.timeline_path, info_.rank,
@@ -55,7 +50,7 @@ Session::Session(SessionInfo info, std::shared_ptr<JobExecutor> executor,
       GS_LOG(WARNING) << "job '" << info_.job_id << "': no timeline: " << t.status().message();
     }
   }
-  last_used_ = FastNow();
+  lease_.Touch();
 }
 
 Session::~Session() {
@@ -66,30 +61,19 @@ Session::~Session() {
 SessionStatus Session::Status() const {
   SessionStatus st;
   st.info = info_;
-  uint64_t current = 0;
-  {
-    absl::MutexLock l(&mu_);
-    st.health = epoch_error_;
-    st.queued = static_cast<int>(queue_.size());
-    st.last_completed_seq = last_completed_seq_;
-    if (last_completed_seq_ != 0) {
-      st.last_completed = absl::StrCat(
-          last_completed_sig_.Describe(), " (op ", last_completed_seq_, "): ",
-          last_completed_code_ == absl::StatusCode::kOk ? "OK"
-                                                        : absl::StatusCodeToString(last_completed_code_));
-    }
-    st.last_completed_at = last_completed_at_;
-    if (current_seq_ != 0) {
-      current = current_seq_;
-      st.has_current = true;
-      st.current_seq = current_seq_;
-      st.current = absl::StrCat(current_sig_.Describe(), " (op ", current_seq_, ")");
-      st.current_since = current_since_;
-    }
-  }
-  if (current == 0) return st;
+  st.health = epoch_.health();
+  OpsStatus ops = ops_.Status();
+  st.queued = ops.queued;
+  st.last_completed_seq = ops.last_completed_seq;
+  st.last_completed = std::move(ops.last_completed);
+  st.last_completed_at = ops.last_completed_at;
+  st.has_current = ops.has_current;
+  st.current_seq = ops.current_seq;
+  st.current = std::move(ops.current);
+  st.current_since = ops.current_since;
+  if (!st.has_current) return st;
   // The executor knows who has submitted it and what it is doing.
-  JobExecutor::OpProgress p = executor_->Progress(current);
+  JobExecutor::OpProgress p = executor_->Progress(st.current_seq);
   st.phase = p.phase.empty() ? "negotiating" : p.phase;
   st.arrived = std::move(p.arrived);
   if (std::find(st.arrived.begin(), st.arrived.end(), info_.rank) == st.arrived.end()) {
@@ -104,195 +88,39 @@ SessionStatus Session::Status() const {
   return st;
 }
 
-void Session::Touch() {
-  absl::MutexLock l(&mu_);
-  last_used_ = FastNow();
-}
-
-absl::Time Session::last_used() const {
-  absl::MutexLock l(&mu_);
-  return last_used_;
-}
-
-bool Session::has_pending_ops() const {
-  absl::MutexLock l(&mu_);
-  for (const auto& [seq, op] : ops_) {
-    if (!op->outcome.done) return true;
-  }
-  return false;
-}
-
-bool Session::closed() const {
-  absl::MutexLock l(&mu_);
-  return closing_;
-}
-
-absl::Status Session::health() const {
-  absl::MutexLock l(&mu_);
-  return epoch_error_;
-}
-
-absl::Status Session::Refusal() const {
-  absl::MutexLock l(&mu_);
-  return RefusalLocked();
-}
-
-absl::Status Session::RefusalLocked() const {
-  if (closing_) return absl::FailedPreconditionError("session is closed");
-  if (!not_accepting_.empty()) return absl::UnavailableError(not_accepting_);
-  if (!epoch_error_.ok()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("job '", info_.job_id, "' epoch ", info_.epoch,
-                     " is no longer usable (open a new session): ", epoch_error_.message()));
-  }
-  return absl::OkStatus();
-}
+void Session::Touch() { lease_.Touch(); }
+absl::Time Session::last_used() const { return lease_.last_used(); }
+bool Session::has_pending_ops() const { return ops_.has_pending(); }
+bool Session::closed() const { return epoch_.closed(); }
+absl::Status Session::health() const { return epoch_.health(); }
+absl::Status Session::Refusal() const { return epoch_.Refusal(); }
 
 absl::StatusOr<BufferInfo> Session::AllocateBuffer(uint64_t size, bool by_descriptor) {
-  RETURN_IF_ERROR(CheckNewBuffer(size, "buffer of ", "allocating"));
-  {
-    absl::MutexLock l(&mu_);
-    if (by_descriptor && unfetched_ >= kMaxUnfetchedBuffers) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "session ", info_.session_id, ": ", unfetched_,
-          " buffers were allocated and their descriptors never fetched on the fd socket; at most ",
-          kMaxUnfetchedBuffers, " may wait"));
-    }
-  }
-  const uint64_t n = ++g_segment_counter;
-  auto seg = by_descriptor
-                 ? ShmSegment::CreateSealed(absl::StrCat("gradsync-buffer-", n), size)
-                 : ShmSegment::Create(absl::StrCat("/gradsync.", ::getpid(), ".", ProcessNonce(),
-                                                   "-", n),
-                                      size, info_.owner_uid);
-  if (!seg.ok()) return seg.status();
-  return AddBuffer(std::move(*seg));
+  return buffers_.Allocate(size, by_descriptor);
 }
 
-absl::StatusOr<UniqueFd> Session::TakeBufferFd(uint64_t id) {
-  absl::MutexLock l(&mu_);
-  auto it = buffers_.find(id);
-  if (it == buffers_.end()) {
-    return absl::NotFoundError(
-        absl::StrCat("session ", info_.session_id, " has no buffer ", id));
-  }
-  if (!it->second->by_descriptor()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "buffer ", id, " of session ", info_.session_id, " is not handed out by descriptor"));
-  }
-  UniqueFd fd = it->second->TakeFd();
-  if (!fd.valid()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the descriptor of buffer ", id, " of session ", info_.session_id,
-        " was already fetched (each is handed out once)"));
-  }
-  --unfetched_;
-  return fd;
-}
+absl::StatusOr<UniqueFd> Session::TakeBufferFd(uint64_t id) { return buffers_.TakeFd(id); }
 
 absl::StatusOr<BufferInfo> Session::RegisterBuffer(int fd, uint64_t offset, uint64_t size,
                                                    const std::string& description) {
-  RETURN_IF_ERROR(CheckNewBuffer(size, "a registered range of ", "registering"));
-  auto seg = ShmSegment::MapFd(fd, offset, size, description);
-  if (!seg.ok()) return seg.status();
-  return AddBuffer(std::move(*seg));
+  return buffers_.Register(fd, offset, size, description);
 }
 
-absl::Status Session::CheckNewBuffer(uint64_t size, const char* noun, const char* verb) const {
-  if (size > kMaxBufferBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(noun, size, " bytes exceeds the limit of ",
-                                                   kMaxBufferBytes, " bytes"));
-  }
-  absl::MutexLock l(&mu_);
-  return CheckQuotaLocked(size, verb);
-}
-
-absl::Status Session::CheckQuotaLocked(uint64_t size, const char* what) const {
-  const uint64_t limit = info_.memory_limit_bytes;
-  if (limit == 0 || (size <= limit && buffer_bytes_ <= limit - size)) {
-    if (tenant_memory_ == nullptr) return absl::OkStatus();
-    return tenant_memory_->Check(memory_account_, size,
-                                 absl::StrCat("session ", info_.session_id, ": ", what));
-  }
-  return absl::ResourceExhaustedError(absl::StrCat(
-      "session ", info_.session_id, " (job '", info_.job_id, "' rank ", info_.rank, "): ", what,
-      " a buffer of ", size, " bytes would exceed the session's buffer quota of ", limit,
-      " bytes (", buffer_bytes_, " in use; gradsyncd --session_memory_limit_mb)"));
-}
-
-void Session::ReleaseTenantMemory(uint64_t bytes) {
-  if (tenant_memory_ != nullptr && bytes > 0) tenant_memory_->Release(memory_account_, bytes);
-}
-
-uint64_t Session::buffer_bytes() const {
-  absl::MutexLock l(&mu_);
-  return buffer_bytes_;
-}
-
-absl::StatusOr<BufferInfo> Session::AddBuffer(std::unique_ptr<ShmSegment> segment) {
-  absl::MutexLock l(&mu_);
-  if (closing_) return absl::FailedPreconditionError("session is closing");
-  RETURN_IF_ERROR(CheckQuotaLocked(segment->size(), "adding"));
-  if (tenant_memory_ != nullptr) {
-    RETURN_IF_ERROR(tenant_memory_->Charge(
-        memory_account_, segment->size(), absl::StrCat("session ", info_.session_id, ": adding")));
-  }
-  const uint64_t id = next_buffer_id_++;
-  BufferInfo info{id, segment->name(), segment->size(), segment->by_descriptor()};
-  buffer_bytes_ += segment->size();
-  if (segment->by_descriptor()) ++unfetched_;
-  buffers_[id] = std::shared_ptr<ShmSegment>(std::move(segment));
-  return info;
-}
-
-absl::StatusOr<BufferInfo> Session::AllocateDeviceBuffer(const std::string& gpu_uuid, uint64_t size) {
-  RETURN_IF_ERROR(CheckNewBuffer(size, "device buffer of ", "allocating"));
-  ASSIGN_OR_RETURN(std::shared_ptr<DeviceMemory> device, DeviceMemory::Allocate(gpu_uuid, size));
-  return AddDeviceBuffer(std::move(device));
+absl::StatusOr<BufferInfo> Session::AllocateDeviceBuffer(const std::string& gpu_uuid,
+                                                         uint64_t size) {
+  return buffers_.AllocateDevice(gpu_uuid, size);
 }
 
 absl::StatusOr<BufferInfo> Session::RegisterDeviceBuffer(const std::string& gpu_uuid,
                                                          const std::string& ipc_handle,
                                                          uint64_t offset, uint64_t size,
                                                          int64_t client_pid) {
-  RETURN_IF_ERROR(CheckNewBuffer(size, "a registered device range of ", "registering"));
-  ASSIGN_OR_RETURN(std::shared_ptr<DeviceMemory> device,
-                   DeviceMemory::Open(gpu_uuid, ipc_handle, offset, size, client_pid));
-  return AddDeviceBuffer(std::move(device));
+  return buffers_.RegisterDevice(gpu_uuid, ipc_handle, offset, size, client_pid);
 }
 
-absl::StatusOr<BufferInfo> Session::AddDeviceBuffer(std::shared_ptr<DeviceMemory> device) {
-  absl::MutexLock l(&mu_);
-  if (closing_) return absl::FailedPreconditionError("session is closing");
-  const uint64_t size = device->size();
-  RETURN_IF_ERROR(CheckQuotaLocked(size, "adding"));
-  if (tenant_memory_ != nullptr) {
-    RETURN_IF_ERROR(tenant_memory_->Charge(
-        memory_account_, size, absl::StrCat("session ", info_.session_id, ": adding")));
-  }
-  const uint64_t id = next_buffer_id_++;
-  BufferInfo info{id, absl::StrCat("device buffer on ", device->uuid()), size, false,
-                  device->uuid(), device->ipc_handle()};
-  buffer_bytes_ += size;
-  buffers_[id] = device->host();
-  devices_[id] = std::move(device);
-  return info;
-}
+absl::Status Session::FreeBuffer(uint64_t id) { return buffers_.Free(id); }
 
-absl::Status Session::FreeBuffer(uint64_t id) {
-  absl::MutexLock l(&mu_);
-  auto it = buffers_.find(id);
-  if (it == buffers_.end()) {
-    return absl::NotFoundError(absl::StrCat("buffer ", id, " does not exist in session ",
-                                            info_.session_id));
-  }
-  buffer_bytes_ -= it->second->size();
-  ReleaseTenantMemory(it->second->size());
-  if (it->second->holds_fd()) --unfetched_;
-  buffers_.erase(it);
-  devices_.erase(id);
-  return absl::OkStatus();  // an op still using it keeps the mapping alive
-}
+uint64_t Session::buffer_bytes() const { return buffers_.bytes(); }
 
 absl::StatusOr<uint64_t> Session::Submit(const SubmitArgs& a) {
   absl::StatusOr<uint64_t> seq = Enqueue(a);
@@ -308,23 +136,18 @@ absl::StatusOr<uint64_t> Session::Enqueue(const SubmitArgs& a) {
   job.has_ps = executor_->has_ps();
   job.one_rank_per_daemon = executor_->placement().nodes() == executor_->placement().world;
   ASSIGN_OR_RETURN(const SubmitShape shape, CheckSubmit(a, job));
-  absl::MutexLock l(&mu_);
-  last_used_ = FastNow();
-  RETURN_IF_ERROR(RefusalLocked());
-  const bool no_buffer = a.kind == CollectiveKind::kBarrier && a.buffer_id == 0;
-  auto it = buffers_.find(a.buffer_id);
-  if (!no_buffer && it == buffers_.end()) {
-    return absl::NotFoundError(absl::StrCat("buffer ", a.buffer_id, " does not exist in session ",
-                                            info_.session_id));
-  }
-  if (!no_buffer) RETURN_IF_ERROR(CheckBufferRange(a, shape, it->second->size()));
-  if (ops_.size() >= kMaxUnreportedOps) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        ops_.size(), " ops are queued or unreported; Wait for some before submitting more"));
-  }
+  lease_.Touch();
+  // Refused before the buffer is looked up (a closed session has none);
+  // ops_.Push checks again, atomically with queueing.
+  RETURN_IF_ERROR(epoch_.Refusal());
   auto op = std::make_shared<QueuedOp>();
-  op->seq = next_seq_++;
-  op->sig.seq = op->seq;
+  const bool no_buffer = a.kind == CollectiveKind::kBarrier && a.buffer_id == 0;
+  if (!no_buffer) {
+    ASSIGN_OR_RETURN(BufferRef buffer, buffers_.Find(a.buffer_id));
+    RETURN_IF_ERROR(CheckBufferRange(a, shape, buffer.segment->size()));
+    op->buffer = std::move(buffer.segment);
+    op->device = std::move(buffer.device);
+  }
   op->sig.kind = a.kind;
   op->sig.dtype = a.dtype;
   op->sig.op = a.op;
@@ -332,70 +155,38 @@ absl::StatusOr<uint64_t> Session::Enqueue(const SubmitArgs& a) {
   op->sig.name.assign(a.name.data(), a.name.size());
   op->sig.root = IsRootedCollective(a.kind) ? a.root : 0;
   op->sig.forced = shape.plan_code;
-  if (!no_buffer) {
-    op->buffer = it->second;
-    if (auto d = devices_.find(a.buffer_id); d != devices_.end()) op->device = d->second;
-  }
   op->offset = a.offset_bytes;
-  op->submitted = FastNow();
-  op->deadline =
-      op->submitted + (a.timeout > absl::ZeroDuration() ? a.timeout : info_.default_op_timeout);
-  ops_[op->seq] = op;
-  queue_.push_back(op);
+  ASSIGN_OR_RETURN(const uint64_t seq,
+                   ops_.Push(std::move(op), a.timeout > absl::ZeroDuration()
+                                                ? a.timeout
+                                                : info_.default_op_timeout));
   if (observer_ != nullptr) observer_->OnOpQueued();
-  return op->seq;
+  return seq;
 }
 
 absl::StatusOr<OpOutcome> Session::Wait(uint64_t op_id, absl::Duration timeout) {
   const absl::Time deadline = FastNow() + timeout;
-  absl::MutexLock l(&mu_);
-  last_used_ = FastNow();
-  auto it = ops_.find(op_id);
-  if (it == ops_.end()) {
-    return absl::NotFoundError(absl::StrCat("op ", op_id, " is not pending in session ",
-                                            info_.session_id, " (already reported, or never submitted)"));
-  }
-  std::shared_ptr<QueuedOp> op = it->second;
-  auto done = [&op]() { return op->outcome.done; };
-  mu_.AwaitWithDeadline(absl::Condition(&done), deadline);
-  OpOutcome out = op->outcome;
-  if (out.done) ops_.erase(op_id);
-  return out;
+  lease_.Touch();
+  return ops_.Wait(op_id, deadline);
 }
 
-void Session::StopAccepting(const std::string& reason) {
-  absl::MutexLock l(&mu_);
-  not_accepting_ = reason;
-}
+void Session::StopAccepting(const std::string& reason) { epoch_.StopAccepting(reason); }
 
 void Session::SetCompletionListener(CompletionListener listener) {
-  absl::MutexLock l(&mu_);
-  listener_ = listener ? std::make_shared<const CompletionListener>(std::move(listener)) : nullptr;
+  ops_.SetCompletionListener(std::move(listener));
 }
 
 void Session::SetSubmissionFeed(std::shared_ptr<SubmissionFeed> feed) {
-  {
-    absl::MutexLock l(&mu_);
-    feed_ = std::move(feed);
-  }
+  ops_.SetFeed(std::move(feed));
   executor_->Kick();  // it takes the new feed (or stops sleeping on the old one)
 }
 
-std::shared_ptr<SubmissionFeed> Session::feed() const {
-  absl::MutexLock l(&mu_);
-  return feed_;
-}
+std::shared_ptr<SubmissionFeed> Session::feed() const { return ops_.feed(); }
 
-void Session::EndEpoch(const absl::Status& reason) {
-  absl::MutexLock l(&mu_);
-  if (epoch_error_.ok()) epoch_error_ = reason;
-}
+void Session::EndEpoch(const absl::Status& reason) { epoch_.Fail(reason); }
 
 void Session::AbortEpoch(const absl::Status& reason) {
-  {
-    absl::MutexLock l(&mu_);
-    if (epoch_error_.ok()) epoch_error_ = reason;
-  }
+  epoch_.Fail(reason);
   executor_->Abort(reason);
 }
 
@@ -405,75 +196,24 @@ void Session::Close() {
 
 void Session::Close(const absl::Status& why) {
   std::call_once(close_once_, [this, &why] {
-    std::deque<std::shared_ptr<QueuedOp>> queued;
-    {
-      absl::MutexLock l(&mu_);
-      closing_ = true;
-      if (epoch_error_.ok()) epoch_error_ = absl::CancelledError("session closed");
-      queued.swap(queue_);
-    }
+    // Refuses ops and buffers first; an op pushed before is in the queue
+    // taken next (SessionOps::Push checks the epoch under its lock).
+    epoch_.Close();
+    buffers_.Close();
+    std::deque<std::shared_ptr<QueuedOp>> queued = ops_.TakeQueued();
     // The executor fails the op it runs for this rank (the epoch is broken);
     // the ones it never took fail here.
     executor_->Detach(info_.rank, why);
-    const absl::Time now = FastNow();
-    for (const auto& op : queued) {
-      {
-        absl::MutexLock l(&mu_);
-        op->started = now;
-      }
-      bool newly_failed = false;
-      Finish(*op, why, "", now, &newly_failed);
-    }
-    absl::MutexLock l(&mu_);
-    buffers_.clear();
-    devices_.clear();
-    ReleaseTenantMemory(buffer_bytes_);
-    buffer_bytes_ = 0;
-    unfetched_ = 0;
+    ops_.FailUntaken(queued, why);
+    buffers_.FreeAll();
   });
 }
 
-std::shared_ptr<QueuedOp> Session::TakeNext() {
-  absl::MutexLock l(&mu_);
-  if (queue_.empty()) return nullptr;
-  std::shared_ptr<QueuedOp> op = std::move(queue_.front());
-  queue_.pop_front();
-  const absl::Time now = FastNow();
-  op->started = now;
-  current_seq_ = op->seq;
-  current_sig_ = op->sig;  // described only when someone asks (Status)
-  current_since_ = now;
-  return op;
-}
+std::shared_ptr<QueuedOp> Session::TakeNext() { return ops_.TakeNext(); }
 
 bool Session::Finish(QueuedOp& op, const absl::Status& s, absl::string_view plan,
                      absl::Time end, bool* newly_failed) {
-  std::shared_ptr<const CompletionListener> listener;
-  OpOutcome outcome;
-  {
-    absl::MutexLock l(&mu_);
-    if (op.outcome.done) return false;
-    op.outcome.status = s;
-    op.outcome.algorithm = std::string(plan);
-    op.outcome.queued_time = op.started - op.submitted;
-    op.outcome.run_time = end - op.started;
-    op.outcome.done = true;
-    *newly_failed = !s.ok() && !absl::IsInvalidArgument(s) && epoch_error_.ok();
-    if (*newly_failed) epoch_error_ = s;
-    last_completed_seq_ = op.seq;
-    last_completed_sig_ = op.sig;
-    last_completed_code_ = s.code();
-    last_completed_at_ = end;
-    if (current_seq_ == op.seq) current_seq_ = 0;
-    listener = listener_;
-    outcome = op.outcome;
-  }
-  // The client first; metrics come after, overlapping with its next op.
-  if (listener != nullptr && (*listener)(op.seq, outcome)) {
-    absl::MutexLock l(&mu_);
-    ops_.erase(op.seq);
-  }
-  return true;
+  return ops_.Finish(op, s, plan, end, newly_failed);
 }
 
 OpRecord Session::Record(const QueuedOp& op, absl::Duration arrival_wait) const {

@@ -1,6 +1,15 @@
 // One client's membership in one job epoch: its rank, its shared-memory
 // buffers, and the queue of its ops.
 //
+// Session is a facade over its parts, one responsibility each:
+//   SessionBuffers (session_buffers.h)  buffers and memory quotas;
+//   SessionOps     (session_ops.h)      numbering, queue, outcomes, Wait,
+//                                       the completion listener and feed;
+//   SessionEpoch   (session_epoch.h)    healthy / draining / failed / closed;
+//   SessionLease   (session_lease.h)    when the client last used it.
+// It adds what needs the job: validating a submission against the job
+// (submit_validation.h), waking the executor, the observer, the timeline.
+//
 // The session validates each op and queues it; the job's executor on this
 // daemon (worker/job_executor.h) runs it, together with the same op of the
 // job's other ranks on this daemon, and completes it here (Finish). A
@@ -41,6 +50,11 @@
 #include "worker/submission_feed.h"
 #include "worker/submit_validation.h"
 #include "worker/timeline.h"
+#include "worker/queued_op.h"
+#include "worker/session_buffers.h"
+#include "worker/session_epoch.h"
+#include "worker/session_lease.h"
+#include "worker/session_ops.h"
 
 namespace gradsync {
 
@@ -111,45 +125,7 @@ struct SessionStatus {
 };
 
 
-struct OpOutcome {
-  bool done = false;
-  absl::Status status;
-  std::string algorithm;
-  absl::Duration queued_time;
-  absl::Duration run_time;
-};
-
-struct BufferInfo {
-  uint64_t id = 0;
-  std::string shm_name;  // a named segment's name, else a description
-  uint64_t size = 0;
-  // The client fetches the segment's descriptor on the fd socket (a sealed
-  // memfd) instead of opening shm_name.
-  bool by_descriptor = false;
-  // A device buffer: its GPU, and (allocated by the daemon) the IPC handle
-  // the client opens.
-  std::string gpu_uuid;
-  std::string cuda_ipc_handle;
-};
-
 class JobExecutor;
-
-// One queued op, shared by its session and the job's executor.
-struct QueuedOp {
-  uint64_t seq = 0;
-  OpSignature sig;                     // sig.forced: the requested plan code
-  std::shared_ptr<ShmSegment> buffer;  // null for a buffer-less barrier
-  // A device buffer's GPU memory; `buffer` is then its host twin, which the
-  // executor fills before the op runs and copies back after it succeeded.
-  std::shared_ptr<DeviceMemory> device;
-  uint64_t offset = 0;
-  absl::Time submitted;
-  absl::Time started;   // when the executor took it
-  absl::Time deadline;
-  OpOutcome outcome;    // guarded by the session's mutex
-
-  char* data() const { return buffer != nullptr ? buffer->data() + offset : nullptr; }
-};
 
 class Session {
  public:
@@ -174,7 +150,7 @@ class Session {
   absl::StatusOr<UniqueFd> TakeBufferFd(uint64_t id);
   // Buffers whose descriptor was never fetched hold one each in the daemon;
   // a session may have this many at once.
-  static constexpr size_t kMaxUnfetchedBuffers = 16;
+  static constexpr size_t kMaxUnfetchedBuffers = SessionBuffers::kMaxUnfetchedBuffers;
   // Maps [offset, offset+size) of the client's file `fd` as a buffer of this
   // session (ShmSegment::MapFd says what is checked); same id space and
   // lifetime as allocated buffers.
@@ -192,7 +168,7 @@ class Session {
   // Bytes of the session's live buffers.
   uint64_t buffer_bytes() const;
   // The largest buffer a session may allocate or register.
-  static constexpr uint64_t kMaxBufferBytes = 64ull << 30;
+  static constexpr uint64_t kMaxBufferBytes = SessionBuffers::kMaxBufferBytes;
 
   // Validates and queues; returns the op id (= its sequence number).
   absl::StatusOr<uint64_t> Submit(const SubmitArgs& args);
@@ -218,7 +194,7 @@ class Session {
   // finishes. If it returns true the outcome was delivered elsewhere (e.g. a
   // shared-memory completion queue) and the op is forgotten (Wait then says
   // NotFound). At most one listener; set it before submitting ops.
-  using CompletionListener = std::function<bool(uint64_t op_id, const OpOutcome& outcome)>;
+  using CompletionListener = SessionOps::CompletionListener;
   void SetCompletionListener(CompletionListener listener);
 
   // While idle, the executor polls `feed` for submissions itself (the
@@ -259,53 +235,17 @@ class Session {
   void Touch();
 
  private:
-  absl::StatusOr<BufferInfo> AddBuffer(std::unique_ptr<ShmSegment> segment);
-  absl::StatusOr<BufferInfo> AddDeviceBuffer(std::shared_ptr<DeviceMemory> device);
-  // Submit's work under mu_.
+  // Submit's work: validates against the job and queues.
   absl::StatusOr<uint64_t> Enqueue(const SubmitArgs& args);
-  absl::Status RefusalLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const SessionInfo info_;
   const std::shared_ptr<JobExecutor> executor_;
   DaemonObserver* const observer_;
-  const std::shared_ptr<TenantMemory> tenant_memory_;  // may be null
-  const std::string memory_account_;  // MemoryAccount(tenant, owner uid)
   std::unique_ptr<Timeline> timeline_;  // null unless the job's timeline is on
-
-  mutable absl::Mutex mu_;
-  std::map<uint64_t, std::shared_ptr<ShmSegment>> buffers_ ABSL_GUARDED_BY(mu_);
-  uint64_t buffer_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // of buffers_
-  // Device buffers by id; their host twins are in buffers_.
-  std::map<uint64_t, std::shared_ptr<DeviceMemory>> devices_ ABSL_GUARDED_BY(mu_);
-  size_t unfetched_ ABSL_GUARDED_BY(mu_) = 0;  // buffers still holding their descriptor
-  // ResourceExhausted when `size` more bytes would exceed the quota.
-  // Also checks (does not charge) the tenant's quota.
-  // A new buffer of `size` bytes: within kMaxBufferBytes ("<noun><size> bytes
-  // exceeds the limit ...") and the quotas (CheckQuotaLocked with `verb`).
-  absl::Status CheckNewBuffer(uint64_t size, const char* noun, const char* verb) const;
-  absl::Status CheckQuotaLocked(uint64_t size, const char* what) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void ReleaseTenantMemory(uint64_t bytes);
-  uint64_t next_buffer_id_ ABSL_GUARDED_BY(mu_) = 1;
-  uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
-  std::deque<std::shared_ptr<QueuedOp>> queue_ ABSL_GUARDED_BY(mu_);
-  std::map<uint64_t, std::shared_ptr<QueuedOp>> ops_ ABSL_GUARDED_BY(mu_);  // queued, running, unreported
-  absl::Status epoch_error_ ABSL_GUARDED_BY(mu_);
-  bool closing_ ABSL_GUARDED_BY(mu_) = false;
-  std::string not_accepting_ ABSL_GUARDED_BY(mu_);  // non-empty: draining
-  absl::Time last_used_ ABSL_GUARDED_BY(mu_);
-  // Shared, so Finish takes a reference under mu_ and calls it outside
-  // without copying the function (and what it captured) per op.
-  std::shared_ptr<const CompletionListener> listener_ ABSL_GUARDED_BY(mu_);
-  std::shared_ptr<SubmissionFeed> feed_ ABSL_GUARDED_BY(mu_);
-  // Status of the op in progress.
-  uint64_t current_seq_ ABSL_GUARDED_BY(mu_) = 0;
-  OpSignature current_sig_ ABSL_GUARDED_BY(mu_);
-  absl::Time current_since_ ABSL_GUARDED_BY(mu_);
-  uint64_t last_completed_seq_ ABSL_GUARDED_BY(mu_) = 0;
-  OpSignature last_completed_sig_ ABSL_GUARDED_BY(mu_);
-  absl::StatusCode last_completed_code_ ABSL_GUARDED_BY(mu_) = absl::StatusCode::kOk;
-  absl::Time last_completed_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  SessionLease lease_;
+  SessionEpoch epoch_;
+  SessionBuffers buffers_;
+  SessionOps ops_;  // refers to epoch_
   std::once_flag close_once_;
 };
 

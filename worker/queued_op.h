@@ -1,0 +1,56 @@
+// One op of one session, as the session queues it and the job's executor runs
+// it (worker/session_ops.h, worker/job_executor.h): plain data, no behaviour.
+//
+// Ownership: shared (std::shared_ptr) by the session's op table and queue and
+// by the executor's slot while it runs. The op keeps its buffer (and device
+// memory) alive, so a buffer freed or a session closed while the op runs
+// stays mapped until the op is done with it.
+//
+// Thread-safety: everything but `outcome` and `started` is written before the
+// op is queued and only read afterwards. `started` and `outcome` are guarded
+// by the owning SessionOps' mutex (SessionOps::TakeNext / Finish write them).
+#ifndef GRADSYNC_WORKER_QUEUED_OP_H_
+#define GRADSYNC_WORKER_QUEUED_OP_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "collective/op_signature.h"
+#include "worker/device_memory.h"
+#include "worker/shm_segment.h"
+
+namespace gradsync {
+
+// What the client learns of a finished op (Session::Wait, the completion
+// listener). done=false: still queued or running.
+struct OpOutcome {
+  bool done = false;
+  absl::Status status;
+  std::string algorithm;
+  absl::Duration queued_time;  // submitted -> taken by the executor
+  absl::Duration run_time;     // taken -> finished
+};
+
+// One queued op, shared by its session and the job's executor.
+struct QueuedOp {
+  uint64_t seq = 0;
+  OpSignature sig;                     // sig.forced: the requested plan code
+  std::shared_ptr<ShmSegment> buffer;  // null for a buffer-less barrier
+  // A device buffer's GPU memory; `buffer` is then its host twin, which the
+  // executor fills before the op runs and copies back after it succeeded.
+  std::shared_ptr<DeviceMemory> device;
+  uint64_t offset = 0;
+  absl::Time submitted;
+  absl::Time started;   // when the executor took it
+  absl::Time deadline;
+  OpOutcome outcome;    // guarded by the session's op table (SessionOps)
+
+  char* data() const { return buffer != nullptr ? buffer->data() + offset : nullptr; }
+};
+
+}  // namespace gradsync
+
+#endif  // GRADSYNC_WORKER_QUEUED_OP_H_
