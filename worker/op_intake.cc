@@ -3,6 +3,7 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -13,9 +14,6 @@
 
 namespace gradsync {
 namespace {
-
-// The intake whose executor thread this is (its own Kicks need no wake-up).
-thread_local const OpIntake* t_intake = nullptr;
 
 // Sleep bounds while local ranks are missing: the executor sleeps on one
 // missing rank's doorbell and looks at the others this often.
@@ -39,8 +37,8 @@ OpIntake::OpIntake(std::string job_id, std::vector<int> local_ranks, int world,
   progress_arrived_.assign(world, false);
 }
 
-void OpIntake::BindToThisThread() { t_intake = this; }
-bool OpIntake::OnOwnThread() const { return t_intake == this; }
+void OpIntake::BindToThisThread() { owner_.store(std::this_thread::get_id()); }
+bool OpIntake::OnOwnThread() const { return owner_.load() == std::this_thread::get_id(); }
 
 void OpIntake::Attach(Session* session) {
   const auto it = std::find(local_.begin(), local_.end(), session->info().rank);

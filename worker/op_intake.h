@@ -34,6 +34,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -154,6 +155,8 @@ class OpIntake {
   bool sleeping_ ABSL_GUARDED_BY(mu_) = false;
   std::shared_ptr<SubmissionFeed> sleep_feed_ ABSL_GUARDED_BY(mu_);
   std::atomic<uint64_t> kicks_{0};
+  // The executor's thread (BindToThisThread); its own Kicks need no wake-up.
+  std::atomic<std::thread::id> owner_{};
 
   mutable absl::Mutex progress_mu_;
   uint64_t progress_seq_ ABSL_GUARDED_BY(progress_mu_) = 1;
