@@ -98,6 +98,37 @@ std::string ShapeName(const std::vector<int>& node_of_rank) {
   return s;
 }
 
+// ---- The fake coordinator.
+
+TEST(FakeCoordinator, HandsOutWhatAnEpochsMembersLearn) {
+  ClusterSpec spec;
+  spec.node_of_rank = {0, 1, 0, 2};
+  spec.job_algorithm = "ring";
+  FakeCoordinator coord(spec);
+  const JobPlacement p = coord.PlacementFor(1);
+  EXPECT_EQ(p.world, 4);
+  EXPECT_EQ(p.node_index, 1);
+  EXPECT_EQ(p.nodes(), 3);
+  EXPECT_EQ(p.ranks_of_node[0], (std::vector<int>{0, 2}));
+  EXPECT_EQ(p.local_ranks(), (std::vector<int>{1}));
+  const SessionInfo info = coord.InfoFor(2, 7);
+  EXPECT_EQ(info.rank, 2);
+  EXPECT_EQ(info.world_size, 4);
+  EXPECT_EQ(info.epoch, 7);
+  EXPECT_EQ(info.job_algorithm, "ring");
+  EXPECT_FALSE(info.job_key.empty());
+  auto c = Form(coord);
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(c->epoch(), 1);
+  EXPECT_EQ(c->daemons(), 3);
+  EXPECT_EQ(c->ranks_of(0), (std::vector<int>{0, 2}));
+  EXPECT_EQ(c->session(3).info().rank, 3);
+
+  spec.node_of_rank = {1, 0};  // daemons are numbered by first appearance
+  FakeCoordinator bad(spec);
+  EXPECT_EQ(bad.Form().status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 // ---- Results.
 
 class ExecutorClusterShapes : public ::testing::TestWithParam<std::vector<int>> {};
@@ -203,12 +234,18 @@ TEST(ExecutorCluster, OpsCompleteInSubmissionOrderOnEveryRank) {
 
 // ---- A signature mismatch.
 
-TEST(ExecutorCluster, MismatchFailsOnlyThatOpOnEveryRankNamingTheRanks) {
-  FakeCoordinator coord(ClusterSpec::Blocks(2, 2));
+class ExecutorClusterMismatch : public ::testing::TestWithParam<std::vector<int>> {};
+
+TEST_P(ExecutorClusterMismatch, FailsOnlyThatOpOnEveryRankNamingTheRanks) {
+  ClusterSpec spec;
+  spec.node_of_rank = GetParam();
+  FakeCoordinator coord(spec);
   auto c = Form(coord);
   ASSERT_NE(c, nullptr);
   std::vector<RankBuffer> bufs = Buffers(*c, 4096);
-  // Rank 3 (on daemon 1) disagrees on the count.
+  ExpectAllOk(c->RunOnAll(Allreduce(DType::kF32, ReduceOp::kSum, 10, "before"), Ids(bufs)),
+              "op 1");
+  // Op 2: rank 3 disagrees on the count.
   std::vector<uint64_t> ids;
   for (int r = 0; r < c->world(); ++r) {
     OpSpec op = Allreduce(DType::kF32, ReduceOp::kSum, r == 3 ? 11 : 10, "grads");
@@ -221,8 +258,11 @@ TEST(ExecutorCluster, MismatchFailsOnlyThatOpOnEveryRankNamingTheRanks) {
     auto out = c->Wait(r, ids[r]);
     ASSERT_TRUE(out.ok()) << out.status();
     EXPECT_EQ(out->status.code(), absl::StatusCode::kInvalidArgument) << out->status;
-    EXPECT_THAT(std::string(out->status.message()), HasSubstr("rank 3")) << "rank " << r;
-    EXPECT_THAT(std::string(out->status.message()), HasSubstr("0,1,2")) << "rank " << r;
+    const std::string msg(out->status.message());
+    EXPECT_THAT(msg, HasSubstr("rank 3 submitted allreduce 'grads' f32[11] sum")) << "rank " << r;
+    EXPECT_THAT(msg, HasSubstr("ranks 0,1,2 submitted allreduce 'grads' f32[10] sum"))
+        << "rank " << r;
+    EXPECT_THAT(msg, HasSubstr("op 2")) << "rank " << r;
   }
   // Only that op: the epoch is fine and the next op works.
   for (int r = 0; r < c->world(); ++r) EXPECT_TRUE(c->session(r).health().ok()) << r;
@@ -230,6 +270,15 @@ TEST(ExecutorCluster, MismatchFailsOnlyThatOpOnEveryRankNamingTheRanks) {
   ExpectAllOk(c->RunOnAll(Allreduce(DType::kI32, ReduceOp::kSum, 100), Ids(bufs)), "after");
   ExpectResult(bufs, Reference(inputs, DType::kI32, ReduceOp::kSum, 100), "after the mismatch");
 }
+
+INSTANTIATE_TEST_SUITE_P(Placements, ExecutorClusterMismatch,
+                         ::testing::Values(std::vector<int>{0, 0, 1, 1},  // 2 daemons x 2 ranks
+                                           std::vector<int>{0, 0, 0, 0},  // 1 x 4
+                                           std::vector<int>{0, 1, 2, 3},  // 4 x 1
+                                           std::vector<int>{0, 1, 0, 1}),  // interleaved
+                         [](const ::testing::TestParamInfo<std::vector<int>>& info) {
+                           return absl::StrCat("daemons_of_ranks_", ShapeName(info.param));
+                         });
 
 // ---- A late rank.
 
@@ -264,6 +313,32 @@ TEST(ExecutorCluster, LateRankIsNamedWhenTheOpTimesOut) {
     EXPECT_THAT(std::string(o->status.message()),
                 ::testing::ContainsRegex("waiting for rank\\(s\\) ([0-9]+,)*3 to submit op 1"))
         << "rank " << r << ": " << o->status;
+  }
+}
+
+TEST(ExecutorCluster, LateRankAloneOnItsDaemonIsNamedByTheOthers) {
+  // Rank 2's daemon has nothing of op 1; the others wait for it in the
+  // signature exchange and name it.
+  FakeCoordinator coord(ClusterSpec::Blocks(4, 1));
+  auto c = Form(coord);
+  ASSERT_NE(c, nullptr);
+  std::vector<RankBuffer> bufs = Buffers(*c, 4096);
+  std::vector<uint64_t> ids(4);
+  for (int r : {0, 1, 3}) {
+    OpSpec op = Allreduce(DType::kF32, ReduceOp::kSum, 10, "late");
+    op.buffer_id = bufs[r].id;
+    op.timeout = absl::Milliseconds(300);
+    auto id = c->Submit(r, op);
+    ASSERT_TRUE(id.ok()) << id.status();
+    ids[r] = *id;
+  }
+  for (int r : {0, 1, 3}) {
+    auto out = c->Wait(r, ids[r], absl::Seconds(20));
+    ASSERT_TRUE(out.ok()) << out.status();
+    EXPECT_FALSE(out->status.ok()) << "rank " << r;
+    EXPECT_THAT(std::string(out->status.message()),
+                ::testing::ContainsRegex("waiting for rank\\(s\\) ([0-9]+,)*2 to submit op 1"))
+        << "rank " << r << ": " << out->status;
   }
 }
 
@@ -620,6 +695,7 @@ TEST_P(ExecutorClusterPlans, EveryForcedPlanGivesTheSameBits) {
 
 INSTANTIATE_TEST_SUITE_P(Placements, ExecutorClusterPlans,
                          ::testing::Values(std::vector<int>{0, 0, 1, 1},   // 2 daemons x 2 ranks
+                                           std::vector<int>{0, 0, 0, 0},   // 1 x 4 (in memory)
                                            std::vector<int>{0, 1, 2},      // 3 x 1
                                            std::vector<int>{0, 1, 2, 3},   // 4 x 1
                                            std::vector<int>{0, 0, 1, 2, 2}),  // uneven
