@@ -227,9 +227,13 @@ TEST(ExecutorCluster, OpsCompleteInSubmissionOrderOnEveryRank) {
     }
     return true;
   };
-  absl::MutexLock l(&mu);
-  mu.AwaitWithTimeout(absl::Condition(&heard_all), absl::Seconds(20));
-  for (int r = 0; r < c->world(); ++r) EXPECT_EQ(order[r], ids[r]) << "rank " << r;
+  {
+    absl::MutexLock l(&mu);
+    mu.AwaitWithTimeout(absl::Condition(&heard_all), absl::Seconds(20));
+    for (int r = 0; r < c->world(); ++r) EXPECT_EQ(order[r], ids[r]) << "rank " << r;
+  }
+  c.reset();  // before the listeners' `mu` and `order` go
+
 }
 
 // ---- A signature mismatch.
