@@ -2,6 +2,7 @@
 // process (ipc/op_queue.h only; the real daemon is in tests/).
 #include "client/shm_op_channel.h"
 
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -15,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "common/thread_testing.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "ipc/op_queue.h"
@@ -279,17 +281,30 @@ TEST(ShmOpChannel, ThreadsWaitOnDifferentOpsAndEarlyCompletionsAreKept) {
     ids.push_back(op->op_id);
   }
   std::vector<absl::Status> results(kOps);
+  std::vector<std::atomic<pid_t>> tids(kOps);
+  std::vector<std::atomic<bool>> returned(kOps);
   std::vector<std::thread> waiters;
   for (int i = 1; i < kOps; i += 2) {  // only odd ops have waiters for now
     waiters.emplace_back([&, i] {
+      tids[i] = testing::ThisThreadId();
       auto out = ch->Wait(ids[i], In(absl::Seconds(10)));
       results[i] = out.ok() ? (out->done ? absl::OkStatus() : absl::DeadlineExceededError("")) : out.status();
+      returned[i] = true;
     });
   }
-  // Complete in reverse order, some with errors.
+  // Every waiter is asleep in its Wait (on the doorbell, or on the channel
+  // for the thread that sleeps on it) before anything completes.
+  for (int i = 1; i < kOps; i += 2) {
+    ASSERT_TRUE(Eventually([&] { return tids[i] != 0; }));
+    ASSERT_TRUE(testing::WaitUntilAsleepInSyscall(tids[i], {SYS_futex})) << "waiter of op " << i;
+  }
+  // Complete in reverse order, some with errors; each waiter returns before
+  // the next op completes, while the others keep waiting.
   for (int i = kOps - 1; i >= 0; --i) {
     daemon.Complete(ids[i], i % 3 == 0 ? absl::AbortedError(absl::StrCat("op ", i)) : absl::OkStatus());
-    absl::SleepFor(absl::Milliseconds(2));
+    if (i % 2 == 1) {
+      ASSERT_TRUE(Eventually([&] { return returned[i].load(); })) << "op " << i;
+    }
   }
   for (auto& t : waiters) t.join();
   for (int i = 1; i < kOps; i += 2) {

@@ -45,7 +45,9 @@ TEST(ShardRegistry, TooFewAliveShardsIsAnErrorNamingTheCounts) {
   EXPECT_EQ(a.status().message(),
             "job 'j' wants 2 parameter-server shards but 1 are registered and alive (ps-a); "
             "start more gradsync-ps");
-  absl::SleepFor(absl::Milliseconds(80));  // ps-a stops renewing: dead
+  // ps-a stops renewing: dead once 50 ms pass.
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (r.List()[0].alive() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));
   EXPECT_FALSE(r.List()[0].alive());
   EXPECT_TRUE(absl::IsFailedPrecondition(r.AssignForJob("j", 2, 1).status()));
   EXPECT_TRUE(absl::IsInvalidArgument(r.Register("", Ep(1))));

@@ -205,10 +205,19 @@ TEST_F(PsIntegration, KilledShardFailsEveryWorkerNamingTheShard) {
   auto job = OpenPsJob(*cluster_, "ps-kill", 4, 2);
   ASSERT_TRUE(job.ok()) << job.status();
   std::vector<absl::Status> st(4);
-  std::atomic<int> started{0};
+  std::atomic<int> finished[4] = {};  // ops each rank completed
   std::thread killer([&] {
-    while (started < 4) absl::SleepFor(absl::Milliseconds(5));
-    absl::SleepFor(absl::Milliseconds(200));
+    // Every rank finished an op through the shards and is in the next one:
+    // data is moving when shard 1 dies.
+    const absl::Time deadline = absl::Now() + absl::Seconds(60);
+    auto moving = [&] {
+      for (const auto& f : finished) {
+        if (f < 1) return false;
+      }
+      return true;
+    };
+    while (!moving() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));
+    EXPECT_TRUE(moving()) << "the ranks did not complete an op within 60 s";
     cluster_->SignalShard(1, SIGKILL);
   });
   OnEveryRank(4, [&](int r) {
@@ -216,7 +225,6 @@ TEST_F(PsIntegration, KilledShardFailsEveryWorkerNamingTheShard) {
     const uint64_t count = 4 << 20;
     auto b = s.AllocateBuffer(count * 4);
     ASSERT_TRUE(b.ok());
-    ++started;
     for (int i = 0; i < 500; ++i) {
       client::CollectiveSpec spec;
       spec.buffer = b->get();
@@ -225,6 +233,7 @@ TEST_F(PsIntegration, KilledShardFailsEveryWorkerNamingTheShard) {
       spec.name = "k";
       auto res = s.Run(spec);
       if (!res.ok()) return void(st[r] = res.status());
+      ++finished[r];
     }
   });
   killer.join();

@@ -1,0 +1,711 @@
+// The job executor and its sessions across several daemons, as threads of
+// this process (worker/threaded_cluster_testing.h): results bit-exact against
+// a reference, ordering, a signature mismatch, a late rank, drain, abort, a
+// session closing, an epoch change, and every plan giving the same bits.
+// Nothing here sleeps: every wait is on a condition with a deadline.
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "collective/plan_code.h"
+#include "collective/reference.h"
+#include "common/types.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "worker/threaded_cluster_testing.h"
+
+namespace gradsync {
+namespace {
+
+using testing::ClusterSpec;
+using testing::FakeCoordinator;
+using testing::OpSpec;
+using testing::RankBuffer;
+using testing::ThreadedCluster;
+using ::testing::HasSubstr;
+
+// The rank-order reduction of `inputs`. The inputs are integer-valued
+// (IntegerValuedData), so every reduction order, and so every plan, must give
+// exactly these bits.
+std::vector<char> Reference(const std::vector<std::vector<char>>& inputs, DType t, ReduceOp op,
+                            size_t count) {
+  return testing::RingOrderReduce(inputs, t, op, 0, count, 0);
+}
+
+std::unique_ptr<ThreadedCluster> Form(FakeCoordinator& coord) {
+  auto c = coord.Form();
+  EXPECT_TRUE(c.ok()) << c.status();
+  return c.ok() ? std::move(*c) : nullptr;
+}
+
+std::vector<RankBuffer> Buffers(ThreadedCluster& c, size_t bytes) {
+  std::vector<RankBuffer> b;
+  for (int r = 0; r < c.world(); ++r) {
+    auto buf = c.Allocate(r, bytes);
+    EXPECT_TRUE(buf.ok()) << buf.status();
+    b.push_back(buf.ok() ? *buf : RankBuffer{});
+  }
+  return b;
+}
+
+std::vector<uint64_t> Ids(const std::vector<RankBuffer>& b) {
+  std::vector<uint64_t> ids;
+  for (const RankBuffer& x : b) ids.push_back(x.id);
+  return ids;
+}
+
+// Fills each rank's buffer at `offset` with its inputs; returns them.
+std::vector<std::vector<char>> Fill(std::vector<RankBuffer>& bufs, DType t, ReduceOp op,
+                                    size_t count, uint32_t seed, size_t offset = 0) {
+  std::vector<std::vector<char>> inputs;
+  for (size_t r = 0; r < bufs.size(); ++r) {
+    inputs.push_back(testing::IntegerValuedData(t, count, static_cast<int>(r), seed, op));
+    std::memcpy(bufs[r].data + offset, inputs.back().data(), inputs.back().size());
+  }
+  return inputs;
+}
+
+// Every rank's buffer at `offset` holds `expect`.
+void ExpectResult(const std::vector<RankBuffer>& bufs, const std::vector<char>& expect,
+                  const std::string& what, size_t offset = 0) {
+  for (size_t r = 0; r < bufs.size(); ++r) {
+    EXPECT_EQ(std::memcmp(bufs[r].data + offset, expect.data(), expect.size()), 0)
+        << what << ": rank " << r << " differs from the reference";
+  }
+}
+
+void ExpectAllOk(const std::vector<absl::Status>& st, const std::string& what) {
+  for (size_t r = 0; r < st.size(); ++r) EXPECT_TRUE(st[r].ok()) << what << ": rank " << r << ": " << st[r];
+}
+
+OpSpec Allreduce(DType t, ReduceOp op, uint64_t count, std::string name = "g") {
+  OpSpec s;
+  s.kind = CollectiveKind::kAllreduce;
+  s.name = std::move(name);
+  s.dtype = t;
+  s.op = op;
+  s.count = count;
+  return s;
+}
+
+std::string ShapeName(const std::vector<int>& node_of_rank) {
+  std::string s;
+  for (int n : node_of_rank) absl::StrAppend(&s, n);
+  return s;
+}
+
+// ---- The fake coordinator.
+
+TEST(FakeCoordinator, HandsOutWhatAnEpochsMembersLearn) {
+  ClusterSpec spec;
+  spec.node_of_rank = {0, 1, 0, 2};
+  spec.job_algorithm = "ring";
+  FakeCoordinator coord(spec);
+  const JobPlacement p = coord.PlacementFor(1);
+  EXPECT_EQ(p.world, 4);
+  EXPECT_EQ(p.node_index, 1);
+  EXPECT_EQ(p.nodes(), 3);
+  EXPECT_EQ(p.ranks_of_node[0], (std::vector<int>{0, 2}));
+  EXPECT_EQ(p.local_ranks(), (std::vector<int>{1}));
+  const SessionInfo info = coord.InfoFor(2, 7);
+  EXPECT_EQ(info.rank, 2);
+  EXPECT_EQ(info.world_size, 4);
+  EXPECT_EQ(info.epoch, 7);
+  EXPECT_EQ(info.job_algorithm, "ring");
+  EXPECT_FALSE(info.job_key.empty());
+  auto c = Form(coord);
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(c->epoch(), 1);
+  EXPECT_EQ(c->daemons(), 3);
+  EXPECT_EQ(c->ranks_of(0), (std::vector<int>{0, 2}));
+  EXPECT_EQ(c->session(3).info().rank, 3);
+
+  spec.node_of_rank = {1, 0};  // daemons are numbered by first appearance
+  FakeCoordinator bad(spec);
+  EXPECT_EQ(bad.Form().status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// ---- Results.
+
+class ExecutorClusterShapes : public ::testing::TestWithParam<std::vector<int>> {};
+
+TEST_P(ExecutorClusterShapes, AllreduceIsBitExactForEverySizeDtypeAndOp) {
+  ClusterSpec spec;
+  spec.node_of_rank = GetParam();
+  FakeCoordinator coord(spec);
+  auto c = Form(coord);
+  ASSERT_NE(c, nullptr);
+  constexpr size_t kCounts[] = {1, 7, 1023, 70001};
+  std::vector<RankBuffer> bufs = Buffers(*c, 70001 * 8);
+  uint32_t seed = 1;
+  for (DType t : kAllDTypes) {
+    std::vector<ReduceOp> ops = {ReduceOp::kSum};
+    if (t == DType::kF32 || t == DType::kBF16 || t == DType::kI32) {
+      ops = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kProd};
+    }
+    for (ReduceOp op : ops) {
+      for (size_t count : kCounts) {
+        const std::string what = absl::StrCat("placement ", ShapeName(GetParam()), " ",
+                                              DTypeName(t), " ", ReduceOpName(op), " x", count);
+        auto inputs = Fill(bufs, t, op, count, seed++);
+        ExpectAllOk(c->RunOnAll(Allreduce(t, op, count), Ids(bufs)), what);
+        ExpectResult(bufs, Reference(inputs, t, op, count), what);
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Placements, ExecutorClusterShapes,
+                         ::testing::Values(std::vector<int>{0, 0, 1, 1},  // 2 daemons x 2 ranks
+                                           std::vector<int>{0, 0, 0, 0},  // 1 x 4
+                                           std::vector<int>{0, 1, 2, 3},  // 4 x 1
+                                           std::vector<int>{0, 1, 0, 1},  // interleaved
+                                           std::vector<int>{0, 0, 0, 1, 2}),  // uneven
+                         [](const ::testing::TestParamInfo<std::vector<int>>& info) {
+                           return absl::StrCat("daemons_of_ranks_", ShapeName(info.param));
+                         });
+
+// ---- Ordering.
+
+TEST(ExecutorCluster, OpsCompleteInSubmissionOrderOnEveryRank) {
+  FakeCoordinator coord(ClusterSpec::Blocks(2, 2));
+  auto c = Form(coord);
+  ASSERT_NE(c, nullptr);
+  absl::Mutex mu;
+  std::vector<std::vector<uint64_t>> order(c->world());
+  for (int r = 0; r < c->world(); ++r) {
+    c->session(r).SetCompletionListener([&mu, &order, r](uint64_t id, const OpOutcome&) {
+      absl::MutexLock l(&mu);
+      order[r].push_back(id);
+      return false;  // Wait still reports it
+    });
+  }
+  // Ops of very different sizes (small ones would overtake large ones if
+  // anything ran them out of order), each in its own part of the buffer.
+  constexpr int kOps = 12;
+  const size_t counts[] = {1, 50000, 3, 20000, 7, 1};
+  std::vector<size_t> offsets;
+  size_t total = 0;
+  for (int k = 0; k < kOps; ++k) {
+    offsets.push_back(total);
+    total += counts[k % 6] * 4;
+  }
+  std::vector<RankBuffer> bufs = Buffers(*c, total);
+  std::vector<std::vector<char>> expect;
+  for (int k = 0; k < kOps; ++k) {
+    auto inputs = Fill(bufs, DType::kF32, ReduceOp::kSum, counts[k % 6], 100 + k, offsets[k]);
+    expect.push_back(Reference(inputs, DType::kF32, ReduceOp::kSum, counts[k % 6]));
+  }
+  std::vector<std::vector<uint64_t>> ids(c->world());
+  for (int k = 0; k < kOps; ++k) {
+    for (int r = 0; r < c->world(); ++r) {
+      OpSpec op = Allreduce(DType::kF32, ReduceOp::kSum, counts[k % 6], absl::StrCat("op", k));
+      op.buffer_id = bufs[r].id;
+      op.offset_bytes = offsets[k];
+      auto id = c->Submit(r, op);
+      ASSERT_TRUE(id.ok()) << id.status();
+      ids[r].push_back(*id);
+    }
+  }
+  for (int r = 0; r < c->world(); ++r) {
+    for (int k = 0; k < kOps; ++k) {
+      EXPECT_EQ(ids[r][k], static_cast<uint64_t>(k + 1)) << "op ids are sequence numbers";
+      auto out = c->Wait(r, ids[r][k]);
+      ASSERT_TRUE(out.ok()) << out.status();
+      EXPECT_TRUE(out->status.ok()) << out->status;
+    }
+  }
+  for (int k = 0; k < kOps; ++k) ExpectResult(bufs, expect[k], absl::StrCat("op ", k), offsets[k]);
+  // The listener runs after Wait can see the outcome: wait for its last call.
+  auto heard_all = [&] {
+    for (int r = 0; r < c->world(); ++r) {
+      if (order[r].size() < static_cast<size_t>(kOps)) return false;
+    }
+    return true;
+  };
+  {
+    absl::MutexLock l(&mu);
+    mu.AwaitWithTimeout(absl::Condition(&heard_all), absl::Seconds(20));
+    for (int r = 0; r < c->world(); ++r) EXPECT_EQ(order[r], ids[r]) << "rank " << r;
+  }
+  c.reset();  // before the listeners' `mu` and `order` go
+
+}
+
+// ---- A signature mismatch.
+
+class ExecutorClusterMismatch : public ::testing::TestWithParam<std::vector<int>> {};
+
+TEST_P(ExecutorClusterMismatch, FailsOnlyThatOpOnEveryRankNamingTheRanks) {
+  ClusterSpec spec;
+  spec.node_of_rank = GetParam();
+  FakeCoordinator coord(spec);
+  auto c = Form(coord);
+  ASSERT_NE(c, nullptr);
+  std::vector<RankBuffer> bufs = Buffers(*c, 4096);
+  ExpectAllOk(c->RunOnAll(Allreduce(DType::kF32, ReduceOp::kSum, 10, "before"), Ids(bufs)),
+              "op 1");
+  // Op 2: rank 3 disagrees on the count.
+  std::vector<uint64_t> ids;
+  for (int r = 0; r < c->world(); ++r) {
+    OpSpec op = Allreduce(DType::kF32, ReduceOp::kSum, r == 3 ? 11 : 10, "grads");
+    op.buffer_id = bufs[r].id;
+    auto id = c->Submit(r, op);
+    ASSERT_TRUE(id.ok()) << id.status();
+    ids.push_back(*id);
+  }
+  for (int r = 0; r < c->world(); ++r) {
+    auto out = c->Wait(r, ids[r]);
+    ASSERT_TRUE(out.ok()) << out.status();
+    EXPECT_EQ(out->status.code(), absl::StatusCode::kInvalidArgument) << out->status;
+    const std::string msg(out->status.message());
+    EXPECT_THAT(msg, HasSubstr("rank 3 submitted allreduce 'grads' f32[11] sum")) << "rank " << r;
+    EXPECT_THAT(msg, HasSubstr("ranks 0,1,2 submitted allreduce 'grads' f32[10] sum"))
+        << "rank " << r;
+    EXPECT_THAT(msg, HasSubstr("op 2")) << "rank " << r;
+  }
+  // Only that op: the epoch is fine and the next op works.
+  for (int r = 0; r < c->world(); ++r) EXPECT_TRUE(c->session(r).health().ok()) << r;
+  auto inputs = Fill(bufs, DType::kI32, ReduceOp::kSum, 100, 7);
+  ExpectAllOk(c->RunOnAll(Allreduce(DType::kI32, ReduceOp::kSum, 100), Ids(bufs)), "after");
+  ExpectResult(bufs, Reference(inputs, DType::kI32, ReduceOp::kSum, 100), "after the mismatch");
+}
+
+INSTANTIATE_TEST_SUITE_P(Placements, ExecutorClusterMismatch,
+                         ::testing::Values(std::vector<int>{0, 0, 1, 1},  // 2 daemons x 2 ranks
+                                           std::vector<int>{0, 0, 0, 0},  // 1 x 4
+                                           std::vector<int>{0, 1, 2, 3},  // 4 x 1
+                                           std::vector<int>{0, 1, 0, 1}),  // interleaved
+                         [](const ::testing::TestParamInfo<std::vector<int>>& info) {
+                           return absl::StrCat("daemons_of_ranks_", ShapeName(info.param));
+                         });
+
+// ---- A late rank.
+
+TEST(ExecutorCluster, LateRankIsNamedWhenTheOpTimesOut) {
+  FakeCoordinator coord(ClusterSpec::Blocks(2, 2));
+  auto c = Form(coord);
+  ASSERT_NE(c, nullptr);
+  std::vector<RankBuffer> bufs = Buffers(*c, 4096);
+  // Rank 3 never submits op 1; the others' deadline is short.
+  std::vector<uint64_t> ids(3);
+  for (int r = 0; r < 3; ++r) {
+    OpSpec op = Allreduce(DType::kF32, ReduceOp::kSum, 10, "late");
+    op.buffer_id = bufs[r].id;
+    op.timeout = absl::Milliseconds(300);
+    auto id = c->Submit(r, op);
+    ASSERT_TRUE(id.ok()) << id.status();
+    ids[r] = *id;
+  }
+  // Daemon 1 holds rank 2's op and waits for rank 3: its error names both.
+  auto out = c->Wait(2, ids[2], absl::Seconds(20));
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(out->status.code(), absl::StatusCode::kDeadlineExceeded) << out->status;
+  EXPECT_THAT(std::string(out->status.message()),
+              HasSubstr("timed out at rank 2 waiting for rank(s) 3 to submit op 1"));
+  // Daemon 0's ranks fail too (the epoch is broken), naming the late rank.
+  for (int r = 0; r < 2; ++r) {
+    auto o = c->Wait(r, ids[r], absl::Seconds(20));
+    ASSERT_TRUE(o.ok()) << o.status();
+    EXPECT_FALSE(o->status.ok());
+    // Daemon 0 times out itself (it saw neither of daemon 1's ranks:
+    // "waiting for rank(s) 2,3"), or first hears daemon 1's error.
+    EXPECT_THAT(std::string(o->status.message()),
+                ::testing::ContainsRegex("waiting for rank\\(s\\) ([0-9]+,)*3 to submit op 1"))
+        << "rank " << r << ": " << o->status;
+  }
+}
+
+TEST(ExecutorCluster, LateRankAloneOnItsDaemonIsNamedByTheOthers) {
+  // Rank 2's daemon has nothing of op 1; the others wait for it in the
+  // signature exchange and name it.
+  FakeCoordinator coord(ClusterSpec::Blocks(4, 1));
+  auto c = Form(coord);
+  ASSERT_NE(c, nullptr);
+  std::vector<RankBuffer> bufs = Buffers(*c, 4096);
+  std::vector<uint64_t> ids(4);
+  for (int r : {0, 1, 3}) {
+    OpSpec op = Allreduce(DType::kF32, ReduceOp::kSum, 10, "late");
+    op.buffer_id = bufs[r].id;
+    op.timeout = absl::Milliseconds(300);
+    auto id = c->Submit(r, op);
+    ASSERT_TRUE(id.ok()) << id.status();
+    ids[r] = *id;
+  }
+  for (int r : {0, 1, 3}) {
+    auto out = c->Wait(r, ids[r], absl::Seconds(20));
+    ASSERT_TRUE(out.ok()) << out.status();
+    EXPECT_FALSE(out->status.ok()) << "rank " << r;
+    EXPECT_THAT(std::string(out->status.message()),
+                ::testing::ContainsRegex("waiting for rank\\(s\\) ([0-9]+,)*2 to submit op 1"))
+        << "rank " << r << ": " << out->status;
+  }
+}
+
+TEST(ExecutorCluster, LateLocalRankIsNamedOnOneDaemon) {
+  FakeCoordinator coord(ClusterSpec::Blocks(1, 3));
+  auto c = Form(coord);
+  ASSERT_NE(c, nullptr);
+  std::vector<RankBuffer> bufs = Buffers(*c, 4096);
+  // Op 1 completes; op 2 is missing rank 1.
+  ExpectAllOk(c->RunOnAll(Allreduce(DType::kF32, ReduceOp::kSum, 4), Ids(bufs)), "op 1");
+  std::vector<uint64_t> ids;
+  for (int r : {0, 2}) {
+    OpSpec op = Allreduce(DType::kF32, ReduceOp::kSum, 4, "second");
+    op.buffer_id = bufs[r].id;
+    op.timeout = absl::Milliseconds(200);
+    auto id = c->Submit(r, op);
+    ASSERT_TRUE(id.ok()) << id.status();
+    ids.push_back(*id);
+  }
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const int r = i == 0 ? 0 : 2;
+    auto out = c->Wait(r, ids[i], absl::Seconds(20));
+    ASSERT_TRUE(out.ok()) << out.status();
+    EXPECT_EQ(out->status.code(), absl::StatusCode::kDeadlineExceeded) << out->status;
+    EXPECT_THAT(std::string(out->status.message()),
+                HasSubstr("timed out at ranks 0,2 waiting for rank(s) 1 to submit op 2"));
+  }
+}
+
+// ---- Drain.
+
+TEST(ExecutorCluster, DrainFinishesQueuedOpsAndRefusesNewOnes) {
+  FakeCoordinator coord(ClusterSpec::Blocks(2, 2));
+  auto c = Form(coord);
+  ASSERT_NE(c, nullptr);
+  constexpr int kOps = 3;
+  constexpr size_t kCount = 1000;
+  std::vector<RankBuffer> bufs = Buffers(*c, kOps * kCount * 4);
+  std::vector<std::vector<char>> expect;
+  for (int k = 0; k < kOps; ++k) {
+    auto inputs = Fill(bufs, DType::kF32, ReduceOp::kSum, kCount, 40 + k, k * kCount * 4);
+    expect.push_back(Reference(inputs, DType::kF32, ReduceOp::kSum, kCount));
+  }
+  auto submit = [&](int r, int k) {
+    OpSpec op = Allreduce(DType::kF32, ReduceOp::kSum, kCount, absl::StrCat("d", k));
+    op.buffer_id = bufs[r].id;
+    op.offset_bytes = k * kCount * 4;
+    return c->Submit(r, op);
+  };
+  // Daemon 0's ranks queue every op; none can run before daemon 1's do.
+  std::vector<std::vector<uint64_t>> ids(c->world());
+  for (int r : c->ranks_of(0)) {
+    for (int k = 0; k < kOps; ++k) {
+      auto id = submit(r, k);
+      ASSERT_TRUE(id.ok()) << id.status();
+      ids[r].push_back(*id);
+    }
+  }
+  const std::string kReason = "daemon is draining: restart in progress";
+  for (int r : c->ranks_of(0)) c->session(r).StopAccepting(kReason);
+  for (int r : c->ranks_of(0)) {
+    auto refused = submit(r, 0);
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable) << refused.status();
+    EXPECT_THAT(std::string(refused.status().message()), HasSubstr(kReason));
+    EXPECT_EQ(c->session(r).Refusal().code(), absl::StatusCode::kUnavailable);
+  }
+  for (int r : c->ranks_of(1)) {
+    for (int k = 0; k < kOps; ++k) {
+      auto id = submit(r, k);
+      ASSERT_TRUE(id.ok()) << id.status();
+      ids[r].push_back(*id);
+    }
+  }
+  for (int r = 0; r < c->world(); ++r) {
+    for (uint64_t id : ids[r]) {
+      auto out = c->Wait(r, id);
+      ASSERT_TRUE(out.ok()) << out.status();
+      EXPECT_TRUE(out->status.ok()) << "rank " << r << " op " << id << ": " << out->status;
+    }
+  }
+  for (int k = 0; k < kOps; ++k) ExpectResult(bufs, expect[k], absl::StrCat("op ", k), k * kCount * 4);
+}
+
+// ---- Abort.
+
+// Waits until daemon `d`'s executor has taken op `seq` of every one of its
+// ranks (it is then exchanging signatures with the other daemons; `arrived`
+// may also name ranks of other daemons it has heard from).
+bool TakenEverywhereOn(ThreadedCluster& c, int d, uint64_t seq) {
+  return testing::WaitUntil([&] {
+    const std::vector<int> arrived = c.executor(d).Progress(seq).arrived;  // ascending
+    return std::includes(arrived.begin(), arrived.end(), c.ranks_of(d).begin(),
+                         c.ranks_of(d).end());
+  });
+}
+
+TEST(ExecutorCluster, AbortFailsTheRunningOpOnEveryDaemonAndLaterOpsAtOnce) {
+  // Three daemons of two ranks. Op 2: daemons 0 and 1 have all their ranks'
+  // and exchange signatures, waiting for daemon 2, whose ranks submit only
+  // after the abort.
+  FakeCoordinator coord(ClusterSpec::Blocks(3, 2));
+  auto c = Form(coord);
+  ASSERT_NE(c, nullptr);
+  std::vector<RankBuffer> bufs = Buffers(*c, 4096);
+  ExpectAllOk(c->RunOnAll(Allreduce(DType::kF32, ReduceOp::kSum, 16), Ids(bufs)), "op 1");
+  auto submit = [&](int r, const char* name) {
+    OpSpec op = Allreduce(DType::kF32, ReduceOp::kSum, 16, name);
+    op.buffer_id = bufs[r].id;
+    return c->Submit(r, op);
+  };
+  std::vector<uint64_t> ids(c->world());
+  for (int r = 0; r < 4; ++r) {
+    auto id = submit(r, "aborted");
+    ASSERT_TRUE(id.ok()) << id.status();
+    ids[r] = *id;
+  }
+  ASSERT_TRUE(TakenEverywhereOn(*c, 0, 2));
+  ASSERT_TRUE(TakenEverywhereOn(*c, 1, 2));
+  c->executor(0).Abort(absl::AbortedError("coordinator: rank 5 missed heartbeats"));
+  // The running op fails on both daemons, naming the reason.
+  for (int r = 0; r < 4; ++r) {
+    auto out = c->Wait(r, ids[r], absl::Seconds(20));
+    ASSERT_TRUE(out.ok()) << out.status();
+    EXPECT_FALSE(out->status.ok()) << "rank " << r;
+    EXPECT_THAT(std::string(out->status.message()), HasSubstr("rank 5 missed heartbeats"))
+        << "rank " << r << ": " << out->status;
+  }
+  // Daemon 2's ranks submit op 2 late: it fails at once (not at its
+  // deadline, which would say "timed out"), naming the reason.
+  for (int r : c->ranks_of(2)) {
+    auto id = submit(r, "aborted");
+    ASSERT_TRUE(id.ok()) << id.status();
+    ids[r] = *id;
+  }
+  for (int r : c->ranks_of(2)) {
+    auto out = c->Wait(r, ids[r], absl::Seconds(20));
+    ASSERT_TRUE(out.ok()) << out.status();
+    EXPECT_THAT(std::string(out->status.message()), HasSubstr("rank 5 missed heartbeats"))
+        << "rank " << r << ": " << out->status;
+  }
+  // Later ops fail at once on every rank of every daemon, naming the reason
+  // (refused by Submit, or failed by the executor).
+  for (int r = 0; r < c->world(); ++r) {
+    absl::StatusOr<uint64_t> id = submit(r, "after");
+    absl::Status s = id.status();
+    if (id.ok()) {
+      auto out = c->Wait(r, *id, absl::Seconds(20));
+      ASSERT_TRUE(out.ok()) << out.status();
+      s = out->status;
+    }
+    EXPECT_FALSE(s.ok()) << "rank " << r;
+    EXPECT_THAT(std::string(s.message()), HasSubstr("rank 5 missed heartbeats"))
+        << "rank " << r << ": " << s;
+  }
+}
+
+// An abort on daemon 0 while daemon 1 waits for one of its own ranks (rank 3)
+// to submit the op its rank 2 already submitted. Expected: rank 2's op fails
+// at once, naming the reason. What happens (Dec 2026): daemon 1's executor
+// looks at its node context only when it runs an op, so rank 2's op waits for
+// rank 3 or for its deadline, then fails "timed out ... waiting for rank(s)
+// 3" (or, when rank 3 submits, "aborted by rank 0: ..."). In the real daemon
+// the coordinator's abort reaches every daemon, but a daemon-local Abort
+// (its client died, the daemon stops) reaches the others' waiting ops only
+// by their deadline. Enable once the executor also waits on its node
+// context while local ranks are missing.
+TEST(ExecutorCluster, DISABLED_AbortReachesADaemonWaitingForALocalRank) {
+  ClusterSpec spec = ClusterSpec::Blocks(2, 2);
+  spec.op_timeout = absl::Seconds(20);
+  FakeCoordinator coord(spec);
+  auto c = Form(coord);
+  ASSERT_NE(c, nullptr);
+  std::vector<RankBuffer> bufs = Buffers(*c, 4096);
+  std::vector<uint64_t> ids(3);
+  for (int r = 0; r < 3; ++r) {
+    OpSpec op = Allreduce(DType::kF32, ReduceOp::kSum, 16, "pending");
+    op.buffer_id = bufs[r].id;
+    auto id = c->Submit(r, op);
+    ASSERT_TRUE(id.ok()) << id.status();
+    ids[r] = *id;
+  }
+  ASSERT_TRUE(TakenEverywhereOn(*c, 0, 1));
+  c->executor(0).Abort(absl::UnavailableError("daemon 0 stopping"));
+  for (int r = 0; r < 3; ++r) {
+    auto out = c->Wait(r, ids[r], absl::Seconds(5));  // well before the op's deadline
+    ASSERT_TRUE(out.ok()) << "rank " << r << ": " << out.status();
+    EXPECT_THAT(std::string(out->status.message()), HasSubstr("daemon 0 stopping"))
+        << "rank " << r << ": " << out->status;
+  }
+}
+
+// ---- A session closing.
+
+TEST(ExecutorCluster, ClosingASessionBreaksTheEpochNamingTheRank) {
+  FakeCoordinator coord(ClusterSpec::Blocks(2, 2));
+  auto c = Form(coord);
+  ASSERT_NE(c, nullptr);
+  std::vector<RankBuffer> bufs = Buffers(*c, 4096);
+  std::vector<uint64_t> ids(3);
+  for (int r = 0; r < 3; ++r) {
+    OpSpec op = Allreduce(DType::kF32, ReduceOp::kSum, 16, "orphan");
+    op.buffer_id = bufs[r].id;
+    auto id = c->Submit(r, op);
+    ASSERT_TRUE(id.ok()) << id.status();
+    ids[r] = *id;
+  }
+  ASSERT_TRUE(TakenEverywhereOn(*c, 0, 1));
+  c->CloseSession(3);
+  for (int r = 0; r < 3; ++r) {
+    auto out = c->Wait(r, ids[r], absl::Seconds(20));
+    ASSERT_TRUE(out.ok()) << out.status();
+    EXPECT_FALSE(out->status.ok()) << "rank " << r;
+    EXPECT_THAT(std::string(out->status.message()), HasSubstr("rank 3 closed its session"))
+        << "rank " << r << ": " << out->status;
+  }
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_FALSE(c->session(r).health().ok()) << "rank " << r;
+    OpSpec op = Allreduce(DType::kF32, ReduceOp::kSum, 16, "after");
+    op.buffer_id = bufs[r].id;
+    absl::StatusOr<uint64_t> id = c->Submit(r, op);
+    EXPECT_EQ(id.status().code(), absl::StatusCode::kFailedPrecondition) << id.status();
+  }
+}
+
+// ---- Epoch change.
+
+TEST(ExecutorCluster, NewEpochWorksAndNothingOfTheOldOneMixesIn) {
+  FakeCoordinator coord(ClusterSpec::Blocks(2, 2));
+  auto e1 = Form(coord);
+  ASSERT_NE(e1, nullptr);
+  EXPECT_EQ(e1->epoch(), 1);
+  std::vector<RankBuffer> b1 = Buffers(*e1, 8192);
+  ExpectAllOk(e1->RunOnAll(Allreduce(DType::kF32, ReduceOp::kSum, 100), Ids(b1)), "epoch 1 op 1");
+  // Epoch 1's op 2 is stuck on daemon 0 (daemon 1's ranks never submit it),
+  // its buffers full of other data.
+  Fill(b1, DType::kF32, ReduceOp::kSum, 100, 999);
+  std::vector<uint64_t> stale(2);
+  for (int r : e1->ranks_of(0)) {
+    OpSpec op = Allreduce(DType::kF32, ReduceOp::kSum, 100, "g");
+    op.buffer_id = b1[r].id;
+    auto id = e1->Submit(r, op);
+    ASSERT_TRUE(id.ok()) << id.status();
+    stale[r] = *id;
+  }
+  auto e2r = coord.Reform(*e1, absl::AbortedError("epoch 1 aborted: rank 2 left the job"));
+  ASSERT_TRUE(e2r.ok()) << e2r.status();
+  std::unique_ptr<ThreadedCluster> e2 = std::move(*e2r);
+  EXPECT_EQ(e2->epoch(), 2);
+  for (int r = 0; r < e2->world(); ++r) EXPECT_EQ(e2->session(r).info().epoch, 2);
+  // The old epoch's op fails with the reason; its sessions refuse new ops.
+  for (int r : e1->ranks_of(0)) {
+    auto out = e1->Wait(r, stale[r], absl::Seconds(20));
+    ASSERT_TRUE(out.ok()) << out.status();
+    EXPECT_THAT(std::string(out->status.message()), HasSubstr("rank 2 left the job"))
+        << out->status;
+  }
+  for (int r = 0; r < e1->world(); ++r) {
+    OpSpec op = Allreduce(DType::kF32, ReduceOp::kSum, 100, "g");
+    op.buffer_id = b1[r].id;
+    auto id = e1->Submit(r, op);
+    EXPECT_EQ(id.status().code(), absl::StatusCode::kFailedPrecondition) << id.status();
+    EXPECT_THAT(std::string(id.status().message()), HasSubstr("epoch 1"));
+  }
+  // The new epoch numbers its ops from 1 and gives exactly its own inputs' sum.
+  std::vector<RankBuffer> b2 = Buffers(*e2, 8192);
+  for (int k = 0; k < 3; ++k) {
+    auto inputs = Fill(b2, DType::kF32, ReduceOp::kSum, 100, 2000 + k);
+    std::vector<OpOutcome> outcomes;
+    std::vector<absl::Status> st;
+    std::vector<uint64_t> ids;
+    for (int r = 0; r < e2->world(); ++r) {
+      OpSpec op = Allreduce(DType::kF32, ReduceOp::kSum, 100, "g");
+      op.buffer_id = b2[r].id;
+      auto id = e2->Submit(r, op);
+      ASSERT_TRUE(id.ok()) << id.status();
+      EXPECT_EQ(*id, static_cast<uint64_t>(k + 1));
+      ids.push_back(*id);
+    }
+    for (int r = 0; r < e2->world(); ++r) {
+      auto out = e2->Wait(r, ids[r]);
+      ASSERT_TRUE(out.ok()) << out.status();
+      EXPECT_TRUE(out->status.ok()) << out->status;
+    }
+    ExpectResult(b2, Reference(inputs, DType::kF32, ReduceOp::kSum, 100),
+                 absl::StrCat("epoch 2 op ", k + 1));
+  }
+  // Epoch 1's buffers were left alone by epoch 2.
+  auto again = testing::IntegerValuedData(DType::kF32, 100, 0, 999, ReduceOp::kSum);
+  EXPECT_EQ(std::memcmp(b1[0].data, again.data(), again.size()), 0);
+}
+
+// ---- Plans: every forced plan gives the same bits.
+
+std::vector<std::string> PlanNames(bool shared_daemons) {
+  std::vector<std::string> names;
+  for (Algorithm a : kAllAlgorithms) names.push_back(AlgorithmName(a));
+  if (shared_daemons) names.push_back("hier");
+  return names;
+}
+
+class ExecutorClusterPlans : public ::testing::TestWithParam<std::vector<int>> {};
+
+TEST_P(ExecutorClusterPlans, EveryForcedPlanGivesTheSameBits) {
+  const std::vector<int> placement = GetParam();
+  ClusterSpec base;
+  base.node_of_rank = placement;
+  FakeCoordinator probe(base);
+  const bool shared = !probe.PlacementFor(0).one_rank_per_node();
+  constexpr size_t kCounts[] = {5, 4099, 200003};
+  constexpr DType kTypes[] = {DType::kF32, DType::kBF16, DType::kI64};
+  for (const std::string& name : PlanNames(shared)) {
+    // The plan forced for the job (SessionInfo::job_algorithm) ...
+    ClusterSpec spec = base;
+    spec.job_algorithm = name;
+    FakeCoordinator coord(spec);
+    auto c = Form(coord);
+    ASSERT_NE(c, nullptr);
+    std::vector<RankBuffer> bufs = Buffers(*c, 200003 * 8);
+    uint32_t seed = 500;
+    for (DType t : kTypes) {
+      for (size_t count : kCounts) {
+        const uint64_t bytes = count * DTypeSize(t);
+        if (!RequestedPlanCode(name, CollectiveKind::kAllreduce, bytes).ok()) continue;
+        const std::string what = absl::StrCat("job plan ", name, " ", DTypeName(t), " x", count);
+        auto inputs = Fill(bufs, t, ReduceOp::kSum, count, seed++);
+        std::vector<OpOutcome> outcomes;
+        ExpectAllOk(c->RunOnAll(Allreduce(t, ReduceOp::kSum, count), Ids(bufs), &outcomes), what);
+        ExpectResult(bufs, Reference(inputs, t, ReduceOp::kSum, count), what);
+        EXPECT_EQ(outcomes[0].algorithm, shared ? "hier" : name) << what;
+      }
+    }
+    c.reset();
+    // ... and requested by the op, in a job without one.
+    FakeCoordinator plain(base);
+    auto p = Form(plain);
+    ASSERT_NE(p, nullptr);
+    bufs = Buffers(*p, 200003 * 8);
+    for (DType t : kTypes) {
+      for (size_t count : kCounts) {
+        const uint64_t bytes = count * DTypeSize(t);
+        if (!RequestedPlanCode(name, CollectiveKind::kAllreduce, bytes).ok()) continue;
+        const std::string what = absl::StrCat("op plan ", name, " ", DTypeName(t), " x", count);
+        auto inputs = Fill(bufs, t, ReduceOp::kSum, count, seed++);
+        OpSpec op = Allreduce(t, ReduceOp::kSum, count);
+        op.algorithm = name;
+        std::vector<OpOutcome> outcomes;
+        ExpectAllOk(p->RunOnAll(op, Ids(bufs), &outcomes), what);
+        ExpectResult(bufs, Reference(inputs, t, ReduceOp::kSum, count), what);
+        EXPECT_EQ(outcomes[0].algorithm, shared ? "hier" : name) << what;
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Placements, ExecutorClusterPlans,
+                         ::testing::Values(std::vector<int>{0, 0, 1, 1},   // 2 daemons x 2 ranks
+                                           std::vector<int>{0, 0, 0, 0},   // 1 x 4 (in memory)
+                                           std::vector<int>{0, 1, 2},      // 3 x 1
+                                           std::vector<int>{0, 1, 2, 3},   // 4 x 1
+                                           std::vector<int>{0, 0, 1, 2, 2}),  // uneven
+                         [](const ::testing::TestParamInfo<std::vector<int>>& info) {
+                           return absl::StrCat("daemons_of_ranks_", ShapeName(info.param));
+                         });
+
+}  // namespace
+}  // namespace gradsync
