@@ -227,7 +227,7 @@ TEST_F(CApiTest, SubmitRunAndPollWithASpec) {
   gs_collective_spec bad = spec;
   bad.kind = 9;
   EXPECT_EQ(gs_submit(session_, &bad, &op), GS_INVALID_ARGUMENT);
-  EXPECT_THAT(gs_last_error(), HasSubstr("kind 9 is not a GS_* collective"));
+  EXPECT_THAT(gs_last_error(), HasSubstr("collective 9 is not a valid value (1..7: allreduce"));
   bad = spec;
   bad.buffer = nullptr;
   EXPECT_EQ(gs_submit(session_, &bad, &op), GS_INVALID_ARGUMENT);

@@ -292,7 +292,7 @@ TEST_F(ClientTest, BadArgumentsFailLocallyWithoutRpcAndNameTheValues) {
   // A count whose byte size overflows size_t.
   expect_invalid(
       session_->AllreduceAsync(*buf, 0, SIZE_MAX / 2, DType::kF64, ReduceOp::kSum, "g"),
-      {absl::StrCat("count ", SIZE_MAX / 2), "at most 512"});
+      {absl::StrCat("count ", SIZE_MAX / 2), "is more than 1099511627776 bytes"});
   // Misaligned offset, bad enums, negative timeout.
   expect_invalid(session_->AllreduceAsync(*buf, 2, 1, DType::kF32, ReduceOp::kSum, "g"),
                  {"offset_bytes 2", "element size 4"});
