@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "collective/collectives.h"
+#include "collective/op_validation.h"
 #include "collective/planner.h"
 #include "common/clock.h"
 #include "common/logging.h"
@@ -294,20 +295,21 @@ absl::Status Session::FreeBuffer(uint64_t id) {
   return absl::OkStatus();  // an op still using it keeps the mapping alive
 }
 
-absl::StatusOr<uint64_t> Session::Submit(const SubmitArgs& a) {
+absl::StatusOr<uint64_t> Session::Submit(const OpDesc& a) {
   absl::StatusOr<uint64_t> seq = Enqueue(a);
   if (seq.ok()) executor_->Kick();
   return seq;
 }
 
-absl::StatusOr<uint64_t> Session::Enqueue(const SubmitArgs& a) {
-  SubmitJob job;
+absl::StatusOr<uint64_t> Session::Enqueue(const OpDesc& a) {
+  OpContext job;
+  job.rank = info_.rank;
   job.job_id = info_.job_id;
   job.world_size = info_.world_size;
   job.job_algorithm = info_.job_algorithm;
   job.has_ps = executor_->has_ps();
   job.one_rank_per_daemon = executor_->placement().nodes() == executor_->placement().world;
-  ASSIGN_OR_RETURN(const SubmitShape shape, CheckSubmit(a, job));
+  ASSIGN_OR_RETURN(const OpShape shape, ValidateOp(a, job));
   absl::MutexLock l(&mu_);
   last_used_ = FastNow();
   RETURN_IF_ERROR(RefusalLocked());
@@ -317,7 +319,7 @@ absl::StatusOr<uint64_t> Session::Enqueue(const SubmitArgs& a) {
     return absl::NotFoundError(absl::StrCat("buffer ", a.buffer_id, " does not exist in session ",
                                             info_.session_id));
   }
-  if (!no_buffer) RETURN_IF_ERROR(CheckBufferRange(a, shape, it->second->size()));
+  if (!no_buffer) RETURN_IF_ERROR(CheckOpBuffer(a, job, shape, it->second->size()));
   if (ops_.size() >= kMaxUnreportedOps) {
     return absl::ResourceExhaustedError(absl::StrCat(
         ops_.size(), " ops are queued or unreported; Wait for some before submitting more"));

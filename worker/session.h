@@ -39,7 +39,7 @@
 #include "worker/shm_segment.h"
 #include "worker/tenant_memory.h"
 #include "worker/submission_feed.h"
-#include "worker/submit_validation.h"
+#include "common/op_desc.h"
 #include "worker/timeline.h"
 
 namespace gradsync {
@@ -111,12 +111,8 @@ struct SessionStatus {
 };
 
 
-struct OpOutcome {
+struct OpOutcome : OpResult {
   bool done = false;
-  absl::Status status;
-  std::string algorithm;
-  absl::Duration queued_time;
-  absl::Duration run_time;
 };
 
 struct BufferInfo {
@@ -195,7 +191,7 @@ class Session {
   static constexpr uint64_t kMaxBufferBytes = 64ull << 30;
 
   // Validates and queues; returns the op id (= its sequence number).
-  absl::StatusOr<uint64_t> Submit(const SubmitArgs& args);
+  absl::StatusOr<uint64_t> Submit(const OpDesc& op);
   // Waits up to `timeout` for the op. done=false if still running. Once a
   // finished op has been reported it is forgotten (NotFound afterwards).
   absl::StatusOr<OpOutcome> Wait(uint64_t op_id, absl::Duration timeout);
@@ -262,7 +258,7 @@ class Session {
   absl::StatusOr<BufferInfo> AddBuffer(std::unique_ptr<ShmSegment> segment);
   absl::StatusOr<BufferInfo> AddDeviceBuffer(std::shared_ptr<DeviceMemory> device);
   // Submit's work under mu_.
-  absl::StatusOr<uint64_t> Enqueue(const SubmitArgs& args);
+  absl::StatusOr<uint64_t> Enqueue(const OpDesc& op);
   absl::Status RefusalLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const SessionInfo info_;
