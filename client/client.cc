@@ -289,8 +289,9 @@ absl::StatusOr<OpHandle> Session::SubmitAsync(const CollectiveSpec& spec) {
   if (spec.buffer != nullptr) {
     if (spec.buffer->session_id() != id_) {
       return absl::InvalidArgumentError(absl::StrCat(
-          CollectiveName(op.kind), " '", op.name, "': buffer ", spec.buffer->id(),
-          " belongs to session ", spec.buffer->session_id(), ", not to session ", id_));
+          CollectiveName(op.kind), " '", op.name, "' on rank ", rank_, ": buffer ",
+          spec.buffer->id(), " belongs to session ", spec.buffer->session_id(),
+          ", not to session ", id_));
     }
     RETURN_IF_ERROR(CheckOpBuffer(op, ctx, shape, spec.buffer->size()));
   }
