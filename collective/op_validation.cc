@@ -9,31 +9,38 @@ namespace gradsync {
 namespace {
 
 // "allreduce 'grad/w' on rank 2": how every message starts. Built only for
-// an error, not for every op. `kind` may be invalid ("op 'g' on rank 2").
-std::string What(const OpDesc& op, const OpContext& ctx) {
-  std::string what = IsValidCollective(static_cast<int>(op.kind)) ? CollectiveName(op.kind) : "op";
-  if (op.name.size() <= kMaxOpNameBytes) absl::StrAppend(&what, " '", op.name, "'");
+// an error, not for every op. `kind` may be invalid ("op 'g' on rank 2"); an
+// empty or too long name is left out.
+std::string What(CollectiveKind kind, absl::string_view name, const OpContext& ctx) {
+  std::string what = IsValidCollective(static_cast<int>(kind)) ? CollectiveName(kind) : "op";
+  if (!name.empty() && name.size() <= kMaxOpNameBytes) absl::StrAppend(&what, " '", name, "'");
   if (ctx.rank >= 0) absl::StrAppend(&what, " on rank ", ctx.rank);
   return what;
 }
 
 absl::Status Invalid(const OpDesc& op, const OpContext& ctx, absl::string_view problem) {
-  return absl::InvalidArgumentError(absl::StrCat(What(op, ctx), ": ", problem));
+  return absl::InvalidArgumentError(absl::StrCat(What(op.kind, op.name, ctx), ": ", problem));
 }
 
-absl::Status CheckEnums(int kind, int dtype, int reduce_op, const OpDesc& op,
+// The enum checks on the values as they came (SetOpEnums: before narrowing).
+absl::Status CheckEnums(int kind, int dtype, int reduce_op, absl::string_view name,
                         const OpContext& ctx) {
+  auto invalid = [&](absl::string_view problem) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        What(IsValidCollective(kind) ? static_cast<CollectiveKind>(kind) : CollectiveKind{},
+             name, ctx),
+        ": ", problem));
+  };
   if (!IsValidCollective(kind)) {
-    return Invalid(op, ctx, absl::StrCat("collective ", kind, " is not a valid value (",
-                                         ValidCollectivesText(), ")"));
+    return invalid(absl::StrCat("collective ", kind, " is not a valid value (",
+                                ValidCollectivesText(), ")"));
   }
   if (!IsValidDType(dtype)) {
-    return Invalid(op, ctx,
-                   absl::StrCat("dtype ", dtype, " is not a valid value (", ValidDTypesText(), ")"));
+    return invalid(absl::StrCat("dtype ", dtype, " is not a valid value (", ValidDTypesText(), ")"));
   }
   if (!IsValidReduceOp(reduce_op)) {
-    return Invalid(op, ctx, absl::StrCat("reduce op ", reduce_op, " is not a valid value (",
-                                         ValidReduceOpsText(), ")"));
+    return invalid(absl::StrCat("reduce op ", reduce_op, " is not a valid value (",
+                                ValidReduceOpsText(), ")"));
   }
   return absl::OkStatus();
 }
@@ -41,32 +48,35 @@ absl::Status CheckEnums(int kind, int dtype, int reduce_op, const OpDesc& op,
 }  // namespace
 
 absl::Status SetOpEnums(int kind, int dtype, int reduce_op, const OpContext& ctx, OpDesc* op) {
-  // Names the op as ValidateOp would, whatever kind holds so far.
-  OpDesc named;
-  named.kind = IsValidCollective(kind) ? static_cast<CollectiveKind>(kind)
-                                       : static_cast<CollectiveKind>(0);
-  named.name = op->name;
-  if (absl::Status s = CheckEnums(kind, dtype, reduce_op, named, ctx); !s.ok()) return s;
+  if (absl::Status s = CheckEnums(kind, dtype, reduce_op, op->name, ctx); !s.ok()) return s;
   op->kind = static_cast<CollectiveKind>(kind);
   op->dtype = static_cast<DType>(dtype);
   op->op = static_cast<ReduceOp>(reduce_op);
   return absl::OkStatus();
 }
 
-absl::StatusOr<OpShape> ValidateOp(const OpDesc& op, const OpContext& ctx) {
-  if (absl::Status s = CheckEnums(static_cast<int>(op.kind), static_cast<int>(op.dtype),
-                                  static_cast<int>(op.op), op, ctx);
+absl::Status CheckOpValues(CollectiveKind kind, DType dtype, ReduceOp op, int root,
+                           const OpContext& ctx, absl::string_view name) {
+  if (absl::Status s = CheckEnums(static_cast<int>(kind), static_cast<int>(dtype),
+                                  static_cast<int>(op), name, ctx);
       !s.ok()) {
+    return s;
+  }
+  if (IsRootedCollective(kind) && (root < 0 || root >= ctx.world_size)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(What(kind, name, ctx), ": root ", root, " out of range for world size ",
+                     ctx.world_size, " (expected 0..", ctx.world_size - 1, ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<OpShape> ValidateOp(const OpDesc& op, const OpContext& ctx) {
+  if (absl::Status s = CheckOpValues(op.kind, op.dtype, op.op, op.root, ctx, op.name); !s.ok()) {
     return s;
   }
   if (op.name.size() > kMaxOpNameBytes) {
     return Invalid(op, ctx, absl::StrCat("op name is ", op.name.size(), " bytes; the limit is ",
                                          kMaxOpNameBytes));
-  }
-  if (IsRootedCollective(op.kind) && (op.root < 0 || op.root >= ctx.world_size)) {
-    return Invalid(op, ctx, absl::StrCat("root ", op.root, " out of range for world size ",
-                                         ctx.world_size, " (expected 0..", ctx.world_size - 1,
-                                         ")"));
   }
   if (op.timeout < absl::ZeroDuration() || op.timeout == absl::InfiniteDuration()) {
     return Invalid(op, ctx, absl::StrCat("timeout must be finite and >= 0 (0: the job's "

@@ -41,9 +41,9 @@ struct OpShape {
 // The largest op, in bytes of its buffer.
 inline constexpr uint64_t kMaxOpBytes = uint64_t{1} << 40;
 
-// Everything but the buffer's size, in this order: the collective, the
-// name's length, dtype and reduce op values, the root for broadcast and
-// reduce, the timeout (finite, >= 0), a buffer for every op but a barrier
+// Everything but the buffer's size, in this order: the collective, dtype
+// and reduce op values, the root for broadcast and reduce (CheckOpValues),
+// the name's length, the timeout (finite, >= 0), a buffer for every op but a barrier
 // (a barrier without one has count 0), the op's size (<= kMaxOpBytes), the
 // requested plan for this collective and size, and against the job ("ps"
 // needs shards, "hier" ranks that share a daemon) where `ctx` knows it.
@@ -55,6 +55,14 @@ absl::StatusOr<OpShape> ValidateOp(const OpDesc& op, const OpContext& ctx);
 // buffer. InvalidArgument saying how many elements would fit.
 absl::Status CheckOpBuffer(const OpDesc& op, const OpContext& ctx, const OpShape& shape,
                            uint64_t buffer_bytes);
+
+// The first of ValidateOp's checks, on an op's own values: the collective,
+// dtype and reduce op are valid values and, for broadcast and reduce, `root`
+// is a rank of ctx.world_size. Also run by RunCollective
+// (collective/collectives.h) for callers that come without the SDK or the
+// daemon (tests, benchmarks, the parameter server). `name` may be empty.
+absl::Status CheckOpValues(CollectiveKind kind, DType dtype, ReduceOp op, int root,
+                           const OpContext& ctx, absl::string_view name = "");
 
 // The edges that carry the enums as wider integers (the C API's int32, the
 // protobuf's enums) narrow them with this: sets op->kind/dtype/op, or

@@ -246,3 +246,28 @@ TEST(SetOpEnums, NarrowsOnlyValidValuesWithValidateOpsWords) {
 
 }  // namespace
 }  // namespace gradsync
+
+namespace gradsync {
+namespace {
+
+// What RunCollective runs for callers without the SDK or the daemon: the
+// same words, without a name when there is none.
+TEST(CheckOpValues, IsValidateOpsFirstCheckWithOrWithoutAName) {
+  OpContext ctx = Ctx();
+  EXPECT_TRUE(CheckOpValues(CollectiveKind::kReduce, DType::kF16, ReduceOp::kMax, 3, ctx).ok());
+  EXPECT_EQ(CheckOpValues(CollectiveKind::kReduce, DType::kF16, ReduceOp::kMax, 4, ctx).message(),
+            "reduce on rank 2: root 4 out of range for world size 4 (expected 0..3)");
+  EXPECT_EQ(CheckOpValues(CollectiveKind::kBarrier, static_cast<DType>(0), ReduceOp::kSum, 0, ctx,
+                          "b")
+                .message(),
+            "barrier 'b' on rank 2: dtype 0 is not a valid value (1..9: f32 f64 f16 bf16 i32 i64 "
+            "u8 f8e4m3 f8e5m2)");
+  ctx.rank = -1;
+  EXPECT_EQ(CheckOpValues(static_cast<CollectiveKind>(8), DType::kF32, ReduceOp::kSum, 0, ctx)
+                .message(),
+            "op: collective 8 is not a valid value (1..7: allreduce reduce_scatter allgather "
+            "broadcast reduce alltoall barrier)");
+}
+
+}  // namespace
+}  // namespace gradsync
