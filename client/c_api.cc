@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "client/client.h"
+#include "collective/op_validation.h"
 #include "common/types.h"
 
 struct gs_client {
@@ -102,36 +103,32 @@ void FillResult(const gradsync::client::OpResult& r, gs_result* out) {
   out->run_us = absl::ToInt64Microseconds(r.run_time);
 }
 
-// The C++ spec of a C one; NULL-safe strings. Checks the C-only values.
+// The C edge of an op: gs_collective_spec to the SDK's CollectiveSpec, the
+// one conversion (NULL-safe strings, the int32 enums narrowed by SetOpEnums).
+// Checks only what C adds (NULL pointers, struct_size); the SDK's
+// ValidateOp checks the op.
 int ToSpec(const char* fn, gs_session* session, const gs_collective_spec* in,
            gradsync::client::CollectiveSpec* spec) {
   if (session == nullptr) return NullArg(fn, "session");
   if (in == nullptr) return NullArg(fn, "spec");
   gs_collective_spec c;
   if (!CopyStruct(in, &c, gs_collective_spec_init)) return BadStruct(fn, "gs_collective_spec");
-  if (!gradsync::IsValidCollective(c.kind)) {
-    return Fail(absl::StatusCode::kInvalidArgument,
-                absl::StrCat(fn, ": kind ", c.kind, " is not a GS_* collective (1..7: allreduce "
-                             "reduce_scatter allgather broadcast reduce alltoall barrier)"));
-  }
   if (c.buffer == nullptr && c.kind != GS_BARRIER) return NullArg(fn, "spec->buffer");
-  if (c.timeout_ms < 0) {
-    return Fail(absl::StatusCode::kInvalidArgument,
-                absl::StrCat(fn, ": timeout_ms must be >= 0, got ", c.timeout_ms));
+  spec->name = c.name != nullptr ? c.name : "";
+  gradsync::OpContext ctx;
+  ctx.rank = session->impl->rank();
+  ctx.world_size = session->impl->world_size();
+  if (absl::Status s = gradsync::SetOpEnums(c.kind, c.dtype, c.op, ctx, spec); !s.ok()) {
+    return Fail(s);
   }
-  spec->kind = static_cast<gradsync::CollectiveKind>(c.kind);
   spec->buffer = c.buffer != nullptr ? c.buffer->impl.get() : nullptr;
   spec->offset_bytes = c.offset_bytes;
   spec->count = c.count;
-  spec->dtype = static_cast<DType>(c.dtype);
-  spec->op = static_cast<ReduceOp>(c.op);
   spec->root = c.root;
-  spec->name = c.name != nullptr ? c.name : "";
   spec->algorithm = c.algorithm != nullptr ? c.algorithm : "";
   spec->timeout = absl::Milliseconds(c.timeout_ms);
-  return GS_OK;  // dtype/op/range: the SDK checks them with the op's name
+  return GS_OK;
 }
-
 
 // The allreduce of the entry points that predate gs_collective_spec
 // (gs_allreduce_async, gs_allreduce): thin wrappers of gs_submit and gs_run.
@@ -337,8 +334,7 @@ int gs_buffer_free(gs_session* session, gs_buffer* buffer) {
 
 int gs_allreduce_async(gs_session* session, gs_buffer* buffer, size_t offset_bytes, size_t count,
                        int dtype, int op, const char* name, int64_t timeout_ms, uint64_t* op_id) {
-  if (op_id == nullptr) return NullArg("gs_allreduce_async", "op_id");
-  if (buffer == nullptr) return NullArg("gs_allreduce_async", "buffer");
+  if (buffer == nullptr) return NullArg("gs_allreduce_async", "buffer");  // not "spec->buffer"
   const gs_collective_spec spec =
       AllreduceSpec(buffer, offset_bytes, count, dtype, op, name, timeout_ms);
   return Submit("gs_allreduce_async", session, &spec, op_id);
@@ -359,7 +355,7 @@ int gs_wait(gs_session* session, uint64_t op_id, int64_t timeout_ms) {
 
 int gs_allreduce(gs_session* session, gs_buffer* buffer, size_t offset_bytes, size_t count,
                  int dtype, int op, const char* name, int64_t timeout_ms) {
-  if (buffer == nullptr) return NullArg("gs_allreduce", "buffer");
+  if (buffer == nullptr) return NullArg("gs_allreduce", "buffer");  // not "spec->buffer"
   const gs_collective_spec spec =
       AllreduceSpec(buffer, offset_bytes, count, dtype, op, name, timeout_ms);
   return Run("gs_allreduce", session, &spec, nullptr);

@@ -229,9 +229,13 @@ typedef struct gs_result {
 
 /* Sets struct_size and the defaults (allreduce, f32, sum). */
 void gs_collective_spec_init(gs_collective_spec* spec);
-/* Submits any collective and returns at once with *op_id set. The same
- * checks as gs_allreduce_async, for the collective's layout; plus root in
- * [0, world_size) for broadcast and reduce. */
+/* Submits any collective and returns at once with *op_id set.
+ * GS_INVALID_ARGUMENT without any RPC for a NULL session/spec/op_id, a
+ * buffer NULL for anything but a barrier, an unset struct_size, and what the
+ * SDK's one validator refuses (collective/op_validation.h: the kind, dtype
+ * and op values, root in [0, world_size) for broadcast and reduce, timeout
+ * >= 0, the algorithm, the range and alignment in the buffer); the message
+ * names the op, the rank, the value and what was expected. */
 int gs_submit(gs_session* session, const gs_collective_spec* spec, uint64_t* op_id);
 /* gs_wait, and on GS_OK fills *result (may be NULL). */
 int gs_wait_result(gs_session* session, uint64_t op_id, int64_t timeout_ms, gs_result* result);

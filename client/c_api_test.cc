@@ -227,7 +227,7 @@ TEST_F(CApiTest, SubmitRunAndPollWithASpec) {
   gs_collective_spec bad = spec;
   bad.kind = 9;
   EXPECT_EQ(gs_submit(session_, &bad, &op), GS_INVALID_ARGUMENT);
-  EXPECT_THAT(gs_last_error(), HasSubstr("kind 9 is not a GS_* collective"));
+  EXPECT_THAT(gs_last_error(), HasSubstr("collective 9 is not a valid value (1..7: allreduce"));
   bad = spec;
   bad.buffer = nullptr;
   EXPECT_EQ(gs_submit(session_, &bad, &op), GS_INVALID_ARGUMENT);
@@ -236,6 +236,13 @@ TEST_F(CApiTest, SubmitRunAndPollWithASpec) {
   bad.dtype = 42;
   EXPECT_EQ(gs_run(session_, &bad, &result), GS_INVALID_ARGUMENT);
   EXPECT_THAT(gs_last_error(), HasSubstr("dtype 42 is not a valid value (1..9: f32 f64"));
+  bad.dtype = 257;  // not narrowed to 1 (f32) on the way in
+  EXPECT_EQ(gs_submit(session_, &bad, &op), GS_INVALID_ARGUMENT);
+  EXPECT_THAT(gs_last_error(), HasSubstr("allreduce 'spec' on rank 0: dtype 257 is not a valid"));
+  bad = spec;
+  bad.timeout_ms = -5;
+  EXPECT_EQ(gs_submit(session_, &bad, &op), GS_INVALID_ARGUMENT);
+  EXPECT_THAT(gs_last_error(), HasSubstr("timeout must be finite and >= 0"));
   bad = spec;
   bad.struct_size = 0;
   EXPECT_EQ(gs_run(session_, &bad, &result), GS_INVALID_ARGUMENT);

@@ -25,7 +25,7 @@
 #include "absl/strings/ascii.h"
 #include "client/op_channel.h"
 #include "client/shm_op_channel.h"
-#include "collective/plan_code.h"
+#include "collective/op_validation.h"
 #include "common/clock.h"
 #include "ipc/fd_registration.h"
 #include "ipc/shared_memory.h"
@@ -94,8 +94,9 @@ std::string ErrnoText(int err) { return absl::StrCat(std::strerror(err), " (errn
 
 // "allreduce 'grad/w' (op 7, seq 3)", or "op 7" when nothing else is known.
 std::string OpLabel(const OpHandle& op) {
-  std::string label = op.name.empty() ? absl::StrCat("op ", op.op_id)
-                                      : absl::StrCat("allreduce '", op.name, "' (op ", op.op_id);
+  std::string label = op.name.empty()
+                          ? absl::StrCat("op ", op.op_id)
+                          : absl::StrCat(CollectiveName(op.kind), " '", op.name, "' (op ", op.op_id);
   if (!op.name.empty()) {
     if (op.sequence != 0) absl::StrAppend(&label, ", seq ", op.sequence);
     absl::StrAppend(&label, ")");
@@ -103,13 +104,6 @@ std::string OpLabel(const OpHandle& op) {
     absl::StrAppend(&label, " (seq ", op.sequence, ")");
   }
   return label;
-}
-
-// Whole milliseconds, rounding a positive sub-millisecond value up to 1.
-int64_t CeilMillis(absl::Duration d) {
-  int64_t ms = absl::ToInt64Milliseconds(d);
-  if (d > absl::Milliseconds(ms)) ++ms;
-  return ms;
 }
 
 // Maps the daemon's segment; the fd is closed before returning.
@@ -254,9 +248,10 @@ absl::Status Session::FreeBuffer(std::unique_ptr<Buffer> buffer) {
   });
 }
 
-absl::StatusOr<OpHandle> Session::AllreduceAsync(const Buffer& buffer, size_t offset_bytes,
-                                                 size_t count, DType dtype, ReduceOp op,
-                                                 absl::string_view name, absl::Duration timeout) {
+namespace {
+// The allreduce of AllreduceAsync and Allreduce.
+CollectiveSpec AllreduceSpec(const Buffer& buffer, size_t offset_bytes, size_t count, DType dtype,
+                             ReduceOp op, absl::string_view name, absl::Duration timeout) {
   CollectiveSpec spec;
   spec.kind = CollectiveKind::kAllreduce;
   spec.buffer = &buffer;
@@ -266,103 +261,42 @@ absl::StatusOr<OpHandle> Session::AllreduceAsync(const Buffer& buffer, size_t of
   spec.op = op;
   spec.name = std::string(name);
   spec.timeout = timeout;
-  return SubmitAsync(spec);
+  return spec;
+}
+}  // namespace
+
+absl::StatusOr<OpHandle> Session::AllreduceAsync(const Buffer& buffer, size_t offset_bytes,
+                                                 size_t count, DType dtype, ReduceOp op,
+                                                 absl::string_view name, absl::Duration timeout) {
+  return SubmitAsync(AllreduceSpec(buffer, offset_bytes, count, dtype, op, name, timeout));
+}
+
+absl::StatusOr<OpResult> Session::Allreduce(const Buffer& buffer, size_t offset_bytes,
+                                            size_t count, DType dtype, ReduceOp op,
+                                            absl::string_view name, absl::Duration timeout) {
+  return Run(AllreduceSpec(buffer, offset_bytes, count, dtype, op, name, timeout));
 }
 
 absl::StatusOr<OpHandle> Session::SubmitAsync(const CollectiveSpec& spec) {
   RETURN_IF_ERROR(CheckOpen());
-  const int kind_value = static_cast<int>(spec.kind);
-  if (!IsValidCollective(kind_value)) {
-    return absl::InvalidArgumentError(absl::StrCat("invalid collective value ", kind_value,
-                                                   " (expected 1..7)"));
-  }
-  // Only error messages use it: built on demand, not for every op.
-  auto what = [&spec] { return absl::StrCat(CollectiveName(spec.kind), " '", spec.name, "'"); };
-  if (spec.name.size() > kMaxOpNameBytes) {  // as the daemon refuses it, before anything is sent
-    return absl::InvalidArgumentError(absl::StrCat("op name is ", spec.name.size(),
-                                                   " bytes; the limit is ", kMaxOpNameBytes));
-  }
-  const DType dtype = spec.dtype;
-  const size_t count = spec.count;
-  const size_t offset_bytes = spec.offset_bytes;
-  const absl::Duration timeout = spec.timeout;
-  const int dtype_value = static_cast<int>(dtype);
-  if (!IsValidDType(dtype_value)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what(), ": dtype ", dtype_value, " is not a valid value (", ValidDTypesText(), ")"));
-  }
-  const int op_value = static_cast<int>(spec.op);
-  if (!IsValidReduceOp(op_value)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what(), ": reduce op ", op_value, " is not a valid value (1..5: sum avg min max prod)"));
-  }
-  if (IsRootedCollective(spec.kind) && (spec.root < 0 || spec.root >= world_size_)) {
-    return absl::InvalidArgumentError(absl::StrCat(what(), ": root ", spec.root,
-                                                   " out of range for world size ", world_size_));
-  }
-  uint64_t buffer_id = 0;
-  if (spec.kind == CollectiveKind::kBarrier && spec.buffer == nullptr) {
-    if (count != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(what(), ": a barrier without a buffer has count 0"));
-    }
-  } else {
-    if (spec.buffer == nullptr) return absl::InvalidArgumentError(what() + ": no buffer");
-    const Buffer& buffer = *spec.buffer;
-    if (buffer.session_id() != id_) {
-      return absl::InvalidArgumentError(absl::StrCat(what(), ": buffer ", buffer.id(),
-                                                     " belongs to session ", buffer.session_id(),
-                                                     ", not to session ", id_));
-    }
-    buffer_id = buffer.id();
-    const size_t esize = DTypeSize(dtype);
-    const size_t size = buffer.size();
-    if (offset_bytes % esize != 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(what(), ": offset_bytes ", offset_bytes, " is not a multiple of the ",
-                       DTypeName(dtype), " element size ", esize));
-    }
-    if (offset_bytes >= size && count > 0) {
-      return absl::InvalidArgumentError(absl::StrCat(what(), ": offset_bytes ", offset_bytes,
-                                                     " is past the end of buffer ", buffer.id(),
-                                                     " (", size, " bytes)"));
-    }
-    const size_t blocks = IsBlockedCollective(spec.kind) ? static_cast<size_t>(world_size_) : 1;
-    // No overflow: divides, never multiplies.
-    const size_t max_count = offset_bytes >= size ? 0 : (size - offset_bytes) / esize / blocks;
-    if (count > max_count) {
+  OpContext ctx;  // the job's placement and shards: the daemon checks them
+  ctx.rank = rank_;
+  ctx.world_size = world_size_;
+  ctx.job_algorithm = job_.algorithm;
+  OpDesc op = spec;
+  op.buffer_id = spec.buffer != nullptr ? spec.buffer->id() : 0;
+  ASSIGN_OR_RETURN(const OpShape shape, ValidateOp(op, ctx));
+  if (spec.buffer != nullptr) {
+    if (spec.buffer->session_id() != id_) {
       return absl::InvalidArgumentError(absl::StrCat(
-          what(), ": count ", count, blocks > 1 ? absl::StrCat(" x ", blocks, " blocks") : "",
-          " x ", esize, "-byte ", DTypeName(dtype), " at offset_bytes ", offset_bytes,
-          " does not fit in buffer ", buffer.id(), " (", size, " bytes; at most ", max_count,
-          " elements", blocks > 1 ? " per block" : "", " fit)"));
+          CollectiveName(op.kind), " '", op.name, "' on rank ", rank_, ": buffer ",
+          spec.buffer->id(), " belongs to session ", spec.buffer->session_id(),
+          ", not to session ", id_));
     }
+    RETURN_IF_ERROR(CheckOpBuffer(op, ctx, shape, spec.buffer->size()));
   }
-  if (timeout < absl::ZeroDuration() || timeout == absl::InfiniteDuration()) {
-    return absl::InvalidArgumentError(absl::StrCat(what(), ": timeout must be finite and >= 0, got ",
-                                                   absl::FormatDuration(timeout)));
-  }
-
-  // The algorithm, checked here as the daemon would, so a typo fails at once.
-  const uint64_t bytes = count * DTypeSize(dtype) *
-                         (IsBlockedCollective(spec.kind) ? static_cast<uint64_t>(world_size_) : 1);
-  const std::string& algo_name =
-      !spec.algorithm.empty() && spec.algorithm != "auto" ? spec.algorithm : job_.algorithm;
-  absl::StatusOr<uint8_t> code = RequestedPlanCode(algo_name, spec.kind, bytes);
-  if (!code.ok()) return absl::InvalidArgumentError(absl::StrCat(what(), ": ", code.status().message()));
-
-  internal::SubmitArgs args;
-  args.kind = spec.kind;
-  args.root = spec.root;
-  args.algorithm = spec.algorithm;
-  args.buffer_id = buffer_id;
-  args.offset_bytes = offset_bytes;
-  args.count = count;
-  args.dtype = dtype;
-  args.reduce_op = spec.op;
-  args.name = spec.name;
-  args.timeout_ms = CeilMillis(timeout);
-  ASSIGN_OR_RETURN(internal::SubmitTicket ticket, ops_->Submit(args));
-  return OpHandle{ticket.op_id, ticket.sequence, spec.name};
+  ASSIGN_OR_RETURN(internal::SubmitTicket ticket, ops_->Submit(op));
+  return OpHandle{ticket.op_id, ticket.sequence, std::move(op.name), op.kind};
 }
 
 absl::StatusOr<OpResult> Session::Run(const CollectiveSpec& spec) {
@@ -385,28 +319,13 @@ absl::StatusOr<OpResult> Session::Wait(const OpHandle& op, absl::Duration timeou
     pending.SetPayload(kStillRunningPayload, absl::Cord("1"));
     return pending;
   }
-  OpResult result;
-  result.algorithm = std::move(outcome.algorithm);
-  result.queued_time = absl::Microseconds(outcome.queued_us);
-  result.run_time = absl::Microseconds(outcome.run_us);
-  return result;
+  return OpResult(std::move(outcome));
 }
 
 absl::StatusOr<bool> Session::Poll(const OpHandle& op) {
   RETURN_IF_ERROR(CheckOpen());
   ASSIGN_OR_RETURN(internal::WaitOutcome outcome, ops_->Wait(op.op_id, absl::InfinitePast()));
   return outcome.done;
-}
-
-absl::StatusOr<OpResult> Session::Allreduce(const Buffer& buffer, size_t offset_bytes,
-                                            size_t count, DType dtype, ReduceOp op,
-                                            absl::string_view name, absl::Duration timeout) {
-  ASSIGN_OR_RETURN(OpHandle handle,
-                   AllreduceAsync(buffer, offset_bytes, count, dtype, op, name, timeout));
-  absl::Duration op_timeout = timeout;
-  if (op_timeout <= absl::ZeroDuration()) op_timeout = default_op_timeout_;
-  if (op_timeout <= absl::ZeroDuration()) op_timeout = kDefaultOpWait;
-  return Wait(handle, op_timeout + kRpcMargin);
 }
 
 absl::StatusOr<int> Session::CompletionFd() {
@@ -501,7 +420,7 @@ absl::StatusOr<std::unique_ptr<Session>> Client::OpenSession(const SessionOption
   req.set_job_id(options.job_id);
   req.set_world_size(options.world_size);
   req.set_rank(options.rank);
-  req.set_timeout_ms(CeilMillis(options.timeout));
+  req.set_timeout_ms(TimeoutMillis(options.timeout));
   req.mutable_options()->set_heartbeat_timeout_ms(options.heartbeat_timeout_ms);
   req.mutable_options()->set_op_timeout_ms(options.op_timeout_ms);
   req.mutable_options()->set_tcp_streams(options.tcp_streams);

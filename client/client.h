@@ -65,6 +65,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/op_desc.h"
 #include "common/types.h"
 
 namespace gradsync {
@@ -178,41 +179,31 @@ class Buffer {
   std::shared_ptr<void> device_owner_;
 };
 
+// One collective, for Session::SubmitAsync/Run: an OpDesc (common/op_desc.h:
+// kind, dtype, op, root, count, offset_bytes, name, algorithm, timeout) and
+// the mapped buffer it runs on, which must belong to the session (null only
+// for a barrier). SubmitAsync takes OpDesc::buffer_id from `buffer`; the one
+// set here is not used.
+struct CollectiveSpec : OpDesc {
+  const Buffer* buffer = nullptr;
+};
+
 // A submitted op. Copyable; valid for the session that returned it. Only
 // op_id matters to Wait/Poll (the C API builds handles from it alone);
 // sequence and name make error messages precise.
-// One collective, for Session::SubmitAsync/Run. Buffer layouts
-// (docs/collectives.md): allreduce, broadcast and reduce use `count`
-// elements; reduce_scatter, allgather and alltoall use world_size blocks of
-// `count` elements each (rank r's own block is block r); barrier uses none
-// (buffer may be null, count 0).
-struct CollectiveSpec {
-  CollectiveKind kind = CollectiveKind::kAllreduce;
-  const Buffer* buffer = nullptr;
-  size_t offset_bytes = 0;
-  size_t count = 0;
-  DType dtype = DType::kF32;
-  ReduceOp op = ReduceOp::kSum;  // allreduce, reduce_scatter, reduce
-  int root = 0;                  // broadcast, reduce
-  std::string name;              // identifies the op across ranks
-  std::string algorithm;         // "" = the job's choice or the cost model
-  absl::Duration timeout = absl::ZeroDuration();  // zero = the job's default
-};
-
 struct OpHandle {
   uint64_t op_id = 0;
   // Position in the session's op stream, from 1 (0 = unknown).
   uint64_t sequence = 0;
   // The op's name as submitted (used in error messages; may be empty).
   std::string name;
+  CollectiveKind kind = CollectiveKind::kAllreduce;  // for error messages, with name
 };
 
-// A completed op.
-struct OpResult {
-  std::string algorithm;  // e.g. "ring"
-  absl::Duration queued_time;  // submission to start
-  absl::Duration run_time;  // start to completion
-};
+// A completed op: algorithm (the plan that ran, e.g. "ring"), queued_time
+// (submission to start), run_time (start to completion). Its status is OK:
+// Wait returns a failed op's error instead.
+using OpResult = ::gradsync::OpResult;
 
 // One membership in a job, opened through the local daemon.
 //
@@ -280,21 +271,24 @@ class Session {
 
   // Submits an allreduce of `count` elements of `dtype` starting at
   // `offset_bytes` in `buffer` (which must belong to this session) and
-  // returns at once. `offset_bytes` must be a multiple of the element size,
-  // `count` > 0, and the range must lie inside the buffer; violations are
+  // returns at once. `offset_bytes` must be a multiple of the element size
+  // and the range must lie inside the buffer; violations are
   // InvalidArgument, found before any RPC. `name` identifies the op across
   // ranks (e.g. the tensor name). `timeout` bounds the op at the daemon,
   // measured from submission; zero = the job's default op timeout.
-  // The result is written in place into the same range.
+  // The result is written in place into the same range. A thin wrapper of
+  // SubmitAsync (an allreduce CollectiveSpec).
   absl::StatusOr<OpHandle> AllreduceAsync(const Buffer& buffer, size_t offset_bytes, size_t count,
                                           DType dtype, ReduceOp op, absl::string_view name,
                                           absl::Duration timeout = absl::ZeroDuration());
 
-  // Submits any collective (see CollectiveSpec) and returns at once. The
-  // same local checks as AllreduceAsync, for the collective's layout; plus
-  // root in [0, world_size) for rooted ones.
+  // Submits any collective (see CollectiveSpec) and returns at once.
+  // InvalidArgument, before anything is sent, for what ValidateOp and
+  // CheckOpBuffer refuse (collective/op_validation.h: the values, root,
+  // timeout, the requested plan, the range in the buffer) and for a buffer
+  // of another session.
   absl::StatusOr<OpHandle> SubmitAsync(const CollectiveSpec& spec);
-  // SubmitAsync + Wait (as Allreduce).
+  // SubmitAsync + Wait for the op's timeout plus a 5 s margin (as Allreduce).
   absl::StatusOr<OpResult> Run(const CollectiveSpec& spec);
 
   // Waits up to `timeout` for `op` (negative = 0 = poll once;
@@ -312,9 +306,9 @@ class Session {
   // error = the op failed (as in Wait).
   absl::StatusOr<bool> Poll(const OpHandle& op);
 
-  // AllreduceAsync + Wait. Waits for the op's timeout plus a 5 s margin; the
-  // op's timeout is `timeout`, else SessionOptions::op_timeout_ms, else
-  // kDefaultOpWait.
+  // AllreduceAsync + Wait: a thin wrapper of Run. Waits for the op's timeout
+  // plus a 5 s margin; the op's timeout is `timeout`, else
+  // SessionOptions::op_timeout_ms, else kDefaultOpWait.
   absl::StatusOr<OpResult> Allreduce(const Buffer& buffer, size_t offset_bytes, size_t count,
                                      DType dtype, ReduceOp op, absl::string_view name,
                                      absl::Duration timeout = absl::ZeroDuration());

@@ -284,15 +284,18 @@ TEST_F(ClientTest, BadArgumentsFailLocallyWithoutRpcAndNameTheValues) {
   // Offset past the end.
   expect_invalid(session_->AllreduceAsync(*buf, 4096, 1, DType::kF32, ReduceOp::kSum, "g"),
                  {"offset_bytes 4096", "4096 bytes", "'g'"});
-  // Count too large.
+  // Count too large; the words are ValidateOp's (collective/op_validation_test.cc).
   expect_invalid(session_->AllreduceAsync(*buf, 0, 1025, DType::kF32, ReduceOp::kSum, "g"),
-                 {"count 1025", "4096 bytes", "at most 1024"});
+                 {absl::StrCat("allreduce 'g' on rank ", session_->rank(),
+                               ": count 1025 x 4-byte f32 (4100 bytes) at offset_bytes 0 does not "
+                               "fit in buffer ", buf->id(),
+                               " (4096 bytes; at most 1024 elements fit)")});
   expect_invalid(session_->AllreduceAsync(*buf, 8, 1023, DType::kF32, ReduceOp::kSum, "g"),
                  {"count 1023", "offset_bytes 8", "at most 1022"});
   // A count whose byte size overflows size_t.
   expect_invalid(
       session_->AllreduceAsync(*buf, 0, SIZE_MAX / 2, DType::kF64, ReduceOp::kSum, "g"),
-      {absl::StrCat("count ", SIZE_MAX / 2), "at most 512"});
+      {absl::StrCat("count ", SIZE_MAX / 2), "is more than 1099511627776 bytes"});
   // Misaligned offset, bad enums, negative timeout.
   expect_invalid(session_->AllreduceAsync(*buf, 2, 1, DType::kF32, ReduceOp::kSum, "g"),
                  {"offset_bytes 2", "element size 4"});

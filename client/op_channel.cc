@@ -60,26 +60,41 @@ absl::Status RpcError(const grpc::Status& status, const WorkerConnection& conn,
 
 namespace {
 
+// The gRPC edge of an op: OpDesc to Worker.Submit's request (the inverse of
+// the daemon's OpDescFromRequest, worker/submit_validation.h).
+v1::SubmitRequest SubmitRequestOf(const std::string& session_id, const OpDesc& op) {
+  v1::SubmitRequest req;
+  req.set_session_id(session_id);
+  // common/types.h values match the proto enums numerically.
+  req.set_collective(static_cast<v1::CollectiveType>(static_cast<int>(op.kind)));
+  req.set_dtype(static_cast<v1::DataType>(static_cast<int>(op.dtype)));
+  req.set_reduce_op(static_cast<v1::ReduceOp>(static_cast<int>(op.op)));
+  req.set_root(op.root);
+  req.set_count(op.count);
+  req.set_buffer_id(op.buffer_id);
+  req.set_offset_bytes(op.offset_bytes);
+  req.set_name(op.name);
+  req.set_algorithm(op.algorithm);
+  req.set_timeout_ms(TimeoutMillis(op.timeout));
+  return req;
+}
+
+// ... and a done Worker.Wait's answer to the op's result.
+OpResult ResultOf(const v1::WaitResponse& resp) {
+  OpResult r;
+  r.algorithm = resp.algorithm();
+  r.queued_time = absl::Microseconds(resp.queued_us());
+  r.run_time = absl::Microseconds(resp.run_us());
+  return r;
+}
+
 class GrpcOpChannel final : public OpChannel {
  public:
   GrpcOpChannel(std::shared_ptr<WorkerConnection> conn, std::string session_id)
       : conn_(std::move(conn)), session_id_(std::move(session_id)) {}
 
-  absl::StatusOr<SubmitTicket> Submit(const SubmitArgs& args) override {
-    v1::SubmitRequest req;
-    req.set_session_id(session_id_);
-    req.set_collective(static_cast<v1::CollectiveType>(static_cast<int>(args.kind)));
-    req.set_root(args.root);
-    req.set_algorithm(std::string(args.algorithm));
-    req.set_name(std::string(args.name));
-    // common/types.h values match the proto enums numerically.
-    req.set_dtype(static_cast<v1::DataType>(static_cast<int>(args.dtype)));
-    req.set_count(args.count);
-    req.set_reduce_op(static_cast<v1::ReduceOp>(static_cast<int>(args.reduce_op)));
-    req.set_buffer_id(args.buffer_id);
-    req.set_offset_bytes(args.offset_bytes);
-    req.set_timeout_ms(args.timeout_ms);
-
+  absl::StatusOr<SubmitTicket> Submit(const OpDesc& op) override {
+    const v1::SubmitRequest req = SubmitRequestOf(session_id_, op);
     grpc::ClientContext ctx;
     const absl::Time deadline = absl::Now() + kRpcTimeout;
     ctx.set_deadline(absl::ToChronoTime(deadline));
@@ -105,14 +120,7 @@ class GrpcOpChannel final : public OpChannel {
       v1::WaitResponse resp;
       grpc::Status s = conn_->stub->Wait(&ctx, req, &resp);
       if (!s.ok()) return RpcError(s, *conn_, "Wait", rpc_deadline, slice + kRpcMargin);
-      if (resp.done()) {
-        WaitOutcome out;
-        out.done = true;
-        out.algorithm = resp.algorithm();
-        out.queued_us = resp.queued_us();
-        out.run_us = resp.run_us();
-        return out;
-      }
+      if (resp.done()) return WaitOutcome{ResultOf(resp), /*done=*/true};
       const absl::Time now = absl::Now();
       if (now >= deadline) return WaitOutcome{};
       // The slice ended (long wait) or the daemon answered early: wait again,

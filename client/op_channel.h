@@ -22,7 +22,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
-#include "common/types.h"
+#include "common/op_desc.h"
 #include "proto/worker.grpc.pb.h"
 
 namespace gradsync {
@@ -45,30 +45,14 @@ struct WorkerConnection {
   std::unique_ptr<v1::Worker::StubInterface> stub;
 };
 
-// A fully validated collective (Session checked the buffer range).
-struct SubmitArgs {
-  CollectiveKind kind = CollectiveKind::kAllreduce;
-  int root = 0;
-  absl::string_view algorithm;
-  uint64_t buffer_id = 0;
-  uint64_t offset_bytes = 0;
-  uint64_t count = 0;
-  DType dtype = DType::kF32;
-  ReduceOp reduce_op = ReduceOp::kSum;
-  absl::string_view name;
-  int64_t timeout_ms = 0;  // 0 = the job's default
-};
-
 struct SubmitTicket {
   uint64_t op_id = 0;
   uint64_t sequence = 0;  // 0 = not known at submission (the queue)
 };
 
-struct WaitOutcome {
+// The op's result once done (an op that failed is Wait's error instead).
+struct WaitOutcome : OpResult {
   bool done = false;  // false: still running at the deadline
-  std::string algorithm;
-  int64_t queued_us = 0;
-  int64_t run_us = 0;
 };
 
 // Thread-safe. Every call is bounded in time.
@@ -76,10 +60,11 @@ class OpChannel {
  public:
   virtual ~OpChannel() = default;
 
-  // Queues an op. gRPC: returns once the daemon has accepted it (its
-  // refusal is the error). Queue: returns once the op is in the ring; a
-  // refusal by the daemon is then the op's error in Wait.
-  virtual absl::StatusOr<SubmitTicket> Submit(const SubmitArgs& args) = 0;
+  // Queues an op that ValidateOp and CheckOpBuffer accepted. gRPC: returns
+  // once the daemon has accepted it (its refusal is the error). Queue:
+  // returns once the op is in the ring; a refusal by the daemon is then the
+  // op's error in Wait.
+  virtual absl::StatusOr<SubmitTicket> Submit(const OpDesc& op) = 0;
 
   // Waits until the op ends or `deadline` passes (a past deadline polls).
   // Returns done=false if it is still running then; the op's own error, as

@@ -77,23 +77,11 @@ class ShmOpChannel final : public OpChannel {
     return event_fd_;
   }
 
-  absl::StatusOr<SubmitTicket> Submit(const SubmitArgs& args) override {
-    ipc::OpDescriptor op;
-    op.collective = args.kind;
-    op.dtype = args.dtype;
-    op.reduce_op = args.reduce_op;
-    op.root = args.root;
-    op.buffer_id = args.buffer_id;
-    op.offset_bytes = args.offset_bytes;
-    op.count = args.count;
-    op.timeout_ms = args.timeout_ms;
-    op.algorithm = args.algorithm;
-    op.name = args.name;
-
+  absl::StatusOr<SubmitTicket> Submit(const OpDesc& op) override {
     absl::MutexLock submit_lock(&submit_mu_);  // one producer at a time
-    op.token = next_token_;
+    const uint64_t token = next_token_;
     ipc::SubmissionEntry entry;
-    RETURN_IF_ERROR(ipc::EncodeSubmission(op, &entry));
+    RETURN_IF_ERROR(ipc::EncodeSubmission(token, op, &entry));
     {
       absl::MutexLock l(&mu_);
       RETURN_IF_ERROR(CheckUsableLocked());
@@ -101,10 +89,10 @@ class ShmOpChannel final : public OpChannel {
         return absl::ResourceExhaustedError(absl::StrCat(
             unreported_, " ops are queued or unreported; Wait for some before submitting more"));
       }
-      ops_.push_back(Tracked{op.token});  // tokens grow: ops_ stays sorted
+      ops_.push_back(Tracked{token});  // tokens grow: ops_ stays sorted
       ++unreported_;
     }
-    absl::Status pushed = Push(entry, args.timeout_ms);
+    absl::Status pushed = Push(entry, op.timeout);
     if (!pushed.ok()) {
       absl::MutexLock l(&mu_);
       ops_.pop_back();  // still the last: later tokens come from this (serialized) submitter
@@ -114,7 +102,7 @@ class ShmOpChannel final : public OpChannel {
     ++next_token_;
     end_.submission_bell().Ring();
     end_.BumpHeartbeat();
-    return SubmitTicket{op.token, 0};
+    return SubmitTicket{token, 0};
   }
 
   absl::StatusOr<WaitOutcome> Wait(uint64_t op_id, absl::Time deadline) override {
@@ -140,10 +128,10 @@ class ShmOpChannel final : public OpChannel {
 
  private:
   // Writes `entry` into the submission ring, waiting for room if it is full.
-  absl::Status Push(const ipc::SubmissionEntry& entry, int64_t timeout_ms)
+  absl::Status Push(const ipc::SubmissionEntry& entry, absl::Duration timeout)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(submit_mu_) {
     const absl::Duration bound =
-        timeout_ms > 0 ? absl::Milliseconds(timeout_ms) : options_.default_op_timeout;
+        timeout > absl::ZeroDuration() ? timeout : options_.default_op_timeout;
     const absl::Time deadline = FastNow() + bound;
     bool wanted = false;
     absl::Status result;
@@ -200,12 +188,7 @@ class ShmOpChannel final : public OpChannel {
         --unreported_;
         while (!ops_.empty() && ops_.front().reported) ops_.pop_front();
         if (!c.status.ok()) return c.status;
-        WaitOutcome out;
-        out.done = true;
-        out.algorithm = std::move(c.algorithm);
-        out.queued_us = c.queued_us;
-        out.run_us = c.run_us;
-        return out;
+        return WaitOutcome{std::move(c), /*done=*/true};
       }
       if (t == nullptr) {
         return absl::NotFoundError(absl::StrCat("op ", op_id, " is not pending in session ",

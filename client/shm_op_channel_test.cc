@@ -76,17 +76,9 @@ class ScriptedDaemon {
     absl::MutexLock l(&mu_);
     end_->Close(reason);
   }
-  // A decoded submission with its own copies of the strings (an
-  // OpDescriptor's views point into the entry it was decoded from).
-  struct Received : ipc::OpDescriptor {
-    explicit Received(const ipc::OpDescriptor& op)
-        : ipc::OpDescriptor(op), name_copy(op.name), algorithm_copy(op.algorithm) {
-      name = name_copy;
-      algorithm = algorithm_copy;
-    }
-    Received(const Received& o) : Received(static_cast<const ipc::OpDescriptor&>(o)) {}
-    Received& operator=(const Received&) = delete;
-    std::string name_copy, algorithm_copy;
+  // A decoded submission and its token.
+  struct Received : OpDesc {
+    uint64_t token = 0;
   };
   std::vector<Received> received() const {
     absl::MutexLock l(&mu_);
@@ -105,8 +97,8 @@ class ScriptedDaemon {
     c.op_id = token + 100;
     c.status = std::move(status);
     c.algorithm = "ring";
-    c.queued_us = 5;
-    c.run_us = 7;
+    c.queued_time = absl::Microseconds(5);
+    c.run_time = absl::Microseconds(7);
     ipc::CompletionEntry e;
     ipc::EncodeCompletion(c, &e);
     overflow_.push_back(e);
@@ -137,14 +129,16 @@ class ScriptedDaemon {
           bool took = false;
           while (!paused_ && *end_->PopSubmission(&e)) {
             took = true;
-            auto op = ipc::DecodeSubmission(e);
-            EXPECT_TRUE(op.ok()) << op.status();
-            received_.emplace_back(*op);
-            if (op->name == "hold") continue;
-            if (absl::StartsWith(op->name, "fail:")) {
-              PostLocked(op->token, absl::AbortedError(op->name.substr(5)));
+            Received op;
+            op.token = e.token;
+            absl::Status decoded = ipc::DecodeSubmission(e, &op);
+            EXPECT_TRUE(decoded.ok()) << decoded;
+            received_.push_back(op);
+            if (op.name == "hold") continue;
+            if (absl::StartsWith(op.name, "fail:")) {
+              PostLocked(op.token, absl::AbortedError(op.name.substr(5)));
             } else {
-              PostLocked(op->token, absl::OkStatus());
+              PostLocked(op.token, absl::OkStatus());
             }
           }
           if (took) end_->NotifySpaceIfWanted();
@@ -167,17 +161,17 @@ class ScriptedDaemon {
   std::thread thread_;
 };
 
-SubmitArgs Op(absl::string_view name, int64_t timeout_ms = 0) {
-  SubmitArgs a;
+OpDesc Op(absl::string_view name, int64_t timeout_ms = 0) {
+  OpDesc a;
   a.kind = CollectiveKind::kAllreduce;
   a.buffer_id = 3;
   a.offset_bytes = 8;
   a.count = 2;
   a.dtype = DType::kF64;
-  a.reduce_op = ReduceOp::kMax;
+  a.op = ReduceOp::kMax;
   a.algorithm = "rhd";
-  a.name = name;
-  a.timeout_ms = timeout_ms;
+  a.name = std::string(name);
+  a.timeout = absl::Milliseconds(timeout_ms);
   return a;
 }
 
@@ -204,8 +198,8 @@ TEST(ShmOpChannel, SubmitReturnsTokensAndWaitReturnsTheOutcome) {
   ASSERT_TRUE(out.ok()) << out.status();
   EXPECT_TRUE(out->done);
   EXPECT_EQ(out->algorithm, "ring");
-  EXPECT_EQ(out->queued_us, 5);
-  EXPECT_EQ(out->run_us, 7);
+  EXPECT_EQ(out->queued_time, absl::Microseconds(5));
+  EXPECT_EQ(out->run_time, absl::Microseconds(7));
   EXPECT_TRUE(ch->Wait(b->op_id, In(absl::Seconds(5)))->done);
 
   auto got = daemon.received();
@@ -215,9 +209,9 @@ TEST(ShmOpChannel, SubmitReturnsTokensAndWaitReturnsTheOutcome) {
   EXPECT_EQ(got[0].offset_bytes, 8u);
   EXPECT_EQ(got[0].count, 2u);
   EXPECT_EQ(got[0].dtype, DType::kF64);
-  EXPECT_EQ(got[0].reduce_op, ReduceOp::kMax);
+  EXPECT_EQ(got[0].op, ReduceOp::kMax);
   EXPECT_EQ(got[0].algorithm, "rhd");
-  EXPECT_EQ(got[0].timeout_ms, 1500);
+  EXPECT_EQ(got[0].timeout, absl::Milliseconds(1500));
   // Reported once, then forgotten.
   EXPECT_TRUE(absl::IsNotFound(ch->Wait(a->op_id, In(absl::Seconds(1))).status()));
   EXPECT_TRUE(absl::IsNotFound(ch->Wait(99, In(absl::Seconds(1))).status()));
@@ -244,7 +238,7 @@ TEST(ShmOpChannel, NamesThatDoNotFitAreRefusedLocally) {
   auto ch = daemon.Channel();
   const std::string long_name(300, 'n');
   EXPECT_TRUE(absl::IsInvalidArgument(ch->Submit(Op(long_name)).status()));
-  SubmitArgs a = Op("g");
+  OpDesc a = Op("g");
   a.algorithm = "a-sixteen-chars!";
   EXPECT_TRUE(absl::IsInvalidArgument(ch->Submit(a).status()));
   // Refused submissions use no token.

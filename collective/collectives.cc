@@ -2,6 +2,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "collective/algorithms.h"
+#include "collective/op_validation.h"
+#include "common/status_macros.h"
 
 namespace gradsync {
 
@@ -22,23 +24,16 @@ size_t CollectiveBufferBytes(CollectiveKind kind, size_t count, DType dtype, int
 absl::Status RunCollective(transport::Context& ctx, const CollectiveCall& call, Algorithm algo,
                            transport::Scratch* scratch) {
   const CollectiveKind kind = call.kind;
-  if (!IsValidCollective(static_cast<int>(kind))) {
-    return absl::InvalidArgumentError(absl::StrCat("unknown collective ", static_cast<int>(kind)));
-  }
+  OpContext op_ctx;
+  op_ctx.rank = ctx.rank();
+  op_ctx.world_size = ctx.size();
+  RETURN_IF_ERROR(CheckOpValues(kind, call.dtype, call.op, call.root, op_ctx));
   if (!Implements(algo, kind)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "algorithm '", AlgorithmName(algo), "' does not implement ", CollectiveName(kind),
         " (algorithms for ", CollectiveName(kind), ": ", ImplementingAlgorithms(kind), ")"));
   }
   if (kind != CollectiveKind::kBarrier) {
-    if (!IsValidDType(static_cast<int>(call.dtype))) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(CollectiveName(kind), ": invalid dtype ", static_cast<int>(call.dtype)));
-    }
-    if (IsReducingCollective(kind) && !IsValidReduceOp(static_cast<int>(call.op))) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(CollectiveName(kind), ": invalid reduce op ", static_cast<int>(call.op)));
-    }
     if (call.buffer.ptr == nullptr && call.count > 0) {
       return absl::InvalidArgumentError(
           absl::StrCat(CollectiveName(kind), " of ", call.count, " elements: null buffer"));
@@ -49,10 +44,6 @@ absl::Status RunCollective(transport::Context& ctx, const CollectiveCall& call, 
           CollectiveName(kind), " of ", call.count, " ", DTypeName(call.dtype), " elements at ",
           ctx.size(), " ranks needs a buffer of ", need, " bytes; got ", call.buffer.size));
     }
-  }
-  if (IsRootedCollective(kind) && (call.root < 0 || call.root >= ctx.size())) {
-    return absl::InvalidArgumentError(absl::StrCat(CollectiveName(kind), ": root ", call.root,
-                                                   " out of range for world size ", ctx.size()));
   }
   if (algo == Algorithm::kOneShot &&
       CollectiveBufferBytes(kind, call.count, call.dtype, ctx.size()) > kOneShotMaxBytes) {

@@ -12,6 +12,18 @@
 
 namespace gradsync {
 
+OpSignature OpSignature::Of(const OpDesc& op, uint8_t plan_code) {
+  OpSignature sig;
+  sig.kind = op.kind;
+  sig.dtype = op.dtype;
+  sig.op = op.op;
+  sig.count = op.count;
+  sig.root = IsRootedCollective(op.kind) ? op.root : 0;
+  sig.name.assign(op.name.data(), op.name.size());
+  sig.forced = plan_code;
+  return sig;
+}
+
 std::string OpSignature::Describe() const {
   std::string out = absl::StrCat(CollectiveName(kind), " '", name, "'");
   if (kind != CollectiveKind::kBarrier) {

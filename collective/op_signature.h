@@ -12,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "collective/algorithm.h"
+#include "common/op_desc.h"
 #include "common/types.h"
 
 namespace gradsync {
@@ -40,6 +41,11 @@ struct OpSignature {
   uint8_t streams = 0;
 
   static constexpr uint8_t kNoAlgorithm = kAutoCode;
+
+  // The signature of `op` (seq 0: the session numbers it), with the plan code
+  // its validation gave (ValidateOp's OpShape::plan_code). The root only for
+  // rooted collectives, so ranks that leave it unset still match.
+  static OpSignature Of(const OpDesc& op, uint8_t plan_code);
 
   // e.g. "allreduce 'layer1.grad' f32[1024] sum", "broadcast 'w' f32[10] root 2",
   // "reduce 'g' f32[10] sum root 3", "allgather 'p' bf16[512]", "barrier 'step'".

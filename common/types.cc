@@ -85,15 +85,19 @@ bool IsReducingCollective(CollectiveKind k) {
 }
 
 bool IsValidDType(int v) { return v >= 1 && v <= 9; }
-std::string ValidDTypesText() {
-  int last = 1;
+namespace {
+// "1..N: name1 name2 ..." of an enum whose values run 1..N.
+template <typename E, size_t N>
+std::string ValuesText(const E (&all)[N], const char* (*name)(E)) {
   std::string names;
-  for (int v = 1; IsValidDType(v); ++v) {
-    absl::StrAppend(&names, " ", DTypeName(static_cast<DType>(v)));
-    last = v;
-  }
-  return absl::StrCat("1..", last, ":", names);
+  for (E e : all) absl::StrAppend(&names, " ", name(e));
+  return absl::StrCat("1..", N, ":", names);
 }
+}  // namespace
+
+std::string ValidDTypesText() { return ValuesText(kAllDTypes, DTypeName); }
+std::string ValidReduceOpsText() { return ValuesText(kAllReduceOps, ReduceOpName); }
+std::string ValidCollectivesText() { return ValuesText(kAllCollectives, CollectiveName); }
 bool IsFloatDType(DType t) {
   return t != DType::kI32 && t != DType::kI64 && t != DType::kU8;
 }

@@ -79,6 +79,9 @@ inline constexpr size_t kMaxOpNameBytes = 256;
 bool IsValidDType(int v);
 // The valid dtype values and names, for error messages: "1..9: f32 f64 ...".
 std::string ValidDTypesText();
+// Likewise "1..5: sum avg min max prod" and "1..7: allreduce reduce_scatter ...".
+std::string ValidReduceOpsText();
+std::string ValidCollectivesText();
 // f32, f64, f16, bf16 and the fp8 types.
 bool IsFloatDType(DType t);
 bool IsValidReduceOp(int v);

@@ -11,11 +11,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   SubmissionEntry s;
   std::memset(&s, 0, sizeof(s));
   std::memcpy(&s, data, size < sizeof(s) ? size : sizeof(s));
-  if (auto op = DecodeSubmission(s); op.ok()) {
-    // Decoded strings point inside the entry.
-    const char* begin = reinterpret_cast<const char*>(&s);
-    const char* end = begin + sizeof(s);
-    if (!op->name.empty() && (op->name.data() < begin || op->name.data() + op->name.size() > end)) {
+  gradsync::OpDesc op;
+  if (DecodeSubmission(s, &op).ok()) {
+    // Decoded strings come from their fields only.
+    if (op.name.size() > kMaxOpNameChars || op.algorithm.size() > kMaxAlgorithmChars) {
       __builtin_trap();
     }
   }

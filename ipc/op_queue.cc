@@ -74,7 +74,7 @@ absl::StatusOr<uint32_t> NormalizeCapacity(uint32_t requested) {
 
 // ---------------------------------------------------------------- entries
 
-absl::Status EncodeSubmission(const OpDescriptor& op, SubmissionEntry* out) {
+absl::Status EncodeSubmission(uint64_t token, const OpDesc& op, SubmissionEntry* out) {
   if (op.name.size() > kMaxOpNameChars) {
     return absl::InvalidArgumentError(absl::StrCat("op name is ", op.name.size(),
                                                    " bytes; the limit is ", kMaxOpNameChars));
@@ -84,74 +84,57 @@ absl::Status EncodeSubmission(const OpDescriptor& op, SubmissionEntry* out) {
                                                    op.algorithm.size(),
                                                    " characters; the limit is ", kMaxAlgorithmChars));
   }
-  if (op.token == 0) return absl::InvalidArgumentError("op token must be >= 1");
-  if (op.timeout_ms < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("negative op timeout ", op.timeout_ms, " ms"));
+  if (token == 0) return absl::InvalidArgumentError("op token must be >= 1");
+  const int64_t timeout_ms = TimeoutMillis(op.timeout);
+  if (timeout_ms < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("negative op timeout ", timeout_ms, " ms"));
   }
   // Only the header and the name's bytes are used (and copied into the ring).
   std::memset(out, 0, offsetof(SubmissionEntry, name));
-  out->token = op.token;
+  out->token = token;
   out->buffer_id = op.buffer_id;
   out->offset_bytes = op.offset_bytes;
   out->count = op.count;
-  out->timeout_ms = op.timeout_ms;
+  out->timeout_ms = timeout_ms;
   out->root = op.root;
-  out->collective = static_cast<uint8_t>(op.collective);
+  out->collective = static_cast<uint8_t>(op.kind);
   out->dtype = static_cast<uint8_t>(op.dtype);
-  out->reduce_op = static_cast<uint8_t>(op.reduce_op);
+  out->reduce_op = static_cast<uint8_t>(op.op);
   out->algorithm_len = static_cast<uint8_t>(op.algorithm.size());
   out->name_len = static_cast<uint16_t>(op.name.size());
-  // Empty views may have a null data(): memcpy must not see it.
-  if (!op.algorithm.empty()) std::memcpy(out->algorithm, op.algorithm.data(), op.algorithm.size());
-  if (!op.name.empty()) std::memcpy(out->name, op.name.data(), op.name.size());
+  std::memcpy(out->algorithm, op.algorithm.data(), op.algorithm.size());
+  std::memcpy(out->name, op.name.data(), op.name.size());
   return absl::OkStatus();
 }
 
-absl::StatusOr<OpDescriptor> DecodeSubmission(const SubmissionEntry& e) {
-  // Checked in this order so every message can name the op once its name is known.
+absl::Status DecodeSubmission(const SubmissionEntry& e, OpDesc* op) {
   if (e.name_len > kMaxOpNameChars) {
     return absl::InvalidArgumentError(absl::StrCat("submission entry (token ", e.token,
                                                    "): op name length ", e.name_len,
                                                    " exceeds the limit of ", kMaxOpNameChars));
   }
   const absl::string_view name(e.name, e.name_len);
-  // Built only for an error message.
-  auto what = [&] { return absl::StrCat("submission entry (token ", e.token, ", op '", name, "')"); };
   if (e.algorithm_len > kMaxAlgorithmChars) {
-    return absl::InvalidArgumentError(absl::StrCat(what(), ": algorithm name length ",
-                                                   e.algorithm_len, " exceeds the limit of ",
-                                                   kMaxAlgorithmChars));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "submission entry (token ", e.token, ", op '", name, "'): algorithm name length ",
+        e.algorithm_len, " exceeds the limit of ", kMaxAlgorithmChars));
   }
-  if (e.token == 0) return absl::InvalidArgumentError(what() + ": token 0 (tokens start at 1)");
-  if (!IsValidCollective(e.collective)) {
-    return absl::InvalidArgumentError(absl::StrCat(what(), ": invalid collective type ",
-                                                   e.collective));
+  if (e.token == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("submission entry (op '", name, "'): token 0 (tokens start at 1)"));
   }
-  if (!IsValidDType(e.dtype)) {
-    return absl::InvalidArgumentError(absl::StrCat(what(), ": invalid dtype ", e.dtype));
-  }
-  if (!IsValidReduceOp(e.reduce_op)) {
-    return absl::InvalidArgumentError(absl::StrCat(what(), ": invalid reduce op ", e.reduce_op));
-  }
-  if (e.timeout_ms < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(what(), ": negative timeout_ms ", e.timeout_ms));
-  }
-  if (e.count > kMaxEntryCount) {
-    return absl::InvalidArgumentError(absl::StrCat(what(), ": count ", e.count, " is too large"));
-  }
-  OpDescriptor op;
-  op.token = e.token;
-  op.collective = static_cast<CollectiveKind>(e.collective);
-  op.dtype = static_cast<DType>(e.dtype);
-  op.reduce_op = static_cast<ReduceOp>(e.reduce_op);
-  op.root = e.root;
-  op.buffer_id = e.buffer_id;
-  op.offset_bytes = e.offset_bytes;
-  op.count = e.count;
-  op.timeout_ms = e.timeout_ms;
-  op.algorithm = absl::string_view(e.algorithm, e.algorithm_len);
-  op.name = name;
-  return op;
+  // The enum bytes are kept as they came: ValidateOp names a bad one.
+  op->kind = static_cast<CollectiveKind>(e.collective);
+  op->dtype = static_cast<DType>(e.dtype);
+  op->op = static_cast<ReduceOp>(e.reduce_op);
+  op->root = e.root;
+  op->count = e.count;
+  op->buffer_id = e.buffer_id;
+  op->offset_bytes = e.offset_bytes;
+  op->name.assign(name.data(), name.size());
+  op->algorithm.assign(e.algorithm, e.algorithm_len);
+  op->timeout = absl::Milliseconds(e.timeout_ms);
+  return absl::OkStatus();
 }
 
 void EncodeCompletion(const OpCompletion& c, CompletionEntry* out) {
@@ -159,8 +142,8 @@ void EncodeCompletion(const OpCompletion& c, CompletionEntry* out) {
   std::memset(out, 0, offsetof(CompletionEntry, message));
   out->token = c.token;
   out->op_id = c.op_id;
-  out->queued_us = c.queued_us;
-  out->run_us = c.run_us;
+  out->queued_us = absl::ToInt64Microseconds(c.queued_time);
+  out->run_us = absl::ToInt64Microseconds(c.run_time);
   out->code = static_cast<int32_t>(c.status.code());
   const size_t alen = std::min(c.algorithm.size(), kMaxAlgorithmChars);
   out->algorithm_len = static_cast<uint8_t>(alen);
@@ -185,8 +168,8 @@ absl::StatusOr<OpCompletion> DecodeCompletion(const CompletionEntry& e) {
   OpCompletion c;
   c.token = e.token;
   c.op_id = e.op_id;
-  c.queued_us = e.queued_us;
-  c.run_us = e.run_us;
+  c.queued_time = absl::Microseconds(e.queued_us);
+  c.run_time = absl::Microseconds(e.run_us);
   c.algorithm.assign(e.algorithm, e.algorithm_len);
   if (e.code != 0) {
     c.status = absl::Status(CodeFromWire(e.code), absl::string_view(e.message, e.message_len));

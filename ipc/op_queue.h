@@ -57,6 +57,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "common/op_desc.h"
 #include "common/types.h"
 #include "ipc/doorbell.h"
 
@@ -72,8 +73,6 @@ inline constexpr uint32_t kDefaultQueueCapacity = 256;
 inline constexpr size_t kMaxAlgorithmChars = 15;
 inline constexpr size_t kMaxOpNameChars = 256;  // = collective/op_signature.h kMaxOpNameBytes
 inline constexpr size_t kMaxErrorMessageBytes = 1024;
-// Largest element count an entry may carry (the daemon refuses more anyway).
-inline constexpr uint64_t kMaxEntryCount = uint64_t{1} << 40;
 
 // Futex words must be plain, lock-free, address-free 32-bit words to be
 // shared between processes; the indices must be lock-free 64-bit atomics.
@@ -186,42 +185,27 @@ absl::StatusOr<uint32_t> NormalizeCapacity(uint32_t requested);
 
 // ---------------------------------------------------------------- entries
 
-// One op in decoded, validated form.
-struct OpDescriptor {
-  uint64_t token = 0;
-  CollectiveKind collective = CollectiveKind::kAllreduce;
-  DType dtype = DType::kF32;
-  ReduceOp reduce_op = ReduceOp::kSum;
-  int32_t root = 0;
-  uint64_t buffer_id = 0;
-  uint64_t offset_bytes = 0;
-  uint64_t count = 0;
-  int64_t timeout_ms = 0;
-  // Views: into the caller's strings when encoding, into the entry when
-  // decoded (valid while it is).
-  absl::string_view algorithm;
-  absl::string_view name;
-};
+// Client side: `op` (already checked by ValidateOp) with the client's
+// `token` into *out; timeout as TimeoutMillis. InvalidArgument (naming the
+// value and the limit) if the name or algorithm does not fit its field, the
+// token is 0 or the timeout negative.
+absl::Status EncodeSubmission(uint64_t token, const OpDesc& op, SubmissionEntry* out);
+// Daemon side: what the entry's layout requires (lengths within their
+// fields, token >= 1), InvalidArgument otherwise; the op's own checks are
+// ValidateOp's (Session::Submit), as for an op that came over gRPC. The
+// token is entry.token.
+absl::Status DecodeSubmission(const SubmissionEntry& entry, OpDesc* op);
 
-// Client side. InvalidArgument (naming the value and the limit) if the name
-// or algorithm does not fit, or a field is out of range.
-absl::Status EncodeSubmission(const OpDescriptor& op, SubmissionEntry* out);
-// Daemon side: everything checked (lengths, enum values, token >= 1,
-// timeout >= 0, count <= kMaxEntryCount). InvalidArgument otherwise. The
-// result's strings point into `entry`.
-absl::StatusOr<OpDescriptor> DecodeSubmission(const SubmissionEntry& entry);
-
-struct OpCompletion {
+// One outcome on the queue: the op's OpResult, the submission's token and
+// the daemon's op id.
+struct OpCompletion : OpResult {
   uint64_t token = 0;
   uint64_t op_id = 0;
-  absl::Status status;
-  std::string algorithm;
-  int64_t queued_us = 0;
-  int64_t run_us = 0;
 };
 
 // Daemon side. A message longer than kMaxErrorMessageBytes is cut and ends
-// with " ... [truncated from N bytes]"; a longer algorithm name is cut.
+// with " ... [truncated from N bytes]"; a longer algorithm name is cut; the
+// times in whole microseconds.
 void EncodeCompletion(const OpCompletion& c, CompletionEntry* out);
 // Client side. DataLoss if lengths are out of range; an unknown code becomes
 // kUnknown.

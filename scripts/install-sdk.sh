@@ -6,7 +6,7 @@
 #                          [--destdir DIR]
 #
 #   DIR/lib/libgradsync.so.1 (+ libgradsync.so)   the C API and the C++ SDK
-#   DIR/include/gradsync/{c_api.h,client.h,common/types.h}
+#   DIR/include/gradsync/{c_api.h,client.h,common/types.h,common/op_desc.h}
 #   DIR/lib/pkgconfig/gradsync.pc                 pkg-config --cflags --libs gradsync
 #   PYDIR/gradsync/                               import gradsync (default: Debian's
 #                                                 /usr/local/lib/python3.X/dist-packages
@@ -60,7 +60,7 @@ install -d "$D$prefix/lib/pkgconfig" "$D$prefix/include/gradsync/common" "$D$pyd
 install -m 0755 "$lib" "$D$prefix/lib/libgradsync.so.1"
 ln -sf libgradsync.so.1 "$D$prefix/lib/libgradsync.so"
 install -m 0644 client/c_api.h client/client.h "$D$prefix/include/gradsync/"
-install -m 0644 common/types.h "$D$prefix/include/gradsync/common/"
+install -m 0644 common/types.h common/op_desc.h "$D$prefix/include/gradsync/common/"
 sed -e "s|@PREFIX@|$prefix|" -e "s|@VERSION@|$version|" sdk/gradsync.pc.in \
   > "$D$prefix/lib/pkgconfig/gradsync.pc"
 rm -rf "$D$pydir/gradsync"

@@ -19,6 +19,7 @@
 #include "transport/tcp_device.h"
 #include "worker/coordinator_rpc.h"
 #include "worker/link_probe.h"
+#include "worker/submit_validation.h"
 
 namespace gradsync {
 namespace {

@@ -51,7 +51,7 @@ struct Job {
   }
   // A barrier (no buffer): op `seq` of rank r.
   absl::StatusOr<uint64_t> Submit(int r, absl::Duration timeout = absl::ZeroDuration()) {
-    SubmitArgs a;
+    OpDesc a;
     a.kind = CollectiveKind::kBarrier;
     a.name = "b";
     a.timeout = timeout;

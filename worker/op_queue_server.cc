@@ -264,20 +264,21 @@ class OpQueueServer::Queue : public std::enable_shared_from_this<Queue> {
 
   // Decodes (entry is already a private copy) and submits one op.
   absl::Status SubmitLocked(const ipc::SubmissionEntry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    ASSIGN_OR_RETURN(ipc::OpDescriptor op, ipc::DecodeSubmission(entry));
-    if (op.token <= last_token_) {
-      return absl::InvalidArgumentError(absl::StrCat("op '", op.name, "': token ", op.token,
+    OpDesc op;
+    RETURN_IF_ERROR(ipc::DecodeSubmission(entry, &op));
+    if (entry.token <= last_token_) {
+      return absl::InvalidArgumentError(absl::StrCat("op '", op.name, "': token ", entry.token,
                                                      " is not above the previous token ",
                                                      last_token_));
     }
-    last_token_ = op.token;
+    last_token_ = entry.token;
     // Under mu_, so the listener cannot see the op finish before its token is known.
     ASSIGN_OR_RETURN(const uint64_t op_id, backend_->Submit(op));
     // Op ids grow with every submission (the session numbers them), so this
     // appends, and completions mostly take the front.
     auto at = op_to_token_.end();
     while (at != op_to_token_.begin() && std::prev(at)->first > op_id) --at;
-    op_to_token_.emplace(at, op_id, op.token);
+    op_to_token_.emplace(at, op_id, entry.token);
     return absl::OkStatus();
   }
 

@@ -68,7 +68,7 @@ class OpQueueBackend {
   virtual int64_t owner_uid() const { return -1; }
   // Validates and queues an op; returns the daemon's op id. Errors go back
   // to the client verbatim.
-  virtual absl::StatusOr<uint64_t> Submit(const ipc::OpDescriptor& op) = 0;
+  virtual absl::StatusOr<uint64_t> Submit(const OpDesc& op) = 0;
   // Replaces the listener (nullptr removes it).
   virtual void SetCompletionListener(Listener listener) = 0;
   // Offers the queue as a feed the job's executor polls itself (nullptr

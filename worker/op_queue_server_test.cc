@@ -42,14 +42,14 @@ class FakeBackend final : public OpQueueBackend {
 
   const std::string& session_id() const override { return id_; }
 
-  absl::StatusOr<uint64_t> Submit(const ipc::OpDescriptor& op) override {
+  absl::StatusOr<uint64_t> Submit(const OpDesc& op) override {
     absl::MutexLock l(&mu_);
     if (closed_) return absl::FailedPreconditionError("session is closed");
     if (op.buffer_id == 999) {
       return absl::NotFoundError(absl::StrCat("buffer 999 does not exist in session ", id_));
     }
     const uint64_t id = next_op_++;
-    queue_.push_back({id, std::string(op.name)});
+    queue_.push_back({id, op.name});
     return id;
   }
   // An op that did not come through the queue (like a Worker.Submit RPC).
@@ -129,7 +129,7 @@ class FakeBackend final : public OpQueueBackend {
       }
       ipc::OpCompletion c;
       c.algorithm = "fake";
-      c.run_us = static_cast<int64_t>(op.id);
+      c.run_time = absl::Microseconds(static_cast<int64_t>(op.id));
       if (op.name == "fail") c.status = absl::AbortedError(absl::StrCat("op ", op.id, " failed at rank 1"));
       const bool reported = listener && listener(op.id, c);
       absl::MutexLock l(&mu_);
@@ -188,13 +188,12 @@ class OpQueueServerTest : public ::testing::Test {
   }
 
   void Submit(uint64_t token, uint64_t buffer_id = 1, const std::string& name = "g") {
-    ipc::OpDescriptor op;
-    op.token = token;
+    OpDesc op;
     op.buffer_id = buffer_id;
     op.count = 1;
     op.name = name;
     ipc::SubmissionEntry e;
-    ASSERT_TRUE(ipc::EncodeSubmission(op, &e).ok());
+    ASSERT_TRUE(ipc::EncodeSubmission(token, op, &e).ok());
     auto pushed = client_->PushSubmission(e);
     ASSERT_TRUE(pushed.ok() && *pushed) << "ring full or broken";
     client_->submission_bell().Ring();

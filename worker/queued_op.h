@@ -19,6 +19,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "collective/op_signature.h"
+#include "common/op_desc.h"
 #include "worker/device_memory.h"
 #include "worker/shm_segment.h"
 
@@ -26,12 +27,11 @@ namespace gradsync {
 
 // What the client learns of a finished op (Session::Wait, the completion
 // listener). done=false: still queued or running.
-struct OpOutcome {
+// An op's result as its session records it: done once the executor finished
+// it (queued_time: submitted -> taken by the executor; run_time: taken ->
+// finished).
+struct OpOutcome : OpResult {
   bool done = false;
-  absl::Status status;
-  std::string algorithm;
-  absl::Duration queued_time;  // submitted -> taken by the executor
-  absl::Duration run_time;     // taken -> finished
 };
 
 // One queued op, shared by its session and the job's executor.

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "collective/collectives.h"
+#include "collective/op_validation.h"
 #include "common/clock.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
@@ -122,20 +123,21 @@ absl::Status Session::FreeBuffer(uint64_t id) { return buffers_.Free(id); }
 
 uint64_t Session::buffer_bytes() const { return buffers_.bytes(); }
 
-absl::StatusOr<uint64_t> Session::Submit(const SubmitArgs& a) {
+absl::StatusOr<uint64_t> Session::Submit(const OpDesc& a) {
   absl::StatusOr<uint64_t> seq = Enqueue(a);
   if (seq.ok()) executor_->Kick();
   return seq;
 }
 
-absl::StatusOr<uint64_t> Session::Enqueue(const SubmitArgs& a) {
-  SubmitJob job;
+absl::StatusOr<uint64_t> Session::Enqueue(const OpDesc& a) {
+  OpContext job;
+  job.rank = info_.rank;
   job.job_id = info_.job_id;
   job.world_size = info_.world_size;
   job.job_algorithm = info_.job_algorithm;
   job.has_ps = executor_->has_ps();
   job.one_rank_per_daemon = executor_->placement().nodes() == executor_->placement().world;
-  ASSIGN_OR_RETURN(const SubmitShape shape, CheckSubmit(a, job));
+  ASSIGN_OR_RETURN(const OpShape shape, ValidateOp(a, job));
   lease_.Touch();
   // Refused before the buffer is looked up (a closed session has none);
   // ops_.Push checks again, atomically with queueing.
@@ -144,17 +146,11 @@ absl::StatusOr<uint64_t> Session::Enqueue(const SubmitArgs& a) {
   const bool no_buffer = a.kind == CollectiveKind::kBarrier && a.buffer_id == 0;
   if (!no_buffer) {
     ASSIGN_OR_RETURN(BufferRef buffer, buffers_.Find(a.buffer_id));
-    RETURN_IF_ERROR(CheckBufferRange(a, shape, buffer.segment->size()));
+    RETURN_IF_ERROR(CheckOpBuffer(a, job, shape, buffer.segment->size()));
     op->buffer = std::move(buffer.segment);
     op->device = std::move(buffer.device);
   }
-  op->sig.kind = a.kind;
-  op->sig.dtype = a.dtype;
-  op->sig.op = a.op;
-  op->sig.count = a.count;
-  op->sig.name.assign(a.name.data(), a.name.size());
-  op->sig.root = IsRootedCollective(a.kind) ? a.root : 0;
-  op->sig.forced = shape.plan_code;
+  op->sig = OpSignature::Of(a, shape.plan_code);
   op->offset = a.offset_bytes;
   ASSIGN_OR_RETURN(const uint64_t seq,
                    ops_.Push(std::move(op), a.timeout > absl::ZeroDuration()

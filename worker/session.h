@@ -48,7 +48,7 @@
 #include "worker/shm_segment.h"
 #include "worker/tenant_memory.h"
 #include "worker/submission_feed.h"
-#include "worker/submit_validation.h"
+#include "common/op_desc.h"
 #include "worker/timeline.h"
 #include "worker/queued_op.h"
 #include "worker/session_buffers.h"
@@ -171,7 +171,7 @@ class Session {
   static constexpr uint64_t kMaxBufferBytes = SessionBuffers::kMaxBufferBytes;
 
   // Validates and queues; returns the op id (= its sequence number).
-  absl::StatusOr<uint64_t> Submit(const SubmitArgs& args);
+  absl::StatusOr<uint64_t> Submit(const OpDesc& op);
   // Waits up to `timeout` for the op. done=false if still running. Once a
   // finished op has been reported it is forgotten (NotFound afterwards).
   absl::StatusOr<OpOutcome> Wait(uint64_t op_id, absl::Duration timeout);
@@ -236,7 +236,7 @@ class Session {
 
  private:
   // Submit's work: validates against the job and queues.
-  absl::StatusOr<uint64_t> Enqueue(const SubmitArgs& args);
+  absl::StatusOr<uint64_t> Enqueue(const OpDesc& op);
 
   const SessionInfo info_;
   const std::shared_ptr<JobExecutor> executor_;

@@ -20,18 +20,7 @@ ClusterSpec ClusterSpec::Blocks(int daemons, int ranks_per_daemon) {
 }
 
 absl::StatusOr<uint64_t> SubmitOp(Session& session, const OpSpec& op) {
-  SubmitArgs a;
-  a.kind = op.kind;
-  a.name = op.name;
-  a.dtype = op.dtype;
-  a.op = op.op;
-  a.count = op.count;
-  a.buffer_id = op.buffer_id;
-  a.offset_bytes = op.offset_bytes;
-  a.root = op.root;
-  a.algorithm = op.algorithm;
-  a.timeout = op.timeout;
-  return session.Submit(a);
+  return session.Submit(op);
 }
 
 bool WaitUntil(const std::function<bool()>& pred, absl::Duration timeout) {

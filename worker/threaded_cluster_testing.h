@@ -36,6 +36,7 @@
 #include "collective/cost_model.h"
 #include "collective/planner.h"
 #include "collective/topology.h"
+#include "common/op_desc.h"
 #include "common/types.h"
 #include "ipc/shared_memory.h"
 #include "transport/inproc.h"
@@ -66,20 +67,10 @@ struct ClusterSpec {
 
 // An op as a rank submits it (owns its strings). The harness turns it into
 // Session::Submit's argument in SubmitOp only.
-struct OpSpec {
-  CollectiveKind kind = CollectiveKind::kAllreduce;
-  std::string name = "op";
-  DType dtype = DType::kF32;
-  ReduceOp op = ReduceOp::kSum;
-  uint64_t count = 0;
-  uint64_t buffer_id = 0;  // 0 with count 0: a barrier without a buffer
-  uint64_t offset_bytes = 0;
-  int root = 0;
-  std::string algorithm;  // the requested plan ("" = the job's or the cost model's)
-  absl::Duration timeout = absl::ZeroDuration();  // zero: the job's default
-};
+// The op a rank submits: the daemon's own op description (common/op_desc.h).
+using OpSpec = OpDesc;
 
-// Session::Submit with `op`: the only place that builds its argument.
+// Session::Submit with `op`.
 absl::StatusOr<uint64_t> SubmitOp(Session& session, const OpSpec& op);
 
 // A rank's buffer: allocated through Session::AllocateBuffer by descriptor,

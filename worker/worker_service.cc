@@ -11,6 +11,7 @@
 #include "common/logging.h"
 #include "common/net.h"
 #include "common/status_macros.h"
+#include "worker/submit_validation.h"
 
 namespace gradsync {
 namespace {
@@ -27,20 +28,7 @@ class SessionBackend final : public OpQueueBackend {
   const std::string& session_id() const override { return session_->info().session_id; }
   int64_t owner_uid() const override { return session_->info().owner_uid; }
 
-  absl::StatusOr<uint64_t> Submit(const ipc::OpDescriptor& op) override {
-    SubmitArgs a;
-    a.kind = op.collective;
-    a.name = op.name;
-    a.dtype = op.dtype;
-    a.op = op.reduce_op;
-    a.count = op.count;
-    a.buffer_id = op.buffer_id;
-    a.offset_bytes = op.offset_bytes;
-    a.root = op.root;
-    a.algorithm = op.algorithm;
-    a.timeout = absl::Milliseconds(op.timeout_ms);
-    return session_->Submit(a);
-  }
+  absl::StatusOr<uint64_t> Submit(const OpDesc& op) override { return session_->Submit(op); }
 
   void SetCompletionListener(Listener listener) override {
     if (!listener) {
@@ -50,11 +38,8 @@ class SessionBackend final : public OpQueueBackend {
     session_->SetCompletionListener(
         [listener = std::move(listener)](uint64_t op_id, const OpOutcome& outcome) {
           ipc::OpCompletion c;
+          static_cast<OpResult&>(c) = outcome;
           c.op_id = op_id;
-          c.status = outcome.status;
-          c.algorithm = outcome.algorithm;
-          c.queued_us = absl::ToInt64Microseconds(outcome.queued_time);
-          c.run_us = absl::ToInt64Microseconds(outcome.run_time);
           return listener(op_id, c);
         });
   }
@@ -225,9 +210,9 @@ grpc::Status WorkerService::Submit(grpc::ServerContext* ctx, const v1::SubmitReq
                                    v1::SubmitResponse* resp) {
   auto s = OwnSession(*ctx, req->session_id(), "Submit");
   if (!s.ok()) return ToGrpcStatus(s.status());
-  absl::StatusOr<SubmitArgs> a = SubmitArgsFromRequest(*req);
-  if (!a.ok()) return ToGrpcStatus(a.status());
-  auto id = (*s)->Submit(*a);
+  absl::StatusOr<OpDesc> op = OpDescFromRequest(*req);
+  if (!op.ok()) return ToGrpcStatus(op.status());
+  auto id = (*s)->Submit(*op);
   if (!id.ok()) return ToGrpcStatus(id.status());
   resp->set_op_id(*id);
   resp->set_sequence(*id);

@@ -14,7 +14,7 @@ PREFIX="$T/prefix"
 
 bash "$ROOT/scripts/install-sdk.sh" --prefix "$PREFIX" --lib "$LIB" || fail "install-sdk failed"
 for f in lib/libgradsync.so.1 lib/libgradsync.so include/gradsync/c_api.h include/gradsync/client.h \
-         include/gradsync/common/types.h lib/pkgconfig/gradsync.pc python/gradsync/__init__.py; do
+         include/gradsync/common/types.h include/gradsync/common/op_desc.h lib/pkgconfig/gradsync.pc python/gradsync/__init__.py; do
   [[ -e "$PREFIX/$f" ]] || fail "not installed: $f"
 done
 # Only the C API and the SDK's namespace are exported.

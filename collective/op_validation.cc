@@ -1,0 +1,149 @@
+#include "collective/op_validation.h"
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "collective/plan_code.h"
+
+namespace gradsync {
+namespace {
+
+// "allreduce 'grad/w' on rank 2": how every message starts. Built only for
+// an error, not for every op. `kind` may be invalid ("op 'g' on rank 2"); an
+// empty or too long name is left out.
+std::string What(CollectiveKind kind, absl::string_view name, const OpContext& ctx) {
+  std::string what = IsValidCollective(static_cast<int>(kind)) ? CollectiveName(kind) : "op";
+  if (!name.empty() && name.size() <= kMaxOpNameBytes) absl::StrAppend(&what, " '", name, "'");
+  if (ctx.rank >= 0) absl::StrAppend(&what, " on rank ", ctx.rank);
+  return what;
+}
+
+absl::Status Invalid(const OpDesc& op, const OpContext& ctx, absl::string_view problem) {
+  return absl::InvalidArgumentError(absl::StrCat(What(op.kind, op.name, ctx), ": ", problem));
+}
+
+// The enum checks on the values as they came (SetOpEnums: before narrowing).
+absl::Status CheckEnums(int kind, int dtype, int reduce_op, absl::string_view name,
+                        const OpContext& ctx) {
+  auto invalid = [&](absl::string_view problem) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        What(IsValidCollective(kind) ? static_cast<CollectiveKind>(kind) : CollectiveKind{},
+             name, ctx),
+        ": ", problem));
+  };
+  if (!IsValidCollective(kind)) {
+    return invalid(absl::StrCat("collective ", kind, " is not a valid value (",
+                                ValidCollectivesText(), ")"));
+  }
+  if (!IsValidDType(dtype)) {
+    return invalid(absl::StrCat("dtype ", dtype, " is not a valid value (", ValidDTypesText(), ")"));
+  }
+  if (!IsValidReduceOp(reduce_op)) {
+    return invalid(absl::StrCat("reduce op ", reduce_op, " is not a valid value (",
+                                ValidReduceOpsText(), ")"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status SetOpEnums(int kind, int dtype, int reduce_op, const OpContext& ctx, OpDesc* op) {
+  if (absl::Status s = CheckEnums(kind, dtype, reduce_op, op->name, ctx); !s.ok()) return s;
+  op->kind = static_cast<CollectiveKind>(kind);
+  op->dtype = static_cast<DType>(dtype);
+  op->op = static_cast<ReduceOp>(reduce_op);
+  return absl::OkStatus();
+}
+
+absl::Status CheckOpValues(CollectiveKind kind, DType dtype, ReduceOp op, int root,
+                           const OpContext& ctx, absl::string_view name) {
+  if (absl::Status s = CheckEnums(static_cast<int>(kind), static_cast<int>(dtype),
+                                  static_cast<int>(op), name, ctx);
+      !s.ok()) {
+    return s;
+  }
+  if (IsRootedCollective(kind) && (root < 0 || root >= ctx.world_size)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(What(kind, name, ctx), ": root ", root, " out of range for world size ",
+                     ctx.world_size, " (expected 0..", ctx.world_size - 1, ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<OpShape> ValidateOp(const OpDesc& op, const OpContext& ctx) {
+  if (absl::Status s = CheckOpValues(op.kind, op.dtype, op.op, op.root, ctx, op.name); !s.ok()) {
+    return s;
+  }
+  if (op.name.size() > kMaxOpNameBytes) {
+    return Invalid(op, ctx, absl::StrCat("op name is ", op.name.size(), " bytes; the limit is ",
+                                         kMaxOpNameBytes));
+  }
+  if (op.timeout < absl::ZeroDuration() || op.timeout == absl::InfiniteDuration()) {
+    return Invalid(op, ctx, absl::StrCat("timeout must be finite and >= 0 (0: the job's "
+                                         "default), got ",
+                                         absl::FormatDuration(op.timeout)));
+  }
+  if (op.buffer_id == 0) {
+    if (op.kind != CollectiveKind::kBarrier) {
+      return Invalid(op, ctx, "no buffer (only a barrier may have none)");
+    }
+    if (op.count != 0) {
+      return Invalid(op, ctx, absl::StrCat("a barrier without a buffer must have count 0, got ",
+                                           op.count));
+    }
+  }
+  OpShape shape;
+  const uint64_t esize = DTypeSize(op.dtype);
+  shape.blocks = IsBlockedCollective(op.kind) ? static_cast<uint64_t>(ctx.world_size) : 1;
+  if (shape.blocks == 0 || op.count > kMaxOpBytes / esize / shape.blocks) {  // divides: no overflow
+    return Invalid(op, ctx,
+                   absl::StrCat("count ", op.count,
+                                shape.blocks > 1 ? absl::StrCat(" x ", shape.blocks, " blocks") : "",
+                                " x ", esize, "-byte ", DTypeName(op.dtype), " is more than ",
+                                kMaxOpBytes, " bytes (the largest op)"));
+  }
+  shape.bytes = op.count * esize * shape.blocks;
+  const absl::string_view algo_name =
+      !op.algorithm.empty() && op.algorithm != "auto" ? absl::string_view(op.algorithm)
+                                                      : ctx.job_algorithm;
+  absl::StatusOr<uint8_t> code = RequestedPlanCode(algo_name, op.kind, shape.bytes);
+  if (!code.ok()) return Invalid(op, ctx, code.status().message());
+  if (*code == kParameterServerPlanCode && ctx.has_ps.has_value() && !*ctx.has_ps) {
+    return Invalid(op, ctx, absl::StrCat("algorithm 'ps' needs parameter-server shards; job '",
+                                         ctx.job_id,
+                                         "' has none (create it with ps_shards > 0 and start "
+                                         "gradsync-ps)"));
+  }
+  if (*code == kHierarchicalPlanCode && ctx.one_rank_per_daemon.value_or(false)) {
+    return Invalid(op, ctx, absl::StrCat("algorithm 'hier' needs ranks that share a daemon; job '",
+                                         ctx.job_id, "' has one rank per daemon"));
+  }
+  shape.plan_code = *code;
+  return shape;
+}
+
+absl::Status CheckOpBuffer(const OpDesc& op, const OpContext& ctx, const OpShape& shape,
+                           uint64_t buffer_bytes) {
+  const uint64_t esize = DTypeSize(op.dtype);
+  if (op.offset_bytes % esize != 0) {
+    return Invalid(op, ctx, absl::StrCat("offset_bytes ", op.offset_bytes,
+                                         " is not a multiple of the ", DTypeName(op.dtype),
+                                         " element size ", esize));
+  }
+  if (op.offset_bytes > buffer_bytes || shape.bytes > buffer_bytes - op.offset_bytes) {
+    // Divides, never multiplies: no overflow.
+    const uint64_t fit =
+        op.offset_bytes >= buffer_bytes ? 0 : (buffer_bytes - op.offset_bytes) / esize / shape.blocks;
+    const bool blocked = shape.blocks > 1;
+    return Invalid(
+        op, ctx,
+        absl::StrCat("count ", op.count, blocked ? absl::StrCat(" x ", shape.blocks, " blocks") : "",
+                     " x ", esize, "-byte ", DTypeName(op.dtype), " (", shape.bytes,
+                     " bytes) at offset_bytes ", op.offset_bytes, " does not fit in buffer ",
+                     op.buffer_id, " (", buffer_bytes, " bytes; at most ", fit, " elements",
+                     blocked ? " per block" : "", " fit)"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace gradsync
