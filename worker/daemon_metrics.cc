@@ -108,20 +108,6 @@ class DaemonMetrics::JobCollector : public prometheus::Collectable {
   std::map<std::string, Job, std::less<>> jobs_ ABSL_GUARDED_BY(mu_);
 };
 
-std::string EpochFailureCause(const absl::Status& s) {
-  const absl::string_view m = s.message();
-  if (absl::IsDeadlineExceeded(s)) return "timeout";
-  if (absl::IsDataLoss(s)) return "protocol";
-  if (m.find("aborted by the coordinator") != absl::string_view::npos ||
-      m.find("cut off from the coordinator") != absl::string_view::npos) {
-    return "coordinator";
-  }
-  if (m.find("aborted by rank") != absl::string_view::npos) return "peer_abort";
-  if (m.find("lost") != absl::string_view::npos) return "peer_lost";
-  if (absl::IsCancelled(s)) return "closed";
-  return "other";
-}
-
 const char* DaemonMetrics::SizeClass(uint64_t bytes) {
   if (bytes <= (4u << 10)) return "le_4k";
   if (bytes <= (64u << 10)) return "le_64k";

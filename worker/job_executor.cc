@@ -88,7 +88,7 @@ void JobExecutor::Abort(const absl::Status& reason) {
 
 void JobExecutor::Kick() { intake_.Kick(); }
 
-JobExecutor::OpProgress JobExecutor::Progress(uint64_t seq) const {
+OpProgress JobExecutor::Progress(uint64_t seq) const {
   return intake_.ProgressOf(seq);
 }
 

@@ -69,7 +69,7 @@ struct JobExecutorOptions {
   DaemonObserver* observer = nullptr;  // not owned; may be null
 };
 
-class JobExecutor {
+class JobExecutor : public SessionExecutor {
  public:
   // `node_ctx` connects the job's daemons (null when every rank is here).
   // Should the last reference go away on the executor's own thread (a call
@@ -83,11 +83,11 @@ class JobExecutor {
   JobExecutor(const JobExecutor&) = delete;
   JobExecutor& operator=(const JobExecutor&) = delete;
 
-  const JobPlacement& placement() const { return options_.placement; }
+  const JobPlacement& placement() const override { return options_.placement; }
   const LinkParams& link() const { return options_.link; }
   const std::string& transport() const { return options_.transport; }
   const std::string& transport_detail() const { return options_.transport_detail; }
-  bool has_ps() const { return runner_->has_ps(); }
+  bool has_ps() const override { return runner_->has_ps(); }
 
   // A local rank's session joins (before its first op) or leaves. Detach
   // breaks the epoch with `why` (the other ranks' next ops cannot complete
@@ -96,19 +96,18 @@ class JobExecutor {
   // learn of it from a failing op here or when the executor's connections
   // close, not from an ABORT of its own (see Abort).
   void Attach(Session* session);
-  void Detach(int rank, const absl::Status& why);
+  void Detach(int rank, const absl::Status& why) override;
   // A session queued an op or changed its feed.
-  void Kick();
+  void Kick() override;
   // Fails the epoch from outside (the coordinator said so, daemon stopping,
   // a local client died) and tells the other daemons at once (an ABORT with
   // `reason`, sent by the executor's thread).
-  void Abort(const absl::Status& reason);
+  void Abort(const absl::Status& reason) override;
 
   // For status: what op `seq` is doing ("negotiating" / "running <plan>",
   // empty if it is not the current op) and the ranks known to have
   // submitted it.
-  using OpProgress = OpIntake::Progress;
-  OpProgress Progress(uint64_t seq) const;
+  OpProgress Progress(uint64_t seq) const override;
 
  private:
   void Run();

@@ -106,8 +106,8 @@ void OpIntake::Kick() {
   if (feed != nullptr) feed->Wake();
 }
 
-OpIntake::Progress OpIntake::ProgressOf(uint64_t seq) const {
-  Progress p;
+OpProgress OpIntake::ProgressOf(uint64_t seq) const {
+  OpProgress p;
   absl::MutexLock l(&progress_mu_);
   if (seq != progress_seq_) return p;
   p.phase = progress_phase_;

@@ -41,6 +41,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "worker/session_executor.h"
 
 namespace gradsync {
 
@@ -79,14 +80,8 @@ class OpIntake {
   // Wakes WaitForArrivals (a no-op on the executor's own thread).
   void Kick();
 
-  // For status: what op `seq` is doing ("negotiating" / "running <plan>",
-  // empty if it is not the current op) and the ranks known to have
-  // submitted it.
-  struct Progress {
-    std::string phase;
-    std::vector<int> arrived;
-  };
-  Progress ProgressOf(uint64_t seq) const;
+  // For status: what op `seq` is doing (worker/session_executor.h).
+  OpProgress ProgressOf(uint64_t seq) const;
   // Rank `rank` (of any daemon) is known to have submitted the current op.
   void NoteArrived(int rank);
   void SetPhase(std::string phase);

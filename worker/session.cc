@@ -8,7 +8,6 @@
 #include "common/clock.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
-#include "worker/job_executor.h"
 
 namespace gradsync {
 
@@ -33,7 +32,7 @@ SessionBuffers::Options BufferOptions(const SessionInfo& info) {
 }
 }  // namespace
 
-Session::Session(SessionInfo info, std::shared_ptr<JobExecutor> executor,
+Session::Session(SessionInfo info, std::shared_ptr<SessionExecutor> executor,
                  DaemonObserver* observer, std::shared_ptr<TenantMemory> tenant_memory)
     : info_(std::move(info)),
       executor_(std::move(executor)),
@@ -74,7 +73,7 @@ SessionStatus Session::Status() const {
   st.current_since = ops.current_since;
   if (!st.has_current) return st;
   // The executor knows who has submitted it and what it is doing.
-  JobExecutor::OpProgress p = executor_->Progress(st.current_seq);
+  OpProgress p = executor_->Progress(st.current_seq);
   st.phase = p.phase.empty() ? "negotiating" : p.phase;
   st.arrived = std::move(p.arrived);
   if (std::find(st.arrived.begin(), st.arrived.end(), info_.rank) == st.arrived.end()) {

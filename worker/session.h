@@ -52,6 +52,7 @@
 #include "worker/timeline.h"
 #include "worker/queued_op.h"
 #include "worker/session_buffers.h"
+#include "worker/session_executor.h"
 #include "worker/session_epoch.h"
 #include "worker/session_lease.h"
 #include "worker/session_ops.h"
@@ -125,7 +126,6 @@ struct SessionStatus {
 };
 
 
-class JobExecutor;
 
 class Session {
  public:
@@ -133,7 +133,7 @@ class Session {
   // attaches itself to it (Attach) once it is shared. `tenant_memory`
   // (optional) is charged with the session's buffers under its account:
   // info.tenant, or without one info.owner_uid (MemoryAccount).
-  Session(SessionInfo info, std::shared_ptr<JobExecutor> executor,
+  Session(SessionInfo info, std::shared_ptr<SessionExecutor> executor,
           DaemonObserver* observer = nullptr,
           std::shared_ptr<TenantMemory> tenant_memory = nullptr);
   ~Session();  // Close()
@@ -239,7 +239,7 @@ class Session {
   absl::StatusOr<uint64_t> Enqueue(const OpDesc& op);
 
   const SessionInfo info_;
-  const std::shared_ptr<JobExecutor> executor_;
+  const std::shared_ptr<SessionExecutor> executor_;
   DaemonObserver* const observer_;
   std::unique_ptr<Timeline> timeline_;  // null unless the job's timeline is on
   SessionLease lease_;
