@@ -555,6 +555,37 @@ TEST(ExecutorCluster, AbortReachesADaemonWaitingForALocalRank) {
   EXPECT_THAT(std::string(s.message()), HasSubstr("daemon 0 stopping")) << s;
 }
 
+// A session on daemon 0 closes while daemon 0 runs the op and daemon 1 waits
+// for its own rank 3: daemon 0's failing op fails its node context, and
+// daemon 1 sees that before its next sleep, so rank 2's op fails at once,
+// naming the closed session, not at its deadline.
+TEST(ExecutorCluster, ASessionClosingOnAnotherDaemonReachesADaemonWaitingForALocalRank) {
+  ClusterSpec spec = ClusterSpec::Blocks(2, 2);
+  spec.op_timeout = absl::Seconds(20);
+  FakeCoordinator coord(spec);
+  auto c = Form(coord);
+  ASSERT_NE(c, nullptr);
+  std::vector<RankBuffer> bufs = Buffers(*c, 4096);
+  std::vector<uint64_t> ids(3);
+  for (int r = 0; r < 3; ++r) {
+    OpSpec op = Allreduce(DType::kF32, ReduceOp::kSum, 16, "pending");
+    op.buffer_id = bufs[r].id;
+    auto id = c->Submit(r, op);
+    ASSERT_TRUE(id.ok()) << id.status();
+    ids[r] = *id;
+  }
+  ASSERT_TRUE(TakenEverywhereOn(*c, 0, 1));
+  c->CloseSession(0);
+  for (int r = 1; r < 3; ++r) {
+    auto out = c->Wait(r, ids[r], absl::Seconds(5));  // well before the op's deadline (20 s)
+    ASSERT_TRUE(out.ok()) << "rank " << r << ": " << out.status();
+    EXPECT_THAT(std::string(out->status.message()), HasSubstr("rank 0 closed its session"))
+        << "rank " << r << ": " << out->status;
+    EXPECT_THAT(std::string(out->status.message()), Not(HasSubstr("timed out")))
+        << "rank " << r << ": " << out->status;
+  }
+}
+
 // ---- A session closing.
 
 TEST(ExecutorCluster, ClosingASessionBreaksTheEpochNamingTheRank) {
