@@ -167,17 +167,7 @@ class InProcContext final : public Context {
         interrupted_ = false;
         return absl::DeadlineExceededError("interrupted");
       }
-      for (int p = 0; p < f_->n; ++p) {
-        if (p == rank_) continue;
-        if (f_->lost[p]) {
-          return FailLocked(absl::UnavailableError(absl::StrCat(
-              "rank ", rank_, ": connection to rank ", p, " lost (in-process fault)")));
-        }
-        if (!f_->failed[p].ok()) {
-          return FailLocked(absl::AbortedError(
-              absl::StrCat("aborted by rank ", p, ": ", f_->failed[p].message())));
-        }
-      }
+      if (absl::Status s = PeersLocked(); !s.ok()) return s;
       int completed = 0;
       bool waiting = false;
       const absl::Time now = FastNow();
@@ -243,6 +233,16 @@ class InProcContext final : public Context {
     return error_;
   }
 
+  // Messages stay in their queues (nothing is read); a peer's failure or
+  // loss fails this context as in Progress.
+  absl::Status CheckPeers() override {
+    absl::MutexLock l(&f_->mu);
+    if (!error_.ok()) return error_;
+    return PeersLocked();
+  }
+
+  PeerFault fault() const override { return fault_; }
+
   uint64_t BytesSentTo(int peer) const override { return sent_[peer]; }
   uint64_t BytesReceivedFrom(int peer) const override { return received_[peer]; }
 
@@ -254,6 +254,27 @@ class InProcContext final : public Context {
     MessageTag tag;
     Request* req;
   };
+
+  // A lost or failed peer fails this context (the first one found), naming
+  // it in fault_; OK if none.
+  absl::Status PeersLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(f_->mu) {
+    for (int p = 0; p < f_->n; ++p) {
+      if (p == rank_) continue;
+      if (f_->lost[p]) {
+        fault_ = PeerFault{PeerFault::kLost, p, false, "lost (in-process fault)"};
+        return FailLocked(absl::UnavailableError(absl::StrCat(
+            "rank ", rank_, ": connection to rank ", p, " lost (in-process fault)")));
+      }
+      if (!f_->failed[p].ok()) {
+        const absl::Status& why = f_->failed[p];
+        fault_ = PeerFault{PeerFault::kAborted, p, false, std::string(why.message())};
+        fault_.code = why.code();
+        return FailLocked(
+            absl::AbortedError(absl::StrCat("aborted by rank ", p, ": ", why.message())));
+      }
+    }
+    return absl::OkStatus();
+  }
 
   // The first reason wins; the peers see it (f_->failed).
   absl::Status FailLocked(const absl::Status& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(f_->mu) {
@@ -285,6 +306,7 @@ class InProcContext final : public Context {
   const std::shared_ptr<RegionTable> regions_ = std::make_shared<RegionTable>();
   const int rank_;
   absl::Status error_;        // guarded by f_->mu
+  PeerFault fault_;           // driving thread, under f_->mu
   bool interrupted_ = false;  // guarded by f_->mu
   std::vector<std::deque<RecvItem>> recvs_;  // by peer; driving thread, under f_->mu
   std::vector<uint64_t> sent_, received_;    // driving thread only

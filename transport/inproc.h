@@ -10,7 +10,9 @@
 // exact one) is a protocol error (DataLoss), a failed context tells its peers
 // (they fail with Aborted "aborted by rank R: ..."), and a lost peer fails
 // the others with Unavailable naming it. A send completes when it is posted
-// (its bytes are copied into the peer's queue).
+// (its bytes are copied into the peer's queue). fault() names the peer that
+// failed a context; CheckPeers reads nothing (early messages stay queued)
+// and fails the context with a failed or lost peer, as Progress does.
 //
 // It checks registrations as an RDMA NIC checks keys: a send or receive on a
 // region that this context did not register, or whose registration is gone,

@@ -111,5 +111,77 @@ TEST(InProc, AbortFromAnotherThreadWakesProgress) {
   EXPECT_LT(absl::Now() - t0, absl::Seconds(5));
 }
 
+// ---- CheckPeers: what a peer did while this rank posts nothing.
+
+// Messages sent before their receives are posted stay queued: CheckPeers
+// reads nothing, and the receives posted later complete bit-exact.
+TEST(InProc, CheckPeersLeavesEarlyMessagesForTheReceivesPostedLater) {
+  auto ctx = Make(2);
+  std::vector<char> a(64), b(64, 0);
+  for (int i = 0; i < 64; ++i) a[i] = static_cast<char>(i * 13 + 5);
+  auto ma = ctx[0]->RegisterMemory(a.data(), a.size());
+  auto mb = ctx[1]->RegisterMemory(b.data(), b.size());
+  ASSERT_TRUE(ma.ok() && mb.ok());
+  Request s1, s2, r1, r2;
+  ASSERT_TRUE(ctx[0]->PostSend(1, **ma, 0, 16, MessageTag{1, kControlSlot, 0, 0}, &s1).ok());
+  ASSERT_TRUE(ctx[0]->PostSend(1, **ma, 16, 48, MessageTag{1, 0, 1, 16}, &s2).ok());
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(ctx[1]->CheckPeers().ok());
+  EXPECT_EQ(ctx[1]->fault().kind, PeerFault::kNone);
+  EXPECT_EQ(ctx[1]->BytesReceivedFrom(0), 0u);
+  ASSERT_TRUE(ctx[1]->PostRecv(0, **mb, 0, 16, true, MessageTag{1, kControlSlot, 0, 0}, &r1).ok());
+  ASSERT_TRUE(ctx[1]->PostRecv(0, **mb, 16, 48, true, MessageTag{1, 0, 1, 16}, &r2).ok());
+  ASSERT_TRUE(Await(*ctx[1], r1).ok());
+  ASSERT_TRUE(Await(*ctx[1], r2).ok());
+  EXPECT_EQ(a, b);
+  EXPECT_TRUE(ctx[1]->health().ok());
+}
+
+// A peer that failed (its owner aborted it: an ABORT over TCP) fails this
+// context through CheckPeers, with the peer's reason and code in fault(),
+// though its message for this rank is still queued.
+TEST(InProc, CheckPeersFailsWithAPeersAbortNamingIt) {
+  auto ctx = Make(3);
+  std::vector<char> a(16, 1);
+  auto ma = ctx[0]->RegisterMemory(a.data(), a.size());
+  Request sent;
+  ASSERT_TRUE(ctx[0]->PostSend(1, **ma, 0, 16, MessageTag{2, kControlSlot, 0, 0}, &sent).ok());
+  EXPECT_TRUE(ctx[1]->CheckPeers().ok());
+  ctx[0]->Abort(absl::UnavailableError("daemon 0 stopping"));
+  absl::Status st = ctx[1]->CheckPeers();
+  EXPECT_TRUE(absl::IsAborted(st)) << st;
+  EXPECT_EQ(st.message(), "aborted by rank 0: daemon 0 stopping");
+  EXPECT_EQ(ctx[1]->health(), st);
+  const PeerFault f = ctx[1]->fault();
+  EXPECT_EQ(f.kind, PeerFault::kAborted);
+  EXPECT_EQ(f.peer, 0);
+  EXPECT_EQ(f.code, absl::StatusCode::kUnavailable);
+  EXPECT_EQ(f.cause, "daemon 0 stopping");
+}
+
+// A lost peer, and a peer whose context is gone (its daemon closed it), are
+// noticed by CheckPeers.
+TEST(InProc, CheckPeersNoticesALostOrClosedPeer) {
+  InProcFaults faults;
+  faults.lost_rank = 0;
+  faults.lost_after = 0;
+  auto ctx = Make(3, faults);
+  std::vector<char> a(8);
+  auto ma = ctx[0]->RegisterMemory(a.data(), a.size());
+  Request sent;
+  EXPECT_FALSE(ctx[0]->PostSend(1, **ma, 0, 8, MessageTag{1, 0, 0, 0}, &sent).ok());
+  absl::Status st = ctx[1]->CheckPeers();
+  EXPECT_TRUE(absl::IsUnavailable(st)) << st;
+  EXPECT_EQ(st.message(), "rank 1: connection to rank 0 lost (in-process fault)");
+  EXPECT_EQ(ctx[1]->fault().kind, PeerFault::kLost);
+  EXPECT_EQ(ctx[1]->fault().peer, 0);
+
+  auto two = Make(2);
+  two[0].reset();
+  st = two[1]->CheckPeers();
+  EXPECT_TRUE(absl::IsAborted(st)) << st;
+  EXPECT_EQ(st.message(), "aborted by rank 0: context destroyed");
+  EXPECT_EQ(two[1]->fault().peer, 0);
+}
+
 }  // namespace
 }  // namespace gradsync::transport

@@ -330,6 +330,13 @@ absl::Status RdmaContext::CheckPeersLeft() {
   return absl::OkStatus();
 }
 
+absl::Status RdmaContext::CheckPeers() {
+  if (!status_.ok() || aborted_.load()) return status_;  // Abort() is told by Progress
+  absl::Status s = bootstrap_->CheckPeers();
+  if (!s.ok() && status_.ok()) status_ = s;  // the bootstrap has told the other peers
+  return status_;
+}
+
 absl::Status RdmaContext::Progress(absl::Time deadline) {
   bool completed = false;
   while (true) {

@@ -128,6 +128,11 @@ class RdmaContext final : public Context {
   absl::Status Fail(const absl::Status& reason) override;
   void BeginOp(uint64_t op_seq) override { bootstrap_->BeginOp(op_seq); }
   absl::Status health() const override { return status_; }
+  // Looks at the bootstrap connections only (TcpContext::CheckPeers: a
+  // peer's ABORT, a lost or closed connection); the completion queue is left
+  // to Progress (a peer cannot write before this rank's clear-to-send, and
+  // an early CTS waits in its queue either way).
+  absl::Status CheckPeers() override;
   PeerFault fault() const override;
   bool PeerClosed(int peer) const override { return bootstrap_->PeerClosed(peer); }
   uint64_t BytesSentTo(int peer) const override;

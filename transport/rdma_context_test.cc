@@ -263,6 +263,52 @@ TEST_F(RdmaContextTest, DeadPeerMidOpFailsTheOthersNamingIt) {
   EXPECT_NE(s1.message().find("rank 2"), std::string::npos) << s1;
 }
 
+// Calls CheckPeers until it fails (10 s at most); its last result.
+absl::Status CheckPeersUntilFailed(Context& ctx) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  absl::Status s;
+  while ((s = ctx.CheckPeers()).ok() && absl::Now() < deadline) std::this_thread::yield();
+  return s;
+}
+
+// CheckPeers (a daemon waiting for a local rank): a clear-to-send that came
+// early stays for the send posted later; a peer's ABORT fails the context,
+// naming the peer, from the bootstrap connections.
+TEST_F(RdmaContextTest, CheckPeersSeesAnAbortAndLeavesEarlyClearToSends) {
+  auto c = Connect(2);
+  std::vector<char> src(4096), dst(4096, 0);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<char>(i * 29 + 1);
+  auto smr = *c[0]->RegisterMemory(src.data(), src.size());
+  auto dmr = *c[1]->RegisterMemory(dst.data(), dst.size());
+  Request recv, send;
+  ASSERT_TRUE(c[1]->PostRecv(0, *dmr, 0, dst.size(), true, Tag(1, 0), &recv).ok());
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(c[0]->CheckPeers().ok());
+  ASSERT_TRUE(c[0]->PostSend(1, *smr, 0, src.size(), Tag(1, 0), &send).ok());
+  std::thread receiver([&] { EXPECT_TRUE(Wait(*c[1], recv).ok()); });
+  EXPECT_TRUE(Wait(*c[0], send).ok());
+  receiver.join();
+  EXPECT_EQ(src, dst);
+  // Rank 1 fails; rank 0, posting nothing, learns it from its ABORT.
+  (void)c[1]->Fail(absl::UnavailableError("daemon 1 stopping"));
+  absl::Status s = CheckPeersUntilFailed(*c[0]);
+  EXPECT_TRUE(absl::IsAborted(s)) << s;
+  EXPECT_EQ(s.message(), "aborted by rank 1: daemon 1 stopping");
+  EXPECT_EQ(c[0]->fault().kind, PeerFault::kAborted);
+  EXPECT_EQ(c[0]->fault().peer, 1);
+  EXPECT_EQ(c[0]->fault().code, absl::StatusCode::kUnavailable);
+}
+
+TEST_F(RdmaContextTest, CheckPeersNoticesAPeerThatIsGone) {
+  auto d = Connect(2);
+  EXPECT_TRUE(d[0]->CheckPeers().ok());
+  d[1].reset();  // the process of rank 1 is gone: its connections with it
+  absl::Status s = CheckPeersUntilFailed(*d[0]);
+  EXPECT_TRUE(absl::IsUnavailable(s)) << s;
+  EXPECT_NE(s.message().find("connection to rank 1 lost"), std::string::npos) << s;
+  EXPECT_EQ(d[0]->fault().kind, PeerFault::kLost);
+  EXPECT_EQ(d[0]->fault().peer, 1);
+}
+
 TEST_F(RdmaContextTest, RegistrationsAreCachedPerBufferAndDroppedWithIt) {
   auto c = Connect(1);
   std::vector<char> a(4096), b(4096);

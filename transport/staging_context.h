@@ -74,6 +74,7 @@ class StagingContext final : public Context {
   absl::Status Fail(const absl::Status& reason) override { return inner_.Fail(reason); }
   void BeginOp(uint64_t op_seq) override { inner_.BeginOp(op_seq); }
   absl::Status health() const override { return inner_.health(); }
+  absl::Status CheckPeers() override { return inner_.CheckPeers(); }
   PeerFault fault() const override { return inner_.fault(); }
   bool PeerClosed(int peer) const override { return inner_.PeerClosed(peer); }
   uint64_t BytesSentTo(int peer) const override { return inner_.BytesSentTo(peer); }

@@ -304,8 +304,54 @@ ssize_t TcpContext::Take(Peer& p, char* dst, size_t n, const char* where, bool e
   return static_cast<ssize_t>(k);
 }
 
-bool TcpContext::DoRecv(Peer& p, bool* completed) {
+bool TcpContext::MatchRecv(Peer& p, const FrameHeader& h, size_t* index) {
+  // The posted receive this message completes: the first with its tag.
+  size_t i = 0;
+  while (i < p.recvs.size() && !p.recvs[i].Expects(h)) ++i;
+  const RecvItem& rv = p.recvs[i < p.recvs.size() ? i : 0];
+  const bool len_ok = rv.exact ? h.length == rv.capacity : h.length <= rv.capacity;
+  if (i == p.recvs.size() || !len_ok) {
+    const std::string what = absl::StrCat(
+        "expected op ", rv.tag.op_seq, " slot ",
+        static_cast<int64_t>(rv.tag.slot == kControlSlot ? -1 : rv.tag.slot), " offset ",
+        rv.tag.offset, " (", rv.exact ? "" : "up to ", rv.capacity, " bytes)",
+        p.recvs.size() > 1 ? absl::StrCat(" or one of ", p.recvs.size() - 1, " more") : "",
+        ", got ", DescribeFrame(h));
+    FailBy(PeerFault{PeerFault::kProtocol, p.rank, false, what},
+           absl::DataLossError(absl::StrCat(self_name_, ": protocol error from ",
+                                            PeerName(p.rank), ": ", what)));
+    return false;
+  }
+  *index = i;
+  return true;
+}
+
+bool TcpContext::DoRecv(Peer& p, bool* completed, bool absorb) {
   while (true) {
+    if (!p.early.empty()) {
+      EarlyFrame& last = p.early.back();
+      if (!last.complete()) {  // a frame read early is read whole first
+        const ssize_t r = Take(p, last.payload.data() + last.got, last.payload.size() - last.got,
+                               " mid-frame", /*eof_ok=*/false, /*direct=*/true);
+        if (r < 0) return r == kWouldBlock;
+        last.got += static_cast<size_t>(r);
+        continue;
+      }
+      if (!p.recvs.empty()) {  // frames read early complete receives first, in order
+        EarlyFrame& e = p.early.front();
+        size_t i = 0;
+        if (!MatchRecv(p, e.header, &i)) return false;
+        RecvItem& rv = p.recvs[i];
+        if (!e.payload.empty()) std::memcpy(rv.data, e.payload.data(), e.payload.size());
+        rv.req->bytes = e.payload.size();
+        rv.req->done = true;
+        p.recvs.erase(p.recvs.begin() + static_cast<std::ptrdiff_t>(i));
+        p.early_bytes -= e.payload.size();
+        p.early.pop_front();
+        *completed = true;
+        continue;
+      }
+    }
     if (p.in_header_got < kHeaderBytes) {
       // At a frame boundary with nothing expected, EOF is an orderly close.
       const bool idle = p.in_header_got == 0 && p.recvs.empty();
@@ -351,28 +397,18 @@ bool TcpContext::DoRecv(Peer& p, bool* completed) {
       }
       p.in_payload_got = 0;
     }
-    if (p.recvs.empty()) return true;  // parked until a receive is posted
     const FrameHeader& h = p.in_header;
-    if (p.in_payload_got == 0) {
-      // The posted receive this message completes: the first with its tag.
-      size_t i = 0;
-      while (i < p.recvs.size() && !p.recvs[i].Expects(h)) ++i;
-      const RecvItem& rv = p.recvs[i < p.recvs.size() ? i : 0];
-      const bool len_ok = rv.exact ? h.length == rv.capacity : h.length <= rv.capacity;
-      if (i == p.recvs.size() || !len_ok) {
-        const std::string what = absl::StrCat(
-            "expected op ", rv.tag.op_seq, " slot ",
-            static_cast<int64_t>(rv.tag.slot == kControlSlot ? -1 : rv.tag.slot), " offset ",
-            rv.tag.offset, " (", rv.exact ? "" : "up to ", rv.capacity, " bytes)",
-            p.recvs.size() > 1 ? absl::StrCat(" or one of ", p.recvs.size() - 1, " more") : "",
-            ", got ", DescribeFrame(h));
-        FailBy(PeerFault{PeerFault::kProtocol, p.rank, false, what},
-               absl::DataLossError(absl::StrCat(self_name_, ": protocol error from ",
-                                                PeerName(p.rank), ": ", what)));
-        return false;
+    if (p.recvs.empty()) {
+      if (!absorb || server_ || h.length > kMaxEarlyBytes - p.early_bytes) {
+        return true;  // parked until a receive is posted
       }
-      p.in_match = i;
+      // Read it into memory of our own, to see what follows (CheckPeers).
+      p.early.push_back(EarlyFrame{h, std::vector<char>(h.length), 0});
+      p.early_bytes += h.length;
+      p.in_header_got = 0;
+      continue;
     }
+    if (p.in_payload_got == 0 && !MatchRecv(p, h, &p.in_match)) return false;
     RecvItem& rv = p.recvs[p.in_match];
     while (p.in_payload_got < h.length) {
       const ssize_t r = Take(p, rv.data + p.in_payload_got, h.length - p.in_payload_got,
@@ -390,6 +426,45 @@ bool TcpContext::DoRecv(Peer& p, bool* completed) {
   }
 }
 
+absl::Status TcpContext::CheckPeers() {
+  if (failed_) return health();  // an Abort() from another thread is told by Progress
+  std::vector<::pollfd>& pfds = pfds_;
+  std::vector<Peer*>& owners = owners_;
+  pfds.clear();
+  owners.clear();
+  bool completed = false;  // no receive is posted on the connections read here
+  for (Peer& p : peers_) {
+    // Connections with posted receives are Progress's: nothing is read there.
+    if (p.rank == rank_ || !p.fd.valid() || p.closed || !p.recvs.empty()) continue;
+    // A parked header, or bytes already off the socket (the stage; TLS
+    // records OpenSSL holds) that poll would not report.
+    const bool buffered = p.in_header_got == kHeaderBytes || p.stage_begin != p.stage_end ||
+                          (p.ssl != nullptr && SSL_has_pending(p.ssl.get()) == 1);
+    if (buffered) {
+      if (!DoRecv(p, &completed, /*absorb=*/true)) return health();
+      if (p.closed) continue;
+    }
+    pfds.push_back({p.fd.get(), POLLIN, 0});
+    owners.push_back(&p);
+  }
+  int n = 0;
+  if (!pfds.empty()) {
+    do {
+      n = ::poll(pfds.data(), pfds.size(), 0);
+    } while (n < 0 && errno == EINTR);
+  }
+  for (size_t i = 0; n > 0 && i < pfds.size(); ++i) {
+    if (pfds[i].revents == 0) continue;
+    Peer& p = *owners[i];
+    p.maybe_more = true;
+    if (!DoRecv(p, &completed, /*absorb=*/true)) return health();
+  }
+  for (const Peer& p : peers_) {
+    if (p.rank != rank_ && p.closed) return ClosedPeerError(p.rank);
+  }
+  return health();
+}
+
 absl::Status TcpContext::Progress(absl::Time deadline) {
   std::vector<::pollfd>& pfds = pfds_;
   std::vector<Peer*>& owners = owners_;
@@ -400,7 +475,8 @@ absl::Status TcpContext::Progress(absl::Time deadline) {
     // would never report it.
     bool completed_early = false;
     for (Peer& p : peers_) {
-      const bool staged = p.in_header_got == kHeaderBytes || p.stage_begin != p.stage_end;
+      const bool staged = p.in_header_got == kHeaderBytes || p.stage_begin != p.stage_end ||
+                          !p.early.empty();
       // TLS: bytes OpenSSL already took off the socket (poll would not see
       // them); a header among them is parked as if read now.
       const bool tls_buffered = p.ssl != nullptr && !p.closed && SSL_has_pending(p.ssl.get()) == 1;

@@ -122,6 +122,14 @@ class TcpContext : public Context, public TcpControls {
   absl::Status Fail(const absl::Status& reason) override;
   void BeginOp(uint64_t op_seq) override { last_op_seq_ = op_seq; }
   absl::Status health() const override;
+  // Polls every idle connection once (no posted receive on it): ABORT
+  // frames, breaks and closes fail the context; data frames that arrive
+  // before their receive is posted are read into memory of the context's
+  // own (at most kMaxEarlyBytes per connection; a larger one stays parked
+  // in the socket, and what follows it unseen) and complete that receive
+  // when it is posted. Server contexts read no data early.
+  absl::Status CheckPeers() override;
+  static constexpr size_t kMaxEarlyBytes = 4 << 20;
   PeerFault fault() const override { return fault_; }
   bool Probe(int peer, Incoming* in) override;
   absl::Status PostAbort(int peer, uint64_t op_seq, const absl::Status& why,
@@ -169,6 +177,14 @@ class TcpContext : public Context, public TcpControls {
              h.dtype == tag.dtype;
     }
   };
+  // A data frame read before its receive was posted (CheckPeers); `got`
+  // bytes of its payload are in.
+  struct EarlyFrame {
+    FrameHeader header;
+    std::vector<char> payload;
+    size_t got = 0;
+    bool complete() const { return got == payload.size(); }
+  };
   struct Peer {
     int rank = -1;
     UniqueFd fd;
@@ -182,6 +198,10 @@ class TcpContext : public Context, public TcpControls {
     size_t in_header_got = 0;
     size_t in_payload_got = 0;
     size_t in_match = 0;  // the receive (index in `recvs`) the frame being read completes
+    // Frames read early, in arrival order (before in_header): they complete
+    // receives first. The last one may still be filling.
+    std::deque<EarlyFrame> early;
+    size_t early_bytes = 0;
     uint64_t sent = 0;
     uint64_t received = 0;
     // Receive staging: one recv() takes a small frame's header and payload
@@ -222,7 +242,12 @@ class TcpContext : public Context, public TcpControls {
   bool DoSend(Peer& p, bool* completed);
   // Accounts n more bytes of p's first send; completes it when all are out.
   void Sent(Peer& p, size_t n, bool* completed);
-  bool DoRecv(Peer& p, bool* completed);
+  // `absorb` (CheckPeers): a data frame no posted receive waits for is read
+  // into p.early (within kMaxEarlyBytes) instead of parked in the socket.
+  bool DoRecv(Peer& p, bool* completed, bool absorb = false);
+  // The posted receive (index in p.recvs) a frame with header h completes;
+  // false after failing the context with a protocol error naming the peer.
+  bool MatchRecv(Peer& p, const FrameHeader& h, size_t* index);
   // recv() into dst: bytes read (> 0), kWouldBlock, or kLost after failing
   // the context ("connection to rank R lost<where>: ...").
   static constexpr ssize_t kWouldBlock = -1;

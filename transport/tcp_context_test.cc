@@ -4,9 +4,11 @@
 
 #include <linux/sockios.h>
 #include <poll.h>
+#include <sched.h>
 #include <sys/ioctl.h>
 #include <sys/syscall.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <thread>
@@ -424,6 +426,159 @@ TEST(TcpContext, PostingIsBoundedPerPeer) {
   ASSERT_TRUE(WriteFull(p.raw.get(), payload.data(), payload.size(), deadline).ok());
   while (!reqs[0].done) ASSERT_TRUE(p.ctx->Progress(deadline).ok());
   EXPECT_TRUE(p.ctx->PostRecv(0, **mr, 16 * bound, 16, true, next, &reqs[bound]).ok());
+}
+
+// ---- CheckPeers: what a peer did while this rank posts nothing.
+
+// Calls CheckPeers until `done` holds or it fails (10 s at most); its last
+// result.
+template <typename Done>
+absl::Status CheckPeersUntil(TcpContext& ctx, Done done) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (true) {
+    absl::Status s = ctx.CheckPeers();
+    if (!s.ok() || done()) return s;
+    if (absl::Now() >= deadline) return absl::DeadlineExceededError("CheckPeers: condition not met");
+    sched_yield();
+  }
+}
+
+std::string Frame(uint64_t seq, uint32_t slot, uint64_t offset, const std::string& payload) {
+  FrameHeader h = Header(seq, slot, offset, static_cast<uint32_t>(payload.size()));
+  return std::string(reinterpret_cast<const char*>(&h), sizeof(h)) + payload;
+}
+
+std::string AbortFrame(uint64_t seq, absl::StatusCode code, const std::string& why) {
+  FrameHeader h = Header(seq, kControlSlot, static_cast<uint64_t>(code),
+                         static_cast<uint32_t>(why.size()));
+  h.type = static_cast<uint8_t>(FrameType::kAbort);
+  return std::string(reinterpret_cast<const char*>(&h), sizeof(h)) + why;
+}
+
+// Frames that arrive before their receives are posted (another daemon's
+// signature for an op this one has not started) are read by CheckPeers into
+// the context's own memory and complete the receives posted later,
+// bit-exact: a small one, one larger than the receive stage, an empty one.
+TEST(TcpContext, CheckPeersKeepsEarlyDataForTheReceivesPostedLater) {
+  Pair p = Connect();
+  std::string large(200 << 10, 0);
+  for (size_t i = 0; i < large.size(); ++i) large[i] = static_cast<char>(i * 131 + 17);
+  const std::string wire =
+      Frame(3, 0, 0, "0123456789abcdef") + Frame(3, 1, 16, large) + Frame(3, 2, 0, "");
+  std::thread writer([&] { Send(p, wire.data(), wire.size()); });
+  // Every byte is read off the socket, and nothing fails.
+  absl::Status s = CheckPeersUntil(*p.ctx, [&] { return p.ctx->BytesReceivedFrom(0) == wire.size(); });
+  writer.join();
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_TRUE(p.ctx->health().ok());
+  EXPECT_EQ(p.ctx->fault().kind, PeerFault::kNone);
+  std::vector<char> small(16, 0), big(large.size(), 0), empty(1, 'x');
+  auto ms = p.ctx->RegisterMemory(small.data(), small.size());
+  auto mb = p.ctx->RegisterMemory(big.data(), big.size());
+  auto me = p.ctx->RegisterMemory(empty.data(), empty.size());
+  Request r0, r1, r2;
+  ASSERT_TRUE(p.ctx->PostRecv(0, **mb, 0, big.size(), true, MessageTag{3, 1, 1, 16}, &r1).ok());
+  ASSERT_TRUE(p.ctx->PostRecv(0, **ms, 0, 16, true, MessageTag{3, 0, 1, 0}, &r0).ok());
+  ASSERT_TRUE(p.ctx->PostRecv(0, **me, 0, 1, false, MessageTag{3, 2, 1, 0}, &r2).ok());
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  while (!r0.done || !r1.done || !r2.done) ASSERT_TRUE(p.ctx->Progress(deadline).ok());
+  EXPECT_EQ(std::string(small.data(), 16), "0123456789abcdef");
+  EXPECT_EQ(r1.bytes, large.size());
+  EXPECT_TRUE(std::equal(big.begin(), big.end(), large.begin()));
+  EXPECT_EQ(r2.bytes, 0u);
+  // The connection goes on as before.
+  std::vector<char> buf;
+  const std::string next = Frame(3, 0, 0, "after-the-early!");
+  Send(p, next.data(), next.size());
+  ASSERT_TRUE(ReceiveOne(p, &buf).ok());
+  EXPECT_EQ(std::string(buf.data(), 16), "after-the-early!");
+}
+
+// A frame read early is still checked against the receive posted for it.
+TEST(TcpContext, EarlyDataForAnotherReceiveIsStillAProtocolError) {
+  Pair p = Connect();
+  const std::string wire = Frame(4, 0, 0, "0123456789abcdef");
+  Send(p, wire.data(), wire.size());
+  ASSERT_TRUE(
+      CheckPeersUntil(*p.ctx, [&] { return p.ctx->BytesReceivedFrom(0) == wire.size(); }).ok());
+  std::vector<char> buf;
+  absl::Status s = ReceiveOne(p, &buf);  // expects op 3
+  EXPECT_TRUE(absl::IsDataLoss(s)) << s;
+  EXPECT_NE(s.message().find("protocol error from rank 0: expected op 3"), std::string::npos) << s;
+}
+
+// The peer sent its signature for the next op and then an ABORT (it failed
+// while waiting for this rank): CheckPeers reads past the data to the ABORT
+// and fails the context with the peer's reason and code, and tells it.
+TEST(TcpContext, CheckPeersFailsWithAnAbortBehindEarlyData) {
+  Pair p = Connect();
+  const std::string why = "daemon 0 stopping";
+  const std::string wire = Frame(5, kControlSlot, 0, std::string(40, 's')) +
+                           AbortFrame(5, absl::StatusCode::kUnavailable, why);
+  Send(p, wire.data(), wire.size());
+  absl::Status s = CheckPeersUntil(*p.ctx, [] { return false; });
+  EXPECT_TRUE(absl::IsAborted(s)) << s;
+  EXPECT_EQ(s.message(), "aborted by rank 0: daemon 0 stopping");
+  EXPECT_EQ(p.ctx->health(), s);
+  const PeerFault f = p.ctx->fault();
+  EXPECT_EQ(f.kind, PeerFault::kAborted);
+  EXPECT_EQ(f.peer, 0);
+  EXPECT_EQ(f.cause, why);
+  EXPECT_EQ(f.code, absl::StatusCode::kUnavailable);
+  EXPECT_EQ(f.op_seq, 5u);
+  // Relayed as Progress relays a fault: the peer hears an ABORT back.
+  FrameHeader h;
+  ASSERT_TRUE(ReadFull(p.raw.get(), &h, sizeof(h), absl::Now() + absl::Seconds(5)).ok());
+  EXPECT_EQ(h.type, static_cast<uint8_t>(FrameType::kAbort));
+}
+
+// A peer that closed its connection (its daemon stopped or left) is a lost
+// peer to CheckPeers, even at a frame boundary with nothing expected.
+TEST(TcpContext, CheckPeersNoticesAClosedPeer) {
+  Pair p = Connect();
+  EXPECT_TRUE(p.ctx->CheckPeers().ok());  // a quiet peer is fine
+  p.raw.Reset();
+  absl::Status s = CheckPeersUntil(*p.ctx, [] { return false; });
+  EXPECT_TRUE(absl::IsUnavailable(s)) << s;
+  EXPECT_NE(s.message().find("rank 1: connection to rank 0 lost: closed by peer"),
+            std::string::npos)
+      << s;
+  const PeerFault f = p.ctx->fault();
+  EXPECT_EQ(f.kind, PeerFault::kLost);
+  EXPECT_EQ(f.peer, 0);
+}
+
+// Abort() from another thread is not CheckPeers' to tell the peers (Progress
+// does, for a driver that still runs an op): it returns the error, and the
+// peer hears nothing.
+TEST(TcpContext, CheckPeersAfterAbortReturnsTheErrorAndTellsNobody) {
+  Pair p = Connect();
+  p.ctx->Abort(absl::CancelledError("rank 3 closed its session"));
+  absl::Status s = p.ctx->CheckPeers();
+  EXPECT_TRUE(absl::IsCancelled(s)) << s;
+  EXPECT_EQ(p.ctx->fault().kind, PeerFault::kNone);
+  pollfd pfd{p.raw.get(), POLLIN, 0};
+  EXPECT_EQ(::poll(&pfd, 1, 0), 0);
+}
+
+// A frame larger than the early-data bound stays in the socket (parked, as
+// without CheckPeers) and still completes its receive.
+TEST(TcpContext, EarlyFrameBeyondTheBoundStaysParkedForItsReceive) {
+  Pair p = Connect();
+  std::string large(TcpContext::kMaxEarlyBytes + 4096, 0);
+  for (size_t i = 0; i < large.size(); ++i) large[i] = static_cast<char>(i * 7 + 3);
+  const std::string wire = Frame(3, 0, 0, large);
+  std::thread writer([&] { Send(p, wire.data(), wire.size()); });
+  ASSERT_TRUE(CheckPeersUntil(*p.ctx, [&] { return p.ctx->BytesReceivedFrom(0) > 0; }).ok());
+  for (int i = 0; i < 10; ++i) ASSERT_TRUE(p.ctx->CheckPeers().ok());
+  std::vector<char> buf(large.size(), 0);
+  auto mr = p.ctx->RegisterMemory(buf.data(), buf.size());
+  Request req;
+  ASSERT_TRUE(p.ctx->PostRecv(0, **mr, 0, buf.size(), true, MessageTag{3, 0, 1, 0}, &req).ok());
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (!req.done) ASSERT_TRUE(p.ctx->Progress(deadline).ok());
+  writer.join();
+  EXPECT_TRUE(std::equal(buf.begin(), buf.end(), large.begin()));
 }
 
 }  // namespace

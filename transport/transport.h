@@ -208,6 +208,23 @@ class Context {
   // OK, or the error the context failed with.
   virtual absl::Status health() const = 0;
 
+  // Whether a peer failed the context while its driver posts nothing (it
+  // waits for work of its own). Driving thread only; never blocks; meant to
+  // be called at a bounded interval, not per message. Looks at what the
+  // peers did since the last Progress without taking any message a receive
+  // may be posted for later: an ABORT from a peer, or a connection that
+  // broke or closed (a peer that closed counts as lost here, even at a
+  // message boundary: the caller is about to need every peer), fails the
+  // context as Progress would (fault() names the peer; the failure is
+  // relayed to the other peers as Progress relays it). Data that arrived
+  // early stays queued for the receive posted later (TCP reads such frames
+  // into memory of its own, up to a bound per connection, to see an ABORT
+  // behind them). A context failed by Abort() from another thread
+  // is not failed further here (nothing is told to the peers). Returns
+  // health() after looking. The default, for a device that cannot look
+  // without progressing, only returns health().
+  virtual absl::Status CheckPeers() { return health(); }
+
   // The peer that failed the context and how (kind kNone when no peer did:
   // a deadline, Abort(), Fail()). Driving thread only.
   virtual PeerFault fault() const { return {}; }

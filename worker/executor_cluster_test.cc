@@ -27,6 +27,7 @@ using testing::OpSpec;
 using testing::RankBuffer;
 using testing::ThreadedCluster;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 // The rank-order reduction of `inputs`. The inputs are integer-valued
 // (IntegerValuedData), so every reduction order, and so every plan, must give
@@ -500,16 +501,65 @@ TEST(ExecutorCluster, AbortFailsTheRunningOpOnEveryDaemonAndLaterOpsAtOnce) {
 }
 
 // An abort on daemon 0 while daemon 1 waits for one of its own ranks (rank 3)
-// to submit the op its rank 2 already submitted. Expected: rank 2's op fails
-// at once, naming the reason. What happens (Dec 2026): daemon 1's executor
-// looks at its node context only when it runs an op, so rank 2's op waits for
-// rank 3 or for its deadline, then fails "timed out ... waiting for rank(s)
-// 3" (or, when rank 3 submits, "aborted by rank 0: ..."). In the real daemon
-// the coordinator's abort reaches every daemon, but a daemon-local Abort
-// (its client died, the daemon stops) reaches the others' waiting ops only
-// by their deadline. Enable once the executor also waits on its node
-// context while local ranks are missing.
-TEST(ExecutorCluster, DISABLED_AbortReachesADaemonWaitingForALocalRank) {
+// to submit the op its rank 2 already submitted. Daemon 1's executor looks at
+// its node context's peers before each sleep (Context::CheckPeers), so rank
+// 2's op fails at once, naming daemon 0's reason as a failing exchange would
+// ("aborted by rank 0: ..."), not at its deadline ("timed out ... waiting for
+// rank(s) 3"), and the epoch is broken there (rank 3's late op fails at once).
+TEST(ExecutorCluster, AbortReachesADaemonWaitingForALocalRank) {
+  ClusterSpec spec = ClusterSpec::Blocks(2, 2);
+  spec.op_timeout = absl::Seconds(20);
+  FakeCoordinator coord(spec);
+  auto c = Form(coord);
+  ASSERT_NE(c, nullptr);
+  std::vector<RankBuffer> bufs = Buffers(*c, 4096);
+  auto submit = [&](int r) {
+    OpSpec op = Allreduce(DType::kF32, ReduceOp::kSum, 16, "pending");
+    op.buffer_id = bufs[r].id;
+    return c->Submit(r, op);
+  };
+  std::vector<uint64_t> ids(4);
+  for (int r = 0; r < 3; ++r) {
+    auto id = submit(r);
+    ASSERT_TRUE(id.ok()) << id.status();
+    ids[r] = *id;
+  }
+  ASSERT_TRUE(TakenEverywhereOn(*c, 0, 1));
+  const absl::Time aborted = absl::Now();
+  c->executor(0).Abort(absl::UnavailableError("daemon 0 stopping"));
+  std::vector<absl::Status> got(3);
+  for (int r = 0; r < 3; ++r) {
+    auto out = c->Wait(r, ids[r], absl::Seconds(5));  // well before the op's deadline (20 s)
+    ASSERT_TRUE(out.ok()) << "rank " << r << ": " << out.status();
+    got[r] = out->status;
+    EXPECT_THAT(std::string(got[r].message()), HasSubstr("daemon 0 stopping"))
+        << "rank " << r << ": " << got[r];
+    EXPECT_THAT(std::string(got[r].message()), Not(HasSubstr("timed out")))
+        << "rank " << r << ": " << got[r];
+  }
+  EXPECT_LT(absl::Now() - aborted, absl::Seconds(5));
+  // Daemon 1's rank 2: exactly as if the exchange had failed.
+  EXPECT_EQ(got[2].code(), absl::StatusCode::kAborted) << got[2];
+  EXPECT_THAT(std::string(got[2].message()),
+              HasSubstr("(op 1) failed at rank 2: aborted by rank 0: daemon 0 stopping"))
+      << got[2];
+  // Rank 3 submits late: the epoch is broken on daemon 1, so it fails at
+  // once (refused, or failed by the executor), naming the cause.
+  absl::StatusOr<uint64_t> late = submit(3);
+  absl::Status s = late.status();
+  if (late.ok()) {
+    auto out = c->Wait(3, *late, absl::Seconds(5));
+    ASSERT_TRUE(out.ok()) << out.status();
+    s = out->status;
+  }
+  EXPECT_THAT(std::string(s.message()), HasSubstr("daemon 0 stopping")) << s;
+}
+
+// A session on daemon 0 closes while daemon 0 runs the op and daemon 1 waits
+// for its own rank 3: daemon 0's failing op fails its node context, and
+// daemon 1 sees that before its next sleep, so rank 2's op fails at once,
+// naming the closed session, not at its deadline.
+TEST(ExecutorCluster, ASessionClosingOnAnotherDaemonReachesADaemonWaitingForALocalRank) {
   ClusterSpec spec = ClusterSpec::Blocks(2, 2);
   spec.op_timeout = absl::Seconds(20);
   FakeCoordinator coord(spec);
@@ -525,11 +575,13 @@ TEST(ExecutorCluster, DISABLED_AbortReachesADaemonWaitingForALocalRank) {
     ids[r] = *id;
   }
   ASSERT_TRUE(TakenEverywhereOn(*c, 0, 1));
-  c->executor(0).Abort(absl::UnavailableError("daemon 0 stopping"));
-  for (int r = 0; r < 3; ++r) {
-    auto out = c->Wait(r, ids[r], absl::Seconds(5));  // well before the op's deadline
+  c->CloseSession(0);
+  for (int r = 1; r < 3; ++r) {
+    auto out = c->Wait(r, ids[r], absl::Seconds(5));  // well before the op's deadline (20 s)
     ASSERT_TRUE(out.ok()) << "rank " << r << ": " << out.status();
-    EXPECT_THAT(std::string(out->status.message()), HasSubstr("daemon 0 stopping"))
+    EXPECT_THAT(std::string(out->status.message()), HasSubstr("rank 0 closed its session"))
+        << "rank " << r << ": " << out->status;
+    EXPECT_THAT(std::string(out->status.message()), Not(HasSubstr("timed out")))
         << "rank " << r << ": " << out->status;
   }
 }

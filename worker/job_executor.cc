@@ -124,8 +124,8 @@ void JobExecutor::Run() {
     const bool took = intake_.TakeArrivals(members);
     const bool any = intake_.any_taken();
     if (!broken.ok() && any) {
-      FailTaken(members, absl::Status(broken.code(), absl::StrCat("the epoch failed earlier: ",
-                                                                  broken.message())));
+      (void)FailTaken(members, absl::Status(broken.code(), absl::StrCat("the epoch failed earlier: ",
+                                                                        broken.message())));
       last_active = FastNow();
       continue;
     }
@@ -139,29 +139,59 @@ void JobExecutor::Run() {
       GS_LOG(WARNING) << "job '" << options_.job_id << "' epoch " << options_.epoch << ": "
                       << late.message();
       BreakAndTell(late);
-      FailTaken(members, late);
+      (void)FailTaken(members, late);
       continue;
     }
     if (took) {
       last_active = FastNow();
       continue;
     }
-    intake_.WaitForArrivals(members, last_active,
-                            [this](absl::Time now) { traffic_.FlushIfDirty(now); });
+    // Before each sleep (so every ~1 ms while local ranks are missing, never
+    // in the spin): while some local ranks have submitted the op, a peer
+    // daemon that failed the node context (its ABORT, a lost or closed
+    // connection) fails the op now, not at its deadline. CheckPeers leaves
+    // the other daemons' early signatures for the exchange.
+    absl::Status peer_failure;
+    intake_.WaitForArrivals(members, last_active, [&](absl::Time now) {
+      traffic_.FlushIfDirty(now);
+      if (!any || node_ctx_ == nullptr) return true;
+      peer_failure = PeerFailure();
+      return peer_failure.ok();
+    });
+    if (!peer_failure.ok()) {
+      // As a failing exchange would: every local rank's op names the cause,
+      // and the epoch breaks with the first rank's error.
+      const absl::Status first = FailTaken(members, peer_failure);
+      GS_LOG(WARNING) << "job '" << options_.job_id << "' epoch " << options_.epoch << ": "
+                      << (first.ok() ? peer_failure : first).message();
+      BreakAndTell(first.ok() ? peer_failure : first);
+      last_active = FastNow();
+    }
   }
   // Stopping: the sessions are gone or going; what was taken is dropped.
   intake_.DropTaken();
 }
 
-void JobExecutor::FailTaken(const std::vector<Session*>& members, const absl::Status& why) {
+absl::Status JobExecutor::PeerFailure() {
+  const absl::Status s = node_ctx_->CheckPeers();
+  // Failed by this side (Abort from another thread): the intake's break,
+  // which comes first, says why.
+  if (s.ok() || node_ctx_->fault().kind == transport::PeerFault::kNone) return absl::OkStatus();
+  return s;
+}
+
+absl::Status JobExecutor::FailTaken(const std::vector<Session*>& members,
+                                    const absl::Status& why) {
   const absl::Time end = FastNow();
   const std::vector<int>& local = intake_.local_ranks();
+  absl::Status first;
   for (size_t i = 0; i < members.size(); ++i) {
     QueuedOp* op = intake_.slot(i);
     if (op == nullptr || members[i] == nullptr) continue;
     const absl::Status s(why.code(), absl::StrCat(op->sig.Describe(), " (op ", op->seq,
                                                   ") failed at rank ", local[i], ": ",
                                                   why.message()));
+    if (first.ok()) first = s;
     bool newly_failed = false;
     if (members[i]->Finish(*op, s, "", end, &newly_failed) && options_.observer != nullptr) {
       options_.observer->OnOpDone(members[i]->Record(*op, absl::ZeroDuration()));
@@ -169,6 +199,7 @@ void JobExecutor::FailTaken(const std::vector<Session*>& members, const absl::St
     }
   }
   intake_.NextOp();
+  return first;
 }
 
 void JobExecutor::RunCurrent(const std::vector<Session*>& members) {

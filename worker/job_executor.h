@@ -12,7 +12,10 @@
 //   * DeviceStaging (worker/device_staging.h): device buffers' paths on
 //     their GPUs and host twins;
 //   * PeerTraffic (worker/peer_traffic.h): per-peer metrics.
-// The executor completes the op on every local rank (Session::Finish). A
+// The executor completes the op on every local rank (Session::Finish). While
+// it waits for a local rank to submit an op others have, it looks at its
+// node context's peers before each sleep (Context::CheckPeers), so another
+// daemon's ABORT or loss fails the op at once, naming the cause. A
 // mismatch fails only that op. Any other failure (a peer lost, a deadline,
 // a session closing, an abort) breaks the epoch: the node context tells the
 // other daemons, the op fails on every local rank naming the cause, and every
@@ -113,9 +116,13 @@ class JobExecutor : public SessionExecutor {
   void Run();
   // Runs the op in every slot and completes it on every local rank.
   void RunCurrent(const std::vector<Session*>& members);
-  // Fails the ops in the slots with `why` (already annotated), completes
-  // them and moves on.
-  void FailTaken(const std::vector<Session*>& members, const absl::Status& why);
+  // Fails the ops in the slots with `why` (each annotated with its op and
+  // rank), completes them and moves on. Returns the first annotated error
+  // (OK if no op was taken).
+  absl::Status FailTaken(const std::vector<Session*>& members, const absl::Status& why);
+  // The node context's error if a peer failed it (CheckPeers: an ABORT, a
+  // lost or closed connection), OK otherwise (also when this side failed it).
+  absl::Status PeerFailure();
   // Breaks the epoch (first reason wins) and fails the node context with it
   // (which tells the other daemons).
   void BreakAndTell(const absl::Status& reason);

@@ -214,7 +214,7 @@ void OpIntake::PumpMissing(const std::vector<Session*>& members) {
 }
 
 void OpIntake::WaitForArrivals(const std::vector<Session*>& members, absl::Time last_active,
-                               const std::function<void(absl::Time now)>& before_sleep) {
+                               const std::function<bool(absl::Time now)>& before_sleep) {
   const uint64_t seen = kicks_.load(std::memory_order_acquire);
   bool waiting = false;  // some local rank has submitted the next op
   std::shared_ptr<SubmissionFeed> feed;  // the doorbell to sleep on
@@ -246,7 +246,7 @@ void OpIntake::WaitForArrivals(const std::vector<Session*>& members, absl::Time 
     }
     return;
   }
-  if (before_sleep) before_sleep(now);
+  if (before_sleep && !before_sleep(now)) return;
   absl::Duration timeout = slots_.size() == 1 ? kSingleIdlePoll
                            : waiting          ? kWaitingPoll
                            : now - last_active < kLongIdleAfter ? kIdlePoll

@@ -16,6 +16,8 @@
 //     then sleeps on one missing rank's doorbell (or a condition variable)
 //     with a bounded timeout, never past the earliest deadline of the ops
 //     taken. Kick() (a session queued an op, a member changed) wakes it.
+//     Before each sleep it calls the executor back (which looks at its node
+//     context's peers then), and returns instead of sleeping if told to.
 //   * Lateness: LateRankError names who waits for whom ("timed out at rank(s)
 //     0,1 waiting for rank(s) 2 to submit op 5 (...)").
 //   * Progress for status: the op being negotiated, its phase, and the ranks
@@ -123,9 +125,13 @@ class OpIntake {
 
   // Sleeps until a submission, a Kick, or a bounded timeout (see the top).
   // `last_active`: when the executor last did something. `before_sleep` is
-  // called (with the time) only when the wait is about to sleep, not spin.
+  // called (with the time) only when the wait is about to sleep, not spin,
+  // so once per timed wake-up while nothing happens: the executor's
+  // periodic work (flushing metrics, looking at its node context's peers).
+  // It returns whether to sleep; false returns at once (it found something
+  // for the executor to handle).
   void WaitForArrivals(const std::vector<Session*>& members, absl::Time last_active,
-                       const std::function<void(absl::Time now)>& before_sleep);
+                       const std::function<bool(absl::Time now)>& before_sleep);
 
  private:
   void PumpMissing(const std::vector<Session*>& members);

@@ -80,6 +80,7 @@ class FakeFeed final : public SubmissionFeed {
     absl::MutexLock l(&mu_);
     EXPECT_EQ(snapshot, 7u);
     waiting_ = true;
+    ++waits_;
     timeout_ = timeout;
     mu_.AwaitWithTimeout(absl::Condition(&woken_), kGuard);
     waiting_ = false;
@@ -102,6 +103,10 @@ class FakeFeed final : public SubmissionFeed {
     absl::MutexLock l(&mu_);
     return woken_;
   }
+  int waits() const {
+    absl::MutexLock l(&mu_);
+    return waits_;
+  }
   int pumps() const {
     absl::MutexLock l(&mu_);
     return pumps_;
@@ -115,6 +120,7 @@ class FakeFeed final : public SubmissionFeed {
   mutable absl::Mutex mu_;
   bool waiting_ = false, woken_ = false;
   int pumps_ = 0;
+  int waits_ = 0;
   absl::Duration timeout_ = absl::InfiniteDuration();
   std::function<void()> on_pump_;
 };
@@ -190,13 +196,17 @@ TEST(OpIntake, ALateRankIsNamedWithWhoWaitsForIt) {
 // Runs the executor's side on a thread of its own: one look, then
 // WaitForArrivals once.
 struct Waiter {
-  void Start(OpIntake* intake, absl::Time last_active) {
-    thread = std::thread([this, intake, last_active] {
+  // `sleep`: what the before-sleep call answers.
+  void Start(OpIntake* intake, absl::Time last_active, bool sleep = true) {
+    thread = std::thread([this, intake, last_active, sleep] {
       intake->BindToThisThread();
       OpIntake::Look look;
       ASSERT_TRUE(intake->BeginLook(&look));
       intake->TakeArrivals(look.members);
-      intake->WaitForArrivals(look.members, last_active, [this](absl::Time) { ++before_sleep; });
+      intake->WaitForArrivals(look.members, last_active, [this, sleep](absl::Time) {
+        ++before_sleep;
+        return sleep;
+      });
       took_after = intake->TakeArrivals(look.members);
       intake->DropTaken();
       intake->EndLook();
@@ -228,6 +238,23 @@ TEST(OpIntake, WaitForArrivalsSleepsOnAMissingRanksDoorbellUntilAKick) {
   EXPECT_TRUE(feed->woken());
   EXPECT_EQ(w.before_sleep, 1);
   EXPECT_TRUE(w.took_after);
+}
+
+// The executor's before-sleep call found something to handle (a peer failed
+// its node context): the wait returns without sleeping on the doorbell.
+TEST(OpIntake, BeforeSleepCanEndTheWaitWithoutSleeping) {
+  Job job(2);
+  auto feed = std::make_shared<FakeFeed>();
+  job.sessions[1]->SetSubmissionFeed(feed);
+  OpIntake intake("intake", {0, 1}, 2, absl::ZeroDuration());
+  for (auto& s : job.sessions) intake.Attach(s.get());
+  ASSERT_TRUE(job.Submit(0, absl::Seconds(30)).ok());  // rank 1 is missing
+  Waiter w;
+  w.Start(&intake, absl::InfinitePast(), /*sleep=*/false);
+  w.thread.join();
+  EXPECT_EQ(w.before_sleep, 1);
+  EXPECT_EQ(feed->waits(), 0);
+  EXPECT_FALSE(w.took_after);
 }
 
 TEST(OpIntake, ASubmissionPumpedFromTheQueueEndsTheWaitWithoutSleeping) {
