@@ -61,6 +61,9 @@ Flags:
   --out DIR           (default /tmp/gradsync-compare-YYYYmmdd-HHMMSS)
   --bin_dir DIR       use gradsync, gradsyncd, gradsync-coordinator, gradsync-ring-limit and
                       gradsync-membw from DIR (no Bazel build)
+  --old_bin_dir DIR   an older build's gradsync, gradsyncd and gradsync-coordinator: every
+                      gradsync point also runs with them, right after this build's in the same
+                      batch (so interleaved in every repetition); the report compares the two
   --timeout SEC       limit for each single run (default 600)
   --quiet_wait SEC    before each batch, wait up to SEC for the CPUs to be >= 85% idle (default 180)
   --max_foreign PCT   a batch during which other processes used more than PCT% of the CPUs is
@@ -86,6 +89,7 @@ KEY_BYTES="64M"
 REPEAT=3
 OUT=""
 BIN_DIR=""
+OLD_BIN_DIR=""
 TIMEOUT=600
 QUIET_WAIT=180
 MAX_FOREIGN=10
@@ -115,6 +119,7 @@ while [[ $# -gt 0 ]]; do
     --repeat) need_value "$@"; REPEAT="$2"; shift 2 ;;
     --out) need_value "$@"; OUT="$2"; shift 2 ;;
     --bin_dir) need_value "$@"; BIN_DIR="$2"; shift 2 ;;
+    --old_bin_dir) need_value "$@"; OLD_BIN_DIR="$2"; shift 2 ;;
     --timeout) need_value "$@"; TIMEOUT="$2"; shift 2 ;;
     --quiet_wait) need_value "$@"; QUIET_WAIT="$2"; shift 2 ;;
     --max_foreign) need_value "$@"; MAX_FOREIGN="$2"; shift 2 ;;
@@ -210,6 +215,14 @@ mpicc -O2 -o "$OUT/bin/mpi_allreduce" "$ROOT/bench/peers/mpi_allreduce.c" >>"$LO
   || { say "mpicc failed"; exit 1; }
 GS="$OUT/bin/gradsync"
 export GRADSYNC_BIN_DIR="$OUT/bin"   # gradsync bench starts the gradsyncd and coordinator copied here
+OLD_GS=""
+if [[ -n "$OLD_BIN_DIR" ]]; then
+  mkdir -p "$OUT/old"
+  cp -f "$OLD_BIN_DIR/gradsync" "$OLD_BIN_DIR/gradsyncd" "$OLD_BIN_DIR/gradsync-coordinator" \
+    "$OUT/old/" || { say "missing binaries in $OLD_BIN_DIR"; exit 1; }
+  chmod u+w "$OUT/old/"*
+  OLD_GS="$OUT/old/gradsync"
+fi
 RING="$OUT/bin/gradsync-ring-limit"
 MEMBW="$OUT/bin/gradsync-membw"
 MPI="$OUT/bin/mpi_allreduce"
@@ -230,6 +243,7 @@ fi
     echo "source,commit=prebuilt_in_${BIN_DIR//[,= ]/_},dirty_files=unknown,built=$(date -r "$BIN_DIR/gradsyncd" +%FT%T)"
   fi
   echo "binaries,gradsyncd_sha256=$(sha256sum "$OUT/bin/gradsyncd" | cut -c1-16),gradsync_sha256=$(sha256sum "$OUT/bin/gradsync" | cut -c1-16)"
+  [[ -n "$OLD_GS" ]] && echo "old_binaries,dir=${OLD_BIN_DIR//[,= ]/_},gradsyncd_sha256=$(sha256sum "$OUT/old/gradsyncd" | cut -c1-16),version=$("$OLD_GS" version 2>/dev/null | head -1 | tr ' ,=' '___')"
   echo "versions,mpi=$(mpirun --version 2>/dev/null | head -1 | awk '{print $NF}'),torch=$(/usr/bin/python3 -c 'import torch;print(torch.__version__)' 2>/dev/null)"
   echo "config,ranks=${RANKS//,/+},sizes=${SIZES//,/+},few_sizes=${FEW_SIZES//,/+},streams=$STREAMS,gs_tcp_streams=$GS_STREAMS,lat_iters=$LAT_ITERS,gap_us=$GAP_US,repeat=$REPEAT,key_ranks=$KEY_RANKS,key_bytes=$KEY_B"
 } >>"$RES"
@@ -309,8 +323,15 @@ batch_end() {
   [[ -n "$top" ]] && echo "# busy processes now: $top" >>"$LOG"
 }
 
-# gradsync bench: one size, result line built from its --csv.
+# gradsync bench: one size, result line built from its --csv; with --old_bin_dir, the
+# same again with the old build right after.
 gs_run() {  # path(net|node) ranks bytes algo(auto|ring) iters warmup timing(b2b|blocking|gap)
+  gs_run_build new "$GS" "$OUT/bin" "$@"
+  [[ -n "$OLD_GS" ]] && gs_run_build old "$OLD_GS" "$OUT/old" "$@"
+  return 0
+}
+gs_run_build() {  # build(new|old) gradsync bin_dir, then gs_run's arguments
+  local build=$1 gs=$2 bin=$3; shift 3
   local path=$1 n=$2 b=$3 algo=$4 it=$5 wu=$6 timing=$7
   local rpd=1; [[ $path == node ]] && rpd=$n
   rm -f "$TMP/gs.csv"
@@ -318,14 +339,15 @@ gs_run() {  # path(net|node) ranks bytes algo(auto|ring) iters warmup timing(b2b
   ((GS_STREAMS > 0)) && streams=(--tcp_streams "$GS_STREAMS")
   [[ $timing == blocking ]] && streams+=(--blocking)
   [[ $timing == gap ]] && streams+=(--blocking --gap_us "$GAP_US")
-  bounded "$GS" bench --ranks "$n" --ranks_per_daemon "$rpd" --min_bytes "$b" --max_bytes "$b" \
-    --iters "$it" --warmup "$wu" --algo "$algo" "${streams[@]}" --limits=false --csv "$TMP/gs.csv"
+  GRADSYNC_BIN_DIR="$bin" bounded "$gs" bench --ranks "$n" --ranks_per_daemon "$rpd" \
+    --min_bytes "$b" --max_bytes "$b" --iters "$it" --warmup "$wu" --algo "$algo" "${streams[@]}" \
+    --limits=false --csv "$TMP/gs.csv"
   local rc=$?
-  if [[ $rc -ne 0 || ! -s "$TMP/gs.csv" ]]; then fail "gradsync_${path}_${algo}" "$n" "$b" "$rc"; return; fi
+  if [[ $rc -ne 0 || ! -s "$TMP/gs.csv" ]]; then fail "gradsync_${build}_${path}_${algo}" "$n" "$b" "$rc"; return; fi
   tail -n +2 "$TMP/gs.csv" | awk -F, -v p="$path" -v a="$algo" -v t="$timing" -v it="$it" \
-    -v rep="$REP" '{
+    -v rep="$REP" -v build="$build" '{
       printf "gradsync,path=%s,req=%s,timing=%s,ranks=%s,bytes=%s,time_us=%s,busbw_gbps=%s,algo=%s,iters=%s", p, a, t, $2, $3, $8, $10, $7, it
-      printf ",rep=%s\n", rep }' >>"$BRES"
+      printf ",build=%s,rep=%s\n", build, rep }' >>"$BRES"
 }
 ring_run() {  # ranks bytes iters warmup [spin_us]
   bounded "$RING" --ranks "$1" --streams "$STREAMS" --bytes "$2" --iters "$3" --warmup "$4" \

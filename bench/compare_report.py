@@ -87,6 +87,8 @@ def main():
             continue
         if name == "gradsync":
             prog = "gs_%s_%s_%s" % (kv["path"], kv["req"], kv["timing"])
+            if kv.get("build", "new") == "old":  # --old_bin_dir's build
+                prog = "old_" + prog
             algos[(prog, int(kv["ranks"]), int(kv["bytes"]))].add(kv.get("algo", ""))
         elif name in ("ring_limit", "ring_limit_spin", "gloo"):
             prog = name
@@ -328,7 +330,48 @@ def main():
     if gl and ml:
         p("| node 8 B latency within 2× of MPI vader | gradsync median %.1f µs (`--blocking`), MPI vader median "
           "%.1f µs: %.1f× | %s |" % (gl, ml, gl / ml, verdict(gl <= 2 * ml)))
+    old_vs_new(p, times, medians)
     print("\n".join(out))
+
+
+def old_vs_new(p, times, medians):
+    """This build against --old_bin_dir's, point by point: each repetition ran both in the
+    same batch, one right after the other, so the per-repetition ratio compares runs under
+    the same conditions; the verdict is on the median of those ratios."""
+    pairs = sorted(k for k in times if k[0].startswith("old_") and (k[0][4:], k[1], k[2]) in times)
+    if not pairs:
+        return
+    p("")
+    p("### Against the old build (`--old_bin_dir`), interleaved in every repetition")
+    p("")
+    p("Time ratio new / old per repetition (< 1: this build is faster); for `--blocking` runs the "
+      "median op, else the mean. Guard: 64 MiB within 5%, 8 B within 10%.")
+    p("")
+    p("| point | ranks | bytes | new | old | new / old per repetition | median ratio | guard |")
+    p("| :-- | ---: | ---: | ---: | ---: | :-- | ---: | :-- |")
+    for old_key in pairs:
+        prog, n, b = old_key[0][4:], old_key[1], old_key[2]
+        blocking = prog.endswith(("_blocking", "_gap"))
+        src = medians if blocking else times
+
+        def per_rep(key):
+            return {r: statistics.median(v) if blocking else statistics.mean(v)
+                    for r, v in src.get(key, {}).items() if v}
+        new_t, old_t = per_rep((prog, n, b)), per_rep(old_key)
+        common = sorted(set(new_t) & set(old_t))
+        if not common:
+            continue
+        ratios = [new_t[r] / old_t[r] for r in common]
+        mr = statistics.median(ratios)
+        bound = 1.05 if b >= (1 << 20) else 1.10
+        def shown(v):
+            return ("%s GB/s" % fnum(busbw(b, v, n))) if b >= (1 << 20) and not blocking \
+                else "%s µs" % fnum(v)
+        p("| %s | %d | %s | %s | %s | %s | %.3f | %s |" % (
+            prog[3:], n, fbytes(b), shown(statistics.median(new_t[r] for r in common)),
+            shown(statistics.median(old_t[r] for r in common)),
+            ", ".join("%.3f" % x for x in ratios), mr,
+            "within" if mr <= bound else "**slower by %.0f%%**" % ((mr - 1) * 100)))
 
 
 if __name__ == "__main__":
