@@ -62,8 +62,9 @@ Flags:
   --bin_dir DIR       use gradsync, gradsyncd, gradsync-coordinator, gradsync-ring-limit and
                       gradsync-membw from DIR (no Bazel build)
   --old_bin_dir DIR   an older build's gradsync, gradsyncd and gradsync-coordinator: every
-                      gradsync point also runs with them, right after this build's in the same
-                      batch (so interleaved in every repetition); the report compares the two
+                      gradsync point also runs with them, next to this build's in the same batch
+                      (interleaved in every repetition, taking turns going first); the report
+                      compares the two
   --timeout SEC       limit for each single run (default 600)
   --quiet_wait SEC    before each batch, wait up to SEC for the CPUs to be >= 85% idle (default 180)
   --max_foreign PCT   a batch during which other processes used more than PCT% of the CPUs is
@@ -325,9 +326,16 @@ batch_end() {
 
 # gradsync bench: one size, result line built from its --csv; with --old_bin_dir, the
 # same again with the old build right after.
+# The two builds take turns going first (odd repetitions: this build), so
+# that whatever the first run of a pair pays or gains is shared alike.
 gs_run() {  # path(net|node) ranks bytes algo(auto|ring) iters warmup timing(b2b|blocking|gap)
-  gs_run_build new "$GS" "$OUT/bin" "$@"
-  [[ -n "$OLD_GS" ]] && gs_run_build old "$OLD_GS" "$OUT/old" "$@"
+  if [[ -n "$OLD_GS" ]] && ((REP % 2 == 0)); then
+    gs_run_build old "$OLD_GS" "$OUT/old" "$@"
+    gs_run_build new "$GS" "$OUT/bin" "$@"
+  else
+    gs_run_build new "$GS" "$OUT/bin" "$@"
+    [[ -n "$OLD_GS" ]] && gs_run_build old "$OLD_GS" "$OUT/old" "$@"
+  fi
   return 0
 }
 gs_run_build() {  # build(new|old) gradsync bin_dir, then gs_run's arguments
@@ -374,8 +382,14 @@ membw_run() {  # bytes iters warmup
 # One size of one path, every program back to back.
 net_size() {  # ranks bytes
   local n=$1 b=$2 it wu; read -r it wu <<<"$(iters_for "$b")"
-  gs_run net "$n" "$b" auto "$it" "$wu" b2b
-  ((b >= RING_FROM_B)) && gs_run net "$n" "$b" ring "$it" "$wu" b2b
+  # auto and the forced ring take turns going first, as the builds do.
+  if ((REP % 2 == 0 && b >= RING_FROM_B)); then
+    gs_run net "$n" "$b" ring "$it" "$wu" b2b
+    gs_run net "$n" "$b" auto "$it" "$wu" b2b
+  else
+    gs_run net "$n" "$b" auto "$it" "$wu" b2b
+    ((b >= RING_FROM_B)) && gs_run net "$n" "$b" ring "$it" "$wu" b2b
+  fi
   ring_run "$n" "$b" "$it" "$wu"
   gloo_run "$n" "$b" "$it" "$wu"
   mpi_run tcp "$n" "$b" "$it" "$wu"
