@@ -93,6 +93,22 @@ OpSpec Allreduce(DType t, ReduceOp op, uint64_t count, std::string name = "g") {
   return s;
 }
 
+// Submits the 16-element f32 sum allreduce `name` on ranks [0, n), each on
+// its buffer; the op ids, or empty (the failure recorded) if one was refused.
+std::vector<uint64_t> SubmitSmall(ThreadedCluster& c, const std::vector<RankBuffer>& bufs, int n,
+                                  const std::string& name) {
+  std::vector<uint64_t> ids;
+  for (int r = 0; r < n; ++r) {
+    OpSpec op = Allreduce(DType::kF32, ReduceOp::kSum, 16, name);
+    op.buffer_id = bufs[r].id;
+    absl::StatusOr<uint64_t> id = c.Submit(r, op);
+    EXPECT_TRUE(id.ok()) << "rank " << r << ": " << id.status();
+    if (!id.ok()) return {};
+    ids.push_back(*id);
+  }
+  return ids;
+}
+
 std::string ShapeName(const std::vector<int>& node_of_rank) {
   std::string s;
   for (int n : node_of_rank) absl::StrAppend(&s, n);
@@ -566,14 +582,8 @@ TEST(ExecutorCluster, ASessionClosingOnAnotherDaemonReachesADaemonWaitingForALoc
   auto c = Form(coord);
   ASSERT_NE(c, nullptr);
   std::vector<RankBuffer> bufs = Buffers(*c, 4096);
-  std::vector<uint64_t> ids(3);
-  for (int r = 0; r < 3; ++r) {
-    OpSpec op = Allreduce(DType::kF32, ReduceOp::kSum, 16, "pending");
-    op.buffer_id = bufs[r].id;
-    auto id = c->Submit(r, op);
-    ASSERT_TRUE(id.ok()) << id.status();
-    ids[r] = *id;
-  }
+  const std::vector<uint64_t> ids = SubmitSmall(*c, bufs, 3, "pending");
+  ASSERT_EQ(ids.size(), 3u);
   ASSERT_TRUE(TakenEverywhereOn(*c, 0, 1));
   c->CloseSession(0);
   for (int r = 1; r < 3; ++r) {
@@ -593,14 +603,8 @@ TEST(ExecutorCluster, ClosingASessionBreaksTheEpochNamingTheRank) {
   auto c = Form(coord);
   ASSERT_NE(c, nullptr);
   std::vector<RankBuffer> bufs = Buffers(*c, 4096);
-  std::vector<uint64_t> ids(3);
-  for (int r = 0; r < 3; ++r) {
-    OpSpec op = Allreduce(DType::kF32, ReduceOp::kSum, 16, "orphan");
-    op.buffer_id = bufs[r].id;
-    auto id = c->Submit(r, op);
-    ASSERT_TRUE(id.ok()) << id.status();
-    ids[r] = *id;
-  }
+  const std::vector<uint64_t> ids = SubmitSmall(*c, bufs, 3, "orphan");
+  ASSERT_EQ(ids.size(), 3u);
   ASSERT_TRUE(TakenEverywhereOn(*c, 0, 1));
   c->CloseSession(3);
   for (int r = 0; r < 3; ++r) {
