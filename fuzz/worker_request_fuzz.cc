@@ -56,7 +56,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   gradsync::v1::SubmitRequest req;
   if (!req.ParseFromString(bytes)) return 0;
-  auto args = gradsync::OpDescFromRequest(req);
+  auto args = gradsync::OpDescFromRequest(req, 0);
   if (!args.ok()) return 0;
   auto shape = gradsync::ValidateOp(*args, job);
   if (!shape.ok()) {

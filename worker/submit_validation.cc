@@ -8,10 +8,12 @@
 
 namespace gradsync {
 
-absl::StatusOr<OpDesc> OpDescFromRequest(const v1::SubmitRequest& req) {
+absl::StatusOr<OpDesc> OpDescFromRequest(const v1::SubmitRequest& req, int rank) {
   OpDesc op;
   op.name = req.name();
-  absl::Status enums = SetOpEnums(req.collective(), req.dtype(), req.reduce_op(), OpContext(), &op);
+  OpContext ctx;
+  ctx.rank = rank;
+  absl::Status enums = SetOpEnums(req.collective(), req.dtype(), req.reduce_op(), ctx, &op);
   if (!enums.ok()) return enums;
   op.root = req.root();
   op.count = req.count();

@@ -13,9 +13,9 @@ namespace gradsync {
 
 // A SubmitRequest's fields as an OpDesc (the inverse of the SDK's
 // SubmitRequestOf, client/op_channel.cc). INVALID_ARGUMENT, in ValidateOp's
-// words, for an enum value that is not valid; everything else is
-// ValidateOp's to check.
-absl::StatusOr<OpDesc> OpDescFromRequest(const v1::SubmitRequest& req);
+// words and naming `rank` (the session's), for an enum value that is not
+// valid; everything else is ValidateOp's to check.
+absl::StatusOr<OpDesc> OpDescFromRequest(const v1::SubmitRequest& req, int rank);
 
 // An OpenSession's world size (1..transport::kMaxWorldSize), rank (-1: any)
 // and tcp_streams (0..16).

@@ -210,7 +210,7 @@ grpc::Status WorkerService::Submit(grpc::ServerContext* ctx, const v1::SubmitReq
                                    v1::SubmitResponse* resp) {
   auto s = OwnSession(*ctx, req->session_id(), "Submit");
   if (!s.ok()) return ToGrpcStatus(s.status());
-  absl::StatusOr<OpDesc> op = OpDescFromRequest(*req);
+  absl::StatusOr<OpDesc> op = OpDescFromRequest(*req, (*s)->info().rank);
   if (!op.ok()) return ToGrpcStatus(op.status());
   auto id = (*s)->Submit(*op);
   if (!id.ok()) return ToGrpcStatus(id.status());

@@ -323,11 +323,11 @@ TEST_F(WorkerServiceTest, SubmitRefusesABadOpNamingTheOp) {
             absl::StrCat("buffer ", b.buffer_id() + 41, " does not exist in session ", id));
 
   // An invalid dtype, refused where the request becomes an OpDesc
-  // (OpDescFromRequest), before the session: the message names the op but
-  // not the rank.
+  // (OpDescFromRequest), before the session queues it: the op and the rank.
   st = Submit(Allreduce(id, b.buffer_id(), 16, "odd", static_cast<v1::DataType>(99)));
   EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_THAT(st.error_message(), StartsWith("allreduce 'odd': dtype 99 is not a valid value ("));
+  EXPECT_THAT(st.error_message(),
+              StartsWith("allreduce 'odd' on rank 0: dtype 99 is not a valid value ("));
 
   // ValidateOp against the session: the op and the rank.
   st = Submit(Allreduce(id, b.buffer_id(), 1025, "too-big"));
