@@ -17,6 +17,7 @@ from typing import Callable, Deque, Dict, List, Optional, Tuple
 
 import torch
 
+from .errors import GradsyncError
 from .session import Client, Session, Work
 
 _TORCH_DTYPES = {torch.float32: "f32", torch.float64: "f64", torch.float16: "f16",
@@ -214,6 +215,8 @@ class Engine:
                     self._queue.popleft()
                 if error is None:
                     fut.set_result(value)
+                elif isinstance(error, GradsyncError):
+                    fut.set_exception(error)  # keeps its class (a RuntimeError)
                 else:
                     fut.set_exception(RuntimeError(f"gradsync: {error}"))
         except BaseException as e:  # never leave futures that nobody completes

@@ -28,7 +28,13 @@ class InvalidArgument(GradsyncError, ValueError):
 
 
 class DeadlineExceeded(GradsyncError, TimeoutError):
-    """A wait or an op ran past its deadline (code 4)."""
+    """A wait or an op ran past its deadline (code 4). Also a `TimeoutError`, and
+    its text starts with "Timed out", as torch's callers match timeouts
+    (`Timed out|closed|timeout`); gradsync's message (which rank, which op)
+    follows."""
+
+    def __str__(self) -> str:
+        return f"Timed out ({self.code_name}): {self.args[0]}"
 
 
 class StillRunning(DeadlineExceeded):

@@ -15,7 +15,8 @@ bf16, i32, i64 and u8. Each op is staged through a pooled buffer (one copy in,
 one copy out): shared memory for CPU tensors, a device buffer on the tensor's
 GPU for CUDA tensors (where the installed torch has CUDA); it completes on a
 progress thread; errors (which rank, which op) surface from Work.wait() as
-RuntimeError. See docs/python.md.
+gradsync.GradsyncError subclasses (RuntimeErrors; a timeout is also a
+TimeoutError whose text starts "Timed out"). See docs/python.md.
 """
 
 import datetime
@@ -27,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from ._engine import Engine, check_device, gradsync_dtype
+from .errors import PENDING, StillRunning
 
 __all__ = ["ProcessGroupGradsync", "HookState", "allreduce_hook", "BACKEND"]
 
@@ -64,8 +66,8 @@ class _Work(dist.Work):
         raises its error; RuntimeError if the wait runs out first."""
         seconds = None if timeout is None else timeout.total_seconds()
         if seconds and not self._done.wait(seconds):
-            raise RuntimeError(f"gradsync: Work.wait timed out after {seconds:g} s; the op is "
-                               "still running (its deadline at the daemon is the group's timeout)")
+            raise StillRunning(PENDING, f"Work.wait timed out after {seconds:g} s; the op is still "
+                               "running (its deadline at the daemon is the group's timeout)")
         self._consumed()
         self._fut.wait()  # raises the op's error
         return True

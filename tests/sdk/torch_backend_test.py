@@ -9,8 +9,8 @@ Run without --worker it launches WORLD processes of itself and fails if any
 rank fails."""
 
 import datetime
-import importlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -22,7 +22,7 @@ WORLD = 3
 def worker():
     import torch
     import torch.distributed as dist
-    importlib.import_module("gradsync.torch")  # registers the backend "gradsync"
+    import gradsync.torch  # registers the backend "gradsync"; gradsync's errors below
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     # The ranks meet in files of the launcher's (FileStore): a port picked
     # free in advance can be taken by another process before rank 0 binds it.
@@ -151,11 +151,15 @@ def worker():
             raise AssertionError("a 0.3 s wait on a stuck op returned")
         except RuntimeError as e:
             assert "Work.wait timed out after 0.3 s" in str(e), e
+            assert isinstance(e, gradsync.StillRunning), type(e)
         try:
             w.wait()
             raise AssertionError("an op rank 2 never submitted completed")
         except RuntimeError as e:
             assert "waiting for rank(s) 2" in str(e), e
+            # gradsync's class, and a timeout as torch's callers recognise one.
+            assert isinstance(e, gradsync.DeadlineExceeded) and isinstance(e, TimeoutError), type(e)
+            assert re.search("Timed out|closed|timeout", str(e)), e
             print(f"rank {rank}: {e}")
         store.set(f"gave_up_{rank}", "1")
     else:  # stays in the job (submitting nothing) until the others gave up
