@@ -115,6 +115,33 @@ def _work(fut: torch.futures.Future) -> "_Work":
     return w
 
 
+# The profiler event of each op, named as torch's own backends name theirs
+# (gloo:all_reduce ...): "gradsync:" + this.
+_PROFILING_TITLES = {"allreduce": "all_reduce", "broadcast": "broadcast", "reduce": "reduce",
+                     "allgather": "all_gather", "reduce_scatter": "reduce_scatter",
+                     "alltoall": "all_to_all", "barrier": "barrier"}
+
+
+def _profiled(title: str, inputs: List[torch.Tensor], fut: torch.futures.Future):
+    """While torch's profiler runs: an async event `gradsync:<title>` with the
+    inputs' shapes, from submission until the op completes (as c10d records
+    gloo's), and a future that completes only once the event has ended, with
+    the op's result or its error (its class kept). Otherwise `fut` itself."""
+    if not torch.autograd._profiler_enabled():
+        return fut
+    handle = torch.autograd._record_function_with_args_enter("gradsync:" + title, *inputs)
+    ended = torch.ops.profiler._call_end_callbacks_on_jit_fut(handle, fut)
+    out = torch.futures.Future()
+
+    def relay(_):
+        try:
+            out.set_result(fut.value())
+        except Exception as e:  # the op's error, as the caller would have had it
+            out.set_exception(e)
+    ended.add_done_callback(relay)
+    return out
+
+
 def _completed(value) -> "_Work":
     fut = torch.futures.Future()
     fut.set_result(value)
@@ -162,8 +189,9 @@ class ProcessGroupGradsync(dist.ProcessGroup):
                 result = staging.view(tensor.dtype) if as_bytes else staging
                 tensor.copy_(result.view(tensor.shape))
             return [tensor]
-        return _work(e.submit(kind, buf, dtype, n, finish, op=op, root=root, staged=[buf],
-                              device=tensor.device))
+        fut = e.submit(kind, buf, dtype, n, finish, op=op, root=root, staged=[buf],
+                       device=tensor.device)
+        return _work(_profiled(_PROFILING_TITLES[kind], [tensor], fut))
 
     def allreduce(self, tensors, opts=None):
         opts = opts or dist.AllreduceOptions()
@@ -184,7 +212,7 @@ class ProcessGroupGradsync(dist.ProcessGroup):
     # Blocked collectives: world_size equal blocks in one staging buffer;
     # reduce_scatter in its dtype, allgather and alltoall as bytes.
     def _blocked(self, kind: str, inputs: List[torch.Tensor], outputs: List[torch.Tensor],
-                 op: str = "sum", keep_block: Optional[int] = None):
+                 op: str = "sum", keep_block: Optional[int] = None, title: Optional[str] = None):
         n = self.size()
         want_in = 1 if kind == "allgather" else n
         want_out = 1 if kind == "reduce_scatter" else n
@@ -230,8 +258,8 @@ class ProcessGroupGradsync(dist.ProcessGroup):
                 for j, t in enumerate(outputs):
                     get(j, t)
             return outputs
-        return _work(e.submit(kind, buf, dtype, n * block, finish, op=op, staged=[buf],
-                              device=ref.device))
+        fut = e.submit(kind, buf, dtype, n * block, finish, op=op, staged=[buf], device=ref.device)
+        return _work(_profiled(title or _PROFILING_TITLES[kind], list(inputs), fut))
 
     def allgather(self, output_tensors, input_tensors, opts=None):
         if len(output_tensors) != 1:
@@ -246,7 +274,7 @@ class ProcessGroupGradsync(dist.ProcessGroup):
 
     def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts=None):
         outs = list(self._contiguous(output, "the output").view(self.size(), -1).unbind(0))
-        return self._blocked("allgather", [input], outs)
+        return self._blocked("allgather", [input], outs, title="all_gather_into_tensor")
 
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
         opts = opts or dist.ReduceScatterOptions()
@@ -259,7 +287,7 @@ class ProcessGroupGradsync(dist.ProcessGroup):
         opts = opts or dist.ReduceScatterOptions()
         ins = list(self._contiguous(input, "the input").view(self.size(), -1).unbind(0))
         return self._blocked("reduce_scatter", ins, [output], _op(opts.reduceOp),
-                             keep_block=self.rank())
+                             keep_block=self.rank(), title="reduce_scatter_tensor")
 
     def alltoall(self, output_tensors, input_tensors, opts=None):
         return self._blocked("alltoall", list(input_tensors), list(output_tensors))
@@ -279,7 +307,7 @@ class ProcessGroupGradsync(dist.ProcessGroup):
 
     def barrier(self, opts=None):
         e = self._engine
-        return _work(e.submit("barrier", None, torch.uint8, 0, lambda: []))
+        return _work(_profiled("barrier", [], e.submit("barrier", None, torch.uint8, 0, lambda: [])))
 
     def __del__(self):
         engine = getattr(self, "_engine", None)

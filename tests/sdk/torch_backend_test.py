@@ -82,6 +82,22 @@ def worker():
         w.wait()
         assert w.is_completed()
     assert all(t.eq(sum(range(world))).all() for t in ts)
+    # torch's profiler sees each op as c10d records gloo's: one async event
+    # "gradsync:<op>" per op, from submission to completion, with the shapes.
+    with torch.autograd.profiler.profile(record_shapes=True) as prof:
+        dist.all_reduce(torch.ones(6, 4))
+        dist.broadcast(torch.ones(3), src=0, async_op=True).wait()
+        dist.all_gather([torch.zeros(2) for _ in range(world)], torch.ones(2))
+        dist.barrier()
+    events = [e for e in prof.function_events if e.name.startswith("gradsync:")]
+    names = sorted(e.name for e in events)
+    assert names == ["gradsync:all_gather", "gradsync:all_reduce", "gradsync:barrier",
+                     "gradsync:broadcast"], names
+    for e in events:
+        assert e.is_async and e.count == 1 and e.cpu_time >= 0, (e.name, e.is_async, e.count)
+    shapes = {e.name: e.input_shapes for e in events}
+    assert shapes["gradsync:all_reduce"] == [[6, 4]], shapes
+    assert shapes["gradsync:broadcast"] == [[3]], shapes
     # Data-movement collectives take any dtype (moved as bytes), e.g. DDP's bool buffers.
     mask = torch.tensor([rank % 2 == 0, True, False])
     dist.broadcast(mask, src=1)
