@@ -6,10 +6,11 @@
 
 namespace gradsync {
 
-// Turns off absl::Mutex's deadlock-cycle detection. Debian's Abseil is built
-// without NDEBUG, so every Lock records the lock graph (GraphCycles showed up
-// in per-op profiles of the daemon). Unit tests keep it on and catch lock-order
-// cycles there; the binaries run without the bookkeeping.
+// Call first in main(). Turns off absl::Mutex's deadlock-cycle detection:
+// Debian's Abseil is built without NDEBUG, so every Lock records the lock
+// graph (GraphCycles showed up in per-op profiles of the daemon); unit tests
+// keep it on and catch lock-order cycles there. And keeps OpenSSL from
+// cleaning up at exit (process.cc says why).
 void InitProcess();
 
 // Names a thread for top/perf/gdb (at most 15 characters are kept).
