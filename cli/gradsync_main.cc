@@ -54,7 +54,7 @@ ABSL_FLAG(int64_t, timeout_ms, 60000, "deadline of each collective");
 ABSL_FLAG(bool, keep_logs, false,
           "demo, bench, cluster: keep the embedded cluster's logs even when all is well");
 ABSL_FLAG(std::string, op, "allreduce",
-          "bench: allreduce|reduce_scatter|allgather|broadcast|reduce|alltoall|barrier");
+          "bench: allreduce|reduce_scatter|allgather|broadcast|reduce|alltoall|barrier|gather|scatter");
 ABSL_FLAG(std::string, dtype, "f32", "bench: f32|f64|f16|bf16|i32|i64|u8");
 ABSL_FLAG(std::string, redop, "sum", "bench: sum|avg|min|max|prod");
 ABSL_FLAG(std::string, algo, "auto",

@@ -88,9 +88,15 @@ enum {
 
 /* Collectives (values of gradsync::CollectiveKind / gradsync.v1.CollectiveType).
  * Buffer layouts (docs/collectives.md): allreduce, broadcast and reduce use
- * `count` elements; reduce_scatter, allgather and alltoall world_size blocks
- * of `count` elements each (rank r's own block is block r); barrier none
- * (buffer NULL, count 0). */
+ * `count` elements; reduce_scatter, allgather, alltoall, gather and scatter
+ * world_size blocks of `count` elements each (rank r's own block is block r);
+ * barrier none (buffer NULL, count 0).
+ *   GS_GATHER   (root): on return the root's block j holds rank j's block j;
+ *               the other ranks send their block r and are left unchanged.
+ *   GS_SCATTER  (root): on return rank r's block r holds the root's block r;
+ *               the root's buffer and every other block are left unchanged.
+ * Every rank, root or not, passes the same count and a buffer of world_size
+ * blocks (a non-root rank uses only its own block). */
 enum {
   GS_ALLREDUCE = 1,
   GS_REDUCE_SCATTER = 2,
@@ -98,7 +104,9 @@ enum {
   GS_BROADCAST = 4,
   GS_REDUCE = 5,
   GS_ALLTOALL = 6,
-  GS_BARRIER = 7
+  GS_BARRIER = 7,
+  GS_GATHER = 8,
+  GS_SCATTER = 9
 };
 
 typedef struct gs_client gs_client;
