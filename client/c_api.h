@@ -222,7 +222,7 @@ typedef struct gs_collective_spec {
   size_t count;         /* elements (per block for the blocked collectives) */
   int32_t dtype;        /* GS_DTYPE_* */
   int32_t op;           /* GS_OP_*: allreduce, reduce_scatter, reduce */
-  int32_t root;         /* broadcast, reduce */
+  int32_t root;         /* broadcast, reduce, gather, scatter */
   const char* name;     /* identifies the op across ranks; may be NULL */
   const char* algorithm; /* "" / NULL: the job's choice or the planner's */
   int64_t timeout_ms;   /* bound at the daemon from submission; 0: the job's default */
@@ -241,8 +241,9 @@ void gs_collective_spec_init(gs_collective_spec* spec);
  * GS_INVALID_ARGUMENT without any RPC for a NULL session/spec/op_id, a
  * buffer NULL for anything but a barrier, an unset struct_size, and what the
  * SDK's one validator refuses (collective/op_validation.h: the kind, dtype
- * and op values, root in [0, world_size) for broadcast and reduce, timeout
- * >= 0, the algorithm, the range and alignment in the buffer); the message
+ * and op values, root in [0, world_size) for broadcast, reduce, gather and
+ * scatter, timeout >= 0, the algorithm, the range and alignment in the
+ * buffer); the message
  * names the op, the rank, the value and what was expected. */
 int gs_submit(gs_session* session, const gs_collective_spec* spec, uint64_t* op_id);
 /* gs_wait, and on GS_OK fills *result (may be NULL). */

@@ -174,18 +174,18 @@ absl::Status RootedBlocksAcrossNodes(transport::Context& ctx, const JobPlacement
     }
     return absl::OkStatus();
   }
-  const char* src = c.bufs[root_local];
+  char* src = c.bufs[root_local];  // only read
   for (int q = 0; q < n; ++q) {
     if (!peer[q]) continue;
     char* w = views[q].data();
     for (int s : p.ranks_of_node[q]) {
-      red.Copy(w, Block(const_cast<char*>(src), s, block), block);
+      red.Copy(w, Block(src, s, block), block);
       w += block;
     }
   }
   for (size_t i = 0; i < local.size(); ++i) {
     if (static_cast<int>(i) != root_local) {
-      red.Copy(Block(c.bufs[i], local[i], block), Block(const_cast<char*>(src), local[i], block),
+      red.Copy(Block(c.bufs[i], local[i], block), Block(src, local[i], block),
                block);
     }
   }
