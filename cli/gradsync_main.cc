@@ -60,7 +60,7 @@ ABSL_FLAG(std::string, redop, "sum", "bench: sum|avg|min|max|prod");
 ABSL_FLAG(std::string, algo, "auto",
           "bench: auto (cost model) or ring|rhd|rd|tree|pairwise|oneshot|hier|ps (ps needs "
           "--ps_shards; hier needs ranks that share a daemon)");
-ABSL_FLAG(int32_t, root, 0, "bench: root rank of broadcast/reduce");
+ABSL_FLAG(int32_t, root, 0, "bench: root rank of broadcast/reduce/gather/scatter");
 ABSL_FLAG(bool, check, false, "bench: check results (one checked op per size) and count #wrong");
 ABSL_FLAG(std::string, csv, "", "bench: also write the table as CSV to this file");
 ABSL_FLAG(bool, out_of_place, false,
