@@ -144,7 +144,9 @@ double BusBandwidthFactor(CollectiveKind kind, int n) {
     case CollectiveKind::kAllreduce: return 2.0 * (n - 1) / n;
     case CollectiveKind::kReduceScatter:
     case CollectiveKind::kAllgather:
-    case CollectiveKind::kAlltoall: return static_cast<double>(n - 1) / n;
+    case CollectiveKind::kAlltoall:
+    case CollectiveKind::kGather:
+    case CollectiveKind::kScatter: return static_cast<double>(n - 1) / n;
     case CollectiveKind::kBroadcast:
     case CollectiveKind::kReduce: return 1.0;
     case CollectiveKind::kBarrier: return 0.0;

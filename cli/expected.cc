@@ -84,6 +84,12 @@ bool ExpectedValue(CollectiveKind kind, DType t, ReduceOp op, int root, int r, i
       v = InputValue(static_cast<int>(b), static_cast<uint64_t>(r) * count + e, t);
       break;
     }
+    case CollectiveKind::kGather:  // the root collects; the others are left as they were
+      v = InputValue(r == root ? static_cast<int>(i / count) : r, i, t);
+      break;
+    case CollectiveKind::kScatter:  // block r from the root; the rest left as it was
+      v = InputValue(i / count == static_cast<uint64_t>(r) ? root : r, i, t);
+      break;
     case CollectiveKind::kBarrier: return false;
   }
   StoreValue(t, out, v);

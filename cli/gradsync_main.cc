@@ -54,13 +54,13 @@ ABSL_FLAG(int64_t, timeout_ms, 60000, "deadline of each collective");
 ABSL_FLAG(bool, keep_logs, false,
           "demo, bench, cluster: keep the embedded cluster's logs even when all is well");
 ABSL_FLAG(std::string, op, "allreduce",
-          "bench: allreduce|reduce_scatter|allgather|broadcast|reduce|alltoall|barrier");
+          "bench: allreduce|reduce_scatter|allgather|broadcast|reduce|alltoall|barrier|gather|scatter");
 ABSL_FLAG(std::string, dtype, "f32", "bench: f32|f64|f16|bf16|i32|i64|u8");
 ABSL_FLAG(std::string, redop, "sum", "bench: sum|avg|min|max|prod");
 ABSL_FLAG(std::string, algo, "auto",
           "bench: auto (cost model) or ring|rhd|rd|tree|pairwise|oneshot|hier|ps (ps needs "
           "--ps_shards; hier needs ranks that share a daemon)");
-ABSL_FLAG(int32_t, root, 0, "bench: root rank of broadcast/reduce");
+ABSL_FLAG(int32_t, root, 0, "bench: root rank of broadcast/reduce/gather/scatter");
 ABSL_FLAG(bool, check, false, "bench: check results (one checked op per size) and count #wrong");
 ABSL_FLAG(std::string, csv, "", "bench: also write the table as CSV to this file");
 ABSL_FLAG(bool, out_of_place, false,

@@ -48,6 +48,8 @@ static_assert(GS_BROADCAST == static_cast<int>(gradsync::CollectiveKind::kBroadc
 static_assert(GS_REDUCE == static_cast<int>(gradsync::CollectiveKind::kReduce), "kind");
 static_assert(GS_ALLTOALL == static_cast<int>(gradsync::CollectiveKind::kAlltoall), "kind");
 static_assert(GS_BARRIER == static_cast<int>(gradsync::CollectiveKind::kBarrier), "kind");
+static_assert(GS_GATHER == static_cast<int>(gradsync::CollectiveKind::kGather), "kind");
+static_assert(GS_SCATTER == static_cast<int>(gradsync::CollectiveKind::kScatter), "kind");
 static_assert(GS_INVALID_ARGUMENT == static_cast<int>(absl::StatusCode::kInvalidArgument), "code");
 static_assert(GS_DEADLINE_EXCEEDED == static_cast<int>(absl::StatusCode::kDeadlineExceeded), "code");
 static_assert(GS_ABORTED == static_cast<int>(absl::StatusCode::kAborted), "code");

@@ -88,9 +88,15 @@ enum {
 
 /* Collectives (values of gradsync::CollectiveKind / gradsync.v1.CollectiveType).
  * Buffer layouts (docs/collectives.md): allreduce, broadcast and reduce use
- * `count` elements; reduce_scatter, allgather and alltoall world_size blocks
- * of `count` elements each (rank r's own block is block r); barrier none
- * (buffer NULL, count 0). */
+ * `count` elements; reduce_scatter, allgather, alltoall, gather and scatter
+ * world_size blocks of `count` elements each (rank r's own block is block r);
+ * barrier none (buffer NULL, count 0).
+ *   GS_GATHER   (root): on return the root's block j holds rank j's block j;
+ *               the other ranks send their block r and are left unchanged.
+ *   GS_SCATTER  (root): on return rank r's block r holds the root's block r;
+ *               the root's buffer and every other block are left unchanged.
+ * Every rank, root or not, passes the same count and a buffer of world_size
+ * blocks (a non-root rank uses only its own block). */
 enum {
   GS_ALLREDUCE = 1,
   GS_REDUCE_SCATTER = 2,
@@ -98,7 +104,9 @@ enum {
   GS_BROADCAST = 4,
   GS_REDUCE = 5,
   GS_ALLTOALL = 6,
-  GS_BARRIER = 7
+  GS_BARRIER = 7,
+  GS_GATHER = 8,
+  GS_SCATTER = 9
 };
 
 typedef struct gs_client gs_client;
@@ -214,7 +222,7 @@ typedef struct gs_collective_spec {
   size_t count;         /* elements (per block for the blocked collectives) */
   int32_t dtype;        /* GS_DTYPE_* */
   int32_t op;           /* GS_OP_*: allreduce, reduce_scatter, reduce */
-  int32_t root;         /* broadcast, reduce */
+  int32_t root;         /* broadcast, reduce, gather, scatter */
   const char* name;     /* identifies the op across ranks; may be NULL */
   const char* algorithm; /* "" / NULL: the job's choice or the planner's */
   int64_t timeout_ms;   /* bound at the daemon from submission; 0: the job's default */
@@ -233,8 +241,9 @@ void gs_collective_spec_init(gs_collective_spec* spec);
  * GS_INVALID_ARGUMENT without any RPC for a NULL session/spec/op_id, a
  * buffer NULL for anything but a barrier, an unset struct_size, and what the
  * SDK's one validator refuses (collective/op_validation.h: the kind, dtype
- * and op values, root in [0, world_size) for broadcast and reduce, timeout
- * >= 0, the algorithm, the range and alignment in the buffer); the message
+ * and op values, root in [0, world_size) for broadcast, reduce, gather and
+ * scatter, timeout >= 0, the algorithm, the range and alignment in the
+ * buffer); the message
  * names the op, the rank, the value and what was expected. */
 int gs_submit(gs_session* session, const gs_collective_spec* spec, uint64_t* op_id);
 /* gs_wait, and on GS_OK fills *result (may be NULL). */

@@ -225,9 +225,9 @@ TEST_F(CApiTest, SubmitRunAndPollWithASpec) {
 
   const int rpcs = fake_->rpc_count();
   gs_collective_spec bad = spec;
-  bad.kind = 9;
+  bad.kind = 10;
   EXPECT_EQ(gs_submit(session_, &bad, &op), GS_INVALID_ARGUMENT);
-  EXPECT_THAT(gs_last_error(), HasSubstr("collective 9 is not a valid value (1..7: allreduce"));
+  EXPECT_THAT(gs_last_error(), HasSubstr("collective 10 is not a valid value (1..9: allreduce"));
   bad = spec;
   bad.buffer = nullptr;
   EXPECT_EQ(gs_submit(session_, &bad, &op), GS_INVALID_ARGUMENT);
@@ -253,6 +253,46 @@ TEST_F(CApiTest, SubmitRunAndPollWithASpec) {
   EXPECT_EQ(gs_session_event_fd(session_, &fd), GS_UNIMPLEMENTED);
   EXPECT_THAT(gs_last_error(), HasSubstr("needs the shared-memory op queue"));
   EXPECT_EQ(gs_buffer_free(session_, buf), GS_OK);
+}
+
+// gather and scatter reach the daemon as their own collectives with their
+// root; a root that is not a rank is refused before any RPC.
+TEST_F(CApiTest, GatherAndScatterCarryTheirKindAndRoot) {
+  gs_buffer* buf = nullptr;
+  ASSERT_EQ(gs_buffer_alloc(session_, 8 * sizeof(int32_t), &buf), GS_OK) << gs_last_error();
+  auto* x = static_cast<int32_t*>(gs_buffer_data(buf));
+  for (int i = 0; i < 8; ++i) x[i] = 3 * i;
+  const struct {
+    int kind;
+    gradsync::v1::CollectiveType wire;
+  } cases[] = {{GS_GATHER, gradsync::v1::COLLECTIVE_TYPE_GATHER},
+               {GS_SCATTER, gradsync::v1::COLLECTIVE_TYPE_SCATTER}};
+  for (const auto& c : cases) {
+    gs_collective_spec spec;
+    gs_collective_spec_init(&spec);
+    spec.kind = c.kind;
+    spec.buffer = buf;
+    spec.count = 8;  // world size 1: one block
+    spec.dtype = GS_DTYPE_I32;
+    spec.root = 0;
+    spec.name = c.kind == GS_GATHER ? "g" : "s";
+    gs_result result;
+    ASSERT_EQ(gs_run(session_, &spec, &result), GS_OK) << gs_last_error();
+    EXPECT_EQ(fake_->last_submit_request().collective(), c.wire);
+    EXPECT_EQ(fake_->last_submit_request().root(), 0);
+    EXPECT_EQ(fake_->last_submit_request().count(), 8u);
+    for (int i = 0; i < 8; ++i) EXPECT_EQ(x[i], 3 * i) << i;  // one rank: nothing moves
+    const int64_t rpcs = fake_->rpc_count();
+    spec.root = 1;
+    uint64_t op = 0;
+    EXPECT_EQ(gs_submit(session_, &spec, &op), GS_INVALID_ARGUMENT);
+    EXPECT_THAT(gs_last_error(), HasSubstr(absl::StrCat(c.kind == GS_GATHER ? "gather" : "scatter",
+                                                        " '", spec.name,
+                                                        "' on rank 0: root 1 out of range for "
+                                                        "world size 1")));
+    EXPECT_EQ(fake_->rpc_count(), rpcs);
+  }
+  EXPECT_EQ(gs_buffer_free(session_, buf), GS_OK) << gs_last_error();
 }
 
 TEST_F(CApiTest, SessionOptionsAreCheckedAndUsed) {

@@ -79,6 +79,7 @@ struct FakeWorker::Op {
   uint64_t offset_bytes = 0;
   uint64_t count = 0;
   DType dtype = DType::kF32;
+  bool doubles = true;  // allreduce; gather and scatter at world size 1 move nothing
   absl::Status inject;  // complete with this instead of transforming
   absl::Time submitted;
   absl::Time started;
@@ -197,6 +198,7 @@ void FakeWorker::RunOps() {
 }
 
 void FakeWorker::Transform(const Op& op) {
+  if (!op.doubles) return;
   char* p = op.segment->data() + op.offset_bytes;
   auto twice = [&](auto* elems) {
     for (uint64_t i = 0; i < op.count; ++i) elems[i] = elems[i] * 2;
@@ -279,7 +281,10 @@ grpc::Status FakeWorker::Submit(grpc::ServerContext*, const v1::SubmitRequest* r
   if (buf == session.buffers.end()) {
     return Error(grpc::NOT_FOUND, absl::StrCat("no buffer ", req->buffer_id()));
   }
-  if (req->collective() != v1::COLLECTIVE_TYPE_ALLREDUCE || !IsValidDType(req->dtype()) ||
+  const bool rooted = req->collective() == v1::COLLECTIVE_TYPE_GATHER ||
+                      req->collective() == v1::COLLECTIVE_TYPE_SCATTER;
+  if ((req->collective() != v1::COLLECTIVE_TYPE_ALLREDUCE && !rooted) ||
+      (rooted && req->root() != 0) || !IsValidDType(req->dtype()) ||
       !IsValidReduceOp(req->reduce_op()) || req->count() == 0) {
     return Error(grpc::INVALID_ARGUMENT, "bad collective, dtype, reduce op or count");
   }
@@ -295,6 +300,7 @@ grpc::Status FakeWorker::Submit(grpc::ServerContext*, const v1::SubmitRequest* r
   op->offset_bytes = req->offset_bytes();
   op->count = req->count();
   op->dtype = dtype;
+  op->doubles = !rooted;
   op->inject = std::move(fail_next_);
   fail_next_ = absl::OkStatus();
   op->submitted = absl::Now();

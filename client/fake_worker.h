@@ -7,7 +7,10 @@
 // submission order, in place in the shared memory. Instead of reducing across
 // ranks (world_size must be 1), an op applies a visible, deterministic
 // transform after a configurable delay: numeric elements (f32, f64, i32, i64)
-// are multiplied by 2, other types are left as they are. Failures can be
+// of an allreduce are multiplied by 2, other types are left as they are; a
+// gather or scatter (root 0, the only rank) leaves the buffer as it is, as
+// the real daemon does at world size 1. Other collectives are refused
+// (InvalidArgument). Failures can be
 // injected (FailNextOp) and RPCs are counted (rpc_count), so tests can prove
 // that argument errors are caught before any RPC.
 //

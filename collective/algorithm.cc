@@ -43,7 +43,9 @@ bool Implements(Algorithm a, CollectiveKind k) {
              a == Algorithm::kRecursiveDoubling;
     case CollectiveKind::kBroadcast:
     case CollectiveKind::kReduce: return a == Algorithm::kRing || a == Algorithm::kBinomialTree;
-    case CollectiveKind::kAlltoall: return a == Algorithm::kPairwise;
+    case CollectiveKind::kAlltoall:
+    case CollectiveKind::kGather:
+    case CollectiveKind::kScatter: return a == Algorithm::kPairwise;
     case CollectiveKind::kBarrier:
       return a == Algorithm::kRecursiveDoubling || a == Algorithm::kBinomialTree ||
              a == Algorithm::kPairwise || a == Algorithm::kOneShot;

@@ -87,6 +87,8 @@ absl::StatusOr<Algorithm> ParseAlgorithm(absl::string_view name);
 //   broadcast         x              x
 //   reduce            x              x
 //   alltoall                             x
+//   gather                               x   (linear: every rank to the root)
+//   scatter                              x   (linear: the root to every rank)
 //   barrier                      x   x      x          x
 bool Implements(Algorithm a, CollectiveKind k);
 

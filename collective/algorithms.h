@@ -56,6 +56,10 @@ absl::Status TreeBarrier(transport::Context& ctx, const CollectiveCall& call);
 absl::Status PairwiseAlltoall(transport::Context& ctx, const CollectiveCall& call,
                               transport::Scratch* scratch);
 absl::Status PairwiseBarrier(transport::Context& ctx, const CollectiveCall& call);
+// Linear gather and scatter ("pairwise": every message between the root and
+// one peer), in place, no scratch.
+absl::Status LinearGather(transport::Context& ctx, const CollectiveCall& call);
+absl::Status LinearScatter(transport::Context& ctx, const CollectiveCall& call);
 
 // oneshot.cc (barrier: PairwiseBarrier, the same single round)
 absl::Status OneShotAllreduce(transport::Context& ctx, const CollectiveCall& call,

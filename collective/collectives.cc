@@ -15,7 +15,9 @@ size_t CollectiveBufferBytes(CollectiveKind kind, size_t count, DType dtype, int
     case CollectiveKind::kReduce: return block;
     case CollectiveKind::kReduceScatter:
     case CollectiveKind::kAllgather:
-    case CollectiveKind::kAlltoall: return static_cast<size_t>(world < 1 ? 1 : world) * block;
+    case CollectiveKind::kAlltoall:
+    case CollectiveKind::kGather:
+    case CollectiveKind::kScatter: return static_cast<size_t>(world < 1 ? 1 : world) * block;
     case CollectiveKind::kBarrier: return 0;
   }
   return 0;
@@ -111,6 +113,12 @@ absl::Status RunCollective(transport::Context& ctx, const CollectiveCall& call, 
       break;
     case CollectiveKind::kAlltoall:
       if (algo == A::kPairwise) return internal::PairwiseAlltoall(ctx, call, scratch);
+      break;
+    case CollectiveKind::kGather:
+      if (algo == A::kPairwise) return internal::LinearGather(ctx, call);
+      break;
+    case CollectiveKind::kScatter:
+      if (algo == A::kPairwise) return internal::LinearScatter(ctx, call);
       break;
     case CollectiveKind::kBarrier:
       switch (algo) {

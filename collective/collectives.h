@@ -20,6 +20,15 @@
 //                                algorithms accumulate in `scratch`).
 //   alltoall(data, count)        the buffer holds n*count elements; block j of
 //                                rank i goes to block i of rank j.
+//   gather(data, count, root)    the buffer holds n*count elements (the layout
+//                                of allgather); on entry block r is valid, on
+//                                return the root's block j holds rank j's
+//                                block j. The other ranks' buffers are left
+//                                unchanged (they read only their block r).
+//   scatter(data, count, root)   the buffer holds n*count elements; on return
+//                                block r of rank r holds the root's block r.
+//                                The root's buffer and the other blocks of
+//                                every rank are left unchanged.
 //   barrier()                    returns on each rank only after every rank
 //                                entered it (data, count, dtype are ignored).
 //
@@ -84,7 +93,7 @@ struct CollectiveCall {
   size_t count = 0;  // elements per rank-block
   DType dtype = DType::kF32;
   ReduceOp op = ReduceOp::kSum;  // reducing collectives only
-  int root = 0;                  // broadcast and reduce only
+  int root = 0;                  // broadcast, reduce, gather and scatter only
   uint64_t seq = 0;              // MessageTag.op_seq of every message
   absl::Time deadline = absl::InfiniteFuture();
   RingOptions ring;  // segment size and in-flight bound (every algorithm uses the segment size)
@@ -96,7 +105,8 @@ struct CollectiveCall {
 };
 
 // Bytes of the op's buffer on each rank: count*elem for allreduce, broadcast
-// and reduce; n*count*elem for reduce_scatter, allgather and alltoall; 0 for
+// and reduce; n*count*elem for reduce_scatter, allgather, alltoall, gather and
+// scatter (every rank, root or not: one layout, as allgather's); 0 for
 // barrier. This is the `bytes` the cost model takes.
 size_t CollectiveBufferBytes(CollectiveKind kind, size_t count, DType dtype, int world);
 

@@ -14,9 +14,11 @@
 //     and for avg, which divides an exact sum once), compared with a
 //     reference in rank order. Integer dtypes are full-range in both cases
 //     (wrapping sum and prod do not depend on the order).
-//   * Data movement (allgather, broadcast, alltoall): random data of the
-//     dtype; the bytes must arrive unchanged, and blocks a rank does not own
-//     start as garbage so a missing write shows.
+//   * Data movement (allgather, broadcast, alltoall, gather, scatter): random
+//     data of the dtype; the bytes must arrive unchanged, and blocks a rank
+//     does not own start as garbage so a missing write shows. gather's
+//     non-root ranks and scatter's root must end exactly as they started
+//     (garbage included): nothing may write there.
 //   * reduce_scatter + allgather == allreduce: integer-valued inputs (the
 //     algorithms reduce in different orders).
 #include "collective/collectives.h"
@@ -154,15 +156,18 @@ void RunAndCheck(int n, const Case& c, DeviceKind device = DeviceKind::kTcp) {
                 ? IntegerValuedData(c.dtype, elems, r, static_cast<uint32_t>(seq), c.op)
                 : RandomData(c.dtype, elems, r, static_cast<uint32_t>(seq));
     bufs[r] = in[r];
-    if (c.kind == CollectiveKind::kAllgather) {  // only block r is valid on entry
+    if (c.kind == CollectiveKind::kAllgather || c.kind == CollectiveKind::kGather) {
+      // only block r is valid on entry
       for (int j = 0; j < n; ++j) {
         if (j != r && block > 0) std::memset(bufs[r].data() + j * block, 0x5a, block);
       }
     }
-    if (c.kind == CollectiveKind::kBroadcast && r != c.root) {
+    if ((c.kind == CollectiveKind::kBroadcast || c.kind == CollectiveKind::kScatter) &&
+        r != c.root) {
       if (!bufs[r].empty()) std::memset(bufs[r].data(), 0x5a, bufs[r].size());
     }
   }
+  const std::vector<std::vector<char>> before = bufs;
   const std::vector<absl::Status> st = RunEverywhere(w, c, seq, bufs);
   const std::string what = absl::StrCat(DeviceName(device), ": ", Describe(c, n));
   for (int r = 0; r < n; ++r) ASSERT_TRUE(st[r].ok()) << what << " rank " << r << ": " << st[r];
@@ -195,6 +200,20 @@ void RunAndCheck(int n, const Case& c, DeviceKind device = DeviceKind::kTcp) {
         for (int i = 0; i < n; ++i) {
           want.insert(want.end(), in[i].begin() + r * block, in[i].begin() + (r + 1) * block);
         }
+        break;
+      case CollectiveKind::kGather:
+        want = before[r];
+        if (r == c.root) {
+          for (int j = 0; j < n; ++j) {
+            std::copy(in[j].begin() + j * block, in[j].begin() + (j + 1) * block,
+                      want.begin() + j * block);
+          }
+        }
+        break;
+      case CollectiveKind::kScatter:
+        want = before[r];
+        std::copy(in[c.root].begin() + r * block, in[c.root].begin() + (r + 1) * block,
+                  want.begin() + r * block);
         break;
       case CollectiveKind::kBarrier: break;
     }
@@ -271,6 +290,30 @@ TEST(Collectives, AllgatherEveryAlgorithmIsBitExact) { SweepMain(CollectiveKind:
 TEST(Collectives, BroadcastEveryAlgorithmIsBitExact) { SweepMain(CollectiveKind::kBroadcast); }
 TEST(Collectives, ReduceEveryAlgorithmIsBitExact) { SweepMain(CollectiveKind::kReduce); }
 TEST(Collectives, AlltoallEveryAlgorithmIsBitExact) { SweepMain(CollectiveKind::kAlltoall); }
+TEST(Collectives, GatherEveryAlgorithmIsBitExact) { SweepMain(CollectiveKind::kGather); }
+TEST(Collectives, ScatterEveryAlgorithmIsBitExact) { SweepMain(CollectiveKind::kScatter); }
+
+// gather and scatter to and from every root, several dtypes (on the
+// in-process device and TCP).
+TEST(Collectives, GatherAndScatterAtEveryRoot) {
+  for (DeviceKind device : {DeviceKind::kInProc, DeviceKind::kTcp}) {
+    for (CollectiveKind kind : {CollectiveKind::kGather, CollectiveKind::kScatter}) {
+      for (int n : {2, 3, 4, 6}) {
+        for (int root = 0; root < n; ++root) {
+          for (DType t : {DType::kF32, DType::kF64, DType::kF16, DType::kU8, DType::kI64}) {
+            Case c;
+            c.kind = kind;
+            c.algo = Algorithm::kPairwise;
+            c.dtype = t;
+            c.count = 5 + static_cast<size_t>(root);
+            c.root = root;
+            ASSERT_NO_FATAL_FAILURE(RunAndCheck(n, c, device));
+          }
+        }
+      }
+    }
+  }
+}
 
 TEST(Collectives, EveryDtypeAndOpForEveryAlgorithm) {
   for (CollectiveKind kind : kAllCollectives) {
@@ -534,7 +577,8 @@ TEST(Collectives, MissingRankTimesOutWithItsRankNamed) {
         Probe{CollectiveKind::kAllgather, Algorithm::kRecursiveDoubling, 4, 2},
         Probe{CollectiveKind::kReduce, Algorithm::kBinomialTree, 4, 2},
         Probe{CollectiveKind::kReduceScatter, Algorithm::kRing, 3, 0},
-        Probe{CollectiveKind::kBarrier, Algorithm::kPairwise, 3, 1}}) {
+        Probe{CollectiveKind::kBarrier, Algorithm::kPairwise, 3, 1},
+        Probe{CollectiveKind::kGather, Algorithm::kPairwise, 4, 0}}) {
    for (DeviceKind device : testing::kAllDevices) {
     Cluster c = MakeCluster(p.n, absl::StrCat("timeout-", AlgorithmName(p.algo)), device);
     const int missing = p.n - 1;

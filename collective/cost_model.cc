@@ -135,6 +135,11 @@ double PredictMicros(CollectiveKind kind, Algorithm algo, size_t bytes, int worl
     case CollectiveKind::kAlltoall:
       if (algo == A::kPairwise) return (n - 1) * (a + B / n * be);  // n-1 steps of one block
       break;
+    case CollectiveKind::kGather:
+    case CollectiveKind::kScatter:
+      // linear: n-1 blocks through the root's link, posted at once
+      if (algo == A::kPairwise) return a + (n - 1) / n * B * be;
+      break;
     case CollectiveKind::kBarrier:
       switch (algo) {
         case A::kRecursiveDoubling: return L * a;  // dissemination

@@ -55,34 +55,46 @@ absl::Status LocalAlltoall(const JobPlacement& p, const LocalCollective& c, size
 
 // Sends out[q] to every other node q and receives into in[q] (exactly its
 // size), on slot 1 of op `seq`; both are views of one registered staging area.
+// Only to the nodes q with send_to[q] and from those with recv_from[q]
+// (empty: every other node).
 absl::Status ExchangeWithNodes(transport::Context& ctx, uint64_t seq,
                                const std::vector<transport::RegionView>& out,
-                               const std::vector<transport::RegionView>& in, absl::Time deadline) {
+                               const std::vector<transport::RegionView>& in, absl::Time deadline,
+                               std::vector<bool> send_to = {}, std::vector<bool> recv_from = {}) {
   const int n = ctx.size(), me = ctx.rank();
+  if (send_to.empty()) send_to.assign(n, true);
+  if (recv_from.empty()) recv_from.assign(n, true);
+  send_to[me] = recv_from[me] = false;
   std::vector<transport::Request> sends(n), recvs(n);
   transport::MessageTag tag;
   tag.op_seq = seq;
   tag.slot = 1;
   for (int q = 0; q < n; ++q) {
-    if (q == me) continue;
+    if (!recv_from[q]) continue;
     RETURN_IF_ERROR(ctx.PostRecv(q, in[q], 0, in[q].size(), /*exact=*/true, tag, &recvs[q]));
   }
   for (int q = 0; q < n; ++q) {
-    if (q == me) continue;
+    if (!send_to[q]) continue;
     RETURN_IF_ERROR(ctx.PostSend(q, out[q], 0, out[q].size(), tag, &sends[q]));
   }
   auto all_done = [&] {
     for (int q = 0; q < n; ++q) {
-      if (q != me && (!sends[q].done || !recvs[q].done)) return false;
+      if ((send_to[q] && !sends[q].done) || (recv_from[q] && !recvs[q].done)) return false;
     }
     return true;
   };
   while (!all_done()) {
     absl::Status s = ctx.Progress(deadline);
     if (absl::IsDeadlineExceeded(s)) {
-      std::vector<int> waiting;
+      std::vector<int> waiting, sending;
       for (int q = 0; q < n; ++q) {
-        if (q != me && !recvs[q].done) waiting.push_back(q);
+        if (recv_from[q] && !recvs[q].done) waiting.push_back(q);
+        if (send_to[q] && !sends[q].done) sending.push_back(q);
+      }
+      if (waiting.empty()) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            "op ", seq, ": timed out sending blocks to daemon(s) ", absl::StrJoin(sending, ","),
+            " (node indices)"));
       }
       return absl::DeadlineExceededError(absl::StrCat(
           "op ", seq, ": timed out waiting for the blocks of daemon(s) ",
@@ -91,6 +103,93 @@ absl::Status ExchangeWithNodes(transport::Context& ctx, uint64_t seq,
     RETURN_IF_ERROR(s);
   }
   return absl::OkStatus();
+}
+
+// gather and scatter across daemons: one message between the root's daemon
+// and every other daemon, carrying the blocks of that daemon's ranks (their
+// own blocks, in rank order). gather: each daemon sends its ranks' blocks to
+// the root's daemon, which places them in the root's buffer (its own local
+// ranks' blocks by copy). scatter: the root's daemon sends each daemon the
+// root's blocks for that daemon's ranks, and copies its own local ranks'
+// blocks; each rank's block r lands in its buffer.
+absl::Status RootedBlocksAcrossNodes(transport::Context& ctx, const JobPlacement& p,
+                                     const LocalCollective& c, uint64_t seq, absl::Time deadline,
+                                     transport::Scratch* scratch) {
+  const size_t block = c.count * DTypeSize(c.dtype);
+  if (block == 0) return absl::OkStatus();  // every daemon knows: count is in the signature
+  const int n = p.nodes(), me = p.node_index;
+  const int root_node = p.node_of_rank[c.root];
+  const int root_local = LocalIndex(p, c.root);  // -1 off the root's daemon
+  const std::vector<int>& local = p.local_ranks();
+  const bool gather = c.kind == CollectiveKind::kGather;
+  const Reducer& red = c.reduce();
+  // One staging area, one region per other daemon this one talks to (the
+  // root's daemon: every other one; the others: the root's alone).
+  std::vector<size_t> at(n, 0), len(n, 0);
+  std::vector<bool> peer(n, false);
+  size_t total = 0;
+  for (int q = 0; q < n; ++q) {
+    if (q == me || (me != root_node && q != root_node)) continue;
+    peer[q] = true;
+    at[q] = total;
+    len[q] = (me == root_node ? p.ranks_of_node[q].size() : local.size()) * block;
+    total += len[q];
+  }
+  ASSIGN_OR_RETURN(const transport::MemoryRegion* staging,
+                   scratch->ReserveRegistered(ctx, std::max<size_t>(total, 1)));
+  std::vector<transport::RegionView> views;
+  for (int q = 0; q < n; ++q) views.emplace_back(*staging, at[q], len[q]);
+  const std::vector<bool> none(n, false);
+  if (gather) {
+    if (me != root_node) {  // this daemon's ranks' own blocks, to the root's daemon
+      char* w = views[root_node].data();
+      for (size_t i = 0; i < local.size(); ++i, w += block) {
+        red.Copy(w, Block(c.bufs[i], local[i], block), block);
+      }
+      return ExchangeWithNodes(ctx, seq, views, views, deadline, peer, none);
+    }
+    char* dst = c.bufs[root_local];
+    for (size_t i = 0; i < local.size(); ++i) {
+      if (static_cast<int>(i) != root_local) {
+        red.Copy(Block(dst, local[i], block), Block(c.bufs[i], local[i], block), block);
+      }
+    }
+    RETURN_IF_ERROR(ExchangeWithNodes(ctx, seq, views, views, deadline, none, peer));
+    for (int q = 0; q < n; ++q) {
+      if (!peer[q]) continue;
+      const char* r = views[q].data();
+      for (int s : p.ranks_of_node[q]) {
+        red.Copy(Block(dst, s, block), r, block);
+        r += block;
+      }
+    }
+    return absl::OkStatus();
+  }
+  // scatter
+  if (me != root_node) {
+    RETURN_IF_ERROR(ExchangeWithNodes(ctx, seq, views, views, deadline, none, peer));
+    const char* r = views[root_node].data();
+    for (size_t i = 0; i < local.size(); ++i, r += block) {
+      red.Copy(Block(c.bufs[i], local[i], block), r, block);
+    }
+    return absl::OkStatus();
+  }
+  char* src = c.bufs[root_local];  // only read
+  for (int q = 0; q < n; ++q) {
+    if (!peer[q]) continue;
+    char* w = views[q].data();
+    for (int s : p.ranks_of_node[q]) {
+      red.Copy(w, Block(src, s, block), block);
+      w += block;
+    }
+  }
+  for (size_t i = 0; i < local.size(); ++i) {
+    if (static_cast<int>(i) != root_local) {
+      red.Copy(Block(c.bufs[i], local[i], block), Block(src, local[i], block),
+               block);
+    }
+  }
+  return ExchangeWithNodes(ctx, seq, views, views, deadline, peer, none);
 }
 
 // allgather and alltoall across daemons: the blocks each daemon's ranks send
@@ -251,6 +350,16 @@ absl::Status RunInMemory(const JobPlacement& p, const LocalCollective& c,
     }
     case CollectiveKind::kAlltoall:
       return LocalAlltoall(p, c, block, scratch);
+    case CollectiveKind::kGather:
+      for (int j = 0; j < world; ++j) {
+        if (j != c.root) red.Copy(Block(c.bufs[c.root], j, block), Block(c.bufs[j], j, block), block);
+      }
+      return absl::OkStatus();
+    case CollectiveKind::kScatter:
+      for (int j = 0; j < world; ++j) {
+        if (j != c.root) red.Copy(Block(c.bufs[j], j, block), Block(c.bufs[c.root], j, block), block);
+      }
+      return absl::OkStatus();
     case CollectiveKind::kBarrier:
       return absl::OkStatus();
   }
@@ -311,6 +420,9 @@ absl::Status RunAcrossNodes(transport::Context& ctx, const JobPlacement& p,
     case CollectiveKind::kAllgather:
     case CollectiveKind::kAlltoall:
       return between(BlocksAcrossNodes(ctx, p, c, seq, deadline, scratch));
+    case CollectiveKind::kGather:
+    case CollectiveKind::kScatter:
+      return between(RootedBlocksAcrossNodes(ctx, p, c, seq, deadline, scratch));
     case CollectiveKind::kBroadcast: {
       const int root_local = LocalIndex(p, c.root);
       char* src = root_local >= 0 ? c.bufs[root_local] : c.bufs[0];

@@ -17,6 +17,14 @@
 //   broadcast       node broadcast from the root's daemon -> copy
 //   reduce          local reduce -> node reduce to the root's daemon -> the
 //                   root's buffer (the others' buffers are left as they were)
+//   gather          each other daemon sends the root's daemon its ranks' own
+//                   blocks in one message; local ranks' blocks are copied
+//                   into the root's buffer
+//   scatter         the root's daemon sends each other daemon the root's
+//                   blocks of that daemon's ranks in one message; local
+//                   ranks' blocks are copied from the root's buffer
+// (All ranks on this daemon: gather and scatter are block copies between the
+// root's buffer and the others'.)
 //   barrier         nothing (the signature exchange was the barrier)
 // Every element is combined in a fixed order (local ranks ascending, then the
 // node algorithm's order), so every rank gets the same bits. avg sums and
@@ -80,7 +88,9 @@ absl::Status RunInMemory(const JobPlacement& placement, const LocalCollective& c
 // Several daemons: `node_ctx` connects them (rank = node index);
 // `node_algo` runs the node stage where one runs (it must implement the
 // stage's collective: allreduce for allreduce and reduce_scatter, broadcast,
-// reduce). Errors name the stage.
+// reduce; allgather, alltoall, gather and scatter move their blocks in one
+// message per pair of daemons that exchange any and ignore it). Errors name
+// the stage.
 absl::Status RunAcrossNodes(transport::Context& node_ctx, const JobPlacement& placement,
                             const LocalCollective& c, Algorithm node_algo, uint64_t seq,
                             absl::Time deadline, const RingOptions& ring,

@@ -6,6 +6,7 @@
 // TCP. Also RunInMemory (every rank on one daemon) on device memory.
 #include "collective/hierarchical.h"
 
+#include <algorithm>
 #include <thread>
 #include <vector>
 
@@ -138,6 +139,78 @@ TEST(NodeCollectives, LocalStagesGiveTheSameBytesSlicedOrNot) {
   for (int run = 0; run < 3; ++run) {
     for (int r = 0; r < 3; ++r) {
       EXPECT_TRUE(out[run][r] == want[0]) << "run " << run << " rank " << r;
+    }
+  }
+}
+
+// gather's and scatter's reference on a blocked buffer of `n` ranks:
+// gather: the root's block j is rank j's block j, the others unchanged;
+// scatter: rank r's block r is the root's block r, the rest unchanged.
+std::vector<std::vector<char>> RootedReference(CollectiveKind kind,
+                                               const std::vector<std::vector<char>>& in,
+                                               size_t block, int root) {
+  std::vector<std::vector<char>> want = in;
+  const int n = static_cast<int>(in.size());
+  for (int j = 0; j < n; ++j) {
+    if (j == root) continue;
+    if (kind == CollectiveKind::kGather) {
+      std::copy(in[j].begin() + j * block, in[j].begin() + (j + 1) * block,
+                want[root].begin() + j * block);
+    } else {
+      std::copy(in[root].begin() + j * block, in[root].begin() + (j + 1) * block,
+                want[j].begin() + j * block);
+    }
+  }
+  return want;
+}
+
+// Across the three daemons (2, 1 and 3 ranks), from every root, on host
+// memory and on the staged device path: byte for byte the reference.
+TEST(NodeCollectives, GatherAndScatterAcrossDaemonsFromEveryRoot) {
+  uint64_t seq = 1000;
+  for (CollectiveKind kind : {CollectiveKind::kGather, CollectiveKind::kScatter}) {
+    for (DType t : {DType::kF32, DType::kBF16, DType::kI64}) {
+      for (int root = 0; root < 6; ++root) {
+        const size_t count = t == DType::kF32 ? 100003 : 37;
+        std::vector<std::vector<char>> in(6);
+        for (int r = 0; r < 6; ++r) in[r] = testing::IntegerValuedData(t, 6 * count, r, 7, ReduceOp::kSum);
+        const auto want = RootedReference(kind, in, count * DTypeSize(t), root);
+        for (DeviceKind device : {DeviceKind::kTcp, DeviceKind::kTcpStaged}) {
+          if (device == DeviceKind::kTcpStaged && t != DType::kF32) continue;
+          SCOPED_TRACE(absl::StrCat(CollectiveName(kind), " ", DTypeName(t), " root ", root, " ",
+                                    testing::DeviceName(device)));
+          const auto got = RunEverywhere(device, kind, t, ReduceOp::kSum, count, root,
+                                         Algorithm::kPairwise, seq++);
+          for (int r = 0; r < 6; ++r) EXPECT_TRUE(got[r] == want[r]) << "rank " << r;
+        }
+      }
+    }
+  }
+}
+
+// Every rank on one daemon: block copies between the root and the others.
+TEST(NodeCollectives, GatherAndScatterInMemoryFromEveryRoot) {
+  JobPlacement p;
+  p.world = 4;
+  p.ranks_of_node = {{0, 1, 2, 3}};
+  p.node_of_rank = {0, 0, 0, 0};
+  p.node_names = {"a:1"};
+  const size_t count = 1001;
+  for (CollectiveKind kind : {CollectiveKind::kGather, CollectiveKind::kScatter}) {
+    for (DType t : {DType::kF32, DType::kF16, DType::kU8}) {
+      for (int root = 0; root < 4; ++root) {
+        std::vector<std::vector<char>> bufs(4);
+        for (int r = 0; r < 4; ++r) bufs[r] = testing::IntegerValuedData(t, 4 * count, r, 9, ReduceOp::kSum);
+        const auto want = RootedReference(kind, bufs, count * DTypeSize(t), root);
+        LocalCollective c{kind, t, ReduceOp::kSum, count, root, {}};
+        for (auto& b : bufs) c.bufs.push_back(b.data());
+        transport::Scratch scratch;
+        ASSERT_TRUE(RunInMemory(p, c, &scratch).ok());
+        for (int r = 0; r < 4; ++r) {
+          EXPECT_TRUE(bufs[r] == want[r])
+              << CollectiveName(kind) << " " << DTypeName(t) << " root " << root << " rank " << r;
+        }
+      }
     }
   }
 }

@@ -27,7 +27,7 @@ struct OpSignature {
   DType dtype = DType::kF32;
   ReduceOp op = ReduceOp::kSum;
   uint64_t count = 0;
-  int32_t root = 0;  // broadcast and reduce; 0 for the others
+  int32_t root = 0;  // broadcast, reduce, gather, scatter; 0 for the others
   std::string name;
   // The algorithm forced for this op (a code, see AlgorithmCode), compared
   // like every field above: ranks forcing different algorithms is a mismatch.

@@ -42,7 +42,7 @@ struct OpShape {
 inline constexpr uint64_t kMaxOpBytes = uint64_t{1} << 40;
 
 // Everything but the buffer's size, in this order: the collective, dtype
-// and reduce op values, the root for broadcast and reduce (CheckOpValues),
+// and reduce op values, the root for the rooted collectives (CheckOpValues),
 // the name's length, the timeout (finite, >= 0), a buffer for every op but a barrier
 // (a barrier without one has count 0), the op's size (<= kMaxOpBytes), the
 // requested plan for this collective and size, and against the job ("ps"
@@ -57,7 +57,7 @@ absl::Status CheckOpBuffer(const OpDesc& op, const OpContext& ctx, const OpShape
                            uint64_t buffer_bytes);
 
 // The first of ValidateOp's checks, on an op's own values: the collective,
-// dtype and reduce op are valid values and, for broadcast and reduce, `root`
+// dtype and reduce op are valid values and, for broadcast, reduce, gather and scatter, `root`
 // is a rank of ctx.world_size. Also run by RunCollective
 // (collective/collectives.h) for callers that come without the SDK or the
 // daemon (tests, benchmarks, the parameter server). `name` may be empty.

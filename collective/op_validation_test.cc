@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "collective/plan_code.h"
 #include "gtest/gtest.h"
 
@@ -63,10 +64,10 @@ TEST(ValidateOp, MeasuresTheOpAndItsPlan) {
 
 TEST(ValidateOp, NamesTheEnumValueAndTheValidOnes) {
   OpDesc op = Allreduce();
-  op.kind = static_cast<CollectiveKind>(9);
+  op.kind = static_cast<CollectiveKind>(10);
   EXPECT_EQ(Refusal(op),
-            "op 'grad/w' on rank 2: collective 9 is not a valid value (1..7: allreduce "
-            "reduce_scatter allgather broadcast reduce alltoall barrier)");
+            "op 'grad/w' on rank 2: collective 10 is not a valid value (1..9: allreduce "
+            "reduce_scatter allgather broadcast reduce alltoall barrier gather scatter)");
   op = Allreduce();
   op.dtype = static_cast<DType>(42);
   EXPECT_EQ(Refusal(op),
@@ -105,8 +106,36 @@ TEST(ValidateOp, RootMustBeARankOfRootedCollectivesOnly) {
   op.kind = CollectiveKind::kReduce;
   EXPECT_EQ(Refusal(op),
             "reduce 'grad/w' on rank 2: root -1 out of range for world size 4 (expected 0..3)");
-  op.kind = CollectiveKind::kAllreduce;  // no root: any value is ignored
+  op.kind = CollectiveKind::kGather;
+  EXPECT_EQ(Refusal(op),
+            "gather 'grad/w' on rank 2: root -1 out of range for world size 4 (expected 0..3)");
+  op.kind = CollectiveKind::kScatter;
+  op.root = 4;
+  EXPECT_EQ(Refusal(op),
+            "scatter 'grad/w' on rank 2: root 4 out of range for world size 4 (expected 0..3)");
+  op.root = 3;
   EXPECT_EQ(Refusal(op), "");
+  op.kind = CollectiveKind::kAllreduce;  // no root: any value is ignored
+  op.root = -1;
+  EXPECT_EQ(Refusal(op), "");
+}
+
+// gather and scatter hold world_size blocks of `count`, like allgather.
+TEST(ValidateOp, GatherAndScatterAreBlocked) {
+  for (CollectiveKind k : {CollectiveKind::kGather, CollectiveKind::kScatter}) {
+    OpDesc op = Allreduce(16);
+    op.kind = k;
+    op.root = 1;
+    absl::StatusOr<OpShape> s = ValidateOp(op, Ctx(4));
+    ASSERT_TRUE(s.ok()) << s.status();
+    EXPECT_EQ(s->blocks, 4u);
+    EXPECT_EQ(s->bytes, 16u * 4 * 4);
+    op.algorithm = "ring";
+    EXPECT_NE(Refusal(op, Ctx(4)).find(absl::StrCat("algorithm 'ring' does not implement ",
+                                                     CollectiveName(k), " (pairwise do)")),
+              std::string::npos)
+        << Refusal(op, Ctx(4));
+  }
 }
 
 TEST(ValidateOp, TimeoutIsFiniteAndNotNegative) {
@@ -231,8 +260,8 @@ TEST(SetOpEnums, NarrowsOnlyValidValuesWithValidateOpsWords) {
   // 257 would wrap to a valid byte (1) in a plain cast.
   absl::Status s = SetOpEnums(257, 1, 1, Ctx(), &op);
   EXPECT_EQ(s.message(),
-            "op 'grad/w' on rank 2: collective 257 is not a valid value (1..7: allreduce "
-            "reduce_scatter allgather broadcast reduce alltoall barrier)");
+            "op 'grad/w' on rank 2: collective 257 is not a valid value (1..9: allreduce "
+            "reduce_scatter allgather broadcast reduce alltoall barrier gather scatter)");
   s = SetOpEnums(1, 257, 1, Ctx(), &op);
   EXPECT_EQ(s.message(),
             "allreduce 'grad/w' on rank 2: dtype 257 is not a valid value (1..9: f32 f64 f16 bf16 "
@@ -263,10 +292,10 @@ TEST(CheckOpValues, IsValidateOpsFirstCheckWithOrWithoutAName) {
             "barrier 'b' on rank 2: dtype 0 is not a valid value (1..9: f32 f64 f16 bf16 i32 i64 "
             "u8 f8e4m3 f8e5m2)");
   ctx.rank = -1;
-  EXPECT_EQ(CheckOpValues(static_cast<CollectiveKind>(8), DType::kF32, ReduceOp::kSum, 0, ctx)
+  EXPECT_EQ(CheckOpValues(static_cast<CollectiveKind>(10), DType::kF32, ReduceOp::kSum, 0, ctx)
                 .message(),
-            "op: collective 8 is not a valid value (1..7: allreduce reduce_scatter allgather "
-            "broadcast reduce alltoall barrier)");
+            "op: collective 10 is not a valid value (1..9: allreduce reduce_scatter allgather "
+            "broadcast reduce alltoall barrier gather scatter)");
 }
 
 }  // namespace

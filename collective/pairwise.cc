@@ -1,4 +1,5 @@
-// Pairwise exchange: alltoall and a one-round barrier.
+// Pairwise exchange: alltoall, linear gather and scatter, and a one-round
+// barrier.
 //
 // alltoall, ring-ordered: in step s = 1 .. n-1 rank r sends its block r+s to
 // rank r+s and receives block r from rank r-s (mod n), so every step is a
@@ -7,6 +8,20 @@
 // buffer is first copied to scratch and every send reads the copy; receives
 // land in place. Block r stays where it is. The tag offset of a message is
 // where it lands: block (sender's rank) of the receiver.
+//
+// gather (linear): every rank but the root sends its block r to the root,
+// which posts a receive of block p from every peer p at once and lets them
+// land in place (the Exchange posts at most Context::max_in_flight() pieces
+// per peer and direction, so the root's window is n-1 peers x that bound).
+// One step, one message per non-root rank; the root's time is bound by its
+// own link: (n-1) blocks in. The other ranks' buffers are not written.
+//
+// scatter (linear): the mirror: the root sends its block j to rank j (every
+// send posted at once, windowed the same way) and every other rank receives
+// its block r in place. The root's buffer is only read.
+//
+// Both: tag offset = the block's byte offset (r * block, the same at both
+// ends), step 1. A rank outside the root's exchange posts one message only.
 //
 // barrier: one round in which every rank sends an empty message to every
 // other rank and waits for one from each: n-1 messages each way, one
@@ -43,6 +58,40 @@ absl::Status PairwiseAlltoall(transport::Context& ctx, const CollectiveCall& cal
         ex.Run(call.deadline, absl::StrCat("pairwise alltoall step ", s, " of ", n - 1)));
   }
   return absl::OkStatus();
+}
+
+absl::Status LinearGather(transport::Context& ctx, const CollectiveCall& call) {
+  const int n = ctx.size();
+  const int me = ctx.rank();
+  if (n == 1 || call.count == 0) return absl::OkStatus();
+  const size_t block = call.count * DTypeSize(call.dtype);
+  ASSIGN_OR_RETURN(auto data_mr, CallRegion(ctx, call, static_cast<size_t>(n) * block));
+  Exchange ex(ctx, call.seq, call.dtype, /*step=*/1, call.ring.segment_bytes);
+  if (me == call.root) {
+    for (int p = 0; p < n; ++p) {
+      if (p != me) ex.Recv(p, *data_mr, p * block, call.count, p * block);
+    }
+  } else {
+    ex.Send(call.root, *data_mr, me * block, call.count, me * block);
+  }
+  return ex.Run(call.deadline, absl::StrCat("linear gather to root ", call.root));
+}
+
+absl::Status LinearScatter(transport::Context& ctx, const CollectiveCall& call) {
+  const int n = ctx.size();
+  const int me = ctx.rank();
+  if (n == 1 || call.count == 0) return absl::OkStatus();
+  const size_t block = call.count * DTypeSize(call.dtype);
+  ASSIGN_OR_RETURN(auto data_mr, CallRegion(ctx, call, static_cast<size_t>(n) * block));
+  Exchange ex(ctx, call.seq, call.dtype, /*step=*/1, call.ring.segment_bytes);
+  if (me == call.root) {
+    for (int p = 0; p < n; ++p) {
+      if (p != me) ex.Send(p, *data_mr, p * block, call.count, p * block);
+    }
+  } else {
+    ex.Recv(call.root, *data_mr, me * block, call.count, me * block);
+  }
+  return ex.Run(call.deadline, absl::StrCat("linear scatter from root ", call.root));
 }
 
 absl::Status PairwiseBarrier(transport::Context& ctx, const CollectiveCall& call) {

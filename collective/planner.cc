@@ -161,7 +161,11 @@ void Planner::Complete(const PlanRequest& op, Plan* plan) const {
                        ? plan->algorithm
                        : ChooseAlgorithm(stage, op.bytes, topology_.world, agreed_link_,
                                          /*allow_oneshot=*/false);
-  if (!Implements(node, stage) || node == Algorithm::kOneShot) node = Algorithm::kRing;
+  if (!Implements(node, stage) || node == Algorithm::kOneShot) {
+    // gather and scatter: only the linear exchange (RunAcrossNodes moves the
+    // daemons' blocks itself; the field names what runs among them).
+    node = Implements(Algorithm::kRing, stage) ? Algorithm::kRing : Algorithm::kPairwise;
+  }
   plan->node_algorithm = node;
 }
 

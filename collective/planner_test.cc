@@ -164,6 +164,30 @@ TEST(Planner, NodeStageAlgorithmFollowsThePlanOrTheCostModelWithRingFallback) {
   EXPECT_EQ(p->node_algorithm, Algorithm::kRing);
 }
 
+// gather and scatter have one algorithm, the linear exchange ("pairwise"):
+// the cost model picks it flat, and it names the stage among the daemons.
+TEST(Planner, GatherAndScatterRunTheLinearExchange) {
+  for (CollectiveKind kind : {CollectiveKind::kGather, CollectiveKind::kScatter}) {
+    for (size_t bytes : {size_t{8}, size_t{64} << 20}) {
+      Planner flat(PlannerSettings{}, Flat(4), Loopback());
+      Plan p = flat.Propose(Op(kind, bytes));
+      EXPECT_EQ(p.path, PlanPath::kFlat);
+      EXPECT_EQ(p.algorithm, Algorithm::kPairwise) << CollectiveName(kind) << " " << bytes;
+      EXPECT_FALSE(p.fused);
+      EXPECT_EQ(p.streams, 0);
+      Planner shared(PlannerSettings{}, Shared(2, 3), Loopback());
+      absl::StatusOr<Plan> agreed =
+          shared.Agree(Op(kind, bytes), shared.Propose(Op(kind, bytes)), Code(Algorithm::kPairwise), 0);
+      ASSERT_TRUE(agreed.ok()) << agreed.status();
+      EXPECT_EQ(agreed->node_algorithm, Algorithm::kPairwise);
+      EXPECT_STREQ(agreed->shown_name, "hier");
+    }
+    for (Algorithm a : kAllAlgorithms) {
+      EXPECT_EQ(Implements(a, kind), a == Algorithm::kPairwise) << AlgorithmName(a);
+    }
+  }
+}
+
 TEST(Planner, FusedOnlyForAnAllreduceOrBarrierWhoseLocalSignaturesAgree) {
   Planner planner(PlannerSettings{}, Shared(2, 4), Loopback());
   PlanRequest small = Op(CollectiveKind::kAllreduce, 8);

@@ -22,14 +22,15 @@ namespace gradsync {
 
 // One collective on a buffer of the submitting session. Buffer layouts
 // (docs/collectives.md): allreduce, broadcast and reduce use `count`
-// elements; reduce_scatter, allgather and alltoall use world_size blocks of
-// `count` elements each (rank r's own block is block r); barrier uses none
-// (buffer_id 0, count 0).
+// elements; reduce_scatter, allgather, alltoall, gather and scatter use
+// world_size blocks of `count` elements each (rank r's own block is block r;
+// gather's and scatter's non-root ranks use only that block); barrier uses
+// none (buffer_id 0, count 0).
 struct OpDesc {
   CollectiveKind kind = CollectiveKind::kAllreduce;
   DType dtype = DType::kF32;
   ReduceOp op = ReduceOp::kSum;  // allreduce, reduce_scatter, reduce
-  int root = 0;                  // broadcast, reduce
+  int root = 0;                  // broadcast, reduce, gather, scatter
   uint64_t count = 0;            // elements (per block for the blocked collectives)
   uint64_t buffer_id = 0;        // the daemon's id; 0 = no buffer (a barrier only)
   uint64_t offset_bytes = 0;     // where the op starts in the buffer

@@ -55,11 +55,13 @@ const char* CollectiveName(CollectiveKind k) {
     case CollectiveKind::kReduce: return "reduce";
     case CollectiveKind::kAlltoall: return "alltoall";
     case CollectiveKind::kBarrier: return "barrier";
+    case CollectiveKind::kGather: return "gather";
+    case CollectiveKind::kScatter: return "scatter";
   }
   return "invalid-collective";
 }
 
-bool IsValidCollective(int v) { return v >= 1 && v <= 7; }
+bool IsValidCollective(int v) { return v >= 1 && v <= 9; }
 
 absl::StatusOr<CollectiveKind> ParseCollective(absl::string_view name) {
   std::string n = absl::AsciiStrToLower(name);
@@ -69,15 +71,17 @@ absl::StatusOr<CollectiveKind> ParseCollective(absl::string_view name) {
   if (n == "reducescatter") return CollectiveKind::kReduceScatter;
   return absl::InvalidArgumentError(absl::StrCat(
       "unknown collective '", name,
-      "' (expected allreduce, reduce_scatter, allgather, broadcast, reduce, alltoall or barrier)"));
+      "' (expected allreduce, reduce_scatter, allgather, broadcast, reduce, alltoall, barrier, gather or scatter)"));
 }
 
 bool IsBlockedCollective(CollectiveKind k) {
   return k == CollectiveKind::kReduceScatter || k == CollectiveKind::kAllgather ||
-         k == CollectiveKind::kAlltoall;
+         k == CollectiveKind::kAlltoall || k == CollectiveKind::kGather ||
+         k == CollectiveKind::kScatter;
 }
 bool IsRootedCollective(CollectiveKind k) {
-  return k == CollectiveKind::kBroadcast || k == CollectiveKind::kReduce;
+  return k == CollectiveKind::kBroadcast || k == CollectiveKind::kReduce ||
+         k == CollectiveKind::kGather || k == CollectiveKind::kScatter;
 }
 bool IsReducingCollective(CollectiveKind k) {
   return k == CollectiveKind::kAllreduce || k == CollectiveKind::kReduceScatter ||

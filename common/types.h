@@ -42,12 +42,14 @@ enum class CollectiveKind : uint8_t {
   kReduce = 5,
   kAlltoall = 6,
   kBarrier = 7,
+  kGather = 8,   // rooted, blocked: the root collects every rank's block
+  kScatter = 9,  // rooted, blocked: the root hands block j to rank j
 };
 
 inline constexpr CollectiveKind kAllCollectives[] = {
     CollectiveKind::kAllreduce, CollectiveKind::kReduceScatter, CollectiveKind::kAllgather,
     CollectiveKind::kBroadcast, CollectiveKind::kReduce,        CollectiveKind::kAlltoall,
-    CollectiveKind::kBarrier};
+    CollectiveKind::kBarrier,   CollectiveKind::kGather,        CollectiveKind::kScatter};
 
 inline constexpr DType kAllDTypes[] = {DType::kF32, DType::kF64, DType::kF16, DType::kBF16,
                                        DType::kI32, DType::kI64, DType::kU8, DType::kF8E4M3,
@@ -62,13 +64,17 @@ const char* DTypeName(DType t);
 // "sum", "avg", "min", "max", "prod".
 const char* ReduceOpName(ReduceOp op);
 
-// "allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "alltoall", "barrier".
+// "allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "alltoall", "barrier",
+// "gather", "scatter".
 const char* CollectiveName(CollectiveKind k);
 bool IsValidCollective(int v);
 absl::StatusOr<CollectiveKind> ParseCollective(absl::string_view name);
-// Whether the buffer holds world_size blocks of `count` (reduce_scatter, allgather, alltoall).
+// Whether the buffer holds world_size blocks of `count` (reduce_scatter, allgather, alltoall,
+// gather, scatter). Rank r's own block is block r; for gather and scatter the
+// root's blocks are the result (gather) or the source (scatter), and a
+// non-root rank uses only its own block (docs/collectives.md).
 bool IsBlockedCollective(CollectiveKind k);
-// Whether the op has a root rank (broadcast, reduce).
+// Whether the op has a root rank (broadcast, reduce, gather, scatter).
 bool IsRootedCollective(CollectiveKind k);
 // Whether the reduce op matters (allreduce, reduce_scatter, reduce).
 bool IsReducingCollective(CollectiveKind k);
@@ -79,7 +85,7 @@ inline constexpr size_t kMaxOpNameBytes = 256;
 bool IsValidDType(int v);
 // The valid dtype values and names, for error messages: "1..9: f32 f64 ...".
 std::string ValidDTypesText();
-// Likewise "1..5: sum avg min max prod" and "1..7: allreduce reduce_scatter ...".
+// Likewise "1..5: sum avg min max prod" and "1..9: allreduce reduce_scatter ...".
 std::string ValidReduceOpsText();
 std::string ValidCollectivesText();
 // f32, f64, f16, bf16 and the fp8 types.

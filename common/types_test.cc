@@ -106,7 +106,7 @@ TEST(Types, ValidDTypesTextListsEveryEnumerator) {
   EXPECT_EQ(ValidDTypesText(), "1..9: f32 f64 f16 bf16 i32 i64 u8 f8e4m3 f8e5m2");
   EXPECT_EQ(ValidReduceOpsText(), "1..5: sum avg min max prod");
   EXPECT_EQ(ValidCollectivesText(),
-            "1..7: allreduce reduce_scatter allgather broadcast reduce alltoall barrier");
+            "1..9: allreduce reduce_scatter allgather broadcast reduce alltoall barrier gather scatter");
 }
 
 TEST(Types, ParseDTypeAcceptsEveryNameAnyCaseAndAliases) {

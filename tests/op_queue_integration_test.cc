@@ -77,7 +77,8 @@ TEST_F(OpQueueIntegration, CollectivesThroughTheQueueGiveCorrectResults) {
   EXPECT_EQ(QueueSegments(*cluster_, 1).size(), 1u);
   const CollectiveKind kinds[] = {CollectiveKind::kAllreduce, CollectiveKind::kBroadcast,
                                   CollectiveKind::kAllgather, CollectiveKind::kReduceScatter,
-                                  CollectiveKind::kReduce, CollectiveKind::kBarrier};
+                                  CollectiveKind::kReduce, CollectiveKind::kBarrier,
+                                  CollectiveKind::kGather, CollectiveKind::kScatter};
   for (CollectiveKind kind : kinds) {
     for (uint64_t count : {uint64_t{1}, uint64_t{1000}, uint64_t{65537}}) {
       if (kind == CollectiveKind::kBarrier && count > 1) continue;

@@ -269,7 +269,9 @@ void DaemonMetrics::OnOpDone(const OpRecord& op) {
     case CollectiveKind::kAllreduce: factor = n > 1 ? 2 * (n - 1) / n : 1; break;
     case CollectiveKind::kReduceScatter:
     case CollectiveKind::kAllgather:
-    case CollectiveKind::kAlltoall: factor = n > 1 ? (n - 1) / n : 1; break;
+    case CollectiveKind::kAlltoall:
+    case CollectiveKind::kGather:
+    case CollectiveKind::kScatter: factor = n > 1 ? (n - 1) / n : 1; break;
     default: break;
   }
   const double secs = absl::ToDoubleSeconds(op.run);

@@ -186,6 +186,78 @@ INSTANTIATE_TEST_SUITE_P(Placements, ExecutorClusterShapes,
                            return absl::StrCat("daemons_of_ranks_", ShapeName(info.param));
                          });
 
+// ---- gather and scatter: every root, every placement.
+
+// The reference on blocked buffers (n blocks of `block` bytes each):
+// gather: the root's block j is rank j's block j, the others unchanged;
+// scatter: rank r's block r is the root's block r, the rest unchanged.
+std::vector<std::vector<char>> RootedReference(CollectiveKind kind,
+                                               const std::vector<std::vector<char>>& in,
+                                               size_t block, int root) {
+  std::vector<std::vector<char>> want = in;
+  for (int j = 0; j < static_cast<int>(in.size()); ++j) {
+    if (j == root) continue;
+    const auto& from = kind == CollectiveKind::kGather ? in[j] : in[root];
+    std::vector<char>& to = kind == CollectiveKind::kGather ? want[root] : want[j];
+    std::copy(from.begin() + j * block, from.begin() + (j + 1) * block, to.begin() + j * block);
+  }
+  return want;
+}
+
+class ExecutorClusterRooted : public ::testing::TestWithParam<std::vector<int>> {};
+
+TEST_P(ExecutorClusterRooted, GatherAndScatterAreBitExactForEveryRoot) {
+  ClusterSpec spec;
+  spec.node_of_rank = GetParam();
+  FakeCoordinator coord(spec);
+  auto c = Form(coord);
+  ASSERT_NE(c, nullptr);
+  const int n = c->world();
+  constexpr size_t kCounts[] = {1, 4099};
+  std::vector<RankBuffer> bufs = Buffers(*c, 4099 * 8 * n);
+  uint32_t seed = 900;
+  for (CollectiveKind kind : {CollectiveKind::kGather, CollectiveKind::kScatter}) {
+    for (DType t : {DType::kF32, DType::kBF16, DType::kI64, DType::kU8}) {
+      for (size_t count : kCounts) {
+        for (int root = 0; root < n; ++root) {
+          const std::string what =
+              absl::StrCat("placement ", ShapeName(GetParam()), " ", CollectiveName(kind), " ",
+                           DTypeName(t), " x", count, " root ", root);
+          auto inputs = Fill(bufs, t, ReduceOp::kSum, count * n, seed++);
+          OpSpec op;
+          op.kind = kind;
+          op.name = absl::StrCat(CollectiveName(kind), "-", root);
+          op.dtype = t;
+          op.count = count;
+          op.root = root;
+          std::vector<OpOutcome> outcomes;
+          ExpectAllOk(c->RunOnAll(op, Ids(bufs), &outcomes), what);
+          const auto want = RootedReference(kind, inputs, count * DTypeSize(t), root);
+          for (int r = 0; r < n; ++r) {
+            EXPECT_EQ(std::memcmp(bufs[r].data, want[r].data(), want[r].size()), 0)
+                << what << ": rank " << r << " differs from the reference";
+          }
+          const bool shared = !coord.PlacementFor(0).one_rank_per_node();
+          if (!outcomes.empty()) {
+            EXPECT_EQ(outcomes[0].algorithm, shared ? "hier" : n == 1 ? "ring" : "pairwise")
+                << what;
+          }
+        }
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Placements, ExecutorClusterRooted,
+                         ::testing::Values(std::vector<int>{0, 0, 1, 1},  // 2 daemons x 2 ranks
+                                           std::vector<int>{0, 0, 0, 0},  // 1 x 4
+                                           std::vector<int>{0, 1, 2, 3},  // 4 x 1
+                                           std::vector<int>{0, 1, 0, 1},  // interleaved
+                                           std::vector<int>{0, 0, 0, 1, 2}),  // uneven
+                         [](const ::testing::TestParamInfo<std::vector<int>>& info) {
+                           return absl::StrCat("daemons_of_ranks_", ShapeName(info.param));
+                         });
+
 // ---- Ordering.
 
 TEST(ExecutorCluster, OpsCompleteInSubmissionOrderOnEveryRank) {

@@ -7,7 +7,7 @@
         grads[:] = ...
         s.allreduce(grads, op="avg").wait()    # in place; raises GradsyncError on failure
 
-Collectives: allreduce, reduce_scatter, allgather, broadcast, reduce, alltoall
+Collectives: allreduce, reduce_scatter, allgather, broadcast, reduce, alltoall, gather, scatter
 and barrier, each returning a Work (wait(timeout), done()). Element types
 f32, f64, f16, bf16, i32, i64, u8; reduce ops sum, avg, min, max, prod.
 Arrays come from Session.empty / empty_tensor or views of a Buffer

@@ -41,8 +41,8 @@ _TORCH_NAMES = {"torch.float32": "f32", "torch.float64": "f64", "torch.float16":
                 "torch.uint8": "u8"}
 OPS = {"sum": 1, "avg": 2, "min": 3, "max": 4, "prod": 5}
 COLLECTIVES = {"allreduce": 1, "reduce_scatter": 2, "allgather": 3, "broadcast": 4,
-               "reduce": 5, "alltoall": 6, "barrier": 7}
-_BLOCKED = {"reduce_scatter", "allgather", "alltoall"}
+               "reduce": 5, "alltoall": 6, "barrier": 7, "gather": 8, "scatter": 9}
+_BLOCKED = {"reduce_scatter", "allgather", "alltoall", "gather", "scatter"}
 
 
 def dtype_name(dtype: Any) -> str:
@@ -409,8 +409,8 @@ class Session(_Closable):
                dtype: Any = None, name: Optional[str] = None, algorithm: Optional[str] = None,
                timeout: Optional[float] = None) -> Work:
         """Submits collective `kind` on `array` in place and returns its Work.
-        Blocked collectives (reduce_scatter, allgather, alltoall) take an array
-        of world_size equal blocks. `dtype` defaults to the array's."""
+        Blocked collectives (reduce_scatter, allgather, alltoall, gather,
+        scatter) take an array of world_size equal blocks on every rank. `dtype` defaults to the array's."""
         self._live()
         if kind not in COLLECTIVES:
             raise error(3, f"gradsync: unknown collective '{kind}' ({', '.join(COLLECTIVES)})")
@@ -467,6 +467,17 @@ class Session(_Closable):
     def alltoall(self, array, **kw) -> Work:
         """Block j of rank i's array goes to block i of rank j."""
         return self.submit("alltoall", array, **kw)
+
+    def gather(self, array, root: int = 0, **kw) -> Work:
+        """Block j of root's array ends with rank j's block j; the other ranks
+        send their block (their own rank's) and their arrays stay as they were.
+        Every rank passes world_size blocks."""
+        return self.submit("gather", array, root=root, **kw)
+
+    def scatter(self, array, root: int = 0, **kw) -> Work:
+        """Block r of rank r's array ends with root's block r; root's array and
+        every other block stay as they were. Every rank passes world_size blocks."""
+        return self.submit("scatter", array, root=root, **kw)
 
     def barrier(self, **kw) -> Work:
         """Completes on each rank once every rank entered it."""

@@ -119,7 +119,8 @@ def _work(fut: torch.futures.Future) -> "_Work":
 # (gloo:all_reduce ...): "gradsync:" + this.
 _PROFILING_TITLES = {"allreduce": "all_reduce", "broadcast": "broadcast", "reduce": "reduce",
                      "allgather": "all_gather", "reduce_scatter": "reduce_scatter",
-                     "alltoall": "all_to_all", "barrier": "barrier"}
+                     "alltoall": "all_to_all", "barrier": "barrier", "gather": "gather",
+                     "scatter": "scatter"}
 
 
 def _profiled(title: str, inputs: List[torch.Tensor], fut: torch.futures.Future):
@@ -210,16 +211,24 @@ class ProcessGroupGradsync(dist.ProcessGroup):
                               root=opts.rootRank)
 
     # Blocked collectives: world_size equal blocks in one staging buffer;
-    # reduce_scatter in its dtype, allgather and alltoall as bytes.
+    # reduce_scatter in its dtype, allgather, alltoall, gather and scatter as
+    # bytes. gather and scatter stage world_size blocks on every rank (the
+    # daemon's layout); a non-root rank fills or reads only its own.
     def _blocked(self, kind: str, inputs: List[torch.Tensor], outputs: List[torch.Tensor],
-                 op: str = "sum", keep_block: Optional[int] = None, title: Optional[str] = None):
-        n = self.size()
-        want_in = 1 if kind == "allgather" else n
-        want_out = 1 if kind == "reduce_scatter" else n
+                 op: str = "sum", keep_block: Optional[int] = None, title: Optional[str] = None,
+                 root: int = 0):
+        n, me = self.size(), self.rank()
+        rooted = kind in ("gather", "scatter")
+        if rooted and not 0 <= root < n:
+            raise ValueError(f"gradsync: {kind} root {root} is not a rank of {n}")
+        want_in = {"allgather": 1, "gather": 1, "scatter": n if me == root else 0}.get(kind, n)
+        want_out = {"reduce_scatter": 1, "scatter": 1,
+                    "gather": n if me == root else 0}.get(kind, n)
         if len(inputs) != want_in or len(outputs) != want_out:
+            where = f" on {'the root' if me == root else 'a non-root rank'}" if rooted else ""
             raise ValueError(f"gradsync: {kind} at {n} ranks takes {want_in} input and {want_out} "
-                             f"output tensors; got {len(inputs)} and {len(outputs)}")
-        ref = inputs[0]
+                             f"output tensors{where}; got {len(inputs)} and {len(outputs)}")
+        ref = outputs[0] if kind == "scatter" else inputs[0]
         for t in list(inputs) + list(outputs):
             if t.numel() != ref.numel() or t.dtype != ref.dtype or t.device != ref.device:
                 raise ValueError(f"gradsync: {kind} needs tensors of {ref.numel()} {ref.dtype} "
@@ -245,8 +254,8 @@ class ProcessGroupGradsync(dist.ProcessGroup):
         def get(j: int, t: torch.Tensor) -> None:
             part = staging[j * block:(j + 1) * block]
             t.copy_((part.view(t.dtype) if as_bytes else part).view(t.shape))
-        if kind == "allgather":
-            put(self.rank(), inputs[0])
+        if kind in ("allgather", "gather"):
+            put(me, inputs[0])
         else:
             for j, t in enumerate(inputs):
                 put(j, t)
@@ -258,7 +267,8 @@ class ProcessGroupGradsync(dist.ProcessGroup):
                 for j, t in enumerate(outputs):
                     get(j, t)
             return outputs
-        fut = e.submit(kind, buf, dtype, n * block, finish, op=op, staged=[buf], device=ref.device)
+        fut = e.submit(kind, buf, dtype, n * block, finish, op=op, root=root, staged=[buf],
+                       device=ref.device)
         return _work(_profiled(title or _PROFILING_TITLES[kind], list(inputs), fut))
 
     def allgather(self, output_tensors, input_tensors, opts=None):
@@ -304,6 +314,23 @@ class ProcessGroupGradsync(dist.ProcessGroup):
         ins = list(input.reshape(n, -1).unbind(0))
         outs = list(self._contiguous(output, "the output").view(n, -1).unbind(0))
         return self._blocked("alltoall", ins, outs)
+
+    # torch 1.13's signatures: on the root gather's output_tensors is
+    # [gather_list] and scatter's input_tensors [scatter_list]; elsewhere [].
+    def gather(self, output_tensors, input_tensors, opts=None):
+        opts = opts or dist.GatherOptions()
+        if len(output_tensors) > 1:
+            raise ValueError(f"gradsync: one output list per call, got {len(output_tensors)}")
+        outs = list(output_tensors[0]) if output_tensors else []
+        return self._blocked("gather", _tensor_list(input_tensors), outs, root=opts.rootRank)
+
+    def scatter(self, output_tensors, input_tensors, opts=None):
+        opts = opts or dist.ScatterOptions()
+        if len(input_tensors) > 1:
+            raise ValueError(f"gradsync: one input list per call, got {len(input_tensors)}")
+        ins = list(input_tensors[0]) if input_tensors else []
+        return self._blocked("scatter", ins, _tensor_list(output_tensors),
+                             keep_block=self.rank(), root=opts.rootRank)
 
     def barrier(self, opts=None):
         e = self._engine

@@ -131,6 +131,47 @@ class Collectives(unittest.TestCase):
         np.testing.assert_array_equal(out[0]["rd"], np.full(block, WORLD))
         np.testing.assert_array_equal(out[1]["rd"], np.full(block, 2))  # non-roots unchanged
 
+    def test_gather_and_scatter_from_every_root(self):
+        block = 37
+
+        def fn(r, s):
+            res = {}
+            for root in range(WORLD):
+                g = s.empty(WORLD * block, np.float64)
+                g[:] = -1.0  # every block but this rank's own is garbage
+                g[r * block:(r + 1) * block] = np.arange(block) * 0.5 + 1000 * r + root
+                s.gather(g, root=root).wait(30)
+                res[("g", root)] = g.copy()
+                sc = s.empty(WORLD * block, np.int32)
+                sc[:] = -7
+                if r == root:
+                    sc[:] = np.arange(WORLD * block) + 100000 * root
+                s.scatter(sc, root=root).wait(30)
+                res[("s", root)] = sc.copy()
+            return res
+        out, errors = on_ranks(fn)
+        self.assertEqual(errors, [None] * WORLD)
+        def own(q, root):  # rank q's block in the gather to `root`
+            return np.arange(block) * 0.5 + 1000 * q + root
+        for root in range(WORLD):
+            for r in range(WORLD):
+                g = out[r][("g", root)]
+                for j in range(WORLD):
+                    part = g[j * block:(j + 1) * block]
+                    if r == root or j == r:
+                        np.testing.assert_array_equal(part, own(j, root), err_msg=f"gather root {root}")
+                    else:  # a non-root's other blocks are left as they were
+                        np.testing.assert_array_equal(part, np.full(block, -1.0))
+                sc = out[r][("s", root)]
+                src = np.arange(WORLD * block) + 100000 * root
+                for j in range(WORLD):
+                    part = sc[j * block:(j + 1) * block]
+                    if r == root or j == r:
+                        np.testing.assert_array_equal(part, src[j * block:(j + 1) * block],
+                                                      err_msg=f"scatter root {root} rank {r}")
+                    else:
+                        np.testing.assert_array_equal(part, np.full(block, -7))
+
     def test_async_ops_overlap_and_report_their_plan(self):
         def fn(r, s):
             arrays = [s.empty(1000 * (i + 1), np.float32) for i in range(4)]

@@ -75,6 +75,31 @@ def worker():
     outs = [torch.zeros(2, dtype=torch.int64) for _ in range(world)]
     dist.all_to_all(outs, ins)
     assert [v[0].item() for v in outs] == [100 * q + rank for q in range(world)], outs
+    # gather and scatter from every root, exact; non-roots pass no list
+    for root in range(world):
+        gl = [torch.zeros(4, dtype=torch.float64) for _ in range(world)] if rank == root else None
+        dist.gather(torch.arange(4, dtype=torch.float64) + 10 * rank + 0.25, gather_list=gl,
+                    dst=root)
+        if rank == root:
+            assert [g.tolist() for g in gl] == \
+                [[10 * q + 0.25 + k for k in range(4)] for q in range(world)], gl
+        sl = [torch.full((3, 2), 100 * root + j, dtype=torch.int32) for j in range(world)]
+        out = torch.zeros(3, 2, dtype=torch.int32)
+        dist.scatter(out, scatter_list=sl if rank == root else None, src=root)
+        assert out.eq(100 * root + rank).all(), (root, out)
+    # ... any dtype (as bytes), and the object variants built on them
+    gb = [torch.zeros(2, dtype=torch.bool) for _ in range(world)] if rank == 0 else None
+    dist.gather(torch.tensor([rank % 2 == 0, True]), gather_list=gb, dst=0)
+    if rank == 0:
+        assert [g.tolist() for g in gb] == [[q % 2 == 0, True] for q in range(world)], gb
+    objs = [None] * world if rank == 2 else None
+    dist.gather_object({"rank": rank, "s": "x" * (rank + 1)}, objs, dst=2)
+    if rank == 2:
+        assert objs == [{"rank": q, "s": "x" * (q + 1)} for q in range(world)], objs
+    got = [None]
+    dist.scatter_object_list(got, [("obj", j, [j] * j) for j in range(world)] if rank == 1
+                             else None, src=1)
+    assert got[0] == ("obj", rank, [rank] * rank), got
     # async: several in flight, completed in order
     ts = [torch.full((1000 * (i + 1),), float(rank)) for i in range(4)]
     works = [dist.all_reduce(t, async_op=True) for t in ts]
@@ -88,11 +113,13 @@ def worker():
         dist.all_reduce(torch.ones(6, 4))
         dist.broadcast(torch.ones(3), src=0, async_op=True).wait()
         dist.all_gather([torch.zeros(2) for _ in range(world)], torch.ones(2))
+        dist.gather(torch.ones(5), [torch.zeros(5) for _ in range(world)] if rank == 0 else None)
+        dist.scatter(torch.zeros(2), [torch.ones(2)] * world if rank == 0 else None)
         dist.barrier()
     events = [e for e in prof.function_events if e.name.startswith("gradsync:")]
     names = sorted(e.name for e in events)
     assert names == ["gradsync:all_gather", "gradsync:all_reduce", "gradsync:barrier",
-                     "gradsync:broadcast"], names
+                     "gradsync:broadcast", "gradsync:gather", "gradsync:scatter"], names
     for e in events:
         assert e.is_async and e.count == 1 and e.cpu_time >= 0, (e.name, e.is_async, e.count)
     shapes = {e.name: e.input_shapes for e in events}
