@@ -60,38 +60,43 @@ absl::Status PairwiseAlltoall(transport::Context& ctx, const CollectiveCall& cal
   return absl::OkStatus();
 }
 
-absl::Status LinearGather(transport::Context& ctx, const CollectiveCall& call) {
+namespace {
+
+// Gather (`to_root`) or scatter in one step: block p of the root's buffer
+// moves between the root and rank p; every other rank moves only its own.
+absl::Status LinearRooted(transport::Context& ctx, const CollectiveCall& call, bool to_root) {
   const int n = ctx.size();
   const int me = ctx.rank();
   if (n == 1 || call.count == 0) return absl::OkStatus();
   const size_t block = call.count * DTypeSize(call.dtype);
   ASSIGN_OR_RETURN(auto data_mr, CallRegion(ctx, call, static_cast<size_t>(n) * block));
   Exchange ex(ctx, call.seq, call.dtype, /*step=*/1, call.ring.segment_bytes);
+  auto move = [&](bool receive, int peer, int at) {
+    if (receive) {
+      ex.Recv(peer, *data_mr, at * block, call.count, at * block);
+    } else {
+      ex.Send(peer, *data_mr, at * block, call.count, at * block);
+    }
+  };
   if (me == call.root) {
     for (int p = 0; p < n; ++p) {
-      if (p != me) ex.Recv(p, *data_mr, p * block, call.count, p * block);
+      if (p != me) move(/*receive=*/to_root, p, p);
     }
   } else {
-    ex.Send(call.root, *data_mr, me * block, call.count, me * block);
+    move(/*receive=*/!to_root, call.root, me);
   }
-  return ex.Run(call.deadline, absl::StrCat("linear gather to root ", call.root));
+  return ex.Run(call.deadline, to_root ? absl::StrCat("linear gather to root ", call.root)
+                                       : absl::StrCat("linear scatter from root ", call.root));
+}
+
+}  // namespace
+
+absl::Status LinearGather(transport::Context& ctx, const CollectiveCall& call) {
+  return LinearRooted(ctx, call, /*to_root=*/true);
 }
 
 absl::Status LinearScatter(transport::Context& ctx, const CollectiveCall& call) {
-  const int n = ctx.size();
-  const int me = ctx.rank();
-  if (n == 1 || call.count == 0) return absl::OkStatus();
-  const size_t block = call.count * DTypeSize(call.dtype);
-  ASSIGN_OR_RETURN(auto data_mr, CallRegion(ctx, call, static_cast<size_t>(n) * block));
-  Exchange ex(ctx, call.seq, call.dtype, /*step=*/1, call.ring.segment_bytes);
-  if (me == call.root) {
-    for (int p = 0; p < n; ++p) {
-      if (p != me) ex.Send(p, *data_mr, p * block, call.count, p * block);
-    }
-  } else {
-    ex.Recv(call.root, *data_mr, me * block, call.count, me * block);
-  }
-  return ex.Run(call.deadline, absl::StrCat("linear scatter from root ", call.root));
+  return LinearRooted(ctx, call, /*to_root=*/false);
 }
 
 absl::Status PairwiseBarrier(transport::Context& ctx, const CollectiveCall& call) {
