@@ -158,13 +158,18 @@ class Engine:
     def submit(self, kind: str, buf, dtype: torch.dtype, count: int, finish: Callable[[], object],
                op: str = "sum", root: int = 0, name: Optional[str] = None,
                staged: Optional[list] = None,
-               device: Optional[torch.device] = None) -> torch.futures.Future:
+               device: Optional[torch.device] = None,
+               wrap: Optional[Callable[[torch.futures.Future], torch.futures.Future]] = None
+               ) -> torch.futures.Future:
         """Submits `kind` on the first `count` elements of staging buffer `buf`;
         the future gets finish()'s value once the op is done and finish() ran.
         The staged buffers go back to the pool once the op is over. For a
         CUDA `device` the copies into the staging buffer (on the caller's
         stream) finish before the op is submitted, and finish()'s copies out
-        before the future completes and the buffer is reused."""
+        before the future completes and the buffer is reused. `wrap` (the
+        profiler's event, torch.py) gets the future before the progress thread
+        can complete it, so whatever it chains runs on that thread; its
+        result is returned."""
         staged = staged or []
         fut = torch.futures.Future()
         try:
@@ -184,10 +189,11 @@ class Engine:
             for b in staged:  # nothing was submitted on them
                 self.unstage(b)
             raise
+        out = wrap(fut) if wrap is not None else fut
         with self._cv:
             self._queue.append((work, finish, fut, staged, device))
             self._cv.notify()
-        return fut
+        return out
 
     def _progress(self) -> None:
         try:

@@ -123,13 +123,20 @@ _PROFILING_TITLES = {"allreduce": "all_reduce", "broadcast": "broadcast", "reduc
                      "scatter": "scatter"}
 
 
-def _profiled(title: str, inputs: List[torch.Tensor], fut: torch.futures.Future):
-    """While torch's profiler runs: an async event `gradsync:<title>` with the
-    inputs' shapes, from submission until the op completes (as c10d records
-    gloo's), and a future that completes only once the event has ended, with
-    the op's result or its error (its class kept). Otherwise `fut` itself."""
+def _profiling(title: str, inputs: List[torch.Tensor]):
+    """Engine.submit's `wrap` for an op: while torch's profiler runs, the
+    event of _profiled; otherwise none."""
     if not torch.autograd._profiler_enabled():
-        return fut
+        return None
+    return lambda fut: _profiled(title, inputs, fut)
+
+
+def _profiled(title: str, inputs: List[torch.Tensor], fut: torch.futures.Future):
+    """An async profiler event `gradsync:<title>` with the inputs' shapes, from
+    now until `fut` completes (as c10d records gloo's; Engine.submit calls this
+    before its progress thread can complete `fut`, so the event ends there, on
+    another thread), and a future that completes only once the event has
+    ended, with the op's result or its error (its class kept)."""
     handle = torch.autograd._record_function_with_args_enter("gradsync:" + title, *inputs)
     ended = torch.ops.profiler._call_end_callbacks_on_jit_fut(handle, fut)
     out = torch.futures.Future()
@@ -190,9 +197,9 @@ class ProcessGroupGradsync(dist.ProcessGroup):
                 result = staging.view(tensor.dtype) if as_bytes else staging
                 tensor.copy_(result.view(tensor.shape))
             return [tensor]
-        fut = e.submit(kind, buf, dtype, n, finish, op=op, root=root, staged=[buf],
-                       device=tensor.device)
-        return _work(_profiled(_PROFILING_TITLES[kind], [tensor], fut))
+        return _work(e.submit(kind, buf, dtype, n, finish, op=op, root=root, staged=[buf],
+                              device=tensor.device,
+                              wrap=_profiling(_PROFILING_TITLES[kind], [tensor])))
 
     def allreduce(self, tensors, opts=None):
         opts = opts or dist.AllreduceOptions()
@@ -267,9 +274,9 @@ class ProcessGroupGradsync(dist.ProcessGroup):
                 for j, t in enumerate(outputs):
                     get(j, t)
             return outputs
-        fut = e.submit(kind, buf, dtype, n * block, finish, op=op, root=root, staged=[buf],
-                       device=ref.device)
-        return _work(_profiled(title or _PROFILING_TITLES[kind], list(inputs), fut))
+        return _work(e.submit(kind, buf, dtype, n * block, finish, op=op, root=root, staged=[buf],
+                              device=ref.device,
+                              wrap=_profiling(title or _PROFILING_TITLES[kind], list(inputs))))
 
     def allgather(self, output_tensors, input_tensors, opts=None):
         if len(output_tensors) != 1:
@@ -334,7 +341,8 @@ class ProcessGroupGradsync(dist.ProcessGroup):
 
     def barrier(self, opts=None):
         e = self._engine
-        return _work(_profiled("barrier", [], e.submit("barrier", None, torch.uint8, 0, lambda: [])))
+        return _work(e.submit("barrier", None, torch.uint8, 0, lambda: [],
+                              wrap=_profiling("barrier", [])))
 
     def __del__(self):
         engine = getattr(self, "_engine", None)
