@@ -29,18 +29,21 @@ class InvalidArgument(GradsyncError, ValueError):
 
 class DeadlineExceeded(GradsyncError, TimeoutError):
     """A wait or an op ran past its deadline (code 4). Also a `TimeoutError`, and
-    its text starts with "Timed out", as torch's callers match timeouts
-    (`Timed out|closed|timeout`); gradsync's message (which rank, which op)
-    follows."""
+    its text says " Timed out " as torch's callers (and torch's own tests) match
+    a timeout (` (Timed out|closed|timeout) `); gradsync's message (which rank,
+    which op) follows."""
 
     def __str__(self) -> str:
-        return f"Timed out ({self.code_name}): {self.args[0]}"
+        return f"{self.code_name}: Timed out at the op's deadline: {self.args[0]}"
 
 
 class StillRunning(DeadlineExceeded):
     """A wait ran out while the op is still running (C API GS_PENDING, 100): it
     goes on; wait again. A DeadlineExceeded that is not a StillRunning is the
     op's own deadline."""
+
+    def __str__(self) -> str:
+        return f"{self.code_name}: Timed out waiting; the op goes on: {self.args[0]}"
 
 
 class FailedPrecondition(GradsyncError):
