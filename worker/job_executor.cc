@@ -16,16 +16,7 @@ namespace {
 
 OpRunnerOptions RunnerOptions(const JobExecutorOptions& o, OpIntake* intake) {
   OpRunnerOptions r;
-  r.job_id = o.job_id;
-  r.epoch = o.epoch;
-  r.placement = o.placement;
-  r.link = o.link;
-  r.planner = o.planner;
-  r.ring = o.ring;
-  r.ps_shards = o.ps_shards;
-  r.ps_shard_keys = o.ps_shard_keys;
-  r.data_tls = o.data_tls;
-  r.device = o.device;
+  static_cast<OpRunSettings&>(r) = o;
   r.note_arrived = [intake](int rank) { intake->NoteArrived(rank); };
   r.set_phase = [intake](const std::string& phase) { intake->SetPhase(phase); };
   return r;

@@ -49,17 +49,9 @@ namespace gradsync {
 class Session;
 struct QueuedOp;
 
-struct JobExecutorOptions {
-  std::string job_id;
-  int64_t epoch = 0;
-  JobPlacement placement;
-  LinkParams link;  // agreed by the daemons when the epoch formed
-  PlannerSettings planner;
-  RingOptions ring;
-  std::vector<HostPort> ps_shards;  // the epoch's gradsync-ps shards (plan "ps")
-  std::vector<std::string> ps_shard_keys;  // what each shard proves (PsShardKey)
-  bool data_tls = false;  // the shard connections run TLS too (JobOptions.data_tls)
-  transport::Device* device = nullptr;  // the data plane's (PS contexts); not owned
+// The job, its epoch, link, plan settings and shards (OpRunSettings,
+// worker/op_runner.h), and what only the executor uses.
+struct JobExecutorOptions : OpRunSettings {
   // The node context moves device memory itself (GPUDirect RDMA): the device
   // path sends straight from GPU memory, no staging.
   bool node_moves_device_memory = false;

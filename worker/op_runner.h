@@ -61,7 +61,9 @@ namespace gradsync {
 
 struct QueuedOp;
 
-struct OpRunnerOptions {
+// What an epoch's ops run with on this daemon; JobExecutorOptions carries
+// the same (it extends it), so the executor hands it on as one piece.
+struct OpRunSettings {
   std::string job_id;
   int64_t epoch = 0;
   JobPlacement placement;
@@ -70,8 +72,11 @@ struct OpRunnerOptions {
   RingOptions ring;
   std::vector<HostPort> ps_shards;         // the epoch's gradsync-ps shards (plan "ps")
   std::vector<std::string> ps_shard_keys;  // what each shard proves (PsShardKey)
-  bool data_tls = false;                   // the shard connections run TLS too
+  bool data_tls = false;  // the shard connections run TLS too (JobOptions.data_tls)
   transport::Device* device = nullptr;     // the data plane's (PS contexts); not owned
+};
+
+struct OpRunnerOptions : OpRunSettings {
   // Progress for status (may be empty): a rank (of any daemon) is known to
   // have submitted the op; the op's phase ("running <plan>").
   std::function<void(int rank)> note_arrived;
