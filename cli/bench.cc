@@ -150,6 +150,8 @@ double BusBandwidthFactor(CollectiveKind kind, int n) {
     case CollectiveKind::kBroadcast:
     case CollectiveKind::kReduce: return 1.0;
     case CollectiveKind::kBarrier: return 0.0;
+    case CollectiveKind::kSend:
+    case CollectiveKind::kRecv: return 1.0;
   }
   return 1.0;
 }

@@ -247,6 +247,10 @@ int main(int argc, char** argv) {
     gradsync::BenchOptions o;
     auto op = gradsync::ParseCollective(absl::GetFlag(FLAGS_op));
     if (!op.ok()) return Fail("bench", "--op: " + std::string(op.status().message()));
+    if (gradsync::IsPointToPoint(*op)) {
+      return Fail("bench", "--op: " + std::string(gradsync::CollectiveName(*op)) +
+                               " is point-to-point; the bench times collectives");
+    }
     auto dtype = gradsync::ParseDType(absl::GetFlag(FLAGS_dtype));
     if (!dtype.ok()) return Fail("bench", "--dtype: " + std::string(dtype.status().message()));
     auto redop = gradsync::ParseReduceOp(absl::GetFlag(FLAGS_redop));

@@ -105,6 +105,22 @@ void FillResult(const gradsync::client::OpResult& r, gs_result* out) {
   out->run_us = absl::ToInt64Microseconds(r.run_time);
 }
 
+// Fills a caller's gs_op_info of any known size (struct_size) from `r`.
+int FillInfo(const char* fn, const gradsync::client::OpResult& r, gs_op_info* out) {
+  if (out == nullptr) return GS_OK;
+  gs_op_info full;
+  if (!CopyStruct(out, &full, gs_op_info_init)) return BadStruct(fn, "gs_op_info");
+  const uint32_t caller_size = out->struct_size;
+  std::memcpy(full.algorithm, r.algorithm.data(),
+              std::min(r.algorithm.size(), sizeof(full.algorithm) - 1));
+  full.queued_us = absl::ToInt64Microseconds(r.queued_time);
+  full.run_us = absl::ToInt64Microseconds(r.run_time);
+  full.source = r.source;
+  std::memcpy(static_cast<void*>(out), &full, std::min<size_t>(caller_size, sizeof(full)));
+  out->struct_size = caller_size;
+  return GS_OK;
+}
+
 // The C edge of an op: gs_collective_spec to the SDK's CollectiveSpec, the
 // one conversion (NULL-safe strings, the int32 enums narrowed by SetOpEnums).
 // Checks only what C adds (NULL pointers, struct_size); the SDK's
@@ -129,6 +145,7 @@ int ToSpec(const char* fn, gs_session* session, const gs_collective_spec* in,
   spec->root = c.root;
   spec->algorithm = c.algorithm != nullptr ? c.algorithm : "";
   spec->timeout = absl::Milliseconds(c.timeout_ms);
+  spec->tag = c.tag;
   return GS_OK;
 }
 
@@ -190,6 +207,13 @@ void gs_collective_spec_init(gs_collective_spec* spec) {
   spec->kind = GS_ALLREDUCE;
   spec->dtype = GS_DTYPE_F32;
   spec->op = GS_OP_SUM;
+}
+
+void gs_op_info_init(gs_op_info* info) {
+  if (info == nullptr) return;
+  std::memset(static_cast<void*>(info), 0, sizeof(*info));
+  info->struct_size = sizeof(*info);
+  info->source = -1;
 }
 
 const char* gs_last_error(void) { return t_last_error.c_str(); }
@@ -391,6 +415,30 @@ int gs_poll(gs_session* session, uint64_t op_id, gs_result* result) {
   if (!r.ok()) return Fail(r.status());
   FillResult(*r, result);
   return GS_OK;
+}
+
+int gs_wait_info(gs_session* session, uint64_t op_id, int64_t timeout_ms, gs_op_info* info) {
+  if (session == nullptr) return NullArg("gs_wait_info", "session");
+  if (timeout_ms < -1) {
+    return Fail(absl::StatusCode::kInvalidArgument,
+                absl::StrCat("gs_wait_info: timeout_ms must be >= -1, got ", timeout_ms));
+  }
+  gradsync::client::OpHandle handle;
+  handle.op_id = op_id;
+  const absl::Duration timeout =
+      timeout_ms == -1 ? absl::InfiniteDuration() : absl::Milliseconds(timeout_ms);
+  auto r = session->impl->Wait(handle, timeout);
+  if (!r.ok()) return Fail(r.status());
+  return FillInfo("gs_wait_info", *r, info);
+}
+
+int gs_poll_info(gs_session* session, uint64_t op_id, gs_op_info* info) {
+  if (session == nullptr) return NullArg("gs_poll_info", "session");
+  gradsync::client::OpHandle handle;
+  handle.op_id = op_id;
+  auto r = session->impl->Wait(handle, absl::ZeroDuration());
+  if (!r.ok()) return Fail(r.status());
+  return FillInfo("gs_poll_info", *r, info);
 }
 
 int gs_run(gs_session* session, const gs_collective_spec* spec, gs_result* result) {

@@ -106,7 +106,9 @@ enum {
   GS_ALLTOALL = 6,
   GS_BARRIER = 7,
   GS_GATHER = 8,
-  GS_SCATTER = 9
+  GS_SCATTER = 9,
+  GS_SEND = 10, /* point-to-point: `root` is the peer, `tag` matches send and recv */
+  GS_RECV = 11  /* root -1: from any source (gs_op_info.source says which) */
 };
 
 typedef struct gs_client gs_client;
@@ -226,6 +228,7 @@ typedef struct gs_collective_spec {
   const char* name;     /* identifies the op across ranks; may be NULL */
   const char* algorithm; /* "" / NULL: the job's choice or the planner's */
   int64_t timeout_ms;   /* bound at the daemon from submission; 0: the job's default */
+  int32_t tag;          /* GS_SEND, GS_RECV: a recv takes its peer's first message with this tag */
 } gs_collective_spec;
 
 /* What an op that completed reports. */
@@ -237,6 +240,21 @@ typedef struct gs_result {
 
 /* Sets struct_size and the defaults (allreduce, f32, sum). */
 void gs_collective_spec_init(gs_collective_spec* spec);
+
+/* What an op that completed reports, extensibly (fill with gs_op_info_init):
+ * gs_result's fields and `source`, the rank a GS_RECV's message came from
+ * (its peer for GS_SEND; -1 for collectives). */
+typedef struct gs_op_info {
+  uint32_t struct_size; /* sizeof(gs_op_info), set by gs_op_info_init */
+  char algorithm[16];
+  int64_t queued_us;
+  int64_t run_us;
+  int32_t source;
+} gs_op_info;
+void gs_op_info_init(gs_op_info* info);
+/* gs_wait_result and gs_poll, filling a gs_op_info. */
+int gs_wait_info(gs_session* session, uint64_t op_id, int64_t timeout_ms, gs_op_info* info);
+int gs_poll_info(gs_session* session, uint64_t op_id, gs_op_info* info);
 /* Submits any collective and returns at once with *op_id set.
  * GS_INVALID_ARGUMENT without any RPC for a NULL session/spec/op_id, a
  * buffer NULL for anything but a barrier, an unset struct_size, and what the

@@ -225,9 +225,9 @@ TEST_F(CApiTest, SubmitRunAndPollWithASpec) {
 
   const int rpcs = fake_->rpc_count();
   gs_collective_spec bad = spec;
-  bad.kind = 10;
+  bad.kind = 12;
   EXPECT_EQ(gs_submit(session_, &bad, &op), GS_INVALID_ARGUMENT);
-  EXPECT_THAT(gs_last_error(), HasSubstr("collective 10 is not a valid value (1..9: allreduce"));
+  EXPECT_THAT(gs_last_error(), HasSubstr("collective 12 is not a valid value (1..11: allreduce"));
   bad = spec;
   bad.buffer = nullptr;
   EXPECT_EQ(gs_submit(session_, &bad, &op), GS_INVALID_ARGUMENT);

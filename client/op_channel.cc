@@ -70,6 +70,7 @@ v1::SubmitRequest SubmitRequestOf(const std::string& session_id, const OpDesc& o
   req.set_dtype(static_cast<v1::DataType>(static_cast<int>(op.dtype)));
   req.set_reduce_op(static_cast<v1::ReduceOp>(static_cast<int>(op.op)));
   req.set_root(op.root);
+  req.set_tag(op.tag);
   req.set_count(op.count);
   req.set_buffer_id(op.buffer_id);
   req.set_offset_bytes(op.offset_bytes);
@@ -85,6 +86,7 @@ OpResult ResultOf(const v1::WaitResponse& resp) {
   r.algorithm = resp.algorithm();
   r.queued_time = absl::Microseconds(resp.queued_us());
   r.run_time = absl::Microseconds(resp.run_us());
+  r.source = resp.source();
   return r;
 }
 

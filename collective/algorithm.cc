@@ -49,6 +49,8 @@ bool Implements(Algorithm a, CollectiveKind k) {
     case CollectiveKind::kBarrier:
       return a == Algorithm::kRecursiveDoubling || a == Algorithm::kBinomialTree ||
              a == Algorithm::kPairwise || a == Algorithm::kOneShot;
+    case CollectiveKind::kSend:
+    case CollectiveKind::kRecv: return false;  // point-to-point: no algorithm
   }
   return false;
 }

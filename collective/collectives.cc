@@ -12,7 +12,9 @@ size_t CollectiveBufferBytes(CollectiveKind kind, size_t count, DType dtype, int
   switch (kind) {
     case CollectiveKind::kAllreduce:
     case CollectiveKind::kBroadcast:
-    case CollectiveKind::kReduce: return block;
+    case CollectiveKind::kReduce:
+    case CollectiveKind::kSend:
+    case CollectiveKind::kRecv: return block;
     case CollectiveKind::kReduceScatter:
     case CollectiveKind::kAllgather:
     case CollectiveKind::kAlltoall:
@@ -129,6 +131,8 @@ absl::Status RunCollective(transport::Context& ctx, const CollectiveCall& call, 
         default: break;
       }
       break;
+    case CollectiveKind::kSend:
+    case CollectiveKind::kRecv: break;  // not collectives (Implements() said no)
   }
   // Unreachable while Implements() matches the switch above.
   return absl::InternalError(

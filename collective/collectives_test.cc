@@ -216,6 +216,8 @@ void RunAndCheck(int n, const Case& c, DeviceKind device = DeviceKind::kTcp) {
                   want.begin() + r * block);
         break;
       case CollectiveKind::kBarrier: break;
+      case CollectiveKind::kSend:
+      case CollectiveKind::kRecv: FAIL() << "not a collective";
     }
     ASSERT_LE(at + want.size(), bufs[r].size());
     ASSERT_EQ(want.empty() ? 0 : std::memcmp(bufs[r].data() + at, want.data(), want.size()), 0)

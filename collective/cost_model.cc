@@ -149,6 +149,8 @@ double PredictMicros(CollectiveKind kind, Algorithm algo, size_t bytes, int worl
         default: break;
       }
       break;
+    case CollectiveKind::kSend:
+    case CollectiveKind::kRecv: break;  // not collectives
   }
   return std::numeric_limits<double>::infinity();
 }

@@ -362,6 +362,8 @@ absl::Status RunInMemory(const JobPlacement& p, const LocalCollective& c,
       return absl::OkStatus();
     case CollectiveKind::kBarrier:
       return absl::OkStatus();
+    case CollectiveKind::kSend:
+    case CollectiveKind::kRecv: break;  // not collectives
   }
   return absl::InternalError("unknown collective");
 }
@@ -455,6 +457,8 @@ absl::Status RunAcrossNodes(transport::Context& ctx, const JobPlacement& p,
     }
     case CollectiveKind::kBarrier:
       return absl::OkStatus();
+    case CollectiveKind::kSend:
+    case CollectiveKind::kRecv: break;  // not collectives
   }
   return absl::InternalError("unknown collective");
 }

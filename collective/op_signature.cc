@@ -18,7 +18,8 @@ OpSignature OpSignature::Of(const OpDesc& op, uint8_t plan_code) {
   sig.dtype = op.dtype;
   sig.op = op.op;
   sig.count = op.count;
-  sig.root = IsRootedCollective(op.kind) ? op.root : 0;
+  sig.root = IsRootedCollective(op.kind) || IsPointToPoint(op.kind) ? op.root : 0;
+  sig.tag = IsPointToPoint(op.kind) ? op.tag : 0;
   sig.name.assign(op.name.data(), op.name.size());
   sig.forced = plan_code;
   return sig;
@@ -31,6 +32,11 @@ std::string OpSignature::Describe() const {
   }
   if (IsReducingCollective(kind)) absl::StrAppend(&out, " ", ReduceOpName(op));
   if (IsRootedCollective(kind)) absl::StrAppend(&out, " root ", root);
+  if (kind == CollectiveKind::kSend) absl::StrAppend(&out, " to rank ", root, " tag ", tag);
+  if (kind == CollectiveKind::kRecv) {
+    absl::StrAppend(&out, " from ", root < 0 ? "any rank" : absl::StrCat("rank ", root), " tag ",
+                    tag);
+  }
   if (forced != kNoAlgorithm) absl::StrAppend(&out, " algo ", PlanCodeName(forced));
   return out;
 }
@@ -85,7 +91,8 @@ absl::StatusOr<OpSignature> OpSignature::Decode(const std::string& bytes) {
   if (bytes.size() < sizeof(p)) return absl::DataLossError("short op signature");
   std::memcpy(&p, bytes.data(), sizeof(p));
   if (p.name_len > kMaxOpNameBytes || bytes.size() != sizeof(p) + p.name_len ||
-      !IsValidDType(p.dtype) || !IsValidReduceOp(p.op) || !IsValidCollective(p.kind)) {
+      !IsValidDType(p.dtype) || !IsValidReduceOp(p.op) || !IsValidCollective(p.kind) ||
+      IsPointToPoint(static_cast<CollectiveKind>(p.kind))) {
     return absl::DataLossError("malformed op signature");
   }
   OpSignature s;

@@ -27,7 +27,9 @@ struct OpSignature {
   DType dtype = DType::kF32;
   ReduceOp op = ReduceOp::kSum;
   uint64_t count = 0;
-  int32_t root = 0;  // broadcast, reduce, gather, scatter; 0 for the others
+  int32_t root = 0;  // broadcast, reduce, gather, scatter; send, recv: the peer
+                     // (recv: -1 any source); 0 for the others
+  int32_t tag = 0;   // send, recv (never encoded: they are matched by the peers' daemons)
   std::string name;
   // The algorithm forced for this op (a code, see AlgorithmCode), compared
   // like every field above: ranks forcing different algorithms is a mismatch.
@@ -44,11 +46,13 @@ struct OpSignature {
 
   // The signature of `op` (seq 0: the session numbers it), with the plan code
   // its validation gave (ValidateOp's OpShape::plan_code). The root only for
-  // rooted collectives, so ranks that leave it unset still match.
+  // rooted collectives (and the peer of send and recv), so ranks that leave
+  // it unset still match.
   static OpSignature Of(const OpDesc& op, uint8_t plan_code);
 
   // e.g. "allreduce 'layer1.grad' f32[1024] sum", "broadcast 'w' f32[10] root 2",
-  // "reduce 'g' f32[10] sum root 3", "allgather 'p' bf16[512]", "barrier 'step'".
+  // "reduce 'g' f32[10] sum root 3", "allgather 'p' bf16[512]", "barrier 'step'",
+  // "send 'a' f32[8] to rank 1 tag 0", "recv 'a' f32[8] from any rank tag 0".
   // The reduce op is shown only for reducing collectives, the root only for
   // rooted ones, dtype and count for all but barrier.
   std::string Describe() const;

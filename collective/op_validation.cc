@@ -67,6 +67,19 @@ absl::Status CheckOpValues(CollectiveKind kind, DType dtype, ReduceOp op, int ro
         absl::StrCat(What(kind, name, ctx), ": root ", root, " out of range for world size ",
                      ctx.world_size, " (expected 0..", ctx.world_size - 1, ")"));
   }
+  if (IsPointToPoint(kind)) {
+    const bool any_source = kind == CollectiveKind::kRecv && root == -1;
+    if (!any_source && (root < 0 || root >= ctx.world_size)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          What(kind, name, ctx), ": peer rank ", root, " is not in the group of world size ",
+          ctx.world_size, " (expected 0..", ctx.world_size - 1,
+          kind == CollectiveKind::kRecv ? ", or -1: any source)" : ")"));
+    }
+    if (ctx.rank >= 0 && root == ctx.rank) {
+      return absl::InvalidArgumentError(absl::StrCat(What(kind, name, ctx), ": peer rank ", root,
+                                                     " is this rank itself"));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -106,6 +119,15 @@ absl::StatusOr<OpShape> ValidateOp(const OpDesc& op, const OpContext& ctx) {
   const absl::string_view algo_name =
       !op.algorithm.empty() && op.algorithm != "auto" ? absl::string_view(op.algorithm)
                                                       : ctx.job_algorithm;
+  if (IsPointToPoint(op.kind)) {
+    // No plan: the message goes straight to the peer (worker/point_to_point.h).
+    shape.plan_code = kAutoCode;
+    if (!op.algorithm.empty() && op.algorithm != "auto") {
+      return Invalid(op, ctx, absl::StrCat("algorithm '", op.algorithm,
+                                           "' does not apply to point-to-point ops"));
+    }
+    return shape;
+  }
   absl::StatusOr<uint8_t> code = RequestedPlanCode(algo_name, op.kind, shape.bytes);
   if (!code.ok()) return Invalid(op, ctx, code.status().message());
   if (*code == kParameterServerPlanCode && ctx.has_ps.has_value() && !*ctx.has_ps) {

@@ -64,10 +64,10 @@ TEST(ValidateOp, MeasuresTheOpAndItsPlan) {
 
 TEST(ValidateOp, NamesTheEnumValueAndTheValidOnes) {
   OpDesc op = Allreduce();
-  op.kind = static_cast<CollectiveKind>(10);
+  op.kind = static_cast<CollectiveKind>(12);
   EXPECT_EQ(Refusal(op),
-            "op 'grad/w' on rank 2: collective 10 is not a valid value (1..9: allreduce "
-            "reduce_scatter allgather broadcast reduce alltoall barrier gather scatter)");
+            "op 'grad/w' on rank 2: collective 12 is not a valid value (1..11: allreduce "
+            "reduce_scatter allgather broadcast reduce alltoall barrier gather scatter send recv)");
   op = Allreduce();
   op.dtype = static_cast<DType>(42);
   EXPECT_EQ(Refusal(op),
@@ -260,8 +260,8 @@ TEST(SetOpEnums, NarrowsOnlyValidValuesWithValidateOpsWords) {
   // 257 would wrap to a valid byte (1) in a plain cast.
   absl::Status s = SetOpEnums(257, 1, 1, Ctx(), &op);
   EXPECT_EQ(s.message(),
-            "op 'grad/w' on rank 2: collective 257 is not a valid value (1..9: allreduce "
-            "reduce_scatter allgather broadcast reduce alltoall barrier gather scatter)");
+            "op 'grad/w' on rank 2: collective 257 is not a valid value (1..11: allreduce "
+            "reduce_scatter allgather broadcast reduce alltoall barrier gather scatter send recv)");
   s = SetOpEnums(1, 257, 1, Ctx(), &op);
   EXPECT_EQ(s.message(),
             "allreduce 'grad/w' on rank 2: dtype 257 is not a valid value (1..9: f32 f64 f16 bf16 "
@@ -292,10 +292,10 @@ TEST(CheckOpValues, IsValidateOpsFirstCheckWithOrWithoutAName) {
             "barrier 'b' on rank 2: dtype 0 is not a valid value (1..9: f32 f64 f16 bf16 i32 i64 "
             "u8 f8e4m3 f8e5m2)");
   ctx.rank = -1;
-  EXPECT_EQ(CheckOpValues(static_cast<CollectiveKind>(10), DType::kF32, ReduceOp::kSum, 0, ctx)
+  EXPECT_EQ(CheckOpValues(static_cast<CollectiveKind>(12), DType::kF32, ReduceOp::kSum, 0, ctx)
                 .message(),
-            "op: collective 10 is not a valid value (1..9: allreduce reduce_scatter allgather "
-            "broadcast reduce alltoall barrier gather scatter)");
+            "op: collective 12 is not a valid value (1..11: allreduce reduce_scatter allgather "
+            "broadcast reduce alltoall barrier gather scatter send recv)");
 }
 
 }  // namespace

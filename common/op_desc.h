@@ -25,12 +25,15 @@ namespace gradsync {
 // elements; reduce_scatter, allgather, alltoall, gather and scatter use
 // world_size blocks of `count` elements each (rank r's own block is block r;
 // gather's and scatter's non-root ranks use only that block); barrier uses
-// none (buffer_id 0, count 0).
+// none (buffer_id 0, count 0); send and recv use `count` elements (a recv's
+// tensor must be the message's size and dtype).
 struct OpDesc {
   CollectiveKind kind = CollectiveKind::kAllreduce;
   DType dtype = DType::kF32;
   ReduceOp op = ReduceOp::kSum;  // allreduce, reduce_scatter, reduce
-  int root = 0;                  // broadcast, reduce, gather, scatter
+  int root = 0;                  // broadcast, reduce, gather, scatter; the peer of
+                                 // send and recv (recv: -1 = from any source)
+  int32_t tag = 0;               // send, recv: matches them (torch's tag)
   uint64_t count = 0;            // elements (per block for the blocked collectives)
   uint64_t buffer_id = 0;        // the daemon's id; 0 = no buffer (a barrier only)
   uint64_t offset_bytes = 0;     // where the op starts in the buffer
@@ -45,6 +48,7 @@ struct OpResult {
   std::string algorithm;         // the plan that ran, e.g. "ring", "hier"
   absl::Duration queued_time;    // submission to start
   absl::Duration run_time;       // start to completion
+  int source = -1;               // recv: the rank the message came from; send: the peer
 };
 
 // An op's timeout as the wires carry it (timeout_ms): whole milliseconds,

@@ -57,21 +57,23 @@ const char* CollectiveName(CollectiveKind k) {
     case CollectiveKind::kBarrier: return "barrier";
     case CollectiveKind::kGather: return "gather";
     case CollectiveKind::kScatter: return "scatter";
+    case CollectiveKind::kSend: return "send";
+    case CollectiveKind::kRecv: return "recv";
   }
   return "invalid-collective";
 }
 
-bool IsValidCollective(int v) { return v >= 1 && v <= 9; }
+bool IsValidCollective(int v) { return v >= 1 && v <= 11; }
 
 absl::StatusOr<CollectiveKind> ParseCollective(absl::string_view name) {
   std::string n = absl::AsciiStrToLower(name);
-  for (CollectiveKind k : kAllCollectives) {
+  for (CollectiveKind k : kAllOpKinds) {
     if (n == CollectiveName(k)) return k;
   }
   if (n == "reducescatter") return CollectiveKind::kReduceScatter;
   return absl::InvalidArgumentError(absl::StrCat(
       "unknown collective '", name,
-      "' (expected allreduce, reduce_scatter, allgather, broadcast, reduce, alltoall, barrier, gather or scatter)"));
+      "' (expected allreduce, reduce_scatter, allgather, broadcast, reduce, alltoall, barrier, gather, scatter, send or recv)"));
 }
 
 bool IsBlockedCollective(CollectiveKind k) {
@@ -82,6 +84,9 @@ bool IsBlockedCollective(CollectiveKind k) {
 bool IsRootedCollective(CollectiveKind k) {
   return k == CollectiveKind::kBroadcast || k == CollectiveKind::kReduce ||
          k == CollectiveKind::kGather || k == CollectiveKind::kScatter;
+}
+bool IsPointToPoint(CollectiveKind k) {
+  return k == CollectiveKind::kSend || k == CollectiveKind::kRecv;
 }
 bool IsReducingCollective(CollectiveKind k) {
   return k == CollectiveKind::kAllreduce || k == CollectiveKind::kReduceScatter ||
@@ -101,7 +106,7 @@ std::string ValuesText(const E (&all)[N], const char* (*name)(E)) {
 
 std::string ValidDTypesText() { return ValuesText(kAllDTypes, DTypeName); }
 std::string ValidReduceOpsText() { return ValuesText(kAllReduceOps, ReduceOpName); }
-std::string ValidCollectivesText() { return ValuesText(kAllCollectives, CollectiveName); }
+std::string ValidCollectivesText() { return ValuesText(kAllOpKinds, CollectiveName); }
 bool IsFloatDType(DType t) {
   return t != DType::kI32 && t != DType::kI64 && t != DType::kU8;
 }

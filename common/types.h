@@ -44,12 +44,22 @@ enum class CollectiveKind : uint8_t {
   kBarrier = 7,
   kGather = 8,   // rooted, blocked: the root collects every rank's block
   kScatter = 9,  // rooted, blocked: the root hands block j to rank j
+  // Point-to-point (not collectives: only the two ranks take part; `root` is
+  // the peer, OpDesc::tag matches them; worker/point_to_point.h).
+  kSend = 10,
+  kRecv = 11,  // root -1: from any source
 };
 
 inline constexpr CollectiveKind kAllCollectives[] = {
     CollectiveKind::kAllreduce, CollectiveKind::kReduceScatter, CollectiveKind::kAllgather,
     CollectiveKind::kBroadcast, CollectiveKind::kReduce,        CollectiveKind::kAlltoall,
     CollectiveKind::kBarrier,   CollectiveKind::kGather,        CollectiveKind::kScatter};
+// Every op kind: the collectives, then send and recv.
+inline constexpr CollectiveKind kAllOpKinds[] = {
+    CollectiveKind::kAllreduce, CollectiveKind::kReduceScatter, CollectiveKind::kAllgather,
+    CollectiveKind::kBroadcast, CollectiveKind::kReduce,        CollectiveKind::kAlltoall,
+    CollectiveKind::kBarrier,   CollectiveKind::kGather,        CollectiveKind::kScatter,
+    CollectiveKind::kSend,      CollectiveKind::kRecv};
 
 inline constexpr DType kAllDTypes[] = {DType::kF32, DType::kF64, DType::kF16, DType::kBF16,
                                        DType::kI32, DType::kI64, DType::kU8, DType::kF8E4M3,
@@ -65,7 +75,7 @@ const char* DTypeName(DType t);
 const char* ReduceOpName(ReduceOp op);
 
 // "allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "alltoall", "barrier",
-// "gather", "scatter".
+// "gather", "scatter", "send", "recv".
 const char* CollectiveName(CollectiveKind k);
 bool IsValidCollective(int v);
 absl::StatusOr<CollectiveKind> ParseCollective(absl::string_view name);
@@ -78,6 +88,8 @@ bool IsBlockedCollective(CollectiveKind k);
 bool IsRootedCollective(CollectiveKind k);
 // Whether the reduce op matters (allreduce, reduce_scatter, reduce).
 bool IsReducingCollective(CollectiveKind k);
+// Send or recv: between two ranks, outside the job's collective sequence.
+bool IsPointToPoint(CollectiveKind k);
 
 // The longest op name (bytes): the SDK, the op queue and the signature cap it.
 inline constexpr size_t kMaxOpNameBytes = 256;
@@ -85,7 +97,7 @@ inline constexpr size_t kMaxOpNameBytes = 256;
 bool IsValidDType(int v);
 // The valid dtype values and names, for error messages: "1..9: f32 f64 ...".
 std::string ValidDTypesText();
-// Likewise "1..5: sum avg min max prod" and "1..9: allreduce reduce_scatter ...".
+// Likewise "1..5: sum avg min max prod" and "1..11: allreduce reduce_scatter ... recv".
 std::string ValidReduceOpsText();
 std::string ValidCollectivesText();
 // f32, f64, f16, bf16 and the fp8 types.

@@ -106,7 +106,8 @@ TEST(Types, ValidDTypesTextListsEveryEnumerator) {
   EXPECT_EQ(ValidDTypesText(), "1..9: f32 f64 f16 bf16 i32 i64 u8 f8e4m3 f8e5m2");
   EXPECT_EQ(ValidReduceOpsText(), "1..5: sum avg min max prod");
   EXPECT_EQ(ValidCollectivesText(),
-            "1..9: allreduce reduce_scatter allgather broadcast reduce alltoall barrier gather scatter");
+            "1..11: allreduce reduce_scatter allgather broadcast reduce alltoall barrier gather scatter "
+            "send recv");
 }
 
 TEST(Types, ParseDTypeAcceptsEveryNameAnyCaseAndAliases) {

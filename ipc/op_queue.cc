@@ -97,6 +97,7 @@ absl::Status EncodeSubmission(uint64_t token, const OpDesc& op, SubmissionEntry*
   out->count = op.count;
   out->timeout_ms = timeout_ms;
   out->root = op.root;
+  out->tag = op.tag;
   out->collective = static_cast<uint8_t>(op.kind);
   out->dtype = static_cast<uint8_t>(op.dtype);
   out->reduce_op = static_cast<uint8_t>(op.op);
@@ -128,6 +129,7 @@ absl::Status DecodeSubmission(const SubmissionEntry& e, OpDesc* op) {
   op->dtype = static_cast<DType>(e.dtype);
   op->op = static_cast<ReduceOp>(e.reduce_op);
   op->root = e.root;
+  op->tag = e.tag;
   op->count = e.count;
   op->buffer_id = e.buffer_id;
   op->offset_bytes = e.offset_bytes;
@@ -145,6 +147,7 @@ void EncodeCompletion(const OpCompletion& c, CompletionEntry* out) {
   out->queued_us = absl::ToInt64Microseconds(c.queued_time);
   out->run_us = absl::ToInt64Microseconds(c.run_time);
   out->code = static_cast<int32_t>(c.status.code());
+  out->source = c.source;
   const size_t alen = std::min(c.algorithm.size(), kMaxAlgorithmChars);
   out->algorithm_len = static_cast<uint8_t>(alen);
   std::memcpy(out->algorithm, c.algorithm.data(), alen);
@@ -171,6 +174,7 @@ absl::StatusOr<OpCompletion> DecodeCompletion(const CompletionEntry& e) {
   c.queued_time = absl::Microseconds(e.queued_us);
   c.run_time = absl::Microseconds(e.run_us);
   c.algorithm.assign(e.algorithm, e.algorithm_len);
+  c.source = e.source;
   if (e.code != 0) {
     c.status = absl::Status(CodeFromWire(e.code), absl::string_view(e.message, e.message_len));
   }

@@ -65,7 +65,7 @@ namespace gradsync {
 namespace ipc {
 
 inline constexpr uint32_t kOpQueueMagic = 0x51505347;  // "GSPQ" little-endian
-inline constexpr uint32_t kOpQueueVersion = 3;
+inline constexpr uint32_t kOpQueueVersion = 4;
 inline constexpr size_t kMaxRefusalBytes = 512;
 inline constexpr uint32_t kMinQueueCapacity = 2;
 inline constexpr uint32_t kMaxQueueCapacity = 4096;
@@ -91,14 +91,14 @@ struct SubmissionEntry {
   uint64_t offset_bytes;
   uint64_t count;
   int64_t timeout_ms;     // 0: the job's op timeout
-  int32_t root;
+  int32_t root;           // rooted collectives; send and recv: the peer (recv -1: any)
   uint8_t collective;     // common/types.h CollectiveKind value
   uint8_t dtype;          // DType value
   uint8_t reduce_op;      // ReduceOp value
   uint8_t algorithm_len;  // <= kMaxAlgorithmChars
   uint16_t name_len;      // <= kMaxOpNameChars
   uint16_t reserved0;
-  uint32_t reserved1;
+  int32_t tag;            // send, recv
   char algorithm[16];
   char name[kMaxOpNameChars];
 };
@@ -112,6 +112,7 @@ struct CompletionEntry {
   int64_t queued_us;
   int64_t run_us;
   int32_t code;       // absl::StatusCode; 0 = OK
+  int32_t source;     // OpResult::source: a recv's sender, a send's peer; -1 otherwise
   uint16_t message_len;  // <= kMaxErrorMessageBytes
   uint8_t algorithm_len;
   uint8_t truncated;  // 1: the message was cut to fit (and says so at its end)
@@ -119,7 +120,7 @@ struct CompletionEntry {
   char message[kMaxErrorMessageBytes];
 };
 static_assert(std::is_trivially_copyable_v<CompletionEntry>);
-static_assert(sizeof(CompletionEntry) == 1080);
+static_assert(sizeof(CompletionEntry) == 1088);
 
 // The bytes of an entry that carry anything: the header and the name (or
 // message) as long as its length says (clamped to the field). The rings copy

@@ -51,6 +51,11 @@ struct ContextSpec {
   // Encrypt and authenticate every connection (devices that can: TCP with
   // TLS 1.3, transport/tcp_tls.h); a device that cannot refuses.
   bool encrypt = false;
+  // Progress also returns OK when a message arrives that no posted receive
+  // expects, or a peer closes (Context::Probe tells what came): for a driver
+  // that posts receives only for what it has seen (TCP; other devices ignore
+  // it).
+  bool announce_arrivals = false;
 };
 
 // A client's connections to a set of servers of one job (the

@@ -36,6 +36,7 @@ TcpContext::TcpContext(const TcpContextOptions& options, int peers, int self)
       verbatim_aborts_(options.verbatim_aborts),
       relay_faults_(options.relay_faults),
       server_(options.server),
+      announce_(options.server || options.announce_arrivals),
       epoch_(options.epoch),
       rank_(self),
       size_(peers),
@@ -486,7 +487,7 @@ absl::Status TcpContext::Progress(absl::Time deadline) {
         return health();
       }
     }
-    if (completed_early || (server_ && AnnounceArrivals())) return absl::OkStatus();
+    if (completed_early || (announce_ && AnnounceArrivals())) return absl::OkStatus();
     pfds.clear();
     owners.clear();
     pfds.push_back({wake_fd_.get(), POLLIN, 0});
@@ -522,7 +523,7 @@ absl::Status TcpContext::Progress(absl::Time deadline) {
             if (!DoRecv(p, &completed)) return health();
           }
         }
-        if (completed || (server_ && AnnounceArrivals())) return absl::OkStatus();
+        if (completed || (announce_ && AnnounceArrivals())) return absl::OkStatus();
         if (failed_) return Fail(health());  // Abort() from another thread
         if (interrupted_.load(std::memory_order_relaxed)) break;  // poll() sees the eventfd
       } else {
@@ -562,7 +563,7 @@ absl::Status TcpContext::Progress(absl::Time deadline) {
         if (!DoRecv(p, &completed)) return health();
       }
     }
-    if (completed || (server_ && AnnounceArrivals())) return absl::OkStatus();
+    if (completed || (announce_ && AnnounceArrivals())) return absl::OkStatus();
   }
 }
 

@@ -84,6 +84,11 @@ struct TcpContextOptions {
   // posted receive expects arrives (Probe) or the peer closes; the context's
   // own ABORT names kConnectionOp.
   bool server = false;
+  // A peer-to-peer context (Connect) whose driver posts a receive only for a
+  // message it has seen (Probe): Progress also returns OK when a message no
+  // posted receive expects arrives or a peer closes, as for a server
+  // (worker/point_to_point.h). Nothing else of a server changes.
+  bool announce_arrivals = false;
 };
 
 class TcpContext : public Context, public TcpControls {
@@ -287,6 +292,7 @@ class TcpContext : public Context, public TcpControls {
   const bool verbatim_aborts_;
   const bool relay_faults_;
   const bool server_;
+  const bool announce_;  // Progress returns for arrivals no receive expects, and closes
   PeerFault fault_;          // driving thread only
   uint64_t last_op_seq_ = 0;  // of the latest post; ABORT frames name it
   const uint64_t epoch_;

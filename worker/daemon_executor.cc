@@ -57,7 +57,7 @@ absl::StatusOr<std::shared_ptr<JobExecutor>> Daemon::GetOrCreateExecutor(
   };
   // The daemons of the job connect (one rank per daemon) and measure their
   // links; a job whose ranks all use this daemon needs neither.
-  std::unique_ptr<transport::Context> node_ctx;
+  std::unique_ptr<transport::Context> node_ctx, p2p_ctx;
   LinkParams link;
   bool node_moves_device_memory = false;  // RDMA with GPUDirect
   std::string transport_name = "local";  // every rank on this daemon: no network
@@ -93,6 +93,20 @@ absl::StatusOr<std::shared_ptr<JobExecutor>> Daemon::GetOrCreateExecutor(
                    << transport_detail << ")";
     }
     node_ctx = std::move(*ctx);
+    // Point-to-point messages (send/recv) have connections of their own,
+    // over TCP whatever carries the collectives: their receiver posts a
+    // receive only for a message it has seen (worker/point_to_point.h).
+    transport::ContextSpec po = co;
+    po.job_id = absl::StrCat(co.job_id, "/p2p");
+    po.lanes = 1;
+    po.announce_arrivals = true;
+    auto p2p = device_->CreateContext(po);
+    if (!p2p.ok()) {
+      return fail(absl::Status(p2p.status().code(),
+                               absl::StrCat("job '", info.job_id, "' point-to-point connections: ",
+                                            p2p.status().message())));
+    }
+    p2p_ctx = std::move(*p2p);
     const bool one_host = AllOnOneHost(node_endpoints);
     auto probe = ProbeLinks(*node_ctx, one_host, deadline);
     if (!probe.ok()) {
@@ -156,7 +170,7 @@ absl::StatusOr<std::shared_ptr<JobExecutor>> Daemon::GetOrCreateExecutor(
   eo.transport_detail = transport_detail;
   eo.spin = options_.executor_spin;
   eo.observer = options_.observer;
-  auto executor = JobExecutor::Start(std::move(eo), std::move(node_ctx));
+  auto executor = JobExecutor::Start(std::move(eo), std::move(node_ctx), std::move(p2p_ctx));
   entry->executor = executor;
   entry->ready.Notify();
   return executor;

@@ -24,7 +24,18 @@ OpRunnerOptions RunnerOptions(const JobExecutorOptions& o, OpIntake* intake) {
 
 }  // namespace
 
-JobExecutor::JobExecutor(JobExecutorOptions options, std::unique_ptr<transport::Context> node_ctx)
+namespace {
+PointToPointOptions P2pOptions(const JobExecutorOptions& o) {
+  PointToPointOptions p;
+  p.job_id = o.job_id;
+  p.epoch = o.epoch;
+  p.placement = o.placement;
+  return p;
+}
+}  // namespace
+
+JobExecutor::JobExecutor(JobExecutorOptions options, std::unique_ptr<transport::Context> node_ctx,
+                         std::unique_ptr<transport::Context> p2p_ctx)
     : options_(std::move(options)),
       node_ctx_(std::move(node_ctx)),
       intake_(options_.job_id, options_.placement.local_ranks(), options_.placement.world,
@@ -33,7 +44,8 @@ JobExecutor::JobExecutor(JobExecutorOptions options, std::unique_ptr<transport::
                options_.node_moves_device_memory),
       runner_(std::make_unique<OpRunner>(RunnerOptions(options_, &intake_), node_ctx_.get(),
                                          &staging_)),
-      traffic_(options_.placement, options_.transport, node_ctx_.get(), options_.observer) {
+      traffic_(options_.placement, options_.transport, node_ctx_.get(), options_.observer),
+      p2p_(P2pOptions(options_), std::move(p2p_ctx)) {
   thread_ = std::thread([this] { Run(); });
   NameThread(thread_, "gs-exec");
 }
@@ -47,9 +59,11 @@ JobExecutor::~JobExecutor() {
 }
 
 std::shared_ptr<JobExecutor> JobExecutor::Start(JobExecutorOptions options,
-                                                std::unique_ptr<transport::Context> node_ctx) {
+                                                std::unique_ptr<transport::Context> node_ctx,
+                                                std::unique_ptr<transport::Context> p2p_ctx) {
   return std::shared_ptr<JobExecutor>(
-      new JobExecutor(std::move(options), std::move(node_ctx)), [](JobExecutor* e) {
+      new JobExecutor(std::move(options), std::move(node_ctx), std::move(p2p_ctx)),
+      [](JobExecutor* e) {
         if (e->thread_.get_id() == std::this_thread::get_id()) {
           // The executor's Run() goes on after this returns: it stops once
           // the destructor, on this new thread, tells it to, and is joined.
@@ -63,6 +77,7 @@ std::shared_ptr<JobExecutor> JobExecutor::Start(JobExecutorOptions options,
 void JobExecutor::Attach(Session* session) { intake_.Attach(session); }
 
 void JobExecutor::Detach(int rank, const absl::Status& why) {
+  p2p_.Detach(rank, why);
   const std::optional<uint64_t> generation = intake_.Detach(rank, why);
   if (!generation.has_value()) return;
   // Tells the other daemons (their ops cannot complete without this rank)
@@ -74,10 +89,15 @@ void JobExecutor::Detach(int rank, const absl::Status& why) {
 
 void JobExecutor::Abort(const absl::Status& reason) {
   intake_.Break(reason, /*tell_peers=*/true);
+  p2p_.Break(reason);
   if (node_ctx_ != nullptr) node_ctx_->Abort(reason);
 }
 
 void JobExecutor::Kick() { intake_.Kick(); }
+
+void JobExecutor::SubmitPointToPoint(Session* session, std::shared_ptr<QueuedOp> op) {
+  p2p_.Submit(session, std::move(op));
+}
 
 OpProgress JobExecutor::Progress(uint64_t seq) const {
   return intake_.ProgressOf(seq);
@@ -85,6 +105,7 @@ OpProgress JobExecutor::Progress(uint64_t seq) const {
 
 void JobExecutor::BreakAndTell(const absl::Status& reason) {
   intake_.Break(reason);
+  p2p_.Break(reason);
   if (node_ctx_ != nullptr) (void)node_ctx_->Fail(reason);  // tells the other daemons
 }
 

@@ -11,7 +11,9 @@
 //     plan (flat, hierarchical, in memory, or the parameter server);
 //   * DeviceStaging (worker/device_staging.h): device buffers' paths on
 //     their GPUs and host twins;
-//   * PeerTraffic (worker/peer_traffic.h): per-peer metrics.
+//   * PeerTraffic (worker/peer_traffic.h): per-peer metrics;
+//   * PointToPoint (worker/point_to_point.h): send and recv, on a thread and
+//     connections of their own, beside the collective sequence.
 // The executor completes the op on every local rank (Session::Finish). While
 // it waits for a local rank to submit an op others have, it looks at its
 // node context's peers before each sleep (Context::CheckPeers), so another
@@ -43,6 +45,7 @@
 #include "worker/op_intake.h"
 #include "worker/op_runner.h"
 #include "worker/peer_traffic.h"
+#include "worker/point_to_point.h"
 
 namespace gradsync {
 
@@ -66,13 +69,16 @@ struct JobExecutorOptions : OpRunSettings {
 
 class JobExecutor : public SessionExecutor {
  public:
-  // `node_ctx` connects the job's daemons (null when every rank is here).
+  // `node_ctx` connects the job's daemons (null when every rank is here);
+  // `p2p_ctx` too, for point-to-point messages (null: none across daemons).
   // Should the last reference go away on the executor's own thread (a call
   // it made released the last session), the executor is destroyed on a
   // thread of its own, which joins it.
   static std::shared_ptr<JobExecutor> Start(JobExecutorOptions options,
-                                            std::unique_ptr<transport::Context> node_ctx);
-  JobExecutor(JobExecutorOptions options, std::unique_ptr<transport::Context> node_ctx);
+                                            std::unique_ptr<transport::Context> node_ctx,
+                                            std::unique_ptr<transport::Context> p2p_ctx = nullptr);
+  JobExecutor(JobExecutorOptions options, std::unique_ptr<transport::Context> node_ctx,
+              std::unique_ptr<transport::Context> p2p_ctx);
   ~JobExecutor();  // stops and joins the thread (never call it on that thread)
 
   JobExecutor(const JobExecutor&) = delete;
@@ -94,6 +100,7 @@ class JobExecutor : public SessionExecutor {
   void Detach(int rank, const absl::Status& why) override;
   // A session queued an op or changed its feed.
   void Kick() override;
+  void SubmitPointToPoint(Session* session, std::shared_ptr<QueuedOp> op) override;
   // Fails the epoch from outside (the coordinator said so, daemon stopping,
   // a local client died) and tells the other daemons at once (an ABORT with
   // `reason`, sent by the executor's thread).
@@ -125,6 +132,7 @@ class JobExecutor : public SessionExecutor {
   DeviceStaging staging_;            // executor thread only
   std::unique_ptr<OpRunner> runner_;  // executor thread only
   PeerTraffic traffic_;              // executor thread only
+  PointToPoint p2p_;
   std::thread thread_;
 };
 

@@ -36,7 +36,8 @@ struct OpOutcome : OpResult {
 
 // One queued op, shared by its session and the job's executor.
 struct QueuedOp {
-  uint64_t seq = 0;
+  uint64_t id = 0;   // the op id in its session (what the client waits on)
+  uint64_t seq = 0;  // a collective's sequence number (sig.seq); 0: point-to-point
   OpSignature sig;                     // sig.forced: the requested plan code
   std::shared_ptr<ShmSegment> buffer;  // null for a buffer-less barrier
   // A device buffer's GPU memory; `buffer` is then its host twin, which the

@@ -151,12 +151,21 @@ absl::StatusOr<uint64_t> Session::Enqueue(const OpDesc& a) {
   }
   op->sig = OpSignature::Of(a, shape.plan_code);
   op->offset = a.offset_bytes;
-  ASSIGN_OR_RETURN(const uint64_t seq,
+  const bool p2p = IsPointToPoint(a.kind);
+  if (p2p && op->device != nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        op->sig.Describe(), " on rank ", info_.rank,
+        ": point-to-point ops take host buffers; buffer ", a.buffer_id,
+        " is device memory (stage the tensor through a host buffer)"));
+  }
+  std::shared_ptr<QueuedOp> queued = p2p ? op : nullptr;
+  ASSIGN_OR_RETURN(const uint64_t id,
                    ops_.Push(std::move(op), a.timeout > absl::ZeroDuration()
                                                 ? a.timeout
                                                 : info_.default_op_timeout));
   if (observer_ != nullptr) observer_->OnOpQueued();
-  return seq;
+  if (p2p) executor_->SubmitPointToPoint(this, std::move(queued));
+  return id;
 }
 
 absl::StatusOr<OpOutcome> Session::Wait(uint64_t op_id, absl::Duration timeout) {
@@ -205,6 +214,12 @@ void Session::Close(const absl::Status& why) {
 }
 
 std::shared_ptr<QueuedOp> Session::TakeNext() { return ops_.TakeNext(); }
+
+bool Session::FinishPointToPoint(QueuedOp& op, const absl::Status& s, int source,
+                                 absl::Time end) {
+  bool newly_failed = false;
+  return ops_.Finish(op, s, "p2p", end, &newly_failed, /*may_break_epoch=*/false, source);
+}
 
 bool Session::Finish(QueuedOp& op, const absl::Status& s, absl::string_view plan,
                      absl::Time end, bool* newly_failed) {

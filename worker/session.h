@@ -170,7 +170,8 @@ class Session {
   // The largest buffer a session may allocate or register.
   static constexpr uint64_t kMaxBufferBytes = SessionBuffers::kMaxBufferBytes;
 
-  // Validates and queues; returns the op id (= its sequence number).
+  // Validates and queues (a collective) or hands to the executor's
+  // point-to-point engine (send, recv); returns the op id.
   absl::StatusOr<uint64_t> Submit(const OpDesc& op);
   // Waits up to `timeout` for the op. done=false if still running. Once a
   // finished op has been reported it is forgotten (NotFound afterwards).
@@ -186,6 +187,11 @@ class Session {
   // broke the session's epoch.
   bool Finish(QueuedOp& op, const absl::Status& s, absl::string_view plan, absl::Time end,
               bool* newly_failed);
+  // A point-to-point op's outcome (worker/point_to_point.h): its own failure
+  // (a timeout, a size mismatch) does not break the epoch. `source`: the
+  // rank the message came from (recv) or went to (send).
+  bool FinishPointToPoint(QueuedOp& op, const absl::Status& s, int source, absl::Time end);
+  int rank() const { return info_.rank; }
   // What the observer hears of a finished op.
   OpRecord Record(const QueuedOp& op, absl::Duration arrival_wait) const;
   Timeline* timeline() const { return timeline_.get(); }

@@ -7,6 +7,7 @@
 #define GRADSYNC_WORKER_SESSION_EXECUTOR_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -14,6 +15,9 @@
 #include "collective/topology.h"
 
 namespace gradsync {
+
+class Session;
+struct QueuedOp;
 
 // For status: what op `seq` is doing ("negotiating" / "running <plan>", empty
 // if it is not the current op) and the ranks known to have submitted it.
@@ -33,6 +37,10 @@ class SessionExecutor {
 
   // The session queued an op or changed its submission feed.
   virtual void Kick() = 0;
+  // A send or recv of `session`'s rank (numbered by the session, not
+  // queued): the executor's point-to-point engine matches and moves it and
+  // finishes it (Session::FinishPointToPoint), never on this thread.
+  virtual void SubmitPointToPoint(Session* session, std::shared_ptr<QueuedOp> op) = 0;
   // The session's rank leaves: breaks the epoch with `why` and returns once
   // the executor no longer uses the session.
   virtual void Detach(int rank, const absl::Status& why) = 0;

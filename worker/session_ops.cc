@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
 #include "common/status_macros.h"
+#include "common/types.h"
 
 namespace gradsync {
 
@@ -17,14 +18,19 @@ absl::StatusOr<uint64_t> SessionOps::Push(std::shared_ptr<QueuedOp> op, absl::Du
     return absl::ResourceExhaustedError(absl::StrCat(
         ops_.size(), " ops are queued or unreported; Wait for some before submitting more"));
   }
-  op->seq = next_seq_++;
-  op->sig.seq = op->seq;
+  op->id = next_id_++;
   op->submitted = FastNow();
   op->deadline = op->submitted + timeout;
-  ops_[op->seq] = op;
-  const uint64_t seq = op->seq;
+  ops_[op->id] = op;
+  const uint64_t id = op->id;
+  if (IsPointToPoint(op->sig.kind)) {  // the caller hands it to the executor
+    op->started = op->submitted;
+    return id;
+  }
+  op->seq = next_seq_++;
+  op->sig.seq = op->seq;
   queue_.push_back(std::move(op));
-  return seq;
+  return id;
 }
 
 std::shared_ptr<QueuedOp> SessionOps::TakeNext() {
@@ -41,7 +47,8 @@ std::shared_ptr<QueuedOp> SessionOps::TakeNext() {
 }
 
 bool SessionOps::Finish(QueuedOp& op, const absl::Status& s, absl::string_view plan,
-                        absl::Time end, bool* newly_failed) {
+                        absl::Time end, bool* newly_failed, bool may_break_epoch,
+                        int source) {
   std::shared_ptr<const CompletionListener> listener;
   OpOutcome outcome;
   {
@@ -51,21 +58,25 @@ bool SessionOps::Finish(QueuedOp& op, const absl::Status& s, absl::string_view p
     op.outcome.algorithm = std::string(plan);
     op.outcome.queued_time = op.started - op.submitted;
     op.outcome.run_time = end - op.started;
+    op.outcome.source = source;
     // The epoch breaks before anyone can see the op done.
-    *newly_failed = !s.ok() && !absl::IsInvalidArgument(s) && epoch_->Fail(s);
+    *newly_failed =
+        may_break_epoch && !s.ok() && !absl::IsInvalidArgument(s) && epoch_->Fail(s);
     op.outcome.done = true;
-    last_completed_seq_ = op.seq;
-    last_completed_sig_ = op.sig;
-    last_completed_code_ = s.code();
-    last_completed_at_ = end;
-    if (current_seq_ == op.seq) current_seq_ = 0;
+    if (op.seq != 0) {  // a collective (point-to-point ops have no sequence number)
+      last_completed_seq_ = op.seq;
+      last_completed_sig_ = op.sig;
+      last_completed_code_ = s.code();
+      last_completed_at_ = end;
+      if (current_seq_ == op.seq) current_seq_ = 0;
+    }
     listener = listener_;
     outcome = op.outcome;
   }
   // The client first; metrics come after, overlapping with its next op.
-  if (listener != nullptr && (*listener)(op.seq, outcome)) {
+  if (listener != nullptr && (*listener)(op.id, outcome)) {
     absl::MutexLock l(&mu_);
-    ops_.erase(op.seq);
+    ops_.erase(op.id);
   }
   return true;
 }
@@ -123,7 +134,7 @@ std::shared_ptr<SubmissionFeed> SessionOps::feed() const {
 
 bool SessionOps::has_pending() const {
   absl::MutexLock l(&mu_);
-  for (const auto& [seq, op] : ops_) {
+  for (const auto& [id, op] : ops_) {
     if (!op->outcome.done) return true;
   }
   return false;

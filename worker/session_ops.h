@@ -2,15 +2,20 @@
 // executor takes them from, their outcomes, and what `gradsync status` shows
 // of the current and the last finished op.
 //
-//   Push       numbers the op (1, 2, ... = its op id and sig.seq) and queues
-//              it, unless the session refuses ops (SessionEpoch::Refusal) or
+//   Push       gives the op its id (1, 2, ...: what the client waits on)
+//              and, for a collective, its sequence number (seq, sig.seq:
+//              1, 2, ... over the session's collectives, which every rank
+//              numbers alike) and queues it; a point-to-point op gets no
+//              sequence number and is not queued (the caller hands it to
+//              the executor's point-to-point engine), unless the session refuses ops (SessionEpoch::Refusal) or
 //              kMaxUnreportedOps are queued or unreported
 //              (ResourceExhausted).
 //   TakeNext   the executor takes the oldest queued op (FIFO); it becomes the
 //              current op.
 //   Finish     records an outcome once (false for an op already finished); a
 //              failure other than InvalidArgument (a signature mismatch)
-//              breaks the epoch first, so a client that sees the failure
+//              breaks the epoch first (unless told not to: a point-to-point
+//              op's own failure), so a client that sees the failure
 //              sees its new ops refused. Then the completion listener hears
 //              of it, outside the lock; if the listener delivered it, the op
 //              is forgotten.
@@ -72,16 +77,18 @@ class SessionOps {
   SessionOps(std::string session_id, SessionEpoch* epoch)
       : session_id_(std::move(session_id)), epoch_(epoch) {}
 
-  // Numbers `op` (seq, sig.seq), stamps it (submitted = now, deadline = now
-  // + timeout) and queues it; returns its op id. Refused as above.
+  // Numbers `op` (id; a collective's seq and sig.seq), stamps it (submitted
+  // = now, deadline = now + timeout) and queues a collective; returns its op
+  // id. Refused as above.
   absl::StatusOr<uint64_t> Push(std::shared_ptr<QueuedOp> op, absl::Duration timeout);
   // The oldest queued op (null if none), marked started now and current.
   std::shared_ptr<QueuedOp> TakeNext();
   // Records the outcome of `op` (status `s`, the plan it ran, finished at
   // `end`), once: false if it was already finished. `newly_failed`: this
-  // failure broke the epoch.
+  // failure broke the epoch (never without `may_break_epoch`). `source`:
+  // OpResult::source (point-to-point ops).
   bool Finish(QueuedOp& op, const absl::Status& s, absl::string_view plan, absl::Time end,
-              bool* newly_failed);
+              bool* newly_failed, bool may_break_epoch = true, int source = -1);
   // Waits until `deadline` for op `op_id`. NotFound if it is not pending
   // (reported already, delivered by the listener, or never submitted).
   absl::StatusOr<OpOutcome> Wait(uint64_t op_id, absl::Time deadline);
@@ -105,9 +112,10 @@ class SessionOps {
   SessionEpoch* const epoch_;
 
   mutable absl::Mutex mu_;
-  uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;  // collectives only
   std::deque<std::shared_ptr<QueuedOp>> queue_ ABSL_GUARDED_BY(mu_);
-  // Queued, running, and finished but unreported.
+  // Queued, running, and finished but unreported, by op id.
   std::map<uint64_t, std::shared_ptr<QueuedOp>> ops_ ABSL_GUARDED_BY(mu_);
   // Shared, so Finish takes a reference under mu_ and calls it outside
   // without copying the function (and what it captured) per op.

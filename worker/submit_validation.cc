@@ -16,6 +16,7 @@ absl::StatusOr<OpDesc> OpDescFromRequest(const v1::SubmitRequest& req, int rank)
   absl::Status enums = SetOpEnums(req.collective(), req.dtype(), req.reduce_op(), ctx, &op);
   if (!enums.ok()) return enums;
   op.root = req.root();
+  op.tag = req.tag();
   op.count = req.count();
   op.buffer_id = req.buffer_id();
   op.offset_bytes = req.offset_bytes();

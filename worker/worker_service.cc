@@ -233,6 +233,7 @@ grpc::Status WorkerService::Wait(grpc::ServerContext* ctx, const v1::WaitRequest
   resp->set_algorithm(out->algorithm);
   resp->set_queued_us(absl::ToInt64Microseconds(out->queued_time));
   resp->set_run_us(absl::ToInt64Microseconds(out->run_time));
+  resp->set_source(out->source);
   return grpc::Status::OK;
 }
 

@@ -19,12 +19,12 @@ See docs/python.md.
 
 from .errors import (Aborted, DeadlineExceeded, FailedPrecondition, GradsyncError,
                      InvalidArgument, StillRunning, Unavailable)
-from .session import (COLLECTIVES, DTYPES, OPS, Buffer, Client, Result, Session, Work,
+from .session import (COLLECTIVES, DTYPES, OPS, POINT_TO_POINT, Buffer, Client, Result, Session, Work,
                       dtype_name)
 
 __all__ = [
     "Client", "Session", "Buffer", "Work", "Result", "GradsyncError", "InvalidArgument",
     "DeadlineExceeded", "StillRunning", "FailedPrecondition", "Aborted", "Unavailable", "DTYPES",
     "OPS",
-    "COLLECTIVES", "dtype_name",
+    "COLLECTIVES", "POINT_TO_POINT", "dtype_name",
 ]

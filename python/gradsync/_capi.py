@@ -42,11 +42,13 @@ class CollectiveSpec(ctypes.Structure):
         ("name", c_char_p),
         ("algorithm", c_char_p),
         ("timeout_ms", c_int64),
+        ("tag", c_int32),
     ]
 
 
-class Result(ctypes.Structure):
-    _fields_ = [("algorithm", ctypes.c_char * 16), ("queued_us", c_int64), ("run_us", c_int64)]
+class OpInfo(ctypes.Structure):
+    _fields_ = [("struct_size", c_uint32), ("algorithm", ctypes.c_char * 16),
+                ("queued_us", c_int64), ("run_us", c_int64), ("source", c_int32)]
 
 
 def _candidates():
@@ -117,8 +119,9 @@ def _declare(l):
         "gs_buffer_free": (c_int, [c_void_p, c_void_p]),
         "gs_collective_spec_init": (None, [P(CollectiveSpec)]),
         "gs_submit": (c_int, [c_void_p, P(CollectiveSpec), P(c_uint64)]),
-        "gs_wait_result": (c_int, [c_void_p, c_uint64, c_int64, P(Result)]),
-        "gs_poll": (c_int, [c_void_p, c_uint64, P(Result)]),
+        "gs_op_info_init": (None, [P(OpInfo)]),
+        "gs_wait_info": (c_int, [c_void_p, c_uint64, c_int64, P(OpInfo)]),
+        "gs_poll_info": (c_int, [c_void_p, c_uint64, P(OpInfo)]),
         "gs_session_event_fd": (c_int, [c_void_p, P(c_int)]),
     }
     for name, (res, args) in protos.items():

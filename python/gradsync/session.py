@@ -42,6 +42,8 @@ _TORCH_NAMES = {"torch.float32": "f32", "torch.float64": "f64", "torch.float16":
 OPS = {"sum": 1, "avg": 2, "min": 3, "max": 4, "prod": 5}
 COLLECTIVES = {"allreduce": 1, "reduce_scatter": 2, "allgather": 3, "broadcast": 4,
                "reduce": 5, "alltoall": 6, "barrier": 7, "gather": 8, "scatter": 9}
+# Point-to-point ops (Session.send / recv): `root` is the peer.
+POINT_TO_POINT = {"send": 10, "recv": 11}
 _BLOCKED = {"reduce_scatter", "allgather", "alltoall", "gather", "scatter"}
 
 
@@ -82,6 +84,7 @@ class Result:
     algorithm: str
     queued_us: int
     run_us: int
+    source: int = -1  # recv: the rank the message came from; send: its peer
 
 
 def _free_buffer(session: "Session", handle: int) -> int:
@@ -201,6 +204,12 @@ class _CudaArray:
         }
 
 
+def _op_info() -> "_capi.OpInfo":
+    info = _capi.OpInfo()
+    _capi.lib().gs_op_info_init(ctypes.byref(info))
+    return info
+
+
 def _still_running(code: int) -> bool:
     """Whether a wait/poll code means "not done yet" (GS_PENDING), as opposed
     to any error of the op, its own DEADLINE_EXCEEDED included."""
@@ -227,20 +236,20 @@ class Work:
             return self._result
         if self._error is not None:
             raise self._error
-        res = _capi.Result()
+        res = _op_info()
         with self._session._using() as handle:
-            code = _capi.lib().gs_wait_result(handle, self.op_id,
-                                              -1 if timeout is None else max(0, int(timeout * 1000)),
-                                              ctypes.byref(res))
+            code = _capi.lib().gs_wait_info(handle, self.op_id,
+                                            -1 if timeout is None else max(0, int(timeout * 1000)),
+                                            ctypes.byref(res))
         return self._finish(code, res)
 
     def done(self) -> bool:
         """True once the op ended (then wait() returns or raises at once)."""
         if self._result is not None or self._error is not None:
             return True
-        res = _capi.Result()
+        res = _op_info()
         with self._session._using() as handle:
-            code = _capi.lib().gs_poll(handle, self.op_id, ctypes.byref(res))
+            code = _capi.lib().gs_poll_info(handle, self.op_id, ctypes.byref(res))
         if _still_running(code):
             return False
         try:
@@ -249,14 +258,14 @@ class Work:
             pass
         return True
 
-    def _finish(self, code: int, res: _capi.Result) -> Result:
+    def _finish(self, code: int, res: _capi.OpInfo) -> Result:
         if _still_running(code):  # the op is not over, so nothing is recorded
             raise error(code, _capi.last_error())
         if code != 0:
             self._error = error(code, _capi.last_error())
             self._keep = None
             raise self._error
-        self._result = Result(res.algorithm.decode(), res.queued_us, res.run_us)
+        self._result = Result(res.algorithm.decode(), res.queued_us, res.run_us, res.source)
         self._keep = None
         return self._result
 
@@ -407,19 +416,21 @@ class Session(_Closable):
 
     def submit(self, kind: str, array: Any = None, op: str = "sum", root: int = 0,
                dtype: Any = None, name: Optional[str] = None, algorithm: Optional[str] = None,
-               timeout: Optional[float] = None) -> Work:
-        """Submits collective `kind` on `array` in place and returns its Work.
+               timeout: Optional[float] = None, tag: int = 0) -> Work:
+        """Submits collective `kind` (or "send"/"recv", `root` the peer) on
+        `array` in place and returns its Work.
         Blocked collectives (reduce_scatter, allgather, alltoall, gather,
         scatter) take an array of world_size equal blocks on every rank. `dtype` defaults to the array's."""
         self._live()
-        if kind not in COLLECTIVES:
-            raise error(3, f"gradsync: unknown collective '{kind}' ({', '.join(COLLECTIVES)})")
+        kinds = {**COLLECTIVES, **POINT_TO_POINT}
+        if kind not in kinds:
+            raise error(3, f"gradsync: unknown collective '{kind}' ({', '.join(kinds)})")
         if op not in OPS:
             raise error(3, f"gradsync: unknown reduce op '{op}' ({', '.join(OPS)})")
         spec = _capi.CollectiveSpec()
         lib = _capi.lib()
         lib.gs_collective_spec_init(ctypes.byref(spec))
-        spec.kind = COLLECTIVES[kind]
+        spec.kind = kinds[kind]
         if kind != "barrier":
             buf, offset, nbytes = self._locate(array)
             dname = dtype_name(dtype if dtype is not None else getattr(array, "dtype", "u8"))
@@ -439,6 +450,7 @@ class Session(_Closable):
         spec.name = name.encode() if name else None
         spec.algorithm = algorithm.encode() if algorithm else None
         spec.timeout_ms = _ms(timeout, 0)
+        spec.tag = int(tag)
         op_id = ctypes.c_uint64()
         with self._using() as handle:
             _check(lib.gs_submit(handle, ctypes.byref(spec), ctypes.byref(op_id)))
@@ -478,6 +490,17 @@ class Session(_Closable):
         """Block r of rank r's array ends with root's block r; root's array and
         every other block stay as they were. Every rank passes world_size blocks."""
         return self.submit("scatter", array, root=root, **kw)
+
+    def send(self, array, dst: int, tag: int = 0, **kw) -> Work:
+        """Sends `array` to rank `dst`; done once the message is on its way
+        (another daemon's rank) or in the matching recv (a rank on this daemon)."""
+        return self.submit("send", array, root=dst, tag=tag, **kw)
+
+    def recv(self, array, src: int = -1, tag: int = 0, **kw) -> Work:
+        """Receives into `array` the first message from rank `src` (-1: any
+        rank) with `tag`; it must have the array's dtype and size. The Work's
+        result names the sender (Result.source)."""
+        return self.submit("recv", array, root=src, tag=tag, **kw)
 
     def barrier(self, **kw) -> Work:
         """Completes on each rank once every rank entered it."""
