@@ -159,7 +159,8 @@ class Engine:
                op: str = "sum", root: int = 0, name: Optional[str] = None,
                staged: Optional[list] = None,
                device: Optional[torch.device] = None,
-               wrap: Optional[Callable[[torch.futures.Future], torch.futures.Future]] = None
+               wrap: Optional[Callable[[torch.futures.Future], torch.futures.Future]] = None,
+               tag: int = 0, results: Optional[list] = None
                ) -> torch.futures.Future:
         """Submits `kind` on the first `count` elements of staging buffer `buf`;
         the future gets finish()'s value once the op is done and finish() ran.
@@ -169,7 +170,9 @@ class Engine:
         before the future completes and the buffer is reused. `wrap` (the
         profiler's event, torch.py) gets the future before the progress thread
         can complete it, so whatever it chains runs on that thread; its
-        result is returned."""
+        result is returned. `tag`: send and recv's. `results`: the op's
+        gradsync Result is appended to it before finish() runs (a recv's
+        Result.source names its sender)."""
         staged = staged or []
         fut = torch.futures.Future()
         try:
@@ -184,14 +187,14 @@ class Engine:
                 array = self.view(buf, dtype, count)
                 work = self.session.submit(kind, array, op=op, root=root,
                                            dtype=_TORCH_DTYPES[dtype], name=name,
-                                           timeout=self.timeout_s)
+                                           timeout=self.timeout_s, tag=tag)
         except BaseException:
             for b in staged:  # nothing was submitted on them
                 self.unstage(b)
             raise
         out = wrap(fut) if wrap is not None else fut
         with self._cv:
-            self._queue.append((work, finish, fut, staged, device))
+            self._queue.append((work, finish, fut, staged, device, results))
             self._cv.notify()
         return out
 
@@ -203,10 +206,12 @@ class Engine:
                         self._cv.wait()
                     if not self._queue:
                         return
-                    work, finish, fut, staged, device = self._queue[0]
+                    work, finish, fut, staged, device, results = self._queue[0]
                 over = True  # the op ended (done, or failed with its own error)
                 try:
-                    work.wait(self.timeout_s + 5)
+                    result = work.wait(self.timeout_s + 5)
+                    if results is not None:
+                        results.append(result)
                     value, error = finish(), None
                     if _cuda(device):
                         torch.cuda.synchronize(device)  # the copies out, before reuse
@@ -233,7 +238,7 @@ class Engine:
         with self._cv:
             self._broken = self._broken or why
             pending, self._queue = list(self._queue), collections.deque()
-        for _, _, fut, _, _ in pending:
+        for _, _, fut, _, _, _ in pending:
             if not fut.done():
                 fut.set_exception(RuntimeError(f"gradsync: {why}"))
 

@@ -91,6 +91,15 @@ class _Work(dist.Work):
         self._consumed()
         return self._fut
 
+    # A recv's sender (torch's recv from any source asks for it).
+    _results: Optional[list] = None
+
+    def _source_rank(self) -> int:
+        self.wait()
+        if not self._results:
+            raise RuntimeError("gradsync: only a recv's work has a source rank")
+        return self._results[0].source
+
     # C++ callers (DDP, broadcast_coalesced) hold a Work only as a C++ pointer;
     # once its Python object is gone, pybind11 no longer dispatches wait() or
     # get_future() to it. So a work stays referenced (in _LIVE) until its op is
@@ -120,7 +129,7 @@ def _work(fut: torch.futures.Future) -> "_Work":
 _PROFILING_TITLES = {"allreduce": "all_reduce", "broadcast": "broadcast", "reduce": "reduce",
                      "allgather": "all_gather", "reduce_scatter": "reduce_scatter",
                      "alltoall": "all_to_all", "barrier": "barrier", "gather": "gather",
-                     "scatter": "scatter"}
+                     "scatter": "scatter", "send": "send", "recv": "recv"}
 
 
 def _profiling(title: str, inputs: List[torch.Tensor]):
@@ -338,6 +347,45 @@ class ProcessGroupGradsync(dist.ProcessGroup):
         ins = list(input_tensors[0]) if input_tensors else []
         return self._blocked("scatter", ins, _tensor_list(output_tensors),
                              keep_block=self.rank(), root=opts.rootRank)
+
+    # Point-to-point: the tensor as bytes through one staging buffer; send and
+    # recv must agree on its size in bytes. The daemon matches them by
+    # (source, tag) in send order (worker/point_to_point.h).
+    def _p2p(self, kind: str, tensors, peer: int, tag: int) -> "_Work":
+        t = _tensor_list(tensors)[0]
+        n = self.size()
+        if not (0 <= peer < n or (kind == "recv" and peer == -1)) or peer == self.rank():
+            raise ValueError(f"gradsync: {kind} at rank {self.rank()}: peer rank {peer} is not "
+                             f"another rank of this group of {n}")
+        check_device(t)
+        if not t.is_contiguous():
+            raise ValueError(f"gradsync: {kind} needs a contiguous tensor")
+        e = self._engine
+        nbytes = t.numel() * t.element_size()
+        buf = e.stage(nbytes, t.device)
+        staging = e.view(buf, torch.uint8, nbytes)
+        if kind == "send":
+            staging.copy_(t.reshape(-1).view(torch.uint8))
+
+        def finish():
+            if kind == "recv":
+                t.copy_(staging.view(t.dtype).view(t.shape))
+            return [t]
+        results: list = []
+        w = _work(e.submit(kind, buf, torch.uint8, nbytes, finish, root=peer, staged=[buf],
+                           device=t.device, tag=tag, results=results,
+                           wrap=_profiling(_PROFILING_TITLES[kind], [t])))
+        w._results = results
+        return w
+
+    def send(self, tensors, dstRank: int, tag: int = 0):
+        return self._p2p("send", tensors, dstRank, tag)
+
+    def recv(self, tensors, srcRank: int, tag: int = 0):
+        return self._p2p("recv", tensors, srcRank, tag)
+
+    def recv_anysource(self, tensors, tag: int = 0):
+        return self._p2p("recv", tensors, -1, tag)
 
     def barrier(self, opts=None):
         e = self._engine
