@@ -121,6 +121,25 @@ int FillInfo(const char* fn, const gradsync::client::OpResult& r, gs_op_info* ou
   return GS_OK;
 }
 
+// gs_wait_result, gs_poll and their gs_op_info forms: waits up to
+// timeout_ms (-1: until the op ends; 0: a poll) for op `op_id`.
+int WaitFor(const char* fn, gs_session* session, uint64_t op_id, int64_t timeout_ms,
+            gradsync::client::OpResult* out) {
+  if (session == nullptr) return NullArg(fn, "session");
+  if (timeout_ms < -1) {
+    return Fail(absl::StatusCode::kInvalidArgument,
+                absl::StrCat(fn, ": timeout_ms must be >= -1, got ", timeout_ms));
+  }
+  gradsync::client::OpHandle handle;
+  handle.op_id = op_id;
+  const absl::Duration timeout =
+      timeout_ms == -1 ? absl::InfiniteDuration() : absl::Milliseconds(timeout_ms);
+  auto r = session->impl->Wait(handle, timeout);
+  if (!r.ok()) return Fail(r.status());
+  *out = *std::move(r);
+  return GS_OK;
+}
+
 // The C edge of an op: gs_collective_spec to the SDK's CollectiveSpec, the
 // one conversion (NULL-safe strings, the int32 enums narrowed by SetOpEnums).
 // Checks only what C adds (NULL pointers, struct_size); the SDK's
@@ -392,53 +411,29 @@ int gs_submit(gs_session* session, const gs_collective_spec* spec, uint64_t* op_
 }
 
 int gs_wait_result(gs_session* session, uint64_t op_id, int64_t timeout_ms, gs_result* result) {
-  if (session == nullptr) return NullArg("gs_wait_result", "session");
-  if (timeout_ms < -1) {
-    return Fail(absl::StatusCode::kInvalidArgument,
-                absl::StrCat("gs_wait_result: timeout_ms must be >= -1, got ", timeout_ms));
-  }
-  gradsync::client::OpHandle handle;
-  handle.op_id = op_id;
-  const absl::Duration timeout =
-      timeout_ms == -1 ? absl::InfiniteDuration() : absl::Milliseconds(timeout_ms);
-  auto r = session->impl->Wait(handle, timeout);
-  if (!r.ok()) return Fail(r.status());
-  FillResult(*r, result);
+  gradsync::client::OpResult r;
+  if (int rc = WaitFor("gs_wait_result", session, op_id, timeout_ms, &r)) return rc;
+  FillResult(r, result);
   return GS_OK;
 }
 
 int gs_poll(gs_session* session, uint64_t op_id, gs_result* result) {
-  if (session == nullptr) return NullArg("gs_poll", "session");
-  gradsync::client::OpHandle handle;
-  handle.op_id = op_id;
-  auto r = session->impl->Wait(handle, absl::ZeroDuration());
-  if (!r.ok()) return Fail(r.status());
-  FillResult(*r, result);
+  gradsync::client::OpResult r;
+  if (int rc = WaitFor("gs_poll", session, op_id, 0, &r)) return rc;
+  FillResult(r, result);
   return GS_OK;
 }
 
 int gs_wait_info(gs_session* session, uint64_t op_id, int64_t timeout_ms, gs_op_info* info) {
-  if (session == nullptr) return NullArg("gs_wait_info", "session");
-  if (timeout_ms < -1) {
-    return Fail(absl::StatusCode::kInvalidArgument,
-                absl::StrCat("gs_wait_info: timeout_ms must be >= -1, got ", timeout_ms));
-  }
-  gradsync::client::OpHandle handle;
-  handle.op_id = op_id;
-  const absl::Duration timeout =
-      timeout_ms == -1 ? absl::InfiniteDuration() : absl::Milliseconds(timeout_ms);
-  auto r = session->impl->Wait(handle, timeout);
-  if (!r.ok()) return Fail(r.status());
-  return FillInfo("gs_wait_info", *r, info);
+  gradsync::client::OpResult r;
+  if (int rc = WaitFor("gs_wait_info", session, op_id, timeout_ms, &r)) return rc;
+  return FillInfo("gs_wait_info", r, info);
 }
 
 int gs_poll_info(gs_session* session, uint64_t op_id, gs_op_info* info) {
-  if (session == nullptr) return NullArg("gs_poll_info", "session");
-  gradsync::client::OpHandle handle;
-  handle.op_id = op_id;
-  auto r = session->impl->Wait(handle, absl::ZeroDuration());
-  if (!r.ok()) return Fail(r.status());
-  return FillInfo("gs_poll_info", *r, info);
+  gradsync::client::OpResult r;
+  if (int rc = WaitFor("gs_poll_info", session, op_id, 0, &r)) return rc;
+  return FillInfo("gs_poll_info", r, info);
 }
 
 int gs_run(gs_session* session, const gs_collective_spec* spec, gs_result* result) {
