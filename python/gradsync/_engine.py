@@ -160,7 +160,8 @@ class Engine:
                staged: Optional[list] = None,
                device: Optional[torch.device] = None,
                wrap: Optional[Callable[[torch.futures.Future], torch.futures.Future]] = None,
-               tag: int = 0, results: Optional[list] = None
+               tag: int = 0, results: Optional[list] = None,
+               offset: int = 0, timeout: Optional[float] = None
                ) -> torch.futures.Future:
         """Submits `kind` on the first `count` elements of staging buffer `buf`;
         the future gets finish()'s value once the op is done and finish() ran.
@@ -172,7 +173,9 @@ class Engine:
         can complete it, so whatever it chains runs on that thread; its
         result is returned. `tag`: send and recv's. `results`: the op's
         gradsync Result is appended to it before finish() runs (a recv's
-        Result.source names its sender)."""
+        Result.source names its sender). `offset`: the op starts that many
+        elements into `buf`. `timeout`: the op's deadline in seconds (default:
+        the group's)."""
         staged = staged or []
         fut = torch.futures.Future()
         try:
@@ -184,10 +187,10 @@ class Engine:
             if kind == "barrier":
                 work = self.session.barrier(timeout=self.timeout_s)
             else:
-                array = self.view(buf, dtype, count)
+                array = self.view(buf, dtype, offset + count)[offset:]
                 work = self.session.submit(kind, array, op=op, root=root,
                                            dtype=_TORCH_DTYPES[dtype], name=name,
-                                           timeout=self.timeout_s, tag=tag)
+                                           timeout=timeout or self.timeout_s, tag=tag)
         except BaseException:
             for b in staged:  # nothing was submitted on them
                 self.unstage(b)

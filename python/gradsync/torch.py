@@ -28,9 +28,9 @@ import torch
 import torch.distributed as dist
 
 from ._engine import Engine, check_device, gradsync_dtype
-from .errors import PENDING, StillRunning
+from .errors import PENDING, GradsyncError, StillRunning
 
-__all__ = ["ProcessGroupGradsync", "HookState", "allreduce_hook", "BACKEND"]
+__all__ = ["ProcessGroupGradsync", "HookState", "allreduce_hook", "monitored_barrier", "BACKEND"]
 
 BACKEND = "gradsync"
 
@@ -157,6 +157,38 @@ def _profiled(title: str, inputs: List[torch.Tensor], fut: torch.futures.Future)
             out.set_exception(e)
     ended.add_done_callback(relay)
     return out
+
+
+def _all_of(futs: List[torch.futures.Future], value) -> torch.futures.Future:
+    """A future of `value` once every one of `futs` completed; the first
+    error among them (in order) if any failed, its class kept."""
+    out = torch.futures.Future()
+    left = [len(futs)]
+    lock = threading.Lock()
+
+    def one(_) -> None:
+        with lock:
+            left[0] -= 1
+            if left[0]:
+                return
+        for f in futs:
+            try:
+                f.value()
+            except Exception as e:
+                out.set_exception(e)
+                return
+        out.set_result(value)
+    if not futs:
+        out.set_result(value)
+    for f in futs:
+        f.add_done_callback(one)
+    return out
+
+
+# Tags of the point-to-point messages the backend sends for its own
+# collectives (user tags are >= 0 in torch's API).
+_ALLTOALLV_TAG = -2
+_MONITORED_BARRIER_TAG = -3
 
 
 def _completed(value) -> "_Work":
@@ -316,20 +348,145 @@ class ProcessGroupGradsync(dist.ProcessGroup):
                              keep_block=self.rank(), title="reduce_scatter_tensor")
 
     def alltoall(self, output_tensors, input_tensors, opts=None):
-        return self._blocked("alltoall", list(input_tensors), list(output_tensors))
+        ins, outs = list(input_tensors), list(output_tensors)
+        n = self.size()
+        if len(ins) != n or len(outs) != n:
+            raise ValueError(f"gradsync: all_to_all at {n} ranks takes {n} input and {n} output "
+                             f"tensors; got {len(ins)} and {len(outs)}")
+        if all(t.numel() == ins[0].numel() and t.dtype == ins[0].dtype for t in ins + outs):
+            return self._blocked("alltoall", ins, outs)
+        return self._alltoallv(ins, outs)
 
     def alltoall_base(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes,
                       input_split_sizes, opts=None):
         n = self.size()
-        if (output_split_sizes and len(set(output_split_sizes)) > 1) or \
-           (input_split_sizes and len(set(input_split_sizes)) > 1):
-            raise ValueError("gradsync: all_to_all_single with unequal splits is not supported")
-        if input.numel() % n:
-            raise ValueError(f"gradsync: all_to_all_single of {input.numel()} elements does not "
-                             f"split into {n} equal blocks")
-        ins = list(input.reshape(n, -1).unbind(0))
-        outs = list(self._contiguous(output, "the output").view(n, -1).unbind(0))
-        return self._blocked("alltoall", ins, outs)
+        if not output_split_sizes and not input_split_sizes:
+            if input.numel() % n:
+                raise ValueError(f"gradsync: all_to_all_single of {input.numel()} elements does "
+                                 f"not split into {n} equal blocks")
+            ins = list(input.reshape(n, -1).unbind(0))
+            outs = list(self._contiguous(output, "the output").view(n, -1).unbind(0))
+            return self._blocked("alltoall", ins, outs)
+        return self._alltoallv(self._split(input, input_split_sizes, "input"),
+                               self._split(self._contiguous(output, "the output"),
+                                           output_split_sizes, "output"))
+
+    def _split(self, t: torch.Tensor, splits, what: str) -> List[torch.Tensor]:
+        """all_to_all_single's tensor as n views along its first dimension
+        (`splits` rows each; none: equal parts)."""
+        n = self.size()
+        rows = t.shape[0] if t.dim() > 0 else 0
+        splits = list(splits) if splits else ([rows // n] * n if rows % n == 0 else None)
+        if splits is None or len(splits) != n or sum(splits) != rows or min(splits) < 0:
+            raise ValueError(f"gradsync: all_to_all_single's {what} splits {splits} do not cut "
+                             f"its {rows} rows into {n} parts")
+        return list(t.split(splits, dim=0)) if rows else [t] * n
+
+    def _alltoallv(self, ins: List[torch.Tensor], outs: List[torch.Tensor]) -> "_Work":
+        """All-to-all with a size per pair: input i goes to rank i, output j
+        comes from rank j, as the daemon's point-to-point messages (a message
+        whose size differs from the receiver's output fails its recv naming
+        both ranks); this rank's own part is a copy."""
+        n, me = self.size(), self.rank()
+        for t in ins + outs:
+            check_device(t)
+            if t.dtype != ins[0].dtype:
+                raise ValueError(f"gradsync: all_to_all needs one dtype; got {ins[0].dtype} "
+                                 f"and {t.dtype}")
+        if ins[me].numel() != outs[me].numel():
+            raise ValueError(f"gradsync: all_to_all at rank {me}: this rank's own input part has "
+                             f"{ins[me].numel()} elements and its output part "
+                             f"{outs[me].numel()}")
+        outs[me].copy_(ins[me])
+        futs = []
+        for peer in range(n):
+            if peer == me:
+                continue
+            futs.append(self._p2p("send", [ins[peer].contiguous()], peer, _ALLTOALLV_TAG,
+                                  title=None).get_future())
+        for peer in range(n):
+            if peer == me:
+                continue
+            futs.append(self._p2p("recv", [outs[peer]], peer, _ALLTOALLV_TAG,
+                                  title=None).get_future())
+        fut = _all_of(futs, outs)
+        wrap = _profiling("all_to_all", ins)
+        return _work(wrap(fut) if wrap is not None else fut)
+
+    # Coalesced calls: one op over several tensors, packed into one staging
+    # buffer (the copy in the backend makes anyway), so the daemon sees one
+    # signature and runs one pass.
+    def allreduce_coalesced(self, tensors, opts=None):
+        opts = opts or dist.AllreduceCoalescedOptions()
+        ts = list(tensors)
+        if not ts:
+            return _completed([])
+        for t in ts:
+            check_device(t)
+            if t.dtype != ts[0].dtype or t.device != ts[0].device:
+                raise ValueError(f"gradsync: allreduce_coalesced needs one dtype and device; got "
+                                 f"{ts[0].dtype} on {ts[0].device} and {t.dtype} on {t.device}")
+            if t.layout != torch.strided:
+                raise ValueError(f"gradsync: allreduce_coalesced takes dense tensors; got "
+                                 f"{t.layout}")
+        gradsync_dtype(ts[0])
+        total = sum(t.numel() for t in ts)
+        if total == 0:
+            return _completed(ts)
+        e = self._engine
+        buf = e.stage(total * ts[0].element_size(), ts[0].device)
+        staging = e.view(buf, ts[0].dtype, total)
+        at = 0
+        for t in ts:
+            staging[at:at + t.numel()].copy_(t.reshape(-1))
+            at += t.numel()
+
+        def finish():
+            at = 0
+            for t in ts:
+                t.copy_(staging[at:at + t.numel()].view(t.shape))
+                at += t.numel()
+            return ts
+        return _work(e.submit("allreduce", buf, ts[0].dtype, total, finish,
+                              op=_op(opts.reduceOp), staged=[buf], device=ts[0].device,
+                              wrap=_profiling("all_reduce_coalesced", ts)))
+
+    def allgather_coalesced(self, output_lists, input_list, opts=None):
+        n, me = self.size(), self.rank()
+        ins = list(input_list)
+        if len(output_lists) != n or any(len(o) != len(ins) for o in output_lists):
+            raise ValueError(f"gradsync: allgather_coalesced at {n} ranks takes {n} output lists "
+                             f"of {len(ins)} tensors each")
+        for j, outs in enumerate(output_lists):
+            for t, i in zip(outs, ins):
+                if t.numel() != i.numel() or t.dtype != i.dtype:
+                    raise ValueError(f"gradsync: allgather_coalesced output {j} needs tensors "
+                                     f"shaped as the inputs ({i.numel()} {i.dtype}); got "
+                                     f"{t.numel()} {t.dtype}")
+        for t in ins:
+            check_device(t)
+        sizes = [t.numel() * t.element_size() for t in ins]
+        block = sum(sizes)
+        if block == 0:
+            return _completed(output_lists)
+        e = self._engine
+        buf = e.stage(n * block, ins[0].device if ins else None)
+        staging = e.view(buf, torch.uint8, n * block)
+        at = me * block
+        for t, size in zip(ins, sizes):
+            staging[at:at + size].copy_(t.contiguous().reshape(-1).view(torch.uint8))
+            at += size
+
+        def finish():
+            for j, outs in enumerate(output_lists):
+                at = j * block
+                for t, size in zip(outs, sizes):
+                    t.copy_(staging[at:at + size].view(t.dtype).view(t.shape))
+                    at += size
+            return output_lists
+        return _work(e.submit("allgather", buf, torch.uint8, n * block, finish, staged=[buf],
+                              device=ins[0].device,
+                              wrap=_profiling("all_gather_coalesced", ins)))
 
     # torch 1.13's signatures: on the root gather's output_tensors is
     # [gather_list] and scatter's input_tensors [scatter_list]; elsewhere [].
@@ -351,7 +508,8 @@ class ProcessGroupGradsync(dist.ProcessGroup):
     # Point-to-point: the tensor as bytes through one staging buffer; send and
     # recv must agree on its size in bytes. The daemon matches them by
     # (source, tag) in send order (worker/point_to_point.h).
-    def _p2p(self, kind: str, tensors, peer: int, tag: int) -> "_Work":
+    def _p2p(self, kind: str, tensors, peer: int, tag: int, timeout: Optional[float] = None,
+             title: Optional[str] = "") -> "_Work":
         t = _tensor_list(tensors)[0]
         n = self.size()
         if not (0 <= peer < n or (kind == "recv" and peer == -1)) or peer == self.rank():
@@ -372,9 +530,10 @@ class ProcessGroupGradsync(dist.ProcessGroup):
                 t.copy_(staging.view(t.dtype).view(t.shape))
             return [t]
         results: list = []
+        title = _PROFILING_TITLES[kind] if title == "" else title
         w = _work(e.submit(kind, buf, torch.uint8, nbytes, finish, root=peer, staged=[buf],
-                           device=t.device, tag=tag, results=results,
-                           wrap=_profiling(_PROFILING_TITLES[kind], [t])))
+                           device=t.device, tag=tag, results=results, timeout=timeout,
+                           wrap=_profiling(title, [t]) if title else None))
         w._results = results
         return w
 
@@ -386,6 +545,56 @@ class ProcessGroupGradsync(dist.ProcessGroup):
 
     def recv_anysource(self, tensors, tag: int = 0):
         return self._p2p("recv", tensors, -1, tag)
+
+    def monitored_barrier(self, timeout=None, wait_all_ranks: bool = False) -> None:
+        """gloo's monitored barrier: rank 0 waits for every other rank (at
+        most `timeout`) and then releases them, naming the ranks that did not
+        arrive: "Rank 2 failed to pass monitoredBarrier in 2000 ms" (with
+        `wait_all_ranks`, every such rank: "Ranks 1, 2 failed ..."); the
+        others raise if rank 0 does not release them in time. Blocks; point-
+        to-point messages with a tag of the backend's own."""
+        n, me = self.size(), self.rank()
+        seconds = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else \
+            float(timeout) if timeout is not None else self._engine.timeout_s
+        ms = int(seconds * 1000)
+        token = torch.zeros(1, dtype=torch.uint8)
+        if me != 0:
+            try:
+                self._p2p("send", [token], 0, _MONITORED_BARRIER_TAG,
+                          timeout=max(seconds, 0.001), title=None).wait()
+                self._p2p("recv", [token.clone()], 0, _MONITORED_BARRIER_TAG,
+                          timeout=max(seconds, 0.001), title=None).wait()
+            except GradsyncError as e:
+                raise RuntimeError(
+                    f"[Rank {me}]: Rank {me} successfully reached monitoredBarrier, but received "
+                    f"errors while waiting for send/recv from rank 0. Please check rank 0 logs "
+                    f"for faulty rank. ({e})") from e
+            return
+        if seconds <= 0:
+            raise RuntimeError(f"[Rank 0]: Rank 0 timed out in monitoredBarrier after {ms} ms")
+        deadline = time.monotonic() + seconds
+        recvs = [(r, self._p2p("recv", [torch.zeros(1, dtype=torch.uint8)], r,
+                               _MONITORED_BARRIER_TAG, timeout=seconds, title=None))
+                 for r in range(1, n)]
+        failed = []
+        for r, w in recvs:
+            try:
+                w.wait()
+            except GradsyncError:
+                failed.append(r)
+                if not wait_all_ranks:
+                    break
+        if failed:
+            if len(failed) == 1:
+                raise RuntimeError(f"[Rank 0]: Rank {failed[0]} failed to pass monitoredBarrier "
+                                   f"in {ms} ms")
+            raise RuntimeError(f"[Rank 0]: Ranks {', '.join(map(str, failed))} failed to pass "
+                               f"monitoredBarrier in {ms} ms")
+        left = max(deadline - time.monotonic(), 0.001)
+        sends = [self._p2p("send", [token], r, _MONITORED_BARRIER_TAG, timeout=left, title=None)
+                 for r in range(1, n)]
+        for w in sends:
+            w.wait()
 
     def barrier(self, opts=None):
         e = self._engine
@@ -400,6 +609,20 @@ class ProcessGroupGradsync(dist.ProcessGroup):
                 engine.close()
             except Exception:
                 pass
+
+
+def monitored_barrier(group=None, timeout=None, wait_all_ranks: bool = False) -> None:
+    """torch.distributed.monitored_barrier for gradsync groups (torch 1.13's
+    refuses every backend but gloo): the same arguments, behaviour and error
+    texts. A rank outside `group` returns at once; `timeout` defaults to the
+    group's."""
+    from torch.distributed import distributed_c10d as c10d
+    if group is not None and c10d._rank_not_in_group(group):
+        return
+    pg = group if group is not None else c10d._get_default_group()
+    if not isinstance(pg, ProcessGroupGradsync):
+        return dist.monitored_barrier(group, timeout, wait_all_ranks)
+    return pg.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)
 
 
 def _create(store, rank: int, size: int, timeout: datetime.timedelta) -> ProcessGroupGradsync:

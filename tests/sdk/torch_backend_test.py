@@ -75,6 +75,32 @@ def worker():
     outs = [torch.zeros(2, dtype=torch.int64) for _ in range(world)]
     dist.all_to_all(outs, ins)
     assert [v[0].item() for v in outs] == [100 * q + rank for q in range(world)], outs
+    # ... with a size per pair: rank q sends q + j + 1 rows of 2 to rank j
+    rows_to = [rank + j + 1 for j in range(world)]
+    rows_from = [q + rank + 1 for q in range(world)]
+    x = torch.cat([torch.full((n, 2), 10.0 * rank + j) for j, n in enumerate(rows_to)])
+    y = torch.full((sum(rows_from), 2), -1.0)
+    dist.all_to_all_single(y, x, output_split_sizes=rows_from, input_split_sizes=rows_to)
+    want = torch.cat([torch.full((n, 2), 10.0 * q + rank) for q, n in enumerate(rows_from)])
+    assert torch.equal(y, want), (y, want)
+    ins = [torch.full((rank + j + 1,), rank * 7 + j, dtype=torch.int32) for j in range(world)]
+    outs = [torch.zeros(q + rank + 1, dtype=torch.int32) for q in range(world)]
+    dist.all_to_all(outs, ins)
+    assert [o.tolist() for o in outs] == [[q * 7 + rank] * (q + rank + 1) for q in range(world)]
+    # splits that disagree: the recv expecting the wrong size names both ranks
+    bad_from = [n + (1 if (rank == 1 and q == 0) else 0) for q, n in enumerate(rows_from)]
+    y = torch.zeros(sum(bad_from), 2)
+    # (every rank on one daemon here: the send learns it too)
+    try:
+        dist.all_to_all_single(y, x, output_split_sizes=bad_from, input_split_sizes=rows_to)
+        assert rank == 2, "rank 1 expected 3 rows from rank 0, which sends it 2"
+    except gradsync.InvalidArgument as e:
+        want = {1: "the message from rank 0 with tag -2 has 16 bytes (u8[16]); this recv's "
+                   "tensor has 24 bytes (u8[24])",
+                0: "rank 1's matching recv (recv '' u8[24] from rank 0 tag -2) has 24 bytes "
+                   "(u8[24]); this message has 16 bytes (u8[16])"}
+        assert rank in want and want[rank] in str(e), (rank, str(e))
+    dist.barrier()
     # gather and scatter from every root, exact; non-roots pass no list
     for root in range(world):
         gl = [torch.zeros(4, dtype=torch.float64) for _ in range(world)] if rank == root else None
