@@ -244,7 +244,41 @@ class ProcessGroupGradsync(dist.ProcessGroup):
 
     def allreduce(self, tensors, opts=None):
         opts = opts or dist.AllreduceOptions()
-        return self._in_place("allreduce", _tensor_list(tensors)[0], _op(opts.reduceOp))
+        t = _tensor_list(tensors)[0]
+        if t.layout == torch.sparse_coo:
+            return self._sparse_allreduce(t, opts.reduceOp)
+        return self._in_place("allreduce", t, _op(opts.reduceOp))
+
+    def _sparse_allreduce(self, t: torch.Tensor, reduce_op) -> "_Work":
+        """A sparse COO tensor's sum, as gloo does it: every rank's coalesced
+        indices and values allgathered (padded to the largest count, which
+        an allgather of the counts tells), summed into one coalesced tensor
+        that replaces `t`'s contents. Sum only. Runs before it returns (the
+        Work is complete)."""
+        if _op(reduce_op) != "sum":
+            raise ValueError(f"gradsync: sparse all_reduce supports only SUM, got {reduce_op}")
+        n = self.size()
+        mine = t.coalesce()
+        idx, vals = mine.indices(), mine.values()
+        counts = torch.zeros(n, dtype=torch.int64)
+        self._blocked("allgather", [torch.tensor([idx.shape[1]], dtype=torch.int64)],
+                      list(counts.view(n, 1).unbind(0))).wait()
+        most = int(counts.max())
+        pad_idx = torch.zeros((idx.shape[0], most), dtype=idx.dtype)
+        pad_idx[:, :idx.shape[1]] = idx
+        pad_vals = torch.zeros((most,) + tuple(vals.shape[1:]), dtype=vals.dtype)
+        pad_vals[:vals.shape[0]] = vals
+        all_idx = [torch.empty_like(pad_idx) for _ in range(n)]
+        all_vals = [torch.empty_like(pad_vals) for _ in range(n)]
+        if most > 0:
+            self._blocked("allgather", [pad_idx.contiguous()], all_idx).wait()
+            self._blocked("allgather", [pad_vals.contiguous()], all_vals).wait()
+        k = [int(c) for c in counts]
+        total = torch.sparse_coo_tensor(
+            torch.cat([a[:, :c] for a, c in zip(all_idx, k)], dim=1),
+            torch.cat([v[:c] for v, c in zip(all_vals, k)]), t.shape).coalesce()
+        t.copy_(total)
+        return _completed([t])
 
     def broadcast(self, tensors, opts=None):
         if isinstance(opts, int):  # broadcast(tensor, root)
