@@ -27,6 +27,7 @@ from typing import List, Optional
 import torch
 import torch.distributed as dist
 
+from . import _torch_compat as _compat
 from ._engine import Engine, check_device, gradsync_dtype
 from .errors import PENDING, GradsyncError, StillRunning
 
@@ -34,18 +35,13 @@ __all__ = ["ProcessGroupGradsync", "HookState", "allreduce_hook", "monitored_bar
 
 BACKEND = "gradsync"
 
-_OPS = {
-    dist.ReduceOp.SUM: "sum", dist.ReduceOp.PRODUCT: "prod", dist.ReduceOp.MIN: "min",
-    dist.ReduceOp.MAX: "max",
-}
-if hasattr(dist.ReduceOp, "AVG"):
-    _OPS[dist.ReduceOp.AVG] = "avg"
-
-
 def _op(reduce_op) -> str:
-    for k, v in _OPS.items():
+    for k, v in _compat.REDUCE_OPS.items():
         if reduce_op == k:
             return v
+    if hasattr(dist.ReduceOp, "PREMUL_SUM") and reduce_op == dist.ReduceOp.PREMUL_SUM:
+        raise ValueError(f"gradsync: PREMUL_SUM's factor is not readable from Python in torch "
+                         f"{torch.__version__}; scale the tensor and use SUM")
     raise ValueError(f"gradsync: unsupported reduce op {reduce_op} (sum, avg, min, max, prod)")
 
 
@@ -135,7 +131,7 @@ _PROFILING_TITLES = {"allreduce": "all_reduce", "broadcast": "broadcast", "reduc
 def _profiling(title: str, inputs: List[torch.Tensor]):
     """Engine.submit's `wrap` for an op: while torch's profiler runs, the
     event of _profiled; otherwise none."""
-    if not torch.autograd._profiler_enabled():
+    if not _compat.profiler_enabled():
         return None
     return lambda fut: _profiled(title, inputs, fut)
 
@@ -146,8 +142,7 @@ def _profiled(title: str, inputs: List[torch.Tensor], fut: torch.futures.Future)
     before its progress thread can complete `fut`, so the event ends there, on
     another thread), and a future that completes only once the event has
     ended, with the op's result or its error (its class kept)."""
-    handle = torch.autograd._record_function_with_args_enter("gradsync:" + title, *inputs)
-    ended = torch.ops.profiler._call_end_callbacks_on_jit_fut(handle, fut)
+    ended = _compat.record_async("gradsync:" + title, inputs, fut)
     out = torch.futures.Future()
 
     def relay(_):
@@ -650,10 +645,9 @@ def monitored_barrier(group=None, timeout=None, wait_all_ranks: bool = False) ->
     refuses every backend but gloo): the same arguments, behaviour and error
     texts. A rank outside `group` returns at once; `timeout` defaults to the
     group's."""
-    from torch.distributed import distributed_c10d as c10d
-    if group is not None and c10d._rank_not_in_group(group):
+    if group is not None and _compat.rank_not_in_group(group):
         return
-    pg = group if group is not None else c10d._get_default_group()
+    pg = group if group is not None else _compat.default_group()
     if not isinstance(pg, ProcessGroupGradsync):
         return dist.monitored_barrier(group, timeout, wait_all_ranks)
     return pg.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)
@@ -663,8 +657,7 @@ def _create(store, rank: int, size: int, timeout: datetime.timedelta) -> Process
     return ProcessGroupGradsync(store, rank, size, timeout)
 
 
-if not hasattr(dist.Backend, BACKEND.upper()):  # once per process
-    dist.Backend.register_backend(BACKEND, _create)
+_compat.register_backend(BACKEND, _create)
 
 
 class HookState:
@@ -678,15 +671,14 @@ class HookState:
 
     def __init__(self, process_group=None, algorithm: Optional[str] = None,
                  timeout: float = 300.0, timeline: bool = False, trace: bool = False):
-        from torch.distributed import distributed_c10d as c10d
-        pg = process_group or c10d._get_default_group()
-        store = c10d._get_default_store()
+        pg = process_group or _compat.default_group()
+        store = _compat.default_store()
         rank, size = dist.get_rank(pg), dist.get_world_size(pg)
         if rank < 0:
             raise ValueError("gradsync: HookState on a process group this rank is not part of")
         # Each group agrees on its job id under keys of its own (in the default
         # store, which every group shares).
-        ranks = c10d._pg_group_ranks.get(pg)
+        ranks = _compat.group_ranks(pg)
         group = ",".join(str(r) for r in sorted(ranks)) if ranks else "default"
         key = f"ddp_hook/{group}/"
         self.engine = Engine(_HookStore(store, key), rank, size, timeout, prefix="ddp-hook",
