@@ -202,7 +202,7 @@ void Session::Close(const absl::Status& why) {
   std::call_once(close_once_, [this, &why] {
     // Refuses ops and buffers first; an op pushed before is in the queue
     // taken next (SessionOps::Push checks the epoch under its lock).
-    epoch_.Close();
+    epoch_.Close(why);
     buffers_.Close();
     std::deque<std::shared_ptr<QueuedOp>> queued = ops_.TakeQueued();
     // The executor fails the op it runs for this rank (the epoch is broken);

@@ -16,10 +16,10 @@ void SessionEpoch::StopAccepting(const std::string& reason) {
   not_accepting_ = reason;
 }
 
-void SessionEpoch::Close() {
+void SessionEpoch::Close(const absl::Status& why) {
   absl::MutexLock l(&mu_);
   closed_ = true;
-  if (error_.ok()) error_ = absl::CancelledError("session closed");
+  if (error_.ok()) error_ = why.ok() ? absl::CancelledError("session closed") : why;
 }
 
 absl::Status SessionEpoch::health() const {

@@ -7,9 +7,9 @@
 //   failed    Fail(cause) / EndEpoch: health() is the first cause; new ops
 //             refused with FailedPrecondition "job 'J' epoch E is no longer
 //             usable (open a new session): <cause>";
-//   closed    Close(): new ops refused with FailedPrecondition "session is
-//             closed"; health() is the earlier cause, else Cancelled
-//             "session closed".
+//   closed    Close(why): new ops refused with FailedPrecondition "session is
+//             closed"; health() is the earlier cause, else `why` (by
+//             default Cancelled "session closed").
 // Refusal() reports the strongest: closed, then draining, then failed.
 //
 // Thread-safe. Its mutex is a leaf: SessionOps calls Refusal() and Fail()
@@ -36,8 +36,10 @@ class SessionEpoch {
   bool Fail(const absl::Status& cause);
   // Refuses new ops with Unavailable(`reason`); the epoch stays usable.
   void StopAccepting(const std::string& reason);
-  // Closed for good (Cancelled "session closed" unless it failed earlier).
-  void Close();
+  // Closed for good; health() is `why` unless the epoch failed earlier (an
+  // executor that looks at the session before the close broke the epoch
+  // then names the same cause).
+  void Close(const absl::Status& why = absl::CancelledError("session closed"));
 
   // OK while the epoch is usable; else the first cause.
   absl::Status health() const;

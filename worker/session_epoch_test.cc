@@ -47,9 +47,13 @@ TEST(SessionEpoch, ClosedIsReportedBeforeEverythingAndKeepsAnEarlierCause) {
   EXPECT_EQ(healthy.health(), absl::CancelledError("session closed"));
   EXPECT_FALSE(healthy.Fail(absl::InternalError("after close")));
 
+  SessionEpoch named("j", 3);
+  named.Close(absl::CancelledError("rank 2 closed its session"));
+  EXPECT_EQ(named.health(), absl::CancelledError("rank 2 closed its session"));
+
   SessionEpoch failed("j", 3);
   failed.Fail(absl::DataLossError("truncated frame"));
-  failed.Close();
+  failed.Close(absl::CancelledError("rank 2 closed its session"));
   EXPECT_EQ(failed.health(), absl::DataLossError("truncated frame"));
   EXPECT_EQ(failed.Refusal(), absl::FailedPreconditionError("session is closed"));
 }
