@@ -11,14 +11,11 @@ set -uo pipefail
 GRADSYNC="$1"; [[ "$GRADSYNC" == /* ]] || GRADSYNC="$PWD/$GRADSYNC"
 fail() { echo "FAIL: $*"; exit 1; }
 T="${TEST_TMPDIR:-$(mktemp -d)}"
+ROOT="${TEST_SRCDIR:-$(cd "$(dirname "$0")/.." && pwd)}/${TEST_WORKSPACE:-}"
 cd "$T"
 
-"$GRADSYNC" cluster --ranks=2 --env_file="$T/cluster.env" > "$T/cluster.log" 2>&1 &
-cluster=$!
-trap 'kill $cluster 2>/dev/null; wait $cluster 2>/dev/null' EXIT
-for _ in $(seq 300); do [[ -f "$T/cluster.env" ]] && break; sleep 0.1; done
-[[ -f "$T/cluster.env" ]] || fail "gradsync cluster did not come up: $(cat "$T/cluster.log")"
-source "$T/cluster.env"
+source "$ROOT/tests/cluster_testing.sh"
+start_cluster 2
 export GRADSYNC_TENANT_TOKEN
 common=(--coordinator="$GRADSYNC_COORDINATOR" --min_bytes=4K --max_bytes=64K --step_factor=4
         --iters=2 --warmup=1 --check --timeout_ms=30000)

@@ -56,6 +56,8 @@ struct ContextSpec {
   // that posts receives only for what it has seen (TCP; other devices ignore
   // it).
   bool announce_arrivals = false;
+  // How errors name peer k (default "rank k"), e.g. "daemon 1 (10.0.0.2:7000)".
+  std::vector<std::string> peer_names;
 };
 
 // A client's connections to a set of servers of one job (the

@@ -50,6 +50,7 @@ absl::StatusOr<std::unique_ptr<Context>> TcpDevice::CreateContext(const ContextS
   o.streams = std::max(1, spec.lanes);
   o.job_key = spec.job_key;
   o.announce_arrivals = spec.announce_arrivals;
+  o.peer_names = spec.peer_names;
   o.on_auth_failure = options_.on_auth_failure;
   if (spec.encrypt) {
     ASSIGN_OR_RETURN(o.tls, LoadTls(spec.job_id));

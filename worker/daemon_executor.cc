@@ -100,6 +100,9 @@ absl::StatusOr<std::shared_ptr<JobExecutor>> Daemon::GetOrCreateExecutor(
     po.job_id = absl::StrCat(co.job_id, "/p2p");
     po.lanes = 1;
     po.announce_arrivals = true;
+    for (int p = 0; p < placement.nodes(); ++p) {
+      po.peer_names.push_back(absl::StrCat("daemon ", p, " (", placement.node_names[p], ")"));
+    }
     auto p2p = device_->CreateContext(po);
     if (!p2p.ok()) {
       return fail(absl::Status(p2p.status().code(),

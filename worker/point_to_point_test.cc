@@ -282,5 +282,23 @@ TEST_F(PointToPointTest, ClosingASessionFailsItsPendingRecvAndASendWaitingForIt)
               HasSubstr("recv 'act' f32[16] from rank 2 tag 0 on rank 0: rank 0 closed its session"));
 }
 
+TEST_F(PointToPointTest, ARecvFromADaemonWhoseRanksAllLeftFailsAtOnceNamingWhy) {
+  auto in = Buffer(0, 64);
+  const uint64_t r = Submit(0, P2p(CollectiveKind::kRecv, *in, 16, 2, 0));  // op deadline: 60 s
+  // Both of node-b's ranks leave: its executor stops and tells the others.
+  for (int rank : {2, 3}) {
+    ASSERT_TRUE(b_->CloseSession(s_[rank]->info().session_id).ok());
+    s_[rank].reset();
+  }
+  absl::StatusOr<OpOutcome> out = s_[0]->Wait(r, absl::Seconds(10));
+  ASSERT_TRUE(out.ok()) << out.status();
+  ASSERT_TRUE(out->done) << "still waiting 10 s after rank 2's daemon stopped";
+  EXPECT_FALSE(out->status.ok());
+  EXPECT_THAT(std::string(out->status.message()),
+              HasSubstr("recv 'act' f32[16] from rank 2 tag 0 on rank 0: "));
+  EXPECT_THAT(std::string(out->status.message()),
+              HasSubstr(absl::StrCat("aborted by daemon 1 (127.0.0.1:", b_->data_port(), ")")));
+}
+
 }  // namespace
 }  // namespace gradsync

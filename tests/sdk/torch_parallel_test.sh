@@ -12,12 +12,8 @@ T="${TEST_TMPDIR:-$(mktemp -d)}"
 ROOT="${TEST_SRCDIR:-$(cd "$(dirname "$0")/../.." && pwd)}/${TEST_WORKSPACE:-}"
 export PYTHONPATH="$ROOT/python" HOME="$T" TMPDIR="$T"
 
-"$GRADSYNC" cluster --ranks=2 --env_file="$T/cluster.env" > "$T/cluster.log" 2>&1 &
-cluster=$!
-trap 'kill $cluster 2>/dev/null; wait $cluster 2>/dev/null' EXIT
-for _ in $(seq 300); do [[ -f "$T/cluster.env" ]] && break; sleep 0.1; done
-[[ -f "$T/cluster.env" ]] || fail "gradsync cluster did not come up: $(cat "$T/cluster.log")"
-source "$T/cluster.env"
+source "$ROOT/tests/cluster_testing.sh"
+start_cluster 2
 export GRADSYNC_DAEMONS GRADSYNC_TENANT_TOKEN
 out=$(/usr/bin/python3 "$ROOT/tests/sdk/torch_parallel_test.py" 2>&1)
 rc=$?

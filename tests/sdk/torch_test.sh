@@ -13,12 +13,8 @@ T="${TEST_TMPDIR:-$(mktemp -d)}"
 ROOT="${TEST_SRCDIR:-$(cd "$(dirname "$0")/../.." && pwd)}/${TEST_WORKSPACE:-}"
 export PYTHONPATH="$ROOT/python"
 
-"$GRADSYNC" cluster --ranks=1 --env_file="$T/cluster.env" > "$T/cluster.log" 2>&1 &
-cluster=$!
-trap 'kill $cluster 2>/dev/null; wait $cluster 2>/dev/null' EXIT
-for _ in $(seq 200); do [[ -f "$T/cluster.env" ]] && break; sleep 0.1; done
-[[ -f "$T/cluster.env" ]] || fail "gradsync cluster did not come up: $(cat "$T/cluster.log")"
-source "$T/cluster.env"
+source "$ROOT/tests/cluster_testing.sh"
+start_cluster 1
 export GRADSYNC_TENANT_TOKEN  # the cluster's tenant: every client presents its token
 export GRADSYNC_DAEMON="$GRADSYNC_DAEMON_0"
 

@@ -40,12 +40,8 @@ import importlib.metadata as m
 assert m.version('gradsync') == '$version', m.version('gradsync')
 " 2>&1 || fail "the installed package does not load its own library"
 
-"$GRADSYNC" cluster --ranks=2 --env_file="$T/cluster.env" > "$T/cluster.log" 2>&1 &
-cluster=$!
-trap 'kill $cluster 2>/dev/null; wait $cluster 2>/dev/null' EXIT
-for _ in $(seq 300); do [[ -f "$T/cluster.env" ]] && break; sleep 0.1; done
-[[ -f "$T/cluster.env" ]] || fail "gradsync cluster did not come up: $(cat "$T/cluster.log")"
-source "$T/cluster.env"
+source "$ROOT/tests/cluster_testing.sh"
+start_cluster 2
 export GRADSYNC_DAEMONS GRADSYNC_TENANT_TOKEN
 env -u GRADSYNC_LIB -u PYTHONPATH "$PY" "$ROOT/tests/sdk/python_sdk_test.py" > "$T/sdk.log" 2>&1 \
   || fail "the Python SDK tests failed from the virtual environment: $(tail -30 "$T/sdk.log")"
