@@ -687,9 +687,24 @@ class HookState:
         # With `trace`: (bucket index, time.perf_counter() at submission, bytes)
         # of every bucket, to see them leave during the backward pass.
         self.trace: Optional[List[tuple]] = [] if trace else None
+        # Staging buffers whose results DDP reads (allreduce_hook): back to
+        # the pool when the next step's first bucket comes.
+        self._held: list = []
+        self._held_lock = threading.Lock()
+
+    def _hold(self, buf) -> None:
+        with self._held_lock:
+            self._held.append(buf)
+
+    def _release_held(self) -> None:
+        with self._held_lock:
+            held, self._held = self._held, []
+        for buf in held:
+            self.engine.unstage(buf)
 
     def close(self) -> None:
         self.engine.close()
+        self._held = []
 
 
 class _HookStore:
@@ -714,9 +729,15 @@ class _HookStore:
 def allreduce_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """DDP comm hook: averages the bucket's gradients over the ranks through
     gradsync (avg: one division at the end, so every rank gets the same bits).
-    Buckets are submitted as DDP hands them over, during the backward pass."""
+    Buckets are submitted as DDP hands them over, during the backward pass.
+    The future's tensor is the staging buffer itself: DDP copies the result
+    from it into the gradients (one copy out, not two); the buffer goes back
+    to the pool when the next step's first bucket comes, DDP being done with
+    it by then (it reads every result before backward() returns)."""
     tensor = bucket.buffer()
     e = state.engine
+    if bucket.index() == 0:  # a new step: the last one's results were read
+        state._release_held()
     n = tensor.numel()
     buf = e.stage(n * tensor.element_size(), tensor.device)
     staging = e.view(buf, tensor.dtype, n)
@@ -726,7 +747,7 @@ def allreduce_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.F
         state.trace.append((bucket.index(), time.perf_counter(), n * tensor.element_size()))
 
     def finish():
-        tensor.copy_(staging)
-        return tensor
+        state._hold(buf)  # only an op that ended: a buffer still in use is never reused
+        return staging
     return e.submit("allreduce", buf, tensor.dtype, n, finish, op="avg",
-                    name=f"bucket{bucket.index()}", staged=[buf], device=tensor.device)
+                    name=f"bucket{bucket.index()}", device=tensor.device)
