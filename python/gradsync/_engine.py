@@ -114,6 +114,7 @@ class Engine:
             client_name=f"torch rank {rank} pid {os.getpid()}")
         self._pool: Dict[int, List] = collections.defaultdict(list)
         self._pool_lock = threading.Lock()
+        self._pooled_bytes = 0  # in _pool
         self._queue: Deque[Tuple[Work, Callable[[], object], torch.futures.Future, list,
                                  Optional[torch.device]]] = collections.deque()
         self._cv = threading.Condition()
@@ -123,21 +124,37 @@ class Engine:
         self._thread.start()
         _live_engines.add(self)
 
-    # Staging: buffers by device and size class (powers of two), reused; at
-    # most POOL_PER_CLASS per class are kept, none above POOL_MAX_BYTES. CPU
-    # tensors stage through shared memory, CUDA tensors through device
-    # buffers on their GPU (a device-to-device copy each way).
+    # Staging: buffers by device and size class, reused; at most
+    # POOL_PER_CLASS per class and POOL_TOTAL_BYTES in all are kept, none above
+    # POOL_MAX_BYTES. Size classes are powers of two up to 1 MiB, then
+    # eighths of the next power of two (a 64 MiB + 16 KiB DDP bucket stages
+    # in 72 MiB, not 128 MiB). CPU tensors stage through shared memory, CUDA
+    # tensors through device buffers on their GPU (a device-to-device copy
+    # each way). A buffer that is not kept is freed: the next op of its size
+    # maps and faults in a new one, which on a large bucket costs more than
+    # the copy.
     POOL_PER_CLASS = 4
-    POOL_MAX_BYTES = 64 << 20
+    POOL_MAX_BYTES = 1 << 30
+    POOL_TOTAL_BYTES = 2 << 30
+
+    @staticmethod
+    def size_class(nbytes: int) -> int:
+        n = max(4096, nbytes)
+        p = 1 << (n - 1).bit_length()
+        if p <= 1 << 20:
+            return p
+        step = p >> 3
+        return (n + step - 1) // step * step
 
     def stage(self, nbytes: int, device: Optional[torch.device] = None):
-        size = 1 << max(12, (max(1, nbytes) - 1).bit_length())
+        size = self.size_class(nbytes)
         index = -1
         if _cuda(device):
             index = device.index if device.index is not None else torch.cuda.current_device()
         with self._pool_lock:
             free = self._pool[(index, size)]
             if free:
+                self._pooled_bytes -= size
                 return free.pop()
         buf = self.session.alloc(size) if index < 0 else self.session.alloc_device(size, index)
         buf.size_class = (index, size)
@@ -145,10 +162,13 @@ class Engine:
 
     def unstage(self, buf) -> None:
         """Returns a staging buffer whose op is over (never one that may still run)."""
+        size = buf.size_class[1]
         with self._pool_lock:
             free = self._pool[buf.size_class]
-            if buf.size_class[1] <= self.POOL_MAX_BYTES and len(free) < self.POOL_PER_CLASS:
+            if size <= self.POOL_MAX_BYTES and len(free) < self.POOL_PER_CLASS and \
+                    self._pooled_bytes + size <= self.POOL_TOTAL_BYTES:
                 free.append(buf)
+                self._pooled_bytes += size
                 return
         buf.free()
 
