@@ -97,8 +97,10 @@ class DaemonTest : public ::testing::Test {
 
   // A daemon at the test's coordinator, its data plane on loopback (TCP).
   std::unique_ptr<Daemon> StartDaemon(const std::string& node_id,
-                                      absl::Duration session_lease = absl::Minutes(2)) {
+                                      absl::Duration session_lease = absl::Minutes(2),
+                                      DaemonObserver* observer = nullptr) {
     DaemonOptions o;
+    o.observer = observer;
     o.session_lease = session_lease;
     o.coordinator = coordinator_->address();
     o.data_listen = HostPort{"127.0.0.1", 0};

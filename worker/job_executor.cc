@@ -30,6 +30,7 @@ PointToPointOptions P2pOptions(const JobExecutorOptions& o) {
   p.job_id = o.job_id;
   p.epoch = o.epoch;
   p.placement = o.placement;
+  p.observer = o.observer;
   return p;
 }
 }  // namespace

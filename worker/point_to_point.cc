@@ -152,7 +152,10 @@ void PointToPoint::Finish(Pending& p, const absl::Status& s, int source) {
   if (p.done) return;
   p.done = true;
   Session* session = std::exchange(p.session, nullptr);
-  if (session != nullptr) session->FinishPointToPoint(*p.op, s, source, FastNow());
+  if (session != nullptr && session->FinishPointToPoint(*p.op, s, source, FastNow()) &&
+      options_.observer != nullptr) {
+    options_.observer->OnOpDone(session->Record(*p.op, absl::ZeroDuration()));
+  }
 }
 
 void PointToPoint::Run() {

@@ -55,6 +55,7 @@
 #include "absl/time/time.h"
 #include "collective/topology.h"
 #include "transport/transport.h"
+#include "worker/daemon_observer.h"
 
 namespace gradsync {
 
@@ -67,6 +68,7 @@ struct PointToPointOptions {
   JobPlacement placement;
   // Bytes of messages from other daemons held before their recv is posted.
   uint64_t max_unexpected_bytes = uint64_t{64} << 20;
+  DaemonObserver* observer = nullptr;  // hears of every finished op; not owned; may be null
 };
 
 class PointToPoint {

@@ -3,6 +3,7 @@
 // so every case runs both between ranks of one daemon (a memcpy) and across
 // daemons (the epoch's point-to-point TCP connections). Results are checked
 // byte for byte; errors by their words. No sleeps.
+#include <atomic>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -37,12 +38,23 @@ OpDesc P2p(CollectiveKind kind, const MappedBuffer& buf, uint64_t count, int pee
   return op;
 }
 
+// Counts what the daemons' metrics hear: every op queued must be reported done.
+class CountingObserver : public DaemonObserver {
+ public:
+  void OnOpQueued() override { ++queued; }
+  void OnOpDone(const OpRecord& op) override {
+    ++done;
+    if (IsPointToPoint(op.kind) && op.code == absl::StatusCode::kOk) ++p2p_ok;
+  }
+  std::atomic<int> queued{0}, done{0}, p2p_ok{0};
+};
+
 class PointToPointTest : public DaemonTest {
  protected:
   void SetUp() override {
     DaemonTest::SetUp();
-    a_ = StartDaemon("node-a");
-    b_ = StartDaemon("node-b");
+    a_ = StartDaemon("node-a", absl::Minutes(2), &observer_);
+    b_ = StartDaemon("node-b", absl::Minutes(2), &observer_);
     ASSERT_NE(a_, nullptr);
     ASSERT_NE(b_, nullptr);
     // Ranks 0 and 1 on node-a, 2 and 3 on node-b.
@@ -88,6 +100,7 @@ class PointToPointTest : public DaemonTest {
     }
   }
 
+  CountingObserver observer_;  // outlives the daemons (declared first)
   std::unique_ptr<Daemon> a_, b_;
   std::vector<std::shared_ptr<Session>> s_;
 };
@@ -130,6 +143,12 @@ TEST_F(PointToPointTest, MessagesArriveBitExactWithinAndAcrossDaemonsPostedInEit
     }
   }
   ExpectAllreduceWorks();
+  // The metrics hear of every op (after its client may have): 16 sends and
+  // recvs, 4 allreduces, as many as were queued.
+  EXPECT_TRUE(testing_daemon::Eventually([&] { return observer_.done.load() == 20; }))
+      << observer_.done.load();
+  EXPECT_EQ(observer_.p2p_ok.load(), 16);
+  EXPECT_EQ(observer_.queued.load(), 20);
 }
 
 TEST_F(PointToPointTest, OneTagKeepsSendOrderAndTagsAndAnySourceMatchAsTorchSays) {
