@@ -229,8 +229,7 @@ void PointToPoint::TakeSubmissions() {
                p->peer);
       }
     };
-    for (auto& q : recvs_) for (auto& p : q) fail_rank(p);
-    for (auto& q : arrivals_) for (auto& a : q) fail_rank(a.local_send);
+    ForEachPending(fail_rank);
     // Sends here waiting for the rank's recv: none will come.
     for (auto& a : arrivals_[static_cast<size_t>(LocalIndex(rank))]) {
       if (a.local_send != nullptr && !a.local_send->done) {
@@ -239,9 +238,6 @@ void PointToPoint::TakeSubmissions() {
                rank);
       }
     }
-    for (auto& q : outbox_) for (auto& p : q) fail_rank(p);
-    for (auto& q : outbound_) for (auto& o : q) fail_rank(o.send);
-    for (auto& in : inbound_) fail_rank(in.recv);
   }
   // Finished ops leave the queues that only hold unstarted ones.
   for (auto& q : recvs_) q.erase(std::remove_if(q.begin(), q.end(), [](auto& p) { return p->done; }), q.end());
@@ -570,16 +566,21 @@ bool PointToPoint::Reap() {
   return any;
 }
 
+template <typename F>
+void PointToPoint::ForEachPending(F&& f) const {
+  for (const auto& q : recvs_) for (const auto& p : q) f(p);
+  for (const auto& q : arrivals_) for (const auto& a : q) f(a.local_send);
+  for (const auto& q : outbox_) for (const auto& p : q) f(p);
+  for (const auto& q : outbound_) for (const auto& o : q) f(o.send);
+  for (const auto& in : inbound_) f(in.recv);
+}
+
 absl::Time PointToPoint::NextDeadline() const {
   absl::Time t = absl::InfiniteFuture();
   auto see = [&t](const std::shared_ptr<Pending>& p) {
     if (p != nullptr && !p->done) t = std::min(t, p->op->deadline);
   };
-  for (const auto& q : recvs_) for (const auto& p : q) see(p);
-  for (const auto& q : arrivals_) for (const auto& a : q) see(a.local_send);
-  for (const auto& q : outbox_) for (const auto& p : q) see(p);
-  for (const auto& q : outbound_) for (const auto& o : q) see(o.send);
-  for (const auto& in : inbound_) see(in.recv);
+  ForEachPending(see);
   return t;
 }
 

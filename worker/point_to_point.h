@@ -116,6 +116,10 @@ class PointToPoint {
   void Finish(Pending& p, const absl::Status& s, int source);
   void FinishDetaches();
   absl::Time NextDeadline() const;
+  // Calls f(const std::shared_ptr<Pending>&) for every op held (some null:
+  // an arrival from another daemon, an inbound message with no recv).
+  template <typename F>
+  void ForEachPending(F&& f) const;
   int LocalIndex(int rank) const;
   std::string Describe(const Pending& p) const;
 
