@@ -41,13 +41,14 @@ void FillInput(CollectiveKind kind, DType t, int r, int n, uint64_t count, char*
 
 namespace {
 
-// The reduction over every rank of element i, with the kernels' avg rule.
+// The reduction over every rank of element i, with the kernels' avg rule
+// (premul_sum: factor 1; the bench refuses it).
 double Reduced(DType t, ReduceOp op, int n, uint64_t i) {
   double acc = InputValue(0, i, t);
   for (int r = 1; r < n; ++r) {
     const double v = InputValue(r, i, t);
     switch (op) {
-      case ReduceOp::kSum: case ReduceOp::kAvg: acc += v; break;
+      case ReduceOp::kSum: case ReduceOp::kAvg: case ReduceOp::kPremulSum: acc += v; break;
       case ReduceOp::kMin: acc = std::min(acc, v); break;
       case ReduceOp::kMax: acc = std::max(acc, v); break;
       case ReduceOp::kProd: acc *= v; break;

@@ -255,6 +255,10 @@ int main(int argc, char** argv) {
     if (!dtype.ok()) return Fail("bench", "--dtype: " + std::string(dtype.status().message()));
     auto redop = gradsync::ParseReduceOp(absl::GetFlag(FLAGS_redop));
     if (!redop.ok()) return Fail("bench", "--redop: " + std::string(redop.status().message()));
+    if (*redop == gradsync::ReduceOp::kPremulSum) {
+      return Fail("bench", "--redop: premul_sum takes a factor per rank; the bench times sum, avg, "
+                           "min, max and prod");
+    }
     auto min_bytes = gradsync::ParseBytes(absl::GetFlag(FLAGS_min_bytes));
     if (!min_bytes.ok()) return Fail("bench", "--min_bytes: " + std::string(min_bytes.status().message()));
     double step = 0;

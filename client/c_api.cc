@@ -41,6 +41,7 @@ static_assert(GS_OP_AVG == static_cast<int>(gradsync::ReduceOp::kAvg), "op");
 static_assert(GS_OP_MIN == static_cast<int>(gradsync::ReduceOp::kMin), "op");
 static_assert(GS_OP_MAX == static_cast<int>(gradsync::ReduceOp::kMax), "op");
 static_assert(GS_OP_PROD == static_cast<int>(gradsync::ReduceOp::kProd), "op");
+static_assert(GS_OP_PREMUL_SUM == static_cast<int>(gradsync::ReduceOp::kPremulSum), "op");
 static_assert(GS_ALLREDUCE == static_cast<int>(gradsync::CollectiveKind::kAllreduce), "kind");
 static_assert(GS_REDUCE_SCATTER == static_cast<int>(gradsync::CollectiveKind::kReduceScatter), "kind");
 static_assert(GS_ALLGATHER == static_cast<int>(gradsync::CollectiveKind::kAllgather), "kind");
@@ -165,6 +166,7 @@ int ToSpec(const char* fn, gs_session* session, const gs_collective_spec* in,
   spec->algorithm = c.algorithm != nullptr ? c.algorithm : "";
   spec->timeout = absl::Milliseconds(c.timeout_ms);
   spec->tag = c.tag;
+  spec->premul_factor = c.premul_factor;
   return GS_OK;
 }
 
@@ -226,6 +228,7 @@ void gs_collective_spec_init(gs_collective_spec* spec) {
   spec->kind = GS_ALLREDUCE;
   spec->dtype = GS_DTYPE_F32;
   spec->op = GS_OP_SUM;
+  spec->premul_factor = 1.0;
 }
 
 void gs_op_info_init(gs_op_info* info) {

@@ -83,7 +83,10 @@ enum {
   GS_OP_AVG = 2, /* sum, then divide by world size once (integers truncate) */
   GS_OP_MIN = 3,
   GS_OP_MAX = 4,
-  GS_OP_PROD = 5
+  GS_OP_PROD = 5,
+  /* Each rank's input multiplied by its own gs_collective_spec.premul_factor,
+   * then summed: allreduce and reduce_scatter of float dtypes. */
+  GS_OP_PREMUL_SUM = 6
 };
 
 /* Collectives (values of gradsync::CollectiveKind / gradsync.v1.CollectiveType).
@@ -229,6 +232,7 @@ typedef struct gs_collective_spec {
   const char* algorithm; /* "" / NULL: the job's choice or the planner's */
   int64_t timeout_ms;   /* bound at the daemon from submission; 0: the job's default */
   int32_t tag;          /* GS_SEND, GS_RECV: a recv takes its peer's first message with this tag */
+  double premul_factor; /* GS_OP_PREMUL_SUM: this rank's input is multiplied by it (init: 1) */
 } gs_collective_spec;
 
 /* What an op that completed reports. */

@@ -4,6 +4,8 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <cstddef>
+
 #include <string>
 #include <vector>
 
@@ -292,6 +294,39 @@ TEST_F(CApiTest, GatherAndScatterCarryTheirKindAndRoot) {
                                                         "world size 1")));
     EXPECT_EQ(fake_->rpc_count(), rpcs);
   }
+  EXPECT_EQ(gs_buffer_free(session_, buf), GS_OK) << gs_last_error();
+}
+
+// premul_sum carries this rank's factor to the daemon; an older caller's
+// shorter spec leaves it at 1; an integer dtype is refused before any RPC.
+TEST_F(CApiTest, PremulSumCarriesTheRanksFactor) {
+  gs_buffer* buf = nullptr;
+  ASSERT_EQ(gs_buffer_alloc(session_, 8 * sizeof(float), &buf), GS_OK) << gs_last_error();
+  gs_collective_spec spec;
+  gs_collective_spec_init(&spec);
+  EXPECT_EQ(spec.premul_factor, 1.0);
+  spec.buffer = buf;
+  spec.count = 8;
+  spec.op = GS_OP_PREMUL_SUM;
+  spec.premul_factor = 0.125;
+  spec.name = "pre";
+  gs_result result;
+  ASSERT_EQ(gs_run(session_, &spec, &result), GS_OK) << gs_last_error();
+  EXPECT_EQ(fake_->last_submit_request().reduce_op(), gradsync::v1::REDUCE_OP_PREMUL_SUM);
+  EXPECT_TRUE(fake_->last_submit_request().has_premul_factor());
+  EXPECT_EQ(fake_->last_submit_request().premul_factor(), 0.125);
+  gs_collective_spec old = spec;
+  old.struct_size = offsetof(gs_collective_spec, premul_factor);
+  ASSERT_EQ(gs_run(session_, &old, &result), GS_OK) << gs_last_error();
+  EXPECT_EQ(fake_->last_submit_request().premul_factor(), 1.0);
+  const int64_t rpcs = fake_->rpc_count();
+  spec.dtype = GS_DTYPE_I32;
+  uint64_t op = 0;
+  EXPECT_EQ(gs_submit(session_, &spec, &op), GS_INVALID_ARGUMENT);
+  EXPECT_THAT(gs_last_error(), HasSubstr("allreduce 'pre' on rank 0: reduce op premul_sum needs "
+                                         "a float dtype (f32, f64, f16, bf16, f8e4m3, f8e5m2), "
+                                         "got i32"));
+  EXPECT_EQ(fake_->rpc_count(), rpcs);
   EXPECT_EQ(gs_buffer_free(session_, buf), GS_OK) << gs_last_error();
 }
 

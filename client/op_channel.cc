@@ -71,6 +71,7 @@ v1::SubmitRequest SubmitRequestOf(const std::string& session_id, const OpDesc& o
   req.set_reduce_op(static_cast<v1::ReduceOp>(static_cast<int>(op.op)));
   req.set_root(op.root);
   req.set_tag(op.tag);
+  if (op.op == ReduceOp::kPremulSum) req.set_premul_factor(op.premul_factor);
   req.set_count(op.count);
   req.set_buffer_id(op.buffer_id);
   req.set_offset_bytes(op.offset_bytes);

@@ -105,9 +105,6 @@ absl::Status RunAcrossNodes(transport::Context& node_ctx, const JobPlacement& pl
 void ReduceLocalShare(const LocalCollective& c, Slicing slicing);
 void SpreadLocalResult(const LocalCollective& c, int world, Slicing slicing);
 
-// The element-wise operator of a reduction (avg sums; its division comes last).
-inline ReduceOp CombineOp(ReduceOp op) { return op == ReduceOp::kAvg ? ReduceOp::kSum : op; }
-
 // Combines bufs[1..] into bufs[0] in order with `op` (avg: sum), `count`
 // elements; then, for avg and `divide_by` > 0, divides bufs[0] by it.
 void ReduceInOrder(const Reducer& red, const std::vector<char*>& bufs, size_t count, DType dtype,

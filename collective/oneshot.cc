@@ -25,7 +25,7 @@ void ReduceInRankOrder(DType dtype, ReduceOp op, void* data, size_t count, int m
   const int n = static_cast<int>(peers.size());
   if (n <= 1 || count == 0) return;
   const size_t bytes = count * DTypeSize(dtype);
-  const ReduceOp combine = op == ReduceOp::kAvg ? ReduceOp::kSum : op;
+  const ReduceOp combine = CombineOp(op);
   const char* own = static_cast<const char*>(data);
   if (me != 0) {  // data becomes the accumulator: keep this rank's contribution aside
     red.Copy(own_copy, data, bytes);

@@ -1,5 +1,6 @@
 #include "collective/op_validation.h"
 
+#include <cmath>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -86,6 +87,20 @@ absl::Status CheckOpValues(CollectiveKind kind, DType dtype, ReduceOp op, int ro
 absl::StatusOr<OpShape> ValidateOp(const OpDesc& op, const OpContext& ctx) {
   if (absl::Status s = CheckOpValues(op.kind, op.dtype, op.op, op.root, ctx, op.name); !s.ok()) {
     return s;
+  }
+  if (op.op == ReduceOp::kPremulSum && IsReducingCollective(op.kind)) {
+    if (op.kind != CollectiveKind::kAllreduce && op.kind != CollectiveKind::kReduceScatter) {
+      return Invalid(op, ctx, "reduce op premul_sum applies to allreduce and reduce_scatter only");
+    }
+    if (!IsFloatDType(op.dtype)) {
+      return Invalid(op, ctx, absl::StrCat("reduce op premul_sum needs a float dtype (f32, f64, "
+                                           "f16, bf16, f8e4m3, f8e5m2), got ",
+                                           DTypeName(op.dtype)));
+    }
+    if (!std::isfinite(op.premul_factor)) {
+      return Invalid(op, ctx, absl::StrCat("premul_sum factor must be finite, got ",
+                                           op.premul_factor));
+    }
   }
   if (op.name.size() > kMaxOpNameBytes) {
     return Invalid(op, ctx, absl::StrCat("op name is ", op.name.size(), " bytes; the limit is ",

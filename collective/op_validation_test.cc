@@ -76,8 +76,8 @@ TEST(ValidateOp, NamesTheEnumValueAndTheValidOnes) {
   op = Allreduce();
   op.op = static_cast<ReduceOp>(0);
   EXPECT_EQ(Refusal(op),
-            "allreduce 'grad/w' on rank 2: reduce op 0 is not a valid value (1..5: sum avg min "
-            "max prod)");
+            "allreduce 'grad/w' on rank 2: reduce op 0 is not a valid value (1..6: sum avg min "
+            "max prod premul_sum)");
 }
 
 TEST(ValidateOp, LeavesTheRankOutWhenItIsNotKnown) {
@@ -268,8 +268,8 @@ TEST(SetOpEnums, NarrowsOnlyValidValuesWithValidateOpsWords) {
             "i32 i64 u8 f8e4m3 f8e5m2)");
   s = SetOpEnums(1, 1, -1, Ctx(), &op);
   EXPECT_EQ(s.message(),
-            "allreduce 'grad/w' on rank 2: reduce op -1 is not a valid value (1..5: sum avg min "
-            "max prod)");
+            "allreduce 'grad/w' on rank 2: reduce op -1 is not a valid value (1..6: sum avg min "
+            "max prod premul_sum)");
   EXPECT_EQ(op.kind, CollectiveKind::kBroadcast);  // untouched by the refusals
 }
 

@@ -11,11 +11,11 @@ class Cpu final : public Reducer {
  public:
   transport::MemKind kind() const override { return transport::MemKind::Host(); }
   void Reduce(DType dtype, ReduceOp op, void* dst, const void* src, size_t count) const override {
-    ReduceInto(dtype, op == ReduceOp::kAvg ? ReduceOp::kSum : op, dst, src, count);
+    ReduceInto(dtype, CombineOp(op), dst, src, count);
   }
   void Combine(DType dtype, ReduceOp op, void* dst, const void* a, const void* b,
                size_t count) const override {
-    ReduceOutOfPlace(dtype, op == ReduceOp::kAvg ? ReduceOp::kSum : op, dst, a, b, count);
+    ReduceOutOfPlace(dtype, CombineOp(op), dst, a, b, count);
   }
   void Divide(DType dtype, void* data, size_t count, int64_t divisor) const override {
     DivideBy(dtype, data, count, divisor);

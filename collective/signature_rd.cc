@@ -203,7 +203,7 @@ absl::Status RdExchange::Merge(const RdStep& step) {
   if (valid_ && want_ > 0) {
     char* mine_data = Inbox() + st_.slots[msg_slot_].offset + sizeof(RdPrefix);
     char* theirs = Inbox() + st_.slots[step.slot].offset + sizeof(RdPrefix);
-    const ReduceOp combine = fused_->op == ReduceOp::kAvg ? ReduceOp::kSum : fused_->op;
+    const ReduceOp combine = CombineOp(fused_->op);
     switch (step.take) {
       case Take::kLower:  // the result stays where this rank's half is
         fused_->reduce().Reduce(fused_->dtype, combine, mine_data, theirs, fused_->count);

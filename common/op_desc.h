@@ -34,6 +34,7 @@ struct OpDesc {
   int root = 0;                  // broadcast, reduce, gather, scatter; the peer of
                                  // send and recv (recv: -1 = from any source)
   int32_t tag = 0;               // send, recv: matches them (torch's tag)
+  double premul_factor = 1.0;    // premul_sum: this rank's input is multiplied by it
   uint64_t count = 0;            // elements (per block for the blocked collectives)
   uint64_t buffer_id = 0;        // the daemon's id; 0 = no buffer (a barrier only)
   uint64_t offset_bytes = 0;     // where the op starts in the buffer

@@ -42,6 +42,7 @@ const char* ReduceOpName(ReduceOp op) {
     case ReduceOp::kMin: return "min";
     case ReduceOp::kMax: return "max";
     case ReduceOp::kProd: return "prod";
+    case ReduceOp::kPremulSum: return "premul_sum";
   }
   return "invalid-op";
 }
@@ -105,12 +106,12 @@ std::string ValuesText(const E (&all)[N], const char* (*name)(E)) {
 }  // namespace
 
 std::string ValidDTypesText() { return ValuesText(kAllDTypes, DTypeName); }
-std::string ValidReduceOpsText() { return ValuesText(kAllReduceOps, ReduceOpName); }
+std::string ValidReduceOpsText() { return ValuesText(kAllOpReduceOps, ReduceOpName); }
 std::string ValidCollectivesText() { return ValuesText(kAllOpKinds, CollectiveName); }
 bool IsFloatDType(DType t) {
   return t != DType::kI32 && t != DType::kI64 && t != DType::kU8;
 }
-bool IsValidReduceOp(int v) { return v >= 1 && v <= 5; }
+bool IsValidReduceOp(int v) { return v >= 1 && v <= 6; }
 
 absl::StatusOr<DType> ParseDType(absl::string_view name) {
   std::string n = absl::AsciiStrToLower(name);
@@ -129,11 +130,11 @@ absl::StatusOr<DType> ParseDType(absl::string_view name) {
 
 absl::StatusOr<ReduceOp> ParseReduceOp(absl::string_view name) {
   std::string n = absl::AsciiStrToLower(name);
-  for (ReduceOp op : kAllReduceOps) {
+  for (ReduceOp op : kAllOpReduceOps) {
     if (n == ReduceOpName(op)) return op;
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown reduce op '", name, "' (expected sum, avg, min, max or prod)"));
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown reduce op '", name, "' (expected sum, avg, min, max, prod or premul_sum)"));
 }
 
 float HalfToFloat(uint16_t h) {

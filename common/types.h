@@ -31,6 +31,11 @@ enum class ReduceOp : uint8_t {
   kMin = 3,
   kMax = 4,
   kProd = 5,
+  // A sum of every rank's input multiplied by that rank's factor
+  // (OpDesc::premul_factor; NCCL's ncclPreMulSum, torch's PREMUL_SUM):
+  // allreduce and reduce_scatter of float dtypes. The daemon multiplies the
+  // input, then the algorithms sum (CombineOp).
+  kPremulSum = 6,
 };
 
 // Values match gradsync.v1.CollectiveType. Buffer layouts: docs/collectives.md.
@@ -64,14 +69,26 @@ inline constexpr CollectiveKind kAllOpKinds[] = {
 inline constexpr DType kAllDTypes[] = {DType::kF32, DType::kF64, DType::kF16, DType::kBF16,
                                        DType::kI32, DType::kI64, DType::kU8, DType::kF8E4M3,
                                        DType::kF8E5M2};
+// The ops the reduction kernels and algorithms take (kPremulSum reaches
+// them as the sum it is after the multiplication).
 inline constexpr ReduceOp kAllReduceOps[] = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMin,
                                              ReduceOp::kMax, ReduceOp::kProd};
+// Every op an op may ask for.
+inline constexpr ReduceOp kAllOpReduceOps[] = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMin,
+                                               ReduceOp::kMax, ReduceOp::kProd,
+                                               ReduceOp::kPremulSum};
+
+// The element-wise operator that combines two ranks' values: avg and
+// premul_sum sum (avg divides last; premul_sum multiplied each input first).
+inline ReduceOp CombineOp(ReduceOp op) {
+  return op == ReduceOp::kAvg || op == ReduceOp::kPremulSum ? ReduceOp::kSum : op;
+}
 
 // Bytes per element.
 size_t DTypeSize(DType t);
 // "f32", "f64", "f16", "bf16", "i32", "i64", "u8", "f8e4m3", "f8e5m2".
 const char* DTypeName(DType t);
-// "sum", "avg", "min", "max", "prod".
+// "sum", "avg", "min", "max", "prod", "premul_sum".
 const char* ReduceOpName(ReduceOp op);
 
 // "allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "alltoall", "barrier",

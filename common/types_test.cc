@@ -94,7 +94,7 @@ TEST(Types, IsValidAcceptsExactlyTheEnumerators) {
   for (int v = -1; v <= 10; ++v) {
     bool dtype = false, op = false;
     for (DType t : kAllDTypes) dtype |= static_cast<int>(t) == v;
-    for (ReduceOp o : kAllReduceOps) op |= static_cast<int>(o) == v;
+    for (ReduceOp o : kAllOpReduceOps) op |= static_cast<int>(o) == v;
     EXPECT_EQ(IsValidDType(v), dtype) << v;
     EXPECT_EQ(IsValidReduceOp(v), op) << v;
   }
@@ -104,7 +104,7 @@ TEST(Types, IsValidAcceptsExactlyTheEnumerators) {
 // fp8 types were added).
 TEST(Types, ValidDTypesTextListsEveryEnumerator) {
   EXPECT_EQ(ValidDTypesText(), "1..9: f32 f64 f16 bf16 i32 i64 u8 f8e4m3 f8e5m2");
-  EXPECT_EQ(ValidReduceOpsText(), "1..5: sum avg min max prod");
+  EXPECT_EQ(ValidReduceOpsText(), "1..6: sum avg min max prod premul_sum");
   EXPECT_EQ(ValidCollectivesText(),
             "1..11: allreduce reduce_scatter allgather broadcast reduce alltoall barrier gather scatter "
             "send recv");
@@ -139,7 +139,7 @@ TEST(Types, ParseDTypeRejectsUnknownNamesListingTheChoices) {
 }
 
 TEST(Types, ParseReduceOpAcceptsEveryNameAnyCase) {
-  for (ReduceOp op : kAllReduceOps) {
+  for (ReduceOp op : kAllOpReduceOps) {
     EXPECT_EQ(ParseReduceOp(ReduceOpName(op)).value(), op);
     std::string upper = ReduceOpName(op);
     for (char& c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
@@ -154,7 +154,7 @@ TEST(Types, ParseReduceOpRejectsUnknownNamesListingTheChoices) {
     ASSERT_FALSE(r.ok()) << "'" << bad << "'";
     EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_EQ(r.status().message(),
-              std::string("unknown reduce op '") + bad + "' (expected sum, avg, min, max or prod)");
+              std::string("unknown reduce op '") + bad + "' (expected sum, avg, min, max, prod or premul_sum)");
   }
 }
 

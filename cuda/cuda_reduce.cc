@@ -141,7 +141,7 @@ absl::Status CudaReduceInto(DType dtype, ReduceOp op, void* dst_device, const vo
   if (count == 0) return absl::OkStatus();
   RETURN_IF_ERROR(ValidateDevicePointer("dst", dst_device, dtype));
   RETURN_IF_ERROR(ValidateDevicePointer("src", src_device, dtype));
-  const int err = rt::LaunchReduce(static_cast<int>(dtype), static_cast<int>(op), dst_device,
+  const int err = rt::LaunchReduce(static_cast<int>(dtype), static_cast<int>(CombineOp(op)), dst_device,
                                    src_device, count, stream);
   if (err != rt::kCudaSuccess) {
     return CudaCallError(absl::StrCat("CUDA reduce kernel launch (", DTypeName(dtype), " ",
@@ -158,7 +158,7 @@ absl::Status CudaCombineInto(DType dtype, ReduceOp op, void* dst_device, const v
   RETURN_IF_ERROR(ValidateDevicePointer("dst", dst_device, dtype));
   RETURN_IF_ERROR(ValidateDevicePointer("a", a_device, dtype));
   RETURN_IF_ERROR(ValidateDevicePointer("b", b_device, dtype));
-  const int err = rt::LaunchCombine(static_cast<int>(dtype), static_cast<int>(op), dst_device,
+  const int err = rt::LaunchCombine(static_cast<int>(dtype), static_cast<int>(CombineOp(op)), dst_device,
                                     a_device, b_device, count, stream);
   if (err != rt::kCudaSuccess) {
     return CudaCallError(absl::StrCat("CUDA combine kernel launch (", DTypeName(dtype), " ",

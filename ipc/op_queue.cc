@@ -98,6 +98,7 @@ absl::Status EncodeSubmission(uint64_t token, const OpDesc& op, SubmissionEntry*
   out->timeout_ms = timeout_ms;
   out->root = op.root;
   out->tag = op.tag;
+  out->premul_factor = op.premul_factor;
   out->collective = static_cast<uint8_t>(op.kind);
   out->dtype = static_cast<uint8_t>(op.dtype);
   out->reduce_op = static_cast<uint8_t>(op.op);
@@ -130,6 +131,7 @@ absl::Status DecodeSubmission(const SubmissionEntry& e, OpDesc* op) {
   op->op = static_cast<ReduceOp>(e.reduce_op);
   op->root = e.root;
   op->tag = e.tag;
+  op->premul_factor = e.premul_factor;
   op->count = e.count;
   op->buffer_id = e.buffer_id;
   op->offset_bytes = e.offset_bytes;

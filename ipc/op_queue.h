@@ -65,7 +65,7 @@ namespace gradsync {
 namespace ipc {
 
 inline constexpr uint32_t kOpQueueMagic = 0x51505347;  // "GSPQ" little-endian
-inline constexpr uint32_t kOpQueueVersion = 4;
+inline constexpr uint32_t kOpQueueVersion = 5;
 inline constexpr size_t kMaxRefusalBytes = 512;
 inline constexpr uint32_t kMinQueueCapacity = 2;
 inline constexpr uint32_t kMaxQueueCapacity = 4096;
@@ -99,11 +99,12 @@ struct SubmissionEntry {
   uint16_t name_len;      // <= kMaxOpNameChars
   uint16_t reserved0;
   int32_t tag;            // send, recv
+  double premul_factor;   // premul_sum: this rank's multiplier
   char algorithm[16];
   char name[kMaxOpNameChars];
 };
 static_assert(std::is_trivially_copyable_v<SubmissionEntry>);
-static_assert(sizeof(SubmissionEntry) == 328);
+static_assert(sizeof(SubmissionEntry) == 336);
 
 // The outcome of one op, as the daemon writes it.
 struct CompletionEntry {

@@ -357,6 +357,8 @@ TEST(OpQueueEntries, RoundTrip) {
   op.dtype = DType::kBF16;
   op.op = ReduceOp::kMax;
   op.root = 3;
+  op.tag = -7;
+  op.premul_factor = -0.375;
   op.buffer_id = 9;
   op.offset_bytes = 64;
   op.count = 1000;
@@ -373,6 +375,8 @@ TEST(OpQueueEntries, RoundTrip) {
   EXPECT_EQ(back.dtype, DType::kBF16);
   EXPECT_EQ(back.op, ReduceOp::kMax);
   EXPECT_EQ(back.root, 3);
+  EXPECT_EQ(back.tag, -7);
+  EXPECT_EQ(back.premul_factor, -0.375);
   EXPECT_EQ(back.buffer_id, 9u);
   EXPECT_EQ(back.offset_bytes, 64u);
   EXPECT_EQ(back.count, 1000u);

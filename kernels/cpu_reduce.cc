@@ -175,6 +175,11 @@ GS_ALWAYS_INLINE void FloatDivide(typename Tr::S* __restrict d, size_t n, float 
   for (size_t i = 0; i < n; ++i) d[i] = Tr::Store(Tr::Load(d[i]) / divisor);
 }
 
+template <class Tr>
+void FloatMultiply(typename Tr::S* __restrict d, size_t n, float factor) {
+  for (size_t i = 0; i < n; ++i) d[i] = Tr::Store(Tr::Load(d[i]) * factor);
+}
+
 template <typename T>
 GS_ALWAYS_INLINE void NegateWrapping(T* __restrict d, size_t n) {
   using U = std::make_unsigned_t<T>;
@@ -408,6 +413,7 @@ ReduceFn PickOp(ReduceOp op) {
   switch (op) {
     case ReduceOp::kSum:
     case ReduceOp::kAvg:  // averaging sums; DivideBy runs at the end
+    case ReduceOp::kPremulSum:  // MultiplyBy ran on each input first
       return &IsaT::template Reduce<Tr, ReduceOp::kSum, f>;
     case ReduceOp::kProd: return &IsaT::template Reduce<Tr, ReduceOp::kProd, f>;
     case ReduceOp::kMin: return &IsaT::template Reduce<Tr, ReduceOp::kMin, f>;
@@ -558,6 +564,39 @@ void ReduceOutOfPlace(DType t, ReduceOp op, void* dst, const void* a, const void
 
 void DivideBy(DType t, void* data, size_t count, int64_t divisor) {
   internal::DivideByWith(internal::ActiveIsa(), t, data, count, divisor);
+}
+
+void MultiplyBy(DType t, void* data, size_t count, double factor) {
+  if (count == 0) return;
+  switch (t) {
+    case DType::kF32: {
+      float* __restrict d = static_cast<float*>(data);
+      const float f = static_cast<float>(factor);
+      for (size_t i = 0; i < count; ++i) d[i] = d[i] * f;
+      return;
+    }
+    case DType::kF64: {
+      double* __restrict d = static_cast<double*>(data);
+      for (size_t i = 0; i < count; ++i) d[i] = d[i] * factor;
+      return;
+    }
+    case DType::kF16:
+      return FloatMultiply<F16Traits>(static_cast<uint16_t*>(data), count, static_cast<float>(factor));
+    case DType::kBF16:
+      return FloatMultiply<Bf16Traits>(static_cast<uint16_t*>(data), count,
+                                       static_cast<float>(factor));
+    case DType::kF8E4M3:
+      return FloatMultiply<F8E4M3Traits>(static_cast<uint8_t*>(data), count,
+                                         static_cast<float>(factor));
+    case DType::kF8E5M2:
+      return FloatMultiply<F8E5M2Traits>(static_cast<uint8_t*>(data), count,
+                                         static_cast<float>(factor));
+    case DType::kI32:
+    case DType::kI64:
+    case DType::kU8:
+      break;
+  }
+  GS_CHECK(false) << "cpu_reduce: MultiplyBy on " << DTypeName(t) << " (float dtypes only)";
 }
 
 }  // namespace gradsync

@@ -9,6 +9,8 @@
 //     FloatToHalf(op(HalfToFloat(a), HalfToFloat(b))) from common/types.h.
 //   * i32/i64/u8: two's-complement wraparound for sum and prod (no UB).
 //   * ReduceOp::kAvg combines as a SUM; divide once at the end with DivideBy.
+//     ReduceOp::kPremulSum combines as a SUM; multiply each input first with
+//     MultiplyBy.
 //   * min is `a < b ? a : b`, max is `a > b ? a : b`, where `a` is the first
 //     operand (the dst element for ReduceInto). Consequences for floats:
 //       - a NaN in b (src) propagates: min(a, NaN) = NaN;
@@ -52,6 +54,15 @@ void ReduceOutOfPlace(DType t, ReduceOp op, void* dst, const void* a, const void
 //   divisor, actually wrap). Float division by 0 follows IEEE (inf/NaN);
 //   integer division by 0 is a programming error and aborts.
 void DivideBy(DType t, void* data, size_t count, int64_t divisor);
+
+// data[i] = data[i] * factor (a premul_sum's input, before the sum), for the
+// float dtypes:
+//   f32: x * (float)factor in f32;  f64: x * factor in f64;
+//   f16/bf16/f8e4m3/f8e5m2: widen to f32, x * (float)factor, round back
+//   (nearest even; fp8 saturates as its conversion does).
+// An integer dtype is a programming error and aborts (ValidateOp refuses
+// premul_sum on them).
+void MultiplyBy(DType t, void* data, size_t count, double factor);
 
 namespace internal {
 

@@ -1,7 +1,8 @@
-// Tests for DivideBy (avg's final step) of the CPU kernels: every dtype and
-// divisor against the reference, integer rounding toward zero, exhaustive u8
-// and i32 quotient boundaries, IEEE division by zero, and the integer
-// divide-by-zero abort.
+// Tests for DivideBy (avg's final step) and MultiplyBy (premul_sum's first)
+// of the CPU kernels: every dtype and divisor against the reference, integer
+// rounding toward zero, exhaustive u8 and i32 quotient boundaries, IEEE
+// division by zero, the integer divide-by-zero abort; every float dtype and
+// factor against the reference.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -143,6 +144,33 @@ TEST(CpuReduce, DivideByZeroFollowsIeeeForFloats) {
     EXPECT_TRUE(std::isnan(f[2]));
     EXPECT_EQ(f[8], -std::numeric_limits<float>::infinity());
   }
+}
+
+TEST(CpuReduce, MultiplyByMatchesReferenceForEveryFloatDTypeAndFactor) {
+  const double kFactors[] = {1.0, 0.25, 1.0 / 3, -2.5, 0.0, 1e-3, 65504.0, 1e30, -1e-30};
+  std::mt19937_64 rng(7);
+  for (DType t : kAllDTypes) {
+    if (!IsFloatDType(t)) continue;
+    const size_t sz = DTypeSize(t);
+    for (double factor : kFactors) {
+      for (size_t n : kCounts) {
+        SCOPED_TRACE(std::string(DTypeName(t)) + " * " + std::to_string(factor) +
+                     " count=" + std::to_string(n));
+        std::vector<uint8_t> d = RandomData(t, n + kGuard, rng);
+        const std::vector<uint8_t> d0 = d;
+        std::vector<uint8_t> want(d.begin(), d.begin() + n * sz);
+        for (size_t i = 0; i < n; ++i) RefMultiplyElement(t, &want[i * sz], factor);
+        MultiplyBy(t, d.data(), n, factor);
+        EXPECT_EQ(Mismatch(t, d.data(), want.data(), n, d0.data()), "");
+        EXPECT_EQ(std::memcmp(&d[n * sz], &d0[n * sz], kGuard * sz), 0) << "wrote past count";
+      }
+    }
+  }
+}
+
+TEST(CpuReduceDeathTest, MultiplyByOnAnIntegerDTypeAborts) {
+  int32_t v[4] = {1, 2, 3, 4};
+  EXPECT_DEATH(MultiplyBy(DType::kI32, v, 4, 2.0), "float dtypes only");
 }
 
 TEST(CpuReduceDeathTest, IntegerDivideByZeroAborts) {

@@ -167,6 +167,20 @@ inline void RefDivideElement(DType t, uint8_t* p, int64_t d) {
   }
 }
 
+// x * factor for the float dtypes (MultiplyBy: premul_sum's first step).
+inline void RefMultiplyElement(DType t, uint8_t* p, double factor) {
+  const float f = static_cast<float>(factor);
+  switch (t) {
+    case DType::kF32: return Put(p, Get<float>(p) * f);
+    case DType::kF64: return Put(p, Get<double>(p) * factor);
+    case DType::kF16: return Put(p, FloatToHalf(HalfToFloat(Get<uint16_t>(p)) * f));
+    case DType::kBF16: return Put(p, FloatToBFloat16(BFloat16ToFloat(Get<uint16_t>(p)) * f));
+    case DType::kF8E4M3: return Put(p, FloatToFp8E4M3(Fp8E4M3ToFloat(Get<uint8_t>(p)) * f));
+    case DType::kF8E5M2: return Put(p, FloatToFp8E5M2(Fp8E5M2ToFloat(Get<uint8_t>(p)) * f));
+    default: return;
+  }
+}
+
 // ---------------------------------------------------------------------------
 // Comparison: bit-exact, except that any NaN matches any NaN (sign and payload
 // are unspecified) -- but an f16 NaN must be FloatToHalf's 0x7e00 / 0xfe00 and

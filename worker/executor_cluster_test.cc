@@ -5,6 +5,7 @@
 // Nothing here sleeps: every wait is on a condition with a deadline.
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,7 @@
 #include "collective/reference.h"
 #include "common/types.h"
 #include "gmock/gmock.h"
+#include "kernels/cpu_reduce.h"
 #include "gtest/gtest.h"
 #include "worker/threaded_cluster_testing.h"
 
@@ -174,6 +176,70 @@ TEST_P(ExecutorClusterShapes, AllreduceIsBitExactForEverySizeDtypeAndOp) {
       }
     }
   }
+}
+
+// premul_sum: each rank's input multiplied by its own factor, then summed.
+// Powers of two keep every product and partial sum exact (the integer-valued
+// inputs), so every placement and plan must give the reference's bits.
+TEST_P(ExecutorClusterShapes, PremulSumMultipliesEachRanksInputByItsOwnFactor) {
+  ClusterSpec spec;
+  spec.node_of_rank = GetParam();
+  FakeCoordinator coord(spec);
+  auto c = Form(coord);
+  ASSERT_NE(c, nullptr);
+  const int n = c->world();
+  constexpr double kFactors[] = {0.5, 2, -1, 0.25, 1};
+  std::vector<RankBuffer> bufs = Buffers(*c, 70001 * 8 * 5);
+  uint32_t seed = 900;
+  for (CollectiveKind kind : {CollectiveKind::kAllreduce, CollectiveKind::kReduceScatter}) {
+    for (DType t : {DType::kF32, DType::kF64, DType::kF16, DType::kBF16}) {
+      for (size_t count : {size_t{7}, size_t{70001}}) {
+        const std::string what =
+            absl::StrCat("placement ", ShapeName(GetParam()), " premul_sum ",
+                         CollectiveName(kind), " ", DTypeName(t), " x", count);
+        const size_t total = kind == CollectiveKind::kReduceScatter ? count * n : count;
+        auto inputs = Fill(bufs, t, ReduceOp::kSum, total, seed++);
+        std::vector<std::vector<char>> scaled = inputs;
+        std::vector<uint64_t> ids(n);
+        for (int r = 0; r < n; ++r) {
+          MultiplyBy(t, scaled[r].data(), total, kFactors[r]);
+          OpSpec op = Allreduce(t, ReduceOp::kPremulSum, count);
+          op.kind = kind;
+          op.premul_factor = kFactors[r];
+          op.buffer_id = bufs[r].id;
+          absl::StatusOr<uint64_t> id = c->Submit(r, op);
+          ASSERT_TRUE(id.ok()) << what << ": rank " << r << ": " << id.status();
+          ids[r] = *id;
+        }
+        const size_t es = DTypeSize(t);
+        for (int r = 0; r < n; ++r) {
+          absl::StatusOr<OpOutcome> out = c->Wait(r, ids[r]);
+          ASSERT_TRUE(out.ok()) << what << ": rank " << r << ": " << out.status();
+          EXPECT_TRUE(out->status.ok()) << what << ": rank " << r << ": " << out->status;
+          const size_t begin = kind == CollectiveKind::kReduceScatter ? r * count : 0;
+          const std::vector<char> want =
+              testing::RingOrderReduce(scaled, t, ReduceOp::kSum, begin, count, 0);
+          EXPECT_EQ(std::memcmp(bufs[r].data + begin * es, want.data(), want.size()), 0)
+              << what << ": rank " << r << " differs from the reference";
+        }
+      }
+    }
+  }
+  // Refused at submission, naming the op and rank: an integer dtype, a
+  // collective that does not sum, a factor that is not finite.
+  OpSpec op = Allreduce(DType::kI32, ReduceOp::kPremulSum, 4);
+  op.buffer_id = bufs[0].id;
+  op.premul_factor = 2;
+  EXPECT_THAT(c->Submit(0, op).status().message(),
+              HasSubstr("allreduce 'g' on rank 0: reduce op premul_sum needs a float dtype"));
+  op.dtype = DType::kF32;
+  op.kind = CollectiveKind::kReduce;
+  EXPECT_THAT(c->Submit(0, op).status().message(),
+              HasSubstr("reduce op premul_sum applies to allreduce and reduce_scatter only"));
+  op.kind = CollectiveKind::kAllreduce;
+  op.premul_factor = std::numeric_limits<double>::infinity();
+  EXPECT_THAT(c->Submit(0, op).status().message(),
+              HasSubstr("premul_sum factor must be finite, got inf"));
 }
 
 INSTANTIATE_TEST_SUITE_P(Placements, ExecutorClusterShapes,

@@ -80,8 +80,12 @@ absl::Status OpRunner::Run(const std::vector<QueuedOp*>& ops, absl::Time negotia
   // the planner would use one and one can be made (worker/device_staging.h).
   const bool device_buffers =
       std::all_of(ops.begin(), ops.end(), [](const QueuedOp* op) { return op->device != nullptr; });
-  DevicePath* device_path =
-      planner_->WantsDevicePath(device_buffers) ? staging_->PathFor(ops) : nullptr;
+  // premul_sum multiplies the inputs in host memory (device buffers stage
+  // through their host twins).
+  const bool premul = lead.sig.op == ReduceOp::kPremulSum;
+  DevicePath* device_path = !premul && planner_->WantsDevicePath(device_buffers)
+                                ? staging_->PathFor(ops)
+                                : nullptr;
   PlanRequest request;
   request.kind = lead.sig.kind;
   request.bytes = bytes;
@@ -90,6 +94,7 @@ absl::Status OpRunner::Run(const std::vector<QueuedOp*>& ops, absl::Time negotia
   request.device_path = device_path != nullptr;
   const Plan mine = planner_->Propose(request);
   if (!mine.on_device) s = staging_->StageIn(ops, bytes);
+  if (s.ok() && premul) Premultiply(ops, bytes);
   Plan plan = mine;
   if (s.ok() && mine.in_memory) {
     // Every rank is here: the whole op in memory.
@@ -144,6 +149,14 @@ absl::Status OpRunner::Run(const std::vector<QueuedOp*>& ops, absl::Time negotia
   }
   if (s.ok() && !plan.on_device) s = staging_->StageOut(ops, bytes);
   return s;
+}
+
+void OpRunner::Premultiply(const std::vector<QueuedOp*>& ops, size_t bytes) {
+  const DType dtype = ops[0]->sig.dtype;
+  const size_t count = bytes / DTypeSize(dtype);
+  for (QueuedOp* op : ops) {
+    if (op->premul_factor != 1.0) MultiplyBy(dtype, op->data(), count, op->premul_factor);
+  }
 }
 
 absl::Status OpRunner::RunAgreed(const std::vector<QueuedOp*>& ops, const Plan& plan,

@@ -118,6 +118,9 @@ class OpRunner {
                          DevicePath* on_device);
 
  private:
+  // premul_sum's first step: each op's `bytes` of input (host memory)
+  // multiplied by its rank's factor, before the algorithms sum.
+  void Premultiply(const std::vector<QueuedOp*>& ops, size_t bytes);
   // The registration on node_ctx_ of the buffer `op` runs on (cached).
   absl::StatusOr<const transport::MemoryRegion*> BufferRegion(const QueuedOp& op);
   void NoteArrived(int rank) {

@@ -44,6 +44,7 @@ struct QueuedOp {
   // executor fills before the op runs and copies back after it succeeded.
   std::shared_ptr<DeviceMemory> device;
   uint64_t offset = 0;
+  double premul_factor = 1.0;  // premul_sum: the executor multiplies the input by it first
   absl::Time submitted;
   absl::Time started;   // when the executor took it
   absl::Time deadline;

@@ -151,6 +151,7 @@ absl::StatusOr<uint64_t> Session::Enqueue(const OpDesc& a) {
   }
   op->sig = OpSignature::Of(a, shape.plan_code);
   op->offset = a.offset_bytes;
+  op->premul_factor = a.premul_factor;
   const bool p2p = IsPointToPoint(a.kind);
   if (p2p && op->device != nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -17,6 +17,12 @@ absl::StatusOr<OpDesc> OpDescFromRequest(const v1::SubmitRequest& req, int rank)
   if (!enums.ok()) return enums;
   op.root = req.root();
   op.tag = req.tag();
+  if (op.op == ReduceOp::kPremulSum && !req.has_premul_factor()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        CollectiveName(op.kind), " '", op.name, "' on rank ", rank,
+        ": reduce op premul_sum needs premul_factor (this rank's multiplier)"));
+  }
+  op.premul_factor = req.has_premul_factor() ? req.premul_factor() : 1.0;
   op.count = req.count();
   op.buffer_id = req.buffer_id();
   op.offset_bytes = req.offset_bytes();

@@ -329,6 +329,14 @@ TEST_F(WorkerServiceTest, SubmitRefusesABadOpNamingTheOp) {
   EXPECT_THAT(st.error_message(),
               StartsWith("allreduce 'odd' on rank 0: dtype 99 is not a valid value ("));
 
+  // premul_sum without this rank's factor (proto3 would read it as 0).
+  v1::SubmitRequest premul = Allreduce(id, b.buffer_id(), 16, "pre");
+  premul.set_reduce_op(v1::REDUCE_OP_PREMUL_SUM);
+  st = Submit(premul);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(st.error_message(), "allreduce 'pre' on rank 0: reduce op premul_sum needs "
+                                "premul_factor (this rank's multiplier)");
+
   // ValidateOp against the session: the op and the rank.
   st = Submit(Allreduce(id, b.buffer_id(), 1025, "too-big"));
   EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);

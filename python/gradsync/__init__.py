@@ -9,7 +9,8 @@
 
 Collectives: allreduce, reduce_scatter, allgather, broadcast, reduce, alltoall, gather, scatter
 and barrier, each returning a Work (wait(timeout), done()). Element types
-f32, f64, f16, bf16, i32, i64, u8; reduce ops sum, avg, min, max, prod.
+f32, f64, f16, bf16, i32, i64, u8; reduce ops sum, avg, min, max, prod and premul_sum (each rank's
+factor: `factor=`).
 Arrays come from Session.empty / empty_tensor or views of a Buffer
 (Session.alloc). Errors are GradsyncError subclasses carrying gradsync's
 message (which rank, which op) and code. The library is libgradsync.so

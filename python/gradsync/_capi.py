@@ -43,6 +43,7 @@ class CollectiveSpec(ctypes.Structure):
         ("algorithm", c_char_p),
         ("timeout_ms", c_int64),
         ("tag", c_int32),
+        ("premul_factor", ctypes.c_double),
     ]
 
 

@@ -181,8 +181,8 @@ class Engine:
                device: Optional[torch.device] = None,
                wrap: Optional[Callable[[torch.futures.Future], torch.futures.Future]] = None,
                tag: int = 0, results: Optional[list] = None,
-               offset: int = 0, timeout: Optional[float] = None
-               ) -> torch.futures.Future:
+               offset: int = 0, timeout: Optional[float] = None,
+               factor: Optional[float] = None) -> torch.futures.Future:
         """Submits `kind` on the first `count` elements of staging buffer `buf`;
         the future gets finish()'s value once the op is done and finish() ran.
         The staged buffers go back to the pool once the op is over. For a
@@ -195,7 +195,7 @@ class Engine:
         gradsync Result is appended to it before finish() runs (a recv's
         Result.source names its sender). `offset`: the op starts that many
         elements into `buf`. `timeout`: the op's deadline in seconds (default:
-        the group's)."""
+        the group's). `factor`: premul_sum's multiplier."""
         staged = staged or []
         fut = torch.futures.Future()
         try:
@@ -210,7 +210,8 @@ class Engine:
                 array = self.view(buf, dtype, offset + count)[offset:]
                 work = self.session.submit(kind, array, op=op, root=root,
                                            dtype=_TORCH_DTYPES[dtype], name=name,
-                                           timeout=timeout or self.timeout_s, tag=tag)
+                                           timeout=timeout or self.timeout_s, tag=tag,
+                                           factor=factor)
         except BaseException:
             for b in staged:  # nothing was submitted on them
                 self.unstage(b)

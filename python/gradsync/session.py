@@ -39,7 +39,7 @@ _NUMPY_NAMES = {"float32": "f32", "float64": "f64", "float16": "f16", "int32": "
 _TORCH_NAMES = {"torch.float32": "f32", "torch.float64": "f64", "torch.float16": "f16",
                 "torch.bfloat16": "bf16", "torch.int32": "i32", "torch.int64": "i64",
                 "torch.uint8": "u8"}
-OPS = {"sum": 1, "avg": 2, "min": 3, "max": 4, "prod": 5}
+OPS = {"sum": 1, "avg": 2, "min": 3, "max": 4, "prod": 5, "premul_sum": 6}
 COLLECTIVES = {"allreduce": 1, "reduce_scatter": 2, "allgather": 3, "broadcast": 4,
                "reduce": 5, "alltoall": 6, "barrier": 7, "gather": 8, "scatter": 9}
 # Point-to-point ops (Session.send / recv): `root` is the peer.
@@ -416,9 +416,12 @@ class Session(_Closable):
 
     def submit(self, kind: str, array: Any = None, op: str = "sum", root: int = 0,
                dtype: Any = None, name: Optional[str] = None, algorithm: Optional[str] = None,
-               timeout: Optional[float] = None, tag: int = 0) -> Work:
+               timeout: Optional[float] = None, tag: int = 0,
+               factor: Optional[float] = None) -> Work:
         """Submits collective `kind` (or "send"/"recv", `root` the peer) on
-        `array` in place and returns its Work.
+        `array` in place and returns its Work. op "premul_sum" (allreduce,
+        reduce_scatter of floats) sums every rank's array multiplied by its
+        own `factor`.
         Blocked collectives (reduce_scatter, allgather, alltoall, gather,
         scatter) take an array of world_size equal blocks on every rank. `dtype` defaults to the array's."""
         self._live()
@@ -427,6 +430,9 @@ class Session(_Closable):
             raise error(3, f"gradsync: unknown collective '{kind}' ({', '.join(kinds)})")
         if op not in OPS:
             raise error(3, f"gradsync: unknown reduce op '{op}' ({', '.join(OPS)})")
+        if (op == "premul_sum") != (factor is not None):
+            raise error(3, "gradsync: reduce op premul_sum takes a factor (this rank's multiplier); "
+                           f"other ops take none (op '{op}', factor {factor})")
         spec = _capi.CollectiveSpec()
         lib = _capi.lib()
         lib.gs_collective_spec_init(ctypes.byref(spec))
@@ -451,13 +457,16 @@ class Session(_Closable):
         spec.algorithm = algorithm.encode() if algorithm else None
         spec.timeout_ms = _ms(timeout, 0)
         spec.tag = int(tag)
+        if factor is not None:
+            spec.premul_factor = float(factor)
         op_id = ctypes.c_uint64()
         with self._using() as handle:
             _check(lib.gs_submit(handle, ctypes.byref(spec), ctypes.byref(op_id)))
         return Work(self, op_id.value, kind, keep=array)
 
     def allreduce(self, array, op: str = "sum", **kw) -> Work:
-        """Every rank ends with the reduction (sum, avg, min, max, prod) of every rank's array."""
+        """Every rank ends with the reduction (sum, avg, min, max, prod; premul_sum with
+        factor=) of every rank's array."""
         return self.submit("allreduce", array, op=op, **kw)
 
     def reduce_scatter(self, array, op: str = "sum", **kw) -> Work:

@@ -20,6 +20,7 @@ TimeoutError whose text starts "Timed out"). See docs/python.md.
 """
 
 import datetime
+import hashlib
 import threading
 import time
 from typing import List, Optional
@@ -31,7 +32,8 @@ from . import _torch_compat as _compat
 from ._engine import Engine, check_device, gradsync_dtype
 from .errors import PENDING, GradsyncError, StillRunning
 
-__all__ = ["ProcessGroupGradsync", "HookState", "allreduce_hook", "monitored_barrier", "BACKEND"]
+__all__ = ["ProcessGroupGradsync", "HookState", "allreduce_hook", "monitored_barrier",
+           "premul_sum_all_reduce", "premul_sum_reduce_scatter", "BACKEND"]
 
 BACKEND = "gradsync"
 
@@ -41,7 +43,8 @@ def _op(reduce_op) -> str:
             return v
     if hasattr(dist.ReduceOp, "PREMUL_SUM") and reduce_op == dist.ReduceOp.PREMUL_SUM:
         raise ValueError(f"gradsync: PREMUL_SUM's factor is not readable from Python in torch "
-                         f"{torch.__version__}; scale the tensor and use SUM")
+                         f"{torch.__version__}; use gradsync.torch.premul_sum_all_reduce or "
+                         f"premul_sum_reduce_scatter")
     raise ValueError(f"gradsync: unsupported reduce op {reduce_op} (sum, avg, min, max, prod)")
 
 
@@ -212,7 +215,8 @@ class ProcessGroupGradsync(dist.ProcessGroup):
 
     # One tensor in place: allreduce and reduce in its dtype; broadcast as bytes
     # (any dtype: bool, int8, complex, ... move as they are).
-    def _in_place(self, kind: str, tensor: torch.Tensor, op: str = "sum", root: int = 0):
+    def _in_place(self, kind: str, tensor: torch.Tensor, op: str = "sum", root: int = 0,
+                  factor: Optional[float] = None):
         check_device(tensor)
         if tensor.numel() == 0:
             return _completed([tensor])
@@ -234,7 +238,7 @@ class ProcessGroupGradsync(dist.ProcessGroup):
                 tensor.copy_(result.view(tensor.shape))
             return [tensor]
         return _work(e.submit(kind, buf, dtype, n, finish, op=op, root=root, staged=[buf],
-                              device=tensor.device,
+                              device=tensor.device, factor=factor,
                               wrap=_profiling(_PROFILING_TITLES[kind], [tensor])))
 
     def allreduce(self, tensors, opts=None):
@@ -293,7 +297,7 @@ class ProcessGroupGradsync(dist.ProcessGroup):
     # daemon's layout); a non-root rank fills or reads only its own.
     def _blocked(self, kind: str, inputs: List[torch.Tensor], outputs: List[torch.Tensor],
                  op: str = "sum", keep_block: Optional[int] = None, title: Optional[str] = None,
-                 root: int = 0):
+                 root: int = 0, name: Optional[str] = None, factor: Optional[float] = None):
         n, me = self.size(), self.rank()
         rooted = kind in ("gather", "scatter")
         if rooted and not 0 <= root < n:
@@ -345,13 +349,46 @@ class ProcessGroupGradsync(dist.ProcessGroup):
                     get(j, t)
             return outputs
         return _work(e.submit(kind, buf, dtype, n * block, finish, op=op, root=root, staged=[buf],
-                              device=ref.device,
+                              device=ref.device, name=name, factor=factor,
                               wrap=_profiling(title or _PROFILING_TITLES[kind], list(inputs))))
 
     def allgather(self, output_tensors, input_tensors, opts=None):
         if len(output_tensors) != 1:
             raise ValueError(f"gradsync: one output list per call, got {len(output_tensors)}")
-        return self._blocked("allgather", _tensor_list(input_tensors), list(output_tensors[0]))
+        ins, outs = _tensor_list(input_tensors), list(output_tensors[0])
+        if (len(outs) == self.size() and outs[self.rank()].numel() == ins[0].numel()
+                and any(t.numel() != ins[0].numel() for t in outs)
+                and all(t.dtype == ins[0].dtype for t in outs)):
+            return self._allgatherv(ins[0], outs)
+        return self._blocked("allgather", ins, outs)
+
+    def _allgatherv(self, mine: torch.Tensor, outs: List[torch.Tensor]) -> "_Work":
+        """all_gather with a size per rank (output j sized as rank j's input,
+        as torch's API allows): one daemon allgather of blocks padded to the
+        largest output, each output read from its block's prefix. The op's
+        name carries a digest of the sizes, so ranks that disagree on them
+        fail it as a signature mismatch naming them."""
+        sizes = [t.numel() for t in outs]
+        block = max(sizes)
+        digest = hashlib.blake2s(repr(sizes).encode(), digest_size=8).hexdigest()
+        padded = torch.zeros(block, dtype=mine.dtype, device=mine.device)
+        padded[:mine.numel()].copy_(mine.reshape(-1))
+        blocks = [torch.empty(block, dtype=mine.dtype, device=mine.device) for _ in outs]
+        gathered = self._blocked("allgather", [padded], blocks,
+                                 name=f"all_gather sizes {digest}").get_future()
+        out = torch.futures.Future()
+
+        def unpad(_) -> None:
+            try:
+                gathered.value()
+            except Exception as e:  # the op's error, its class kept
+                out.set_exception(e)
+                return
+            for t, b in zip(outs, blocks):
+                t.copy_(b[:t.numel()].view(t.shape))
+            out.set_result(outs)
+        gathered.add_done_callback(unpad)
+        return _work(out)
 
     @staticmethod
     def _contiguous(t: torch.Tensor, what: str) -> torch.Tensor:
@@ -651,6 +688,52 @@ def monitored_barrier(group=None, timeout=None, wait_all_ranks: bool = False) ->
     if not isinstance(pg, ProcessGroupGradsync):
         return dist.monitored_barrier(group, timeout, wait_all_ranks)
     return pg.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)
+
+
+def _gradsync_group(group, what: str) -> Optional[ProcessGroupGradsync]:
+    """`group` (default: the default group) as a gradsync group; None for a
+    rank outside it; ValueError for another backend's."""
+    if group is not None and _compat.rank_not_in_group(group):
+        return None
+    pg = group if group is not None else _compat.default_group()
+    if not isinstance(pg, ProcessGroupGradsync):
+        raise ValueError(f"gradsync: {what} needs a gradsync process group, got "
+                         f"{type(pg).__name__}")
+    return pg
+
+
+def premul_sum_all_reduce(tensor: torch.Tensor, factor: float, group=None,
+                          async_op: bool = False):
+    """dist.all_reduce with PREMUL_SUM on a gradsync group: every rank's
+    `tensor` (a float dtype) multiplied by that rank's own `factor`, then
+    summed, in the daemon. torch 1.13 keeps the factor of
+    dist._make_nccl_premul_sum out of a Python backend's reach, so this is
+    how to ask for it. Returns the Work if async_op, else None."""
+    pg = _gradsync_group(group, "premul_sum_all_reduce")
+    if pg is None:
+        return None
+    work = pg._in_place("allreduce", _tensor_list(tensor)[0], "premul_sum",
+                        factor=float(factor))
+    if async_op:
+        return work
+    work.wait()
+    return None
+
+
+def premul_sum_reduce_scatter(output: torch.Tensor, input_list: List[torch.Tensor],
+                              factor: float, group=None, async_op: bool = False):
+    """dist.reduce_scatter with PREMUL_SUM on a gradsync group: `output`
+    gets the sum over ranks of input_list[rank] multiplied by each rank's
+    own `factor` (FSDP's pre-divided gradient reduction)."""
+    pg = _gradsync_group(group, "premul_sum_reduce_scatter")
+    if pg is None:
+        return None
+    work = pg._blocked("reduce_scatter", list(input_list), [output], "premul_sum",
+                       keep_block=pg.rank(), factor=float(factor))
+    if async_op:
+        return work
+    work.wait()
+    return None
 
 
 def _create(store, rank: int, size: int, timeout: datetime.timedelta) -> ProcessGroupGradsync:

@@ -91,6 +91,25 @@ class Collectives(unittest.TestCase):
                 for r in range(WORLD):
                     np.testing.assert_array_equal(out[r], want, err_msg=f"{dtype} {op} rank {r}")
 
+    def test_premul_sum_multiplies_each_ranks_array_by_its_own_factor(self):
+        count = 1001
+        factors = [0.5, -2.0, 0.25, 4.0][:WORLD]
+        for dtype in ["f32", "f64", "f16", "bf16"]:
+            def fn(r, s):
+                a = s.empty(count, np.uint16 if dtype == "bf16" else NP[dtype])
+                a[:] = as_dtype(data(dtype, count, r, "sum"), dtype)
+                s.allreduce(a, op="premul_sum", factor=factors[r], dtype=dtype).wait(30)
+                b = s.empty(count * WORLD, NP[dtype] if dtype != "bf16" else np.uint16)
+                b[:] = as_dtype(np.tile(data(dtype, count, r, "sum"), WORLD), dtype)
+                s.reduce_scatter(b, op="premul_sum", factor=factors[r], dtype=dtype).wait(30)
+                return from_dtype(a, dtype), from_dtype(b[r * count:(r + 1) * count], dtype)
+            out, errors = on_ranks(fn)
+            self.assertEqual(errors, [None] * WORLD, dtype)
+            want = sum(data(dtype, count, r, "sum") * factors[r] for r in range(WORLD))
+            for r in range(WORLD):
+                np.testing.assert_array_equal(out[r][0], want, err_msg=f"{dtype} rank {r}")
+                np.testing.assert_array_equal(out[r][1], want, err_msg=f"{dtype} rs rank {r}")
+
     def test_blocked_and_rooted_collectives(self):
         block = 50
 
@@ -198,7 +217,9 @@ class Errors(unittest.TestCase):
             for call in (lambda: s.allreduce(a, op="median"),
                          lambda: s.allreduce(np.zeros(10, np.float32)),
                          lambda: s.submit("allscatter", a),
-                         lambda: s.allgather(s.empty(WORLD * 3 + 1, np.float32))):
+                         lambda: s.allgather(s.empty(WORLD * 3 + 1, np.float32)),
+                         lambda: s.allreduce(a, op="premul_sum"),
+                         lambda: s.allreduce(s.empty(10, np.int32), op="premul_sum", factor=2)):
                 with self.assertRaises(gradsync.InvalidArgument) as cm:
                     call()
                 caught.append(str(cm.exception))
@@ -211,6 +232,8 @@ class Errors(unittest.TestCase):
         self.assertIn("does not lie in a buffer of this session", msgs[1])
         self.assertIn("unknown collective 'allscatter'", msgs[2])
         self.assertIn("equal blocks", msgs[3])
+        self.assertIn("reduce op premul_sum takes a factor", msgs[4])
+        self.assertIn("reduce op premul_sum needs a float dtype", msgs[5])
 
     def test_an_op_a_rank_never_submits_fails_naming_it(self):
         gave_up = threading.Event()

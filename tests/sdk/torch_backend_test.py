@@ -45,6 +45,22 @@ def worker():
                 want = [int(w) for w in want]
             got = t.double().tolist()
             assert got == [float(w) for w in want], (dt, op, got[:3], want[:3])
+    # PREMUL_SUM: each rank's tensor times its own factor, summed in the daemon
+    factors = [0.5, -2.0, 0.25]
+    for dt in (torch.float32, torch.bfloat16, torch.float64):
+        t = torch.tensor(vals(rank) * 5, dtype=dt)
+        gradsync.torch.premul_sum_all_reduce(t, factors[rank])
+        want = [sum(vals(r)[i] * factors[r] for r in range(world)) for i in range(3)] * 5
+        assert t.double().tolist() == want, (dt, t.tolist(), want)
+    o = torch.zeros(4)
+    gradsync.torch.premul_sum_reduce_scatter(
+        o, [torch.full((4,), float(10 * rank + j)) for j in range(world)], factors[rank])
+    assert o.tolist() == [sum((10 * q + rank) * factors[q] for q in range(world))] * 4, o
+    try:
+        dist.all_reduce(torch.ones(2), op=torch.distributed._make_nccl_premul_sum(2.0))
+        raise AssertionError("PREMUL_SUM through dist.all_reduce passed")
+    except ValueError as e:
+        assert "use gradsync.torch.premul_sum_all_reduce" in str(e), str(e)
     # broadcast, reduce
     b = torch.full((100,), float(rank), dtype=torch.float64)
     dist.broadcast(b, src=world - 1)
@@ -59,6 +75,19 @@ def worker():
     flat = torch.zeros(world * 4, dtype=torch.int32)
     dist.all_gather_into_tensor(flat, torch.full((4,), rank, dtype=torch.int32))
     assert flat.tolist() == sum(([q] * 4 for q in range(world)), []), flat
+    # ... with a size per rank (rank q gives 2q + 1 elements shaped (2q + 1, 1))
+    outs = [torch.full((2 * q + 1, 1), -1.0, dtype=torch.float64) for q in range(world)]
+    dist.all_gather(outs, torch.arange(2 * rank + 1, dtype=torch.float64).view(-1, 1) + 100 * rank)
+    assert [o.view(-1).tolist() for o in outs] == \
+        [[100.0 * q + k for k in range(2 * q + 1)] for q in range(world)], outs
+    # ... ranks disagreeing on the sizes: a signature mismatch naming them
+    sizes = [2 * q + 1 + (1 if rank == 2 and q == 0 else 0) for q in range(world)]
+    try:
+        dist.all_gather([torch.zeros(n) for n in sizes],
+                        torch.zeros(sizes[rank]))
+        raise AssertionError("all_gather with disagreeing sizes passed")
+    except gradsync.InvalidArgument as e:
+        assert "rank" in str(e) and "does not match" in str(e), str(e)
     # reduce_scatter (list and from one tensor)
     o = torch.zeros(6, dtype=torch.float32)
     dist.reduce_scatter(o, [torch.full((6,), float(10 * rank + j)) for j in range(world)])
