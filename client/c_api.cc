@@ -341,6 +341,17 @@ int gs_buffer_register_fd(gs_session* session, int fd, uint64_t offset, size_t b
   return GS_OK;
 }
 
+int gs_buffer_adopt(gs_session* session, void* ptr, size_t bytes, gs_buffer** out,
+                    size_t* offset_bytes) {
+  if (session == nullptr) return NullArg("gs_buffer_adopt", "session");
+  if (out == nullptr) return NullArg("gs_buffer_adopt", "out");
+  if (offset_bytes == nullptr) return NullArg("gs_buffer_adopt", "offset_bytes");
+  auto buffer = session->impl->AdoptMemory(ptr, bytes, offset_bytes);
+  if (!buffer.ok()) return Fail(buffer.status());
+  *out = new gs_buffer{std::move(*buffer)};
+  return GS_OK;
+}
+
 int gs_buffer_alloc_device(gs_session* session, size_t bytes, int cuda_device, gs_buffer** out) {
   if (session == nullptr) return NullArg("gs_buffer_alloc_device", "session");
   if (out == nullptr) return NullArg("gs_buffer_alloc_device", "out");

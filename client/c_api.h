@@ -180,6 +180,20 @@ int gs_buffer_alloc(gs_session* session, size_t bytes, gs_buffer** out);
  * a daemon reached over a unix socket. */
 int gs_buffer_register_fd(gs_session* session, int fd, uint64_t offset, size_t bytes,
                           gs_buffer** out);
+/* Hands memory this process got from malloc (posix_memalign, ...) to the
+ * daemon in place: the allocation `ptr` points to must be one glibc gave a
+ * mapping of its own (a large one, above its mmap threshold), and
+ * [ptr, ptr + bytes) inside it. Its pages become those of a sealed memfd
+ * registered as gs_buffer_register_fd does, with the same bytes at the same
+ * addresses; *out maps them too, the allocation starting *offset_bytes into
+ * it, so ops on *out at that offset read and write the allocation with no
+ * copy. No other thread may write the allocation during the call. The memory
+ * stays the caller's (free() releases it as before; it is shared with a
+ * child forked later; do not realloc it); free *out once the allocation is
+ * freed. GS_FAILED_PRECONDITION saying why for memory that cannot be shared
+ * in place (e.g. a small allocation on malloc's heap: copy it instead). */
+int gs_buffer_adopt(gs_session* session, void* ptr, size_t bytes, gs_buffer** out,
+                    size_t* offset_bytes);
 /* A device buffer of `bytes` (> 0) bytes in the memory of this process's CUDA
  * device `cuda_device`, allocated by the daemon and opened here by CUDA IPC:
  * gs_buffer_data is a device pointer. GS_FAILED_PRECONDITION naming why when

@@ -250,6 +250,22 @@ class Session {
   // (the range beyond the file's end, a read-only descriptor, ...).
   absl::StatusOr<std::unique_ptr<Buffer>> RegisterBuffer(int fd, size_t bytes, uint64_t offset = 0);
 
+  // Hands memory this process allocated with malloc (posix_memalign, ...) to
+  // the daemon in place, so ops on it copy nothing: the allocation that
+  // `ptr` heads must be one glibc gave a mapping of its own (a large one:
+  // client/malloc_mapping.h), [ptr, ptr + bytes) inside it. Its pages are
+  // replaced, at the same addresses and with the same bytes, by those of a
+  // sealed memfd registered as RegisterBuffer does; the returned buffer maps
+  // them too, the allocation starting `*offset` bytes into it. No other
+  // thread may write the allocation during the call. Afterwards it is
+  // ordinary memory of the process again, except that it is shared (a child
+  // forked later shares it instead of copying it): free() unmaps it as
+  // before, while the buffer's pages live until FreeBuffer (the caller frees
+  // the buffer once the allocation is gone). Do not realloc it.
+  // FailedPrecondition saying why for memory that cannot be shared in place
+  // (a heap allocation; the caller then copies), and RegisterBuffer's errors.
+  absl::StatusOr<std::unique_ptr<Buffer>> AdoptMemory(void* ptr, size_t bytes, size_t* offset);
+
   // Asks the daemon for a buffer of `bytes` (> 0) in the memory of this
   // process's CUDA device `cuda_device` and opens it here (CUDA IPC): data()
   // is a device pointer. The daemon runs ops on it, staging it through host

@@ -4,9 +4,12 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <cstring>
+
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/client.h"
+#include "client/malloc_mapping.h"
 #include "client/op_channel.h"
 #include "common/net.h"
 #include "common/status_macros.h"
@@ -78,6 +81,54 @@ absl::StatusOr<std::unique_ptr<Buffer>> Session::RegisterBuffer(int fd, size_t b
   }
   return std::unique_ptr<Buffer>(
       new Buffer(id_, response->buffer_id, absl::StrCat("fd ", fd), data, bytes));
+}
+
+absl::StatusOr<std::unique_ptr<Buffer>> Session::AdoptMemory(void* ptr, size_t bytes,
+                                                             size_t* offset) {
+  RETURN_IF_ERROR(CheckOpen());
+  if (offset == nullptr) return absl::InvalidArgumentError("AdoptMemory: offset is null");
+  ASSIGN_OR_RETURN(const MallocMapping m, MallocMappingOf(ptr, bytes));
+  const int fd = ::memfd_create("gradsync-adopted", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) {
+    const int err = errno;
+    return absl::Status(absl::ErrnoToStatusCode(err),
+                        absl::StrCat("AdoptMemory: memfd_create: ", ErrnoString(err)));
+  }
+  // The allocation's bytes into the file, then the file registered, then its
+  // pages mapped over the allocation's (MAP_FIXED replaces them atomically).
+  absl::Status s;
+  if (::ftruncate(fd, static_cast<off_t>(m.length)) != 0) {
+    const int err = errno;
+    s = absl::Status(absl::ErrnoToStatusCode(err), absl::StrCat("AdoptMemory: ftruncate: ",
+                                                                ErrnoString(err)));
+  }
+  for (size_t done = 0; s.ok() && done < m.length;) {
+    const ssize_t n = ::pwrite(fd, m.start + done, m.length - done, static_cast<off_t>(done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = n < 0 ? errno : EIO;
+      s = absl::Status(absl::ErrnoToStatusCode(err),
+                       absl::StrCat("AdoptMemory: copying the allocation into its memfd: ",
+                                    ErrnoString(err)));
+      break;
+    }
+    done += static_cast<size_t>(n);
+  }
+  absl::StatusOr<std::unique_ptr<Buffer>> buffer =
+      s.ok() ? RegisterBuffer(fd, m.length, 0) : absl::StatusOr<std::unique_ptr<Buffer>>(s);
+  if (buffer.ok()) {
+    void* at = ::mmap(m.start, m.length, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0);
+    if (at != m.start) {
+      const int err = errno;
+      FreeBuffer(std::move(*buffer)).IgnoreError();
+      buffer = absl::Status(absl::ErrnoToStatusCode(err),
+                            absl::StrCat("AdoptMemory: cannot map the memfd over the allocation: ",
+                                         ErrnoString(err)));
+    }
+  }
+  ::close(fd);  // the mappings (this process's two, the daemon's) keep the file
+  if (buffer.ok()) *offset = static_cast<size_t>(static_cast<char*>(ptr) - m.start);
+  return buffer;
 }
 
 }  // namespace client

@@ -7,10 +7,12 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "cli/local_cluster.h"
@@ -98,6 +100,74 @@ TEST_F(ExternalMemory, RegisteredMemfdsAllreduceInPlace) {
     }
     absl::Status freed = s.FreeBuffer(std::move(*buf));
     if (!freed.ok()) return fail(absl::StrCat("FreeBuffer: ", freed.ToString()));
+  });
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+  for (auto& r : *job) EXPECT_TRUE(r.session->Close().ok());
+}
+
+// Memory from malloc, handed over in place (AdoptMemory): each rank fills a
+// large allocation, adopts it, and allreduces it twice; the results appear at
+// the allocation's own addresses (bit-exact), its bytes outside the op are
+// kept, and free() still releases it. A small (heap) allocation is refused
+// saying why, and nothing of it changes.
+TEST_F(ExternalMemory, AdoptedMallocMemoryAllreducesInPlace) {
+  auto job = OpenJob(*cluster_, "external-adopt", testing::FirstN(2));
+  ASSERT_TRUE(job.ok()) << job.status();
+  const size_t count = (40u << 20) / sizeof(float) + 3;  // above glibc's largest mmap threshold
+  const size_t bytes = count * sizeof(float);
+  std::vector<std::vector<char>> in(2);
+  for (int r = 0; r < 2; ++r) in[r] = testing::RandomData(DType::kF32, count - 1, r, 11);
+  const std::vector<char> once =
+      testing::RingOrderReference(in, DType::kF32, ReduceOp::kSum, count - 1);
+  const std::vector<char> twice =
+      testing::RingOrderReference({once, once}, DType::kF32, ReduceOp::kSum, count - 1);
+  std::vector<std::string> errors(2);
+  OnEveryRank(2, [&](int r) {
+    auto fail = [&](const std::string& what) { errors[r] = what; };
+    client::Session& s = *(*job)[r].session;
+    void* mem = nullptr;
+    if (::posix_memalign(&mem, 64, bytes) != 0) return fail("posix_memalign failed");
+    float* f = static_cast<float*>(mem);
+    f[0] = 1234.5f;  // before the op's range: must survive the adoption
+    std::memcpy(f + 1, in[r].data(), in[r].size());
+    size_t offset = 0;
+    auto buf = s.AdoptMemory(mem, bytes, &offset);
+    if (!buf.ok()) return fail(absl::StrCat("AdoptMemory: ", buf.status().ToString()));
+    if (offset + bytes > (*buf)->size()) return fail("the allocation is not inside the buffer");
+    if (f[0] != 1234.5f || std::memcmp(f + 1, in[r].data(), in[r].size()) != 0) {
+      return fail("adopting changed the allocation's bytes");
+    }
+    for (const std::vector<char>* want : {&once, &twice}) {
+      client::CollectiveSpec spec;
+      spec.buffer = buf->get();
+      spec.offset_bytes = offset + sizeof(float);
+      spec.count = count - 1;
+      spec.dtype = DType::kF32;
+      spec.op = ReduceOp::kSum;
+      spec.name = want == &once ? "adopt.1" : "adopt.2";
+      spec.algorithm = "ring";
+      auto res = s.Run(spec);
+      if (!res.ok()) return fail(absl::StrCat(spec.name, ": ", res.status().ToString()));
+      if (std::memcmp(f + 1, want->data(), want->size()) != 0) {
+        return fail(absl::StrCat(spec.name, ": the allocation's bytes differ from the reference"));
+      }
+    }
+    if (f[0] != 1234.5f) return fail("the op wrote outside its range");
+    ::free(mem);  // unmaps the allocation's (now shared) pages
+    absl::Status freed = s.FreeBuffer(std::move(*buf));
+    if (!freed.ok()) return fail(absl::StrCat("FreeBuffer: ", freed.ToString()));
+    std::vector<char> small(100, 7);
+    char* heap = static_cast<char*>(::malloc(small.size()));
+    std::memcpy(heap, small.data(), small.size());
+    auto refused = s.AdoptMemory(heap, small.size(), &offset);
+    const bool said_why =
+        !refused.ok() && refused.status().code() == absl::StatusCode::kFailedPrecondition &&
+        absl::StrContains(refused.status().message(),
+                          "cannot be shared in place: malloc placed it among other allocations");
+    const bool kept = std::memcmp(heap, small.data(), small.size()) == 0;
+    ::free(heap);
+    if (!said_why) return fail(absl::StrCat("a heap allocation: ", refused.status().ToString()));
+    if (!kept) return fail("a refused adoption changed the memory");
   });
   for (int r = 0; r < 2; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
   for (auto& r : *job) EXPECT_TRUE(r.session->Close().ok());

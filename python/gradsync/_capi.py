@@ -112,6 +112,7 @@ def _declare(l):
         "gs_session_close": (c_int, [c_void_p]),
         "gs_buffer_alloc": (c_int, [c_void_p, c_size_t, P(c_void_p)]),
         "gs_buffer_register_fd": (c_int, [c_void_p, c_int, c_uint64, c_size_t, P(c_void_p)]),
+        "gs_buffer_adopt": (c_int, [c_void_p, c_void_p, c_size_t, P(c_void_p), P(c_size_t)]),
         "gs_buffer_alloc_device": (c_int, [c_void_p, c_size_t, c_int, P(c_void_p)]),
         "gs_buffer_register_device": (c_int, [c_void_p, c_void_p, c_size_t, P(c_void_p)]),
         "gs_buffer_cuda_device": (c_int, [c_void_p]),

@@ -17,8 +17,9 @@ from typing import Callable, Deque, Dict, List, Optional, Tuple
 
 import torch
 
+from . import _torch_compat as _compat
 from .errors import GradsyncError
-from .session import Client, Session, Work
+from .session import Buffer, Client, Session, Work
 
 _TORCH_DTYPES = {torch.float32: "f32", torch.float64: "f64", torch.float16: "f16",
                  torch.bfloat16: "bf16", torch.int32: "i32", torch.int64: "i64",
@@ -112,6 +113,13 @@ class Engine:
             job, world_size, rank=rank, timeout=max(timeout_s, MIN_RENDEZVOUS_S),
             algorithm=algorithm, timeline=timeline,
             client_name=f"torch rank {rank} pid {os.getpid()}")
+        # Storages shared in place (adopted), by their data pointer: (weak
+        # reference, buffer, offset of the storage in it); and the data
+        # pointers of storages that cannot be (weak reference).
+        self._adopted: Dict[int, Tuple[int, Buffer, int]] = {}
+        self._unadoptable: Dict[int, int] = {}
+        self._adopt_lock = threading.Lock()
+        self._adopt = os.environ.get("GRADSYNC_TORCH_ADOPT", "1") != "0"
         self._pool: Dict[int, List] = collections.defaultdict(list)
         self._pool_lock = threading.Lock()
         self._pooled_bytes = 0  # in _pool
@@ -171,6 +179,50 @@ class Engine:
                 self._pooled_bytes += size
                 return
         buf.free()
+
+    # Adoption: a large CPU tensor's storage handed to the daemon in place
+    # (Session.adopt: its pages become shared memory at the same addresses,
+    # with the same bytes), so ops on it copy nothing in or out. Once per
+    # storage (that first time costs one copy of it); its buffer is freed
+    # once torch freed the storage (checked at every lookup).
+    # $GRADSYNC_TORCH_ADOPT=0 turns it off (every op stages).
+    ADOPT_MIN_BYTES = 1 << 20
+
+    def adopted(self, t: torch.Tensor) -> Optional[Tuple[Buffer, int]]:
+        """(buffer, byte offset of t's first element in it) for a contiguous
+        CPU tensor whose storage is (now) shared in place; None when it
+        cannot be (a small or heap allocation, a daemon without an fd
+        socket, ...): stage it then."""
+        nbytes = t.numel() * t.element_size()
+        if not self._adopt or t.device.type != "cpu" or not t.is_contiguous() or \
+                nbytes < self.ADOPT_MIN_BYTES:
+            return None
+        storage = _compat.storage_of(t)
+        base = storage.data_ptr()
+        with self._adopt_lock:
+            self._sweep_adopted()
+            entry = self._adopted.get(base)
+            if entry is None and base not in self._unadoptable:
+                try:
+                    buf, offset = self.session.adopt(base, storage.nbytes())
+                except GradsyncError:  # FailedPrecondition (not its own mapping), no fd socket...
+                    self._unadoptable[base] = _compat.storage_ref(storage)
+                    return None
+                entry = (_compat.storage_ref(storage), buf, offset)
+                self._adopted[base] = entry
+        if entry is None:
+            return None
+        return entry[1], entry[2] + (t.data_ptr() - base)
+
+    def _sweep_adopted(self) -> None:
+        """Forgets storages torch freed (with _adopt_lock held); a buffer is
+        released with its last reference (a running op's Work holds one)."""
+        for table in (self._adopted, self._unadoptable):
+            for base, entry in list(table.items()):
+                ref = entry[0] if isinstance(entry, tuple) else entry
+                if _compat.storage_expired(ref):
+                    del table[base]
+                    _compat.free_storage_ref(ref)
 
     def view(self, buf, dtype: torch.dtype, count: int) -> torch.Tensor:
         return buf.torch(dtype, count)

@@ -17,6 +17,11 @@ a newer torch changes these first.
   * monitored_barrier: 1.13's dist.monitored_barrier refuses every backend but
     gloo, so gradsync offers gradsync.torch.monitored_barrier; a newer torch
     calls the group's own monitored_barrier method, which the backend has.
+  * storages (`storage_of`, `storage_ref`, `storage_expired`,
+    `free_storage_ref`): a tensor's untyped storage (1.13: TypedStorage's
+    _untyped(); 2.x: Tensor.untyped_storage()) and its weak references
+    (UntypedStorage._weak_ref / _expired / _free_weak_ref, what
+    torch.multiprocessing uses), for the storages shared in place.
 """
 
 import torch
@@ -65,3 +70,23 @@ def group_ranks(pg):
 
 def rank_not_in_group(group) -> bool:
     return c10d._rank_not_in_group(group)
+
+
+def storage_of(t: torch.Tensor):
+    """The untyped storage holding `t`'s elements."""
+    if hasattr(t, "untyped_storage"):
+        return t.untyped_storage()
+    return t.storage().untyped()
+
+
+def storage_ref(storage) -> int:
+    """A weak reference to `storage` (free it with free_storage_ref)."""
+    return storage._weak_ref()
+
+
+def storage_expired(ref: int) -> bool:
+    return torch.UntypedStorage._expired(ref)
+
+
+def free_storage_ref(ref: int) -> None:
+    torch.UntypedStorage._free_weak_ref(ref)

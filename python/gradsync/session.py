@@ -346,6 +346,22 @@ class Session(_Closable):
                                                      ctypes.byref(out)))
         return self._add(Buffer(self, out.value))
 
+    def adopt(self, address: int, nbytes: int) -> Tuple[Buffer, int]:
+        """Hands `nbytes` at `address` of memory this process got from malloc
+        (a large allocation glibc gave a mapping of its own, e.g. a big torch
+        CPU tensor's storage; `address` where the allocation starts) to the
+        daemon in place: (buffer, offset), the allocation starting `offset`
+        bytes into the buffer, whose pages are now the allocation's, so ops
+        on the buffer read and write it with no copy. No other thread may
+        write it during the call; free the buffer once the allocation is
+        gone. FailedPrecondition saying why for memory that cannot be shared
+        in place (copy it instead)."""
+        out, offset = ctypes.c_void_p(), ctypes.c_size_t()
+        with self._using() as handle:
+            _check(_capi.lib().gs_buffer_adopt(handle, ctypes.c_void_p(int(address)), int(nbytes),
+                                               ctypes.byref(out), ctypes.byref(offset)))
+        return self._add(Buffer(self, out.value)), offset.value
+
     def alloc_device(self, nbytes: int, cuda_device: int = 0) -> Buffer:
         """A new buffer of at least `nbytes` bytes in the memory of this
         process's CUDA device `cuda_device`, allocated by the daemon (shared

@@ -225,6 +225,10 @@ class ProcessGroupGradsync(dist.ProcessGroup):
         if not as_bytes:
             gradsync_dtype(tensor)
         e = self._engine
+        if kind == "allreduce":
+            work = self._allreduce_adopted(tensor, op, factor)
+            if work is not None:
+                return work
         n = tensor.numel() * tensor.element_size() if as_bytes else tensor.numel()
         buf = e.stage(tensor.numel() * tensor.element_size(), tensor.device)
         staging = e.view(buf, dtype, n)
@@ -240,6 +244,20 @@ class ProcessGroupGradsync(dist.ProcessGroup):
         return _work(e.submit(kind, buf, dtype, n, finish, op=op, root=root, staged=[buf],
                               device=tensor.device, factor=factor,
                               wrap=_profiling(_PROFILING_TITLES[kind], [tensor])))
+
+    def _allreduce_adopted(self, tensor: torch.Tensor, op: str,
+                           factor: Optional[float]) -> Optional["_Work"]:
+        """The allreduce in place on the tensor's own memory, shared with the
+        daemon (Engine.adopted); None where it is not (then it stages)."""
+        e = self._engine
+        found = e.adopted(tensor)
+        if found is None or found[1] % tensor.element_size():
+            return None
+        buf, offset = found
+        return _work(e.submit("allreduce", buf, tensor.dtype, tensor.numel(), lambda: [tensor],
+                              op=op, offset=offset // tensor.element_size(), factor=factor,
+                              device=tensor.device,
+                              wrap=_profiling("all_reduce", [tensor])))
 
     def allreduce(self, tensors, opts=None):
         opts = opts or dist.AllreduceOptions()
@@ -813,21 +831,30 @@ def allreduce_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.F
     """DDP comm hook: averages the bucket's gradients over the ranks through
     gradsync (avg: one division at the end, so every rank gets the same bits).
     Buckets are submitted as DDP hands them over, during the backward pass.
-    The future's tensor is the staging buffer itself: DDP copies the result
-    from it into the gradients (one copy out, not two); the buffer goes back
-    to the pool when the next step's first bucket comes, DDP being done with
-    it by then (it reads every result before backward() returns)."""
+    A CPU bucket large enough to have pages of its own is shared with the
+    daemon in place (Engine.adopted) and reduced there with no copy; the
+    future's tensor is the bucket itself. Otherwise the bucket is staged and
+    the future's tensor is the staging buffer: DDP copies the result from it
+    into the gradients (one copy out, not two); the buffer goes back to the
+    pool when the next step's first bucket comes, DDP being done with it by
+    then (it reads every result before backward() returns)."""
     tensor = bucket.buffer()
     e = state.engine
     if bucket.index() == 0:  # a new step: the last one's results were read
         state._release_held()
     n = tensor.numel()
-    buf = e.stage(n * tensor.element_size(), tensor.device)
-    staging = e.view(buf, tensor.dtype, n)
-    staging.copy_(tensor)
     state.buckets += 1
     if state.trace is not None:
         state.trace.append((bucket.index(), time.perf_counter(), n * tensor.element_size()))
+    found = e.adopted(tensor)
+    if found is not None and found[1] % tensor.element_size() == 0:
+        # The bucket's own memory, shared with the daemon: reduced in place.
+        return e.submit("allreduce", found[0], tensor.dtype, n, lambda: tensor, op="avg",
+                        name=f"bucket{bucket.index()}", offset=found[1] // tensor.element_size(),
+                        device=tensor.device)
+    buf = e.stage(n * tensor.element_size(), tensor.device)
+    staging = e.view(buf, tensor.dtype, n)
+    staging.copy_(tensor)
 
     def finish():
         state._hold(buf)  # only an op that ended: a buffer still in use is never reused

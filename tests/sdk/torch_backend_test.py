@@ -198,8 +198,47 @@ def worker():
         raise AssertionError("reduce_scatter with 1 of 3 inputs accepted")
     except ValueError as err:
         assert "takes 3 input" in str(err), err
-    # Two DDP hook states in one process get jobs of their own.
+    # Large CPU tensors are shared with the daemon in place (no staging): a
+    # view at an offset into a 36 MiB storage (above glibc's largest mmap
+    # threshold), exact, the elements outside the view untouched.
     import gradsync.torch as gt
+    pg = dist.distributed_c10d._get_default_group()
+    big = (torch.arange(9 << 20) % 1024).float() + rank  # small integers: exact sums
+    part = big[5:(8 << 20) + 5]
+    dist.all_reduce(part)
+    want_part = (torch.arange(5, (8 << 20) + 5) % 1024).float() * world + sum(range(world))
+    assert torch.equal(part, want_part), (part[:3], want_part[:3])
+    assert big[:5].tolist() == [float(k + rank) for k in range(5)], big[:5]
+    assert big[(8 << 20) + 5:].eq((torch.arange((8 << 20) + 5, 9 << 20) % 1024).float()
+                                  + rank).all()
+    assert len(pg._engine._adopted) >= 1, "a 36 MiB storage was staged, not adopted"
+    del big, part
+    # ... and so are DDP's buckets through the hook: a 36 MiB layer, its
+    # gradient averaged over the ranks (every rank computes every rank's
+    # local gradient to check it, within float rounding of the sum's order).
+    torch.manual_seed(5)
+    layer = torch.nn.Linear(3000, 3000, bias=False)
+    xs = [torch.randn(2, 3000, generator=torch.Generator().manual_seed(100 + q))
+          for q in range(world)]
+    local = []
+    for x in xs:
+        layer.zero_grad()
+        layer(x).square().sum().backward()
+        local.append(layer.weight.grad.clone())
+    want_grad = sum(local) / world
+    ddp = torch.nn.parallel.DistributedDataParallel(layer)
+    hook = gt.HookState(timeout=30)
+    ddp.register_comm_hook(hook, gt.allreduce_hook)
+    for _ in range(2):  # DDP rebuilds its buckets after the first step
+        layer.zero_grad()
+        ddp(xs[rank]).square().sum().backward()
+        err = (layer.weight.grad - want_grad).abs().max().item()
+        assert err <= 1e-5 * want_grad.abs().max().item(), err
+    assert len(hook.engine._adopted) >= 1, "DDP's 36 MiB bucket was staged, not adopted"
+    hook.close()
+    del ddp, layer
+    dist.barrier()
+    # Two DDP hook states in one process get jobs of their own.
     h1, h2 = gt.HookState(timeout=30), gt.HookState(timeout=30)
     assert h1.engine.session.job != h2.engine.session.job
     h1.close()
