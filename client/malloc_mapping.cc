@@ -1,5 +1,6 @@
 #include "client/malloc_mapping.h"
 
+#include <dlfcn.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -57,6 +58,20 @@ constexpr size_t kIsMmapped = 0x2;
 constexpr size_t kNonMainArena = 0x4;
 constexpr size_t kFlagBits = 0x7;
 
+// Whether malloc is glibc's own: another allocator (jemalloc, tcmalloc, a
+// sanitizer's) lays out no glibc header to read.
+bool MallocIsGlibcs() {
+  static const bool glibc = [] {
+    void* libc = ::dlopen("libc.so.6", RTLD_NOW | RTLD_NOLOAD);
+    if (libc == nullptr) return false;
+    const bool same = ::dlsym(libc, "malloc") == ::dlsym(RTLD_DEFAULT, "malloc") &&
+                      ::dlsym(libc, "posix_memalign") == ::dlsym(RTLD_DEFAULT, "posix_memalign");
+    ::dlclose(libc);
+    return same;
+  }();
+  return glibc;
+}
+
 }  // namespace
 
 absl::StatusOr<MallocMapping> MallocMappingOf(const void* ptr, size_t bytes,
@@ -68,6 +83,10 @@ absl::StatusOr<MallocMapping> MallocMappingOf(const void* ptr, size_t bytes,
                      "place: ", why));
   };
   if (ptr == nullptr || bytes == 0) return refuse("no memory");
+  if (!MallocIsGlibcs()) {
+    return refuse("malloc in this process is not glibc's (another allocator or a sanitizer's "
+                  "is linked in)");
+  }
   if (p % alignof(std::max_align_t) != 0 || p < kHeaderBytes) {
     return refuse("not a pointer malloc returned (misaligned)");
   }

@@ -28,7 +28,8 @@ struct MallocMapping {
 };
 
 // The mapping of the glibc allocation that `ptr` (a pointer malloc,
-// posix_memalign or aligned_alloc returned) heads, checked against
+// posix_memalign or aligned_alloc returned) heads (refused where malloc is
+// not glibc's, e.g. jemalloc or a sanitizer's), checked against
 // `proc_maps` (the text of /proc/self/maps) to cover [ptr, ptr + bytes) and
 // to be private anonymous read-write memory that is neither the heap nor a
 // stack. FailedPrecondition saying why otherwise (a heap allocation, memory
