@@ -11,9 +11,11 @@
 The daemon is $GRADSYNC_DAEMON (or entry $LOCAL_RANK of $GRADSYNC_DAEMONS),
 default unix:/run/gradsync/gradsyncd.sock. Ranks agree on a gradsync job id
 through the process group's c10d store. CPU and CUDA tensors of f32, f64, f16,
-bf16, i32, i64 and u8. Each op is staged through a pooled buffer (one copy in,
-one copy out): shared memory for CPU tensors, a device buffer on the tensor's
-GPU for CUDA tensors (where the installed torch has CUDA); it completes on a
+bf16, i32, i64 and u8. A large CPU tensor's all_reduce runs on its own
+memory, shared with the daemon in place (DDP's buckets too); every other op is
+staged through a pooled buffer (one copy in, one copy out): shared memory for
+CPU tensors, a device buffer on the tensor's GPU for CUDA tensors (where the
+installed torch has CUDA). An op completes on a
 progress thread; errors (which rank, which op) surface from Work.wait() as
 gradsync.GradsyncError subclasses (RuntimeErrors; a timeout is also a
 TimeoutError whose text starts "Timed out"). See docs/python.md.
