@@ -16,11 +16,26 @@ difference: the step time gradient sync adds, overlap included.
 daemon combines them in memory); --layout network gives each rank its own
 gradsyncd (the daemons exchange over TCP loopback, like gloo).
 
+--link RATE (e.g. 1gbit) runs the ranks on two "hosts" instead: network
+namespaces joined by a veth pair shaped to RATE each way with tbf
+(bench/netns_link.py; needs root). The first half of the ranks run on host A,
+the rest on host B (ip netns exec). --layout node then means one gradsyncd per
+host, network one per rank; the coordinator runs on host A, and this script
+starts it and the daemons itself (plaintext, no tenants: `gradsync cluster`
+only serves loopback), from --coordinator_bin and --daemon_bin. gloo's
+MASTER_ADDR is host A and GLOO_SOCKET_IFNAME the rank's veth, so its traffic
+crosses the same link. Traffic between ranks of one host stays on that
+host's loopback, as on real hosts. Each run reports (stderr) the bytes that
+crossed the link each way.
+
     python3 bench/ddp_step_bench.py --ranks 2,4 --layout node,network
+    python3 bench/ddp_step_bench.py --link 1gbit --ranks 2,4 --layout node,network   # as root
 """
 
 import argparse
+import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -28,6 +43,8 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from netns_link import DEFAULT_BURST, DEFAULT_LATENCY, NetnsLink  # noqa: E402
 
 
 def free_port():
@@ -112,23 +129,124 @@ def start_cluster(gradsync, daemons, tmp):
     return p, env
 
 
-def run(a, mode, ranks, extra_env):
+def host_of(rank, ranks):
+    """--link: the host (0 = A, 1 = B) of `rank`: the first half of the ranks on A."""
+    return 0 if rank < (ranks + 1) // 2 else 1
+
+
+class LinkCluster:
+    """--link: a coordinator on host A and gradsyncds on the hosts `daemon_hosts`
+    (one entry per daemon), each listening on its host's address; clients reach
+    daemon i at self.targets[i] (a unix socket: not network-namespaced)."""
+
+    def __init__(self, a, link, daemon_hosts, tmp):
+        self.procs, self.logs = [], []
+        self.dir = tempfile.mkdtemp(prefix="link-", dir=tmp)
+        deadline = time.monotonic() + 30
+        try:
+            cport = self._start(a.coordinator_bin, link, 0, "coordinator", [
+                f"--listen={link.ip[0]}:0", f"--metrics_listen={link.ip[0]}:0"], deadline)
+            self.targets = []
+            for i, h in enumerate(daemon_hosts):
+                self.targets.append(f"unix:{self.dir}/daemon{i}.sock")
+                ip = link.ip[h]
+                self._spawn(a.daemon_bin, link, h, f"daemon{i}", [
+                    f"--listen={self.targets[i]}", f"--coordinator={link.ip[0]}:{cport}",
+                    f"--data_listen={ip}:0", f"--metrics_listen={ip}:0", f"--status_listen={ip}:0",
+                    "--drain_timeout_ms=1000", f"--timeline_dir={self.dir}/timeline",
+                    f"--node_id=host{'AB'[h]}-{i}"])
+            for i in range(len(daemon_hosts)):
+                self._wait_port(i + 1, deadline)
+        except BaseException:
+            self.print_logs()
+            self.stop()
+            raise
+
+    def _spawn(self, binary, link, host, name, args):
+        log = os.path.join(self.dir, name + ".log")
+        with open(log, "w") as f:
+            self.procs.append(subprocess.Popen(
+                link.exec_prefix(host) + [binary, "--insecure", f"--port_file={log[:-4]}.port"] + args,
+                stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
+        self.logs.append(log)
+
+    def _start(self, binary, link, host, name, args, deadline):
+        self._spawn(binary, link, host, name, args)
+        return self._wait_port(len(self.procs) - 1, deadline)
+
+    def _wait_port(self, i, deadline):
+        """The port in the first line of process i's port file, once it serves."""
+        path = self.logs[i][:-4] + ".port"
+        while time.monotonic() < deadline:
+            if self.procs[i].poll() is not None:
+                sys.exit(f"ddp_step_bench: {self.logs[i][:-4]} exited ({self.procs[i].returncode}) "
+                         f"before serving")
+            try:
+                with open(path) as f:
+                    first = f.readline().strip()
+                if first.isdigit():
+                    return int(first)
+            except FileNotFoundError:
+                pass
+            time.sleep(0.05)
+        sys.exit(f"ddp_step_bench: no {path} within 30 s")
+
+    def print_logs(self, lines=20):
+        for log in self.logs:
+            with open(log, errors="replace") as f:
+                tail = f.readlines()[-lines:]
+            print(f"--- last {len(tail)} lines of {log}", file=sys.stderr)
+            sys.stderr.write("".join(tail))
+
+    def stop(self):
+        stop_all(self.procs)
+
+
+def stop_all(procs, grace=30):
+    """SIGTERM to every process still running, SIGKILL to those that outlast `grace` s."""
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    end = time.monotonic() + grace
+    for p in procs:
+        try:
+            p.wait(max(0.1, end - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def run(a, mode, ranks, extra_env, link=None):
+    """Runs `mode` on `ranks` ranks; extra_env: variables for every rank (a dict)
+    or for each (a list of dicts). With `link`, each rank runs in its host's
+    namespace."""
     port = free_port()
     procs = []
-    for r in range(ranks):
-        env = {k: v for k, v in os.environ.items() if k not in ("GRADSYNC_DAEMON", "GRADSYNC_DAEMONS")}
-        env.update(extra_env, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(ranks),
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--mode", mode]
-        for k in ("inputs", "hidden", "batch", "bucket_mb", "steps", "warmup"):
-            cmd += [f"--{k}", str(getattr(a, k))]
-        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True))
-    out = ""
-    for p in procs:
-        o, _ = p.communicate(timeout=3600)
-        out += o
-        if p.returncode != 0:
-            sys.exit(f"ddp_step_bench: {mode} at {ranks} ranks failed")
+    try:
+        for r in range(ranks):
+            env = {k: v for k, v in os.environ.items()
+                   if k not in ("GRADSYNC_DAEMON", "GRADSYNC_DAEMONS", "GRADSYNC_TENANT_TOKEN")}
+            env.update(extra_env[r] if isinstance(extra_env, list) else extra_env, RANK=str(r),
+                       LOCAL_RANK=str(r), WORLD_SIZE=str(ranks), MASTER_ADDR="127.0.0.1",
+                       MASTER_PORT=str(port))
+            prefix = []
+            if link is not None:
+                # The store on host A (rank 0); gloo's pairs on the rank's own veth address.
+                host = host_of(r, ranks)
+                env.update(MASTER_ADDR=link.ip[0], GLOO_SOCKET_IFNAME=link.dev[host])
+                prefix = link.exec_prefix(host)
+            cmd = prefix + [sys.executable, os.path.abspath(__file__), "--worker", "--mode", mode]
+            for k in ("inputs", "hidden", "batch", "bucket_mb", "steps", "warmup"):
+                cmd += [f"--{k}", str(getattr(a, k))]
+            procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True))
+        out = ""
+        for p in procs:
+            o, _ = p.communicate(timeout=3600)
+            out += o
+            if p.returncode != 0:
+                sys.exit(f"ddp_step_bench: {mode} at {ranks} ranks failed")
+    finally:
+        stop_all(procs, grace=5)  # after a failure, the ranks still waiting for it
     for line in out.splitlines():
         if line.startswith("OVERLAP"):
             print(f"# {ranks} ranks, hook: {line[len('OVERLAP '):]}", file=sys.stderr)
@@ -148,39 +266,76 @@ def main():
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--gradsync", default=os.path.join(HERE, "..", "bazel-bin", "cli", "gradsync"))
+    ap.add_argument("--link", metavar="RATE",
+                    help="run on two network namespaces joined by a link of RATE (tc syntax: 1gbit)")
+    ap.add_argument("--link_burst", default=DEFAULT_BURST, help="--link: tbf burst")
+    ap.add_argument("--link_latency", default=DEFAULT_LATENCY, help="--link: tbf latency")
+    ap.add_argument("--coordinator_bin",
+                    default=os.path.join(HERE, "..", "bazel-bin", "server", "gradsync-coordinator"))
+    ap.add_argument("--daemon_bin", default=os.path.join(HERE, "..", "bazel-bin", "worker", "gradsyncd"))
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--mode", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.worker:
         return worker(a)
     tmp = tempfile.mkdtemp(prefix="ddp_bench-")
+    if a.link:
+        # SIGTERM unwinds like Ctrl-C, so the processes and namespaces are cleaned up.
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    with NetnsLink(a.link, a.link_burst, a.link_latency) if a.link else contextlib.nullcontext() as link:
+        rows = bench_all(a, tmp, link)
+    print_table(a, rows, link)
+
+
+def bench_all(a, tmp, link):
     rows = []
     for ranks in [int(r) for r in a.ranks.split(",")]:
+        if link is not None and ranks < 2:
+            sys.exit("ddp_step_bench: --link needs at least 2 ranks (one per host)")
         for layout in a.layout.split(","):
-            clusters = []
+            loopback = cluster = None  # `gradsync cluster` process, or LinkCluster
             try:
-                if layout == "node":
-                    p, env = start_cluster(a.gradsync, 1, tmp)
-                    extra = {"GRADSYNC_DAEMON": env["GRADSYNC_DAEMON_0"]}
+                if link is not None:
+                    # node: one daemon per host, each rank on its host's; network: one per rank.
+                    hosts = [host_of(r, ranks) for r in range(ranks)]
+                    cluster = LinkCluster(a, link, [0, 1] if layout == "node" else hosts, tmp)
+                    extra = [{"GRADSYNC_DAEMON": cluster.targets[hosts[r] if layout == "node" else r]}
+                             for r in range(ranks)]  # no tenants: no token
                 else:
-                    p, env = start_cluster(a.gradsync, ranks, tmp)
-                    extra = {"GRADSYNC_DAEMONS": env["GRADSYNC_DAEMONS"]}
-                clusters.append(p)
-                extra["GRADSYNC_TENANT_TOKEN"] = env.get("GRADSYNC_TENANT_TOKEN", "")
+                    loopback, env = start_cluster(a.gradsync, 1 if layout == "node" else ranks, tmp)
+                    extra = ({"GRADSYNC_DAEMON": env["GRADSYNC_DAEMON_0"]} if layout == "node" else
+                             {"GRADSYNC_DAEMONS": env["GRADSYNC_DAEMONS"]})
+                    extra["GRADSYNC_TENANT_TOKEN"] = env.get("GRADSYNC_TENANT_TOKEN", "")
                 res = {}
                 for mode in a.modes.split(","):
                     if mode == "gloo" and layout != a.layout.split(",")[0]:
                         continue  # gloo does not depend on the daemon layout
-                    res[mode] = run(a, mode, ranks, extra if mode != "gloo" else {})
+                    before = link.tx_bytes() if link is not None else None
+                    res[mode] = run(a, mode, ranks, extra if mode != "gloo" else {}, link)
+                    if link is not None:  # what crossed the link, each way (all steps of the run)
+                        ab, ba = (x - y for x, y in zip(link.tx_bytes(), before))
+                        print(f"# {ranks} ranks, {layout}, {mode}: link carried {ab / 2**20:.1f} MiB "
+                              f"A->B, {ba / 2**20:.1f} MiB B->A", file=sys.stderr)
                 rows.append((ranks, layout, res))
+            except BaseException:
+                if cluster is not None:
+                    cluster.print_logs()
+                raise
             finally:
-                for p in clusters:
-                    p.terminate()
-                    p.wait(30)
+                if cluster is not None:
+                    cluster.stop()
+                if loopback is not None:
+                    loopback.terminate()
+                    loopback.wait(30)
+    return rows
+
+
+def print_table(a, rows, link):
     params = next(iter(rows[0][2].values()))[0]
     print(f"# DDP step time: MLP {a.inputs}-{a.hidden}-{a.hidden}-10 ({params / 1e6:.1f} M parameters, "
           f"{params * 4 / 2**20:.0f} MiB of f32 gradients), batch {a.batch} per rank, buckets "
-          f"{a.bucket_mb:g} MiB, {a.steps} timed steps (medians), {os.cpu_count()} CPUs")
+          f"{a.bucket_mb:g} MiB, {a.steps} timed steps (medians), {os.cpu_count()} CPUs, "
+          + (f"over a {link.describe()}" if link is not None else "over loopback"))
     print(f"{'ranks':>5} {'layout':>8} {'mode':>9} {'step ms':>9} {'compute ms':>11} {'comm ms':>9} "
           f"{'vs gloo':>8}")
     gloo = {}
