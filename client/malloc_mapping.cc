@@ -1,6 +1,7 @@
 #include "client/malloc_mapping.h"
 
 #include <dlfcn.h>
+#include <sys/auxv.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -58,16 +59,36 @@ constexpr size_t kIsMmapped = 0x2;
 constexpr size_t kNonMainArena = 0x4;
 constexpr size_t kFlagBits = 0x7;
 
+// Whether `addr` lies in the main program (not in a shared library).
+bool InMainProgram(const void* addr) {
+  const void* phdr = reinterpret_cast<const void*>(::getauxval(AT_PHDR));
+  Dl_info at{}, program{};
+  return phdr != nullptr && ::dladdr(addr, &at) != 0 && ::dladdr(phdr, &program) != 0 &&
+         at.dli_fbase == program.dli_fbase;
+}
+
 // Whether malloc is glibc's own: another allocator (jemalloc, tcmalloc, a
-// sanitizer's) lays out no glibc header to read.
+// sanitizer's) lays out no glibc header to read. The process's malloc must
+// be libc's, or lie in the main program: a program linked without -pie (such
+// as Debian's python3) makes its PLT entry the function's address, which
+// dlsym returns. An allocator linked into the program or preloaded announces
+// itself by its other entry points.
 bool MallocIsGlibcs() {
   static const bool glibc = [] {
     void* libc = ::dlopen("libc.so.6", RTLD_NOW | RTLD_NOLOAD);
     if (libc == nullptr) return false;
-    const bool same = ::dlsym(libc, "malloc") == ::dlsym(RTLD_DEFAULT, "malloc") &&
-                      ::dlsym(libc, "posix_memalign") == ::dlsym(RTLD_DEFAULT, "posix_memalign");
+    bool ok = true;
+    for (const char* fn : {"malloc", "posix_memalign", "free"}) {
+      void* mine = ::dlsym(RTLD_DEFAULT, fn);
+      ok = ok && mine != nullptr && (mine == ::dlsym(libc, fn) || InMainProgram(mine));
+    }
+    for (const char* other : {"__asan_init", "__tsan_init", "__msan_init", "__hwasan_init",
+                              "mallocx", "je_malloc", "tc_malloc", "mi_malloc", "rpmalloc",
+                              "scalable_malloc"}) {
+      ok = ok && ::dlsym(RTLD_DEFAULT, other) == nullptr;
+    }
     ::dlclose(libc);
-    return same;
+    return ok;
   }();
   return glibc;
 }
