@@ -418,7 +418,32 @@ class ProcessGroupGradsync(dist.ProcessGroup):
 
     def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts=None):
         outs = list(self._contiguous(output, "the output").view(self.size(), -1).unbind(0))
+        work = self._allgather_adopted(output, outs, input)
+        if work is not None:
+            return work
         return self._blocked("allgather", [input], outs, title="all_gather_into_tensor")
+
+    def _allgather_adopted(self, output: torch.Tensor, outs: List[torch.Tensor],
+                           input: torch.Tensor) -> Optional["_Work"]:
+        """all_gather_into_tensor on the output's own memory, shared with the
+        daemon (Engine.adopted; FSDP's unsharding): this rank's input copied
+        into its block (nothing when it is that block already), then the
+        allgather in place. None where the output is not shared (it stages)."""
+        me = self.rank()
+        if input.numel() != outs[me].numel() or input.dtype != output.dtype or \
+                input.device != output.device:
+            return None  # _blocked names what is wrong
+        e = self._engine
+        found = e.adopted(output)
+        if found is None:
+            return None
+        buf, offset = found
+        if input.data_ptr() != outs[me].data_ptr():
+            outs[me].copy_(input.reshape(outs[me].shape))
+        nbytes = output.numel() * output.element_size()
+        return _work(e.submit("allgather", buf, torch.uint8, nbytes, lambda: [output],
+                              offset=offset, device=output.device,
+                              wrap=_profiling("all_gather_into_tensor", [input])))
 
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
         opts = opts or dist.ReduceScatterOptions()

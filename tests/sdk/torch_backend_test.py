@@ -19,6 +19,11 @@ import tempfile
 WORLD = 3
 
 
+def _compat_storage_ptr(t):
+    """The data pointer of a tensor's storage (what the backend adopts)."""
+    return t.storage().data_ptr()
+
+
 def worker():
     import torch
     import torch.distributed as dist
@@ -213,6 +218,19 @@ def worker():
                                   + rank).all()
     assert len(pg._engine._adopted) >= 1, "a 36 MiB storage was staged, not adopted"
     del big, part
+    # all_gather_into_tensor into a 36 MiB output: gathered in place, exact;
+    # also with the input a view of this rank's own block (FSDP's unsharding).
+    block = 3 << 20
+    out = torch.zeros(world * block)
+    dist.all_gather_into_tensor(out, torch.full((block,), float(rank + 1)))
+    assert all(out[q * block:(q + 1) * block].eq(q + 1).all() for q in range(world)), out[::block]
+    base = _compat_storage_ptr(out)
+    assert base in pg._engine._adopted, "a 36 MiB allgather output was staged, not adopted"
+    out.zero_()
+    out[rank * block:(rank + 1) * block] = -7.0 - rank
+    dist.all_gather_into_tensor(out, out[rank * block:(rank + 1) * block])
+    assert all(out[q * block:(q + 1) * block].eq(-7.0 - q).all() for q in range(world))
+    del out
     # ... and so are DDP's buckets through the hook: a 36 MiB layer, its
     # gradient averaged over the ranks (every rank computes every rank's
     # local gradient to check it, within float rounding of the sum's order).
