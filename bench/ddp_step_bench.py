@@ -26,7 +26,8 @@ only serves loopback), from --coordinator_bin and --daemon_bin. gloo's
 MASTER_ADDR is host A and GLOO_SOCKET_IFNAME the rank's veth, so its traffic
 crosses the same link. Traffic between ranks of one host stays on that
 host's loopback, as on real hosts. Each run reports (stderr) the bytes that
-crossed the link each way.
+crossed the link each way. --daemon_flags adds gradsyncd flags there (e.g.
+--daemon_flags=--tcp_streams=1).
 
     python3 bench/ddp_step_bench.py --ranks 2,4 --layout node,network
     python3 bench/ddp_step_bench.py --link 1gbit --ranks 2,4 --layout node,network   # as root
@@ -154,7 +155,7 @@ class LinkCluster:
                     f"--listen={self.targets[i]}", f"--coordinator={link.ip[0]}:{cport}",
                     f"--data_listen={ip}:0", f"--metrics_listen={ip}:0", f"--status_listen={ip}:0",
                     "--drain_timeout_ms=1000", f"--timeline_dir={self.dir}/timeline",
-                    f"--node_id=host{'AB'[h]}-{i}"])
+                    f"--node_id=host{'AB'[h]}-{i}"] + [f for f in a.daemon_flags.split(",") if f])
             for i in range(len(daemon_hosts)):
                 self._wait_port(i + 1, deadline)
         except BaseException:
@@ -273,6 +274,8 @@ def main():
     ap.add_argument("--coordinator_bin",
                     default=os.path.join(HERE, "..", "bazel-bin", "server", "gradsync-coordinator"))
     ap.add_argument("--daemon_bin", default=os.path.join(HERE, "..", "bazel-bin", "worker", "gradsyncd"))
+    ap.add_argument("--daemon_flags", default="",
+                    help="--link: extra gradsyncd flags, comma-separated (e.g. --tcp_streams=1)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--mode", help=argparse.SUPPRESS)
     a = ap.parse_args()
