@@ -122,6 +122,9 @@ struct PlannerSettings {
   // run them (staged through host blocks, reduced by CUDA kernels), else on
   // their host twins (gradsyncd --device_ops=in_place|host_twin).
   bool device_ops_in_place = true;
+  // Allreduces of at least this many bytes among daemons that share hosts run
+  // in two levels (collective/two_level.h).
+  size_t two_level_min_bytes = 1 << 20;
 };
 
 // The participants of an op's network stage, fixed for the job's epoch: one

@@ -160,6 +160,49 @@ TEST_F(DaemonTest, TwoDaemonsFormAJobAndTheirAllreduceIsBitExact) {
   }
 }
 
+// Four daemons on two "hosts" (127.0.0.1 and 127.0.0.2, two each): a large
+// allreduce runs in two levels over real TCP ("2level": within each host,
+// then across), bit-exact; a small one runs flat.
+TEST_F(DaemonTest, DaemonsOnTwoHostsAllreduceInTwoLevelsOverTcp) {
+  std::vector<std::unique_ptr<Daemon>> d;
+  for (int i = 0; i < 4; ++i) {
+    d.push_back(StartDaemon(absl::StrCat("node-", i), absl::Minutes(2), nullptr,
+                            i < 2 ? "127.0.0.1" : "127.0.0.2"));
+    ASSERT_NE(d.back(), nullptr);
+  }
+  std::vector<std::shared_ptr<Session>> s =
+      OpenJob({d[0].get(), d[1].get(), d[2].get(), d[3].get()}, "two-hosts");
+  ASSERT_EQ(s.size(), 4u);
+  constexpr uint64_t kCount = (1 << 20) / sizeof(int32_t) + 5;  // above the 1 MiB threshold
+  for (uint64_t count : {kCount, uint64_t{1000}}) {
+    std::vector<std::unique_ptr<MappedBuffer>> bufs;
+    for (int r = 0; r < 4; ++r) {
+      auto buf = MappedBuffer::Allocate(*s[r], count * sizeof(int32_t));
+      ASSERT_TRUE(buf.ok()) << buf.status();
+      for (uint64_t k = 0; k < count; ++k) {
+        (*buf)->as<int32_t>()[k] = static_cast<int32_t>((r + 1) * (k % 1009) - 7 * r);
+      }
+      bufs.push_back(*std::move(buf));
+    }
+    std::vector<uint64_t> ids(4);
+    for (int r = 0; r < 4; ++r) {
+      auto id = s[r]->Submit(Allreduce(*bufs[r], count, absl::StrCat("g", count), DType::kI32));
+      ASSERT_TRUE(id.ok()) << id.status();
+      ids[r] = *id;
+    }
+    for (int r = 0; r < 4; ++r) {
+      absl::StatusOr<OpOutcome> out = s[r]->Wait(ids[r], absl::Seconds(20));
+      ASSERT_TRUE(out.ok()) << out.status();
+      ASSERT_TRUE(out->done && out->status.ok()) << "rank " << r << ": " << out->status;
+      EXPECT_EQ(out->algorithm == "2level", count == kCount) << "ran " << out->algorithm;
+      for (uint64_t k = 0; k < count; ++k) {
+        ASSERT_EQ(bufs[r]->as<int32_t>()[k], static_cast<int32_t>(10 * (k % 1009) - 42))
+            << "rank " << r << " element " << k;
+      }
+    }
+  }
+}
+
 TEST_F(DaemonTest, RefusesASessionOfABadShapeNamingTheCause) {
   std::unique_ptr<Daemon> d = StartDaemon("node-a");
   ASSERT_NE(d, nullptr);

@@ -95,16 +95,19 @@ class DaemonTest : public ::testing::Test {
     coordinator_ = std::move(*server);
   }
 
-  // A daemon at the test's coordinator, its data plane on loopback (TCP).
+  // A daemon at the test's coordinator, its data plane on loopback (TCP) at
+  // `host` (any 127.x.y.z: daemons on different ones are on different
+  // "hosts" to the planner, collective/two_level.h).
   std::unique_ptr<Daemon> StartDaemon(const std::string& node_id,
                                       absl::Duration session_lease = absl::Minutes(2),
-                                      DaemonObserver* observer = nullptr) {
+                                      DaemonObserver* observer = nullptr,
+                                      const std::string& host = "127.0.0.1") {
     DaemonOptions o;
     o.observer = observer;
     o.session_lease = session_lease;
     o.coordinator = coordinator_->address();
-    o.data_listen = HostPort{"127.0.0.1", 0};
-    o.advertise_host = "127.0.0.1";
+    o.data_listen = HostPort{host, 0};
+    o.advertise_host = host;
     o.node_id = node_id;
     o.transport = TransportMode::kTcp;
     o.heartbeat_interval = absl::Milliseconds(50);

@@ -11,6 +11,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "collective/plan_code.h"
 #include "collective/reference.h"
@@ -251,6 +252,63 @@ INSTANTIATE_TEST_SUITE_P(Placements, ExecutorClusterShapes,
                          [](const ::testing::TestParamInfo<std::vector<int>>& info) {
                            return absl::StrCat("daemons_of_ranks_", ShapeName(info.param));
                          });
+
+// ---- Daemons that share hosts: large allreduces run in two levels.
+
+// 2 hosts x 2 daemons (and 3 x 2, and 2 x 3): an allreduce at or above the
+// threshold runs in two levels ("2level"), bit-exact for every op; below it,
+// with an algorithm forced, or with hosts of different sizes, flat.
+TEST(ExecutorCluster, DaemonsSharingHostsAllreduceInTwoLevels) {
+  struct Shape {
+    std::vector<int> node_of_rank;
+    std::vector<std::string> hosts;
+    bool two_level;
+  };
+  const Shape shapes[] = {
+      {{0, 1, 2, 3}, {"a", "a", "b", "b"}, true},
+      {{0, 1, 2, 3, 4, 5}, {"a", "a", "b", "b", "c", "c"}, true},
+      {{0, 1, 2, 3, 4, 5}, {"a", "a", "a", "b", "b", "b"}, true},
+      {{0, 1, 2}, {"a", "a", "b"}, false},       // uneven hosts
+      {{0, 1, 2, 3}, {"a", "b", "c", "d"}, false}, // a daemon per host
+  };
+  for (const Shape& shape : shapes) {
+    ClusterSpec spec;
+    spec.node_of_rank = shape.node_of_rank;
+    spec.host_of_node = shape.hosts;
+    spec.planner.two_level_min_bytes = 4096;
+    FakeCoordinator coord(spec);
+    auto c = Form(coord);
+    ASSERT_NE(c, nullptr);
+    std::vector<RankBuffer> bufs = Buffers(*c, 70001 * 8);
+    uint32_t seed = 1700;
+    for (DType t : {DType::kF32, DType::kBF16, DType::kI64}) {
+      for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax, ReduceOp::kProd}) {
+        for (size_t count : {size_t{100}, size_t{70001}}) {
+          const bool large = count * DTypeSize(t) >= 4096;
+          const std::string what =
+              absl::StrCat(absl::StrJoin(shape.hosts, ","), " ", DTypeName(t), " ",
+                           ReduceOpName(op), " x", count);
+          auto inputs = Fill(bufs, t, op, count, seed++);
+          std::vector<OpOutcome> outcomes;
+          ExpectAllOk(c->RunOnAll(Allreduce(t, op, count), Ids(bufs), &outcomes), what);
+          ExpectResult(bufs, Reference(inputs, t, op, count), what);
+          for (const OpOutcome& o : outcomes) {
+            EXPECT_EQ(o.algorithm == "2level", shape.two_level && large)
+                << what << ": ran " << o.algorithm;
+          }
+        }
+      }
+    }
+    // A forced algorithm runs flat.
+    auto inputs = Fill(bufs, DType::kF32, ReduceOp::kSum, 70001, seed++);
+    OpSpec forced = Allreduce(DType::kF32, ReduceOp::kSum, 70001);
+    forced.algorithm = "ring";
+    std::vector<OpOutcome> outcomes;
+    ExpectAllOk(c->RunOnAll(forced, Ids(bufs), &outcomes), "forced ring");
+    ExpectResult(bufs, Reference(inputs, DType::kF32, ReduceOp::kSum, 70001), "forced ring");
+    EXPECT_EQ(outcomes[0].algorithm, "ring");
+  }
+}
 
 // ---- gather and scatter: every root, every placement.
 

@@ -9,6 +9,7 @@
 #include "common/clock.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "collective/two_level.h"
 #include "kernels/cpu_reduce.h"
 #include "worker/session.h"
 
@@ -52,6 +53,14 @@ OpRunner::OpRunner(OpRunnerOptions options, transport::Context* node_ctx, Device
     pool_ = std::make_unique<SlicePool>(std::min(static_cast<int>(local_.size()), cores));
   }
   encoded_.resize(local_.size());
+  hosts_ = GroupByHost(options_.placement.node_names);
+}
+
+bool OpRunner::TwoLevel(const QueuedOp& lead, const Plan& plan, size_t bytes) const {
+  return lead.sig.kind == CollectiveKind::kAllreduce && !plan.local_stage && !plan.on_device &&
+         plan.path != PlanPath::kParameterServer && one_rank_per_daemon_ &&
+         lead.sig.forced == OpSignature::kNoAlgorithm && node_ctx_ != nullptr &&
+         bytes >= options_.planner.two_level_min_bytes && hosts_.two_level();
 }
 
 OpRunner::~OpRunner() = default;
@@ -96,6 +105,7 @@ absl::Status OpRunner::Run(const std::vector<QueuedOp*>& ops, absl::Time negotia
   if (!mine.on_device) s = staging_->StageIn(ops, bytes);
   if (s.ok() && premul) Premultiply(ops, bytes);
   Plan plan = mine;
+  bool two_level = false;
   if (s.ok() && mine.in_memory) {
     // Every rank is here: the whole op in memory.
     if (local_mismatch) {
@@ -127,15 +137,16 @@ absl::Status OpRunner::Run(const std::vector<QueuedOp*>& ops, absl::Time negotia
       }
     }
     if (s.ok()) {
-      out->plan_name = plan.shown_name;
+      two_level = !plan.fused && TwoLevel(lead, plan, bytes);
+      out->plan_name = two_level ? kTwoLevelPlanName : plan.shown_name;
       if (mine.on_device && !plan.on_device) s = staging_->StageIn(ops, bytes);
       if (!plan.fused && s.ok()) {  // a fused op is done with the exchange
         SetPhase(absl::StrCat("running ", out->plan_name));
         const absl::Time run_start = TraceNow();
-        s = RunAgreed(ops, plan, plan.on_device ? device_path : nullptr);
+        s = RunAgreed(ops, plan, plan.on_device ? device_path : nullptr, two_level);
         TraceEvent(out->plan_name, "op", run_start);
       }
-      if (s.ok()) {
+      if (s.ok() && !two_level) {  // the cost model knows flat algorithms only
         const std::string line = planner_->Observe(
             plan, lead.sig.kind, bytes, plan.streams,
             absl::ToDoubleMicroseconds(FastNow() - negotiate_start),
@@ -160,7 +171,7 @@ void OpRunner::Premultiply(const std::vector<QueuedOp*>& ops, size_t bytes) {
 }
 
 absl::Status OpRunner::RunAgreed(const std::vector<QueuedOp*>& ops, const Plan& plan,
-                                 DevicePath* on_device) {
+                                 DevicePath* on_device, bool two_level) {
   const QueuedOp& lead = *ops[0];
   const JobPlacement& place = options_.placement;
   const CollectiveKind kind = lead.sig.kind;
@@ -199,6 +210,7 @@ absl::Status OpRunner::RunAgreed(const std::vector<QueuedOp*>& ops, const Plan& 
       if (!region.ok()) return region.status();
       call.region = *region;
     }
+    if (two_level) return RunTwoLevelAllreduce(*node_ctx_, hosts_, call, plan.algorithm, &algo_scratch_);
     return RunCollective(*node_ctx_, call, plan.algorithm, &algo_scratch_);
   }
   // Ranks share daemons: combined in memory, one share per daemon between them.

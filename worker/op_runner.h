@@ -45,6 +45,7 @@
 #include "collective/cost_model.h"
 #include "collective/hierarchical.h"
 #include "collective/planner.h"
+#include "collective/two_level.h"
 #include "collective/ring_allreduce.h"
 #include "collective/signature_exchange.h"
 #include "collective/topology.h"
@@ -114,10 +115,19 @@ class OpRunner {
   absl::Status CompareEverywhere(const std::vector<QueuedOp*>& ops);
   // Runs `plan` (Agree's, not fused); `on_device`: the device path, when
   // plan.on_device.
+  // `two_level`: the allreduce runs among the daemons in two levels, by host
+  // (collective/two_level.h; TwoLevel decides).
   absl::Status RunAgreed(const std::vector<QueuedOp*>& ops, const Plan& plan,
-                         DevicePath* on_device);
+                         DevicePath* on_device, bool two_level = false);
+  // The plan name an op run in two levels reports.
+  static constexpr const char* kTwoLevelPlanName = "2level";
 
  private:
+  // Whether the agreed `plan` for `lead` (`bytes` per rank) runs in two levels
+  // by host: an allreduce, one rank per daemon, no algorithm forced, large
+  // enough, and daemons sharing hosts evenly (hosts_). Every daemon decides
+  // alike: the inputs are the same everywhere.
+  bool TwoLevel(const QueuedOp& lead, const Plan& plan, size_t bytes) const;
   // premul_sum's first step: each op's `bytes` of input (host memory)
   // multiplied by its rank's factor, before the algorithms sum.
   void Premultiply(const std::vector<QueuedOp*>& ops, size_t bytes);
@@ -136,6 +146,7 @@ class OpRunner {
   const std::vector<int> local_;  // local ranks, ascending
   const bool one_rank_per_daemon_;
   std::unique_ptr<Planner> planner_;
+  HostGroups hosts_;  // the daemons by host (TwoLevel)
   std::unique_ptr<ps::PsWorker> ps_;  // null unless the job has shards
   std::unique_ptr<SlicePool> pool_;   // with several local ranks: large in-memory passes
   ps::BalancedSlicer slicer_;

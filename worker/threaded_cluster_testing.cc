@@ -109,7 +109,11 @@ JobPlacement FakeCoordinator::PlacementFor(int d) const {
     }
     p.ranks_of_node[node].push_back(r);
   }
-  for (int n = 0; n < p.nodes(); ++n) p.node_names[n] = absl::StrCat("inproc-daemon-", n);
+  for (int n = 0; n < p.nodes(); ++n) {
+    p.node_names[n] = static_cast<size_t>(n) < spec_.host_of_node.size()
+                          ? absl::StrCat(spec_.host_of_node[n], ":", 7000 + n)
+                          : absl::StrCat("inproc-daemon-", n);
+  }
   return p;
 }
 

@@ -59,6 +59,9 @@ struct ClusterSpec {
   RingOptions ring;
   // Faults of each epoch's node contexts (their ranks are daemon indices).
   transport::InProcFaults faults;
+  // The host each daemon says it is on (JobPlacement::node_names become
+  // "host:port"); empty: every daemon a host of its own.
+  std::vector<std::string> host_of_node;
 
   // `daemons` daemons with `ranks_per_daemon` consecutive ranks each.
   static ClusterSpec Blocks(int daemons, int ranks_per_daemon);
