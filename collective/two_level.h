@@ -29,7 +29,7 @@ namespace gradsync {
 
 // The daemons (node indices) of each host, hosts in order of first
 // appearance; the host of "host:port" is what precedes the last ':' (a
-// name without one is a host of its own).
+// name without one is its whole host name, never equal to a "host:port" one).
 struct HostGroups {
   std::vector<std::vector<int>> nodes_of_host;
   std::vector<int> host_of_node;
