@@ -132,7 +132,8 @@ absl::Status DeviceStaging::RunInMemory(DevicePath& path, const std::vector<Queu
   return Result(path, gradsync::RunInMemory(place_, c, &path.scratch()));
 }
 
-absl::Status DeviceStaging::RunFlat(DevicePath& path, const QueuedOp& lead, Algorithm algorithm) {
+absl::Status DeviceStaging::RunFlat(DevicePath& path, const QueuedOp& lead, Algorithm algorithm,
+                                    const HostGroups* two_level) {
   const transport::MemKind kind = transport::MemKind::Cuda(path.device());
   const DeviceMemory& memory = *lead.device;
   CollectiveCall call =
@@ -143,6 +144,10 @@ absl::Status DeviceStaging::RunFlat(DevicePath& path, const QueuedOp& lead, Algo
                                       transport::Buffer{memory.device_data(), memory.size(), kind},
                                       std::weak_ptr<const void>(lead.device)));
   call.reducer = &path.reducer();
+  if (two_level != nullptr) {
+    return Result(path, RunTwoLevelAllreduce(*path.context(), *two_level, call, algorithm,
+                                             &path.algo_scratch()));
+  }
   return Result(path, RunCollective(*path.context(), call, algorithm, &path.algo_scratch()));
 }
 

@@ -34,6 +34,7 @@
 #include "absl/status/statusor.h"
 #include "collective/collectives.h"
 #include "collective/hierarchical.h"
+#include "collective/two_level.h"
 #include "collective/ring_allreduce.h"
 #include "collective/topology.h"
 #include "transport/memory.h"
@@ -83,7 +84,10 @@ class DeviceStaging {
   absl::Status Local(DevicePath& path, const std::vector<QueuedOp*>& ops, LocalCollective* c);
   // `s`, or the CUDA reducer's error when the op ran but a kernel failed.
   absl::Status Result(DevicePath& path, absl::Status s);
-  absl::Status RunFlat(DevicePath& path, const QueuedOp& lead, Algorithm algorithm);
+  // `two_level`: the allreduce runs in two levels by host instead
+  // (collective/two_level.h; every daemon decides alike, whatever its memory).
+  absl::Status RunFlat(DevicePath& path, const QueuedOp& lead, Algorithm algorithm,
+                       const HostGroups* two_level = nullptr);
   absl::Status RunInMemory(DevicePath& path, const std::vector<QueuedOp*>& ops);
 
  private:

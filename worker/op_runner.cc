@@ -57,7 +57,8 @@ OpRunner::OpRunner(OpRunnerOptions options, transport::Context* node_ctx, Device
 }
 
 bool OpRunner::TwoLevel(const QueuedOp& lead, const Plan& plan, size_t bytes) const {
-  return lead.sig.kind == CollectiveKind::kAllreduce && !plan.local_stage && !plan.on_device &&
+  // Not plan.on_device: each daemon decides that for its own buffers.
+  return lead.sig.kind == CollectiveKind::kAllreduce && !plan.local_stage &&
          plan.path != PlanPath::kParameterServer && one_rank_per_daemon_ &&
          lead.sig.forced == OpSignature::kNoAlgorithm && node_ctx_ != nullptr &&
          bytes >= options_.planner.two_level_min_bytes && hosts_.two_level();
@@ -202,7 +203,9 @@ absl::Status OpRunner::RunAgreed(const std::vector<QueuedOp*>& ops, const Plan& 
     return absl::OkStatus();
   }
   if (!plan.local_stage) {
-    if (on_device != nullptr) return staging_->RunFlat(*on_device, lead, plan.algorithm);
+    if (on_device != nullptr) {
+      return staging_->RunFlat(*on_device, lead, plan.algorithm, two_level ? &hosts_ : nullptr);
+    }
     CollectiveCall call =
         FlatCallOf(lead, place.world, options_.ring, lead.data(), transport::MemKind::Host());
     if (lead.buffer != nullptr) {
