@@ -45,6 +45,12 @@ class SharedClusterTest : public ::testing::Test {
   static void SetUpTestSuite() { cluster_ = StartCluster(Daemons).release(); }
   static void TearDownTestSuite() {
     if (cluster_ != nullptr) {
+      // After a failed test the daemons' and coordinator's logs are kept
+      // (the test log says where) to see the daemons' side of it.
+      if (::testing::UnitTest::GetInstance()->failed_test_count() > 0) {
+        cluster_->KeepLogs();
+        std::fprintf(stderr, "the cluster's logs are kept in %s\n", cluster_->work_dir().c_str());
+      }
       const absl::Status stopped = cluster_->StopAll();
       EXPECT_TRUE(stopped.ok()) << stopped;
       delete cluster_;
