@@ -19,11 +19,14 @@ installed torch has CUDA). An op completes on a
 progress thread; errors (which rank, which op) surface from Work.wait() as
 gradsync.GradsyncError subclasses (RuntimeErrors; a timeout is also a
 TimeoutError whose text starts "Timed out"). See docs/python.md.
+
+Here: the backend (ProcessGroupGradsync) and the functions torch.distributed
+lacks; the DDP hook is in _ddp_hook.py, the Work and profiler events in
+_torch_work.py, the staging and progress thread in _engine.py.
 """
 
 import datetime
 import hashlib
-import threading
 import time
 from typing import List, Optional
 
@@ -31,8 +34,10 @@ import torch
 import torch.distributed as dist
 
 from . import _torch_compat as _compat
+from ._ddp_hook import HookState, allreduce_hook
 from ._engine import Engine, check_device, gradsync_dtype
-from .errors import PENDING, GradsyncError, StillRunning
+from .errors import GradsyncError
+from ._torch_work import _PROFILING_TITLES, _all_of, _completed, _profiling, _Work, _work
 
 __all__ = ["ProcessGroupGradsync", "HookState", "allreduce_hook", "monitored_barrier",
            "premul_sum_all_reduce", "premul_sum_reduce_scatter", "BACKEND"]
@@ -50,151 +55,10 @@ def _op(reduce_op) -> str:
     raise ValueError(f"gradsync: unsupported reduce op {reduce_op} (sum, avg, min, max, prod)")
 
 
-class _Work(dist.Work):
-    """A c10d Work over a torch future: wait() raises the op's error (torch
-    1.13's future-wrapping Work swallows it) and get_future() is what DDP
-    chains on."""
-
-    def __init__(self, fut: torch.futures.Future):
-        super().__init__()
-        self._fut = fut
-        self._done = threading.Event()
-        self._taken = False
-        fut.add_done_callback(lambda _: self._on_done())
-
-    def wait(self, timeout: datetime.timedelta = None) -> bool:
-        """Waits for the op (at most `timeout`, if given and not zero) and
-        raises its error; RuntimeError if the wait runs out first."""
-        seconds = None if timeout is None else timeout.total_seconds()
-        if seconds and not self._done.wait(seconds):
-            raise StillRunning(PENDING, f"Work.wait timed out after {seconds:g} s; the op is still "
-                               "running (its deadline at the daemon is the group's timeout)")
-        self._consumed()
-        self._fut.wait()  # raises the op's error
-        return True
-
-    def is_completed(self) -> bool:
-        return self._fut.done()
-
-    def is_success(self) -> bool:
-        if not self._fut.done():
-            return False
-        try:
-            self._fut.wait()
-            return True
-        except Exception:
-            return False
-
-    def result(self):
-        return self._fut.wait()
-
-    def get_future(self) -> torch.futures.Future:
-        self._consumed()
-        return self._fut
-
-    # A recv's sender (torch's recv from any source asks for it).
-    _results: Optional[list] = None
-
-    def _source_rank(self) -> int:
-        self.wait()
-        if not self._results:
-            raise RuntimeError("gradsync: only a recv's work has a source rank")
-        return self._results[0].source
-
-    # C++ callers (DDP, broadcast_coalesced) hold a Work only as a C++ pointer;
-    # once its Python object is gone, pybind11 no longer dispatches wait() or
-    # get_future() to it. So a work stays referenced (in _LIVE) until its op is
-    # done and someone took its result (wait() or get_future()).
-    def _consumed(self) -> None:
-        self._taken = True
-        if self._fut.done():
-            _LIVE.discard(self)
-
-    def _on_done(self) -> None:
-        self._done.set()
-        if self._taken:
-            _LIVE.discard(self)
-
-
-_LIVE: "set[_Work]" = set()
-
-
-def _work(fut: torch.futures.Future) -> "_Work":
-    w = _Work(fut)
-    _LIVE.add(w)
-    return w
-
-
-# The profiler event of each op, named as torch's own backends name theirs
-# (gloo:all_reduce ...): "gradsync:" + this.
-_PROFILING_TITLES = {"allreduce": "all_reduce", "broadcast": "broadcast", "reduce": "reduce",
-                     "allgather": "all_gather", "reduce_scatter": "reduce_scatter",
-                     "alltoall": "all_to_all", "barrier": "barrier", "gather": "gather",
-                     "scatter": "scatter", "send": "send", "recv": "recv"}
-
-
-def _profiling(title: str, inputs: List[torch.Tensor]):
-    """Engine.submit's `wrap` for an op: while torch's profiler runs, the
-    event of _profiled; otherwise none."""
-    if not _compat.profiler_enabled():
-        return None
-    return lambda fut: _profiled(title, inputs, fut)
-
-
-def _profiled(title: str, inputs: List[torch.Tensor], fut: torch.futures.Future):
-    """An async profiler event `gradsync:<title>` with the inputs' shapes, from
-    now until `fut` completes (as c10d records gloo's; Engine.submit calls this
-    before its progress thread can complete `fut`, so the event ends there, on
-    another thread), and a future that completes only once the event has
-    ended, with the op's result or its error (its class kept)."""
-    ended = _compat.record_async("gradsync:" + title, inputs, fut)
-    out = torch.futures.Future()
-
-    def relay(_):
-        try:
-            out.set_result(fut.value())
-        except Exception as e:  # the op's error, as the caller would have had it
-            out.set_exception(e)
-    ended.add_done_callback(relay)
-    return out
-
-
-def _all_of(futs: List[torch.futures.Future], value) -> torch.futures.Future:
-    """A future of `value` once every one of `futs` completed; the first
-    error among them (in order) if any failed, its class kept."""
-    out = torch.futures.Future()
-    left = [len(futs)]
-    lock = threading.Lock()
-
-    def one(_) -> None:
-        with lock:
-            left[0] -= 1
-            if left[0]:
-                return
-        for f in futs:
-            try:
-                f.value()
-            except Exception as e:
-                out.set_exception(e)
-                return
-        out.set_result(value)
-    if not futs:
-        out.set_result(value)
-    for f in futs:
-        f.add_done_callback(one)
-    return out
-
-
 # Tags of the point-to-point messages the backend sends for its own
 # collectives (user tags are >= 0 in torch's API).
 _ALLTOALLV_TAG = -2
 _MONITORED_BARRIER_TAG = -3
-
-
-def _completed(value) -> "_Work":
-    fut = torch.futures.Future()
-    fut.set_result(value)
-    return _work(fut)
 
 
 def _tensor_list(t) -> List[torch.Tensor]:
@@ -786,105 +650,3 @@ def _create(store, rank: int, size: int, timeout: datetime.timedelta) -> Process
 
 
 _compat.register_backend(BACKEND, _create)
-
-
-class HookState:
-    """The DDP comm hook's state: its own gradsync session (a job the ranks
-    agree on through the default group's c10d store; `process_group` gives
-    the ranks and the world size, default: the default group's),
-    with optional job options (`algorithm`; `timeline`: the daemons write a
-    Chrome trace of every bucket's op, gradsyncd --timeline_dir). `trace`
-    records when each bucket was submitted (HookState.trace). Create it after
-    init_process_group, on every rank."""
-
-    def __init__(self, process_group=None, algorithm: Optional[str] = None,
-                 timeout: float = 300.0, timeline: bool = False, trace: bool = False):
-        pg = process_group or _compat.default_group()
-        store = _compat.default_store()
-        rank, size = dist.get_rank(pg), dist.get_world_size(pg)
-        if rank < 0:
-            raise ValueError("gradsync: HookState on a process group this rank is not part of")
-        # Each group agrees on its job id under keys of its own (in the default
-        # store, which every group shares).
-        ranks = _compat.group_ranks(pg)
-        group = ",".join(str(r) for r in sorted(ranks)) if ranks else "default"
-        key = f"ddp_hook/{group}/"
-        self.engine = Engine(_HookStore(store, key), rank, size, timeout, prefix="ddp-hook",
-                             algorithm=algorithm, timeline=timeline)
-        self.buckets = 0
-        # With `trace`: (bucket index, time.perf_counter() at submission, bytes)
-        # of every bucket, to see them leave during the backward pass.
-        self.trace: Optional[List[tuple]] = [] if trace else None
-        # Staging buffers whose results DDP reads (allreduce_hook): back to
-        # the pool when the next step's first bucket comes.
-        self._held: list = []
-        self._held_lock = threading.Lock()
-
-    def _hold(self, buf) -> None:
-        with self._held_lock:
-            self._held.append(buf)
-
-    def _release_held(self) -> None:
-        with self._held_lock:
-            held, self._held = self._held, []
-        for buf in held:
-            self.engine.unstage(buf)
-
-    def close(self) -> None:
-        self.engine.close()
-        self._held = []
-
-
-class _HookStore:
-    """The default store, under a prefix of its own (it may also serve the backend)."""
-
-    def __init__(self, store, prefix: str):
-        self._store, self._prefix = store, prefix
-
-    def set(self, key, value):
-        self._store.set(self._prefix + key, value)
-
-    def get(self, key):
-        return self._store.get(self._prefix + key)
-
-    def wait(self, keys, *timeout):
-        self._store.wait([self._prefix + k for k in keys], *timeout)
-
-    def delete_key(self, key):
-        return self._store.delete_key(self._prefix + key)
-
-
-def allreduce_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """DDP comm hook: averages the bucket's gradients over the ranks through
-    gradsync (avg: one division at the end, so every rank gets the same bits).
-    Buckets are submitted as DDP hands them over, during the backward pass.
-    A CPU bucket large enough to have pages of its own is shared with the
-    daemon in place (Engine.adopted) and reduced there with no copy; the
-    future's tensor is the bucket itself. Otherwise the bucket is staged and
-    the future's tensor is the staging buffer: DDP copies the result from it
-    into the gradients (one copy out, not two); the buffer goes back to the
-    pool when the next step's first bucket comes, DDP being done with it by
-    then (it reads every result before backward() returns)."""
-    tensor = bucket.buffer()
-    e = state.engine
-    if bucket.index() == 0:  # a new step: the last one's results were read
-        state._release_held()
-    n = tensor.numel()
-    state.buckets += 1
-    if state.trace is not None:
-        state.trace.append((bucket.index(), time.perf_counter(), n * tensor.element_size()))
-    found = e.adopted(tensor)
-    if found is not None and found[1] % tensor.element_size() == 0:
-        # The bucket's own memory, shared with the daemon: reduced in place.
-        return e.submit("allreduce", found[0], tensor.dtype, n, lambda: tensor, op="avg",
-                        name=f"bucket{bucket.index()}", offset=found[1] // tensor.element_size(),
-                        device=tensor.device)
-    buf = e.stage(n * tensor.element_size(), tensor.device)
-    staging = e.view(buf, tensor.dtype, n)
-    staging.copy_(tensor)
-
-    def finish():
-        state._hold(buf)  # only an op that ended: a buffer still in use is never reused
-        return staging
-    return e.submit("allreduce", buf, tensor.dtype, n, finish, op="avg",
-                    name=f"bucket{bucket.index()}", device=tensor.device)
