@@ -5,6 +5,7 @@
 // not lock other users out; a group with an abstract socket is refused at
 // start. Needs root (to become another uid); skipped otherwise.
 #include <grp.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -87,6 +88,43 @@ TEST(LocalSocket, SilentConnectionsDoNotLockOutOtherUsers) {
   }
   EXPECT_EQ(answered, BufferFdServer::kMaxConnectionsPerUid);
   EXPECT_EQ(closed, kSilent - BufferFdServer::kMaxConnectionsPerUid);
+  EXPECT_EQ(cluster->StopAll(), absl::OkStatus());
+}
+
+// A burst of one uid's clients, each sending its request at once, larger
+// than the per-uid limit and all waiting before the daemon's fd thread gets
+// to any (the daemon is stopped meanwhile, as a loaded machine deschedules
+// it): every one is answered, none closed unanswered.
+TEST(LocalSocket, ABurstOfOneUidsRequestsIsAnsweredInFull) {
+  const std::string path = SocketPath("fdburst");
+  auto cluster = testing::StartCluster(1, {"--listen=unix:" + path});
+  ASSERT_NE(cluster, nullptr);
+  absl::StatusOr<ipc::UnixAddress> address = ipc::ParseUnixAddress("unix:" + path + ".fd");
+  ASSERT_TRUE(address.ok()) << address.status();
+  ipc::FetchRequest request;
+  request.session_id = "no-such-session";
+  request.token = std::string(ipc::kRegistrationTokenBytes, 'x');
+  const std::string bytes = ipc::EncodeFetchRequest(request);
+  constexpr int kBurst = 3 * BufferFdServer::kMaxConnectionsPerUid;  // within listen()'s 64
+  cluster->SignalDaemon(0, SIGSTOP);
+  std::vector<UniqueFd> clients;
+  for (int i = 0; i < kBurst; ++i) {
+    absl::StatusOr<UniqueFd> c = ipc::ConnectSeqpacket(*address, absl::Now() + absl::Seconds(5));
+    ASSERT_TRUE(c.ok()) << i << ": " << c.status();
+    ASSERT_TRUE(ipc::SendMessage(c->get(), bytes, -1, absl::Now() + absl::Seconds(5)).ok()) << i;
+    clients.push_back(*std::move(c));
+  }
+  cluster->SignalDaemon(0, SIGCONT);
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  for (int i = 0; i < kBurst; ++i) {
+    UniqueFd fd;
+    absl::StatusOr<std::string> answer = ipc::ReceiveMessage(clients[i].get(), 4096, &fd, deadline);
+    ASSERT_TRUE(answer.ok()) << "connection " << i << ": " << answer.status();
+    absl::StatusOr<ipc::RegisterResponse> r = ipc::DecodeResponse(*answer);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->status.code(), absl::StatusCode::kPermissionDenied) << i << ": " << r->status;
+    EXPECT_NE(r->status.message().find("no-such-session"), std::string::npos) << r->status;
+  }
   EXPECT_EQ(cluster->StopAll(), absl::OkStatus());
 }
 

@@ -121,7 +121,12 @@ void BufferFdServer::Accept(std::vector<Pending>* pending) {
       GS_LOG(WARNING) << "fd socket: SO_PEERCRED: " << ErrnoString(errno);
       continue;
     }
-    if (!limits_.Acquire(absl::StrCat(peer.uid))) {
+    // At a limit, first serve the held connections whose request has
+    // arrived: a burst of one uid's clients (8 ranks fetching their segments
+    // at once while this thread was descheduled) is served in full; only
+    // connections that stay silent hold slots.
+    if (!limits_.Acquire(absl::StrCat(peer.uid)) &&
+        (ServeArrived(pending) == 0 || !limits_.Acquire(absl::StrCat(peer.uid)))) {
       GS_LOG(WARNING) << "fd socket: closed a connection from pid " << peer.pid << " uid "
                       << peer.uid << ": " << limits_.held(absl::StrCat(peer.uid))
                       << " of its connections (at most " << kMaxConnectionsPerUid << " per uid, "
@@ -130,6 +135,26 @@ void BufferFdServer::Accept(std::vector<Pending>* pending) {
     }
     pending->push_back({std::move(conn), peer, absl::Now() + kRequestTimeout});
   }
+}
+
+int BufferFdServer::ServeArrived(std::vector<Pending>* pending) {
+  std::vector<pollfd> polled;
+  for (const Pending& p : *pending) polled.push_back({p.conn.get(), POLLIN, 0});
+  if (polled.empty() || ::poll(polled.data(), polled.size(), 0) <= 0) return 0;
+  std::vector<Pending> waiting;
+  int served = 0;
+  for (size_t i = 0; i < pending->size(); ++i) {
+    Pending& p = (*pending)[i];
+    if (polled[i].revents == 0) {
+      waiting.push_back(std::move(p));
+      continue;
+    }
+    Serve(p.conn.get(), p.peer, p.deadline);
+    limits_.Release(absl::StrCat(p.peer.uid));
+    ++served;
+  }
+  *pending = std::move(waiting);
+  return served;
 }
 
 namespace {

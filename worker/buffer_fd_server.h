@@ -7,8 +7,9 @@
 // polls every connection that has not sent its request yet and answers each
 // as its request arrives, so a silent connection delays nobody else; it is
 // dropped after kRequestTimeout. One uid holds at most kMaxConnectionsPerUid
-// such connections and all uids kMaxConnections; a connection beyond either
-// is closed at once. Refusals are logged with the peer's pid and uid and
+// such connections and all uids kMaxConnections; a connection beyond either,
+// once the held connections whose request has arrived are served, is closed
+// at once. Refusals are logged with the peer's pid and uid and
 // counted; the daemon goes on serving.
 #ifndef GRADSYNC_WORKER_BUFFER_FD_SERVER_H_
 #define GRADSYNC_WORKER_BUFFER_FD_SERVER_H_
@@ -74,6 +75,9 @@ class BufferFdServer {
   };
   void Loop();
   void Accept(std::vector<Pending>* pending);
+  // Serves (and drops) every pending connection whose request has arrived
+  // or that hung up; returns how many.
+  int ServeArrived(std::vector<Pending>* pending);
   void Serve(int conn, const ucred& peer, absl::Time deadline);
   void ServeRegistration(int conn, absl::string_view bytes, UniqueFd fd, const ucred& peer);
   void ServeFetch(int conn, absl::string_view bytes, bool carried_fd, const ucred& peer);
