@@ -76,6 +76,7 @@
 #include "collective/reducer.h"
 #include "collective/ring_allreduce.h"
 #include "common/types.h"
+#include "kernels/codec.h"
 #include "transport/memory.h"
 #include "transport/transport.h"
 
@@ -99,6 +100,9 @@ struct CollectiveCall {
   RingOptions ring;  // segment size and in-flight bound (every algorithm uses the segment size)
   // What reduces the buffer's memory (null: the CPU reducer, host memory).
   const Reducer* reducer = nullptr;
+  // The wire codec of an f32 ring allreduce or reduce_scatter on host
+  // memory (collective/compressed_ring.h); kNone: the values as they are.
+  CodecId codec = CodecId::kNone;
 
   char* data() const { return buffer.bytes(); }
   const Reducer& reduce() const { return reducer != nullptr ? *reducer : CpuReducer(); }

@@ -145,7 +145,7 @@ absl::StatusOr<Plan> Planner::Agree(const PlanRequest& op, const Plan& mine, uin
 void Planner::Complete(const PlanRequest& op, Plan* plan) const {
   const bool shared = !topology_.one_rank_per_daemon();
   plan->local_stage = shared;
-  plan->codec = Codec::kNone;
+  plan->codec = CodecId::kNone;
   if (plan->path == PlanPath::kParameterServer) {
     plan->ps_partition_bytes = settings_.ps_partition_bytes;
     plan->shown_name = plan->Name();

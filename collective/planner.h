@@ -38,6 +38,7 @@
 #include "collective/plan_code.h"
 #include "collective/stream_tuner.h"
 #include "common/types.h"
+#include "kernels/codec.h"
 
 namespace gradsync {
 
@@ -47,15 +48,12 @@ enum class PlanPath : uint8_t {
   kParameterServer = 2,  // pushed to and pulled from gradsync-ps shards (ps/worker_client.h)
 };
 
-// What travels besides the data's own encoding. Only kNone (identity) today.
-enum class Codec : uint8_t { kNone = 0 };
-
 struct Plan {
   // What the op signature carries (Code): the path and, kFlat, the algorithm.
   PlanPath path = PlanPath::kFlat;
   Algorithm algorithm = Algorithm::kRing;  // kFlat: the algorithm among the daemons
   uint8_t streams = 0;                     // TCP streams for the op; 0: keep the current count
-  Codec codec = Codec::kNone;
+  CodecId codec = CodecId::kNone;  // the wire codec (kernels/codec.h)
 
   // The rest, decided by the Planner on every daemon (Propose, Agree).
   // Every rank is on this daemon: the whole op in memory, no exchange

@@ -309,10 +309,10 @@ TEST(Planner, TheCodecIsIdentity) {
   for (size_t bytes : {size_t{8}, size_t{1} << 20, size_t{64} << 20}) {
     const PlanRequest op = Op(CollectiveKind::kAllreduce, bytes);
     const Plan mine = planner.Propose(op);
-    EXPECT_EQ(mine.codec, Codec::kNone);
+    EXPECT_EQ(mine.codec, CodecId::kNone);
     absl::StatusOr<Plan> p = planner.Agree(op, mine, mine.Code(), mine.streams);
     ASSERT_TRUE(p.ok()) << p.status();
-    EXPECT_EQ(p->codec, Codec::kNone);
+    EXPECT_EQ(p->codec, CodecId::kNone);
   }
 }
 
