@@ -167,6 +167,7 @@ int ToSpec(const char* fn, gs_session* session, const gs_collective_spec* in,
   spec->timeout = absl::Milliseconds(c.timeout_ms);
   spec->tag = c.tag;
   spec->premul_factor = c.premul_factor;
+  spec->codec = c.codec != nullptr ? c.codec : "";
   return GS_OK;
 }
 
@@ -297,6 +298,7 @@ int gs_session_open_with(gs_client* client, const gs_session_options* in, gs_ses
   options.op_timeout_ms = o.op_timeout_ms;
   options.tcp_streams = o.tcp_streams;
   options.algorithm = o.algorithm != nullptr ? o.algorithm : "";
+  options.codec = o.codec != nullptr ? o.codec : "";
   options.timeline = o.timeline != 0;
   options.ps_shards = o.ps_shards;
   options.client_name = o.client_name != nullptr ? o.client_name : "c_api";

@@ -153,6 +153,9 @@ typedef struct gs_session_options {
   const char* client_name;      /* for the daemon's logs */
   const char* tenant_token;     /* the tenant's token for a coordinator with tenants; NULL/"":
                                    $GRADSYNC_TENANT_TOKEN or the file $GRADSYNC_TENANT_TOKEN_FILE */
+  const char* codec;            /* job option: every op's wire codec unless it names one: NULL/""
+                                   or "none", "bf16", "fp16", "fp8e4m3", "fp8e5m2", "int8",
+                                   "auto", "auto:bf16,int8" (docs/compression.md) */
 } gs_session_options;
 
 /* Sets struct_size and the defaults (rank -1, world_size 1, timeout 60 s). */
@@ -247,6 +250,8 @@ typedef struct gs_collective_spec {
   int64_t timeout_ms;   /* bound at the daemon from submission; 0: the job's default */
   int32_t tag;          /* GS_SEND, GS_RECV: a recv takes its peer's first message with this tag */
   double premul_factor; /* GS_OP_PREMUL_SUM: this rank's input is multiplied by it (init: 1) */
+  const char* codec;    /* NULL / "": the job's codec; "none"; a codec the op must travel
+                           through ("bf16", ..., f32 allreduce / reduce_scatter); "auto..." */
 } gs_collective_spec;
 
 /* What an op that completed reports. */

@@ -283,6 +283,7 @@ absl::StatusOr<OpHandle> Session::SubmitAsync(const CollectiveSpec& spec) {
   ctx.rank = rank_;
   ctx.world_size = world_size_;
   ctx.job_algorithm = job_.algorithm;
+  ctx.job_codec = job_.codec;
   OpDesc op = spec;
   op.buffer_id = spec.buffer != nullptr ? spec.buffer->id() : 0;
   ASSIGN_OR_RETURN(const OpShape shape, ValidateOp(op, ctx));
@@ -425,6 +426,7 @@ absl::StatusOr<std::unique_ptr<Session>> Client::OpenSession(const SessionOption
   req.mutable_options()->set_op_timeout_ms(options.op_timeout_ms);
   req.mutable_options()->set_tcp_streams(options.tcp_streams);
   req.mutable_options()->set_algorithm(options.algorithm);
+  req.mutable_options()->set_codec(options.codec);
   absl::StatusOr<bool> env_timeline = TimelineFromEnvironment();
   if (!env_timeline.ok()) return env_timeline.status();
   req.mutable_options()->set_timeline(options.timeline || *env_timeline);
@@ -444,6 +446,7 @@ absl::StatusOr<std::unique_ptr<Session>> Client::OpenSession(const SessionOption
 
   Session::JobFacts job;
   job.algorithm = resp.job_algorithm();
+  job.codec = resp.job_codec();
   job.ps_shards = resp.ps_shards();
   job.fd_socket = resp.fd_socket();
   job.registration_token = resp.registration_token();

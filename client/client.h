@@ -94,6 +94,9 @@ struct SessionOptions {
   // Used if this session creates the job (0 / "": the daemon's defaults).
   int tcp_streams = 0;       // TCP connections per pair of the job's daemons
   std::string algorithm;     // forced for every op of the job; "" = cost model
+  // Every op's codec unless it names one: "" / "none", "bf16", "fp16",
+  // "fp8e4m3", "fp8e5m2", "int8", "auto", "auto:bf16,int8" (docs/compression.md).
+  std::string codec;
   // Chrome-trace timeline of every op on every rank (gradsyncd --timeline_dir);
   // also switched on by GRADSYNC_TIMELINE=1 in the environment.
   bool timeline = false;
@@ -350,6 +353,7 @@ class Session {
   friend class Client;
   struct JobFacts {  // what OpenSession learned of the job
     std::string algorithm;  // forced for every op; "" = cost model
+    std::string codec;      // every op's codec unless it names one; "" = none
     int ps_shards = 0;
     absl::Duration default_op_timeout;  // zero = unknown
     std::string fd_socket;              // "" = the daemon has none

@@ -77,6 +77,7 @@ v1::SubmitRequest SubmitRequestOf(const std::string& session_id, const OpDesc& o
   req.set_offset_bytes(op.offset_bytes);
   req.set_name(op.name);
   req.set_algorithm(op.algorithm);
+  req.set_codec(op.codec);
   req.set_timeout_ms(TimeoutMillis(op.timeout));
   return req;
 }

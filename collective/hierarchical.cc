@@ -386,6 +386,7 @@ absl::Status RunAcrossNodes(transport::Context& ctx, const JobPlacement& p,
   call.seq = seq;
   call.deadline = deadline;
   call.ring = ring;
+  call.codec = c.codec;
   auto between = [&](absl::Status s) {
     if (s.ok()) return s;
     return absl::Status(s.code(), absl::StrCat("between daemons (node ", p.node_index, " of ",

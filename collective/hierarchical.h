@@ -49,6 +49,7 @@
 #include "collective/topology.h"
 #include "common/slice_pool.h"
 #include "common/types.h"
+#include "kernels/codec.h"
 #include "transport/memory.h"
 #include "transport/transport.h"
 
@@ -67,6 +68,9 @@ struct LocalCollective {
   const Reducer* reducer = nullptr;
   // bufs[0]'s registration on the node context (null: registered per op).
   const transport::MemoryRegion* region0 = nullptr;
+  // The codec of the allreduce among the daemons (allreduce and
+  // reduce_scatter; collective/compressed_ring.h).
+  CodecId codec = CodecId::kNone;
 
   const Reducer& reduce() const { return reducer != nullptr ? *reducer : CpuReducer(); }
 };

@@ -8,11 +8,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "collective/codec_request.h"
 #include "collective/planner.h"
 
 namespace gradsync {
 
-OpSignature OpSignature::Of(const OpDesc& op, uint8_t plan_code) {
+OpSignature OpSignature::Of(const OpDesc& op, uint8_t plan_code, uint8_t codecs) {
   OpSignature sig;
   sig.kind = op.kind;
   sig.dtype = op.dtype;
@@ -22,6 +23,7 @@ OpSignature OpSignature::Of(const OpDesc& op, uint8_t plan_code) {
   sig.tag = IsPointToPoint(op.kind) ? op.tag : 0;
   sig.name.assign(op.name.data(), op.name.size());
   sig.forced = plan_code;
+  sig.codecs = codecs;
   return sig;
 }
 
@@ -38,6 +40,7 @@ std::string OpSignature::Describe() const {
                     tag);
   }
   if (forced != kNoAlgorithm) absl::StrAppend(&out, " algo ", PlanCodeName(forced));
+  if (codecs != 0) absl::StrAppend(&out, " codec ", CodecRequest::FromCode(codecs).ToString());
   return out;
 }
 
@@ -54,12 +57,15 @@ struct PackedSignature {
   int32_t root;
   uint8_t proposal;  // not compared (CompareSignatures masks it)
   uint8_t streams;   // not compared either
-  uint8_t reserved[2];
+  uint8_t codec;     // nor this
+  uint8_t codecs;    // compared
 };
 constexpr size_t kProposalOffset = offsetof(PackedSignature, proposal);
 constexpr size_t kStreamsOffset = offsetof(PackedSignature, streams);
-static_assert(kStreamsOffset == kProposalOffset + 1, "the two uncompared bytes are adjacent");
-constexpr size_t kUncompared = 2;  // bytes from kProposalOffset
+constexpr size_t kCodecOffset = offsetof(PackedSignature, codec);
+static_assert(kStreamsOffset == kProposalOffset + 1 && kCodecOffset == kProposalOffset + 2,
+              "the uncompared bytes are adjacent");
+constexpr size_t kUncompared = 3;  // bytes from kProposalOffset
 static_assert(sizeof(PackedSignature) == 32, "packed signature layout");
 }  // namespace
 
@@ -80,7 +86,8 @@ void OpSignature::EncodeTo(std::string* out) const {
                     root,
                     proposal,
                     streams,
-                    {0, 0}};
+                    static_cast<uint8_t>(codec),
+                    codecs};
   out->resize(sizeof(p) + name.size());
   std::memcpy(out->data(), &p, sizeof(p));
   std::memcpy(out->data() + sizeof(p), name.data(), name.size());
@@ -105,18 +112,25 @@ absl::StatusOr<OpSignature> OpSignature::Decode(const std::string& bytes) {
   s.forced = p.forced;
   s.proposal = p.proposal;
   s.streams = p.streams;
+  s.codec = IsValidCodec(p.codec) ? static_cast<CodecId>(p.codec) : CodecId::kNone;
+  s.codecs = p.codecs;
   s.name = bytes.substr(sizeof(p));
   return s;
 }
 
 bool OpSignature::operator==(const OpSignature& o) const {
   return seq == o.seq && kind == o.kind && dtype == o.dtype && op == o.op && count == o.count &&
-         root == o.root && name == o.name && forced == o.forced;
+         root == o.root && name == o.name && forced == o.forced && codecs == o.codecs;
 }
 
 uint8_t SignatureProposal(absl::string_view encoded) {
   if (encoded.size() < sizeof(PackedSignature)) return OpSignature::kNoAlgorithm;
   return static_cast<uint8_t>(encoded[kProposalOffset]);
+}
+
+uint8_t SignatureCodec(absl::string_view encoded) {
+  if (encoded.size() < sizeof(PackedSignature)) return 0;
+  return static_cast<uint8_t>(encoded[kCodecOffset]);
 }
 
 uint8_t SignatureStreams(absl::string_view encoded) {

@@ -14,6 +14,7 @@
 #include "collective/algorithm.h"
 #include "common/op_desc.h"
 #include "common/types.h"
+#include "kernels/codec.h"
 
 namespace gradsync {
 
@@ -41,14 +42,19 @@ struct OpSignature {
   // This rank's proposed TCP stream count for the op (collective/stream_tuner.h;
   // 0: no proposal, keep the current one). NOT compared; rank 0's wins.
   uint8_t streams = 0;
+  // The codecs the op may use (collective/codec_request.h's code), compared;
+  // and this rank's proposed codec (kernels/codec.h), NOT compared: rank 0's
+  // wins like its plan.
+  uint8_t codecs = 0;
+  CodecId codec = CodecId::kNone;
 
   static constexpr uint8_t kNoAlgorithm = kAutoCode;
 
   // The signature of `op` (seq 0: the session numbers it), with the plan code
-  // its validation gave (ValidateOp's OpShape::plan_code). The root only for
+  // and codecs its validation gave (ValidateOp's OpShape::plan_code, codecs). The root only for
   // rooted collectives (and the peer of send and recv), so ranks that leave
   // it unset still match.
-  static OpSignature Of(const OpDesc& op, uint8_t plan_code);
+  static OpSignature Of(const OpDesc& op, uint8_t plan_code, uint8_t codecs = 0);
 
   // e.g. "allreduce 'layer1.grad' f32[1024] sum", "broadcast 'w' f32[10] root 2",
   // "reduce 'g' f32[10] sum root 3", "allgather 'p' bf16[512]", "barrier 'step'",
@@ -71,6 +77,8 @@ struct OpSignature {
 absl::Status CompareSignatures(uint64_t seq, const std::vector<std::string>& encoded_by_rank);
 // The `proposal` field of an encoded signature (kNoAlgorithm if malformed).
 uint8_t SignatureProposal(absl::string_view encoded);
+// The `codec` field of an encoded signature (0, none, if malformed).
+uint8_t SignatureCodec(absl::string_view encoded);
 // The `streams` field of an encoded signature (0 if malformed).
 uint8_t SignatureStreams(absl::string_view encoded);
 

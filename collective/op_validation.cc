@@ -4,6 +4,8 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "collective/algorithm.h"
+#include "collective/codec_request.h"
 #include "collective/plan_code.h"
 
 namespace gradsync {
@@ -156,6 +158,33 @@ absl::StatusOr<OpShape> ValidateOp(const OpDesc& op, const OpContext& ctx) {
                                          ctx.job_id, "' has one rank per daemon"));
   }
   shape.plan_code = *code;
+  absl::StatusOr<CodecRequest> codecs = EffectiveCodecRequest(op.codec, ctx.job_codec);
+  if (!codecs.ok()) return Invalid(op, ctx, codecs.status().message());
+  if (!codecs->none() && !codecs->lenient) {
+    const CodecId id = codecs->only();
+    auto refuse = [&](absl::string_view why) {
+      return Invalid(op, ctx, absl::StrCat("codec '", CodecName(id), "' does not apply: ", why));
+    };
+    if (op.kind != CollectiveKind::kAllreduce && op.kind != CollectiveKind::kReduceScatter) {
+      return refuse("codecs compress allreduce and reduce_scatter only");
+    }
+    if (op.dtype != DType::kF32) {
+      return refuse(absl::StrCat("codecs encode f32 values, not ", DTypeName(op.dtype)));
+    }
+    if (CombineOp(op.op) != ReduceOp::kSum && op.op != ReduceOp::kAvg) {
+      return refuse(absl::StrCat("codecs sum (sum, avg, premul_sum), not ", ReduceOpName(op.op)));
+    }
+    if (*code != kAutoCode && *code != static_cast<uint8_t>(Algorithm::kRing) &&
+        *code != kHierarchicalPlanCode) {
+      return refuse(absl::StrCat("compressed ops run the ring algorithm ('ring' or 'hier'), not '",
+                                 algo_name, "'"));
+    }
+    if (op.count < kCodecBlockElements) {
+      return refuse(absl::StrCat(op.count, " elements per rank are fewer than one codec block (",
+                                 kCodecBlockElements, ")"));
+    }
+  }
+  shape.codecs = codecs->Code();
   return shape;
 }
 

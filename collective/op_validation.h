@@ -26,6 +26,7 @@ struct OpContext {
   int world_size = 1;
   absl::string_view job_id;
   absl::string_view job_algorithm;  // forced for the job; "" = cost model
+  absl::string_view job_codec;      // the job's codec (collective/codec_request.h); "" = none
   // What only gradsyncd knows (the SDK leaves them unset: not checked).
   std::optional<bool> has_ps;               // the epoch has parameter-server shards
   std::optional<bool> one_rank_per_daemon;  // no two ranks share a daemon ("hier" has nothing to do)
@@ -36,6 +37,7 @@ struct OpShape {
   uint64_t bytes = 0;     // of the op in its buffer (count x element size x blocks)
   uint64_t blocks = 1;    // world size for the blocked collectives, else 1
   uint8_t plan_code = 0;  // RequestedPlanCode
+  uint8_t codecs = 0;     // the op's CodecRequest code (its own, else the job's)
 };
 
 // The largest op, in bytes of its buffer.
@@ -45,7 +47,8 @@ inline constexpr uint64_t kMaxOpBytes = uint64_t{1} << 40;
 // and reduce op values, the root for the rooted collectives (CheckOpValues),
 // the name's length, the timeout (finite, >= 0), a buffer for every op but a barrier
 // (a barrier without one has count 0), the op's size (<= kMaxOpBytes), the
-// requested plan for this collective and size, and against the job ("ps"
+// requested plan for this collective and size, the codec (one the op names
+// must apply to it: codecs_request.h), and against the job ("ps"
 // needs shards, "hier" ranks that share a daemon) where `ctx` knows it.
 // InvalidArgument.
 absl::StatusOr<OpShape> ValidateOp(const OpDesc& op, const OpContext& ctx);

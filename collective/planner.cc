@@ -1,6 +1,7 @@
 #include "collective/planner.h"
 
 #include "absl/strings/str_cat.h"
+#include "collective/codec_request.h"
 
 namespace gradsync {
 
@@ -53,6 +54,26 @@ namespace {
 
 // The data of a flat oneshot allreduce (or the barrier) ride on the
 // signature exchange, which every local rank's signature must agree to.
+// Why no codec can apply to `op` itself ("" if one can).
+const char* CodecInapplicable(const PlanRequest& op) {
+  if (op.kind != CollectiveKind::kAllreduce && op.kind != CollectiveKind::kReduceScatter) {
+    return "codecs compress allreduce and reduce_scatter only";
+  }
+  if (op.dtype != DType::kF32) return "codecs encode f32 values";
+  if (CombineOp(op.op) != ReduceOp::kSum && op.op != ReduceOp::kAvg) {
+    return "codecs sum (sum, avg, premul_sum)";
+  }
+  if (op.count < kCodecBlockElements) return "fewer elements than one codec block";
+  return "";
+}
+
+// A codec named (not "auto") that applies to the op: it runs on the ring,
+// so the data do not ride on the signature exchange.
+bool CodecNamed(const PlanRequest& op) {
+  const CodecRequest request = CodecRequest::FromCode(op.codecs);
+  return !request.none() && !request.automatic && *CodecInapplicable(op) == '\0';
+}
+
 bool Fused(const Plan& plan, const PlanRequest& op) {
   return plan.path == PlanPath::kFlat && plan.algorithm == Algorithm::kOneShot &&
          !op.local_mismatch &&
@@ -81,7 +102,7 @@ Plan Planner::Propose(const PlanRequest& op) {
   if (op.forced != kAutoCode) {
     absl::StatusOr<Plan> p = PlanFromCode(op.forced);
     if (p.ok()) plan = *p;  // the caller validated the code (RequestedPlanCode)
-  } else if (op.bytes <= settings_.oneshot_max_bytes &&
+  } else if (op.bytes <= settings_.oneshot_max_bytes && !CodecNamed(op) &&
              fused_memo_.Choose(op.kind, op.bytes, world, agreed_link_) == Algorithm::kOneShot) {
     plan.algorithm = Algorithm::kOneShot;  // decided on the agreed link: alike everywhere
   } else if (topology_.ps_shards > 0 && op.kind == CollectiveKind::kAllreduce &&
@@ -100,12 +121,75 @@ Plan Planner::Propose(const PlanRequest& op) {
   plan.fused = Fused(plan, op);
   // Until rank 0's plan is known: a fused exchange carries host memory.
   plan.on_device = op.device_path && settings_.device_ops_in_place && !plan.fused;
+  plan.codec = ChooseCodec(op, plan, &plan.codec_note);
+  if (plan.codec != CodecId::kNone) {
+    // Compressed ops run the ring (the cost model may have chosen another
+    // dense algorithm), on host memory.
+    if (plan.path == PlanPath::kFlat) plan.algorithm = Algorithm::kRing;
+    plan.on_device = false;
+  }
   Complete(op, &plan);
   return plan;
 }
 
+double Planner::CodecMicros(const PlanRequest& op, CodecId codec) const {
+  const int world = topology_.world;
+  // The stage among the daemons: the hierarchical reduce_scatter is an
+  // allreduce of every block.
+  const CollectiveKind kind = topology_.one_rank_per_daemon() ? op.kind : CollectiveKind::kAllreduce;
+  const Codec* c = CodecFor(codec);
+  if (c == nullptr) return PredictMicros(kind, Algorithm::kRing, op.bytes, world, link_);
+  // The same messages with fewer bytes; decoding replaces the reduction.
+  // Each rank encodes and decode-adds about its whole buffer once per
+  // phase (reduce-scatter, and allgather's decode).
+  LinkParams wire = link_;
+  wire.reduce_us_per_byte = 0;
+  const double phases = kind == CollectiveKind::kAllreduce ? 1.5 : 1.0;
+  const size_t encoded = static_cast<size_t>(static_cast<double>(op.bytes) * c->Ratio());
+  return PredictMicros(kind, Algorithm::kRing, encoded, world, wire) +
+         phases * static_cast<double>(op.bytes) * c->MeasuredMicrosPerByte();
+}
+
+CodecId Planner::ChooseCodec(const PlanRequest& op, const Plan& plan, const char** why) const {
+  const CodecRequest request = CodecRequest::FromCode(op.codecs);
+  *why = "";
+  if (request.none()) return CodecId::kNone;
+  // A request the op's validation let through that cannot apply here runs
+  // dense (an op's own codec was checked against everything else).
+  if (topology_.every_rank_here) {
+    *why = "every rank is on this daemon (no link to save)";
+  } else if (plan.path == PlanPath::kParameterServer) {
+    *why = "the parameter-server path runs dense";
+  } else if (plan.fused) {
+    *why = "the data ride on the signature exchange";
+  } else if (plan.path == PlanPath::kFlat && plan.algorithm != Algorithm::kRing &&
+             op.forced != kAutoCode) {
+    *why = "the op forces an algorithm other than ring";
+  } else if (*CodecInapplicable(op) != '\0') {
+    *why = CodecInapplicable(op);
+  } else if (op.device_path && settings_.device_ops_in_place) {
+    *why = "device buffers run in place on their GPU; codecs run on host memory";
+  }
+  if (**why != '\0') return CodecId::kNone;
+  if (!request.automatic) return request.only();
+  // auto: the fastest by the model, if it beats dense by the margin.
+  const double dense = CodecMicros(op, CodecId::kNone);
+  CodecId best = CodecId::kNone;
+  double best_us = dense * settings_.codec_max_time_ratio;
+  for (CodecId id : kAllCodecs) {
+    if (id == CodecId::kNone || !request.allows(id)) continue;
+    const double us = CodecMicros(op, id);
+    if (us < best_us) {
+      best = id;
+      best_us = us;
+    }
+  }
+  if (best == CodecId::kNone) *why = "auto: no codec is modelled faster than dense on this link";
+  return best;
+}
+
 absl::StatusOr<Plan> Planner::Agree(const PlanRequest& op, const Plan& mine, uint8_t code,
-                                    uint8_t streams) const {
+                                    uint8_t streams, uint8_t codec) const {
   absl::StatusOr<Plan> agreed = PlanFromCode(code);
   if (!agreed.ok()) {
     return absl::Status(agreed.status().code(),
@@ -113,9 +197,16 @@ absl::StatusOr<Plan> Planner::Agree(const PlanRequest& op, const Plan& mine, uin
   }
   Plan plan = *agreed;
   plan.streams = streams;
+  if (!IsValidCodec(codec)) {
+    return absl::DataLossError(absl::StrCat("rank 0 proposed unknown codec ", codec));
+  }
+  plan.codec = static_cast<CodecId>(codec);
+  plan.codec_note = mine.codec_note;
   // Alike on every daemon (the fused exchange succeeded only if so).
   plan.fused = mine.fused;
-  plan.on_device = mine.on_device && plan.path != PlanPath::kParameterServer;  // PS: host memory
+  // PS and codecs: host memory.
+  plan.on_device = mine.on_device && plan.path != PlanPath::kParameterServer &&
+                   plan.codec == CodecId::kNone;
   if (!plan.fused) {
     if (plan.path == PlanPath::kParameterServer) {
       if (topology_.ps_shards == 0) {
@@ -145,7 +236,6 @@ absl::StatusOr<Plan> Planner::Agree(const PlanRequest& op, const Plan& mine, uin
 void Planner::Complete(const PlanRequest& op, Plan* plan) const {
   const bool shared = !topology_.one_rank_per_daemon();
   plan->local_stage = shared;
-  plan->codec = CodecId::kNone;
   if (plan->path == PlanPath::kParameterServer) {
     plan->ps_partition_bytes = settings_.ps_partition_bytes;
     plan->shown_name = plan->Name();
@@ -166,7 +256,7 @@ void Planner::Complete(const PlanRequest& op, Plan* plan) const {
     // daemons' blocks itself; the field names what runs among them).
     node = Implements(Algorithm::kRing, stage) ? Algorithm::kRing : Algorithm::kPairwise;
   }
-  plan->node_algorithm = node;
+  plan->node_algorithm = plan->codec != CodecId::kNone ? Algorithm::kRing : node;
 }
 
 std::string Planner::Observe(const Plan& plan, CollectiveKind kind, size_t bytes, uint8_t streams,

@@ -81,6 +81,8 @@ struct Plan {
   // "ring", "rhd", "rd", "tree", "pairwise", "oneshot", "hier", "ps": what an
   // op's result, its log line, its metrics and `gradsync status` show.
   const char* shown_name = "ring";
+  // Why the op runs dense although its request allowed a codec ("" if not).
+  const char* codec_note = "";
 
   // The name of the signature's code (path and algorithm): shown_name
   // differs where ranks share daemons ("hier") or every rank is here.
@@ -123,6 +125,9 @@ struct PlannerSettings {
   // Allreduces of at least this many bytes among daemons that share hosts run
   // in two levels (collective/two_level.h).
   size_t two_level_min_bytes = 1 << 20;
+  // Under codec "auto", a codec runs only where its modelled time is at most
+  // this fraction of the dense ring's.
+  double codec_max_time_ratio = 0.9;
 };
 
 // The participants of an op's network stage, fixed for the job's epoch: one
@@ -147,6 +152,10 @@ struct PlanRequest {
   bool local_mismatch = false;    // the local ranks' signatures differ
   bool device_path = false;       // every buffer is device memory and a device path was made
                                   // for it (WantsDevicePath)
+  DType dtype = DType::kF32;
+  ReduceOp op = ReduceOp::kSum;
+  uint64_t count = 0;             // elements per rank-block
+  uint8_t codecs = 0;             // the CodecRequest code (collective/codec_request.h)
 };
 
 class Planner {
@@ -176,7 +185,11 @@ class Planner {
   // (ps without shards, hier with one rank per daemon, an algorithm that
   // does not implement the op); DataLoss for an unknown code.
   absl::StatusOr<Plan> Agree(const PlanRequest& op, const Plan& mine, uint8_t code,
-                             uint8_t streams) const;
+                             uint8_t streams, uint8_t codec = 0) const;
+
+  // The modelled microseconds of `op` through `codec` (kNone: dense) on the
+  // ring among the daemons, with this rank's link estimate.
+  double CodecMicros(const PlanRequest& op, CodecId codec) const;
 
   // `plan` (Agree's) ran an op of `bytes` per rank on `streams` TCP streams (0: not
   // tuned) in `took_us` microseconds, measured from the start of its
@@ -190,6 +203,9 @@ class Planner {
   // The decisions that follow from the path and algorithm: the node-stage
   // algorithm, the device path, slicing, PS partitions, the name shown.
   void Complete(const PlanRequest& op, Plan* plan) const;
+  // The codec `op` runs with under `plan` (path and algorithm chosen), and
+  // why none where the request named one (for the log).
+  CodecId ChooseCodec(const PlanRequest& op, const Plan& plan, const char** why) const;
   void ObserveSmallOp(CollectiveKind kind, Algorithm algo, size_t bytes, double took_us);
 
   const PlannerSettings settings_;

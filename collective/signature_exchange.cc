@@ -167,6 +167,7 @@ absl::Status AllToAll::Finish() {
       me_ == 0 ? my_sig : absl::string_view(in, EncodedLength(in, st_.recvs[0].bytes));
   agreed = SignatureProposal(rank0);
   agreed_streams = SignatureStreams(rank0);
+  agreed_codec = SignatureCodec(rank0);
   return absl::OkStatus();
 }
 
@@ -181,7 +182,8 @@ absl::Status CheckSignatures(transport::Context& ctx, const OpSignature& mine,
                              const std::function<void(int rank)>& on_arrival,
                              uint8_t* agreed, FusedAllreduce* fused, SignatureScratch* scratch,
                              uint8_t* agreed_streams,
-                             const std::vector<std::vector<int>>* participants) {
+                             const std::vector<std::vector<int>>* participants,
+                             uint8_t* agreed_codec) {
   const int n = ctx.size();
   if (fused != nullptr) {
     const size_t bytes = fused->count * DTypeSize(fused->dtype);
@@ -194,6 +196,7 @@ absl::Status CheckSignatures(transport::Context& ctx, const OpSignature& mine,
   if (n == 1) {
     if (agreed != nullptr) *agreed = mine.proposal;
     if (agreed_streams != nullptr) *agreed_streams = mine.streams;
+    if (agreed_codec != nullptr) *agreed_codec = static_cast<uint8_t>(mine.codec);
     return absl::OkStatus();
   }
   std::unique_ptr<SignatureScratch> local_scratch;
@@ -209,6 +212,7 @@ absl::Status CheckSignatures(transport::Context& ctx, const OpSignature& mine,
     }
     if (agreed != nullptr) *agreed = x.agreed;
     if (agreed_streams != nullptr) *agreed_streams = x.agreed_streams;
+    if (agreed_codec != nullptr) *agreed_codec = x.agreed_codec;
     return absl::OkStatus();
   };
   if (pattern == SignaturePattern::kAllToAll || n == 2) {

@@ -74,7 +74,8 @@ class SignatureScratch {
 // If any two ranks' signatures differ, every rank returns the same
 // InvalidArgument (CompareSignatures); transport errors come back as they are.
 // On success `agreed`, if set, receives rank 0's proposal, and
-// `agreed_streams`, if set, rank 0's stream count proposal.
+// `agreed_streams`, if set, rank 0's stream count proposal, and
+// `agreed_codec`, if set, rank 0's codec proposal.
 // `fused`: an allreduce to run in the same exchange (see FusedAllreduce);
 // when null, a peer that sent data is an error. `scratch`: memory reused
 // across ops (see SignatureScratch); required with `fused`.
@@ -90,7 +91,8 @@ absl::Status CheckSignatures(transport::Context& ctx, const OpSignature& mine,
                              uint8_t* agreed = nullptr, FusedAllreduce* fused = nullptr,
                              SignatureScratch* scratch = nullptr,
                              uint8_t* agreed_streams = nullptr,
-                             const std::vector<std::vector<int>>* participants = nullptr);
+                             const std::vector<std::vector<int>>* participants = nullptr,
+                             uint8_t* agreed_codec = nullptr);
 
 }  // namespace gradsync
 

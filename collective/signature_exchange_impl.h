@@ -72,6 +72,7 @@ class ExchangeImpl {
   virtual absl::Status TimedOut() const = 0;
   uint8_t agreed = OpSignature::kNoAlgorithm;
   uint8_t agreed_streams = 0;
+  uint8_t agreed_codec = 0;
   // The job ranks each participant stands for (its deadline error names
   // them), or null: the participants are the ranks.
   const std::vector<std::vector<int>>* participants = nullptr;

@@ -355,6 +355,7 @@ absl::Status RdExchange::Finish() {
     if (std::find(g.ranks.begin(), g.ranks.end(), 0) == g.ranks.end()) continue;
     agreed = SignatureProposal(g.sig);
     agreed_streams = SignatureStreams(g.sig);
+    agreed_codec = SignatureCodec(g.sig);
   }
   if (want_ > 0) {
     if (!valid_) {  // equal signatures and lengths, yet a peer sent no partial result

@@ -45,6 +45,8 @@ absl::Status RunTwoLevelAllreduce(transport::Context& ctx, const HostGroups& hos
     c.root = 0;
     c.op = CombineOp(call.op);
     c.seq = call.seq | (static_cast<uint64_t>(n) << 56);
+    // A codec saves bytes across the hosts; within one, the values go as they are.
+    if (kind != CollectiveKind::kAllreduce) c.codec = CodecId::kNone;
     return c;
   };
   auto named = [](absl::Status s, absl::string_view what) {

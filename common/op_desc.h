@@ -40,6 +40,7 @@ struct OpDesc {
   uint64_t offset_bytes = 0;     // where the op starts in the buffer
   std::string name;              // identifies the op across ranks (<= kMaxOpNameBytes)
   std::string algorithm;         // "" or "auto": the job's choice, else the cost model's
+  std::string codec;             // "": the job's; else collective/codec_request.h
   absl::Duration timeout = absl::ZeroDuration();  // from submission; zero = the job's default
 };
 

@@ -84,6 +84,10 @@ absl::Status EncodeSubmission(uint64_t token, const OpDesc& op, SubmissionEntry*
                                                    op.algorithm.size(),
                                                    " characters; the limit is ", kMaxAlgorithmChars));
   }
+  if (op.codec.size() > kMaxCodecChars) {
+    return absl::InvalidArgumentError(absl::StrCat("codec '", op.codec, "' is ", op.codec.size(),
+                                                   " characters; the limit is ", kMaxCodecChars));
+  }
   if (token == 0) return absl::InvalidArgumentError("op token must be >= 1");
   const int64_t timeout_ms = TimeoutMillis(op.timeout);
   if (timeout_ms < 0) {
@@ -105,6 +109,8 @@ absl::Status EncodeSubmission(uint64_t token, const OpDesc& op, SubmissionEntry*
   out->algorithm_len = static_cast<uint8_t>(op.algorithm.size());
   out->name_len = static_cast<uint16_t>(op.name.size());
   std::memcpy(out->algorithm, op.algorithm.data(), op.algorithm.size());
+  out->codec_len = static_cast<uint8_t>(op.codec.size());
+  std::memcpy(out->codec, op.codec.data(), op.codec.size());
   std::memcpy(out->name, op.name.data(), op.name.size());
   return absl::OkStatus();
 }
@@ -120,6 +126,11 @@ absl::Status DecodeSubmission(const SubmissionEntry& e, OpDesc* op) {
     return absl::InvalidArgumentError(absl::StrCat(
         "submission entry (token ", e.token, ", op '", name, "'): algorithm name length ",
         e.algorithm_len, " exceeds the limit of ", kMaxAlgorithmChars));
+  }
+  if (e.codec_len > kMaxCodecChars) {
+    return absl::InvalidArgumentError(absl::StrCat("submission entry (token ", e.token, ", op '",
+                                                   name, "'): codec length ", e.codec_len,
+                                                   " exceeds the limit of ", kMaxCodecChars));
   }
   if (e.token == 0) {
     return absl::InvalidArgumentError(
@@ -137,6 +148,7 @@ absl::Status DecodeSubmission(const SubmissionEntry& e, OpDesc* op) {
   op->offset_bytes = e.offset_bytes;
   op->name.assign(name.data(), name.size());
   op->algorithm.assign(e.algorithm, e.algorithm_len);
+  op->codec.assign(e.codec, e.codec_len);
   op->timeout = absl::Milliseconds(e.timeout_ms);
   return absl::OkStatus();
 }

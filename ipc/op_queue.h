@@ -65,12 +65,14 @@ namespace gradsync {
 namespace ipc {
 
 inline constexpr uint32_t kOpQueueMagic = 0x51505347;  // "GSPQ" little-endian
-inline constexpr uint32_t kOpQueueVersion = 5;
+inline constexpr uint32_t kOpQueueVersion = 6;
 inline constexpr size_t kMaxRefusalBytes = 512;
 inline constexpr uint32_t kMinQueueCapacity = 2;
 inline constexpr uint32_t kMaxQueueCapacity = 4096;
 inline constexpr uint32_t kDefaultQueueCapacity = 256;
 inline constexpr size_t kMaxAlgorithmChars = 15;
+// The longest codec request an entry carries ("auto:bf16,fp16,int8" fits).
+inline constexpr size_t kMaxCodecChars = 23;
 inline constexpr size_t kMaxOpNameChars = 256;  // = collective/op_signature.h kMaxOpNameBytes
 inline constexpr size_t kMaxErrorMessageBytes = 1024;
 
@@ -97,14 +99,16 @@ struct SubmissionEntry {
   uint8_t reduce_op;      // ReduceOp value
   uint8_t algorithm_len;  // <= kMaxAlgorithmChars
   uint16_t name_len;      // <= kMaxOpNameChars
-  uint16_t reserved0;
+  uint8_t codec_len;      // <= kMaxCodecChars
+  uint8_t reserved0;
   int32_t tag;            // send, recv
   double premul_factor;   // premul_sum: this rank's multiplier
   char algorithm[16];
+  char codec[kMaxCodecChars + 1];  // OpDesc::codec ("" = the job's)
   char name[kMaxOpNameChars];
 };
 static_assert(std::is_trivially_copyable_v<SubmissionEntry>);
-static_assert(sizeof(SubmissionEntry) == 336);
+static_assert(sizeof(SubmissionEntry) == 360);
 
 // The outcome of one op, as the daemon writes it.
 struct CompletionEntry {

@@ -83,6 +83,11 @@ absl::Status ValidateJobOptions(absl::string_view job_id, const v1::JobOptions& 
                                                    o.algorithm().size(), " characters; at most ",
                                                    kMaxAlgorithmNameLength));
   }
+  if (o.codec().size() > kMaxAlgorithmNameLength) {
+    return absl::InvalidArgumentError(absl::StrCat("job '", job_id, "': codec of ",
+                                                   o.codec().size(), " characters; at most ",
+                                                   kMaxAlgorithmNameLength));
+  }
   return absl::OkStatus();
 }
 

@@ -1,5 +1,6 @@
 #include "worker/daemon.h"
 
+#include "collective/codec_request.h"
 #include "common/status_macros.h"
 
 #include <grpcpp/grpcpp.h>
@@ -240,6 +241,7 @@ absl::StatusOr<std::shared_ptr<Session>> Daemon::OpenSession(const OpenSessionAr
   creq.mutable_options()->set_tcp_streams(args.tcp_streams > 0 ? args.tcp_streams
                                                                 : options_.tcp_streams);
   creq.mutable_options()->set_algorithm(args.algorithm);
+  creq.mutable_options()->set_codec(args.codec);
   creq.mutable_options()->set_timeline(args.timeline);
   creq.mutable_options()->set_ps_shards(args.ps_shards);
   creq.mutable_options()->set_data_tls(options_.data_tls);
@@ -284,6 +286,7 @@ absl::StatusOr<std::shared_ptr<Session>> Daemon::OpenSession(const OpenSessionAr
     info.heartbeat_timeout = absl::Milliseconds(hb_ms);
   }
   info.job_algorithm = jresp.options().algorithm();
+  info.job_codec = jresp.options().codec();
   for (const auto& e : jresp.ps_shards()) {
     info.ps_shards.push_back(HostPort{e.host(), e.port()});
     info.ps_shard_rdma.push_back(e.rdma());
@@ -315,6 +318,12 @@ absl::StatusOr<std::shared_ptr<Session>> Daemon::OpenSession(const OpenSessionAr
     LeaveJob(info);
     return absl::InvalidArgumentError(absl::StrCat("job '", args.job_id, "': ",
                                                    ParseAlgorithm(info.job_algorithm).status().message()));
+  }
+  if (absl::StatusOr<CodecRequest> codec = ParseCodecRequest(info.job_codec, /*job=*/true);
+      !codec.ok()) {
+    LeaveJob(info);
+    return absl::InvalidArgumentError(
+        absl::StrCat("job '", args.job_id, "': codec: ", codec.status().message()));
   }
 
   // Where the ranks live: ranks with the same data endpoint share a daemon

@@ -91,6 +91,7 @@ struct OpenSessionArgs {
   int64_t op_timeout_ms = 0;
   int tcp_streams = 0;    // 0: DaemonOptions::tcp_streams
   std::string algorithm;  // job-wide forced algorithm; "" = cost model
+  std::string codec;      // job-wide codec (collective/codec_request.h); "" = none
   bool timeline = false;  // job-wide Chrome-trace timeline
   int ps_shards = 0;      // parameter-server shards the job uses (if it creates it)
   std::string client_name;

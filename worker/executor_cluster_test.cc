@@ -19,6 +19,7 @@
 #include "gmock/gmock.h"
 #include "kernels/cpu_reduce.h"
 #include "gtest/gtest.h"
+#include "kernels/codec.h"
 #include "worker/threaded_cluster_testing.h"
 
 namespace gradsync {
@@ -241,6 +242,109 @@ TEST_P(ExecutorClusterShapes, PremulSumMultipliesEachRanksInputByItsOwnFactor) {
   op.premul_factor = std::numeric_limits<double>::infinity();
   EXPECT_THAT(c->Submit(0, op).status().message(),
               HasSubstr("premul_sum factor must be finite, got inf"));
+}
+
+// Codecs through the daemons: an op's own codec runs on the ring among the
+// daemons (shown as "ring+int8" / "hier+int8"), every rank ends with the
+// same bits within the codec's bound of the exact sum; with every rank on
+// one daemon nothing crosses a link and the op runs dense. The job's codec
+// applies where it can (an i32 op runs dense); an op's own codec that
+// cannot apply is refused naming it; ranks that disagree on the codec fail
+// the op naming both sides.
+TEST_P(ExecutorClusterShapes, CodecsCompressTheStageBetweenDaemons) {
+  ClusterSpec spec;
+  spec.node_of_rank = GetParam();
+  spec.job_codec = "bf16";
+  FakeCoordinator coord(spec);
+  auto c = Form(coord);
+  ASSERT_NE(c, nullptr);
+  const int n = c->world();
+  const bool one_daemon = *std::max_element(spec.node_of_rank.begin(), spec.node_of_rank.end()) == 0;
+  const size_t count = 3 * kCodecBlockElements + 17;
+  std::vector<RankBuffer> bufs = Buffers(*c, count * 4);
+  auto run = [&](DType t, const std::vector<std::string>& codecs,
+                 std::vector<OpOutcome>* outs) -> std::vector<std::vector<char>> {
+    auto inputs = Fill(bufs, t, ReduceOp::kSum, count, 77);
+    std::vector<uint64_t> ids(n);
+    for (int r = 0; r < n; ++r) {
+      OpSpec op = Allreduce(t, ReduceOp::kSum, count);
+      op.codec = codecs[r];
+      op.buffer_id = bufs[r].id;
+      absl::StatusOr<uint64_t> id = c->Submit(r, op);
+      EXPECT_TRUE(id.ok()) << id.status();
+      ids[r] = id.ok() ? *id : 0;
+    }
+    outs->clear();
+    for (int r = 0; r < n; ++r) {
+      absl::StatusOr<OpOutcome> out = c->Wait(r, ids[r]);
+      EXPECT_TRUE(out.ok()) << out.status();
+      outs->push_back(out.ok() ? *out : OpOutcome{});
+    }
+    return inputs;
+  };
+  std::vector<OpOutcome> outs;
+  // The op's own codec.
+  auto inputs = run(DType::kF32, std::vector<std::string>(n, "int8"), &outs);
+  for (int r = 0; r < n; ++r) {
+    ASSERT_TRUE(outs[r].status.ok()) << "rank " << r << ": " << outs[r].status;
+    if (one_daemon) {
+      EXPECT_THAT(outs[r].algorithm, Not(HasSubstr("+"))) << "rank " << r;
+    } else {
+      EXPECT_THAT(outs[r].algorithm, HasSubstr("+int8")) << "rank " << r;
+    }
+    EXPECT_EQ(std::memcmp(bufs[r].data, bufs[0].data, count * 4), 0) << "rank " << r;
+  }
+  const float* got = reinterpret_cast<const float*>(bufs[0].data);
+  double abs_max = 0, worst = 0;
+  for (size_t i = 0; i < count; ++i) {
+    double exact = 0, abs_sum = 0;
+    for (int r = 0; r < n; ++r) {
+      const float x = reinterpret_cast<const float*>(inputs[r].data())[i];
+      exact += x;
+      abs_sum += std::fabs(x);
+    }
+    abs_max = std::max(abs_max, abs_sum);
+    worst = std::max(worst, std::fabs(got[i] - exact));
+  }
+  // n quantizations of at most amax/254 each (the inputs' scale is uniform).
+  EXPECT_LE(worst, n * abs_max / 254 * 1.01);
+  if (one_daemon) EXPECT_EQ(worst, 0.0);
+  // The job's codec (bf16) on an f32 op, and not on an i32 one.
+  run(DType::kF32, std::vector<std::string>(n, ""), &outs);
+  for (int r = 0; r < n; ++r) {
+    ASSERT_TRUE(outs[r].status.ok()) << outs[r].status;
+    if (!one_daemon) EXPECT_THAT(outs[r].algorithm, HasSubstr("+bf16"));
+  }
+  auto ints = run(DType::kI32, std::vector<std::string>(n, ""), &outs);
+  for (int r = 0; r < n; ++r) {
+    ASSERT_TRUE(outs[r].status.ok()) << outs[r].status;
+    EXPECT_THAT(outs[r].algorithm, Not(HasSubstr("+")));
+  }
+  ExpectResult(bufs, Reference(ints, DType::kI32, ReduceOp::kSum, count), "i32 under a job codec");
+  // Refused at submission, naming the codec, the op and the rank.
+  OpSpec op = Allreduce(DType::kI32, ReduceOp::kSum, count);
+  op.buffer_id = bufs[0].id;
+  op.codec = "fp16";
+  EXPECT_THAT(c->Submit(0, op).status().message(),
+              HasSubstr("allreduce 'g' on rank 0: codec 'fp16' does not apply: codecs encode f32 "
+                        "values, not i32"));
+  op.dtype = DType::kF32;
+  op.codec = "zip";
+  EXPECT_THAT(c->Submit(0, op).status().message(), HasSubstr("unknown codec 'zip'"));
+  op.codec = "int8";
+  op.count = 100;
+  EXPECT_THAT(c->Submit(0, op).status().message(),
+              HasSubstr("100 elements per rank are fewer than one codec block (4096)"));
+  // Ranks that disagree fail the op on every rank, naming both sides.
+  if (n >= 2) {
+    std::vector<std::string> mixed(n, "int8");
+    mixed[n - 1] = "none";
+    run(DType::kF32, mixed, &outs);
+    for (int r = 0; r < n; ++r) {
+      EXPECT_EQ(outs[r].status.code(), absl::StatusCode::kInvalidArgument) << outs[r].status;
+      EXPECT_THAT(outs[r].status.message(), HasSubstr("codec int8")) << outs[r].status;
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Placements, ExecutorClusterShapes,

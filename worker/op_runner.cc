@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "collective/codec_request.h"
 #include "collective/trace.h"
 #include "common/clock.h"
 #include "common/logging.h"
@@ -102,6 +103,10 @@ absl::Status OpRunner::Run(const std::vector<QueuedOp*>& ops, absl::Time negotia
   request.forced = lead.sig.forced;
   request.local_mismatch = local_mismatch;
   request.device_path = device_path != nullptr;
+  request.dtype = lead.sig.dtype;
+  request.op = lead.sig.op;
+  request.count = lead.sig.count;
+  request.codecs = lead.sig.codecs;
   const Plan mine = planner_->Propose(request);
   if (!mine.on_device) s = staging_->StageIn(ops, bytes);
   if (s.ok() && premul) Premultiply(ops, bytes);
@@ -125,12 +130,13 @@ absl::Status OpRunner::Run(const std::vector<QueuedOp*>& ops, absl::Time negotia
     }
     out->exchange = FastNow() - negotiate_start;
   } else if (s.ok()) {
-    uint8_t agreed_code = OpSignature::kNoAlgorithm, agreed_streams = 0;
-    s = Exchange(ops, mine, local_mismatch, &agreed_code, &agreed_streams);
+    uint8_t agreed_code = OpSignature::kNoAlgorithm, agreed_streams = 0, agreed_codec = 0;
+    s = Exchange(ops, mine, local_mismatch, &agreed_code, &agreed_streams, &agreed_codec);
     out->exchange = FastNow() - negotiate_start;
     TraceEvent("negotiate", "op", negotiate_start);
     if (s.ok()) {
-      absl::StatusOr<Plan> agreed = planner_->Agree(request, mine, agreed_code, agreed_streams);
+      absl::StatusOr<Plan> agreed =
+          planner_->Agree(request, mine, agreed_code, agreed_streams, agreed_codec);
       if (agreed.ok()) {
         plan = *agreed;
       } else {
@@ -140,6 +146,13 @@ absl::Status OpRunner::Run(const std::vector<QueuedOp*>& ops, absl::Time negotia
     if (s.ok()) {
       two_level = !plan.fused && TwoLevel(lead, plan, bytes);
       out->plan_name = two_level ? kTwoLevelPlanName : plan.shown_name;
+      // A compressed op shows its codec: "ring+bf16", "hier+int8".
+      if (plan.codec != CodecId::kNone) absl::StrAppend(&out->plan_name, "+", CodecName(plan.codec));
+      if (*plan.codec_note != '\0' && lead.sig.codecs != 0) {
+        GS_LOG(DEBUG) << "job '" << options_.job_id << "' " << what() << ": dense, codec "
+                      << CodecRequest::FromCode(lead.sig.codecs).ToString() << " not used: "
+                      << plan.codec_note;
+      }
       if (mine.on_device && !plan.on_device) s = staging_->StageIn(ops, bytes);
       if (!plan.fused && s.ok()) {  // a fused op is done with the exchange
         SetPhase(absl::StrCat("running ", out->plan_name));
@@ -213,6 +226,7 @@ absl::Status OpRunner::RunAgreed(const std::vector<QueuedOp*>& ops, const Plan& 
       if (!region.ok()) return region.status();
       call.region = *region;
     }
+    call.codec = plan.codec;
     if (two_level) return RunTwoLevelAllreduce(*node_ctx_, hosts_, call, plan.algorithm, &algo_scratch_);
     return RunCollective(*node_ctx_, call, plan.algorithm, &algo_scratch_);
   }
@@ -230,6 +244,7 @@ absl::Status OpRunner::RunAgreed(const std::vector<QueuedOp*>& ops, const Plan& 
     if (!region.ok()) return region.status();
     c.region0 = *region;
   }
+  c.codec = plan.codec;
   return RunAcrossNodes(*node_ctx_, place, c, plan.node_algorithm, lead.seq, deadline,
                         options_.ring, &scratch_, &algo_scratch_, slicing);
 }
@@ -242,12 +257,13 @@ absl::StatusOr<const transport::MemoryRegion*> OpRunner::BufferRegion(const Queu
 
 absl::Status OpRunner::Exchange(const std::vector<QueuedOp*>& ops, const Plan& mine,
                                 bool local_mismatch, uint8_t* agreed_code,
-                                uint8_t* agreed_streams) {
+                                uint8_t* agreed_streams, uint8_t* agreed_codec) {
   const QueuedOp& lead = *ops[0];
   const JobPlacement& place = options_.placement;
   OpSignature rep = lead.sig;
   rep.proposal = mine.Code();
   rep.streams = mine.streams;
+  rep.codec = mine.codec;
   if (local_mismatch) {
     // Differs from every other daemon's signature: the exchange reports a
     // mismatch everywhere, and every rank's signature is compared next.
@@ -288,7 +304,8 @@ absl::Status OpRunner::Exchange(const std::vector<QueuedOp*>& ops, const Plan& m
   absl::Status s = CheckSignatures(*node_ctx_, rep, options_.link.signatures, deadline, arrived,
                                    &agreed, with_data ? &small : nullptr, &sig_scratch_,
                                    agreed_streams,
-                                   one_rank_per_daemon_ ? nullptr : &place.ranks_of_node);
+                                   one_rank_per_daemon_ ? nullptr : &place.ranks_of_node,
+                                   agreed_codec);
   if (absl::IsInvalidArgument(s) && !one_rank_per_daemon_) s = CompareEverywhere(ops);
   if (!s.ok()) return s;
   // Every daemon switches alike, after the exchange (which uses stream 0).

@@ -109,7 +109,7 @@ class OpRunner {
   // `mine`: this daemon's proposal (fused: the data ride on the exchange).
   // Sets rank 0's plan code and stream count.
   absl::Status Exchange(const std::vector<QueuedOp*>& ops, const Plan& mine, bool local_mismatch,
-                        uint8_t* agreed_code, uint8_t* agreed_streams);
+                        uint8_t* agreed_code, uint8_t* agreed_streams, uint8_t* agreed_codec);
   // Every rank's signature to every daemon; the mismatch naming the ranks
   // (InvalidArgument), or the transport's error.
   absl::Status CompareEverywhere(const std::vector<QueuedOp*>& ops);

@@ -134,6 +134,7 @@ absl::StatusOr<uint64_t> Session::Enqueue(const OpDesc& a) {
   job.job_id = info_.job_id;
   job.world_size = info_.world_size;
   job.job_algorithm = info_.job_algorithm;
+  job.job_codec = info_.job_codec;
   job.has_ps = executor_->has_ps();
   job.one_rank_per_daemon = executor_->placement().nodes() == executor_->placement().world;
   ASSIGN_OR_RETURN(const OpShape shape, ValidateOp(a, job));
@@ -149,7 +150,7 @@ absl::StatusOr<uint64_t> Session::Enqueue(const OpDesc& a) {
     op->buffer = std::move(buffer.segment);
     op->device = std::move(buffer.device);
   }
-  op->sig = OpSignature::Of(a, shape.plan_code);
+  op->sig = OpSignature::Of(a, shape.plan_code, shape.codecs);
   op->offset = a.offset_bytes;
   op->premul_factor = a.premul_factor;
   const bool p2p = IsPointToPoint(a.kind);

@@ -79,6 +79,7 @@ struct SessionInfo {
   // go unanswered this long has been declared dead there.
   absl::Duration heartbeat_timeout = absl::Seconds(3);
   std::string job_algorithm;  // forced for every op of the job; "" = cost model
+  std::string job_codec;      // every op's codec unless it names one (codec_request.h); "" = none
   // The epoch's data plane between daemons: "rdma: ...", "tcp: ..." or
   // "local: ..." (JobExecutor::transport and its detail).
   std::string transport;

@@ -27,6 +27,7 @@ absl::StatusOr<OpDesc> OpDescFromRequest(const v1::SubmitRequest& req, int rank)
   op.buffer_id = req.buffer_id();
   op.offset_bytes = req.offset_bytes();
   op.algorithm = req.algorithm();
+  op.codec = req.codec();
   op.timeout = absl::Milliseconds(req.timeout_ms());
   return op;
 }

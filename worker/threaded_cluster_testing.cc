@@ -129,6 +129,7 @@ SessionInfo FakeCoordinator::InfoFor(int rank, int64_t epoch) const {
   info.epoch = epoch;
   info.default_op_timeout = spec_.op_timeout;
   info.job_algorithm = spec_.job_algorithm;
+  info.job_codec = spec_.job_codec;
   info.link = spec_.link;
   return info;
 }

@@ -53,6 +53,7 @@ struct ClusterSpec {
   // them from the coordinator's member list.
   std::vector<int> node_of_rank = {0};
   std::string job_algorithm;  // SessionInfo::job_algorithm ("" = the cost model)
+  std::string job_codec;      // SessionInfo::job_codec ("" = none)
   absl::Duration op_timeout = absl::Seconds(30);  // SessionInfo::default_op_timeout
   LinkParams link;            // what the link probe would have agreed
   PlannerSettings planner;

@@ -138,6 +138,7 @@ grpc::Status WorkerService::OpenSession(grpc::ServerContext* ctx,
   a.op_timeout_ms = req->options().op_timeout_ms();
   a.tcp_streams = req->options().tcp_streams();
   a.algorithm = req->options().algorithm();
+  a.codec = req->options().codec();
   a.timeline = req->options().timeline();
   a.ps_shards = req->options().ps_shards();
   a.client_name = req->client_name();
@@ -157,6 +158,7 @@ grpc::Status WorkerService::OpenSession(grpc::ServerContext* ctx,
   resp->set_world_size(info.world_size);
   resp->set_epoch(info.epoch);
   resp->set_job_algorithm(info.job_algorithm);
+  resp->set_job_codec(info.job_codec);
   resp->set_op_timeout_ms(absl::ToInt64Milliseconds(info.default_op_timeout));
   resp->set_ps_shards(static_cast<int32_t>(info.ps_shards.size()));
   resp->set_coordinator(daemon_->coordinator());

@@ -26,6 +26,7 @@ class SessionOptions(ctypes.Structure):
         ("ps_shards", c_int32),
         ("client_name", c_char_p),
         ("tenant_token", c_char_p),
+        ("codec", c_char_p),
     ]
 
 
@@ -44,6 +45,7 @@ class CollectiveSpec(ctypes.Structure):
         ("timeout_ms", c_int64),
         ("tag", c_int32),
         ("premul_factor", ctypes.c_double),
+        ("codec", c_char_p),
     ]
 
 

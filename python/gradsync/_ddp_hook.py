@@ -17,13 +17,16 @@ class HookState:
     """The DDP comm hook's state: its own gradsync session (a job the ranks
     agree on through the default group's c10d store; `process_group` gives
     the ranks and the world size, default: the default group's),
-    with optional job options (`algorithm`; `timeline`: the daemons write a
-    Chrome trace of every bucket's op, gradsyncd --timeline_dir). `trace`
+    with optional job options (`algorithm`; `codec`: the buckets' wire codec,
+    e.g. "bf16" or "auto", default $GRADSYNC_CODEC, docs/compression.md;
+    `timeline`: the daemons write a Chrome trace of every bucket's op,
+    gradsyncd --timeline_dir). `trace`
     records when each bucket was submitted (HookState.trace). Create it after
     init_process_group, on every rank."""
 
     def __init__(self, process_group=None, algorithm: Optional[str] = None,
-                 timeout: float = 300.0, timeline: bool = False, trace: bool = False):
+                 timeout: float = 300.0, timeline: bool = False, trace: bool = False,
+                 codec: Optional[str] = None):
         pg = process_group or _compat.default_group()
         store = _compat.default_store()
         rank, size = dist.get_rank(pg), dist.get_world_size(pg)
@@ -35,7 +38,7 @@ class HookState:
         group = ",".join(str(r) for r in sorted(ranks)) if ranks else "default"
         key = f"ddp_hook/{group}/"
         self.engine = Engine(_HookStore(store, key), rank, size, timeout, prefix="ddp-hook",
-                             algorithm=algorithm, timeline=timeline)
+                             algorithm=algorithm, timeline=timeline, codec=codec)
         self.buckets = 0
         # With `trace`: (bucket index, time.perf_counter() at submission, bytes)
         # of every bucket, to see them leave during the backward pass.

@@ -105,13 +105,17 @@ class Engine:
     """One gradsync session with a staging pool and a progress thread."""
 
     def __init__(self, store, rank: int, world_size: int, timeout_s: float, prefix: str,
-                 algorithm: Optional[str] = None, timeline: bool = False):
+                 algorithm: Optional[str] = None, timeline: bool = False,
+                 codec: Optional[str] = None):
+        """`codec`: the job's wire codec (default $GRADSYNC_CODEC; docs/compression.md)."""
         self.rank, self.world_size, self.timeout_s = rank, world_size, timeout_s
+        if codec is None:
+            codec = os.environ.get("GRADSYNC_CODEC") or None
         job = agree_job_id(store, rank, world_size, prefix)
         self._client = Client(daemon_target())
         self.session: Session = self._client.open_session(
             job, world_size, rank=rank, timeout=max(timeout_s, MIN_RENDEZVOUS_S),
-            algorithm=algorithm, timeline=timeline,
+            algorithm=algorithm, timeline=timeline, codec=codec,
             client_name=f"torch rank {rank} pid {os.getpid()}")
         # Storages shared in place (adopted), by their data pointer: (weak
         # reference, buffer, offset of the storage in it); and the data

@@ -433,11 +433,13 @@ class Session(_Closable):
     def submit(self, kind: str, array: Any = None, op: str = "sum", root: int = 0,
                dtype: Any = None, name: Optional[str] = None, algorithm: Optional[str] = None,
                timeout: Optional[float] = None, tag: int = 0,
-               factor: Optional[float] = None) -> Work:
+               factor: Optional[float] = None, codec: Optional[str] = None) -> Work:
         """Submits collective `kind` (or "send"/"recv", `root` the peer) on
         `array` in place and returns its Work. op "premul_sum" (allreduce,
         reduce_scatter of floats) sums every rank's array multiplied by its
-        own `factor`.
+        own `factor`. `codec`: the wire codec of an f32 allreduce or
+        reduce_scatter ("bf16", "fp16", "fp8e4m3", "fp8e5m2", "int8", "auto",
+        "auto:bf16,int8", "none"; default: the job's; docs/compression.md).
         Blocked collectives (reduce_scatter, allgather, alltoall, gather,
         scatter) take an array of world_size equal blocks on every rank. `dtype` defaults to the array's."""
         self._live()
@@ -471,6 +473,7 @@ class Session(_Closable):
         spec.root = root
         spec.name = name.encode() if name else None
         spec.algorithm = algorithm.encode() if algorithm else None
+        spec.codec = codec.encode() if codec else None
         spec.timeout_ms = _ms(timeout, 0)
         spec.tag = int(tag)
         if factor is not None:
@@ -573,12 +576,15 @@ class Client(_Closable):
                      timeline: bool = False, ps_shards: int = 0,
                      heartbeat_timeout: Optional[float] = None,
                      client_name: Optional[str] = None,
-                     tenant_token: Optional[str] = None) -> Session:
+                     tenant_token: Optional[str] = None,
+                     codec: Optional[str] = None) -> Session:
         """Joins `job` of `world_size` ranks as `rank` (-1: any free rank),
         waiting up to `timeout` seconds for every rank. The job options
         (algorithm, op_timeout, ...) count only for the session that creates the job.
         `tenant_token`: the tenant's token for a coordinator with tenants
-        (default: $GRADSYNC_TENANT_TOKEN or the file $GRADSYNC_TENANT_TOKEN_FILE)."""
+        (default: $GRADSYNC_TENANT_TOKEN or the file $GRADSYNC_TENANT_TOKEN_FILE).
+        `codec`: the job's wire codec for every f32 allreduce and
+        reduce_scatter that names none (docs/compression.md)."""
         o = _capi.SessionOptions()
         lib = _capi.lib()
         lib.gs_session_options_init(ctypes.byref(o))
@@ -594,6 +600,7 @@ class Client(_Closable):
         o.ps_shards = ps_shards
         o.client_name = (client_name or f"python pid {os.getpid()}").encode()
         o.tenant_token = tenant_token.encode() if tenant_token else None
+        o.codec = codec.encode() if codec else None
         out = ctypes.c_void_p()
         if not self._handle:
             raise error(9, "gradsync: the client is closed")
