@@ -29,6 +29,8 @@
 #include "cli/expected.h"
 #include "cli/local_cluster.h"
 #include "client/client.h"
+#include "collective/codec_request.h"
+#include "kernels/codec.h"
 
 namespace gradsync {
 namespace {
@@ -196,6 +198,18 @@ absl::StatusOr<uint64_t> RunBench(const BenchOptions& o) {
     }
   }
   if (sizes.empty()) return absl::InvalidArgumentError("no sizes in [--min_bytes, --max_bytes]");
+  // --check under a codec: each of the n quantizations of an element errs by
+  // at most the codec's bound of its block's largest partial sum, which the
+  // bench's inputs keep at or below kMaxInputMagnitude * n.
+  double tolerance = 0;
+  {
+    absl::StatusOr<CodecRequest> codecs = ParseCodecRequest(o.codec, /*job=*/false);
+    if (!codecs.ok()) return absl::InvalidArgumentError(absl::StrCat("--codec: ", codecs.status().message()));
+    for (CodecId id : kAllCodecs) {
+      if (id == CodecId::kNone || !codecs->allows(id)) continue;
+      tolerance = std::max(tolerance, n * CodecFor(id)->RelativeBound() * kMaxInputMagnitude * n);
+    }
+  }
 
   std::unique_ptr<LocalCluster> cluster;
   int local_ranks = n;
@@ -222,12 +236,17 @@ absl::StatusOr<uint64_t> RunBench(const BenchOptions& o) {
                 o.rank >= 0 ? absl::StrCat(o.rank).c_str() : "(in joining order)", n, job.c_str(),
                 o.daemon.c_str());
   }
-  std::printf("# gradsync bench: %s, %d ranks (%s, %d per daemon), dtype %s, redop %s, algo %s, %d warm-up + %d "
-              "timed iterations per size\n", CollectiveName(o.op), n,
+  std::printf("# gradsync bench: %s, %d ranks (%s, %d per daemon), dtype %s, redop %s, algo %s, "
+              "codec %s, %d warm-up + %d timed iterations per size\n", CollectiveName(o.op), n,
               external ? absl::StrCat("existing cluster, coordinator ", o.coordinator).c_str()
                        : "embedded local cluster on loopback",
               external ? 1 : o.ranks_per_daemon,
-              DTypeName(o.dtype), ReduceOpName(o.redop), o.algo.c_str(), o.warmup, o.iters);
+              DTypeName(o.dtype), ReduceOpName(o.redop), o.algo.c_str(),
+              o.codec.empty() ? "none" : o.codec.c_str(), o.warmup, o.iters);
+  if (tolerance > 0 && o.check) {
+    std::printf("# --check with codec %s: #wrong counts f32 results off by more than %g\n",
+                o.codec.c_str(), tolerance);
+  }
   std::printf("# time = %s\n", o.blocking
                   ? "median over the iterations of the slowest rank's submit + wait, each op alone "
                     "(ranks released together)"
@@ -332,6 +351,7 @@ absl::StatusOr<uint64_t> RunBench(const BenchOptions& o) {
         spec.op = o.redop;
         spec.root = o.root;
         spec.algorithm = o.algo == "auto" ? "" : o.algo;
+        spec.codec = o.codec;
         spec.name = absl::StrCat("bench.", CollectiveName(o.op), ".", bytes);
         spec.timeout = absl::Milliseconds(o.timeout_ms);
         char* data = static_cast<char*>(buffers[r]->data());
@@ -370,14 +390,19 @@ absl::StatusOr<uint64_t> RunBench(const BenchOptions& o) {
           FillInput(o.op, o.dtype, rank, n, count, data);
           barrier.Wait();
           st = run_batch(1);
-          if (st.ok()) row.wrong = CountWrong(o.op, o.dtype, o.redop, o.root, rank, n, count, data);
+          if (st.ok()) {
+            row.wrong = CountWrong(o.op, o.dtype, o.redop, o.root, rank, n, count, data, tolerance);
+          }
           if (st.ok() && o.out_of_place) {  // the result of a copied input, over stale data
             FillInput(o.op, o.dtype, rank, n, count, data);
             std::memcpy(send.data(), data, bytes);
             std::memset(data, 0x5a, bytes);
             barrier.Wait();
             st = run_batch(1, send.data());
-            if (st.ok()) row.wrong += CountWrong(o.op, o.dtype, o.redop, o.root, rank, n, count, data);
+            if (st.ok()) {
+              row.wrong +=
+                  CountWrong(o.op, o.dtype, o.redop, o.root, rank, n, count, data, tolerance);
+            }
           }
         }
         if (st.ok() && o.warmup > 0) {

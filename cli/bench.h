@@ -31,6 +31,9 @@ struct BenchOptions {
   DType dtype = DType::kF32;
   ReduceOp redop = ReduceOp::kSum;
   std::string algo = "auto";
+  // The ops' wire codec ("" / "none", "bf16", ..., "auto", "auto:bf16,int8";
+  // docs/compression.md). --check then allows each codec's error bound.
+  std::string codec;
   int root = 0;
   int warmup = 5;
   int iters = 20;

@@ -100,14 +100,19 @@ bool ExpectedValue(CollectiveKind kind, DType t, ReduceOp op, int root, int r, i
 }
 
 uint64_t CountWrong(CollectiveKind kind, DType t, ReduceOp op, int root, int r, int n,
-                    uint64_t count, const char* data) {
+                    uint64_t count, const char* data, double tolerance) {
   const size_t es = DTypeSize(t);
   const uint64_t total = BufferElements(kind, n, count);
   char want[8];
   uint64_t wrong = 0;
   for (uint64_t i = 0; i < total; ++i) {
-    if (ExpectedValue(kind, t, op, root, r, n, count, i, want) &&
-        std::memcmp(data + i * es, want, es) != 0) {
+    if (!ExpectedValue(kind, t, op, root, r, n, count, i, want)) continue;
+    if (tolerance > 0 && t == DType::kF32) {
+      float got, expect;
+      std::memcpy(&got, data + i * es, 4);
+      std::memcpy(&expect, want, 4);
+      if (!(std::fabs(static_cast<double>(got) - expect) <= tolerance)) ++wrong;
+    } else if (std::memcmp(data + i * es, want, es) != 0) {
       ++wrong;
     }
   }

@@ -23,9 +23,13 @@ void FillInput(CollectiveKind kind, DType t, int r, int n, uint64_t count, char*
 bool ExpectedValue(CollectiveKind kind, DType t, ReduceOp op, int root, int r, int n,
                    uint64_t count, uint64_t i, char* out);
 
-// Elements of rank r's buffer that differ from the expectation.
+// Elements of rank r's buffer that differ from the expectation; with
+// `tolerance` > 0 (f32 only: a lossy codec), by more than it.
 uint64_t CountWrong(CollectiveKind kind, DType t, ReduceOp op, int root, int r, int n,
-                    uint64_t count, const char* data);
+                    uint64_t count, const char* data, double tolerance = 0);
+
+// The largest |input| (InputValue) of dtype `t`.
+inline constexpr int kMaxInputMagnitude = 8;
 
 // Elements the buffer of `kind` holds for a per-rank count.
 inline uint64_t BufferElements(CollectiveKind kind, int n, uint64_t count) {

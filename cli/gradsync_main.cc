@@ -60,6 +60,9 @@ ABSL_FLAG(std::string, redop, "sum", "bench: sum|avg|min|max|prod");
 ABSL_FLAG(std::string, algo, "auto",
           "bench: auto (cost model) or ring|rhd|rd|tree|pairwise|oneshot|hier|ps (ps needs "
           "--ps_shards; hier needs ranks that share a daemon)");
+ABSL_FLAG(std::string, codec, "",
+          "bench: the ops' wire codec: none|bf16|fp16|fp8e4m3|fp8e5m2|int8|auto|auto:LIST "
+          "(f32 allreduce/reduce_scatter; docs/compression.md); --check allows its error bound");
 ABSL_FLAG(int32_t, root, 0, "bench: root rank of broadcast/reduce/gather/scatter");
 ABSL_FLAG(bool, check, false, "bench: check results (one checked op per size) and count #wrong");
 ABSL_FLAG(std::string, csv, "", "bench: also write the table as CSV to this file");
@@ -274,6 +277,7 @@ int main(int argc, char** argv) {
     o.ranks = absl::GetFlag(FLAGS_ranks);
     o.ranks_per_daemon = absl::GetFlag(FLAGS_ranks_per_daemon);
     o.algo = absl::GetFlag(FLAGS_algo);
+    o.codec = absl::GetFlag(FLAGS_codec);
     o.root = absl::GetFlag(FLAGS_root);
     if (iters >= 0) o.iters = iters;
     if (warmup >= 0) o.warmup = warmup;

@@ -35,6 +35,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   job.has_ps = (data[2] & 1) != 0;
   job.one_rank_per_daemon = (data[2] & 2) != 0;
   job.job_algorithm = kJobAlgorithms[(data[2] >> 2) % 8];
+  // The job's codec: none, one, auto, or one that does not parse.
+  static const char* const kJobCodecs[] = {"", "bf16", "auto:int8,fp8", "zip"};
+  job.job_codec = kJobCodecs[(data[11] >> 1) % 4];
   uint64_t buffer_bytes;
   std::memcpy(&buffer_bytes, data + 3, 8);
   buffer_bytes %= uint64_t{1} << 41;

@@ -99,6 +99,7 @@ class Bf16Codec final : public Codec {
   CodecId id() const override { return CodecId::kBf16; }
   size_t element_bytes() const override { return 2; }
   bool scaled() const override { return false; }
+  double RelativeBound() const override { return 1.0 / 256; }
   void Encode(const float* in, size_t n, char* out) const override {
     uint16_t* o = reinterpret_cast<uint16_t*>(out);
     for (size_t i = 0; i < n; ++i) o[i] = FloatToBFloat16(in[i]);
@@ -117,8 +118,9 @@ class Bf16Codec final : public Codec {
 template <class T, DType kType, T (*Narrow)(float), float (*Widen)(T)>
 class PowerOfTwoCodec final : public Codec {
  public:
-  explicit PowerOfTwoCodec(CodecId id) : id_(id) {}
+  PowerOfTwoCodec(CodecId id, double bound) : id_(id), bound_(bound) {}
   CodecId id() const override { return id_; }
+  double RelativeBound() const override { return bound_; }
   size_t element_bytes() const override { return sizeof(T); }
   bool scaled() const override { return true; }
   void Encode(const float* in, size_t n, char* out) const override {
@@ -149,6 +151,7 @@ class PowerOfTwoCodec final : public Codec {
 
  private:
   const CodecId id_;
+  const double bound_;
 };
 
 // int8: the block's step is amax/127; -128 carries a non-finite value.
@@ -157,6 +160,7 @@ class Int8Codec final : public Codec {
   CodecId id() const override { return CodecId::kInt8; }
   size_t element_bytes() const override { return 1; }
   bool scaled() const override { return true; }
+  double RelativeBound() const override { return 1.0 / 254 * (1 + 1.0 / 32768); }
   void Encode(const float* in, size_t n, char* out) const override {
     int8_t* payload = reinterpret_cast<int8_t*>(out + ScaleBytes(n));
     for (size_t b = 0, begin = 0; begin < n; ++b, begin += kCodecBlockElements) {
@@ -200,11 +204,11 @@ class Int8Codec final : public Codec {
 const Codec* CodecFor(CodecId id) {
   static const Bf16Codec bf16;
   static const PowerOfTwoCodec<uint16_t, DType::kF16, FloatToHalf, HalfToFloat> fp16(
-      CodecId::kFp16);
+      CodecId::kFp16, 1.0 / 2048 + std::ldexp(1.0, -40));
   static const PowerOfTwoCodec<uint8_t, DType::kF8E4M3, FloatToFp8E4M3, Fp8E4M3ToFloat> e4m3(
-      CodecId::kFp8E4M3);
+      CodecId::kFp8E4M3, 1.0 / 16 + std::ldexp(1.0, -17));
   static const PowerOfTwoCodec<uint8_t, DType::kF8E5M2, FloatToFp8E5M2, Fp8E5M2ToFloat> e5m2(
-      CodecId::kFp8E5M2);
+      CodecId::kFp8E5M2, 1.0 / 8 + std::ldexp(1.0, -32));
   static const Int8Codec int8;
   switch (id) {
     case CodecId::kBf16: return &bf16;

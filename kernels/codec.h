@@ -74,6 +74,9 @@ class Codec {
   size_t EncodedBytes(size_t n) const;
   // The encoded size over the f32 size, for large n.
   double Ratio() const;
+  // A bound on |decoded - x| of one quantization, as a fraction of the
+  // block's largest finite magnitude (the table above, over every x).
+  virtual double RelativeBound() const = 0;
 
   // `out` holds EncodedBytes(n) bytes; in and out do not overlap.
   virtual void Encode(const float* in, size_t n, char* out) const = 0;

@@ -239,6 +239,13 @@ const DaemonMetrics::OpSeries& DaemonMetrics::SeriesFor(const OpRecord& op) {
     s.bytes = Counter("gradsync_daemon_op_bytes_total",
                       "Buffer bytes of successful collectives on this daemon's ranks",
                       {{"collective", kind}});
+    // A compressed op's plan is "ring+bf16": the codec follows the '+'.
+    const size_t plus = algo.find('+');
+    if (plus != std::string::npos) {
+      s.codec_ops = Counter("gradsync_daemon_codec_ops_total",
+                            "Collectives finished whose messages went through a wire codec",
+                            {{"collective", kind}, {"codec", algo.substr(plus + 1)}});
+    }
   }
   absl::MutexLock l(&mu_);
   for (const auto& [key, series] : op_series_) {  // another thread added it meanwhile
@@ -257,6 +264,7 @@ void DaemonMetrics::OnOpDone(const OpRecord& op) {
   if (jobs_ != nullptr) jobs_->Op(op);
   const OpSeries& series = SeriesFor(op);
   if (series.ops != nullptr) series.ops->Increment();
+  if (series.codec_ops != nullptr) series.codec_ops->Increment();
   if (op.code != absl::StatusCode::kOk) return;
   if (series.run != nullptr) series.run->Observe(absl::ToDoubleSeconds(op.run));
   if (series.queue != nullptr) series.queue->Observe(absl::ToDoubleSeconds(op.queued));

@@ -68,6 +68,7 @@ class DaemonMetrics final : public DaemonObserver {
     prometheus::Histogram* run = nullptr;    // successful ops only
     prometheus::Histogram* queue = nullptr;  // successful ops only
     prometheus::Counter* bytes = nullptr;    // successful ops only
+    prometheus::Counter* codec_ops = nullptr;  // successful compressed ops only
   };
   const OpSeries& SeriesFor(const OpRecord& op);
 

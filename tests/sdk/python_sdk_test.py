@@ -191,6 +191,68 @@ class Collectives(unittest.TestCase):
                     else:
                         np.testing.assert_array_equal(part, np.full(block, -7))
 
+    def test_codecs_compress_and_every_rank_gets_the_same_values(self):
+        """An op's codec runs on the ring between the daemons: every rank ends
+        with the same bits, within the codec's bound of the exact sum (n
+        quantizations of at most `bound` x the block's largest partial sum);
+        a job's codec applies where it can; a bad codec is refused."""
+        count = 3 * 4096 + 5
+        bounds = {"bf16": 2 ** -8, "fp16": 2 ** -11, "fp8e4m3": 2 ** -4, "fp8e5m2": 2 ** -3,
+                  "int8": 1 / 254 * 1.001}
+        rng = np.random.default_rng(5)
+        inputs = [rng.standard_normal(count).astype(np.float32) for _ in range(WORLD)]
+        exact = np.sum(np.stack(inputs).astype(np.float64), axis=0)
+        amax = np.max(np.sum(np.abs(np.stack(inputs).astype(np.float64)), axis=0))
+        for codec, bound in bounds.items():
+            def fn(r, s):
+                a = s.empty(count, np.float32)
+                a[:] = inputs[r]
+                res = s.allreduce(a, codec=codec).wait(30)
+                return a.copy(), res.algorithm
+            out, errors = on_ranks(fn)
+            self.assertEqual(errors, [None] * WORLD, codec)
+            for r in range(WORLD):
+                self.assertEqual(out[r][1], f"ring+{codec}", codec)
+                np.testing.assert_array_equal(out[r][0], out[0][0], err_msg=f"{codec} rank {r}")
+            err = np.max(np.abs(out[0][0].astype(np.float64) - exact))
+            self.assertLessEqual(err, WORLD * bound * amax * 1.01, codec)
+            self.assertGreater(err, 0, f"{codec}: a lossy codec changed nothing")
+
+        # The job's codec: an f32 allreduce goes through it, an i32 one runs dense.
+        job = job_name("jobcodec")
+
+        def job_fn(r):
+            with gradsync.Client(TARGETS[r]) as c, \
+                    c.open_session(job, WORLD, rank=r, timeout=30, codec="bf16") as s:
+                a = s.empty(count, np.float32)
+                a[:] = inputs[r]
+                b = s.empty(count, np.int32)
+                b[:] = r + 1
+                return (s.allreduce(a).wait(30).algorithm, s.allreduce(b).wait(30).algorithm,
+                        int(b[0]))
+        results = [None] * WORLD
+        threads = [threading.Thread(target=lambda r=r: results.__setitem__(r, job_fn(r)))
+                   for r in range(WORLD)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        for r in range(WORLD):
+            self.assertEqual(results[r][0], "ring+bf16", r)
+            self.assertNotIn("+", results[r][1], r)  # dense, whatever the algorithm
+            self.assertEqual(results[r][2], sum(range(1, WORLD + 1)), r)
+
+        def bad(r, s):
+            with self.assertRaises(gradsync.InvalidArgument) as ctx:
+                s.allreduce(s.empty(count, np.int32), codec="int8")
+            with self.assertRaises(gradsync.InvalidArgument) as ctx2:
+                s.allreduce(s.empty(count, np.float32), codec="zip")
+            return str(ctx.exception), str(ctx2.exception)
+        out, errors = on_ranks(bad)
+        self.assertEqual(errors, [None] * WORLD)
+        self.assertIn("codec 'int8' does not apply: codecs encode f32 values, not i32", out[0][0])
+        self.assertIn("unknown codec 'zip'", out[0][1])
+
     def test_async_ops_overlap_and_report_their_plan(self):
         def fn(r, s):
             arrays = [s.empty(1000 * (i + 1), np.float32) for i in range(4)]
