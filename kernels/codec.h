@@ -36,6 +36,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "kernels/cpu_reduce.h"
 
 namespace gradsync {
 
@@ -96,8 +97,16 @@ class Codec {
   mutable double measured_us_per_byte_ = 0;
 };
 
-// The codec of `id`; null for kNone (and an invalid id).
+// The codec of `id`; null for kNone (and an invalid id). Its kernels use
+// AVX2 and F16C where the CPU has them, with results bit-identical to the
+// portable ones.
 const Codec* CodecFor(CodecId id);
+
+namespace internal {
+// The codec of `id` with the kernels of `isa` (kernels/cpu_reduce.h), for
+// tests and benchmarks. Precondition: isa is kPortable or the CPU has AVX2.
+const Codec* CodecFor(CodecId id, Isa isa);
+}  // namespace internal
 
 }  // namespace gradsync
 

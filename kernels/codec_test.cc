@@ -22,6 +22,13 @@ constexpr CodecId kCodecs[] = {CodecId::kBf16, CodecId::kFp16, CodecId::kFp8E4M3
                                CodecId::kFp8E5M2, CodecId::kInt8};
 constexpr size_t kSizes[] = {0, 1, 7, 4095, 4096, 4097, 10000, 3 * 4096 + 5};
 
+// Every kernel variant this CPU runs: each must give the reference's bits.
+std::vector<internal::Isa> Isas() {
+  std::vector<internal::Isa> v = {internal::Isa::kPortable};
+  if (internal::CpuSupportsAvx2()) v.push_back(internal::Isa::kAvx2);
+  return v;
+}
+
 std::vector<float> Values(size_t n, uint32_t seed) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -121,13 +128,73 @@ double Bound(CodecId id, double x, double amax) {
 }
 
 TEST(Codec, EncodesAsTheReferenceBitForBit) {
+  for (internal::Isa isa : Isas())
   for (CodecId id : kCodecs) {
-    const Codec& c = *CodecFor(id);
+    const Codec& c = *internal::CodecFor(id, isa);
     for (size_t n : kSizes) {
       const std::vector<float> x = Values(n, 17 + static_cast<uint32_t>(n));
       std::string got(c.EncodedBytes(n), '\0');
       c.Encode(x.data(), n, got.data());
-      EXPECT_EQ(got, Reference(id, x)) << c.name() << " n=" << n;
+      EXPECT_EQ(got, Reference(id, x)) << c.name() << " n=" << n << " " << IsaName(isa);
+    }
+  }
+}
+
+// fp8's vectorizable conversion against common/fp8.h's over the whole f32
+// range: each block leads with the format's largest value, so its scale is 1
+// and the payload is the plain conversion of every other value.
+TEST(Codec, Fp8ConvertsEveryMagnitudeAsCommonFp8Does) {
+  struct Case {
+    CodecId id;
+    float max;
+    uint8_t (*convert)(float);
+  };
+  for (const Case& k : {Case{CodecId::kFp8E4M3, 448.0f, FloatToFp8E4M3},
+                        Case{CodecId::kFp8E5M2, 57344.0f, FloatToFp8E5M2}}) {
+    std::vector<float> x;
+    for (uint64_t u = 0; u < (uint64_t{1} << 32); u += 977) {
+      if (x.size() % kCodecBlockElements == 0) x.push_back(k.max);
+      float f;
+      const uint32_t bits = static_cast<uint32_t>(u);
+      std::memcpy(&f, &bits, 4);
+      if (std::fabs(f) <= k.max || std::isnan(f)) x.push_back(f);
+    }
+    for (internal::Isa isa : Isas()) {
+      const Codec& c = *internal::CodecFor(k.id, isa);
+      std::string enc(c.EncodedBytes(x.size()), '\0');
+      c.Encode(x.data(), x.size(), enc.data());
+      const size_t scales = (x.size() + kCodecBlockElements - 1) / kCodecBlockElements * 4;
+      size_t wrong = 0;
+      for (size_t i = 0; i < x.size(); ++i) {
+        if (static_cast<uint8_t>(enc[scales + i]) != k.convert(x[i]) && wrong++ < 5) {
+          ADD_FAILURE() << c.name() << " " << IsaName(isa) << ": " << x[i] << " -> "
+                        << int(static_cast<uint8_t>(enc[scales + i])) << ", common/fp8.h "
+                        << int(k.convert(x[i]));
+        }
+      }
+      EXPECT_EQ(wrong, 0u) << c.name() << " " << IsaName(isa) << " of " << x.size();
+    }
+  }
+}
+
+// Every fp8 byte decodes as common/fp8.h widens it, in every variant (a
+// block of scale 1: the payload after one f32 scale of 1).
+TEST(Codec, Fp8DecodesEveryByteAsCommonFp8Does) {
+  for (CodecId id : {CodecId::kFp8E4M3, CodecId::kFp8E5M2}) {
+    std::string enc(4 + 256 + 4, '\0');
+    const float one = 1.0f;
+    std::memcpy(enc.data(), &one, 4);
+    for (int b = 0; b < 256; ++b) enc[4 + b] = static_cast<char>(b);
+    for (internal::Isa isa : Isas()) {
+      const Codec& c = *internal::CodecFor(id, isa);
+      std::vector<float> d(256);
+      c.Decode(enc.data(), 256, d.data());
+      for (int b = 0; b < 256; ++b) {
+        const float want = id == CodecId::kFp8E4M3 ? Fp8E4M3ToFloat(static_cast<uint8_t>(b))
+                                                   : Fp8E5M2ToFloat(static_cast<uint8_t>(b));
+        EXPECT_EQ(std::memcmp(&d[b], &want, 4), 0)
+            << c.name() << " " << IsaName(isa) << " byte " << b << ": " << d[b] << " vs " << want;
+      }
     }
   }
 }
@@ -143,8 +210,9 @@ TEST(Codec, EncodedSizeIsTheLayout) {
 }
 
 TEST(Codec, DecodedValuesAreWithinTheStatedBound) {
+  for (internal::Isa isa : Isas())
   for (CodecId id : kCodecs) {
-    const Codec& c = *CodecFor(id);
+    const Codec& c = *internal::CodecFor(id, isa);
     for (size_t n : kSizes) {
       const std::vector<float> x = Values(n, 5 + static_cast<uint32_t>(n));
       std::string enc(c.EncodedBytes(n), '\0');
@@ -162,8 +230,9 @@ TEST(Codec, DecodedValuesAreWithinTheStatedBound) {
 }
 
 TEST(Codec, DecodeAddIsDecodeThenOneAddition) {
+  for (internal::Isa isa : Isas())
   for (CodecId id : kCodecs) {
-    const Codec& c = *CodecFor(id);
+    const Codec& c = *internal::CodecFor(id, isa);
     const size_t n = 10000;
     const std::vector<float> x = Values(n, 3), acc = Values(n, 4);
     std::string enc(c.EncodedBytes(n), '\0');
@@ -181,9 +250,11 @@ TEST(Codec, DecodeAddIsDecodeThenOneAddition) {
 TEST(Codec, NonFiniteValues) {
   const float inf = std::numeric_limits<float>::infinity();
   const float nan = std::numeric_limits<float>::quiet_NaN();
-  const std::vector<float> x = {1.0f, -inf, inf, nan, -2.0f};
+  const std::vector<float> x = {1.0f, -inf, inf, nan, -2.0f, 0.5f, 0.25f, 3.0f,
+                                 -nan, 1e-3f, inf, 7.0f, nan, -1.0f, 2.0f, 4.0f, -inf};
+  for (internal::Isa isa : Isas())
   for (CodecId id : kCodecs) {
-    const Codec& c = *CodecFor(id);
+    const Codec& c = *internal::CodecFor(id, isa);
     std::string enc(c.EncodedBytes(x.size()), '\0');
     c.Encode(x.data(), x.size(), enc.data());
     std::vector<float> d(x.size());
@@ -191,7 +262,11 @@ TEST(Codec, NonFiniteValues) {
     // The scale ignored the non-finite values: the finite ones survive.
     EXPECT_NEAR(d[0], 1.0f, 0.01f) << c.name();
     EXPECT_NEAR(d[4], -2.0f, 0.02f) << c.name();
-    EXPECT_TRUE(std::isnan(d[3])) << c.name();
+    EXPECT_TRUE(std::isnan(d[3]) && std::isnan(d[8]) && std::isnan(d[12])) << c.name();
+    // Every variant writes the same bytes, non-finite values included.
+    std::string portable(enc.size(), '\0');
+    internal::CodecFor(id, internal::Isa::kPortable)->Encode(x.data(), x.size(), portable.data());
+    EXPECT_EQ(enc, portable) << c.name() << " " << IsaName(isa);
     switch (id) {
       case CodecId::kBf16:
       case CodecId::kFp16:
