@@ -61,17 +61,23 @@ def worker(a):
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     torch.manual_seed(0)
     torch.set_num_threads(1)
-    if a.mode in ("gradsync", "hook"):
+    # "MODE+CODEC": gradsync's codec (GRADSYNC_CODEC, set by run()); gloo+fp16:
+    # torch's fp16_compress_hook on gloo.
+    mode, _, codec = a.mode.partition("+")
+    if mode in ("gradsync", "hook"):
         import gradsync.torch as gt
-    dist.init_process_group("gradsync" if a.mode == "gradsync" else "gloo", rank=rank,
+    dist.init_process_group("gradsync" if mode == "gradsync" else "gloo", rank=rank,
                             world_size=world)
     h = a.hidden
     model = nn.Sequential(nn.Linear(a.inputs, h), nn.ReLU(), nn.Linear(h, h), nn.ReLU(),
                           nn.Linear(h, 10))
     ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=a.bucket_mb)
-    if a.mode == "hook":
+    if mode == "hook":
         state = gt.HookState(trace=True)
         ddp.register_comm_hook(state, gt.allreduce_hook)
+    elif mode == "gloo" and codec == "fp16":
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
     x, y = torch.randn(a.batch, a.inputs), torch.randint(0, 10, (a.batch,))
 
     def step():
@@ -98,7 +104,7 @@ def worker(a):
     if rank == 0:
         params = sum(p.numel() for p in model.parameters())
         print(f"RESULT {params} {synced:.6f} {local:.6f}", flush=True)
-    if a.mode == "hook":  # one more step: when did each bucket leave, within backward?
+    if mode == "hook":  # one more step: when did each bucket leave, within backward?
         dist.barrier()
         del state.trace[:]
         loss = nn.functional.cross_entropy(ddp(x), y)
@@ -110,7 +116,7 @@ def worker(a):
                               for i, t, b in state.trace)
             print(f"OVERLAP backward {1e3 * (t1 - t0):.0f} ms (it returns once every bucket is "
                   f"reduced); {marks}", flush=True)
-    if a.mode == "hook":
+    if mode == "hook":
         state.close()
     dist.destroy_process_group()
 
@@ -227,6 +233,9 @@ def run(a, mode, ranks, extra_env, link=None):
         for r in range(ranks):
             env = {k: v for k, v in os.environ.items()
                    if k not in ("GRADSYNC_DAEMON", "GRADSYNC_DAEMONS", "GRADSYNC_TENANT_TOKEN")}
+            codec = mode.partition("+")[2]
+            if codec and not mode.startswith("gloo"):
+                env["GRADSYNC_CODEC"] = codec
             env.update(extra_env[r] if isinstance(extra_env, list) else extra_env, RANK=str(r),
                        LOCAL_RANK=str(r), WORLD_SIZE=str(ranks), MASTER_ADDR="127.0.0.1",
                        MASTER_PORT=str(port))
@@ -259,7 +268,10 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ranks", default="2,4")
     ap.add_argument("--layout", default="node", help="node, network or both (comma-separated)")
-    ap.add_argument("--modes", default="gloo,gradsync,hook")
+    ap.add_argument("--modes", default="gloo,gradsync,hook",
+                    help="gloo, gradsync (the backend), hook (gloo + gradsync's DDP hook); "
+                         "MODE+CODEC runs gradsync with that codec (GRADSYNC_CODEC, e.g. "
+                         "gradsync+bf16, hook+auto); gloo+fp16 is torch's fp16_compress_hook")
     ap.add_argument("--inputs", type=int, default=1024)
     ap.add_argument("--hidden", type=int, default=4096, help="4096: about 21 M parameters")
     ap.add_argument("--batch", type=int, default=16)
@@ -311,10 +323,10 @@ def bench_all(a, tmp, link):
                     extra["GRADSYNC_TENANT_TOKEN"] = env.get("GRADSYNC_TENANT_TOKEN", "")
                 res = {}
                 for mode in a.modes.split(","):
-                    if mode == "gloo" and layout != a.layout.split(",")[0]:
+                    if mode.startswith("gloo") and layout != a.layout.split(",")[0]:
                         continue  # gloo does not depend on the daemon layout
                     before = link.tx_bytes() if link is not None else None
-                    res[mode] = run(a, mode, ranks, extra if mode != "gloo" else {}, link)
+                    res[mode] = run(a, mode, ranks, {} if mode.startswith("gloo") else extra, link)
                     if link is not None:  # what crossed the link, each way (all steps of the run)
                         ab, ba = (x - y for x, y in zip(link.tx_bytes(), before))
                         print(f"# {ranks} ranks, {layout}, {mode}: link carried {ab / 2**20:.1f} MiB "
@@ -339,7 +351,7 @@ def print_table(a, rows, link):
           f"{params * 4 / 2**20:.0f} MiB of f32 gradients), batch {a.batch} per rank, buckets "
           f"{a.bucket_mb:g} MiB, {a.steps} timed steps (medians), {os.cpu_count()} CPUs, "
           + (f"over a {link.describe()}" if link is not None else "over loopback"))
-    print(f"{'ranks':>5} {'layout':>8} {'mode':>9} {'step ms':>9} {'compute ms':>11} {'comm ms':>9} "
+    print(f"{'ranks':>5} {'layout':>8} {'mode':>14} {'step ms':>9} {'compute ms':>11} {'comm ms':>9} "
           f"{'vs gloo':>8}")
     gloo = {}
     for ranks, layout, res in rows:
@@ -347,7 +359,7 @@ def print_table(a, rows, link):
             gloo[ranks] = res["gloo"][1]
         for mode, (_, synced, local) in res.items():
             ratio = f"{gloo[ranks] / synced:7.2f}x" if ranks in gloo else f"{'-':>8}"
-            print(f"{ranks:5d} {layout if mode != 'gloo' else '-':>8} {mode:>9} {1e3 * synced:9.1f} "
+            print(f"{ranks:5d} {layout if not mode.startswith('gloo') else '-':>8} {mode:>14} {1e3 * synced:9.1f} "
                   f"{1e3 * local:11.1f} {1e3 * max(0.0, synced - local):9.1f} {ratio}")
 
 

@@ -6,14 +6,19 @@ loss of every step, the final test accuracy and the step time side by side:
   gloo      torch's gloo backend (the reference)
   gradsync  the gradsync backend: dist.init_process_group("gradsync")
   hook      gloo for set-up, every gradient bucket through gradsync's DDP comm hook
+  MODE+CODEC  gradsync or hook with that wire codec ($GRADSYNC_CODEC: bf16, fp16,
+            fp8e4m3, fp8e5m2, int8, auto; docs/compression.md). Codecs apply
+            between daemons: run them with --daemons equal to --ranks.
 
     python3 examples/train_ddp.py --ranks 4 --epochs 3 [--modes gloo,gradsync,hook]
 
 The ranks reach gradsyncd at $GRADSYNC_DAEMON; without it the example starts
 `gradsync cluster` (one daemon: every rank on it, as on one GPU node) from
---gradsync (default: on PATH, else the checkout's bazel-bin/cli/gradsync).
+--gradsync (default: on PATH, else the checkout's bazel-bin/cli/gradsync);
+--daemons N starts N daemons and puts rank r on daemon r mod N.
 With --check it exits 1 unless every mode's loss at every step is within
---loss_tol of gloo's and the test accuracies within --acc_tol.
+--loss_tol of gloo's and the test accuracies within --acc_tol (a mode with a
+lossy codec: --codec_loss_tol and --codec_acc_tol).
 """
 
 import argparse
@@ -45,9 +50,10 @@ def worker(args):
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     torch.manual_seed(args.seed)
     torch.set_num_threads(1)
-    if args.mode == "gradsync" or args.mode == "hook":
+    mode = args.mode.partition("+")[0]  # the codec reaches gradsync as $GRADSYNC_CODEC
+    if mode == "gradsync" or mode == "hook":
         import gradsync.torch as gt  # registers backend "gradsync"
-    backend = "gradsync" if args.mode == "gradsync" else "gloo"
+    backend = "gradsync" if mode == "gradsync" else "gloo"
     # The ranks meet in a file of the launcher's (FileStore): a port picked
     # free in advance can be taken by another process before rank 0 binds it.
     dist.init_process_group(backend, init_method=os.environ["TRAIN_DDP_INIT"], rank=rank,
@@ -56,7 +62,7 @@ def worker(args):
                           nn.ReLU(), nn.Linear(args.hidden, 10))
     ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=args.bucket_mb)
     state = None
-    if args.mode == "hook":
+    if mode == "hook":
         state = gt.HookState()
         ddp.register_comm_hook(state, gt.allreduce_hook)
     opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9)
@@ -99,6 +105,13 @@ def run_mode(args, mode, tmp, env):
     for r in range(args.ranks):
         e = dict(env, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(args.ranks),
                  TRAIN_DDP_INIT=init)
+        if "GRADSYNC_DAEMONS" in env:  # one of several daemons
+            daemons = env["GRADSYNC_DAEMONS"].split(",")
+            e.pop("GRADSYNC_DAEMONS")
+            e["GRADSYNC_DAEMON"] = daemons[r % len(daemons)]
+        codec = mode.partition("+")[2]
+        if codec:
+            e["GRADSYNC_CODEC"] = codec
         out = os.path.join(tmp, f"{mode}.{r}.json")
         cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--mode", mode, "--out", out]
         for k in ("seed", "epochs", "batch", "hidden", "lr", "bucket_mb"):
@@ -129,9 +142,14 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--bucket_mb", type=float, default=25)
     ap.add_argument("--gradsync", default="", help="the gradsync CLI (to start a local cluster)")
+    ap.add_argument("--daemons", type=int, default=1, help="daemons of the local cluster")
     ap.add_argument("--check", action="store_true")
     ap.add_argument("--loss_tol", type=float, default=1e-3, help="max |loss - gloo's loss| per step")
     ap.add_argument("--acc_tol", type=float, default=0.01, help="max |accuracy - gloo's|")
+    ap.add_argument("--codec_loss_tol", type=float, default=0.05,
+                    help="--loss_tol of a mode with a codec")
+    ap.add_argument("--codec_acc_tol", type=float, default=0.02,
+                    help="--acc_tol of a mode with a codec")
     ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--mode", help=argparse.SUPPRESS)
@@ -148,8 +166,9 @@ def main():
     try:
         if any(m != "gloo" for m in modes) and not env.get("GRADSYNC_DAEMON"):
             env_file = os.path.join(tmp, "cluster.env")
-            cluster = subprocess.Popen([find_gradsync(args.gradsync), "cluster", "--ranks=1",
-                                        f"--env_file={env_file}"], stdout=subprocess.DEVNULL)
+            cluster = subprocess.Popen([find_gradsync(args.gradsync), "cluster",
+                                        f"--ranks={args.daemons}", f"--env_file={env_file}"],
+                                       stdout=subprocess.DEVNULL)
             for _ in range(300):
                 if os.path.exists(env_file) or cluster.poll() is not None:
                     break
@@ -160,6 +179,8 @@ def main():
                 k, _, v = line.strip().partition("=")
                 if k == "GRADSYNC_DAEMON_0":
                     env["GRADSYNC_DAEMON"] = v
+                elif k == "GRADSYNC_DAEMONS" and args.daemons > 1:
+                    env[k] = v
                 elif k == "GRADSYNC_TENANT_TOKEN":  # the cluster's tenant
                     env[k] = v
         res = {m: run_mode(args, m, tmp, env) for m in modes}
@@ -184,10 +205,13 @@ def main():
                 continue
             diff = max(abs(a - b) for a, b in zip(res[m]["loss"], res["gloo"]["loss"]))
             dacc = abs(res[m]["accuracy"] - res["gloo"]["accuracy"])
-            good = diff <= args.loss_tol and dacc <= args.acc_tol
+            lossy = "+" in m and not m.endswith("+none")
+            loss_tol = args.codec_loss_tol if lossy else args.loss_tol
+            acc_tol = args.codec_acc_tol if lossy else args.acc_tol
+            good = diff <= loss_tol and dacc <= acc_tol
             ok = ok and good
-            print(f"# {m} vs gloo: max |loss diff| {diff:.2e} (tolerance {args.loss_tol:g}), "
-                  f"|accuracy diff| {dacc:.4f} (tolerance {args.acc_tol:g}): "
+            print(f"# {m} vs gloo: max |loss diff| {diff:.2e} (tolerance {loss_tol:g}), "
+                  f"|accuracy diff| {dacc:.4f} (tolerance {acc_tol:g}): "
                   f"{'agree' if good else 'DISAGREE'}")
     if args.check and not ok:
         sys.exit(1)
