@@ -330,6 +330,48 @@ TEST_F(CApiTest, PremulSumCarriesTheRanksFactor) {
   EXPECT_EQ(gs_buffer_free(session_, buf), GS_OK) << gs_last_error();
 }
 
+// An op's codec reaches the daemon; a codec that cannot apply, or is not a
+// codec, is refused before any RPC; an older caller's shorter spec sends
+// none (the job's); the session's codec becomes the job option.
+TEST_F(CApiTest, CodecsReachTheDaemonOrAreRefusedFirst) {
+  gs_buffer* buf = nullptr;
+  ASSERT_EQ(gs_buffer_alloc(session_, 8192 * sizeof(float), &buf), GS_OK) << gs_last_error();
+  gs_collective_spec spec;
+  gs_collective_spec_init(&spec);
+  EXPECT_EQ(spec.codec, nullptr);
+  spec.buffer = buf;
+  spec.count = 8192;
+  spec.codec = "int8";
+  spec.name = "c";
+  gs_result result;
+  ASSERT_EQ(gs_run(session_, &spec, &result), GS_OK) << gs_last_error();
+  EXPECT_EQ(fake_->last_submit_request().codec(), "int8");
+  gs_collective_spec old = spec;
+  old.struct_size = offsetof(gs_collective_spec, codec);
+  ASSERT_EQ(gs_run(session_, &old, &result), GS_OK) << gs_last_error();
+  EXPECT_EQ(fake_->last_submit_request().codec(), "");
+  const int64_t rpcs = fake_->rpc_count();
+  uint64_t op = 0;
+  spec.count = 100;
+  EXPECT_EQ(gs_submit(session_, &spec, &op), GS_INVALID_ARGUMENT);
+  EXPECT_THAT(gs_last_error(), HasSubstr("allreduce 'c' on rank 0: codec 'int8' does not apply: "
+                                         "100 elements per rank are fewer than one codec block"));
+  spec.codec = "gzip";
+  EXPECT_EQ(gs_submit(session_, &spec, &op), GS_INVALID_ARGUMENT);
+  EXPECT_THAT(gs_last_error(), HasSubstr("unknown codec 'gzip'"));
+  EXPECT_EQ(fake_->rpc_count(), rpcs);
+  EXPECT_EQ(gs_buffer_free(session_, buf), GS_OK) << gs_last_error();
+
+  gs_session_options o;
+  gs_session_options_init(&o);
+  o.job_id = "c-codec-job";
+  o.codec = "auto:bf16,int8";
+  gs_session* s = nullptr;
+  ASSERT_EQ(gs_session_open_with(client_, &o, &s), GS_OK) << gs_last_error();
+  EXPECT_EQ(fake_->last_open_request().options().codec(), "auto:bf16,int8");
+  EXPECT_EQ(gs_session_close(s), GS_OK);
+}
+
 TEST_F(CApiTest, SessionOptionsAreCheckedAndUsed) {
   gs_session_options o;
   gs_session_options_init(&o);

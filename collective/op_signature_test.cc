@@ -1,4 +1,6 @@
 #include "collective/op_signature.h"
+
+#include "collective/codec_request.h"
 #include "collective/signature_exchange.h"
 
 #include <algorithm>
@@ -88,6 +90,29 @@ TEST(OpSignature, ProposalsMayDifferButForcedAlgorithmsMustMatch) {
   ASSERT_TRUE(round.ok());
   EXPECT_EQ(round->forced, b.forced);
   EXPECT_EQ(round->proposal, b.proposal);
+}
+
+// The codec request is compared, the codec proposal is not (rank 0's wins).
+TEST(OpSignature, CodecRequestsMustMatchCodecProposalsMayDiffer) {
+  OpSignature a;
+  a.seq = 4;
+  a.name = "g";
+  a.count = 8192;
+  a.codecs = ParseCodecRequest("int8", false)->Code();
+  OpSignature b = a;
+  a.codec = CodecId::kInt8;
+  b.codec = CodecId::kNone;
+  EXPECT_TRUE(CompareSignatures(4, {a.Encode(), b.Encode()}).ok());
+  EXPECT_EQ(SignatureCodec(a.Encode()), static_cast<uint8_t>(CodecId::kInt8));
+  auto round = OpSignature::Decode(a.Encode());
+  ASSERT_TRUE(round.ok());
+  EXPECT_EQ(round->codec, CodecId::kInt8);
+  EXPECT_EQ(round->codecs, a.codecs);
+  b.codecs = 0;
+  const absl::Status s = CompareSignatures(4, {a.Encode(), b.Encode()});
+  EXPECT_EQ(s.message(),
+            "op 4 does not match across ranks: rank 0 submitted allreduce 'g' f32[8192] sum "
+            "codec int8, rank 1 submitted allreduce 'g' f32[8192] sum");
 }
 
 constexpr SignaturePattern kPatterns[] = {SignaturePattern::kAllToAll,
@@ -245,7 +270,7 @@ TEST(CheckSignatures, EveryRankGetsRankZerosStreamProposal) {
   for (SignaturePattern pattern : kPatterns) {
     for (int world : {3, 5}) {
       testing::Cluster c = testing::MakeCluster(world, absl::StrCat("streams-", world));
-      std::vector<uint8_t> agreed(world, 0), streams(world, 0);
+      std::vector<uint8_t> agreed(world, 0), streams(world, 0), codecs(world, 0);
       std::vector<absl::Status> st = testing::RunOnRanks(world, [&](int r) -> absl::Status {
         OpSignature sig;
         sig.seq = 1;
@@ -253,13 +278,16 @@ TEST(CheckSignatures, EveryRankGetsRankZerosStreamProposal) {
         sig.count = 1 << 24;
         sig.proposal = static_cast<uint8_t>(Algorithm::kRing);
         sig.streams = static_cast<uint8_t>(r == 0 ? 1 : 2);
+        sig.codec = r == 0 ? CodecId::kBf16 : CodecId::kInt8;
         return CheckSignatures(*c.contexts[r], sig, pattern, absl::Now() + absl::Seconds(20),
-                               nullptr, &agreed[r], nullptr, nullptr, &streams[r]);
+                               nullptr, &agreed[r], nullptr, nullptr, &streams[r], nullptr,
+                               &codecs[r]);
       });
       for (int r = 0; r < world; ++r) {
         ASSERT_TRUE(st[r].ok()) << st[r];
         EXPECT_EQ(streams[r], 1) << SignaturePatternName(pattern) << " world " << world;
         EXPECT_EQ(agreed[r], static_cast<uint8_t>(Algorithm::kRing));
+        EXPECT_EQ(codecs[r], static_cast<uint8_t>(CodecId::kBf16)) << "rank 0's codec";
       }
     }
   }

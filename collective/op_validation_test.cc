@@ -3,6 +3,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "collective/codec_request.h"
 #include "collective/plan_code.h"
 #include "gtest/gtest.h"
 
@@ -175,6 +176,48 @@ TEST(ValidateOp, CountIsAtMostTheLargestOp) {
   EXPECT_NE(Refusal(op), "");
   op.count = kMaxOpBytes / 4 / 4;
   EXPECT_EQ(Refusal(op), "");
+}
+
+// An op's own codec must apply to it; the job's applies where it can.
+TEST(ValidateOp, AnOpsCodecMustApplyToIt) {
+  OpDesc op = Allreduce(8192);
+  op.codec = "int8";
+  absl::StatusOr<OpShape> s = ValidateOp(op, Ctx());
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->codecs, ParseCodecRequest("int8", false)->Code());
+  op.dtype = DType::kF64;
+  EXPECT_EQ(Refusal(op), "allreduce 'grad/w' on rank 2: codec 'int8' does not apply: codecs "
+                         "encode f32 values, not f64");
+  op.dtype = DType::kF32;
+  op.op = ReduceOp::kMin;
+  EXPECT_EQ(Refusal(op), "allreduce 'grad/w' on rank 2: codec 'int8' does not apply: codecs sum "
+                         "(sum, avg, premul_sum), not min");
+  op.op = ReduceOp::kAvg;
+  op.algorithm = "rhd";
+  EXPECT_EQ(Refusal(op), "allreduce 'grad/w' on rank 2: codec 'int8' does not apply: compressed "
+                         "ops run the ring algorithm ('ring' or 'hier'), not 'rhd'");
+  op.algorithm = "";
+  op.kind = CollectiveKind::kBroadcast;
+  EXPECT_EQ(Refusal(op), "broadcast 'grad/w' on rank 2: codec 'int8' does not apply: codecs "
+                         "compress allreduce and reduce_scatter only");
+  op = Allreduce(100);
+  op.codec = "bf16";
+  EXPECT_EQ(Refusal(op), "allreduce 'grad/w' on rank 2: codec 'bf16' does not apply: 100 "
+                         "elements per rank are fewer than one codec block (4096)");
+  op.codec = "lz4";
+  EXPECT_EQ(Refusal(op), "allreduce 'grad/w' on rank 2: unknown codec 'lz4' (codecs: none, bf16, "
+                         "fp16, fp8e4m3 (or fp8), fp8e5m2, int8); or 'auto', or 'auto:' and a "
+                         "list of codecs");
+  // The job's codec and auto: whatever the op, no refusal.
+  OpContext ctx = Ctx();
+  ctx.job_codec = "int8";
+  op = Allreduce(4);
+  op.dtype = DType::kI32;
+  s = ValidateOp(op, ctx);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(CodecRequest::FromCode(s->codecs).ToString(), "int8 (job)");
+  op.codec = "auto";
+  EXPECT_TRUE(ValidateOp(op, ctx).ok());
 }
 
 TEST(ValidateOp, RequestedPlanMustRunTheCollective) {

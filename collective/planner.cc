@@ -156,7 +156,9 @@ CodecId Planner::ChooseCodec(const PlanRequest& op, const Plan& plan, const char
   if (request.none()) return CodecId::kNone;
   // A request the op's validation let through that cannot apply here runs
   // dense (an op's own codec was checked against everything else).
-  if (topology_.every_rank_here) {
+  if (*CodecInapplicable(op) != '\0') {
+    *why = CodecInapplicable(op);
+  } else if (topology_.every_rank_here) {
     *why = "every rank is on this daemon (no link to save)";
   } else if (plan.path == PlanPath::kParameterServer) {
     *why = "the parameter-server path runs dense";
@@ -165,27 +167,35 @@ CodecId Planner::ChooseCodec(const PlanRequest& op, const Plan& plan, const char
   } else if (plan.path == PlanPath::kFlat && plan.algorithm != Algorithm::kRing &&
              op.forced != kAutoCode) {
     *why = "the op forces an algorithm other than ring";
-  } else if (*CodecInapplicable(op) != '\0') {
-    *why = CodecInapplicable(op);
   } else if (op.device_path && settings_.device_ops_in_place) {
     *why = "device buffers run in place on their GPU; codecs run on host memory";
   }
   if (**why != '\0') return CodecId::kNone;
   if (!request.automatic) return request.only();
-  // auto: the fastest by the model, if it beats dense by the margin.
-  const double dense = CodecMicros(op, CodecId::kNone);
-  CodecId best = CodecId::kNone;
-  double best_us = dense * settings_.codec_max_time_ratio;
+  // auto: the fastest by the model, if it beats dense by the margin. Codecs
+  // within 5% of the fastest count as tied, and the first in id order wins
+  // (bf16 before fp16), so a noisy measurement does not flip the choice.
+  double us[kCodecCount] = {};
+  double fastest = CodecMicros(op, CodecId::kNone) * settings_.codec_max_time_ratio;
+  bool any = false;
   for (CodecId id : kAllCodecs) {
     if (id == CodecId::kNone || !request.allows(id)) continue;
-    const double us = CodecMicros(op, id);
-    if (us < best_us) {
-      best = id;
-      best_us = us;
+    us[static_cast<int>(id)] = CodecMicros(op, id);
+    if (us[static_cast<int>(id)] < fastest) {
+      fastest = us[static_cast<int>(id)];
+      any = true;
     }
   }
-  if (best == CodecId::kNone) *why = "auto: no codec is modelled faster than dense on this link";
-  return best;
+  if (!any) {
+    *why = "auto: no codec is modelled faster than dense on this link";
+    return CodecId::kNone;
+  }
+  for (CodecId id : kAllCodecs) {
+    if (id != CodecId::kNone && request.allows(id) && us[static_cast<int>(id)] <= fastest * 1.05) {
+      return id;
+    }
+  }
+  return CodecId::kNone;
 }
 
 absl::StatusOr<Plan> Planner::Agree(const PlanRequest& op, const Plan& mine, uint8_t code,

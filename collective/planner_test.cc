@@ -1,6 +1,7 @@
 #include "collective/planner.h"
 
 #include "absl/strings/match.h"
+#include "collective/codec_request.h"
 #include "gtest/gtest.h"
 
 namespace gradsync {
@@ -304,8 +305,24 @@ TEST(Planner, SlicingAndPartitionSizesComeFromTheSettings) {
   EXPECT_EQ(PlannerSettings{}.ps_partition_bytes, uint64_t{1} << 20);
 }
 
-TEST(Planner, TheCodecIsIdentity) {
-  Planner planner(PlannerSettings{}, Shared(2, 3), Loopback());
+// An f32 allreduce of `bytes` with codec request `codecs` (codec_request.h).
+PlanRequest CodecOp(size_t bytes, const char* codecs, DType dtype = DType::kF32) {
+  PlanRequest op = Op(CollectiveKind::kAllreduce, bytes);
+  op.dtype = dtype;
+  op.count = bytes / DTypeSize(dtype);
+  op.codecs = ParseCodecRequest(codecs, /*job=*/false)->Code();
+  return op;
+}
+
+// 1 Gbit/s: 8e-3 us per byte.
+LinkParams Gigabit() {
+  LinkParams l = Loopback();
+  l.beta_us_per_byte = 8e-3;
+  return l;
+}
+
+TEST(Planner, WithoutARequestTheCodecIsNone) {
+  Planner planner(PlannerSettings{}, Shared(2, 3), Gigabit());
   for (size_t bytes : {size_t{8}, size_t{1} << 20, size_t{64} << 20}) {
     const PlanRequest op = Op(CollectiveKind::kAllreduce, bytes);
     const Plan mine = planner.Propose(op);
@@ -314,6 +331,68 @@ TEST(Planner, TheCodecIsIdentity) {
     ASSERT_TRUE(p.ok()) << p.status();
     EXPECT_EQ(p->codec, CodecId::kNone);
   }
+}
+
+TEST(Planner, ANamedCodecRunsOnTheRingWhereItApplies) {
+  Planner flat(PlannerSettings{}, Flat(4), Loopback());
+  // Small enough for oneshot, large enough for a codec block: the ring.
+  Plan p = flat.Propose(CodecOp(32 << 10, "int8"));
+  EXPECT_EQ(p.codec, CodecId::kInt8);
+  EXPECT_EQ(p.algorithm, Algorithm::kRing);
+  EXPECT_FALSE(p.fused);
+  // Where it cannot apply it runs dense and says why.
+  p = flat.Propose(CodecOp(1 << 20, "bf16", DType::kI32));
+  EXPECT_EQ(p.codec, CodecId::kNone);
+  EXPECT_STREQ(p.codec_note, "codecs encode f32 values");
+  p = flat.Propose(CodecOp(1 << 10, "bf16"));
+  EXPECT_EQ(p.codec, CodecId::kNone);
+  EXPECT_STREQ(p.codec_note, "fewer elements than one codec block");
+  PlanRequest device = CodecOp(1 << 20, "bf16");
+  device.device_path = true;
+  EXPECT_EQ(flat.Propose(device).codec, CodecId::kNone);
+  // Ranks sharing daemons: the ring among the daemons carries it.
+  Planner shared(PlannerSettings{}, Shared(2, 4), Loopback());
+  p = shared.Propose(CodecOp(1 << 20, "fp16"));
+  EXPECT_EQ(p.codec, CodecId::kFp16);
+  EXPECT_EQ(p.node_algorithm, Algorithm::kRing);
+  // Every rank on this daemon: nothing crosses a link.
+  PlanTopology here = Shared(1, 4);
+  here.every_rank_here = true;
+  EXPECT_EQ(Planner(PlannerSettings{}, here, Gigabit()).Propose(CodecOp(1 << 20, "int8")).codec,
+            CodecId::kNone);
+}
+
+TEST(Planner, AutoTakesACodecWhereTheLinkIsSlowerThanTheCodec) {
+  const PlanRequest op = CodecOp(64 << 20, "auto:bf16,int8");
+  // 1 Gbit/s: the smaller encoding wins.
+  EXPECT_EQ(Planner(PlannerSettings{}, Flat(4), Gigabit()).Propose(op).codec, CodecId::kInt8);
+  EXPECT_EQ(Planner(PlannerSettings{}, Flat(4), Gigabit()).Propose(CodecOp(64 << 20, "auto")).codec,
+            CodecId::kBf16);
+  // A link far faster than any codec: dense, saying why.
+  LinkParams fast = Loopback();
+  fast.beta_us_per_byte = 1e-6;
+  fast.reduce_us_per_byte = 1e-6;
+  const Plan dense = Planner(PlannerSettings{}, Flat(4), fast).Propose(op);
+  EXPECT_EQ(dense.codec, CodecId::kNone);
+  EXPECT_STREQ(dense.codec_note, "auto: no codec is modelled faster than dense on this link");
+  // The model: the codec's time is the ring's over its encoded bytes plus
+  // its measured CPU cost, below the dense ring's on the slow link.
+  Planner slow(PlannerSettings{}, Flat(4), Gigabit());
+  EXPECT_LT(slow.CodecMicros(op, CodecId::kBf16), 0.6 * slow.CodecMicros(op, CodecId::kNone));
+  EXPECT_GT(slow.CodecMicros(op, CodecId::kBf16), 0.4 * slow.CodecMicros(op, CodecId::kNone));
+}
+
+TEST(Planner, AgreeTakesRankZerosCodec) {
+  Planner planner(PlannerSettings{}, Flat(2), Loopback());
+  const PlanRequest op = CodecOp(1 << 20, "auto");
+  Plan mine = planner.Propose(op);
+  absl::StatusOr<Plan> p = planner.Agree(op, mine, Code(Algorithm::kRing), 0,
+                                         static_cast<uint8_t>(CodecId::kFp16));
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->codec, CodecId::kFp16);
+  p = planner.Agree(op, mine, Code(Algorithm::kRing), 0, 77);
+  EXPECT_TRUE(absl::IsDataLoss(p.status())) << p.status();
+  EXPECT_EQ(p.status().message(), "rank 0 proposed unknown codec 77");
 }
 
 TEST(Planner, AgreeCarriesRankZerosStreamsAndRefusesWhatThisDaemonCannotRun) {
