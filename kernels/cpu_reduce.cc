@@ -70,6 +70,7 @@
 #include <type_traits>
 
 #if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define GRADSYNC_KERNELS_X86 1
 #else
@@ -495,7 +496,11 @@ bool CpuSupportsAvx2() {
 #if GRADSYNC_KERNELS_X86
   static const bool supported = [] {
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+    // F16C from CPUID leaf 1 (ECX bit 29): clang's __builtin_cpu_supports
+    // does not know "f16c".
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
+    return __builtin_cpu_supports("avx2") && f16c;
   }();
   return supported;
 #else
