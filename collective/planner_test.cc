@@ -366,8 +366,11 @@ TEST(Planner, AutoTakesACodecWhereTheLinkIsSlowerThanTheCodec) {
   const PlanRequest op = CodecOp(64 << 20, "auto:bf16,int8");
   // 1 Gbit/s: the smaller encoding wins.
   EXPECT_EQ(Planner(PlannerSettings{}, Flat(4), Gigabit()).Propose(op).codec, CodecId::kInt8);
-  EXPECT_EQ(Planner(PlannerSettings{}, Flat(4), Gigabit()).Propose(CodecOp(64 << 20, "auto")).codec,
-            CodecId::kBf16);
+  // auto: a 16-bit codec (which of the two depends on their measured speed
+  // on this machine, e.g. under a sanitizer).
+  const CodecId sixteen =
+      Planner(PlannerSettings{}, Flat(4), Gigabit()).Propose(CodecOp(64 << 20, "auto")).codec;
+  EXPECT_TRUE(sixteen == CodecId::kBf16 || sixteen == CodecId::kFp16) << CodecName(sixteen);
   // A link far faster than any codec: dense, saying why.
   LinkParams fast = Loopback();
   fast.beta_us_per_byte = 1e-6;
