@@ -308,12 +308,16 @@ TEST_P(ExecutorClusterShapes, CodecsCompressTheStageBetweenDaemons) {
   }
   // n quantizations of at most amax/254 each (the inputs' scale is uniform).
   EXPECT_LE(worst, n * abs_max / 254 * 1.01);
-  if (one_daemon) EXPECT_EQ(worst, 0.0);
+  if (one_daemon) {
+    EXPECT_EQ(worst, 0.0);
+  }
   // The job's codec (bf16) on an f32 op, and not on an i32 one.
   run(DType::kF32, std::vector<std::string>(n, ""), &outs);
   for (int r = 0; r < n; ++r) {
     ASSERT_TRUE(outs[r].status.ok()) << outs[r].status;
-    if (!one_daemon) EXPECT_THAT(outs[r].algorithm, HasSubstr("+bf16"));
+    if (!one_daemon) {
+      EXPECT_THAT(outs[r].algorithm, HasSubstr("+bf16"));
+    }
   }
   auto ints = run(DType::kI32, std::vector<std::string>(n, ""), &outs);
   for (int r = 0; r < n; ++r) {
