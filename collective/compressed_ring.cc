@@ -42,23 +42,65 @@ absl::Status CheckCodecApplies(CodecId codec, CollectiveKind kind, Algorithm alg
 
 namespace {
 
+// The compressed ring's messages: every segment's encoding has one place in
+// the encoded area, which its reduce-scatter receive, its encoded send, its
+// allgather receive and the forward of those bytes use in turn.
+class CodecIo final : public RingMessageIo {
+ public:
+  CodecIo(float* data, const transport::MemoryRegion* area, std::vector<size_t> where,
+          size_t segments, const Codec& codec, ReduceOp op, int world)
+      : data_(data), area_(area), where_(std::move(where)), segments_(segments), codec_(codec),
+        op_(op), world_(world) {}
+
+  RingSpan Send(size_t, const RingMessage& m) override {
+    const size_t g = Slot(m);
+    float* values = data_ + m.range.begin;
+    char* bytes = area_->data() + where_[g];
+    if (m.reduce) {
+      codec_.Encode(values, m.range.count, bytes);
+    } else if (m.step == world_ - 1) {  // the owner's reduced chunk, encoded once
+      codec_.Encode(values, m.range.count, bytes);
+      codec_.Decode(bytes, m.range.count, values);
+    }  // later allgather steps forward the bytes received
+    return Span(g);
+  }
+  RingSpan Recv(size_t, const RingMessage& m) override { return Span(Slot(m)); }
+  void Arrived(size_t, const RingMessage& m) override {
+    float* values = data_ + m.range.begin;
+    const char* bytes = area_->data() + where_[Slot(m)];
+    const absl::Time start = TraceNow();
+    if (m.reduce) {
+      codec_.DecodeAdd(bytes, m.range.count, values);
+      if (op_ == ReduceOp::kAvg && m.step == world_ - 2) {
+        CpuReducer().Divide(DType::kF32, values, m.range.count, world_);
+      }
+    } else {
+      codec_.Decode(bytes, m.range.count, values);
+    }
+    TraceEvent("decode", "reduce", start);
+  }
+
+ private:
+  size_t Slot(const RingMessage& m) const {
+    return static_cast<size_t>(m.chunk) * segments_ + static_cast<size_t>(m.segment);
+  }
+  RingSpan Span(size_t g) const { return {area_, where_[g], where_[g + 1] - where_[g], where_[g]}; }
+
+  float* const data_;
+  const transport::MemoryRegion* const area_;
+  const std::vector<size_t> where_;  // by segment in element order: its offset in the area
+  const size_t segments_;            // per chunk
+  const Codec& codec_;
+  const ReduceOp op_;
+  const int world_;
+};
+
 absl::Status RunPass(transport::Context& ctx, float* data, ReduceOp op, uint64_t seq,
-                     absl::Time deadline, const RingOptions& options, const RingPass& pass,
+                     absl::Time deadline, const RingOptions& options, RingPass pass,
                      const Codec& codec, transport::Scratch* scratch) {
   const RingPlan& plan = *pass.plan;
   const int n = plan.world();
-  const int me = ctx.rank();
   const size_t nseg = plan.segments();
-  const size_t total = static_cast<size_t>(pass.steps) * nseg;
-  const size_t first = static_cast<size_t>(pass.first_step) * nseg;
-  const int rs_steps = std::clamp(n - 1 - pass.first_step, 0, pass.steps);
-  const size_t rs_end = static_cast<size_t>(rs_steps) * nseg;
-  int bound = std::max(1, options.max_inflight);
-  if (ctx.max_in_flight() > 0) bound = std::min(bound, ctx.max_in_flight());
-  const size_t inflight = static_cast<size_t>(bound);
-  const int right = (me + 1) % n;
-  const int left = (me - 1 + n) % n;
-
   // Where each segment's encoding lives: segments in element order.
   std::vector<size_t> where(static_cast<size_t>(n) * nseg + 1, 0);
   for (int c = 0; c < n; ++c) {
@@ -69,87 +111,11 @@ absl::Status RunPass(transport::Context& ctx, float* data, ReduceOp op, uint64_t
   }
   auto area = scratch->ReserveRegistered(ctx, std::max<size_t>(where.back(), 8));
   if (!area.ok()) return area.status();
-  char* const encoded = (*area)->data();
-
-  auto message = [&](size_t i, bool send) {
-    RingMessage m = send ? plan.Send(first + i) : plan.Recv(first + i);
-    if (pass.chunk_shift != 0) {
-      m.chunk = ((m.chunk + pass.chunk_shift) % n + n) % n;
-      m.range = plan.Segment(m.chunk, static_cast<size_t>(m.segment));
-    }
-    return m;
-  };
-  auto slot = [&](const RingMessage& m) {
-    return static_cast<size_t>(m.chunk) * nseg + static_cast<size_t>(m.segment);
-  };
-  auto tag_for = [&](size_t i, size_t offset) {
-    return transport::MessageTag{seq, static_cast<uint32_t>(i),
-                                 static_cast<uint8_t>(DType::kF32), offset};
-  };
-
-  std::vector<transport::Request> sreq(total), rreq(total);
-  size_t next_send = 0, sends_done = 0, next_recv = 0, recvs_done = 0;
-  while (recvs_done < total || sends_done < total) {
-    while (next_send < total && next_send - sends_done < inflight &&
-           (next_send < nseg || recvs_done > next_send - nseg)) {
-      const RingMessage m = message(next_send, /*send=*/true);
-      const size_t g = slot(m);
-      float* values = data + m.range.begin;
-      if (m.reduce) {
-        codec.Encode(values, m.range.count, encoded + where[g]);
-      } else if (m.step == n - 1) {  // the owner's reduced chunk, encoded once
-        codec.Encode(values, m.range.count, encoded + where[g]);
-        codec.Decode(encoded + where[g], m.range.count, values);
-      }  // later allgather steps forward the bytes received
-      const size_t len = where[g + 1] - where[g];
-      absl::Status s = ctx.PostSend(right, **area, where[g], len, tag_for(next_send, where[g]),
-                                    &sreq[next_send]);
-      if (!s.ok()) return s;
-      ++next_send;
-    }
-    while (next_recv < total && next_recv < recvs_done + inflight &&
-           (next_recv < rs_end || rs_end == 0 || sends_done + rs_end > next_recv)) {
-      const RingMessage m = message(next_recv, /*send=*/false);
-      const size_t g = slot(m);
-      absl::Status s = ctx.PostRecv(left, **area, where[g], where[g + 1] - where[g],
-                                    /*exact=*/true, tag_for(next_recv, where[g]), &rreq[next_recv]);
-      if (!s.ok()) return s;
-      ++next_recv;
-    }
-    bool progressed = false;
-    while (sends_done < next_send && sreq[sends_done].done) {
-      ++sends_done;
-      progressed = true;
-    }
-    while (recvs_done < next_recv && rreq[recvs_done].done) {
-      const RingMessage m = message(recvs_done, /*send=*/false);
-      float* values = data + m.range.begin;
-      const char* bytes = encoded + where[slot(m)];
-      const absl::Time start = TraceNow();
-      if (m.reduce) {
-        codec.DecodeAdd(bytes, m.range.count, values);
-        if (op == ReduceOp::kAvg && m.step == n - 2) {
-          CpuReducer().Divide(DType::kF32, values, m.range.count, n);
-        }
-      } else {
-        codec.Decode(bytes, m.range.count, values);
-      }
-      TraceEvent("decode", "reduce", start);
-      ++recvs_done;
-      progressed = true;
-    }
-    if (progressed) continue;
-    absl::Status s = ctx.Progress(deadline);
-    if (absl::IsDeadlineExceeded(s)) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "timed out at rank ", me, " in ", pass.label, " (", codec.name(), ") step ",
-          std::min<size_t>(recvs_done / nseg + 1, pass.steps), " of ", pass.steps, ": received ",
-          recvs_done, " of ", total, " messages from rank ", left, ", sent ", sends_done, " of ",
-          total, " to rank ", right));
-    }
-    if (!s.ok()) return s;
-  }
-  return absl::OkStatus();
+  const std::string label = absl::StrCat(pass.label, " (", codec.name(), ")");
+  pass.label = label.c_str();
+  CodecIo io(data, *area, std::move(where), nseg, codec, op, n);
+  return DriveRingPass(ctx, pass, static_cast<uint8_t>(DType::kF32), seq, deadline, options, io,
+                       /*stats=*/nullptr);
 }
 
 }  // namespace

@@ -48,6 +48,41 @@ struct RingPass {
   const transport::MemoryRegion* region = nullptr;
 };
 
+// Where one message of a pass lives: bytes [offset, offset+len) of a
+// registered region, and the offset its tag carries (the segment's byte
+// offset in the op's buffer, or in the compressed ring's encoded area).
+struct RingSpan {
+  const transport::MemoryRegion* region = nullptr;
+  size_t offset = 0;
+  size_t len = 0;
+  uint64_t tag_offset = 0;
+};
+
+// What a pass does with its messages around the pipeline's scheduling: the
+// dense ring sends from the buffer and reduces staged receives, the
+// compressed ring (compressed_ring.h) encodes and decodes.
+class RingMessageIo {
+ public:
+  virtual ~RingMessageIo() = default;
+  // Send i (message m) is posted now that its data are final: prepares it
+  // and says where its bytes are.
+  virtual RingSpan Send(size_t i, const RingMessage& m) = 0;
+  // Where receive i lands.
+  virtual RingSpan Recv(size_t i, const RingMessage& m) = 0;
+  // Receive i arrived.
+  virtual void Arrived(size_t i, const RingMessage& m) = 0;
+};
+
+// Segments in flight per direction: min(options.max_inflight, ctx.max_in_flight()).
+size_t RingInflight(const transport::Context& ctx, const RingOptions& options);
+
+// Runs `pass`'s messages through `io` in the order and with the bounds
+// described above; every message's tag carries `tag_dtype`. The deadline's
+// error names the step and both neighbours.
+absl::Status DriveRingPass(transport::Context& ctx, const RingPass& pass, uint8_t tag_dtype,
+                           uint64_t seq, absl::Time deadline, const RingOptions& options,
+                           RingMessageIo& io, RingStats* stats);
+
 // The segment size every ring pass uses for chunks of `chunk_bytes`: at least
 // 4 segments per chunk when chunks are large, never smaller than
 // min_segment_bytes nor larger than segment_bytes (except single elements).
