@@ -264,6 +264,21 @@ def run(a, mode, ranks, extra_env, link=None):
     return int(params), float(synced), float(local)
 
 
+def add_cluster_arguments(ap):
+    """Where the ranks' daemons run: a loopback cluster (--gradsync), or with
+    --link a LinkCluster on two namespaces (also bench/tta_bench.py)."""
+    ap.add_argument("--gradsync", default=os.path.join(HERE, "..", "bazel-bin", "cli", "gradsync"))
+    ap.add_argument("--link", metavar="RATE",
+                    help="run on two network namespaces joined by a link of RATE (tc syntax: 1gbit)")
+    ap.add_argument("--link_burst", default=DEFAULT_BURST, help="--link: tbf burst")
+    ap.add_argument("--link_latency", default=DEFAULT_LATENCY, help="--link: tbf latency")
+    ap.add_argument("--coordinator_bin",
+                    default=os.path.join(HERE, "..", "bazel-bin", "server", "gradsync-coordinator"))
+    ap.add_argument("--daemon_bin", default=os.path.join(HERE, "..", "bazel-bin", "worker", "gradsyncd"))
+    ap.add_argument("--daemon_flags", default="",
+                    help="--link: extra gradsyncd flags, comma-separated (e.g. --tcp_streams=1)")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ranks", default="2,4")
@@ -278,16 +293,7 @@ def main():
     ap.add_argument("--bucket_mb", type=float, default=25)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--gradsync", default=os.path.join(HERE, "..", "bazel-bin", "cli", "gradsync"))
-    ap.add_argument("--link", metavar="RATE",
-                    help="run on two network namespaces joined by a link of RATE (tc syntax: 1gbit)")
-    ap.add_argument("--link_burst", default=DEFAULT_BURST, help="--link: tbf burst")
-    ap.add_argument("--link_latency", default=DEFAULT_LATENCY, help="--link: tbf latency")
-    ap.add_argument("--coordinator_bin",
-                    default=os.path.join(HERE, "..", "bazel-bin", "server", "gradsync-coordinator"))
-    ap.add_argument("--daemon_bin", default=os.path.join(HERE, "..", "bazel-bin", "worker", "gradsyncd"))
-    ap.add_argument("--daemon_flags", default="",
-                    help="--link: extra gradsyncd flags, comma-separated (e.g. --tcp_streams=1)")
+    add_cluster_arguments(ap)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--mode", help=argparse.SUPPRESS)
     a = ap.parse_args()

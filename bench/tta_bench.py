@@ -36,8 +36,9 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from ddp_step_bench import LinkCluster, free_port, host_of, start_cluster, stop_all  # noqa: E402
-from netns_link import DEFAULT_BURST, DEFAULT_LATENCY, NetnsLink  # noqa: E402
+from ddp_step_bench import (LinkCluster, add_cluster_arguments, free_port, host_of,  # noqa: E402
+                            start_cluster, stop_all)
+from netns_link import NetnsLink  # noqa: E402
 
 COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"]
 
@@ -217,14 +218,7 @@ def main():
     ap.add_argument("--bucket_mb", type=float, default=25)
     ap.add_argument("--svg", default="", help="write accuracy against time here")
     ap.add_argument("--run_timeout", type=float, default=900, help="seconds one run may take")
-    ap.add_argument("--gradsync", default=os.path.join(HERE, "..", "bazel-bin", "cli", "gradsync"))
-    ap.add_argument("--link", metavar="RATE", help="two namespaces joined by a link of RATE (root)")
-    ap.add_argument("--link_burst", default=DEFAULT_BURST)
-    ap.add_argument("--link_latency", default=DEFAULT_LATENCY)
-    ap.add_argument("--coordinator_bin",
-                    default=os.path.join(HERE, "..", "bazel-bin", "server", "gradsync-coordinator"))
-    ap.add_argument("--daemon_bin", default=os.path.join(HERE, "..", "bazel-bin", "worker", "gradsyncd"))
-    ap.add_argument("--daemon_flags", default="")
+    add_cluster_arguments(ap)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--mode", help=argparse.SUPPRESS)
     ap.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
