@@ -130,20 +130,24 @@ void EmulationLink::Reply(uint64_t conn, std::string body) {
 }
 
 bool EmulationLink::ReadFrames(uint64_t id, Conn& c, std::string* why) {
+  // A peer that answers and exits at once leaves its last frames and the end
+  // of the stream in one read: the whole frames are delivered before the end
+  // is reported, as a NIC delivers what reached it before the link went down.
   char buf[1 << 16];
-  while (true) {
+  bool ended = false;
+  while (!ended) {
     const ssize_t n = ::read(c.fd.get(), buf, sizeof(buf));
     if (n == 0) {
       *why = "connection closed";
-      return false;
-    }
-    if (n < 0) {
+      ended = true;
+    } else if (n < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN) break;
       *why = ErrnoString(errno);
-      return false;
+      ended = true;
+    } else {
+      c.in.append(buf, static_cast<size_t>(n));
     }
-    c.in.append(buf, static_cast<size_t>(n));
   }
   size_t at = 0;
   while (c.in.size() - at >= sizeof(uint32_t)) {
@@ -163,7 +167,7 @@ bool EmulationLink::ReadFrames(uint64_t id, Conn& c, std::string* why) {
     at += sizeof(len) + len;
   }
   c.in.erase(0, at);
-  return true;
+  return !ended;
 }
 
 bool EmulationLink::WriteQueued(Conn& c, std::string* why) {

@@ -73,7 +73,8 @@ class EmulationLink {
   void Loop();
   // Queues a frame on `c` (mu_ held).
   static void Queue(Conn& c, std::string body);
-  // Reads what is there; false when the connection ended (why in *why).
+  // Reads what is there and hands whole frames to the handler, also those
+  // that came just before the end; false when the connection ended (*why).
   bool ReadFrames(uint64_t id, Conn& c, std::string* why);
   bool WriteQueued(Conn& c, std::string* why);
   // After the I/O thread stopped: writes what is still queued, until `deadline`.

@@ -3,13 +3,16 @@
 // over a socketpair.
 #include <infiniband/verbs.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstddef>
 #include <cstring>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "rdma/verbs.h"
@@ -292,6 +295,81 @@ TEST(EmulationLink, NodesAreAllocatedByBindingTheLowestFreeNumber) {
   ASSERT_TRUE(c.ok());
   EXPECT_EQ((*c)->node(), 1);
   EXPECT_FALSE(EmulationLink::Open("bad/name").ok());
+}
+
+// Answers that arrive together with the end of the connection (a responder
+// that replies and exits at once) are delivered before the loss is reported.
+TEST(EmulationLink, RepliesThatArriveWithTheCloseAreDeliveredFirst) {
+  const std::string fabric = absl::StrCat("close-", ::getpid());
+  auto link = EmulationLink::Open(fabric);
+  ASSERT_TRUE(link.ok());
+  ASSERT_EQ((*link)->node(), 1);
+  // Node 2 is a bare socket this test answers from.
+  UniqueFd listener(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_un a;
+  std::memset(&a, 0, sizeof(a));
+  a.sun_family = AF_UNIX;
+  const std::string name = EmulationSocketName(fabric, 2);
+  std::memcpy(a.sun_path + 1, name.data(), name.size());
+  const auto alen = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+  ASSERT_EQ(::bind(listener.get(), reinterpret_cast<sockaddr*>(&a), alen), 0);
+  ASSERT_EQ(::listen(listener.get(), 4), 0);
+
+  // The first reply holds the link's thread until the second reply and the
+  // close are both in the socket, so that one read sees them together.
+  struct Recorder : EmulationLink::Handler {
+    absl::Mutex mu;
+    bool release = false;
+    std::vector<std::string> events;
+    void OnRequest(uint64_t, absl::string_view) override {}
+    void OnReply(int node, absl::string_view body) override {
+      absl::MutexLock l(&mu);
+      events.push_back(absl::StrCat("reply ", node, " ", body));
+      if (events.size() == 1) mu.Await(absl::Condition(&release));
+    }
+    void OnNodeLost(int node, const std::string& why) override {
+      absl::MutexLock l(&mu);
+      events.push_back(absl::StrCat("lost ", node, ": ", why));
+    }
+  } handler;
+  (*link)->Start(&handler);
+  (*link)->Send(2, "one");
+  (*link)->Send(2, "two");
+  UniqueFd peer(::accept(listener.get(), nullptr, nullptr));
+  ASSERT_TRUE(peer.valid());
+  auto frame = [](absl::string_view body) {
+    const uint32_t n = static_cast<uint32_t>(body.size());
+    return std::string(reinterpret_cast<const char*>(&n), sizeof(n)) + std::string(body);
+  };
+  const std::string requests = frame("one") + frame("two");
+  std::string got(requests.size(), '\0');
+  size_t have = 0;
+  while (have < got.size()) {
+    const ssize_t n = ::read(peer.get(), got.data() + have, got.size() - have);
+    ASSERT_GT(n, 0);
+    have += static_cast<size_t>(n);
+  }
+  EXPECT_EQ(got, requests);
+  const std::string first = frame("ok-one");
+  ASSERT_EQ(::write(peer.get(), first.data(), first.size()), static_cast<ssize_t>(first.size()));
+  {
+    absl::MutexLock l(&handler.mu);
+    auto one = [&handler] { return handler.events.size() == 1; };
+    ASSERT_TRUE(handler.mu.AwaitWithTimeout(absl::Condition(&one), absl::Seconds(20)));
+  }
+  const std::string second = frame("ok-two");
+  ASSERT_EQ(::write(peer.get(), second.data(), second.size()),
+            static_cast<ssize_t>(second.size()));
+  peer.Reset();
+  {
+    absl::MutexLock l(&handler.mu);
+    handler.release = true;
+    auto three = [&handler] { return handler.events.size() == 3; };
+    ASSERT_TRUE(handler.mu.AwaitWithTimeout(absl::Condition(&three), absl::Seconds(20)));
+    EXPECT_EQ(handler.events, (std::vector<std::string>{"reply 2 ok-one", "reply 2 ok-two",
+                                                        "lost 2: node 2: connection closed"}));
+  }
+  link->reset();
 }
 
 }  // namespace
