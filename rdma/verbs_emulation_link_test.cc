@@ -24,7 +24,13 @@ namespace {
 
 constexpr size_t kBytes = (1 << 20) + 13;
 
-std::string FabricName() { return absl::StrCat("link-test-", ::getpid()); }
+// Fabric names are abstract socket names, shared by every process of the
+// network namespace: a sandbox's pid namespace repeats pids across concurrent
+// runs, so the name carries the time too.
+std::string UniqueFabric(absl::string_view what) {
+  return absl::StrCat(what, "-", ::getpid(), "-", absl::ToUnixNanos(absl::Now()));
+}
+std::string FabricName() { return UniqueFabric("link-test"); }
 
 // What the two sides tell each other.
 struct Hello {
@@ -284,7 +290,7 @@ TEST_F(LinkedEmulation, APeerProcessThatIsGoneFailsTheWriteWithRetryExceeded) {
 }
 
 TEST(EmulationLink, NodesAreAllocatedByBindingTheLowestFreeNumber) {
-  const std::string fabric = absl::StrCat("alloc-", ::getpid());
+  const std::string fabric = UniqueFabric("alloc");
   auto a = EmulationLink::Open(fabric);
   auto b = EmulationLink::Open(fabric);
   ASSERT_TRUE(a.ok() && b.ok());
@@ -300,7 +306,7 @@ TEST(EmulationLink, NodesAreAllocatedByBindingTheLowestFreeNumber) {
 // Answers that arrive together with the end of the connection (a responder
 // that replies and exits at once) are delivered before the loss is reported.
 TEST(EmulationLink, RepliesThatArriveWithTheCloseAreDeliveredFirst) {
-  const std::string fabric = absl::StrCat("close-", ::getpid());
+  const std::string fabric = UniqueFabric("close");
   auto link = EmulationLink::Open(fabric);
   ASSERT_TRUE(link.ok());
   ASSERT_EQ((*link)->node(), 1);

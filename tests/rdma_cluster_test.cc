@@ -12,6 +12,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "common/metrics_testing.h"
 #include "gtest/gtest.h"
 #include "tests/cluster_util.h"
@@ -24,7 +25,8 @@ using testing::OpenJob;
 
 std::string FreshFabric() {
   static std::atomic<int> n{0};
-  return absl::StrCat("rdma-cluster-", ::getpid(), "-", n++);
+  // Abstract socket names: unique across concurrent runs (a sandbox repeats pids).
+  return absl::StrCat("rdma-cluster-", ::getpid(), "-", absl::ToUnixNanos(absl::Now()), "-", n++);
 }
 
 std::vector<std::string> RdmaFlags(const std::string& fabric, const std::string& mode = "rdma") {
