@@ -38,7 +38,14 @@ CodecRequest CodecRequest::FromCode(uint8_t code) {
   return r;
 }
 
+CodecRequest CodecRequest::FromCodes(uint8_t code, uint64_t sparse) {
+  CodecRequest r = FromCode(code);
+  r.topk = SparseSpec::FromCode(sparse);
+  return r;
+}
+
 std::string CodecRequest::ToString() const {
+  if (topk.on()) return absl::StrCat(topk.ToString(), lenient ? " (job)" : "");
   std::vector<std::string> names;
   for (CodecId id : kAllCodecs) {
     if (id != CodecId::kNone && allows(id)) names.push_back(CodecName(id));
@@ -58,9 +65,20 @@ absl::StatusOr<CodecRequest> ParseCodecRequest(absl::string_view text, bool job)
     r.allowed = Bit(CodecId::kBf16) | Bit(CodecId::kFp16);
     return r;
   }
+  if (absl::ConsumePrefix(&rest, "topk:")) {
+    absl::StatusOr<SparseSpec> spec = ParseSparseSpec(rest);
+    if (!spec.ok()) return spec.status();
+    r.topk = *spec;
+    r.lenient = job;
+    return r;
+  }
   if (absl::ConsumePrefix(&rest, "auto:")) {
     r.automatic = r.lenient = true;
     for (absl::string_view name : absl::StrSplit(rest, ',')) {
+      if (absl::StartsWith(absl::StripAsciiWhitespace(name), "topk")) {
+        return absl::InvalidArgumentError(
+            "codec 'topk' is named on its own ('topk:0.01'), never chosen by 'auto'");
+      }
       absl::StatusOr<CodecId> id = ParseCodec(absl::StripAsciiWhitespace(name));
       if (!id.ok()) return id.status();
       if (*id != CodecId::kNone) r.allowed |= Bit(*id);
@@ -70,7 +88,8 @@ absl::StatusOr<CodecRequest> ParseCodecRequest(absl::string_view text, bool job)
   absl::StatusOr<CodecId> id = ParseCodec(rest);
   if (!id.ok()) {
     return absl::InvalidArgumentError(
-        absl::StrCat(id.status().message(), "; or 'auto', or 'auto:' and a list of codecs"));
+        absl::StrCat(id.status().message(),
+                     "; or 'auto', or 'auto:' and a list of codecs, or 'topk:RATIO'"));
   }
   if (*id != CodecId::kNone) r.allowed = Bit(*id);
   r.lenient = job;

@@ -9,6 +9,12 @@
 //   "auto"        the planner chooses among bf16 and fp16 and none, by
 //                 modelled time on the measured link (planner.h)
 //   "auto:a,b"    the planner chooses among the codecs listed and none
+//   "topk:R[,warmup=N][,momentum=M]"
+//                 top-k sparsification with error feedback kept by the
+//                 daemon (kernels/topk.h, collective/sparse_allreduce.h);
+//                 named only, never chosen by "auto": it changes what the
+//                 optimizer sees (values arrive late, and with momentum
+//                 correction the momentum is applied here)
 //
 // Under "auto" (and a job's codec) an op a codec does not apply to runs
 // dense; the reason is in the daemon's log at -v.
@@ -21,6 +27,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "kernels/codec.h"
+#include "kernels/topk.h"
 
 namespace gradsync {
 
@@ -28,8 +35,9 @@ struct CodecRequest {
   uint8_t allowed = 0;     // bit i: CodecId i may run (bit 0 unused: none always may)
   bool lenient = false;    // an op the codecs do not apply to runs dense
   bool automatic = false;  // the planner chooses by modelled time (implies lenient)
+  SparseSpec topk;         // on: top-k sparsification (allowed is then 0)
 
-  bool none() const { return allowed == 0; }
+  bool none() const { return allowed == 0 && !topk.on(); }
   bool allows(CodecId id) const { return (allowed >> static_cast<int>(id)) & 1; }
   // The one codec of a request that is not automatic.
   CodecId only() const;
@@ -37,7 +45,10 @@ struct CodecRequest {
   // The signature byte: bits 1..5 the codecs, bit 6 lenient, bit 7 automatic.
   uint8_t Code() const;
   static CodecRequest FromCode(uint8_t code);
-  // "none", "bf16", "bf16 (job)", "auto:bf16,fp16".
+  // With the top-k parameters, which a signature carries apart
+  // (OpSignature::sparse): topk.Code().
+  static CodecRequest FromCodes(uint8_t code, uint64_t sparse);
+  // "none", "bf16", "bf16 (job)", "auto:bf16,fp16", "topk:0.01 (job)".
   std::string ToString() const;
 };
 

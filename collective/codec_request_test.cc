@@ -26,9 +26,29 @@ TEST(CodecRequest, ParsesWhatUsersWrite) {
   EXPECT_EQ(r.ToString(), "auto:fp8e4m3,int8");
   EXPECT_EQ(ParseCodecRequest("zstd", false).status().message(),
             "unknown codec 'zstd' (codecs: none, bf16, fp16, fp8e4m3 (or fp8), fp8e5m2, int8); "
-            "or 'auto', or 'auto:' and a list of codecs");
+            "or 'auto', or 'auto:' and a list of codecs, or 'topk:RATIO'");
   EXPECT_EQ(ParseCodecRequest("auto:bf16,lz4", false).status().message(),
             "unknown codec 'lz4' (codecs: none, bf16, fp16, fp8e4m3 (or fp8), fp8e5m2, int8)");
+}
+
+TEST(CodecRequest, TopkCarriesItsParameters) {
+  CodecRequest r = *ParseCodecRequest("topk:0.01,warmup=20", /*job=*/true);
+  EXPECT_FALSE(r.none());
+  EXPECT_EQ(r.allowed, 0);
+  EXPECT_TRUE(r.lenient);
+  EXPECT_EQ(r.topk.ratio_ppm, 10000u);
+  EXPECT_EQ(r.topk.warmup, 20u);
+  EXPECT_EQ(r.ToString(), "topk:0.01,warmup=20 (job)");
+  const CodecRequest back = CodecRequest::FromCodes(r.Code(), r.topk.Code());
+  EXPECT_EQ(back.ToString(), r.ToString());
+  r = *ParseCodecRequest("TopK:0.001,momentum=0.9", /*job=*/false);
+  EXPECT_FALSE(r.lenient);
+  EXPECT_EQ(r.ToString(), "topk:0.001,momentum=0.9");
+  EXPECT_EQ(ParseCodecRequest("auto:bf16,topk:0.01", false).status().message(),
+            "codec 'topk' is named on its own ('topk:0.01'), never chosen by 'auto'");
+  EXPECT_EQ(ParseCodecRequest("topk:0", false).status().message(),
+            "codec 'topk:0': '0': the ratio is a number from 0.000001 to 1 "
+            "(topk:RATIO[,warmup=OPS][,momentum=M], e.g. topk:0.01,warmup=50)");
 }
 
 TEST(CodecRequest, TheSignatureByteRoundTrips) {

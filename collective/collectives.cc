@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "collective/algorithms.h"
 #include "collective/compressed_ring.h"
+#include "collective/sparse_allreduce.h"
 #include "collective/op_validation.h"
 #include "common/status_macros.h"
 
@@ -69,6 +70,11 @@ absl::Status RunCollective(transport::Context& ctx, const CollectiveCall& call, 
     return absl::InvalidArgumentError(absl::StrCat(
         CollectiveName(kind), ": the buffer is ", call.buffer.kind.ToString(),
         " memory, the scratch is ", scratch->kind().ToString(), " memory"));
+  }
+  if (call.sparse.spec.on()) {
+    RETURN_IF_ERROR(internal::CheckSparseApplies(kind, call.dtype, call.op, call.count,
+                                                 call.buffer.kind));
+    return internal::SparseAllreduce(ctx, call, scratch);
   }
   if (call.codec != CodecId::kNone) {
     RETURN_IF_ERROR(internal::CheckCodecApplies(call.codec, kind, algo, call.dtype, call.op,

@@ -77,6 +77,7 @@
 #include "collective/ring_allreduce.h"
 #include "common/types.h"
 #include "kernels/codec.h"
+#include "kernels/topk.h"
 #include "transport/memory.h"
 #include "transport/transport.h"
 
@@ -103,6 +104,10 @@ struct CollectiveCall {
   // The wire codec of an f32 ring allreduce or reduce_scatter on host
   // memory (collective/compressed_ring.h); kNone: the values as they are.
   CodecId codec = CodecId::kNone;
+  // Top-k sparsification of an f32 allreduce on host memory
+  // (collective/sparse_allreduce.h), with this rank's error-feedback state;
+  // spec off: dense (or `codec`).
+  SparseStage sparse;
 
   char* data() const { return buffer.bytes(); }
   const Reducer& reduce() const { return reducer != nullptr ? *reducer : CpuReducer(); }

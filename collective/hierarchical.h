@@ -50,6 +50,7 @@
 #include "common/slice_pool.h"
 #include "common/types.h"
 #include "kernels/codec.h"
+#include "kernels/topk.h"
 #include "transport/memory.h"
 #include "transport/transport.h"
 
@@ -71,6 +72,9 @@ struct LocalCollective {
   // The codec of the allreduce among the daemons (allreduce and
   // reduce_scatter; collective/compressed_ring.h).
   CodecId codec = CodecId::kNone;
+  // Top-k sparsification of the allreduce among the daemons (allreduce
+  // only; collective/sparse_allreduce.h), with this daemon's state.
+  SparseStage sparse;
 
   const Reducer& reduce() const { return reducer != nullptr ? *reducer : CpuReducer(); }
 };

@@ -13,7 +13,8 @@
 
 namespace gradsync {
 
-OpSignature OpSignature::Of(const OpDesc& op, uint8_t plan_code, uint8_t codecs) {
+OpSignature OpSignature::Of(const OpDesc& op, uint8_t plan_code, uint8_t codecs,
+                            uint64_t sparse) {
   OpSignature sig;
   sig.kind = op.kind;
   sig.dtype = op.dtype;
@@ -24,6 +25,7 @@ OpSignature OpSignature::Of(const OpDesc& op, uint8_t plan_code, uint8_t codecs)
   sig.name.assign(op.name.data(), op.name.size());
   sig.forced = plan_code;
   sig.codecs = codecs;
+  sig.sparse = sparse;
   return sig;
 }
 
@@ -40,7 +42,9 @@ std::string OpSignature::Describe() const {
                     tag);
   }
   if (forced != kNoAlgorithm) absl::StrAppend(&out, " algo ", PlanCodeName(forced));
-  if (codecs != 0) absl::StrAppend(&out, " codec ", CodecRequest::FromCode(codecs).ToString());
+  if (codecs != 0 || sparse != 0) {
+    absl::StrAppend(&out, " codec ", CodecRequest::FromCodes(codecs, sparse).ToString());
+  }
   return out;
 }
 
@@ -59,6 +63,7 @@ struct PackedSignature {
   uint8_t streams;   // not compared either
   uint8_t codec;     // nor this
   uint8_t codecs;    // compared
+  uint64_t sparse;   // compared
 };
 constexpr size_t kProposalOffset = offsetof(PackedSignature, proposal);
 constexpr size_t kStreamsOffset = offsetof(PackedSignature, streams);
@@ -66,7 +71,7 @@ constexpr size_t kCodecOffset = offsetof(PackedSignature, codec);
 static_assert(kStreamsOffset == kProposalOffset + 1 && kCodecOffset == kProposalOffset + 2,
               "the uncompared bytes are adjacent");
 constexpr size_t kUncompared = 3;  // bytes from kProposalOffset
-static_assert(sizeof(PackedSignature) == 32, "packed signature layout");
+static_assert(sizeof(PackedSignature) == 40, "packed signature layout");
 }  // namespace
 
 std::string OpSignature::Encode() const {
@@ -86,8 +91,9 @@ void OpSignature::EncodeTo(std::string* out) const {
                     root,
                     proposal,
                     streams,
-                    static_cast<uint8_t>(codec),
-                    codecs};
+                    codec,
+                    codecs,
+                    sparse};
   out->resize(sizeof(p) + name.size());
   std::memcpy(out->data(), &p, sizeof(p));
   std::memcpy(out->data() + sizeof(p), name.data(), name.size());
@@ -112,15 +118,17 @@ absl::StatusOr<OpSignature> OpSignature::Decode(const std::string& bytes) {
   s.forced = p.forced;
   s.proposal = p.proposal;
   s.streams = p.streams;
-  s.codec = IsValidCodec(p.codec) ? static_cast<CodecId>(p.codec) : CodecId::kNone;
+  s.codec = p.codec;
   s.codecs = p.codecs;
+  s.sparse = p.sparse;
   s.name = bytes.substr(sizeof(p));
   return s;
 }
 
 bool OpSignature::operator==(const OpSignature& o) const {
   return seq == o.seq && kind == o.kind && dtype == o.dtype && op == o.op && count == o.count &&
-         root == o.root && name == o.name && forced == o.forced && codecs == o.codecs;
+         root == o.root && name == o.name && forced == o.forced && codecs == o.codecs &&
+         sparse == o.sparse;
 }
 
 uint8_t SignatureProposal(absl::string_view encoded) {

@@ -46,15 +46,20 @@ struct OpSignature {
   // and this rank's proposed codec (kernels/codec.h), NOT compared: rank 0's
   // wins like its plan.
   uint8_t codecs = 0;
-  CodecId codec = CodecId::kNone;
+  uint8_t codec = 0;  // Plan::CodecCode (a CodecId, or top-k)
+  // The op's top-k parameters (kernels/topk.h SparseSpec::Code; 0: none),
+  // compared.
+  uint64_t sparse = 0;
 
   static constexpr uint8_t kNoAlgorithm = kAutoCode;
 
   // The signature of `op` (seq 0: the session numbers it), with the plan code
-  // and codecs its validation gave (ValidateOp's OpShape::plan_code, codecs). The root only for
+  // and codecs its validation gave (ValidateOp's OpShape::plan_code, codecs,
+  // sparse). The root only for
   // rooted collectives (and the peer of send and recv), so ranks that leave
   // it unset still match.
-  static OpSignature Of(const OpDesc& op, uint8_t plan_code, uint8_t codecs = 0);
+  static OpSignature Of(const OpDesc& op, uint8_t plan_code, uint8_t codecs = 0,
+                        uint64_t sparse = 0);
 
   // e.g. "allreduce 'layer1.grad' f32[1024] sum", "broadcast 'w' f32[10] root 2",
   // "reduce 'g' f32[10] sum root 3", "allgather 'p' bf16[512]", "barrier 'step'",
@@ -90,7 +95,7 @@ size_t EncodedSignatureLength(const char* msg, size_t len);
 // uncompared proposal fields masked).
 bool SameSignature(absl::string_view a, absl::string_view b);
 // The longest encoded signature (header and kMaxOpNameBytes of name).
-inline constexpr size_t kMaxEncodedSignatureBytes = 32 + kMaxOpNameBytes;
+inline constexpr size_t kMaxEncodedSignatureBytes = 40 + kMaxOpNameBytes;
 
 }  // namespace gradsync
 

@@ -100,19 +100,38 @@ TEST(OpSignature, CodecRequestsMustMatchCodecProposalsMayDiffer) {
   a.count = 8192;
   a.codecs = ParseCodecRequest("int8", false)->Code();
   OpSignature b = a;
-  a.codec = CodecId::kInt8;
-  b.codec = CodecId::kNone;
+  a.codec = static_cast<uint8_t>(CodecId::kInt8);
+  b.codec = static_cast<uint8_t>(CodecId::kNone);
   EXPECT_TRUE(CompareSignatures(4, {a.Encode(), b.Encode()}).ok());
   EXPECT_EQ(SignatureCodec(a.Encode()), static_cast<uint8_t>(CodecId::kInt8));
   auto round = OpSignature::Decode(a.Encode());
   ASSERT_TRUE(round.ok());
-  EXPECT_EQ(round->codec, CodecId::kInt8);
+  EXPECT_EQ(round->codec, static_cast<uint8_t>(CodecId::kInt8));
   EXPECT_EQ(round->codecs, a.codecs);
   b.codecs = 0;
   const absl::Status s = CompareSignatures(4, {a.Encode(), b.Encode()});
   EXPECT_EQ(s.message(),
             "op 4 does not match across ranks: rank 0 submitted allreduce 'g' f32[8192] sum "
             "codec int8, rank 1 submitted allreduce 'g' f32[8192] sum");
+}
+
+// Top-k parameters are compared: ranks asking for another ratio mismatch.
+TEST(OpSignature, TopkParametersMustMatch) {
+  OpSignature a;
+  a.seq = 5;
+  a.name = "bucket0";
+  a.count = 8192;
+  a.sparse = ParseSparseSpec("0.01,warmup=3")->Code();
+  auto round = OpSignature::Decode(a.Encode());
+  ASSERT_TRUE(round.ok());
+  EXPECT_EQ(round->sparse, a.sparse);
+  OpSignature b = a;
+  b.sparse = ParseSparseSpec("0.02,warmup=3")->Code();
+  EXPECT_FALSE(SameSignature(a.Encode(), b.Encode()));
+  EXPECT_EQ(CompareSignatures(5, {a.Encode(), b.Encode()}).message(),
+            "op 5 does not match across ranks: rank 0 submitted allreduce 'bucket0' f32[8192] sum "
+            "codec topk:0.01,warmup=3, rank 1 submitted allreduce 'bucket0' f32[8192] sum codec "
+            "topk:0.02,warmup=3");
 }
 
 constexpr SignaturePattern kPatterns[] = {SignaturePattern::kAllToAll,
@@ -278,7 +297,7 @@ TEST(CheckSignatures, EveryRankGetsRankZerosStreamProposal) {
         sig.count = 1 << 24;
         sig.proposal = static_cast<uint8_t>(Algorithm::kRing);
         sig.streams = static_cast<uint8_t>(r == 0 ? 1 : 2);
-        sig.codec = r == 0 ? CodecId::kBf16 : CodecId::kInt8;
+        sig.codec = static_cast<uint8_t>(r == 0 ? CodecId::kBf16 : CodecId::kInt8);
         return CheckSignatures(*c.contexts[r], sig, pattern, absl::Now() + absl::Seconds(20),
                                nullptr, &agreed[r], nullptr, nullptr, &streams[r], nullptr,
                                &codecs[r]);

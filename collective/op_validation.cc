@@ -161,12 +161,22 @@ absl::StatusOr<OpShape> ValidateOp(const OpDesc& op, const OpContext& ctx) {
   absl::StatusOr<CodecRequest> codecs = EffectiveCodecRequest(op.codec, ctx.job_codec);
   if (!codecs.ok()) return Invalid(op, ctx, codecs.status().message());
   if (!codecs->none() && !codecs->lenient) {
-    const CodecId id = codecs->only();
+    const bool topk = codecs->topk.on();
+    const std::string name = topk ? codecs->topk.ToString() : CodecName(codecs->only());
     auto refuse = [&](absl::string_view why) {
-      return Invalid(op, ctx, absl::StrCat("codec '", CodecName(id), "' does not apply: ", why));
+      return Invalid(op, ctx, absl::StrCat("codec '", name, "' does not apply: ", why));
     };
+    if (topk && op.kind != CollectiveKind::kAllreduce) {
+      return refuse("topk sparsifies allreduce only");
+    }
     if (op.kind != CollectiveKind::kAllreduce && op.kind != CollectiveKind::kReduceScatter) {
       return refuse("codecs compress allreduce and reduce_scatter only");
+    }
+    if (topk && op.name.empty()) {
+      return refuse("topk keeps each op's residual by the op's name, and this op has none");
+    }
+    if (topk && op.count > kMaxSparseCount) {
+      return refuse(absl::StrCat(op.count, " elements; topk indexes at most ", kMaxSparseCount));
     }
     if (op.dtype != DType::kF32) {
       return refuse(absl::StrCat("codecs encode f32 values, not ", DTypeName(op.dtype)));
@@ -185,6 +195,7 @@ absl::StatusOr<OpShape> ValidateOp(const OpDesc& op, const OpContext& ctx) {
     }
   }
   shape.codecs = codecs->Code();
+  shape.sparse = codecs->topk.Code();
   return shape;
 }
 

@@ -38,6 +38,7 @@ struct OpShape {
   uint64_t blocks = 1;    // world size for the blocked collectives, else 1
   uint8_t plan_code = 0;  // RequestedPlanCode
   uint8_t codecs = 0;     // the op's CodecRequest code (its own, else the job's)
+  uint64_t sparse = 0;    // and its top-k parameters (SparseSpec::Code; 0: none)
 };
 
 // The largest op, in bytes of its buffer.

@@ -207,7 +207,7 @@ TEST(ValidateOp, AnOpsCodecMustApplyToIt) {
   op.codec = "lz4";
   EXPECT_EQ(Refusal(op), "allreduce 'grad/w' on rank 2: unknown codec 'lz4' (codecs: none, bf16, "
                          "fp16, fp8e4m3 (or fp8), fp8e5m2, int8); or 'auto', or 'auto:' and a "
-                         "list of codecs");
+                         "list of codecs, or 'topk:RATIO'");
   // The job's codec and auto: whatever the op, no refusal.
   OpContext ctx = Ctx();
   ctx.job_codec = "int8";

@@ -70,7 +70,7 @@ const char* CodecInapplicable(const PlanRequest& op) {
 // A codec named (not "auto") that applies to the op: it runs on the ring,
 // so the data do not ride on the signature exchange.
 bool CodecNamed(const PlanRequest& op) {
-  const CodecRequest request = CodecRequest::FromCode(op.codecs);
+  const CodecRequest request = CodecRequest::FromCodes(op.codecs, op.sparse);
   return !request.none() && !request.automatic && *CodecInapplicable(op) == '\0';
 }
 
@@ -122,7 +122,8 @@ Plan Planner::Propose(const PlanRequest& op) {
   // Until rank 0's plan is known: a fused exchange carries host memory.
   plan.on_device = op.device_path && settings_.device_ops_in_place && !plan.fused;
   plan.codec = ChooseCodec(op, plan, &plan.codec_note);
-  if (plan.codec != CodecId::kNone) {
+  plan.sparse = op.sparse != 0 && ChooseSparse(op, plan, &plan.codec_note);
+  if (plan.codec != CodecId::kNone || plan.sparse) {
     // Compressed ops run the ring (the cost model may have chosen another
     // dense algorithm), on host memory.
     if (plan.path == PlanPath::kFlat) plan.algorithm = Algorithm::kRing;
@@ -198,6 +199,32 @@ CodecId Planner::ChooseCodec(const PlanRequest& op, const Plan& plan, const char
   return CodecId::kNone;
 }
 
+bool Planner::ChooseSparse(const PlanRequest& op, const Plan& plan, const char** why) const {
+  const SparseSpec spec = SparseSpec::FromCode(op.sparse);
+  *why = "";
+  if (op.kind != CollectiveKind::kAllreduce) {
+    *why = "topk sparsifies allreduce only";
+  } else if (*CodecInapplicable(op) != '\0') {
+    *why = CodecInapplicable(op);
+  } else if (!op.named) {
+    *why = "an unnamed op keeps no residual: topk needs op names (the DDP hook names its buckets)";
+  } else if (topology_.every_rank_here) {
+    *why = "every rank is on this daemon (no link to save)";
+  } else if (plan.path == PlanPath::kParameterServer) {
+    *why = "the parameter-server path runs dense";
+  } else if (plan.fused) {
+    *why = "the data ride on the signature exchange";
+  } else if (plan.path == PlanPath::kFlat && plan.algorithm != Algorithm::kRing &&
+             op.forced != kAutoCode) {
+    *why = "the op forces an algorithm other than ring";
+  } else if (op.device_path && settings_.device_ops_in_place) {
+    *why = "device buffers run in place on their GPU; topk runs on host memory";
+  } else if (op.sparse_ops_so_far < spec.warmup) {
+    *why = "topk warm-up: the first ops of each name run dense";
+  }
+  return **why == '\0';
+}
+
 absl::StatusOr<Plan> Planner::Agree(const PlanRequest& op, const Plan& mine, uint8_t code,
                                     uint8_t streams, uint8_t codec) const {
   absl::StatusOr<Plan> agreed = PlanFromCode(code);
@@ -207,16 +234,22 @@ absl::StatusOr<Plan> Planner::Agree(const PlanRequest& op, const Plan& mine, uin
   }
   Plan plan = *agreed;
   plan.streams = streams;
-  if (!IsValidCodec(codec)) {
+  if (codec == Plan::kSparseCodecCode) {
+    if (op.sparse == 0) {
+      return absl::DataLossError("rank 0 proposed topk for an op without topk parameters");
+    }
+    plan.sparse = true;
+  } else if (!IsValidCodec(codec)) {
     return absl::DataLossError(absl::StrCat("rank 0 proposed unknown codec ", codec));
+  } else {
+    plan.codec = static_cast<CodecId>(codec);
   }
-  plan.codec = static_cast<CodecId>(codec);
   plan.codec_note = mine.codec_note;
   // Alike on every daemon (the fused exchange succeeded only if so).
   plan.fused = mine.fused;
   // PS and codecs: host memory.
   plan.on_device = mine.on_device && plan.path != PlanPath::kParameterServer &&
-                   plan.codec == CodecId::kNone;
+                   plan.codec == CodecId::kNone && !plan.sparse;
   if (!plan.fused) {
     if (plan.path == PlanPath::kParameterServer) {
       if (topology_.ps_shards == 0) {
@@ -266,7 +299,7 @@ void Planner::Complete(const PlanRequest& op, Plan* plan) const {
     // daemons' blocks itself; the field names what runs among them).
     node = Implements(Algorithm::kRing, stage) ? Algorithm::kRing : Algorithm::kPairwise;
   }
-  plan->node_algorithm = plan->codec != CodecId::kNone ? Algorithm::kRing : node;
+  plan->node_algorithm = plan->codec != CodecId::kNone || plan->sparse ? Algorithm::kRing : node;
 }
 
 std::string Planner::Observe(const Plan& plan, CollectiveKind kind, size_t bytes, uint8_t streams,

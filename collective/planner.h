@@ -54,6 +54,9 @@ struct Plan {
   Algorithm algorithm = Algorithm::kRing;  // kFlat: the algorithm among the daemons
   uint8_t streams = 0;                     // TCP streams for the op; 0: keep the current count
   CodecId codec = CodecId::kNone;  // the wire codec (kernels/codec.h)
+  // Top-k sparsification with the op's parameters (PlanRequest::sparse;
+  // collective/sparse_allreduce.h); codec is then kNone.
+  bool sparse = false;
 
   // The rest, decided by the Planner on every daemon (Propose, Agree).
   // Every rank is on this daemon: the whole op in memory, no exchange
@@ -89,8 +92,12 @@ struct Plan {
   const char* Name() const;
   // The byte an op signature carries (PlanCode / PlanFromCode).
   uint8_t Code() const;
+  // The codec byte an op signature carries (OpSignature::codec): the
+  // CodecId, or kSparseCodecCode for top-k.
+  static constexpr uint8_t kSparseCodecCode = 0x80;
+  uint8_t CodecCode() const { return sparse ? kSparseCodecCode : static_cast<uint8_t>(codec); }
   bool operator==(const Plan& o) const {
-    return path == o.path && algorithm == o.algorithm && codec == o.codec;
+    return path == o.path && algorithm == o.algorithm && codec == o.codec && sparse == o.sparse;
   }
 };
 
@@ -156,6 +163,9 @@ struct PlanRequest {
   ReduceOp op = ReduceOp::kSum;
   uint64_t count = 0;             // elements per rank-block
   uint8_t codecs = 0;             // the CodecRequest code (collective/codec_request.h)
+  uint64_t sparse = 0;            // its top-k parameters (SparseSpec::Code; 0: none)
+  bool named = false;             // the op has a name (top-k keeps its residual by name)
+  uint64_t sparse_ops_so_far = 0;  // ops of this name run so far here (the warm-up)
 };
 
 class Planner {
@@ -206,6 +216,8 @@ class Planner {
   // The codec `op` runs with under `plan` (path and algorithm chosen), and
   // why none where the request named one (for the log).
   CodecId ChooseCodec(const PlanRequest& op, const Plan& plan, const char** why) const;
+  // Whether `op`'s top-k runs under `plan`, and why not where it asked for it.
+  bool ChooseSparse(const PlanRequest& op, const Plan& plan, const char** why) const;
   void ObserveSmallOp(CollectiveKind kind, Algorithm algo, size_t bytes, double took_us);
 
   const PlannerSettings settings_;

@@ -398,6 +398,57 @@ TEST(Planner, AgreeTakesRankZerosCodec) {
   EXPECT_EQ(p.status().message(), "rank 0 proposed unknown codec 77");
 }
 
+// An f32 allreduce of `bytes` under `topk` (the text after "topk:").
+PlanRequest TopkOp(size_t bytes, const char* topk, uint64_t ops_so_far = 0) {
+  PlanRequest op = CodecOp(bytes, "");
+  op.sparse = ParseSparseSpec(topk)->Code();
+  op.named = true;
+  op.sparse_ops_so_far = ops_so_far;
+  return op;
+}
+
+TEST(Planner, TopkRunsAfterItsWarmUpOnNamedOpsAcrossDaemons) {
+  Planner flat(PlannerSettings{}, Flat(4), Loopback());
+  // Small enough for oneshot: topk still runs (on the ring's allgather).
+  Plan p = flat.Propose(TopkOp(32 << 10, "0.01"));
+  EXPECT_TRUE(p.sparse);
+  EXPECT_EQ(p.codec, CodecId::kNone);
+  EXPECT_FALSE(p.fused);
+  EXPECT_EQ(p.CodecCode(), Plan::kSparseCodecCode);
+  // The warm-up: dense for the first ops of the name.
+  p = flat.Propose(TopkOp(1 << 20, "0.01,warmup=5", 4));
+  EXPECT_FALSE(p.sparse);
+  EXPECT_STREQ(p.codec_note, "topk warm-up: the first ops of each name run dense");
+  EXPECT_TRUE(flat.Propose(TopkOp(1 << 20, "0.01,warmup=5", 5)).sparse);
+  // Unnamed, or where it cannot apply: dense, saying why.
+  PlanRequest unnamed = TopkOp(1 << 20, "0.01");
+  unnamed.named = false;
+  p = flat.Propose(unnamed);
+  EXPECT_FALSE(p.sparse);
+  EXPECT_TRUE(absl::StrContains(p.codec_note, "an unnamed op keeps no residual")) << p.codec_note;
+  PlanRequest rs = TopkOp(1 << 20, "0.01");
+  rs.kind = CollectiveKind::kReduceScatter;
+  p = flat.Propose(rs);
+  EXPECT_FALSE(p.sparse);
+  EXPECT_STREQ(p.codec_note, "topk sparsifies allreduce only");
+  // Ranks sharing daemons: the stage among them.
+  Planner shared(PlannerSettings{}, Shared(2, 4), Loopback());
+  p = shared.Propose(TopkOp(1 << 20, "0.01"));
+  EXPECT_TRUE(p.sparse);
+  EXPECT_EQ(p.node_algorithm, Algorithm::kRing);
+  // Agree: rank 0's choice, which needs topk parameters on the op.
+  const PlanRequest op = TopkOp(1 << 20, "0.01", 0);
+  absl::StatusOr<Plan> a = flat.Agree(op, flat.Propose(op), Code(Algorithm::kRing), 0,
+                                      Plan::kSparseCodecCode);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_TRUE(a->sparse);
+  a = flat.Agree(op, flat.Propose(op), Code(Algorithm::kRing), 0, 0);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_FALSE(a->sparse);  // rank 0 was still warming up
+  a = flat.Agree(CodecOp(1 << 20, ""), Plan{}, Code(Algorithm::kRing), 0, Plan::kSparseCodecCode);
+  EXPECT_EQ(a.status().message(), "rank 0 proposed topk for an op without topk parameters");
+}
+
 TEST(Planner, AgreeCarriesRankZerosStreamsAndRefusesWhatThisDaemonCannotRun) {
   const PlanRequest big = Op(CollectiveKind::kAllreduce, 64 << 20);
   Planner flat(PlannerSettings{}, Flat(2), Loopback());  // no shards, one rank per daemon

@@ -196,7 +196,7 @@ absl::Status CheckSignatures(transport::Context& ctx, const OpSignature& mine,
   if (n == 1) {
     if (agreed != nullptr) *agreed = mine.proposal;
     if (agreed_streams != nullptr) *agreed_streams = mine.streams;
-    if (agreed_codec != nullptr) *agreed_codec = static_cast<uint8_t>(mine.codec);
+    if (agreed_codec != nullptr) *agreed_codec = mine.codec;
     return absl::OkStatus();
   }
   std::unique_ptr<SignatureScratch> local_scratch;

@@ -83,7 +83,9 @@ class ExchangeImpl {
 // aligned elements (the inbox slots are 16-byte aligned).
 constexpr size_t kDataAlign = 16;
 inline size_t AlignUp(size_t x) { return (x + kDataAlign - 1) / kDataAlign * kDataAlign; }
-constexpr size_t kMaxSignatureBytes = kMaxEncodedSignatureBytes;
+// A slot for the longest signature, rounded up to the alignment.
+constexpr size_t kMaxSignatureBytes =
+    (kMaxEncodedSignatureBytes + kDataAlign - 1) / kDataAlign * kDataAlign;
 static_assert(kMaxSignatureBytes % kDataAlign == 0, "slots stay aligned");
 
 inline size_t EncodedLength(const char* msg, size_t len) { return EncodedSignatureLength(msg, len); }

@@ -351,6 +351,90 @@ TEST_P(ExecutorClusterShapes, CodecsCompressTheStageBetweenDaemons) {
   }
 }
 
+// Top-k with error feedback kept by the daemons, per op name: the first op
+// of the name is its warm-up (dense); the next sends each daemon's k largest
+// values; the one after, with zero input, sends what the daemons owed. The
+// two results add up to the dense sum exactly (integer inputs), on every
+// placement (with every rank on one daemon nothing crosses a link: dense).
+TEST_P(ExecutorClusterShapes, TopkSendsTheLargestValuesAndThenWhatIsOwed) {
+  ClusterSpec spec;
+  spec.node_of_rank = GetParam();
+  spec.job_codec = "topk:0.01,warmup=1";
+  FakeCoordinator coord(spec);
+  auto c = Form(coord);
+  ASSERT_NE(c, nullptr);
+  const int n = c->world();
+  const bool one_daemon = *std::max_element(spec.node_of_rank.begin(), spec.node_of_rank.end()) == 0;
+  const size_t count = 3 * kCodecBlockElements + 17;
+  const size_t k = count / 100;  // 123 per daemon
+  std::vector<RankBuffer> bufs = Buffers(*c, count * 4);
+  // 2k distinct values, the same on every rank: each daemon's share is a
+  // multiple of them, so every daemon selects the same k.
+  std::vector<float> x(count, 0.0f);
+  for (size_t i = 0; i < 2 * k; ++i) x[i * 50] = static_cast<float>(i + 1);
+  auto step = [&](bool zero, const std::string& what) {
+    std::vector<uint64_t> ids(n);
+    for (int r = 0; r < n; ++r) {
+      if (zero) {
+        std::memset(bufs[r].data, 0, count * 4);
+      } else {
+        std::memcpy(bufs[r].data, x.data(), count * 4);
+      }
+      OpSpec op = Allreduce(DType::kF32, ReduceOp::kSum, count);
+      op.buffer_id = bufs[r].id;
+      absl::StatusOr<uint64_t> id = c->Submit(r, op);
+      EXPECT_TRUE(id.ok()) << what << ": " << id.status();
+      ids[r] = id.ok() ? *id : 0;
+    }
+    std::vector<OpOutcome> outs;
+    for (int r = 0; r < n; ++r) {
+      absl::StatusOr<OpOutcome> out = c->Wait(r, ids[r]);
+      EXPECT_TRUE(out.ok()) << out.status();
+      outs.push_back(out.ok() ? *out : OpOutcome{});
+      EXPECT_TRUE(outs.back().status.ok()) << what << " rank " << r << ": " << outs.back().status;
+      EXPECT_EQ(std::memcmp(bufs[r].data, bufs[0].data, count * 4), 0) << what << " rank " << r;
+    }
+    std::vector<float> got(count);
+    std::memcpy(got.data(), bufs[0].data, count * 4);
+    return std::make_pair(outs[0].algorithm, got);
+  };
+  // Warm-up: dense.
+  auto [warm_plan, warm] = step(false, "warm-up");
+  EXPECT_THAT(warm_plan, Not(HasSubstr("+"))) << "warm-up";
+  for (size_t i = 0; i < count; ++i) ASSERT_EQ(warm[i], n * x[i]) << "warm-up element " << i;
+  auto [first_plan, first] = step(false, "top-k");
+  auto [owed_plan, owed] = step(true, "owed");
+  size_t sent_first = 0;
+  for (size_t i = 0; i < count; ++i) {
+    ASSERT_EQ(first[i] + owed[i], n * x[i]) << "element " << i;
+    if (first[i] != 0) ++sent_first;
+  }
+  if (one_daemon) {
+    EXPECT_THAT(first_plan, Not(HasSubstr("+")));
+    EXPECT_EQ(sent_first, 2 * k);
+  } else {
+    EXPECT_THAT(first_plan, HasSubstr("+topk"));
+    EXPECT_THAT(owed_plan, HasSubstr("+topk"));
+    EXPECT_EQ(sent_first, k);  // the k largest; the rest came with the zero input
+    EXPECT_EQ(first[(2 * k - 1) * 50], n * x[(2 * k - 1) * 50]);
+    EXPECT_EQ(first[0], 0.0f);
+  }
+  // An op's own topk: refused where it cannot apply, naming it.
+  OpSpec op = Allreduce(DType::kI32, ReduceOp::kSum, count);
+  op.buffer_id = bufs[0].id;
+  op.codec = "topk:0.01";
+  EXPECT_THAT(c->Submit(0, op).status().message(),
+              HasSubstr("allreduce 'g' on rank 0: codec 'topk:0.01' does not apply"));
+  op.dtype = DType::kF32;
+  op.name = "";
+  EXPECT_THAT(c->Submit(0, op).status().message(), HasSubstr("the op's name, and this op has none"));
+  op.name = "g";
+  op.codec = "auto:bf16,topk";
+  EXPECT_THAT(c->Submit(0, op).status().message(), HasSubstr("never chosen by 'auto'"));
+  op.codec = "topk:3";
+  EXPECT_THAT(c->Submit(0, op).status().message(), HasSubstr("the ratio is a number from"));
+}
+
 INSTANTIATE_TEST_SUITE_P(Placements, ExecutorClusterShapes,
                          ::testing::Values(std::vector<int>{0, 0, 1, 1},  // 2 daemons x 2 ranks
                                            std::vector<int>{0, 0, 0, 0},  // 1 x 4

@@ -21,7 +21,8 @@ OpRunner::OpRunner(OpRunnerOptions options, transport::Context* node_ctx, Device
       node_ctx_(node_ctx),
       staging_(staging),
       local_(options_.placement.local_ranks()),
-      one_rank_per_daemon_(options_.placement.nodes() == options_.placement.world) {
+      one_rank_per_daemon_(options_.placement.nodes() == options_.placement.world),
+      feedback_(options_.job_id, options_.epoch) {
   const JobPlacement& p = options_.placement;
   PlanTopology topology;  // the network stage: one participant per daemon
   topology.world = p.nodes();
@@ -62,7 +63,7 @@ bool OpRunner::TwoLevel(const QueuedOp& lead, const Plan& plan, size_t bytes) co
   return lead.sig.kind == CollectiveKind::kAllreduce && !plan.local_stage &&
          plan.path != PlanPath::kParameterServer && one_rank_per_daemon_ &&
          lead.sig.forced == OpSignature::kNoAlgorithm && node_ctx_ != nullptr &&
-         bytes >= options_.planner.two_level_min_bytes && hosts_.two_level();
+         bytes >= options_.planner.two_level_min_bytes && hosts_.two_level() && !plan.sparse;
 }
 
 OpRunner::~OpRunner() = default;
@@ -107,6 +108,12 @@ absl::Status OpRunner::Run(const std::vector<QueuedOp*>& ops, absl::Time negotia
   request.op = lead.sig.op;
   request.count = lead.sig.count;
   request.codecs = lead.sig.codecs;
+  request.sparse = lead.sig.sparse;
+  request.named = !lead.sig.name.empty();
+  const SparseSpec spec = SparseSpec::FromCode(lead.sig.sparse);
+  // Top-k keeps state per op name (the warm-up count, the residual).
+  const bool keyed = spec.on() && request.named && lead.sig.kind == CollectiveKind::kAllreduce;
+  if (keyed) request.sparse_ops_so_far = feedback_.OpsSoFar(lead.sig.name, lead.sig.count, spec);
   const Plan mine = planner_->Propose(request);
   if (!mine.on_device) s = staging_->StageIn(ops, bytes);
   if (s.ok() && premul) Premultiply(ops, bytes);
@@ -146,18 +153,25 @@ absl::Status OpRunner::Run(const std::vector<QueuedOp*>& ops, absl::Time negotia
     if (s.ok()) {
       two_level = !plan.fused && TwoLevel(lead, plan, bytes);
       out->plan_name = two_level ? kTwoLevelPlanName : plan.shown_name;
-      // A compressed op shows its codec: "ring+bf16", "hier+int8".
+      // A compressed op shows its codec: "ring+bf16", "hier+int8", "ring+topk".
       if (plan.codec != CodecId::kNone) absl::StrAppend(&out->plan_name, "+", CodecName(plan.codec));
-      if (*plan.codec_note != '\0' && lead.sig.codecs != 0) {
+      if (plan.sparse) absl::StrAppend(&out->plan_name, "+topk");
+      if (*plan.codec_note != '\0' && (lead.sig.codecs != 0 || lead.sig.sparse != 0)) {
         GS_LOG(DEBUG) << "job '" << options_.job_id << "' " << what() << ": dense, codec "
-                      << CodecRequest::FromCode(lead.sig.codecs).ToString() << " not used: "
-                      << plan.codec_note;
+                      << CodecRequest::FromCodes(lead.sig.codecs, lead.sig.sparse).ToString()
+                      << " not used: " << plan.codec_note;
+      }
+      SparseStage sparse;
+      if (plan.sparse) {
+        sparse.spec = spec;
+        sparse.feedback = feedback_.StateFor(lead.sig.name, lead.sig.count, spec, lead.quota);
       }
       if (mine.on_device && !plan.on_device) s = staging_->StageIn(ops, bytes);
       if (!plan.fused && s.ok()) {  // a fused op is done with the exchange
         SetPhase(absl::StrCat("running ", out->plan_name));
         const absl::Time run_start = TraceNow();
-        s = RunAgreed(ops, plan, plan.on_device ? device_path : nullptr, two_level);
+        s = RunAgreed(ops, plan, plan.on_device ? device_path : nullptr, two_level, &sparse);
+        if (keyed) feedback_.CountOp(lead.sig.name, lead.sig.count, spec);
         TraceEvent(out->plan_name, "op", run_start);
       }
       if (s.ok() && !two_level) {  // the cost model knows flat algorithms only
@@ -185,7 +199,8 @@ void OpRunner::Premultiply(const std::vector<QueuedOp*>& ops, size_t bytes) {
 }
 
 absl::Status OpRunner::RunAgreed(const std::vector<QueuedOp*>& ops, const Plan& plan,
-                                 DevicePath* on_device, bool two_level) {
+                                 DevicePath* on_device, bool two_level,
+                                 const SparseStage* sparse) {
   const QueuedOp& lead = *ops[0];
   const JobPlacement& place = options_.placement;
   const CollectiveKind kind = lead.sig.kind;
@@ -227,6 +242,7 @@ absl::Status OpRunner::RunAgreed(const std::vector<QueuedOp*>& ops, const Plan& 
       call.region = *region;
     }
     call.codec = plan.codec;
+    if (plan.sparse && sparse != nullptr) call.sparse = *sparse;
     if (two_level) return RunTwoLevelAllreduce(*node_ctx_, hosts_, call, plan.algorithm, &algo_scratch_);
     return RunCollective(*node_ctx_, call, plan.algorithm, &algo_scratch_);
   }
@@ -245,6 +261,7 @@ absl::Status OpRunner::RunAgreed(const std::vector<QueuedOp*>& ops, const Plan& 
     c.region0 = *region;
   }
   c.codec = plan.codec;
+  if (plan.sparse && sparse != nullptr) c.sparse = *sparse;
   return RunAcrossNodes(*node_ctx_, place, c, plan.node_algorithm, lead.seq, deadline,
                         options_.ring, &scratch_, &algo_scratch_, slicing);
 }
@@ -263,7 +280,7 @@ absl::Status OpRunner::Exchange(const std::vector<QueuedOp*>& ops, const Plan& m
   OpSignature rep = lead.sig;
   rep.proposal = mine.Code();
   rep.streams = mine.streams;
-  rep.codec = mine.codec;
+  rep.codec = mine.CodecCode();
   if (local_mismatch) {
     // Differs from every other daemon's signature: the exchange reports a
     // mismatch everywhere, and every rank's signature is compared next.

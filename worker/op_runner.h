@@ -57,6 +57,7 @@
 #include "transport/memory.h"
 #include "transport/transport.h"
 #include "worker/device_staging.h"
+#include "worker/error_feedback_store.h"
 
 namespace gradsync {
 
@@ -117,8 +118,12 @@ class OpRunner {
   // plan.on_device.
   // `two_level`: the allreduce runs among the daemons in two levels, by host
   // (collective/two_level.h; TwoLevel decides).
+  // `sparse`: a top-k plan's parameters and state (plan.sparse).
   absl::Status RunAgreed(const std::vector<QueuedOp*>& ops, const Plan& plan,
-                         DevicePath* on_device, bool two_level = false);
+                         DevicePath* on_device, bool two_level = false,
+                         const SparseStage* sparse = nullptr);
+  // The error feedback of this epoch's top-k ops.
+  const ErrorFeedbackStore& feedback() const { return feedback_; }
   // The plan name an op run in two levels reports.
   static constexpr const char* kTwoLevelPlanName = "2level";
 
@@ -155,6 +160,7 @@ class OpRunner {
   transport::Scratch scratch_, algo_scratch_;
   // The clients' buffers registered on node_ctx_, once per buffer.
   transport::RegistrationCache registrations_;
+  ErrorFeedbackStore feedback_;  // this epoch's top-k state, by op name
   std::vector<std::string> encoded_;  // the local signatures, by local index
 };
 

@@ -25,6 +25,8 @@
 
 namespace gradsync {
 
+class SessionBuffers;
+
 // What the client learns of a finished op (Session::Wait, the completion
 // listener). done=false: still queued or running.
 // An op's result as its session records it: done once the executor finished
@@ -44,6 +46,9 @@ struct QueuedOp {
   // executor fills before the op runs and copies back after it succeeded.
   std::shared_ptr<DeviceMemory> device;
   uint64_t offset = 0;
+  // The session's quotas, charged for state the daemon keeps for this op's
+  // key (error feedback); null in tests that build ops by hand.
+  std::shared_ptr<SessionBuffers> quota;
   double premul_factor = 1.0;  // premul_sum: the executor multiplies the input by it first
   absl::Time submitted;
   absl::Time started;   // when the executor took it

@@ -38,7 +38,7 @@ Session::Session(SessionInfo info, std::shared_ptr<SessionExecutor> executor,
       executor_(std::move(executor)),
       observer_(observer),
       epoch_(info_.job_id, info_.epoch),
-      buffers_(BufferOptions(info_), std::move(tenant_memory)),
+      buffers_(std::make_shared<SessionBuffers>(BufferOptions(info_), std::move(tenant_memory))),
       ops_(info_.session_id, &epoch_) {
   if (observer_ != nullptr) observer_->OnSessionOpened(info_.job_id);
   if (!info_.timeline_path.empty()) {
@@ -96,31 +96,31 @@ absl::Status Session::health() const { return epoch_.health(); }
 absl::Status Session::Refusal() const { return epoch_.Refusal(); }
 
 absl::StatusOr<BufferInfo> Session::AllocateBuffer(uint64_t size, bool by_descriptor) {
-  return buffers_.Allocate(size, by_descriptor);
+  return buffers_->Allocate(size, by_descriptor);
 }
 
-absl::StatusOr<UniqueFd> Session::TakeBufferFd(uint64_t id) { return buffers_.TakeFd(id); }
+absl::StatusOr<UniqueFd> Session::TakeBufferFd(uint64_t id) { return buffers_->TakeFd(id); }
 
 absl::StatusOr<BufferInfo> Session::RegisterBuffer(int fd, uint64_t offset, uint64_t size,
                                                    const std::string& description) {
-  return buffers_.Register(fd, offset, size, description);
+  return buffers_->Register(fd, offset, size, description);
 }
 
 absl::StatusOr<BufferInfo> Session::AllocateDeviceBuffer(const std::string& gpu_uuid,
                                                          uint64_t size) {
-  return buffers_.AllocateDevice(gpu_uuid, size);
+  return buffers_->AllocateDevice(gpu_uuid, size);
 }
 
 absl::StatusOr<BufferInfo> Session::RegisterDeviceBuffer(const std::string& gpu_uuid,
                                                          const std::string& ipc_handle,
                                                          uint64_t offset, uint64_t size,
                                                          int64_t client_pid) {
-  return buffers_.RegisterDevice(gpu_uuid, ipc_handle, offset, size, client_pid);
+  return buffers_->RegisterDevice(gpu_uuid, ipc_handle, offset, size, client_pid);
 }
 
-absl::Status Session::FreeBuffer(uint64_t id) { return buffers_.Free(id); }
+absl::Status Session::FreeBuffer(uint64_t id) { return buffers_->Free(id); }
 
-uint64_t Session::buffer_bytes() const { return buffers_.bytes(); }
+uint64_t Session::buffer_bytes() const { return buffers_->bytes(); }
 
 absl::StatusOr<uint64_t> Session::Submit(const OpDesc& a) {
   absl::StatusOr<uint64_t> seq = Enqueue(a);
@@ -145,12 +145,13 @@ absl::StatusOr<uint64_t> Session::Enqueue(const OpDesc& a) {
   auto op = std::make_shared<QueuedOp>();
   const bool no_buffer = a.kind == CollectiveKind::kBarrier && a.buffer_id == 0;
   if (!no_buffer) {
-    ASSIGN_OR_RETURN(BufferRef buffer, buffers_.Find(a.buffer_id));
+    ASSIGN_OR_RETURN(BufferRef buffer, buffers_->Find(a.buffer_id));
     RETURN_IF_ERROR(CheckOpBuffer(a, job, shape, buffer.segment->size()));
     op->buffer = std::move(buffer.segment);
     op->device = std::move(buffer.device);
   }
-  op->sig = OpSignature::Of(a, shape.plan_code, shape.codecs);
+  op->sig = OpSignature::Of(a, shape.plan_code, shape.codecs, shape.sparse);
+  op->quota = buffers_;
   op->offset = a.offset_bytes;
   op->premul_factor = a.premul_factor;
   const bool p2p = IsPointToPoint(a.kind);
@@ -205,13 +206,13 @@ void Session::Close(const absl::Status& why) {
     // Refuses ops and buffers first; an op pushed before is in the queue
     // taken next (SessionOps::Push checks the epoch under its lock).
     epoch_.Close(why);
-    buffers_.Close();
+    buffers_->Close();
     std::deque<std::shared_ptr<QueuedOp>> queued = ops_.TakeQueued();
     // The executor fails the op it runs for this rank (the epoch is broken);
     // the ones it never took fail here.
     executor_->Detach(info_.rank, why);
     ops_.FailUntaken(queued, why);
-    buffers_.FreeAll();
+    buffers_->FreeAll();
   });
 }
 

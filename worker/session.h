@@ -251,7 +251,8 @@ class Session {
   std::unique_ptr<Timeline> timeline_;  // null unless the job's timeline is on
   SessionLease lease_;
   SessionEpoch epoch_;
-  SessionBuffers buffers_;
+  // Shared with the ops, whose kept state (QueuedOp::quota) it is charged for.
+  std::shared_ptr<SessionBuffers> buffers_;
   SessionOps ops_;  // refers to epoch_
   std::once_flag close_once_;
 };

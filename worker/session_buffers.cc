@@ -109,7 +109,8 @@ absl::Status SessionBuffers::CheckNew(uint64_t size, const char* noun, const cha
 
 absl::Status SessionBuffers::CheckQuotaLocked(uint64_t size, const char* verb) const {
   const uint64_t limit = options_.memory_limit_bytes;
-  if (limit == 0 || (size <= limit && bytes_ <= limit - size)) {
+  const uint64_t held = bytes_ + state_bytes_;
+  if (limit == 0 || (size <= limit && held <= limit - size)) {
     if (tenant_memory_ == nullptr) return absl::OkStatus();
     return tenant_memory_->Check(account_, size,
                                  absl::StrCat("session ", options_.session_id, ": ", verb));
@@ -117,7 +118,7 @@ absl::Status SessionBuffers::CheckQuotaLocked(uint64_t size, const char* verb) c
   return absl::ResourceExhaustedError(absl::StrCat(
       "session ", options_.session_id, " (job '", options_.job_id, "' rank ", options_.rank,
       "): ", verb, " a buffer of ", size, " bytes would exceed the session's buffer quota of ",
-      limit, " bytes (", bytes_, " in use; gradsyncd --session_memory_limit_mb)"));
+      limit, " bytes (", held, " in use; gradsyncd --session_memory_limit_mb)"));
 }
 
 absl::StatusOr<uint64_t> SessionBuffers::AddLocked(std::shared_ptr<ShmSegment> segment,
@@ -196,6 +197,36 @@ void SessionBuffers::FreeAll() {
   if (tenant_memory_ != nullptr && bytes_ > 0) tenant_memory_->Release(account_, bytes_);
   bytes_ = 0;
   unfetched_ = 0;
+}
+
+absl::Status SessionBuffers::ChargeState(uint64_t size, const std::string& what) {
+  absl::MutexLock l(&mu_);
+  const uint64_t limit = options_.memory_limit_bytes;
+  const uint64_t held = bytes_ + state_bytes_;
+  if (limit != 0 && (size > limit || held > limit - size)) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "session ", options_.session_id, " (job '", options_.job_id, "' rank ", options_.rank,
+        "): ", what, ": ", size, " bytes would exceed the session's buffer quota of ", limit,
+        " bytes (", held, " in use; gradsyncd --session_memory_limit_mb)"));
+  }
+  if (tenant_memory_ != nullptr) {
+    RETURN_IF_ERROR(tenant_memory_->Charge(
+        account_, size, absl::StrCat("session ", options_.session_id, ": ", what)));
+  }
+  state_bytes_ += size;
+  return absl::OkStatus();
+}
+
+void SessionBuffers::ReleaseState(uint64_t size) {
+  absl::MutexLock l(&mu_);
+  size = std::min(size, state_bytes_);
+  state_bytes_ -= size;
+  if (tenant_memory_ != nullptr && size > 0) tenant_memory_->Release(account_, size);
+}
+
+uint64_t SessionBuffers::state_bytes() const {
+  absl::MutexLock l(&mu_);
+  return state_bytes_;
 }
 
 uint64_t SessionBuffers::bytes() const {

@@ -112,6 +112,13 @@ class SessionBuffers {
   // Bytes of the live buffers.
   uint64_t bytes() const;
 
+  // State the daemon keeps for the session's ops (error feedback,
+  // worker/error_feedback_store.h), counted in the same quotas as buffers:
+  // ResourceExhausted naming `what` and the quota when it does not fit.
+  absl::Status ChargeState(uint64_t size, const std::string& what);
+  void ReleaseState(uint64_t size);
+  uint64_t state_bytes() const;
+
  private:
   // A new buffer of `size` bytes: within kMaxBufferBytes ("<noun><size>
   // bytes exceeds the limit ...") and the quotas (CheckQuotaLocked, `verb`).
@@ -136,6 +143,7 @@ class SessionBuffers {
   // Device buffers by id; their host twins are in buffers_.
   std::map<uint64_t, std::shared_ptr<DeviceMemory>> devices_ ABSL_GUARDED_BY(mu_);
   uint64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;      // of buffers_
+  uint64_t state_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // ChargeState's
   size_t unfetched_ ABSL_GUARDED_BY(mu_) = 0;    // buffers still holding their descriptor
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;

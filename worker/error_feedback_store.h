@@ -1,0 +1,76 @@
+// The error-feedback state this daemon keeps for one job's top-k ops
+// (kernels/topk.h), per op name: with one rank per daemon it is that rank's,
+// with ranks sharing the daemon it is the daemon's share's (the input of the
+// stage among the daemons). The residual of what an op did not send joins
+// the next op of the same name.
+//
+// Layout: an entry is for one element count and one set of top-k
+// parameters; an op of the same name with another layout drops it (logged)
+// and starts afresh. The store lives as long as the job's epoch on this
+// daemon (the executor's OpRunner): a membership change starts an empty one,
+// and what the old one held is logged when it is dropped.
+//
+// Memory: an entry's residual (and momentum) is charged to the session of
+// the op that made it (SessionBuffers::ChargeState) before it is allocated;
+// refused, the op runs without kept state (what it does not send is lost),
+// and the refusal is logged and counted (refusals()).
+//
+// Threading: the executor's thread only.
+#ifndef GRADSYNC_WORKER_ERROR_FEEDBACK_STORE_H_
+#define GRADSYNC_WORKER_ERROR_FEEDBACK_STORE_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "kernels/topk.h"
+#include "worker/session_buffers.h"
+
+namespace gradsync {
+
+class ErrorFeedbackStore {
+ public:
+  ErrorFeedbackStore(std::string job_id, int64_t epoch) : job_id_(std::move(job_id)), epoch_(epoch) {}
+  ~ErrorFeedbackStore();
+  ErrorFeedbackStore(const ErrorFeedbackStore&) = delete;
+  ErrorFeedbackStore& operator=(const ErrorFeedbackStore&) = delete;
+
+  // Ops of `name` counted so far with this layout (0: none, or another
+  // layout): the warm-up decision.
+  uint64_t OpsSoFar(const std::string& name, size_t count, const SparseSpec& spec) const;
+  // Counts one op of `name` (a dense warm-up op or a top-k one).
+  void CountOp(const std::string& name, size_t count, const SparseSpec& spec);
+  // The state a top-k op of `name` updates: made, and charged to `quota`
+  // (may be null: not charged), on first use or after a layout change. Null
+  // when the quota refused it.
+  ErrorFeedback* StateFor(const std::string& name, size_t count, const SparseSpec& spec,
+                          const std::shared_ptr<SessionBuffers>& quota);
+
+  size_t keys() const { return entries_.size(); }
+  // Bytes of every entry's state, and the norm of all the residuals together.
+  uint64_t bytes() const;
+  double ResidualNorm() const;
+  uint64_t refusals() const { return refusals_; }
+
+ private:
+  struct Entry {
+    size_t count = 0;
+    uint64_t spec = 0;  // SparseSpec::Code
+    ErrorFeedback state;
+    uint64_t charged = 0;
+    std::shared_ptr<SessionBuffers> quota;
+  };
+  // The entry of `name` for this layout, replacing one of another layout.
+  Entry& EntryFor(const std::string& name, size_t count, const SparseSpec& spec);
+  static void Release(Entry& e);
+
+  const std::string job_id_;
+  const int64_t epoch_;
+  std::map<std::string, Entry> entries_;
+  uint64_t refusals_ = 0;
+};
+
+}  // namespace gradsync
+
+#endif  // GRADSYNC_WORKER_ERROR_FEEDBACK_STORE_H_
