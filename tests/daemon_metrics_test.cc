@@ -88,6 +88,69 @@ TEST(DaemonMetrics, OpsBytesLatencyAndPeersAreExported) {
   EXPECT_EQ(Sample(port0, "gradsync_daemon_sessions"), 0);
 }
 
+// Compressed ops: counted by codec, with their input and wire bytes (the
+// compression ratio); top-k's error feedback shows its memory and what it
+// still owes; a session quota too small for the residual refuses it (the
+// op still runs, without kept state) and the refusal is counted.
+TEST(DaemonMetrics, CodecRatiosAndErrorFeedbackAreExported) {
+  LocalClusterOptions o;
+  o.daemons = 2;
+  o.daemon_flags = {"--session_memory_limit_mb=3"};
+  auto cluster = LocalCluster::Start(o);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const int port0 = (*cluster)->daemon_metrics_port(0);
+  auto job = OpenJob(**cluster, "codec-metrics", {0, 1});
+  ASSERT_TRUE(job.ok()) << job.status();
+  const size_t count = 1 << 18;  // 1 MiB of f32
+  OnEveryRank(2, [&](int r) {
+    auto& s = *(*job)[r].session;
+    auto b = s.AllocateBuffer(count * 4);
+    ASSERT_TRUE(b.ok());
+    float* x = reinterpret_cast<float*>(b->get()->data());
+    for (int i = 0; i < 3; ++i) {
+      for (size_t j = 0; j < count; ++j) x[j] = static_cast<float>((j * 7 + r) % 1000) - 500;
+      client::CollectiveSpec spec;
+      spec.buffer = b->get();
+      spec.count = count;
+      spec.name = "m";
+      spec.codec = i == 0 ? "int8" : "topk:0.01";
+      auto res = s.Run(spec);
+      ASSERT_TRUE(res.ok()) << res.status();
+    }
+    // Another name: its residual (1 MiB) would pass the 3 MiB quota with
+    // the buffer and the first residual; a third does not fit.
+    for (const char* name : {"n", "o"}) {
+      client::CollectiveSpec spec;
+      spec.buffer = b->get();
+      spec.count = count;
+      spec.name = name;
+      spec.codec = "topk:0.01";
+      auto res = s.Run(spec);
+      ASSERT_TRUE(res.ok()) << name << ": " << res.status();
+    }
+  });
+  auto series = [](const char* name, const char* codec) {
+    return absl::StrCat(name, "{codec=\"", codec, "\",collective=\"allreduce\"}");
+  };
+  EXPECT_EQ(Sample(port0, series("gradsync_daemon_codec_ops_total", "int8")), 1);
+  EXPECT_EQ(Sample(port0, series("gradsync_daemon_codec_ops_total", "topk")), 4);
+  // int8: a byte per value and a scale per 4096 values.
+  const double int8_in = Sample(port0, series("gradsync_daemon_codec_input_bytes_total", "int8"));
+  const double int8_wire = Sample(port0, series("gradsync_daemon_codec_wire_bytes_total", "int8"));
+  EXPECT_EQ(int8_in, count * 4.0);
+  EXPECT_NEAR(int8_wire / int8_in, 0.25 + 1.0 / 4096, 1e-6);
+  // topk 1% on 2 daemons: n k / count, k = floor(count / 100).
+  const double topk_in = Sample(port0, series("gradsync_daemon_codec_input_bytes_total", "topk"));
+  const double topk_wire = Sample(port0, series("gradsync_daemon_codec_wire_bytes_total", "topk"));
+  EXPECT_EQ(topk_in, 4 * count * 4.0);
+  EXPECT_NEAR(topk_wire / topk_in, 2.0 * (count / 100) / count, 1e-9);
+  // Residuals kept for "m" and "n" (1 MiB each); "o" was refused.
+  EXPECT_EQ(Sample(port0, "gradsync_daemon_error_feedback_bytes"), 2.0 * count * 4);
+  EXPECT_GT(Sample(port0, "gradsync_daemon_error_feedback_residual_norm"), 0);
+  EXPECT_EQ(Sample(port0, "gradsync_daemon_error_feedback_refusals_total"), 1);
+  for (auto& r : *job) ASSERT_TRUE(r.session->Close().ok());
+}
+
 // Four ranks on one daemon: the daemon combines them in memory ("hier"),
 // small and large ops and barriers alike, and counts every rank's op in the daemon-wide
 // and the per-job series; a mismatch fails on every rank before an

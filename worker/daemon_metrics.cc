@@ -1,5 +1,8 @@
 #include "worker/daemon_metrics.h"
 
+#include <cmath>
+
+
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
@@ -165,6 +168,18 @@ absl::StatusOr<std::unique_ptr<DaemonMetrics>> DaemonMetrics::Create(MetricsRegi
                               "Local reduction speed (bytes per second) measured by the last probe");
   if (!rb.ok()) return rb.status();
   m->reduce_bandwidth_ = *rb;
+  auto fb = registry.AddGauge("gradsync_daemon_error_feedback_bytes",
+                              "Memory of the error-feedback state top-k ops keep here (all jobs)");
+  if (!fb.ok()) return fb.status();
+  m->feedback_bytes_ = *fb;
+  auto fn = registry.AddGauge(
+      "gradsync_daemon_error_feedback_residual_norm",
+      "Euclidean norm of every residual top-k ops kept here still owe (all jobs)");
+  if (!fn.ok()) return fn.status();
+  m->feedback_norm_ = *fn;
+  m->feedback_refusals_ = m->Counter(
+      "gradsync_daemon_error_feedback_refusals_total",
+      "Top-k ops that ran without error feedback because the session's quota refused it", {});
   // Series that exist from start-up, so dashboards show 0 rather than nothing.
   m->Counter("gradsync_daemon_ops_total", "Collectives finished, by type, algorithm and status",
              {{"collective", "allreduce"}, {"algorithm", "ring"}, {"status", "ok"}});
@@ -242,9 +257,18 @@ const DaemonMetrics::OpSeries& DaemonMetrics::SeriesFor(const OpRecord& op) {
     // A compressed op's plan is "ring+bf16": the codec follows the '+'.
     const size_t plus = algo.find('+');
     if (plus != std::string::npos) {
+      const prometheus::Labels labels{{"collective", kind}, {"codec", algo.substr(plus + 1)}};
       s.codec_ops = Counter("gradsync_daemon_codec_ops_total",
                             "Collectives finished whose messages went through a wire codec",
-                            {{"collective", kind}, {"codec", algo.substr(plus + 1)}});
+                            labels);
+      s.codec_input = Counter("gradsync_daemon_codec_input_bytes_total",
+                              "Buffer bytes of compressed collectives on this daemon's ranks",
+                              labels);
+      s.codec_wire = Counter(
+          "gradsync_daemon_codec_wire_bytes_total",
+          "Those bytes times the op's wire ratio (what its stage among the daemons sent over "
+          "what the dense ring would have sent): wire / input is the compression ratio",
+          labels);
     }
   }
   absl::MutexLock l(&mu_);
@@ -269,6 +293,10 @@ void DaemonMetrics::OnOpDone(const OpRecord& op) {
   if (series.run != nullptr) series.run->Observe(absl::ToDoubleSeconds(op.run));
   if (series.queue != nullptr) series.queue->Observe(absl::ToDoubleSeconds(op.queued));
   if (series.bytes != nullptr) series.bytes->Increment(static_cast<double>(op.bytes));
+  if (series.codec_input != nullptr && op.wire_ratio > 0) {
+    series.codec_input->Increment(static_cast<double>(op.bytes));
+    series.codec_wire->Increment(static_cast<double>(op.bytes) * op.wire_ratio);
+  }
   arrival_wait_->Observe(absl::ToDoubleSeconds(op.arrival_wait));
   // Achieved bus bandwidth (nccl-tests definition), as a histogram of bytes/s.
   double factor = 1.0;
@@ -413,6 +441,25 @@ void DaemonMetrics::OnLinkProbe(const LinkParams& link) {
   link_latency_->Set(link.alpha_us * 1e-6);
   if (link.beta_us_per_byte > 0) link_bandwidth_->Set(1e6 / link.beta_us_per_byte);
   if (link.reduce_us_per_byte > 0) reduce_bandwidth_->Set(1e6 / link.reduce_us_per_byte);
+}
+
+void DaemonMetrics::OnErrorFeedback(const std::string& job_id, int64_t epoch, uint64_t bytes,
+                                    double residual_norm, uint64_t refusals, bool ended) {
+  absl::MutexLock l(&mu_);
+  Feedback& f = feedback_[{job_id, epoch}];
+  if (refusals > f.refusals && feedback_refusals_ != nullptr) {
+    feedback_refusals_->Increment(static_cast<double>(refusals - f.refusals));
+  }
+  f = Feedback{bytes, residual_norm, refusals};
+  if (ended) feedback_.erase({job_id, epoch});
+  uint64_t total = 0;
+  double squares = 0;
+  for (const auto& [key, e] : feedback_) {
+    total += e.bytes;
+    squares += e.norm * e.norm;
+  }
+  feedback_bytes_->Set(static_cast<double>(total));
+  feedback_norm_->Set(std::sqrt(squares));
 }
 
 }  // namespace gradsync

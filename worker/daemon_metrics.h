@@ -44,6 +44,8 @@ class DaemonMetrics final : public DaemonObserver {
   void OnFdFetch(absl::StatusCode code) override;
   void OnAuthFailure(absl::string_view port, absl::string_view reason) override;
   void OnLinkProbe(const LinkParams& link) override;
+  void OnErrorFeedback(const std::string& job_id, int64_t epoch, uint64_t bytes,
+                       double residual_norm, uint64_t refusals, bool ended) override;
 
   // Size classes used as the `size` label (bounded): "le_4k", "le_64k",
   // "le_1m", "le_16m", "le_256m", "gt_256m".
@@ -69,6 +71,8 @@ class DaemonMetrics final : public DaemonObserver {
     prometheus::Histogram* queue = nullptr;  // successful ops only
     prometheus::Counter* bytes = nullptr;    // successful ops only
     prometheus::Counter* codec_ops = nullptr;  // successful compressed ops only
+    prometheus::Counter* codec_input = nullptr;  // their buffer bytes
+    prometheus::Counter* codec_wire = nullptr;   // and those times their wire ratio
   };
   const OpSeries& SeriesFor(const OpRecord& op);
 
@@ -94,6 +98,16 @@ class DaemonMetrics final : public DaemonObserver {
   prometheus::Gauge* link_latency_ = nullptr;
   prometheus::Gauge* link_bandwidth_ = nullptr;
   prometheus::Gauge* reduce_bandwidth_ = nullptr;
+  prometheus::Gauge* feedback_bytes_ = nullptr;
+  prometheus::Gauge* feedback_norm_ = nullptr;
+  prometheus::Counter* feedback_refusals_ = nullptr;
+  struct Feedback {
+    uint64_t bytes = 0;
+    double norm = 0;
+    uint64_t refusals = 0;
+  };
+  // By (job, epoch): what OnErrorFeedback last said; the gauges are the sums.
+  std::map<std::pair<std::string, int64_t>, Feedback> feedback_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, prometheus::Gauge*> peer_bandwidth_ ABSL_GUARDED_BY(mu_);
   // peer -> its sent and received byte counters
   std::map<std::string, std::pair<prometheus::Counter*, prometheus::Counter*>> peer_bytes_

@@ -27,6 +27,9 @@ struct OpRecord {
   absl::Duration queued;        // submission to start
   absl::Duration run;           // start to completion
   absl::Duration arrival_wait;  // waiting for the last rank to submit (signature check)
+  // A compressed op: the bytes its stage among the daemons sent over what
+  // the dense ring would have sent (0: dense).
+  double wire_ratio = 0;
 };
 
 class DaemonObserver {
@@ -69,6 +72,13 @@ class DaemonObserver {
   // A segment fetch on the fd socket ended with `code` (kOk: handed out).
   virtual void OnFdFetch(absl::StatusCode code) { (void)code; }
   virtual void OnLinkProbe(const LinkParams& link) { (void)link; }
+  // The error feedback one job's epoch keeps here (worker/error_feedback_store.h),
+  // after a top-k op; `ended`: the epoch is over and its state dropped.
+  // `refusals`: the epoch's quota refusals so far.
+  virtual void OnErrorFeedback(const std::string& job_id, int64_t epoch, uint64_t bytes,
+                               double residual_norm, uint64_t refusals, bool ended) {
+    (void)job_id; (void)epoch; (void)bytes; (void)residual_norm; (void)refusals; (void)ended;
+  }
 };
 
 // Classifies an epoch-breaking error for OnEpochFailed.

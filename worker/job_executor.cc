@@ -57,6 +57,10 @@ JobExecutor::~JobExecutor() {
   GS_CHECK(thread_.get_id() != std::this_thread::get_id())
       << "a job executor destroyed on its own thread";
   if (thread_.joinable()) thread_.join();
+  if (feedback_reported_ && options_.observer != nullptr) {
+    options_.observer->OnErrorFeedback(options_.job_id, options_.epoch, 0, 0,
+                                       runner_->feedback().refusals(), /*ended=*/true);
+  }
 }
 
 std::shared_ptr<JobExecutor> JobExecutor::Start(JobExecutorOptions options,
@@ -261,9 +265,11 @@ void JobExecutor::RunCurrent(const std::vector<Session*>& members) {
     }
     if (Timeline* t = members[i]->timeline()) t->Instant(st.ok() ? "done" : "failed", end);
     if (options_.observer != nullptr) {
-      options_.observer->OnOpDone(members[i]->Record(
+      OpRecord record = members[i]->Record(
           *ops[i], std::max(absl::ZeroDuration(), negotiate_start - ops[i]->started) +
-                       outcome.exchange));
+                       outcome.exchange);
+      if (st.ok()) record.wire_ratio = outcome.wire_ratio;
+      options_.observer->OnOpDone(record);
       if (newly_failed) options_.observer->OnEpochFailed(EpochFailureCause(st));
     }
   }
@@ -274,6 +280,12 @@ void JobExecutor::RunCurrent(const std::vector<Session*>& members) {
     GS_LOG(WARNING) << "job '" << options_.job_id << "' epoch " << options_.epoch << ": "
                     << first_failure.message();
     BreakAndTell(first_failure);
+  }
+  if (outcome.sparse && options_.observer != nullptr) {
+    const ErrorFeedbackStore& f = runner_->feedback();
+    options_.observer->OnErrorFeedback(options_.job_id, options_.epoch, f.bytes(),
+                                       f.ResidualNorm(), f.refusals(), /*ended=*/false);
+    feedback_reported_ = true;
   }
   intake_.NextOp();
   traffic_.Account(bytes, end - negotiate_start, end);

@@ -131,6 +131,7 @@ class JobExecutor : public SessionExecutor {
   OpIntake intake_;
   DeviceStaging staging_;            // executor thread only
   std::unique_ptr<OpRunner> runner_;  // executor thread only
+  bool feedback_reported_ = false;   // OnErrorFeedback was called (executor thread, then ~)
   PeerTraffic traffic_;              // executor thread only
   PointToPoint p2p_;
   std::thread thread_;

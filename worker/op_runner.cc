@@ -80,6 +80,8 @@ absl::Status OpRunner::Run(const std::vector<QueuedOp*>& ops, absl::Time negotia
   auto what = [&lead] { return absl::StrCat(lead.sig.Describe(), " (op ", lead.seq, ")"); };
   out->plan_name.clear();
   out->exchange = absl::ZeroDuration();
+  out->wire_ratio = 0;
+  out->sparse = false;
   absl::Status s;
   // The local ranks' signatures, compared in memory.
   bool local_mismatch = false;
@@ -162,9 +164,18 @@ absl::Status OpRunner::Run(const std::vector<QueuedOp*>& ops, absl::Time negotia
                       << " not used: " << plan.codec_note;
       }
       SparseStage sparse;
+      out->sparse = keyed;
       if (plan.sparse) {
         sparse.spec = spec;
         sparse.feedback = feedback_.StateFor(lead.sig.name, lead.sig.count, spec, lead.quota);
+        // n daemons' k entries of 8 bytes against the dense ring's 2(n-1)/n
+        // of the f32 values: n k / count.
+        out->wire_ratio = static_cast<double>(place.nodes()) *
+                          static_cast<double>(spec.K(lead.sig.count)) /
+                          static_cast<double>(lead.sig.count);
+      } else if (plan.codec != CodecId::kNone && lead.sig.count > 0) {
+        out->wire_ratio = static_cast<double>(CodecFor(plan.codec)->EncodedBytes(lead.sig.count)) /
+                          static_cast<double>(lead.sig.count * sizeof(float));
       }
       if (mine.on_device && !plan.on_device) s = staging_->StageIn(ops, bytes);
       if (!plan.fused && s.ok()) {  // a fused op is done with the exchange

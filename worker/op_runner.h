@@ -100,6 +100,10 @@ class OpRunner {
   struct Outcome {
     std::string plan_name;  // the plan's shown name ("" if it did not run)
     absl::Duration exchange;  // negotiate_start to the end of the exchange
+    // A compressed op: what its stage among the daemons sent over what the
+    // dense ring would have sent (0: dense).
+    double wire_ratio = 0;
+    bool sparse = false;  // it was a top-k op (or its warm-up): feedback() changed
   };
   // Plans and runs the ops (op k of every local rank, by local index; the
   // executor checked that they are op k and the epoch is healthy).

@@ -96,6 +96,32 @@ TEST(SessionBuffers, TheSessionQuotaRefusesTheBufferThatWouldExceedIt) {
   EXPECT_EQ(again->id, 3u);  // ids are never reused
 }
 
+// State the daemon keeps for the session's ops (error feedback) shares the
+// quotas with its buffers, both ways, and goes back when released.
+TEST(SessionBuffers, KeptOpStateCountsInTheSameQuotas) {
+  auto tenants = std::make_shared<TenantMemory>(3 * kPage);
+  SessionBuffers b(Opts("s1", 2 * kPage, "vision"), tenants);
+  ASSERT_TRUE(b.Allocate(kPage, false).ok());
+  ASSERT_TRUE(b.ChargeState(kPage, "error feedback of op 'g'").ok());
+  EXPECT_EQ(b.state_bytes(), kPage);
+  EXPECT_EQ(tenants->used("tenant 'vision'"), 2 * kPage);
+  EXPECT_EQ(b.ChargeState(1, "error feedback of op 'h'"),
+            absl::ResourceExhaustedError(
+                "session s1 (job 'j' rank 2): error feedback of op 'h': 1 bytes would exceed the "
+                "session's buffer quota of 8192 bytes (8192 in use; gradsyncd "
+                "--session_memory_limit_mb)"));
+  EXPECT_EQ(b.Allocate(1, false).status().code(), absl::StatusCode::kResourceExhausted);
+  b.ReleaseState(kPage);
+  EXPECT_EQ(b.state_bytes(), 0u);
+  EXPECT_EQ(tenants->used("tenant 'vision'"), kPage);
+  // The account's quota refuses too, naming it.
+  SessionBuffers other(Opts("s2", 0, "vision"), tenants);
+  ASSERT_TRUE(other.Allocate(kPage, false).ok());
+  const absl::Status s = other.ChargeState(2 * kPage, "error feedback of op 'g'");
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(s.message().find("tenant 'vision'"), std::string::npos) << s;
+}
+
 TEST(SessionBuffers, TheAccountsQuotaIsSharedByItsSessions) {
   auto tenants = std::make_shared<TenantMemory>(2 * kPage);
   SessionBuffers s1(Opts("s1", 0, "vision"), tenants);
