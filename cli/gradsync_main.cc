@@ -62,7 +62,8 @@ ABSL_FLAG(std::string, algo, "auto",
           "--ps_shards; hier needs ranks that share a daemon)");
 ABSL_FLAG(std::string, codec, "",
           "bench: the ops' wire codec: none|bf16|fp16|fp8e4m3|fp8e5m2|int8|auto|auto:LIST "
-          "(f32 allreduce/reduce_scatter; docs/compression.md); --check allows its error bound");
+          "(f32 allreduce/reduce_scatter; docs/compression.md; --check allows its error bound) "
+          "or topk:RATIO[,warmup=N][,momentum=M] (f32 allreduce; not with --check)");
 ABSL_FLAG(int32_t, root, 0, "bench: root rank of broadcast/reduce/gather/scatter");
 ABSL_FLAG(bool, check, false, "bench: check results (one checked op per size) and count #wrong");
 ABSL_FLAG(std::string, csv, "", "bench: also write the table as CSV to this file");

@@ -49,7 +49,9 @@ absl::Status SparseAllreduce(transport::Context& ctx, const CollectiveCall& call
   SparseEntry* mine = entries + static_cast<size_t>(me) * k;
   float* data = reinterpret_cast<float*>(call.data());
   absl::Time start = TraceNow();
-  TopkWork work;
+  // Kept per thread (an executor's), so that large ops do not map and
+  // fault in their selection memory every time.
+  static thread_local TopkWork work;
   SparsifyWithFeedback(data, count, spec, ef, mine, &work);
   TraceEvent("topk select", "reduce", start);
   if (n > 1) {

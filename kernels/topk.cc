@@ -1,6 +1,7 @@
 #include "kernels/topk.h"
 
 #include <algorithm>
+#include <cstring>
 #include <cmath>
 #include <limits>
 
@@ -23,24 +24,24 @@ inline float Magnitude(float x) {
   return std::isfinite(x) ? std::fabs(x) : std::numeric_limits<float>::infinity();
 }
 
-// Larger magnitude first, then lower index: a strict order, so the choice
-// among equal magnitudes is the same everywhere.
-struct Before {
-  const float* v;
-  bool operator()(uint32_t a, uint32_t b) const {
-    const float ma = Magnitude(v[a]), mb = Magnitude(v[b]);
-    return ma != mb ? ma > mb : a < b;
-  }
-};
+// A candidate as one integer that orders as the selection does: larger
+// magnitude first (non-negative floats order as their bits), then lower
+// index.
+inline uint64_t Key(float magnitude, uint32_t index) {
+  uint32_t bits;
+  std::memcpy(&bits, &magnitude, sizeof(bits));
+  return (uint64_t{0xffffffffu - bits} << 32) | index;
+}
 
-// Keeps the k first of `idx` by Before, ascending by index.
-void KeepFirst(const float* v, size_t k, std::vector<uint32_t>* idx) {
-  if (idx->size() > k) {
-    std::nth_element(idx->begin(), idx->begin() + static_cast<ptrdiff_t>(k), idx->end(),
-                     Before{v});
-    idx->resize(k);
+// Keeps the k first of `keys` in that order; their indices, ascending.
+void KeepFirst(size_t k, std::vector<uint64_t>* keys, std::vector<uint32_t>* selected) {
+  if (keys->size() > k) {
+    std::nth_element(keys->begin(), keys->begin() + static_cast<ptrdiff_t>(k), keys->end());
+    keys->resize(k);
   }
-  std::sort(idx->begin(), idx->end());
+  selected->resize(keys->size());
+  for (size_t j = 0; j < keys->size(); ++j) (*selected)[j] = static_cast<uint32_t>((*keys)[j]);
+  std::sort(selected->begin(), selected->end());
 }
 
 }  // namespace
@@ -120,12 +121,14 @@ void SelectTopK(const float* v, size_t n, size_t k, TopkWork* work,
   selected->clear();
   k = std::min(k, n);
   if (k == 0) return;
-  const size_t stride = std::max<size_t>(1, kSampleDivisor);
+  std::vector<uint64_t>& keys = work->keys;
+  keys.clear();
+  const size_t stride = kSampleDivisor;
   const size_t samples = n / stride;
   if (samples < kMinSample || k == n) {
-    selected->resize(n);
-    for (size_t i = 0; i < n; ++i) (*selected)[i] = static_cast<uint32_t>(i);
-    KeepFirst(v, k, selected);
+    keys.resize(n);
+    for (size_t i = 0; i < n; ++i) keys[i] = Key(Magnitude(v[i]), static_cast<uint32_t>(i));
+    KeepFirst(k, &keys, selected);
     return;
   }
   // The sample's magnitude above which a fraction k/n of the sample lies.
@@ -138,9 +141,10 @@ void SelectTopK(const float* v, size_t n, size_t k, TopkWork* work,
                    [](float a, float b) { return a > b; });
   const float threshold = s[above - 1];
   for (size_t i = 0; i < n; ++i) {
-    if (Magnitude(v[i]) >= threshold) selected->push_back(static_cast<uint32_t>(i));
+    const float m = Magnitude(v[i]);
+    if (m >= threshold) keys.push_back(Key(m, static_cast<uint32_t>(i)));
   }
-  KeepFirst(v, k, selected);
+  KeepFirst(k, &keys, selected);
 }
 
 size_t SparsifyWithFeedback(const float* x, size_t n, const SparseSpec& spec, ErrorFeedback* ef,
@@ -160,7 +164,7 @@ size_t SparsifyWithFeedback(const float* x, size_t n, const SparseSpec& spec, Er
     ef->momentum.clear();
     for (size_t i = 0; i < n; ++i) v[i] += x[i];
   }
-  std::vector<uint32_t>& sel = work->candidates;
+  std::vector<uint32_t>& sel = work->selected;
   SelectTopK(v.data(), n, k, work, &sel);
   size_t j = 0;
   for (uint32_t i : sel) {

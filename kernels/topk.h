@@ -91,7 +91,8 @@ struct SparseStage {
 // Reusable memory of SelectTopK.
 struct TopkWork {
   std::vector<float> sample;
-  std::vector<uint32_t> candidates;
+  std::vector<uint64_t> keys;  // candidates: magnitude and index in one ordered integer
+  std::vector<uint32_t> selected;
 };
 
 // Steps above for `n` values `x` and state `ef` (sized to n here when empty;

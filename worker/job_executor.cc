@@ -282,9 +282,15 @@ void JobExecutor::RunCurrent(const std::vector<Session*>& members) {
     BreakAndTell(first_failure);
   }
   if (outcome.sparse && options_.observer != nullptr) {
+    // The norm reads every residual: at most once a second (the metrics'
+    // resolution); the rest is cheap.
     const ErrorFeedbackStore& f = runner_->feedback();
-    options_.observer->OnErrorFeedback(options_.job_id, options_.epoch, f.bytes(),
-                                       f.ResidualNorm(), f.refusals(), /*ended=*/false);
+    if (end - feedback_norm_at_ >= absl::Seconds(1)) {
+      feedback_norm_ = f.ResidualNorm();
+      feedback_norm_at_ = end;
+    }
+    options_.observer->OnErrorFeedback(options_.job_id, options_.epoch, f.bytes(), feedback_norm_,
+                                       f.refusals(), /*ended=*/false);
     feedback_reported_ = true;
   }
   intake_.NextOp();

@@ -132,6 +132,8 @@ class JobExecutor : public SessionExecutor {
   DeviceStaging staging_;            // executor thread only
   std::unique_ptr<OpRunner> runner_;  // executor thread only
   bool feedback_reported_ = false;   // OnErrorFeedback was called (executor thread, then ~)
+  double feedback_norm_ = 0;         // the last residual norm computed, and when
+  absl::Time feedback_norm_at_ = absl::InfinitePast();
   PeerTraffic traffic_;              // executor thread only
   PointToPoint p2p_;
   std::thread thread_;
