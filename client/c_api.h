@@ -155,7 +155,8 @@ typedef struct gs_session_options {
                                    $GRADSYNC_TENANT_TOKEN or the file $GRADSYNC_TENANT_TOKEN_FILE */
   const char* codec;            /* job option: every op's wire codec unless it names one: NULL/""
                                    or "none", "bf16", "fp16", "fp8e4m3", "fp8e5m2", "int8",
-                                   "auto", "auto:bf16,int8" (docs/compression.md) */
+                                   "auto", "auto:bf16,int8", "topk:0.01[,warmup=N][,momentum=M]"
+                                   (docs/compression.md) */
 } gs_session_options;
 
 /* Sets struct_size and the defaults (rank -1, world_size 1, timeout 60 s). */
@@ -251,7 +252,8 @@ typedef struct gs_collective_spec {
   int32_t tag;          /* GS_SEND, GS_RECV: a recv takes its peer's first message with this tag */
   double premul_factor; /* GS_OP_PREMUL_SUM: this rank's input is multiplied by it (init: 1) */
   const char* codec;    /* NULL / "": the job's codec; "none"; a codec the op must travel
-                           through ("bf16", ..., f32 allreduce / reduce_scatter); "auto..." */
+                           through ("bf16", ..., f32 allreduce / reduce_scatter); "auto...";
+                           "topk:R..." (f32 allreduce with a name, error feedback by name) */
 } gs_collective_spec;
 
 /* What an op that completed reports. */

@@ -95,7 +95,8 @@ struct SessionOptions {
   int tcp_streams = 0;       // TCP connections per pair of the job's daemons
   std::string algorithm;     // forced for every op of the job; "" = cost model
   // Every op's codec unless it names one: "" / "none", "bf16", "fp16",
-  // "fp8e4m3", "fp8e5m2", "int8", "auto", "auto:bf16,int8" (docs/compression.md).
+  // "fp8e4m3", "fp8e5m2", "int8", "auto", "auto:bf16,int8", "topk:0.01[,warmup=N]
+  // [,momentum=M]" (docs/compression.md).
   std::string codec;
   // Chrome-trace timeline of every op on every rank (gradsyncd --timeline_dir);
   // also switched on by GRADSYNC_TIMELINE=1 in the environment.
