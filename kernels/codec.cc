@@ -162,6 +162,14 @@ const float* Fp8Table() {
 // The codecs' block loops, one ISA each. `inv` is 1/scale, exact for the
 // power-of-two scales (so x * inv == x / scale bit for bit).
 
+// int8's multiplier: 1/step, or 0 where that overflows (a step below
+// 1/FLT_MAX: the block's values are then divided by the step). Every kernel
+// and every ISA uses the same rule, so they agree bit for bit.
+GS_CODEC_INLINE float Int8Inverse(float step) {
+  const float inv = 1.0f / step;
+  return inv <= FLT_MAX ? inv : 0.0f;
+}
+
 struct PortableLoops {
   static GS_CODEC_INLINE float Amax(const float* in, size_t n) { return AmaxPortable(in, n); }
   template <int kExp, int kMan>
@@ -198,10 +206,14 @@ struct PortableLoops {
       for (size_t i = 0; i < n; ++i) out[i] = HalfToFloat(in[i]) * inv;
     }
   }
+  // q = rint(x * (1/step)): a multiplication, not a division per element;
+  // a step so small that 1/step overflows divides instead (Int8Inverse).
   static GS_CODEC_INLINE void EncodeInt8(const float* in, size_t n, float step, int8_t* out) {
+    const float inv = Int8Inverse(step);
     for (size_t i = 0; i < n; ++i) {
       const float x = in[i];
-      const float q = std::clamp(std::nearbyint(x / step), -127.0f, 127.0f);
+      const float scaled = inv != 0 ? x * inv : x / step;
+      const float q = std::clamp(std::nearbyint(scaled), -127.0f, 127.0f);
       out[i] = std::fabs(x) <= FLT_MAX ? static_cast<int8_t>(q) : int8_t{-128};
     }
   }
@@ -267,10 +279,12 @@ struct Avx2Loops {
     const __m256i minus128 = _mm256_set1_epi32(-128);
     const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     size_t i = 0;
+    const float inv = Int8Inverse(step);
+    const __m256 vinv = _mm256_set1_ps(inv);
     auto quantize = [&](const float* p) GS_CODEC_AVX2 {
       const __m256 x = _mm256_loadu_ps(p);
-      __m256 q = _mm256_round_ps(_mm256_div_ps(x, vstep),
-                                 _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      const __m256 scaled = inv != 0 ? _mm256_mul_ps(x, vinv) : _mm256_div_ps(x, vstep);
+      __m256 q = _mm256_round_ps(scaled, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
       q = _mm256_min_ps(_mm256_max_ps(q, lo), hi);
       const __m256 finite = _mm256_cmp_ps(_mm256_and_ps(x, abs_mask), max_finite, _CMP_LE_OQ);
       return _mm256_blendv_epi8(minus128, _mm256_cvtps_epi32(q), _mm256_castps_si256(finite));
@@ -583,7 +597,7 @@ class Int8Codec final : public Codec {
   CodecId id() const override { return CodecId::kInt8; }
   size_t element_bytes() const override { return 1; }
   bool scaled() const override { return true; }
-  double RelativeBound() const override { return 1.0 / 254 * (1 + 1.0 / 32768); }
+  double RelativeBound() const override { return 1.0 / 254 * (1 + 1.0 / 16384); }
   void Encode(const float* in, size_t n, char* out) const override {
 #if GRADSYNC_CODEC_X86
     if (isa_ == Isa::kAvx2) return EncodeInt8Avx2(in, n, out, ScaleBytes(n));

@@ -14,8 +14,9 @@
 //                            nearest even: |d-x| <= 2^-11 |x| + 2^-40 a
 //   fp8e4m3   FP8 E4M3       scale 2^k, saturating: |d-x| <= 2^-4 |x| + 2^-17 a
 //   fp8e5m2   FP8 E5M2       scale 2^k, saturating: |d-x| <= 2^-3 |x| + 2^-32 a
-//   int8      int8, -127..127  step s = a/127 (f32), q = rint(x/s), d = q*s:
-//                            |d-x| <= a/254 * (1 + 2^-20)
+//   int8      int8, -127..127  step s = a/127 (f32), q = rint(x * (1/s)) (one
+//                            multiplication; x/s where 1/s overflows),
+//                            d = q*s: |d-x| <= a/254 * (1 + 2^-14)
 //
 // Non-finite values: bf16 and fp16 keep ±inf and NaN; fp8 keeps NaN and
 // saturates ±inf to the largest value; int8 sends every non-finite value

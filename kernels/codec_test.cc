@@ -101,7 +101,9 @@ std::string Reference(CodecId id, const std::vector<float>& x) {
           if (!std::isfinite(x[i])) {
             q = 0x80;
           } else {
-            float r = std::nearbyint(x[i] / scale);
+            // x times 1/step, or x / step where 1/step overflows.
+            const float inv = 1.0f / scale;
+            float r = std::nearbyint(inv <= FLT_MAX ? x[i] * inv : x[i] / scale);
             r = std::max(-127.0f, std::min(127.0f, r));
             q = static_cast<uint8_t>(static_cast<int8_t>(r));
           }
@@ -122,7 +124,7 @@ double Bound(CodecId id, double x, double amax) {
     case CodecId::kFp16: return std::ldexp(std::fabs(x), -11) + std::ldexp(amax, -40);
     case CodecId::kFp8E4M3: return std::ldexp(std::fabs(x), -4) + std::ldexp(amax, -17);
     case CodecId::kFp8E5M2: return std::ldexp(std::fabs(x), -3) + std::ldexp(amax, -32);
-    case CodecId::kInt8: return amax / 254 * (1 + std::ldexp(1.0, -15));
+    case CodecId::kInt8: return amax / 254 * (1 + std::ldexp(1.0, -14));
     default: return 0;
   }
 }
