@@ -32,12 +32,15 @@ grep -q "^# hook vs gloo: .*: agree" <<<"$out" || fail "no hook vs gloo agreemen
 # own, every bucket through int8 or fp8 (backend) or bf16 (hook). The losses
 # must follow gloo's within 0.05 at every step and the test accuracy within 2
 # points (--codec_loss_tol, --codec_acc_tol), and differ from them: the
-# gradients did go through a lossy codec.
+# gradients did go through a lossy codec. Top-k (10% of each bucket, error
+# feedback in the daemons; through the hook, which names its buckets): within
+# 0.3 at every step and 3 points of accuracy (--topk_loss_tol, --topk_acc_tol).
 out=$(env -u GRADSYNC_DAEMON /usr/bin/python3 "$ROOT/examples/train_ddp.py" --gradsync "$GRADSYNC" \
-      --ranks 2 --daemons 2 --epochs 2 --modes gloo,gradsync+int8,hook+bf16,gradsync+fp8e4m3 \
+      --ranks 2 --daemons 2 --epochs 2 \
+      --modes gloo,gradsync+int8,hook+bf16,gradsync+fp8e4m3,hook+topk:0.1 \
       --check 2>&1) || fail "compressed train_ddp.py --check failed: $out"
 echo "$out"
-for m in gradsync+int8 hook+bf16 gradsync+fp8e4m3; do
+for m in gradsync+int8 hook+bf16 gradsync+fp8e4m3 hook+topk:0.1; do
   grep -q "^# $m vs gloo: .*: agree" <<<"$out" || fail "no $m vs gloo agreement line"
   grep -q "^# $m vs gloo: max |loss diff| 0.00e+00" <<<"$out" && fail "$m: losses identical to gloo's"
 done
