@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
-"""Time to accuracy: DDP training of an MLP on scikit-learn's digits, every
-mode side by side in one run over the same link, several seeds each.
+"""Time to accuracy: DDP training on scikit-learn's digits, every mode side
+by side in one run over the same link, several seeds each.
 
-A model where gradient sync matters (64-H-H-10, H=4096: 17.1 M parameters,
-68 MiB of f32 gradients) with a few samples per rank, trained for --steps
-steps; rank 0 measures the test accuracy every --eval_every steps (outside
-the timed span). Modes (comma-separated, --modes):
+A model where gradient sync matters, with a few samples per rank, trained
+for --steps steps; rank 0 measures the test accuracy every --eval_every steps
+(outside the timed span). --model mlp: 64-H-H-10 (H=4096: 17.1 M parameters,
+68 MiB of f32 gradients); --model cnn: two 3x3 convolutions of C channels on
+the 8x8 image, then C*64-H-10 (C=32, H=1024: 2.1 M parameters). Modes
+(comma-separated, --modes):
 
   gloo             torch's gloo backend, dense
   gloo+fp16        gloo with torch's fp16_compress_hook
@@ -13,6 +15,8 @@ the timed span). Modes (comma-separated, --modes):
   gradsync         the gradsync backend, dense
   gradsync+CODEC   the backend with that codec ($GRADSYNC_CODEC: bf16, int8, auto, ...)
   hook, hook+CODEC gloo for set-up, buckets through gradsync's DDP hook
+                   (hook+topk:0.01: top-k with error feedback, which needs the
+                   hook's named buckets)
 
 Prints, per mode (medians over seeds): the wall-clock training time to the
 target accuracy (--target), the final accuracy (mean), the step time, and the
@@ -43,6 +47,25 @@ from netns_link import NetnsLink  # noqa: E402
 COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"]
 
 
+def make_model(nn, a):
+    """--model mlp or cnn (their inputs: 64 values, or a 1x8x8 image)."""
+    h, c = a.hidden, a.channels
+    if a.model == "cnn":
+        return nn.Sequential(nn.Unflatten(1, (1, 8, 8)), nn.Conv2d(1, c, 3, padding=1), nn.ReLU(),
+                             nn.Conv2d(c, c, 3, padding=1), nn.ReLU(), nn.Flatten(),
+                             nn.Linear(c * 64, h), nn.ReLU(), nn.Linear(h, 10))
+    return nn.Sequential(nn.Linear(64, h), nn.ReLU(), nn.Linear(h, h), nn.ReLU(), nn.Linear(h, 10))
+
+
+def describe_model(a):
+    h, c = a.hidden, a.channels
+    if a.model == "cnn":
+        params = 10 * c + (9 * c + 1) * c + (64 * c + 1) * h + (h + 1) * 10
+        return f"CNN conv3x3 1-{c}-{c}, fc {64 * c}-{h}-10 ({params / 1e6:.1f} M parameters)"
+    params = 64 * h + h * h + h * 10 + 2 * h + 10
+    return f"MLP 64-{h}-{h}-10 ({params / 1e6:.1f} M parameters)"
+
+
 def worker(a):
     """One rank; writes (elapsed training seconds, accuracy) after every
     evaluation and the step times to --out as JSON."""
@@ -63,8 +86,7 @@ def worker(a):
     x = torch.from_numpy((d.data / 16.0).astype(np.float32))
     y = torch.from_numpy(d.target.astype(np.int64))
     xtr, ytr, xte, yte = x[:1500], y[:1500], x[1500:], y[1500:]
-    h = a.hidden
-    model = nn.Sequential(nn.Linear(64, h), nn.ReLU(), nn.Linear(h, h), nn.ReLU(), nn.Linear(h, 10))
+    model = make_model(nn, a)
     ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=a.bucket_mb)
     state = None
     if mode == "hook":
@@ -131,7 +153,8 @@ def run(a, mode, seed, extra_env, link, tmp):
                 prefix = link.exec_prefix(host)
             cmd = prefix + [sys.executable, os.path.abspath(__file__), "--worker", "--mode", mode,
                             "--seed", str(seed), "--out", out]
-            for k in ("hidden", "batch", "bucket_mb", "steps", "eval_every", "lr"):
+            for k in ("model", "hidden", "channels", "batch", "bucket_mb", "steps", "eval_every",
+                      "lr"):
                 cmd += [f"--{k}", str(getattr(a, k))]
             with open(f"{out}.{r}.err", "w") as err:
                 procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err))
@@ -212,7 +235,10 @@ def main():
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--eval_every", type=int, default=5)
     ap.add_argument("--target", type=float, default=0.85, help="the test accuracy to reach")
-    ap.add_argument("--hidden", type=int, default=4096, help="4096: 17.1 M parameters")
+    ap.add_argument("--model", choices=("mlp", "cnn"), default="mlp")
+    ap.add_argument("--hidden", type=int, default=0,
+                    help="the hidden width (default: mlp 4096, 17.1 M parameters; cnn 1024)")
+    ap.add_argument("--channels", type=int, default=32, help="cnn: channels of each convolution")
     ap.add_argument("--batch", type=int, default=4, help="samples per rank per step")
     ap.add_argument("--lr", type=float, default=0.02)
     ap.add_argument("--bucket_mb", type=float, default=25)
@@ -224,6 +250,8 @@ def main():
     ap.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.hidden == 0:
+        a.hidden = 1024 if a.model == "cnn" else 4096
     if a.worker:
         return worker(a)
     if a.link:
@@ -262,8 +290,7 @@ def main():
             if loopback is not None:
                 loopback.terminate()
                 loopback.wait(30)
-    params = 64 * a.hidden + a.hidden * a.hidden + a.hidden * 10 + 2 * a.hidden + 10
-    print(f"# time to accuracy: MLP 64-{a.hidden}-{a.hidden}-10 ({params / 1e6:.1f} M parameters) on "
+    print(f"# time to accuracy: {describe_model(a)} on "
           f"digits, DDP, {a.ranks} ranks ({a.layout}), {a.batch} samples per rank, lr {a.lr}, "
           f"{a.steps} steps, {a.seeds} seeds, target test accuracy {a.target}, "
           + (f"over a {link.describe()}" if link is not None else "over loopback"))
