@@ -46,8 +46,8 @@ declare -A SRCS=(
   [op_queue_fuzz]="ipc/op_queue.cc ipc/doorbell.cc common/types.cc"
   [step_header_fuzz]="ps/protocol.cc ps/slicer.cc transport/wire.cc common/digest.cc common/net.cc common/types.cc"
   [coordinator_request_fuzz]="server/job_join.cc server/job_membership.cc server/job_registry.cc server/job_validation.cc server/shard_registry.cc common/logging.cc @PROTO@"
-  [worker_request_fuzz]="worker/submit_validation.cc collective/op_validation.cc collective/codec_request.cc kernels/codec.cc kernels/cpu_reduce.cc kernels/scaled_convert.cc common/logging.cc server/job_validation.cc collective/planner.cc collective/plan_code.cc collective/algorithm.cc collective/cost_model.cc collective/stream_tuner.cc common/types.cc @PROTO@"
-  [signature_fuzz]="collective/op_signature.cc collective/codec_request.cc kernels/codec.cc kernels/cpu_reduce.cc kernels/scaled_convert.cc common/logging.cc collective/algorithm.cc collective/planner.cc collective/cost_model.cc collective/stream_tuner.cc common/types.cc"
+  [worker_request_fuzz]="worker/submit_validation.cc collective/op_validation.cc collective/codec_request.cc kernels/codec.cc kernels/topk.cc kernels/cpu_reduce.cc kernels/scaled_convert.cc common/logging.cc server/job_validation.cc collective/planner.cc collective/plan_code.cc collective/algorithm.cc collective/cost_model.cc collective/stream_tuner.cc common/types.cc @PROTO@"
+  [signature_fuzz]="collective/op_signature.cc collective/codec_request.cc kernels/codec.cc kernels/topk.cc kernels/cpu_reduce.cc kernels/scaled_convert.cc common/logging.cc collective/algorithm.cc collective/planner.cc collective/cost_model.cc collective/stream_tuner.cc common/types.cc"
 )
 if ((${#targets[@]} == 0)); then
   for f in fuzz/*_fuzz.cc; do targets+=("$(basename "$f" .cc)"); done
