@@ -157,20 +157,7 @@ CodecId Planner::ChooseCodec(const PlanRequest& op, const Plan& plan, const char
   if (request.none()) return CodecId::kNone;
   // A request the op's validation let through that cannot apply here runs
   // dense (an op's own codec was checked against everything else).
-  if (*CodecInapplicable(op) != '\0') {
-    *why = CodecInapplicable(op);
-  } else if (topology_.every_rank_here) {
-    *why = "every rank is on this daemon (no link to save)";
-  } else if (plan.path == PlanPath::kParameterServer) {
-    *why = "the parameter-server path runs dense";
-  } else if (plan.fused) {
-    *why = "the data ride on the signature exchange";
-  } else if (plan.path == PlanPath::kFlat && plan.algorithm != Algorithm::kRing &&
-             op.forced != kAutoCode) {
-    *why = "the op forces an algorithm other than ring";
-  } else if (op.device_path && settings_.device_ops_in_place) {
-    *why = "device buffers run in place on their GPU; codecs run on host memory";
-  }
+  *why = *CodecInapplicable(op) != '\0' ? CodecInapplicable(op) : StageRunsDense(op, plan);
   if (**why != '\0') return CodecId::kNone;
   if (!request.automatic) return request.only();
   // auto: the fastest by the model, if it beats dense by the margin. Codecs
@@ -199,6 +186,20 @@ CodecId Planner::ChooseCodec(const PlanRequest& op, const Plan& plan, const char
   return CodecId::kNone;
 }
 
+const char* Planner::StageRunsDense(const PlanRequest& op, const Plan& plan) const {
+  if (topology_.every_rank_here) return "every rank is on this daemon (no link to save)";
+  if (plan.path == PlanPath::kParameterServer) return "the parameter-server path runs dense";
+  if (plan.fused) return "the data ride on the signature exchange";
+  if (plan.path == PlanPath::kFlat && plan.algorithm != Algorithm::kRing &&
+      op.forced != kAutoCode) {
+    return "the op forces an algorithm other than ring";
+  }
+  if (op.device_path && settings_.device_ops_in_place) {
+    return "device buffers run in place on their GPU; codecs and topk run on host memory";
+  }
+  return "";
+}
+
 bool Planner::ChooseSparse(const PlanRequest& op, const Plan& plan, const char** why) const {
   const SparseSpec spec = SparseSpec::FromCode(op.sparse);
   *why = "";
@@ -208,17 +209,8 @@ bool Planner::ChooseSparse(const PlanRequest& op, const Plan& plan, const char**
     *why = CodecInapplicable(op);
   } else if (!op.named) {
     *why = "an unnamed op keeps no residual: topk needs op names (the DDP hook names its buckets)";
-  } else if (topology_.every_rank_here) {
-    *why = "every rank is on this daemon (no link to save)";
-  } else if (plan.path == PlanPath::kParameterServer) {
-    *why = "the parameter-server path runs dense";
-  } else if (plan.fused) {
-    *why = "the data ride on the signature exchange";
-  } else if (plan.path == PlanPath::kFlat && plan.algorithm != Algorithm::kRing &&
-             op.forced != kAutoCode) {
-    *why = "the op forces an algorithm other than ring";
-  } else if (op.device_path && settings_.device_ops_in_place) {
-    *why = "device buffers run in place on their GPU; topk runs on host memory";
+  } else if (*StageRunsDense(op, plan) != '\0') {
+    *why = StageRunsDense(op, plan);
   } else if (op.sparse_ops_so_far < spec.warmup) {
     *why = "topk warm-up: the first ops of each name run dense";
   }

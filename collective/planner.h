@@ -216,6 +216,9 @@ class Planner {
   // The codec `op` runs with under `plan` (path and algorithm chosen), and
   // why none where the request named one (for the log).
   CodecId ChooseCodec(const PlanRequest& op, const Plan& plan, const char** why) const;
+  // Why `plan` (path and algorithm chosen) keeps `op`'s stage among the
+  // daemons dense whatever codec or top-k it asked for ("" if it need not).
+  const char* StageRunsDense(const PlanRequest& op, const Plan& plan) const;
   // Whether `op`'s top-k runs under `plan`, and why not where it asked for it.
   bool ChooseSparse(const PlanRequest& op, const Plan& plan, const char** why) const;
   void ObserveSmallOp(CollectiveKind kind, Algorithm algo, size_t bytes, double took_us);
