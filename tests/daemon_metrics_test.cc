@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "cli/local_cluster.h"
 #include "common/metrics_testing.h"
 #include "gtest/gtest.h"
@@ -20,6 +21,18 @@ double Sample(int port, const std::string& series) {
   if (!text.ok()) return -1;
   auto v = FindSample(*text, series);
   return v.ok() ? *v : -1;
+}
+
+// The series' value once it is `want`, or its last value after 20 s: the
+// daemon updates the metrics just after it completes an op to the client.
+double SampleOnceItIs(int port, const std::string& series, double want) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  double v = Sample(port, series);
+  while (v != want && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(10));
+    v = Sample(port, series);
+  }
+  return v;
 }
 
 TEST(DaemonMetrics, OpsBytesLatencyAndPeersAreExported) {
@@ -132,22 +145,25 @@ TEST(DaemonMetrics, CodecRatiosAndErrorFeedbackAreExported) {
   auto series = [](const char* name, const char* codec) {
     return absl::StrCat(name, "{codec=\"", codec, "\",collective=\"allreduce\"}");
   };
-  EXPECT_EQ(Sample(port0, series("gradsync_daemon_codec_ops_total", "int8")), 1);
-  EXPECT_EQ(Sample(port0, series("gradsync_daemon_codec_ops_total", "topk")), 4);
+  EXPECT_EQ(SampleOnceItIs(port0, series("gradsync_daemon_codec_ops_total", "int8"), 1), 1);
+  EXPECT_EQ(SampleOnceItIs(port0, series("gradsync_daemon_codec_ops_total", "topk"), 4), 4);
   // int8: a byte per value and a scale per 4096 values.
-  const double int8_in = Sample(port0, series("gradsync_daemon_codec_input_bytes_total", "int8"));
+  // The input bytes are updated last of an op's series.
+  const double int8_in =
+      SampleOnceItIs(port0, series("gradsync_daemon_codec_input_bytes_total", "int8"), count * 4.0);
   const double int8_wire = Sample(port0, series("gradsync_daemon_codec_wire_bytes_total", "int8"));
   EXPECT_EQ(int8_in, count * 4.0);
   EXPECT_NEAR(int8_wire / int8_in, 0.25 + 1.0 / 4096, 1e-6);
   // topk 1% on 2 daemons: n k / count, k = floor(count / 100).
-  const double topk_in = Sample(port0, series("gradsync_daemon_codec_input_bytes_total", "topk"));
+  const double topk_in = SampleOnceItIs(
+      port0, series("gradsync_daemon_codec_input_bytes_total", "topk"), 4 * count * 4.0);
   const double topk_wire = Sample(port0, series("gradsync_daemon_codec_wire_bytes_total", "topk"));
   EXPECT_EQ(topk_in, 4 * count * 4.0);
   EXPECT_NEAR(topk_wire / topk_in, 2.0 * (count / 100) / count, 1e-9);
   // Residuals kept for "m" and "n" (1 MiB each); "o" was refused.
+  EXPECT_EQ(SampleOnceItIs(port0, "gradsync_daemon_error_feedback_refusals_total", 1), 1);
   EXPECT_EQ(Sample(port0, "gradsync_daemon_error_feedback_bytes"), 2.0 * count * 4);
   EXPECT_GT(Sample(port0, "gradsync_daemon_error_feedback_residual_norm"), 0);
-  EXPECT_EQ(Sample(port0, "gradsync_daemon_error_feedback_refusals_total"), 1);
   for (auto& r : *job) ASSERT_TRUE(r.session->Close().ok());
 }
 

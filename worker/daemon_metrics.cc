@@ -294,8 +294,8 @@ void DaemonMetrics::OnOpDone(const OpRecord& op) {
   if (series.queue != nullptr) series.queue->Observe(absl::ToDoubleSeconds(op.queued));
   if (series.bytes != nullptr) series.bytes->Increment(static_cast<double>(op.bytes));
   if (series.codec_input != nullptr && op.wire_ratio > 0) {
-    series.codec_input->Increment(static_cast<double>(op.bytes));
     series.codec_wire->Increment(static_cast<double>(op.bytes) * op.wire_ratio);
+    series.codec_input->Increment(static_cast<double>(op.bytes));  // last: see daemon_metrics_test
   }
   arrival_wait_->Observe(absl::ToDoubleSeconds(op.arrival_wait));
   // Achieved bus bandwidth (nccl-tests definition), as a histogram of bytes/s.
