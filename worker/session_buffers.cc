@@ -107,7 +107,8 @@ absl::Status SessionBuffers::CheckNew(uint64_t size, const char* noun, const cha
   return CheckQuotaLocked(size, verb);
 }
 
-absl::Status SessionBuffers::CheckQuotaLocked(uint64_t size, const char* verb) const {
+absl::Status SessionBuffers::CheckQuotaLocked(uint64_t size, absl::string_view verb,
+                                              absl::string_view noun) const {
   const uint64_t limit = options_.memory_limit_bytes;
   const uint64_t held = bytes_ + state_bytes_;
   if (limit == 0 || (size <= limit && held <= limit - size)) {
@@ -117,7 +118,7 @@ absl::Status SessionBuffers::CheckQuotaLocked(uint64_t size, const char* verb) c
   }
   return absl::ResourceExhaustedError(absl::StrCat(
       "session ", options_.session_id, " (job '", options_.job_id, "' rank ", options_.rank,
-      "): ", verb, " a buffer of ", size, " bytes would exceed the session's buffer quota of ",
+      "): ", verb, noun, size, " bytes would exceed the session's buffer quota of ",
       limit, " bytes (", held, " in use; gradsyncd --session_memory_limit_mb)"));
 }
 
@@ -201,14 +202,7 @@ void SessionBuffers::FreeAll() {
 
 absl::Status SessionBuffers::ChargeState(uint64_t size, const std::string& what) {
   absl::MutexLock l(&mu_);
-  const uint64_t limit = options_.memory_limit_bytes;
-  const uint64_t held = bytes_ + state_bytes_;
-  if (limit != 0 && (size > limit || held > limit - size)) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "session ", options_.session_id, " (job '", options_.job_id, "' rank ", options_.rank,
-        "): ", what, ": ", size, " bytes would exceed the session's buffer quota of ", limit,
-        " bytes (", held, " in use; gradsyncd --session_memory_limit_mb)"));
-  }
+  RETURN_IF_ERROR(CheckQuotaLocked(size, what, ": "));
   if (tenant_memory_ != nullptr) {
     RETURN_IF_ERROR(tenant_memory_->Charge(
         account_, size, absl::StrCat("session ", options_.session_id, ": ", what)));

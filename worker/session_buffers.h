@@ -30,6 +30,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "common/net.h"
 #include "worker/device_memory.h"
@@ -123,9 +124,11 @@ class SessionBuffers {
   // A new buffer of `size` bytes: within kMaxBufferBytes ("<noun><size>
   // bytes exceeds the limit ...") and the quotas (CheckQuotaLocked, `verb`).
   absl::Status CheckNew(uint64_t size, const char* noun, const char* verb) const;
-  // ResourceExhausted when `size` more bytes would exceed the session's
-  // quota; also checks (does not charge) the account's.
-  absl::Status CheckQuotaLocked(uint64_t size, const char* verb) const
+  // ResourceExhausted when `size` more bytes (buffers and kept state
+  // together) would exceed the session's quota, "<verb><noun><size> bytes
+  // would exceed ..."; also checks (does not charge) the account's.
+  absl::Status CheckQuotaLocked(uint64_t size, absl::string_view verb,
+                                absl::string_view noun = " a buffer of ") const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Checks again, charges the account and enters the buffer.
   absl::StatusOr<uint64_t> AddLocked(std::shared_ptr<ShmSegment> segment,
