@@ -62,7 +62,7 @@ absl::StatusOr<CodecRequest> ParseCodecRequest(absl::string_view text, bool job)
   if (rest.empty() || rest == "none") return r;
   if (rest == "auto") {
     r.automatic = r.lenient = true;
-    r.allowed = Bit(CodecId::kBf16) | Bit(CodecId::kFp16);
+    r.allowed = Bit(CodecId::kBf16) | Bit(CodecId::kFp16) | Bit(CodecId::kInt8);
     return r;
   }
   if (absl::ConsumePrefix(&rest, "topk:")) {

@@ -6,9 +6,12 @@
 //   "bf16", ...   that codec. Named on an op it is required: an op it does
 //                 not apply to is refused. Named for a job it is the
 //                 default of every op it applies to; the others run dense.
-//   "auto"        the planner chooses among bf16 and fp16 and none, by
+//   "auto"        the planner chooses among bf16, fp16, int8 and none, by
 //                 modelled time on the measured link (planner.h)
-//   "auto:a,b"    the planner chooses among the codecs listed and none
+//   "auto:a,b"    the planner chooses among the codecs listed and none.
+//                 Under auto the 8-bit codecs (int8, fp8) run only on named
+//                 ops, whose quantization loss the daemon feeds back
+//                 (worker/error_feedback_store.h).
 //   "topk:R[,warmup=N][,momentum=M]"
 //                 top-k sparsification with error feedback kept by the
 //                 daemon (kernels/topk.h, collective/sparse_allreduce.h);

@@ -19,7 +19,7 @@ TEST(CodecRequest, ParsesWhatUsersWrite) {
   EXPECT_EQ(r.ToString(), "bf16 (job)");
   r = *ParseCodecRequest("auto", false);
   EXPECT_TRUE(r.automatic && r.lenient);
-  EXPECT_EQ(r.ToString(), "auto:bf16,fp16");
+  EXPECT_EQ(r.ToString(), "auto:bf16,fp16,int8");
   r = *ParseCodecRequest("auto:fp8, int8", false);
   EXPECT_TRUE(r.allows(CodecId::kFp8E4M3) && r.allows(CodecId::kInt8));
   EXPECT_FALSE(r.allows(CodecId::kBf16));

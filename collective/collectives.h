@@ -104,6 +104,10 @@ struct CollectiveCall {
   // The wire codec of an f32 ring allreduce or reduce_scatter on host
   // memory (collective/compressed_ring.h); kNone: the values as they are.
   CodecId codec = CodecId::kNone;
+  // With `codec`: this rank's error feedback (null: none kept). Its residual
+  // joins the input, and what this rank's quantizations lose becomes the
+  // next residual (collective/compressed_ring.h).
+  ErrorFeedback* codec_feedback = nullptr;
   // Top-k sparsification of an f32 allreduce on host memory
   // (collective/sparse_allreduce.h), with this rank's error-feedback state;
   // spec off: dense (or `codec`).

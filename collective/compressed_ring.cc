@@ -1,6 +1,8 @@
 #include "collective/compressed_ring.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -48,19 +50,31 @@ namespace {
 class CodecIo final : public RingMessageIo {
  public:
   CodecIo(float* data, const transport::MemoryRegion* area, std::vector<size_t> where,
-          size_t segments, const Codec& codec, ReduceOp op, int world)
+          size_t segments, const Codec& codec, ReduceOp op, int world, float* residual)
       : data_(data), area_(area), where_(std::move(where)), segments_(segments), codec_(codec),
-        op_(op), world_(world) {}
+        op_(op), world_(world), residual_(residual) {}
 
   RingSpan Send(size_t, const RingMessage& m) override {
     const size_t g = Slot(m);
+    const size_t n = m.range.count;
     float* values = data_ + m.range.begin;
+    float* lost = residual_ != nullptr ? residual_ + m.range.begin : nullptr;
     char* bytes = area_->data() + where_[g];
     if (m.reduce) {
-      codec_.Encode(values, m.range.count, bytes);
+      codec_.Encode(values, n, bytes);
+      if (lost != nullptr) {  // what the next rank will not see of this partial sum
+        codec_.Decode(bytes, n, lost);
+        KeepLoss(values, lost, n, 1.0f, lost);
+      }
     } else if (m.step == world_ - 1) {  // the owner's reduced chunk, encoded once
-      codec_.Encode(values, m.range.count, bytes);
-      codec_.Decode(bytes, m.range.count, values);
+      codec_.Encode(values, n, bytes);
+      if (lost != nullptr) std::memcpy(lost, values, n * sizeof(float));
+      codec_.Decode(bytes, n, values);
+      // avg divided this chunk: what is owed joins a rank's input, before
+      // the division.
+      if (lost != nullptr) {
+        KeepLoss(lost, values, n, op_ == ReduceOp::kAvg ? static_cast<float>(world_) : 1.0f, lost);
+      }
     }  // later allgather steps forward the bytes received
     return Span(g);
   }
@@ -86,6 +100,15 @@ class CodecIo final : public RingMessageIo {
   }
   RingSpan Span(size_t g) const { return {area_, where_[g], where_[g + 1] - where_[g], where_[g]}; }
 
+  // out[i] = (sent[i] - got[i]) * scale, or 0 where that is not finite (a
+  // non-finite value is delivered as such, or saturated; it is not owed).
+  static void KeepLoss(const float* sent, const float* got, size_t n, float scale, float* out) {
+    for (size_t i = 0; i < n; ++i) {
+      const float d = (sent[i] - got[i]) * scale;
+      out[i] = std::isfinite(d) ? d : 0.0f;
+    }
+  }
+
   float* const data_;
   const transport::MemoryRegion* const area_;
   const std::vector<size_t> where_;  // by segment in element order: its offset in the area
@@ -93,11 +116,12 @@ class CodecIo final : public RingMessageIo {
   const Codec& codec_;
   const ReduceOp op_;
   const int world_;
+  float* const residual_;  // null: no error feedback
 };
 
 absl::Status RunPass(transport::Context& ctx, float* data, ReduceOp op, uint64_t seq,
                      absl::Time deadline, const RingOptions& options, RingPass pass,
-                     const Codec& codec, transport::Scratch* scratch) {
+                     const Codec& codec, float* residual, transport::Scratch* scratch) {
   const RingPlan& plan = *pass.plan;
   const int n = plan.world();
   const size_t nseg = plan.segments();
@@ -113,7 +137,7 @@ absl::Status RunPass(transport::Context& ctx, float* data, ReduceOp op, uint64_t
   if (!area.ok()) return area.status();
   const std::string label = absl::StrCat(pass.label, " (", codec.name(), ")");
   pass.label = label.c_str();
-  CodecIo io(data, *area, std::move(where), nseg, codec, op, n);
+  CodecIo io(data, *area, std::move(where), nseg, codec, op, n, residual);
   return DriveRingPass(ctx, pass, static_cast<uint8_t>(DType::kF32), seq, deadline, options, io,
                        /*stats=*/nullptr);
 }
@@ -142,8 +166,21 @@ absl::Status CompressedRing(transport::Context& ctx, const CollectiveCall& call,
   pass.steps = allreduce ? 2 * (n - 1) : n - 1;
   pass.chunk_shift = allreduce ? 0 : -1;
   pass.label = allreduce ? "ring" : "ring reduce_scatter";
-  return RunPass(ctx, reinterpret_cast<float*>(call.data()), call.op, call.seq, call.deadline,
-                 call.ring, pass, *CodecFor(call.codec), scratch);
+  float* data = reinterpret_cast<float*>(call.data());
+  float* residual = nullptr;
+  if (call.codec_feedback != nullptr) {
+    // What is owed joins this op; every value this rank quantizes leaves its
+    // loss in its place (each element once: the allreduce quantizes every
+    // chunk once per rank, reduce_scatter all but this rank's own block).
+    std::vector<float>& owed = call.codec_feedback->residual;
+    const size_t elems = plan.count();
+    if (owed.size() != elems) owed.assign(elems, 0.0f);
+    for (size_t i = 0; i < elems; ++i) data[i] += owed[i];
+    std::fill(owed.begin(), owed.end(), 0.0f);
+    residual = owed.data();
+  }
+  return RunPass(ctx, data, call.op, call.seq, call.deadline, call.ring, pass,
+                 *CodecFor(call.codec), residual, scratch);
 }
 
 }  // namespace gradsync::internal

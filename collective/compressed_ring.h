@@ -22,6 +22,16 @@
 // reduce_scatter leaves each rank's own block in f32 (only the hops are
 // quantized). premul_sum arrives premultiplied and sums.
 //
+// Error feedback (call.codec_feedback, kept per op name by the daemon): the
+// residual joins the input first; then each value this rank encodes leaves
+// what the encoding lost, sent - decoded, in its place in the residual (the
+// owner's loss times n under avg, whose division came first). Each rank
+// encodes every element at most once per op, so the residual is exactly
+// what this rank's quantizations took from the result, and over a run of
+// ops the results add up to the inputs' sum less only the last residuals
+// (EF-SGD's argument; compressed_ring_test checks it). Non-finite losses
+// are not kept.
+//
 // Encoded segments live in one staging area (`scratch`, the encoded size of
 // the whole buffer): a segment's reduce-scatter receive, its encoded send,
 // its allgather receive and the forward of those bytes use the same place,

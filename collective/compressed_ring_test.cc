@@ -4,7 +4,8 @@
 // every codec, allreduce and reduce_scatter, sum and avg, awkward world
 // sizes and sizes, over TCP, the in-process device and the RDMA emulation;
 // every rank ends with the same bits; the result is within the codec's
-// error bound of the exact sum; what does not apply is refused by name.
+// error bound of the exact sum; with error feedback the residuals hold what
+// the quantizations lost; what does not apply is refused by name.
 #include "collective/compressed_ring.h"
 
 #include <cmath>
@@ -201,6 +202,114 @@ TEST(CompressedRing, AllreduceIsWithinTheCodecsBoundOfTheExactSum) {
           << CodecName(k.id) << " rank " << r;
     }
   }
+}
+
+// One op on every rank of `c` with error feedback `ef` (one per rank; null:
+// none kept); buf[r] is rank r's buffer.
+void RunWithFeedback(Cluster& c, CollectiveKind kind, CodecId id, ReduceOp op, size_t count,
+                     uint64_t seq, std::vector<std::vector<float>>& buf,
+                     std::vector<ErrorFeedback>* ef) {
+  const int n = c.size();
+  const std::vector<absl::Status> st = RunOnRanks(n, [&](int r) {
+    transport::Scratch scratch;
+    CollectiveCall call;
+    call.kind = kind;
+    call.buffer = testing::HostBuffer(buf[r]);
+    call.count = count;
+    call.op = op;
+    call.seq = seq;
+    call.deadline = absl::Now() + absl::Seconds(60);
+    call.codec = id;
+    call.codec_feedback = ef != nullptr ? &(*ef)[r] : nullptr;
+    return RunCollective(*c.contexts[r], call, Algorithm::kRing, &scratch);
+  });
+  for (int r = 0; r < n; ++r) ASSERT_TRUE(st[r].ok()) << "rank " << r << ": " << st[r];
+}
+
+// With error feedback each rank keeps exactly what its quantizations took
+// from the result: result (times n under avg) plus every rank's residual is
+// the exact sum, to f32 rounding - far inside the codec's own error.
+TEST(CompressedRing, ErrorFeedbackKeepsExactlyWhatTheQuantizationsLost) {
+  const int n = 3;
+  const size_t count = 3 * kCodecBlockElements + 101;
+  Cluster c = MakeCluster(n, "codec-ef", DeviceKind::kInProc);
+  uint64_t seq = 200;
+  for (CodecId id : {CodecId::kInt8, CodecId::kFp8E4M3, CodecId::kBf16}) {
+    for (CollectiveKind kind : {CollectiveKind::kAllreduce, CollectiveKind::kReduceScatter}) {
+      for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
+        const std::string what = absl::StrCat(CodecName(id), " ", CollectiveName(kind), " ",
+                                              ReduceOpName(op));
+        const size_t total = kind == CollectiveKind::kAllreduce ? count : n * count;
+        std::vector<std::vector<float>> buf(n);
+        std::vector<double> exact(total, 0.0);
+        for (int r = 0; r < n; ++r) {
+          buf[r] = Gradient(total, r, static_cast<uint32_t>(seq));
+          for (size_t i = 0; i < total; ++i) exact[i] += buf[r][i];
+        }
+        std::vector<ErrorFeedback> ef(n);
+        RunWithFeedback(c, kind, id, op, count, seq++, buf, &ef);
+        if (::testing::Test::HasFatalFailure()) return;
+        double worst_codec = 0, worst_kept = 0, amax = 0;
+        for (int r = 0; r < n; ++r) {
+          ASSERT_EQ(ef[r].residual.size(), total) << what;
+          const size_t begin = kind == CollectiveKind::kAllreduce ? 0 : r * count;
+          for (size_t i = begin; i < begin + count; ++i) {
+            const double got = op == ReduceOp::kAvg ? n * double{buf[r][i]} : buf[r][i];
+            double owed = 0;
+            for (int q = 0; q < n; ++q) owed += ef[q].residual[i];
+            worst_codec = std::max(worst_codec, std::fabs(got - exact[i]));
+            worst_kept = std::max(worst_kept, std::fabs(got + owed - exact[i]));
+            amax = std::max(amax, std::fabs(exact[i]));
+          }
+          if (kind == CollectiveKind::kReduceScatter) {  // its own block is never quantized
+            for (size_t i = begin; i < begin + count; ++i) {
+              ASSERT_EQ(ef[r].residual[i], 0.0f) << what << " rank " << r << " element " << i;
+            }
+          }
+        }
+        EXPECT_GT(worst_codec, 0.0) << what;
+        // f32 rounding of n partial sums and the avg scaling: a few ulps of
+        // the largest sum.
+        EXPECT_LE(worst_kept, amax * n * 4 * std::ldexp(1.0, -24)) << what;
+        EXPECT_LT(worst_kept * 100, worst_codec) << what;
+      }
+    }
+  }
+}
+
+// The point of it: ops of the same name add up to the inputs' sum. Sixteen
+// ops of one input: with feedback the running mean of the results errs by
+// the last residual over 16; without, by the codec's whole (systematic)
+// error every time.
+TEST(CompressedRing, ErrorFeedbackMakesTheRunningSumConverge) {
+  const int n = 3;
+  const size_t count = 2 * kCodecBlockElements;
+  const int ops = 16;
+  Cluster c = MakeCluster(n, "codec-ef-run", DeviceKind::kInProc);
+  std::vector<std::vector<float>> in(n);
+  std::vector<double> exact(count, 0.0);
+  for (int r = 0; r < n; ++r) {
+    in[r] = Gradient(count, r, 9);
+    for (size_t i = 0; i < count; ++i) exact[i] += in[r][i];
+  }
+  uint64_t seq = 300;
+  double error[2] = {0, 0};  // of the mean result: without feedback, with
+  for (int with : {0, 1}) {
+    std::vector<ErrorFeedback> ef(n);
+    std::vector<double> sum(count, 0.0);
+    for (int k = 0; k < ops; ++k) {
+      std::vector<std::vector<float>> buf = in;
+      RunWithFeedback(c, CollectiveKind::kAllreduce, CodecId::kInt8, ReduceOp::kSum, count, seq++,
+                      buf, with ? &ef : nullptr);
+      if (::testing::Test::HasFatalFailure()) return;
+      for (size_t i = 0; i < count; ++i) sum[i] += buf[0][i];
+    }
+    for (size_t i = 0; i < count; ++i) {
+      error[with] = std::max(error[with], std::fabs(sum[i] / ops - exact[i]));
+    }
+  }
+  EXPECT_GT(error[0], 0.0);
+  EXPECT_LT(error[1] * 4, error[0]) << "without feedback " << error[0] << ", with " << error[1];
 }
 
 TEST(CompressedRing, RefusesWhatItDoesNotApplyTo) {

@@ -387,6 +387,7 @@ absl::Status RunAcrossNodes(transport::Context& ctx, const JobPlacement& p,
   call.deadline = deadline;
   call.ring = ring;
   call.codec = c.codec;
+  call.codec_feedback = c.codec_feedback;
   if (c.kind == CollectiveKind::kAllreduce) call.sparse = c.sparse;
   auto between = [&](absl::Status s) {
     if (s.ok()) return s;

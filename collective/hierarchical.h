@@ -72,6 +72,8 @@ struct LocalCollective {
   // The codec of the allreduce among the daemons (allreduce and
   // reduce_scatter; collective/compressed_ring.h).
   CodecId codec = CodecId::kNone;
+  // With `codec`: this daemon's error feedback (null: none kept).
+  ErrorFeedback* codec_feedback = nullptr;
   // Top-k sparsification of the allreduce among the daemons (allreduce
   // only; collective/sparse_allreduce.h), with this daemon's state.
   SparseStage sparse;

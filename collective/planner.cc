@@ -166,8 +166,14 @@ CodecId Planner::ChooseCodec(const PlanRequest& op, const Plan& plan, const char
   double us[kCodecCount] = {};
   double fastest = CodecMicros(op, CodecId::kNone) * settings_.codec_max_time_ratio;
   bool any = false;
+  // An 8-bit codec's error is only safe to choose for the user where the
+  // daemon feeds it back: a named op.
+  auto choosable = [&](CodecId id) {
+    return id != CodecId::kNone && request.allows(id) &&
+           (op.named || CodecFor(id)->element_bytes() > 1);
+  };
   for (CodecId id : kAllCodecs) {
-    if (id == CodecId::kNone || !request.allows(id)) continue;
+    if (!choosable(id)) continue;
     us[static_cast<int>(id)] = CodecMicros(op, id);
     if (us[static_cast<int>(id)] < fastest) {
       fastest = us[static_cast<int>(id)];
@@ -175,11 +181,16 @@ CodecId Planner::ChooseCodec(const PlanRequest& op, const Plan& plan, const char
     }
   }
   if (!any) {
-    *why = "auto: no codec is modelled faster than dense on this link";
+    bool unfed = false;  // an 8-bit codec was allowed but not choosable
+    for (CodecId id : kAllCodecs) unfed |= id != CodecId::kNone && request.allows(id) && !choosable(id);
+    *why = unfed && !op.named
+               ? "auto: 8-bit codecs run on named ops only (their loss is fed back to the next op "
+                 "of the name), and no other codec is modelled faster than dense on this link"
+               : "auto: no codec is modelled faster than dense on this link";
     return CodecId::kNone;
   }
   for (CodecId id : kAllCodecs) {
-    if (id != CodecId::kNone && request.allows(id) && us[static_cast<int>(id)] <= fastest * 1.05) {
+    if (choosable(id) && us[static_cast<int>(id)] <= fastest * 1.05) {
       return id;
     }
   }

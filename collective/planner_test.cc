@@ -363,14 +363,23 @@ TEST(Planner, ANamedCodecRunsOnTheRingWhereItApplies) {
 }
 
 TEST(Planner, AutoTakesACodecWhereTheLinkIsSlowerThanTheCodec) {
-  const PlanRequest op = CodecOp(64 << 20, "auto:bf16,int8");
-  // 1 Gbit/s: the smaller encoding wins.
+  PlanRequest op = CodecOp(64 << 20, "auto:bf16,int8");
+  op.named = true;
+  // 1 Gbit/s: the smaller encoding wins, on a named op (its loss is fed back).
   EXPECT_EQ(Planner(PlannerSettings{}, Flat(4), Gigabit()).Propose(op).codec, CodecId::kInt8);
-  // auto: a 16-bit codec (which of the two depends on their measured speed
-  // on this machine, e.g. under a sanitizer).
-  const CodecId sixteen =
-      Planner(PlannerSettings{}, Flat(4), Gigabit()).Propose(CodecOp(64 << 20, "auto")).codec;
+  PlanRequest plain = CodecOp(64 << 20, "auto");
+  plain.named = true;
+  EXPECT_EQ(Planner(PlannerSettings{}, Flat(4), Gigabit()).Propose(plain).codec, CodecId::kInt8);
+  // Unnamed: no feedback, so no 8-bit codec; a 16-bit one (which of the two
+  // depends on their measured speed on this machine, e.g. under a sanitizer).
+  plain.named = false;
+  const CodecId sixteen = Planner(PlannerSettings{}, Flat(4), Gigabit()).Propose(plain).codec;
   EXPECT_TRUE(sixteen == CodecId::kBf16 || sixteen == CodecId::kFp16) << CodecName(sixteen);
+  PlanRequest only8 = CodecOp(64 << 20, "auto:int8,fp8");
+  const Plan unfed = Planner(PlannerSettings{}, Flat(4), Gigabit()).Propose(only8);
+  EXPECT_EQ(unfed.codec, CodecId::kNone);
+  EXPECT_TRUE(absl::StrContains(unfed.codec_note, "8-bit codecs run on named ops only"))
+      << unfed.codec_note;
   // A link far faster than any codec: dense, saying why.
   LinkParams fast = Loopback();
   fast.beta_us_per_byte = 1e-6;

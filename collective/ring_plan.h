@@ -40,6 +40,7 @@ class RingPlan {
   // per chunk and no segment larger than segment_bytes (except single elements).
   RingPlan(size_t count, int world, int rank, size_t elem_size, size_t segment_bytes);
 
+  size_t count() const { return count_; }
   int world() const { return world_; }
   int rank() const { return rank_; }
   size_t segments() const { return segments_; }

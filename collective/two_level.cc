@@ -46,7 +46,11 @@ absl::Status RunTwoLevelAllreduce(transport::Context& ctx, const HostGroups& hos
     c.op = CombineOp(call.op);
     c.seq = call.seq | (static_cast<uint64_t>(n) << 56);
     // A codec saves bytes across the hosts; within one, the values go as they are.
-    if (kind != CollectiveKind::kAllreduce) c.codec = CodecId::kNone;
+    // Only the hosts' leaders quantize: their residuals hold what is owed.
+    if (kind != CollectiveKind::kAllreduce) {
+      c.codec = CodecId::kNone;
+      c.codec_feedback = nullptr;
+    }
     return c;
   };
   auto named = [](absl::Status s, absl::string_view what) {

@@ -22,39 +22,54 @@ void ErrorFeedbackStore::Release(Entry& e) {
   e.quota.reset();
 }
 
-uint64_t ErrorFeedbackStore::OpsSoFar(const std::string& name, size_t count,
-                                      const SparseSpec& spec) const {
+uint64_t FeedbackLayout::StateBytes() const {
+  return uint64_t{count} * sizeof(float) * (topk.on() && topk.momentum_milli != 0 ? 2 : 1);
+}
+
+std::string FeedbackLayout::ToString() const {
+  return absl::StrCat(count, " elements, ", topk.on() ? topk.ToString() : "quantized");
+}
+
+uint64_t ErrorFeedbackStore::OpsSoFar(const std::string& name,
+                                      const FeedbackLayout& layout) const {
   auto it = entries_.find(name);
-  if (it == entries_.end() || it->second.count != count || it->second.spec != spec.Code()) return 0;
+  if (it == entries_.end() || !(it->second.layout == layout)) return 0;
   return it->second.state.ops;
 }
 
-ErrorFeedbackStore::Entry& ErrorFeedbackStore::EntryFor(const std::string& name, size_t count,
-                                                        const SparseSpec& spec) {
+ErrorFeedbackStore::Entry& ErrorFeedbackStore::EntryFor(const std::string& name,
+                                                        const FeedbackLayout& layout) {
   auto [it, made] = entries_.try_emplace(name);
   Entry& e = it->second;
-  if (!made && (e.count != count || e.spec != spec.Code())) {
+  if (!made && !(e.layout == layout)) {
     GS_LOG(INFO) << "job '" << job_id_ << "': op '" << name << "' changed its layout ("
-                 << e.count << " elements, " << SparseSpec::FromCode(e.spec).ToString() << " -> "
-                 << count << ", " << spec.ToString() << "): its error feedback starts afresh"
-                 << " (residual norm " << e.state.ResidualNorm() << " dropped)";
+                 << e.layout.ToString() << " -> " << layout.ToString()
+                 << "): its error feedback starts afresh (residual norm "
+                 << e.state.ResidualNorm() << " dropped)";
     Release(e);
     e = Entry{};
   }
-  e.count = count;
-  e.spec = spec.Code();
+  e.layout = layout;
   return e;
 }
 
-void ErrorFeedbackStore::CountOp(const std::string& name, size_t count, const SparseSpec& spec) {
-  ++EntryFor(name, count, spec).state.ops;
+void ErrorFeedbackStore::CountOp(const std::string& name, const FeedbackLayout& layout) {
+  ++EntryFor(name, layout).state.ops;
 }
 
-ErrorFeedback* ErrorFeedbackStore::StateFor(const std::string& name, size_t count,
-                                            const SparseSpec& spec,
+void ErrorFeedbackStore::Drop(const std::string& name, const std::string& why) {
+  auto it = entries_.find(name);
+  if (it == entries_.end()) return;
+  GS_LOG(INFO) << "job '" << job_id_ << "': op '" << name << "': its error feedback starts afresh ("
+               << why << "; residual norm " << it->second.state.ResidualNorm() << " dropped)";
+  Release(it->second);
+  entries_.erase(it);
+}
+
+ErrorFeedback* ErrorFeedbackStore::StateFor(const std::string& name, const FeedbackLayout& layout,
                                             const std::shared_ptr<SessionBuffers>& quota) {
-  Entry& e = EntryFor(name, count, spec);
-  const uint64_t need = uint64_t{count} * sizeof(float) * (spec.momentum_milli != 0 ? 2 : 1);
+  Entry& e = EntryFor(name, layout);
+  const uint64_t need = layout.StateBytes();
   if (e.charged < need) {
     if (quota != nullptr) {
       const absl::Status s = quota->ChargeState(
@@ -62,7 +77,8 @@ ErrorFeedback* ErrorFeedbackStore::StateFor(const std::string& name, size_t coun
       if (!s.ok()) {
         ++refusals_;
         GS_LOG(WARNING) << "job '" << job_id_ << "': op '" << name
-                        << "' runs topk without error feedback (what it does not send is lost): "
+                        << "' runs " << (layout.topk.on() ? "topk" : "its codec")
+                        << " without error feedback (what it does not deliver is lost): "
                         << s.message();
         return nullptr;
       }

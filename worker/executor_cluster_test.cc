@@ -435,6 +435,68 @@ TEST_P(ExecutorClusterShapes, TopkSendsTheLargestValuesAndThenWhatIsOwed) {
   EXPECT_THAT(c->Submit(0, op).status().message(), HasSubstr("the ratio is a number from"));
 }
 
+// A named op under int8 owes its next op of the name what the quantization
+// lost: an op of x, then an op of zeros, deliver n x together to f32
+// rounding (the second op's own quantization of the small residual aside),
+// far closer than the first alone.
+TEST_P(ExecutorClusterShapes, QuantizedOpsOweTheirLossToTheNextOpOfTheName) {
+  ClusterSpec spec;
+  spec.node_of_rank = GetParam();
+  spec.job_codec = "int8";
+  FakeCoordinator coord(spec);
+  auto c = Form(coord);
+  ASSERT_NE(c, nullptr);
+  const int n = c->world();
+  const bool one_daemon = *std::max_element(spec.node_of_rank.begin(), spec.node_of_rank.end()) == 0;
+  const size_t count = 2 * kCodecBlockElements + 33;
+  std::vector<RankBuffer> bufs = Buffers(*c, count * 4);
+  std::vector<float> x(count);
+  for (size_t i = 0; i < count; ++i) x[i] = std::sin(0.37f * static_cast<float>(i)) * 3.0f + 0.01f;
+  auto step = [&](bool zero) {
+    std::vector<uint64_t> ids(n);
+    for (int r = 0; r < n; ++r) {
+      if (zero) {
+        std::memset(bufs[r].data, 0, count * 4);
+      } else {
+        std::memcpy(bufs[r].data, x.data(), count * 4);
+      }
+      OpSpec op = Allreduce(DType::kF32, ReduceOp::kSum, count);
+      op.buffer_id = bufs[r].id;
+      absl::StatusOr<uint64_t> id = c->Submit(r, op);
+      EXPECT_TRUE(id.ok()) << id.status();
+      ids[r] = id.ok() ? *id : 0;
+    }
+    std::string plan;
+    for (int r = 0; r < n; ++r) {
+      absl::StatusOr<OpOutcome> out = c->Wait(r, ids[r]);
+      EXPECT_TRUE(out.ok() && out->status.ok()) << "rank " << r;
+      if (r == 0 && out.ok()) plan = out->algorithm;
+      EXPECT_EQ(std::memcmp(bufs[r].data, bufs[0].data, count * 4), 0) << "rank " << r;
+    }
+    std::vector<float> got(count);
+    std::memcpy(got.data(), bufs[0].data, count * 4);
+    return std::make_pair(plan, got);
+  };
+  auto [first_plan, first] = step(false);
+  auto [owed_plan, owed] = step(true);
+  double first_err = 0, together_err = 0;
+  for (size_t i = 0; i < count; ++i) {
+    const double want = n * double{x[i]};
+    first_err = std::max(first_err, std::fabs(first[i] - want));
+    together_err = std::max(together_err, std::fabs(double{first[i]} + owed[i] - want));
+  }
+  if (one_daemon) {  // no link: dense, exact, nothing owed
+    EXPECT_THAT(first_plan, Not(HasSubstr("+")));
+    EXPECT_EQ(first_err, 0.0);
+    EXPECT_EQ(together_err, 0.0);
+    return;
+  }
+  EXPECT_THAT(first_plan, HasSubstr("+int8"));
+  EXPECT_THAT(owed_plan, HasSubstr("+int8"));
+  EXPECT_GT(first_err, 3.0 * n / 254 / 8) << "int8 should lose something of x";
+  EXPECT_LT(together_err * 20, first_err) << "the second op did not deliver what was owed";
+}
+
 INSTANTIATE_TEST_SUITE_P(Placements, ExecutorClusterShapes,
                          ::testing::Values(std::vector<int>{0, 0, 1, 1},  // 2 daemons x 2 ranks
                                            std::vector<int>{0, 0, 0, 0},  // 1 x 4

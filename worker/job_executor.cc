@@ -281,7 +281,7 @@ void JobExecutor::RunCurrent(const std::vector<Session*>& members) {
                     << first_failure.message();
     BreakAndTell(first_failure);
   }
-  if (outcome.sparse && options_.observer != nullptr) {
+  if (outcome.kept_state && options_.observer != nullptr) {
     // The norm reads every residual: at most once a second (the metrics'
     // resolution); the rest is cheap.
     const ErrorFeedbackStore& f = runner_->feedback();

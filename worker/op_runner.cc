@@ -81,7 +81,7 @@ absl::Status OpRunner::Run(const std::vector<QueuedOp*>& ops, absl::Time negotia
   out->plan_name.clear();
   out->exchange = absl::ZeroDuration();
   out->wire_ratio = 0;
-  out->sparse = false;
+  out->kept_state = false;
   absl::Status s;
   // The local ranks' signatures, compared in memory.
   bool local_mismatch = false;
@@ -115,7 +115,8 @@ absl::Status OpRunner::Run(const std::vector<QueuedOp*>& ops, absl::Time negotia
   const SparseSpec spec = SparseSpec::FromCode(lead.sig.sparse);
   // Top-k keeps state per op name (the warm-up count, the residual).
   const bool keyed = spec.on() && request.named && lead.sig.kind == CollectiveKind::kAllreduce;
-  if (keyed) request.sparse_ops_so_far = feedback_.OpsSoFar(lead.sig.name, lead.sig.count, spec);
+  const FeedbackLayout topk_layout = FeedbackLayout::Topk(lead.sig.count, spec);
+  if (keyed) request.sparse_ops_so_far = feedback_.OpsSoFar(lead.sig.name, topk_layout);
   const Plan mine = planner_->Propose(request);
   if (!mine.on_device) s = staging_->StageIn(ops, bytes);
   if (s.ok() && premul) Premultiply(ops, bytes);
@@ -164,10 +165,11 @@ absl::Status OpRunner::Run(const std::vector<QueuedOp*>& ops, absl::Time negotia
                       << " not used: " << plan.codec_note;
       }
       SparseStage sparse;
-      out->sparse = keyed;
+      ErrorFeedback* codec_feedback = nullptr;
+      out->kept_state = keyed;
       if (plan.sparse) {
         sparse.spec = spec;
-        sparse.feedback = feedback_.StateFor(lead.sig.name, lead.sig.count, spec, lead.quota);
+        sparse.feedback = feedback_.StateFor(lead.sig.name, topk_layout, lead.quota);
         // n daemons' k entries of 8 bytes against the dense ring's 2(n-1)/n
         // of the f32 values: n k / count.
         out->wire_ratio = static_cast<double>(place.nodes()) *
@@ -176,13 +178,28 @@ absl::Status OpRunner::Run(const std::vector<QueuedOp*>& ops, absl::Time negotia
       } else if (plan.codec != CodecId::kNone && lead.sig.count > 0) {
         out->wire_ratio = static_cast<double>(CodecFor(plan.codec)->EncodedBytes(lead.sig.count)) /
                           static_cast<double>(lead.sig.count * sizeof(float));
+        // A named op's quantization loss is owed to its next op; the stage
+        // among the daemons runs over every rank-block of a reduce_scatter.
+        if (request.named) {
+          const size_t elems = lead.sig.kind == CollectiveKind::kReduceScatter
+                                   ? lead.sig.count * static_cast<size_t>(place.world)
+                                   : lead.sig.count;
+          codec_feedback =
+              feedback_.StateFor(lead.sig.name, FeedbackLayout::Quantized(elems), lead.quota);
+          out->kept_state = true;
+        }
       }
       if (mine.on_device && !plan.on_device) s = staging_->StageIn(ops, bytes);
       if (!plan.fused && s.ok()) {  // a fused op is done with the exchange
         SetPhase(absl::StrCat("running ", out->plan_name));
         const absl::Time run_start = TraceNow();
-        s = RunAgreed(ops, plan, plan.on_device ? device_path : nullptr, two_level, &sparse);
-        if (keyed) feedback_.CountOp(lead.sig.name, lead.sig.count, spec);
+        s = RunAgreed(ops, plan, plan.on_device ? device_path : nullptr, two_level, &sparse,
+                      codec_feedback);
+        if (keyed) feedback_.CountOp(lead.sig.name, topk_layout);
+        if (codec_feedback != nullptr) {
+          ++codec_feedback->ops;
+          if (!s.ok()) feedback_.Drop(lead.sig.name, "the op failed midway");
+        }
         TraceEvent(out->plan_name, "op", run_start);
       }
       if (s.ok() && !two_level) {  // the cost model knows flat algorithms only
@@ -211,7 +228,7 @@ void OpRunner::Premultiply(const std::vector<QueuedOp*>& ops, size_t bytes) {
 
 absl::Status OpRunner::RunAgreed(const std::vector<QueuedOp*>& ops, const Plan& plan,
                                  DevicePath* on_device, bool two_level,
-                                 const SparseStage* sparse) {
+                                 const SparseStage* sparse, ErrorFeedback* codec_feedback) {
   const QueuedOp& lead = *ops[0];
   const JobPlacement& place = options_.placement;
   const CollectiveKind kind = lead.sig.kind;
@@ -253,6 +270,7 @@ absl::Status OpRunner::RunAgreed(const std::vector<QueuedOp*>& ops, const Plan& 
       call.region = *region;
     }
     call.codec = plan.codec;
+    call.codec_feedback = codec_feedback;
     if (plan.sparse && sparse != nullptr) call.sparse = *sparse;
     if (two_level) return RunTwoLevelAllreduce(*node_ctx_, hosts_, call, plan.algorithm, &algo_scratch_);
     return RunCollective(*node_ctx_, call, plan.algorithm, &algo_scratch_);
@@ -272,6 +290,7 @@ absl::Status OpRunner::RunAgreed(const std::vector<QueuedOp*>& ops, const Plan& 
     c.region0 = *region;
   }
   c.codec = plan.codec;
+  c.codec_feedback = codec_feedback;
   if (plan.sparse && sparse != nullptr) c.sparse = *sparse;
   return RunAcrossNodes(*node_ctx_, place, c, plan.node_algorithm, lead.seq, deadline,
                         options_.ring, &scratch_, &algo_scratch_, slicing);

@@ -103,7 +103,7 @@ class OpRunner {
     // A compressed op: what its stage among the daemons sent over what the
     // dense ring would have sent (0: dense).
     double wire_ratio = 0;
-    bool sparse = false;  // it was a top-k op (or its warm-up): feedback() changed
+    bool kept_state = false;  // a top-k op (or its warm-up) or a named codec op: feedback() changed
   };
   // Plans and runs the ops (op k of every local rank, by local index; the
   // executor checked that they are op k and the epoch is healthy).
@@ -122,11 +122,13 @@ class OpRunner {
   // plan.on_device.
   // `two_level`: the allreduce runs among the daemons in two levels, by host
   // (collective/two_level.h; TwoLevel decides).
-  // `sparse`: a top-k plan's parameters and state (plan.sparse).
+  // `sparse`: a top-k plan's parameters and state (plan.sparse);
+  // `codec_feedback`: a codec plan's error feedback (null: none kept).
   absl::Status RunAgreed(const std::vector<QueuedOp*>& ops, const Plan& plan,
                          DevicePath* on_device, bool two_level = false,
-                         const SparseStage* sparse = nullptr);
-  // The error feedback of this epoch's top-k ops.
+                         const SparseStage* sparse = nullptr,
+                         ErrorFeedback* codec_feedback = nullptr);
+  // The error feedback of this epoch's compressed ops.
   const ErrorFeedbackStore& feedback() const { return feedback_; }
   // The plan name an op run in two levels reports.
   static constexpr const char* kTwoLevelPlanName = "2level";
@@ -164,7 +166,7 @@ class OpRunner {
   transport::Scratch scratch_, algo_scratch_;
   // The clients' buffers registered on node_ctx_, once per buffer.
   transport::RegistrationCache registrations_;
-  ErrorFeedbackStore feedback_;  // this epoch's top-k state, by op name
+  ErrorFeedbackStore feedback_;  // this epoch's compressed ops' state, by op name
   std::vector<std::string> encoded_;  // the local signatures, by local index
 };
 
