@@ -116,6 +116,31 @@ def worker(a):
                               for i, t, b in state.trace)
             print(f"OVERLAP backward {1e3 * (t1 - t0):.0f} ms (it returns once every bucket is "
                   f"reduced); {marks}", flush=True)
+    dev = os.environ.get("GLOO_SOCKET_IFNAME", "")
+    if a.link_bps > 0 and dev:  # every rank steps; rank 0 reports
+        # --link: how busy this host's link is while the gradients are in
+        # flight: its egress bytes during backward over the link's rate times
+        # the span from the first bucket's hand-over (the hook's trace; other
+        # modes: backward's start, so a lower bound) to backward's return.
+        def tx():
+            with open(f"/sys/class/net/{dev}/statistics/tx_bytes") as f:
+                return int(f.read())
+        busy = []
+        for _ in range(3):
+            dist.barrier()
+            if mode == "hook":
+                del state.trace[:]
+            loss = nn.functional.cross_entropy(ddp(x), y)
+            b0, t0 = tx(), time.perf_counter()
+            loss.backward()
+            t1, b1 = time.perf_counter(), tx()
+            first = state.trace[0][1] if mode == "hook" and state.trace else t0
+            busy.append(((b1 - b0) * 8 / a.link_bps / (t1 - first), (b1 - b0), t1 - first))
+        util, sent, span = sorted(busy)[1]
+        if rank == 0:
+            print(f"LINK busy {100 * util:.0f}% while gradients are in flight ({sent / 2**20:.1f} MiB "
+                  f"sent in {1e3 * span:.0f} ms from the "
+                  f"{'first bucket' if mode == 'hook' else 'backward start'})", flush=True)
     if mode == "hook":
         state.close()
     dist.destroy_process_group()
@@ -136,9 +161,19 @@ def start_cluster(gradsync, daemons, tmp):
     return p, env
 
 
-def host_of(rank, ranks):
-    """--link: the host (0 = A, 1 = B) of `rank`: the first half of the ranks on A."""
-    return 0 if rank < (ranks + 1) // 2 else 1
+def rate_bps(rate):
+    """tc's rate ("1gbit", "500mbit", "10gbit", "100kbit") in bits per second."""
+    units = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "bit": 1.0}
+    for unit, scale in units.items():
+        if rate.lower().endswith(unit):
+            return float(rate[:-len(unit)]) * scale
+    sys.exit(f"ddp_step_bench: --link {rate}: a tc rate such as 1gbit or 500mbit")
+
+
+def host_of(rank, ranks, hosts=2):
+    """--link: the host (0 = A, 1 = B, ...) of `rank`: the ranks in order, in equal
+    blocks (with 2 hosts the first half on A)."""
+    return rank * hosts // ranks
 
 
 class LinkCluster:
@@ -161,7 +196,7 @@ class LinkCluster:
                     f"--listen={self.targets[i]}", f"--coordinator={link.ip[0]}:{cport}",
                     f"--data_listen={ip}:0", f"--metrics_listen={ip}:0", f"--status_listen={ip}:0",
                     "--drain_timeout_ms=1000", f"--timeline_dir={self.dir}/timeline",
-                    f"--node_id=host{'AB'[h]}-{i}"] + [f for f in a.daemon_flags.split(",") if f])
+                    f"--node_id=host{chr(ord('A') + h)}-{i}"] + [f for f in a.daemon_flags.split(",") if f])
             for i in range(len(daemon_hosts)):
                 self._wait_port(i + 1, deadline)
         except BaseException:
@@ -248,6 +283,8 @@ def run(a, mode, ranks, extra_env, link=None):
             cmd = prefix + [sys.executable, os.path.abspath(__file__), "--worker", "--mode", mode]
             for k in ("inputs", "hidden", "batch", "bucket_mb", "steps", "warmup"):
                 cmd += [f"--{k}", str(getattr(a, k))]
+            if link is not None:
+                cmd += ["--link_bps", str(rate_bps(a.link))]
             procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True))
         out = ""
         for p in procs:
@@ -260,6 +297,8 @@ def run(a, mode, ranks, extra_env, link=None):
     for line in out.splitlines():
         if line.startswith("OVERLAP"):
             print(f"# {ranks} ranks, hook: {line[len('OVERLAP '):]}", file=sys.stderr)
+        if line.startswith("LINK"):
+            print(f"# {ranks} ranks, {mode}: link {line[len('LINK '):]}", file=sys.stderr)
     _, params, synced, local = next(l for l in out.splitlines() if l.startswith("RESULT")).split()
     return int(params), float(synced), float(local)
 
@@ -293,6 +332,7 @@ def main():
     ap.add_argument("--bucket_mb", type=float, default=25)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--link_bps", type=float, default=0, help=argparse.SUPPRESS)
     add_cluster_arguments(ap)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--mode", help=argparse.SUPPRESS)

@@ -20,10 +20,11 @@ the 8x8 image, then C*64-H-10 (C=32, H=1024: 2.1 M parameters). Modes
 
 Prints, per mode (medians over seeds): the wall-clock training time to the
 target accuracy (--target), the final accuracy (mean), the step time, and the
-bytes that crossed the link per step; writes accuracy against wall-clock time
-as an SVG (--svg). With --link RATE (root) the ranks run on two network
-namespaces joined by a tbf-shaped link (bench/netns_link.py), as
-bench/ddp_step_bench.py --link does; without it, on loopback.
+bytes each host sent per step; writes accuracy against wall-clock time as an
+SVG (--svg). With --link RATE (root) the ranks run on --hosts network
+namespaces (2: joined by a tbf-shaped link; more: on a switch whose ports are
+shaped; bench/netns_link.py), in equal blocks, as bench/ddp_step_bench.py
+--link does; without it, on loopback.
 
     python3 bench/tta_bench.py --link 1gbit --ranks 2 --seeds 3 --svg /tmp/tta.svg
 """
@@ -148,7 +149,7 @@ def run(a, mode, seed, extra_env, link, tmp):
                        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
             prefix = []
             if link is not None:
-                host = host_of(r, a.ranks)
+                host = host_of(r, a.ranks, a.hosts)
                 env.update(MASTER_ADDR=link.ip[0], GLOO_SOCKET_IFNAME=link.dev[host])
                 prefix = link.exec_prefix(host)
             cmd = prefix + [sys.executable, os.path.abspath(__file__), "--worker", "--mode", mode,
@@ -231,6 +232,8 @@ def main():
     ap.add_argument("--modes", default="gloo,gloo+fp16,gloo+powersgd,gradsync,hook,gradsync+bf16,"
                                        "gradsync+int8,gradsync+auto")
     ap.add_argument("--layout", default="node", help="node: a daemon per host; network: per rank")
+    ap.add_argument("--hosts", type=int, default=2,
+                    help="--link: hosts (namespaces; more than 2 share a switch); the ranks in blocks")
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--eval_every", type=int, default=5)
@@ -260,12 +263,16 @@ def main():
     modes = a.modes.split(",")
     results = {m: [] for m in modes}
     bytes_per_step = {m: [] for m in modes}
-    with NetnsLink(a.link, a.link_burst, a.link_latency) if a.link else contextlib.nullcontext() as link:
+    if a.link and not 2 <= a.hosts <= a.ranks:
+        sys.exit(f"tta_bench: --hosts {a.hosts}: 2 to --ranks ({a.ranks}) hosts")
+    with (NetnsLink(a.link, a.link_burst, a.link_latency, hosts=a.hosts) if a.link
+          else contextlib.nullcontext()) as link:
         cluster = loopback = None
         try:
-            hosts = [host_of(r, a.ranks) for r in range(a.ranks)]
+            hosts = [host_of(r, a.ranks, a.hosts) for r in range(a.ranks)]
             if link is not None:
-                cluster = LinkCluster(a, link, [0, 1] if a.layout == "node" else hosts, tmp)
+                cluster = LinkCluster(a, link, list(range(a.hosts)) if a.layout == "node" else hosts,
+                                      tmp)
                 extra = [{"GRADSYNC_DAEMON": cluster.targets[hosts[r] if a.layout == "node" else r]}
                          for r in range(a.ranks)]
             else:
@@ -280,8 +287,8 @@ def main():
                     r = run(a, mode, seed, extra, link, tmp)
                     results[mode].append(r)
                     if link is not None and "times" in r:
-                        ab, ba = (x - y for x, y in zip(link.tx_bytes(), before))
-                        bytes_per_step[mode].append((ab + ba) / 2 / a.steps)
+                        sent = [x - y for x, y in zip(link.tx_bytes(), before)]  # by host
+                        bytes_per_step[mode].append(sum(sent) / len(sent) / a.steps)
                     status = r.get("error") or f"final accuracy {r['curve'][-1][2]:.3f}"
                     print(f"# seed {seed} {mode}: {status}", file=sys.stderr, flush=True)
         finally:
