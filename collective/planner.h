@@ -198,14 +198,22 @@ class Planner {
                              uint8_t streams, uint8_t codec = 0) const;
 
   // The modelled microseconds of `op` through `codec` (kNone: dense) on the
-  // ring among the daemons, with this rank's link estimate.
+  // ring among the daemons, with this rank's link estimate; a codec's
+  // model is scaled by what its ops of at least 1 MiB took here against it
+  // (codec_correction).
   double CodecMicros(const PlanRequest& op, CodecId codec) const;
+  // Observed over modelled time of `codec`'s ops (1 until one is observed).
+  double codec_correction(CodecId codec) const {
+    return codec_correction_[static_cast<int>(codec)];
+  }
 
   // `plan` (Agree's) ran an op of `bytes` per rank on `streams` TCP streams (0: not
   // tuned) in `took_us` microseconds, measured from the start of its
   // signature exchange (`exchange_us` of them in it): refines the link
-  // estimate and, on rank 0, the stream tuner. Returns a line to log when
-  // the tuner's choice changed (empty otherwise).
+  // estimate and, on rank 0, the stream tuner; a compressed op refines its
+  // codec's correction instead (its time is the codec's as much as the
+  // link's). Returns a line to log when the tuner's choice changed (empty
+  // otherwise).
   std::string Observe(const Plan& plan, CollectiveKind kind, size_t bytes, uint8_t streams,
                       double took_us, double exchange_us, bool rank0);
 
@@ -222,6 +230,8 @@ class Planner {
   // Whether `op`'s top-k runs under `plan`, and why not where it asked for it.
   bool ChooseSparse(const PlanRequest& op, const Plan& plan, const char** why) const;
   void ObserveSmallOp(CollectiveKind kind, Algorithm algo, size_t bytes, double took_us);
+  // CodecMicros before the correction.
+  double ModelledCodecMicros(const PlanRequest& op, CodecId codec) const;
 
   const PlannerSettings settings_;
   const PlanTopology topology_;
@@ -237,6 +247,9 @@ class Planner {
   double alpha_best_us_ = 0;
   Algorithm alpha_algo_ = Algorithm::kOneShot;
   size_t alpha_bytes_ = 0;
+  // By codec id: observed / modelled time of its ops (a moving average).
+  double codec_correction_[kCodecCount] = {1, 1, 1, 1, 1, 1};
+  bool codec_observed_[kCodecCount] = {};
 };
 
 }  // namespace gradsync

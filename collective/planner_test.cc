@@ -394,6 +394,39 @@ TEST(Planner, AutoTakesACodecWhereTheLinkIsSlowerThanTheCodec) {
   EXPECT_GT(slow.CodecMicros(op, CodecId::kBf16), 0.4 * slow.CodecMicros(op, CodecId::kNone));
 }
 
+// A codec op's time corrects that codec's model, never the link's β: a
+// codec that runs slower here than modelled (its CPU work shares cores with
+// the trainers, its error feedback's passes) loses auto's choice.
+TEST(Planner, AutoLearnsWhatACodecReallyCostsHere) {
+  Planner p(PlannerSettings{}, Flat(2), Gigabit());
+  PlanRequest op = CodecOp(64 << 20, "auto");
+  op.named = true;
+  const Plan first = p.Propose(op);
+  ASSERT_EQ(first.codec, CodecId::kInt8);
+  const double beta = p.link().beta_us_per_byte;
+  const double modelled = p.CodecMicros(op, CodecId::kInt8);
+  const double dense = p.CodecMicros(op, CodecId::kNone);
+  // 1.5 times the model: still the fastest on this link.
+  p.Observe(first, CollectiveKind::kAllreduce, op.bytes, 0, 1.5 * modelled + 100, 100, true);
+  EXPECT_EQ(p.link().beta_us_per_byte, beta);
+  EXPECT_NEAR(p.codec_correction(CodecId::kInt8), 1.5, 1e-9);
+  EXPECT_EQ(p.Propose(op).codec, CodecId::kInt8);
+  // Slower than dense: auto takes another codec (bf16 still halves the
+  // bytes of a 1 Gbit/s link), and dense where none is left.
+  p.Observe(first, CollectiveKind::kAllreduce, op.bytes, 0, 20 * dense, 0, true);
+  p.Observe(first, CollectiveKind::kAllreduce, op.bytes, 0, 20 * dense, 0, true);
+  EXPECT_GT(p.CodecMicros(op, CodecId::kInt8), dense);
+  const CodecId sixteen = p.Propose(op).codec;  // which depends on their measured speed
+  EXPECT_TRUE(sixteen == CodecId::kBf16 || sixteen == CodecId::kFp16) << CodecName(sixteen);
+  PlanRequest only_int8 = CodecOp(64 << 20, "auto:int8");
+  only_int8.named = true;
+  EXPECT_EQ(p.Propose(only_int8).codec, CodecId::kNone);
+  // Small ops say little about a codec's throughput: not observed.
+  Planner q(PlannerSettings{}, Flat(2), Gigabit());
+  q.Observe(first, CollectiveKind::kAllreduce, 512 << 10, 0, 1e9, 0, true);
+  EXPECT_EQ(q.codec_correction(CodecId::kInt8), 1.0);
+}
+
 TEST(Planner, AgreeTakesRankZerosCodec) {
   Planner planner(PlannerSettings{}, Flat(2), Loopback());
   const PlanRequest op = CodecOp(1 << 20, "auto");
