@@ -1,32 +1,3 @@
-"""Two "hosts" joined by a rate-limited link, made of Linux network namespaces.
-
-    with NetnsLink("1gbit") as link:
-        subprocess.run(link.exec_prefix(0) + ["some", "command"])   # runs on host A
-        # host A is link.ns[0] at link.ip[0] on link.dev[0]; host B is index 1
-
-Creates two namespaces (gsb-a-PID, gsb-b-PID) with a veth pair between them,
-addresses 10.231.X.1/24 (A) and 10.231.X.2/24 (B) with X taken from the pid,
-lo and the veths up (IPv4 only), and a tbf qdisc on BOTH veth ends, so each
-direction's egress is shaped to the rate. The namespaces have no other
-interface and no default route: nothing in them can reach any address but each
-other and their own loopback. On exit the namespaces are deleted (which deletes the veths),
-after errors too. Needs root (CAP_NET_ADMIN) and iproute2 (ip, tc).
-
-tbf parameters (the defaults; a real 1 Gbit/s Ethernet port is the model):
-  burst 128kb   the bucket must hold at least one whole GSO/TSO super-packet
-                (64 KiB; smaller, tbf must split or drop them); 128 KiB is two
-                of them, about 1 ms at 1 Gbit/s: the link never runs faster
-                than its rate for more than ~1 ms, close to a wire's strict
-                pacing, without the under-delivery of a tiny bucket.
-  latency 25ms  the most a packet may wait in the queue: a queue of
-                rate * 25 ms (~3 MiB at 1 Gbit/s), about twice a 1000-packet
-                txqueue of 1500-byte frames (a real NIC's qdisc plus its ring).
-                Deep enough that a few TCP streams per daemon pair do not
-                tail-drop, shallow enough that queueing cannot hide the rate.
-(This kernel has no netem, so the link adds no propagation delay: a same-rack
-link, RTT set by the queue.)
-"""
-
 """Hosts joined by rate-limited links, made of Linux network namespaces.
 
     with NetnsLink("1gbit") as link:              # two hosts, one link between them

@@ -77,15 +77,13 @@ std::vector<std::vector<float>> Simulate(const std::vector<std::vector<float>>& 
   return out;
 }
 
-void RunAndCheck(Cluster& c, CollectiveKind kind, CodecId id, ReduceOp op, size_t count,
-                 uint64_t seq, const RingOptions& ro) {
-  const int n = c.size();
-  const Codec& codec = *CodecFor(id);
-  const size_t total = kind == CollectiveKind::kAllreduce ? count : n * count;
-  std::vector<std::vector<float>> in(n), buf(n);
-  for (int r = 0; r < n; ++r) buf[r] = in[r] = Gradient(total, r, static_cast<uint32_t>(seq));
-  const std::vector<std::vector<float>> want = Simulate(in, kind, op, count, codec, ro);
-  const std::vector<absl::Status> st = RunOnRanks(n, [&](int r) {
+// One op on every rank of `c` (buf[r]: rank r's buffer), with error
+// feedback `ef` (one per rank; null: none kept); each rank's status.
+std::vector<absl::Status> RunCompressed(Cluster& c, CollectiveKind kind, CodecId id, ReduceOp op,
+                                        size_t count, uint64_t seq, const RingOptions& ro,
+                                        std::vector<std::vector<float>>& buf,
+                                        std::vector<ErrorFeedback>* ef = nullptr) {
+  return RunOnRanks(c.size(), [&](int r) {
     transport::Scratch scratch;
     CollectiveCall call;
     call.kind = kind;
@@ -97,8 +95,29 @@ void RunAndCheck(Cluster& c, CollectiveKind kind, CodecId id, ReduceOp op, size_
     call.deadline = absl::Now() + absl::Seconds(60);
     call.ring = ro;
     call.codec = id;
+    call.codec_feedback = ef != nullptr ? &(*ef)[r] : nullptr;
     return RunCollective(*c.contexts[r], call, Algorithm::kRing, &scratch);
   });
+}
+
+// A run with error feedback, every rank's status checked.
+void RunWithFeedback(Cluster& c, CollectiveKind kind, CodecId id, ReduceOp op, size_t count,
+                     uint64_t seq, std::vector<std::vector<float>>& buf,
+                     std::vector<ErrorFeedback>* ef) {
+  const std::vector<absl::Status> st = RunCompressed(c, kind, id, op, count, seq, RingOptions{},
+                                                     buf, ef);
+  for (int r = 0; r < c.size(); ++r) ASSERT_TRUE(st[r].ok()) << "rank " << r << ": " << st[r];
+}
+
+void RunAndCheck(Cluster& c, CollectiveKind kind, CodecId id, ReduceOp op, size_t count,
+                 uint64_t seq, const RingOptions& ro) {
+  const int n = c.size();
+  const Codec& codec = *CodecFor(id);
+  const size_t total = kind == CollectiveKind::kAllreduce ? count : n * count;
+  std::vector<std::vector<float>> in(n), buf(n);
+  for (int r = 0; r < n; ++r) buf[r] = in[r] = Gradient(total, r, static_cast<uint32_t>(seq));
+  const std::vector<std::vector<float>> want = Simulate(in, kind, op, count, codec, ro);
+  const std::vector<absl::Status> st = RunCompressed(c, kind, id, op, count, seq, ro, buf);
   const std::string what = absl::StrCat(CollectiveName(kind), " ", codec.name(), " ",
                                         ReduceOpName(op), " world ", n, " count ", count);
   for (int r = 0; r < n; ++r) {
@@ -202,28 +221,6 @@ TEST(CompressedRing, AllreduceIsWithinTheCodecsBoundOfTheExactSum) {
           << CodecName(k.id) << " rank " << r;
     }
   }
-}
-
-// One op on every rank of `c` with error feedback `ef` (one per rank; null:
-// none kept); buf[r] is rank r's buffer.
-void RunWithFeedback(Cluster& c, CollectiveKind kind, CodecId id, ReduceOp op, size_t count,
-                     uint64_t seq, std::vector<std::vector<float>>& buf,
-                     std::vector<ErrorFeedback>* ef) {
-  const int n = c.size();
-  const std::vector<absl::Status> st = RunOnRanks(n, [&](int r) {
-    transport::Scratch scratch;
-    CollectiveCall call;
-    call.kind = kind;
-    call.buffer = testing::HostBuffer(buf[r]);
-    call.count = count;
-    call.op = op;
-    call.seq = seq;
-    call.deadline = absl::Now() + absl::Seconds(60);
-    call.codec = id;
-    call.codec_feedback = ef != nullptr ? &(*ef)[r] : nullptr;
-    return RunCollective(*c.contexts[r], call, Algorithm::kRing, &scratch);
-  });
-  for (int r = 0; r < n; ++r) ASSERT_TRUE(st[r].ok()) << "rank " << r << ": " << st[r];
 }
 
 // With error feedback each rank keeps exactly what its quantizations took
