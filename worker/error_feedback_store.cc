@@ -66,6 +66,16 @@ void ErrorFeedbackStore::Drop(const std::string& name, const std::string& why) {
   entries_.erase(it);
 }
 
+std::vector<float> ErrorFeedbackStore::TakeResidual(const std::string& name,
+                                                    const FeedbackLayout& layout) {
+  auto it = entries_.find(name);
+  if (it == entries_.end() || !(it->second.layout == layout)) return {};
+  std::vector<float> owed = std::move(it->second.state.residual);
+  Release(it->second);
+  entries_.erase(it);
+  return owed;
+}
+
 ErrorFeedback* ErrorFeedbackStore::StateFor(const std::string& name, const FeedbackLayout& layout,
                                             const std::shared_ptr<SessionBuffers>& quota) {
   Entry& e = EntryFor(name, layout);

@@ -8,7 +8,9 @@
 //   a wire codec             what the codec's quantizations on this daemon
 //   (kernels/codec.h)        lost (collective/compressed_ring.h); one entry
 //                            whichever codec ran, so that `auto` may change
-//                            its choice without losing what is owed
+//                            its choice without losing what is owed; a
+//                            dense op of the name takes what is owed into
+//                            its input (TakeResidual)
 //
 // Layout: an entry is for one element count and one scheme (top-k with its
 // parameters, or quantization); an op of the same name with another layout
@@ -29,6 +31,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "kernels/topk.h"
 #include "worker/session_buffers.h"
@@ -71,6 +74,10 @@ class ErrorFeedbackStore {
   // Drops the entry of `name` (an op that failed midway left its residual
   // half written), logging `why`.
   void Drop(const std::string& name, const std::string& why);
+  // The residual of `name` if its entry has this layout (empty otherwise),
+  // taken out of the store with the entry (its charge released): a dense op
+  // of the name pays it back.
+  std::vector<float> TakeResidual(const std::string& name, const FeedbackLayout& layout);
 
   size_t keys() const { return entries_.size(); }
   // Bytes of every entry's state, and the norm of all the residuals together.

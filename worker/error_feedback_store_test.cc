@@ -1,9 +1,10 @@
 // The error-feedback store: one entry per op name and layout, charged to the
 // session's quota before it is allocated, dropped on a layout change or when
-// asked, released when the store (the job's epoch) ends.
+// asked, taken by a dense op, released when the store (the job's epoch) ends.
 #include "worker/error_feedback_store.h"
 
 #include <memory>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "worker/tenant_memory.h"
@@ -64,6 +65,25 @@ TEST(ErrorFeedbackStore, OneEntryPerNameAndLayoutChargedToTheSession) {
   }
   // The epoch ended: every charge is released.
   EXPECT_EQ(quota->state_bytes(), 0u);
+}
+
+TEST(ErrorFeedbackStore, ADenseOpTakesWhatIsOwed) {
+  auto quota = Quota(4 * kPage);
+  ErrorFeedbackStore store("j", 1);
+  const FeedbackLayout quantized = FeedbackLayout::Quantized(kPage / 4);
+  ErrorFeedback* g = store.StateFor("g", quantized, quota);
+  ASSERT_NE(g, nullptr);
+  g->residual.assign(kPage / 4, 0.25f);
+  // Another layout, or another name: nothing to take.
+  EXPECT_TRUE(store.TakeResidual("g", FeedbackLayout::Quantized(8)).empty());
+  EXPECT_TRUE(store.TakeResidual("h", quantized).empty());
+  EXPECT_EQ(store.keys(), 1u);
+  const std::vector<float> owed = store.TakeResidual("g", quantized);
+  ASSERT_EQ(owed.size(), kPage / 4);
+  EXPECT_EQ(owed[7], 0.25f);
+  EXPECT_EQ(store.keys(), 0u);
+  EXPECT_EQ(quota->state_bytes(), 0u);
+  EXPECT_TRUE(store.TakeResidual("g", quantized).empty());
 }
 
 TEST(ErrorFeedbackStore, TheNormIsOfEveryResidualTogether) {

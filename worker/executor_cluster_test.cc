@@ -438,7 +438,7 @@ TEST_P(ExecutorClusterShapes, TopkSendsTheLargestValuesAndThenWhatIsOwed) {
 // A named op under int8 owes its next op of the name what the quantization
 // lost: an op of x, then an op of zeros, deliver n x together to f32
 // rounding (the second op's own quantization of the small residual aside),
-// far closer than the first alone.
+// far closer than the first alone - whether the second runs int8 or dense.
 TEST_P(ExecutorClusterShapes, QuantizedOpsOweTheirLossToTheNextOpOfTheName) {
   ClusterSpec spec;
   spec.node_of_rank = GetParam();
@@ -452,7 +452,7 @@ TEST_P(ExecutorClusterShapes, QuantizedOpsOweTheirLossToTheNextOpOfTheName) {
   std::vector<RankBuffer> bufs = Buffers(*c, count * 4);
   std::vector<float> x(count);
   for (size_t i = 0; i < count; ++i) x[i] = std::sin(0.37f * static_cast<float>(i)) * 3.0f + 0.01f;
-  auto step = [&](bool zero) {
+  auto step = [&](bool zero, const std::string& codec) {
     std::vector<uint64_t> ids(n);
     for (int r = 0; r < n; ++r) {
       if (zero) {
@@ -462,6 +462,7 @@ TEST_P(ExecutorClusterShapes, QuantizedOpsOweTheirLossToTheNextOpOfTheName) {
       }
       OpSpec op = Allreduce(DType::kF32, ReduceOp::kSum, count);
       op.buffer_id = bufs[r].id;
+      op.codec = codec;
       absl::StatusOr<uint64_t> id = c->Submit(r, op);
       EXPECT_TRUE(id.ok()) << id.status();
       ids[r] = id.ok() ? *id : 0;
@@ -477,24 +478,34 @@ TEST_P(ExecutorClusterShapes, QuantizedOpsOweTheirLossToTheNextOpOfTheName) {
     std::memcpy(got.data(), bufs[0].data, count * 4);
     return std::make_pair(plan, got);
   };
-  auto [first_plan, first] = step(false);
-  auto [owed_plan, owed] = step(true);
-  double first_err = 0, together_err = 0;
-  for (size_t i = 0; i < count; ++i) {
-    const double want = n * double{x[i]};
-    first_err = std::max(first_err, std::fabs(first[i] - want));
-    together_err = std::max(together_err, std::fabs(double{first[i]} + owed[i] - want));
+  // The owed values come back through the codec (the job's int8), or
+  // through a dense op of the name (the op's own "none"), which takes them
+  // into its input.
+  for (const std::string payback : {"", "none"}) {
+    auto [first_plan, first] = step(false, "");
+    auto [owed_plan, owed] = step(true, payback);
+    double first_err = 0, together_err = 0;
+    for (size_t i = 0; i < count; ++i) {
+      const double want = n * double{x[i]};
+      first_err = std::max(first_err, std::fabs(first[i] - want));
+      together_err = std::max(together_err, std::fabs(double{first[i]} + owed[i] - want));
+    }
+    if (one_daemon) {  // no link: dense, exact, nothing owed
+      EXPECT_THAT(first_plan, Not(HasSubstr("+")));
+      EXPECT_EQ(first_err, 0.0);
+      EXPECT_EQ(together_err, 0.0);
+      continue;
+    }
+    EXPECT_THAT(first_plan, HasSubstr("+int8"));
+    if (payback.empty()) {
+      EXPECT_THAT(owed_plan, HasSubstr("+int8"));
+    } else {
+      EXPECT_THAT(owed_plan, Not(HasSubstr("+")));
+    }
+    EXPECT_GT(first_err, 3.0 * n / 254 / 8) << "int8 should lose something of x";
+    EXPECT_LT(together_err * 20, first_err)
+        << "the op after it (" << owed_plan << ") did not deliver what was owed";
   }
-  if (one_daemon) {  // no link: dense, exact, nothing owed
-    EXPECT_THAT(first_plan, Not(HasSubstr("+")));
-    EXPECT_EQ(first_err, 0.0);
-    EXPECT_EQ(together_err, 0.0);
-    return;
-  }
-  EXPECT_THAT(first_plan, HasSubstr("+int8"));
-  EXPECT_THAT(owed_plan, HasSubstr("+int8"));
-  EXPECT_GT(first_err, 3.0 * n / 254 / 8) << "int8 should lose something of x";
-  EXPECT_LT(together_err * 20, first_err) << "the second op did not deliver what was owed";
 }
 
 INSTANTIATE_TEST_SUITE_P(Placements, ExecutorClusterShapes,

@@ -141,6 +141,9 @@ absl::Status OpRunner::Run(const std::vector<QueuedOp*>& ops, absl::Time negotia
     out->exchange = FastNow() - negotiate_start;
   } else if (s.ok()) {
     uint8_t agreed_code = OpSignature::kNoAlgorithm, agreed_streams = 0, agreed_codec = 0;
+    // A fused op's data ride on the exchange, and every rank decides to fuse
+    // alike (never with a codec): what is owed joins them now.
+    if (mine.fused && !mine.on_device) PayBack(lead, out);
     s = Exchange(ops, mine, local_mismatch, &agreed_code, &agreed_streams, &agreed_codec);
     out->exchange = FastNow() - negotiate_start;
     TraceEvent("negotiate", "op", negotiate_start);
@@ -190,6 +193,10 @@ absl::Status OpRunner::Run(const std::vector<QueuedOp*>& ops, absl::Time negotia
         }
       }
       if (mine.on_device && !plan.on_device) s = staging_->StageIn(ops, bytes);
+      if (s.ok() && plan.codec == CodecId::kNone && !plan.sparse && !plan.fused &&
+          !plan.on_device) {
+        PayBack(lead, out);
+      }
       if (!plan.fused && s.ok()) {  // a fused op is done with the exchange
         SetPhase(absl::StrCat("running ", out->plan_name));
         const absl::Time run_start = TraceNow();
@@ -216,6 +223,27 @@ absl::Status OpRunner::Run(const std::vector<QueuedOp*>& ops, absl::Time negotia
   }
   if (s.ok() && !plan.on_device) s = staging_->StageOut(ops, bytes);
   return s;
+}
+
+void OpRunner::PayBack(const QueuedOp& lead, Outcome* out) {
+  const CollectiveKind kind = lead.sig.kind;
+  if (lead.sig.name.empty() || lead.sig.dtype != DType::kF32 ||
+      (kind != CollectiveKind::kAllreduce && kind != CollectiveKind::kReduceScatter) ||
+      (CombineOp(lead.sig.op) != ReduceOp::kSum && lead.sig.op != ReduceOp::kAvg)) {
+    return;
+  }
+  // The stage among the daemons runs over every rank-block of a reduce_scatter.
+  const size_t elems = kind == CollectiveKind::kReduceScatter
+                           ? lead.sig.count * static_cast<size_t>(options_.placement.world)
+                           : lead.sig.count;
+  const std::vector<float> owed =
+      feedback_.TakeResidual(lead.sig.name, FeedbackLayout::Quantized(elems));
+  if (owed.empty()) return;
+  // The lead's buffer: the local ranks' combine, or the ring, sums it with
+  // the others, as the compressed ring sums the residual it adds.
+  float* data = reinterpret_cast<float*>(lead.data());
+  for (size_t i = 0; i < owed.size(); ++i) data[i] += owed[i];
+  out->kept_state = true;
 }
 
 void OpRunner::Premultiply(const std::vector<QueuedOp*>& ops, size_t bytes) {

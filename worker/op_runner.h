@@ -139,6 +139,10 @@ class OpRunner {
   // enough, and daemons sharing hosts evenly (hosts_). Every daemon decides
   // alike: the inputs are the same everywhere.
   bool TwoLevel(const QueuedOp& lead, const Plan& plan, size_t bytes) const;
+  // A dense op (host memory) of a name whose codec ops still owe values
+  // pays them back: the name's quantization residual joins the lead's input
+  // and leaves the store (ErrorFeedbackStore::TakeResidual).
+  void PayBack(const QueuedOp& lead, Outcome* out);
   // premul_sum's first step: each op's `bytes` of input (host memory)
   // multiplied by its rank's factor, before the algorithms sum.
   void Premultiply(const std::vector<QueuedOp*>& ops, size_t bytes);
