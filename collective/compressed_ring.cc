@@ -175,8 +175,10 @@ absl::Status CompressedRing(transport::Context& ctx, const CollectiveCall& call,
     std::vector<float>& owed = call.codec_feedback->residual;
     const size_t elems = plan.count();
     if (owed.size() != elems) owed.assign(elems, 0.0f);
-    for (size_t i = 0; i < elems; ++i) data[i] += owed[i];
-    std::fill(owed.begin(), owed.end(), 0.0f);
+    for (size_t i = 0; i < elems; ++i) {
+      data[i] += owed[i];
+      owed[i] = 0.0f;
+    }
     residual = owed.data();
   }
   return RunPass(ctx, data, call.op, call.seq, call.deadline, call.ring, pass,

@@ -113,6 +113,11 @@ std::vector<uint64_t> SubmitSmall(ThreadedCluster& c, const std::vector<RankBuff
   return ids;
 }
 
+// Whether every rank of the placement is on one daemon (no link to compress).
+bool OnOneDaemon(const std::vector<int>& node_of_rank) {
+  return *std::max_element(node_of_rank.begin(), node_of_rank.end()) == 0;
+}
+
 std::string ShapeName(const std::vector<int>& node_of_rank) {
   std::string s;
   for (int n : node_of_rank) absl::StrAppend(&s, n);
@@ -259,7 +264,7 @@ TEST_P(ExecutorClusterShapes, CodecsCompressTheStageBetweenDaemons) {
   auto c = Form(coord);
   ASSERT_NE(c, nullptr);
   const int n = c->world();
-  const bool one_daemon = *std::max_element(spec.node_of_rank.begin(), spec.node_of_rank.end()) == 0;
+  const bool one_daemon = OnOneDaemon(spec.node_of_rank);
   const size_t count = 3 * kCodecBlockElements + 17;
   std::vector<RankBuffer> bufs = Buffers(*c, count * 4);
   auto run = [&](DType t, const std::vector<std::string>& codecs,
@@ -364,7 +369,7 @@ TEST_P(ExecutorClusterShapes, TopkSendsTheLargestValuesAndThenWhatIsOwed) {
   auto c = Form(coord);
   ASSERT_NE(c, nullptr);
   const int n = c->world();
-  const bool one_daemon = *std::max_element(spec.node_of_rank.begin(), spec.node_of_rank.end()) == 0;
+  const bool one_daemon = OnOneDaemon(spec.node_of_rank);
   const size_t count = 3 * kCodecBlockElements + 17;
   const size_t k = count / 100;  // 123 per daemon
   std::vector<RankBuffer> bufs = Buffers(*c, count * 4);
@@ -447,7 +452,7 @@ TEST_P(ExecutorClusterShapes, QuantizedOpsOweTheirLossToTheNextOpOfTheName) {
   auto c = Form(coord);
   ASSERT_NE(c, nullptr);
   const int n = c->world();
-  const bool one_daemon = *std::max_element(spec.node_of_rank.begin(), spec.node_of_rank.end()) == 0;
+  const bool one_daemon = OnOneDaemon(spec.node_of_rank);
   const size_t count = 2 * kCodecBlockElements + 33;
   std::vector<RankBuffer> bufs = Buffers(*c, count * 4);
   std::vector<float> x(count);

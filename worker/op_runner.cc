@@ -181,14 +181,9 @@ absl::Status OpRunner::Run(const std::vector<QueuedOp*>& ops, absl::Time negotia
       } else if (plan.codec != CodecId::kNone && lead.sig.count > 0) {
         out->wire_ratio = static_cast<double>(CodecFor(plan.codec)->EncodedBytes(lead.sig.count)) /
                           static_cast<double>(lead.sig.count * sizeof(float));
-        // A named op's quantization loss is owed to its next op; the stage
-        // among the daemons runs over every rank-block of a reduce_scatter.
+        // A named op's quantization loss is owed to its next op.
         if (request.named) {
-          const size_t elems = lead.sig.kind == CollectiveKind::kReduceScatter
-                                   ? lead.sig.count * static_cast<size_t>(place.world)
-                                   : lead.sig.count;
-          codec_feedback =
-              feedback_.StateFor(lead.sig.name, FeedbackLayout::Quantized(elems), lead.quota);
+          codec_feedback = feedback_.StateFor(lead.sig.name, QuantizedLayout(lead), lead.quota);
           out->kept_state = true;
         }
       }
@@ -225,6 +220,14 @@ absl::Status OpRunner::Run(const std::vector<QueuedOp*>& ops, absl::Time negotia
   return s;
 }
 
+FeedbackLayout OpRunner::QuantizedLayout(const QueuedOp& lead) const {
+  // The stage among the daemons runs over every rank-block of a reduce_scatter.
+  const size_t elems = lead.sig.kind == CollectiveKind::kReduceScatter
+                           ? lead.sig.count * static_cast<size_t>(options_.placement.world)
+                           : lead.sig.count;
+  return FeedbackLayout::Quantized(elems);
+}
+
 void OpRunner::PayBack(const QueuedOp& lead, Outcome* out) {
   const CollectiveKind kind = lead.sig.kind;
   if (lead.sig.name.empty() || lead.sig.dtype != DType::kF32 ||
@@ -232,12 +235,7 @@ void OpRunner::PayBack(const QueuedOp& lead, Outcome* out) {
       (CombineOp(lead.sig.op) != ReduceOp::kSum && lead.sig.op != ReduceOp::kAvg)) {
     return;
   }
-  // The stage among the daemons runs over every rank-block of a reduce_scatter.
-  const size_t elems = kind == CollectiveKind::kReduceScatter
-                           ? lead.sig.count * static_cast<size_t>(options_.placement.world)
-                           : lead.sig.count;
-  const std::vector<float> owed =
-      feedback_.TakeResidual(lead.sig.name, FeedbackLayout::Quantized(elems));
+  const std::vector<float> owed = feedback_.TakeResidual(lead.sig.name, QuantizedLayout(lead));
   if (owed.empty()) return;
   // The lead's buffer: the local ranks' combine, or the ring, sums it with
   // the others, as the compressed ring sums the residual it adds.

@@ -143,6 +143,9 @@ class OpRunner {
   // pays them back: the name's quantization residual joins the lead's input
   // and leaves the store (ErrorFeedbackStore::TakeResidual).
   void PayBack(const QueuedOp& lead, Outcome* out);
+  // The layout of `lead`'s quantization residual (its stage among the
+  // daemons' elements).
+  FeedbackLayout QuantizedLayout(const QueuedOp& lead) const;
   // premul_sum's first step: each op's `bytes` of input (host memory)
   // multiplied by its rank's factor, before the algorithms sum.
   void Premultiply(const std::vector<QueuedOp*>& ops, size_t bytes);
