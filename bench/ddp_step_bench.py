@@ -26,7 +26,10 @@ only serves loopback), from --coordinator_bin and --daemon_bin. gloo's
 MASTER_ADDR is host A and GLOO_SOCKET_IFNAME the rank's veth, so its traffic
 crosses the same link. Traffic between ranks of one host stays on that
 host's loopback, as on real hosts. Each run reports (stderr) the bytes that
-crossed the link each way. --daemon_flags adds gradsyncd flags there (e.g.
+crossed the link each way, and how busy rank 0's host kept its link while
+gradients were in flight: its egress bytes during three more backward passes
+over the rate times the span from the first bucket's hand-over (the hook's
+trace; other modes from backward's start, a lower bound). --daemon_flags adds gradsyncd flags there (e.g.
 --daemon_flags=--tcp_streams=1).
 
     python3 bench/ddp_step_bench.py --ranks 2,4 --layout node,network
