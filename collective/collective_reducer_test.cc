@@ -54,6 +54,12 @@ class CountingReducer final : public Reducer {
   void Copy(void* dst, const void* src, size_t bytes) const override {
     CpuReducer().Copy(dst, src, bytes);
   }
+  void Encode(CodecId codec, const float* in, size_t n, void* out) const override {
+    CpuReducer().Encode(codec, in, n, out);
+  }
+  void Decode(CodecId codec, const void* in, size_t n, float* out, bool add) const override {
+    CpuReducer().Decode(codec, in, n, out, add);
+  }
   int calls() const { return calls_.load(); }
 
  private:

@@ -78,7 +78,8 @@ absl::Status RunCollective(transport::Context& ctx, const CollectiveCall& call, 
   }
   if (call.codec != CodecId::kNone) {
     RETURN_IF_ERROR(internal::CheckCodecApplies(call.codec, kind, algo, call.dtype, call.op,
-                                                call.buffer.kind));
+                                                call.buffer.kind,
+                                                call.codec_feedback != nullptr));
     return internal::CompressedRing(ctx, call, scratch);
   }
   using A = Algorithm;

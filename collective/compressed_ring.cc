@@ -14,7 +14,7 @@
 namespace gradsync::internal {
 
 absl::Status CheckCodecApplies(CodecId codec, CollectiveKind kind, Algorithm algo, DType dtype,
-                               ReduceOp op, transport::MemKind memory) {
+                               ReduceOp op, transport::MemKind memory, bool error_feedback) {
   auto refuse = [&](const std::string& why) {
     return absl::InvalidArgumentError(
         absl::StrCat("codec '", CodecName(codec), "' does not apply to this ", CollectiveName(kind),
@@ -35,9 +35,10 @@ absl::Status CheckCodecApplies(CodecId codec, CollectiveKind kind, Algorithm alg
   if (sum != ReduceOp::kSum && op != ReduceOp::kAvg) {
     return refuse(absl::StrCat("codecs sum (sum, avg, premul_sum), not ", ReduceOpName(op)));
   }
-  if (!(memory == transport::MemKind::Host())) {
+  if (error_feedback && !(memory == transport::MemKind::Host())) {
     return refuse(absl::StrCat("the buffer is ", memory.ToString(),
-                               " memory; codecs run on host memory"));
+                               " memory; error feedback keeps host memory (device buffers run "
+                               "codecs without it)"));
   }
   return absl::OkStatus();
 }
@@ -50,9 +51,10 @@ namespace {
 class CodecIo final : public RingMessageIo {
  public:
   CodecIo(float* data, const transport::MemoryRegion* area, std::vector<size_t> where,
-          size_t segments, const Codec& codec, ReduceOp op, int world, float* residual)
+          size_t segments, const Codec& codec, const Reducer& kernels, ReduceOp op, int world,
+          float* residual)
       : data_(data), area_(area), where_(std::move(where)), segments_(segments), codec_(codec),
-        op_(op), world_(world), residual_(residual) {}
+        kernels_(kernels), op_(op), world_(world), residual_(residual) {}
 
   RingSpan Send(size_t, const RingMessage& m) override {
     const size_t g = Slot(m);
@@ -61,15 +63,15 @@ class CodecIo final : public RingMessageIo {
     float* lost = residual_ != nullptr ? residual_ + m.range.begin : nullptr;
     char* bytes = area_->data() + where_[g];
     if (m.reduce) {
-      codec_.Encode(values, n, bytes);
+      kernels_.Encode(codec_.id(), values, n, bytes);
       if (lost != nullptr) {  // what the next rank will not see of this partial sum
         codec_.Decode(bytes, n, lost);
         KeepLoss(values, lost, n, 1.0f, lost);
       }
     } else if (m.step == world_ - 1) {  // the owner's reduced chunk, encoded once
-      codec_.Encode(values, n, bytes);
+      kernels_.Encode(codec_.id(), values, n, bytes);
       if (lost != nullptr) std::memcpy(lost, values, n * sizeof(float));
-      codec_.Decode(bytes, n, values);
+      kernels_.Decode(codec_.id(), bytes, n, values, /*add=*/false);
       // avg divided this chunk: what is owed joins a rank's input, before
       // the division.
       if (lost != nullptr) {
@@ -84,12 +86,12 @@ class CodecIo final : public RingMessageIo {
     const char* bytes = area_->data() + where_[Slot(m)];
     const absl::Time start = TraceNow();
     if (m.reduce) {
-      codec_.DecodeAdd(bytes, m.range.count, values);
+      kernels_.Decode(codec_.id(), bytes, m.range.count, values, /*add=*/true);
       if (op_ == ReduceOp::kAvg && m.step == world_ - 2) {
-        CpuReducer().Divide(DType::kF32, values, m.range.count, world_);
+        kernels_.Divide(DType::kF32, values, m.range.count, world_);
       }
     } else {
-      codec_.Decode(bytes, m.range.count, values);
+      kernels_.Decode(codec_.id(), bytes, m.range.count, values, /*add=*/false);
     }
     TraceEvent("decode", "reduce", start);
   }
@@ -114,6 +116,7 @@ class CodecIo final : public RingMessageIo {
   const std::vector<size_t> where_;  // by segment in element order: its offset in the area
   const size_t segments_;            // per chunk
   const Codec& codec_;
+  const Reducer& kernels_;  // the buffer's memory's (error feedback: host memory only)
   const ReduceOp op_;
   const int world_;
   float* const residual_;  // null: no error feedback
@@ -121,7 +124,8 @@ class CodecIo final : public RingMessageIo {
 
 absl::Status RunPass(transport::Context& ctx, float* data, ReduceOp op, uint64_t seq,
                      absl::Time deadline, const RingOptions& options, RingPass pass,
-                     const Codec& codec, float* residual, transport::Scratch* scratch) {
+                     const Codec& codec, const Reducer& kernels, float* residual,
+                     transport::Scratch* scratch) {
   const RingPlan& plan = *pass.plan;
   const int n = plan.world();
   const size_t nseg = plan.segments();
@@ -137,7 +141,7 @@ absl::Status RunPass(transport::Context& ctx, float* data, ReduceOp op, uint64_t
   if (!area.ok()) return area.status();
   const std::string label = absl::StrCat(pass.label, " (", codec.name(), ")");
   pass.label = label.c_str();
-  CodecIo io(data, *area, std::move(where), nseg, codec, op, n, residual);
+  CodecIo io(data, *area, std::move(where), nseg, codec, kernels, op, n, residual);
   return DriveRingPass(ctx, pass, static_cast<uint8_t>(DType::kF32), seq, deadline, options, io,
                        /*stats=*/nullptr);
 }
@@ -182,7 +186,7 @@ absl::Status CompressedRing(transport::Context& ctx, const CollectiveCall& call,
     residual = owed.data();
   }
   return RunPass(ctx, data, call.op, call.seq, call.deadline, call.ring, pass,
-                 *CodecFor(call.codec), residual, scratch);
+                 *CodecFor(call.codec), call.reduce(), residual, scratch);
 }
 
 }  // namespace gradsync::internal

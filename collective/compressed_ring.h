@@ -32,6 +32,11 @@
 // (EF-SGD's argument; compressed_ring_test checks it). Non-finite losses
 // are not kept.
 //
+// The codec's kernels are the call's reducer's (collective/reducer.h): on a
+// device buffer the CUDA kernels encode and decode in GPU memory, and only
+// the encoded bytes cross to the host (or go straight to the NIC). Error
+// feedback is kept for host buffers only.
+//
 // Encoded segments live in one staging area (`scratch`, the encoded size of
 // the whole buffer): a segment's reduce-scatter receive, its encoded send,
 // its allgather receive and the forward of those bytes use the same place,
@@ -52,9 +57,10 @@ namespace gradsync::internal {
 // Whether `call` (with `algo`) can travel through a codec: InvalidArgument
 // naming the codec and what does not apply (a collective other than
 // allreduce and reduce_scatter, an algorithm other than ring, a dtype other
-// than f32, a reduction other than sum, avg and premul_sum, device memory).
+// than f32, a reduction other than sum, avg and premul_sum, error feedback
+// for device memory).
 absl::Status CheckCodecApplies(CodecId codec, CollectiveKind kind, Algorithm algo, DType dtype,
-                               ReduceOp op, transport::MemKind memory);
+                               ReduceOp op, transport::MemKind memory, bool error_feedback);
 
 // The ring plan of a compressed `kind` of `count` elements per rank-block
 // (the dense ring's: the same chunks and segments).

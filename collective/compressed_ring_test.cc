@@ -2,8 +2,8 @@
 // documented arithmetic - the same plan, one encode and one decode-add per
 // hop, the owner's sum encoded once for the allgather - bit for bit, for
 // every codec, allreduce and reduce_scatter, sum and avg, awkward world
-// sizes and sizes, over TCP, the in-process device and the RDMA emulation;
-// every rank ends with the same bits; the result is within the codec's
+// sizes and sizes, over TCP, the in-process device, the RDMA emulation and
+// the emulated GPU's staged path (its reducer runs the codec); every rank ends with the same bits; the result is within the codec's
 // error bound of the exact sum; with error feedback the residuals hold what
 // the quantizations lost; what does not apply is refused by name.
 #include "collective/compressed_ring.h"
@@ -25,6 +25,8 @@ namespace {
 
 using testing::Cluster;
 using testing::DeviceKind;
+using testing::DeviceName;
+using testing::kAllDevices;
 using testing::MakeCluster;
 using testing::RunOnRanks;
 
@@ -79,15 +81,20 @@ std::vector<std::vector<float>> Simulate(const std::vector<std::vector<float>>& 
 
 // One op on every rank of `c` (buf[r]: rank r's buffer), with error
 // feedback `ef` (one per rank; null: none kept); each rank's status.
+// `device`: the kind `c` was made with (kTcpStaged: the buffers are the
+// emulated GPU's, its reducer runs the codec).
 std::vector<absl::Status> RunCompressed(Cluster& c, CollectiveKind kind, CodecId id, ReduceOp op,
                                         size_t count, uint64_t seq, const RingOptions& ro,
                                         std::vector<std::vector<float>>& buf,
-                                        std::vector<ErrorFeedback>* ef = nullptr) {
+                                        std::vector<ErrorFeedback>* ef = nullptr,
+                                        DeviceKind device = DeviceKind::kTcp) {
   return RunOnRanks(c.size(), [&](int r) {
-    transport::Scratch scratch;
+    transport::Scratch scratch(testing::ScratchAllocatorFor(device));
     CollectiveCall call;
     call.kind = kind;
     call.buffer = testing::HostBuffer(buf[r]);
+    call.buffer.kind = testing::BufferKindFor(device);
+    call.reducer = testing::ReducerFor(device);
     call.count = count;
     call.dtype = DType::kF32;
     call.op = op;
@@ -110,16 +117,18 @@ void RunWithFeedback(Cluster& c, CollectiveKind kind, CodecId id, ReduceOp op, s
 }
 
 void RunAndCheck(Cluster& c, CollectiveKind kind, CodecId id, ReduceOp op, size_t count,
-                 uint64_t seq, const RingOptions& ro) {
+                 uint64_t seq, const RingOptions& ro, DeviceKind device) {
   const int n = c.size();
   const Codec& codec = *CodecFor(id);
   const size_t total = kind == CollectiveKind::kAllreduce ? count : n * count;
   std::vector<std::vector<float>> in(n), buf(n);
   for (int r = 0; r < n; ++r) buf[r] = in[r] = Gradient(total, r, static_cast<uint32_t>(seq));
   const std::vector<std::vector<float>> want = Simulate(in, kind, op, count, codec, ro);
-  const std::vector<absl::Status> st = RunCompressed(c, kind, id, op, count, seq, ro, buf);
-  const std::string what = absl::StrCat(CollectiveName(kind), " ", codec.name(), " ",
-                                        ReduceOpName(op), " world ", n, " count ", count);
+  const std::vector<absl::Status> st =
+      RunCompressed(c, kind, id, op, count, seq, ro, buf, nullptr, device);
+  const std::string what =
+      absl::StrCat(DeviceName(device), " ", CollectiveName(kind), " ", codec.name(), " ",
+                   ReduceOpName(op), " world ", n, " count ", count);
   for (int r = 0; r < n; ++r) {
     ASSERT_TRUE(st[r].ok()) << what << " rank " << r << ": " << st[r];
     // reduce_scatter defines only the rank's own block.
@@ -135,7 +144,7 @@ TEST(CompressedRing, BitExactAgainstTheSimulationOnEveryDevice) {
   ro.min_segment_bytes = 16 << 10;  // several segments, blocks cut at their starts
   ro.max_inflight = 3;
   uint64_t seq = 1;
-  for (DeviceKind device : {DeviceKind::kTcp, DeviceKind::kInProc, DeviceKind::kRdma}) {
+  for (DeviceKind device : kAllDevices) {
     for (int world : {2, 3, 5}) {
       Cluster c = MakeCluster(world, absl::StrCat("codec-", world), device);
       for (CodecId id : kCodecs) {
@@ -144,7 +153,7 @@ TEST(CompressedRing, BitExactAgainstTheSimulationOnEveryDevice) {
                                  : std::vector<size_t>{3, 60001}) {
           for (CollectiveKind kind : {CollectiveKind::kAllreduce, CollectiveKind::kReduceScatter}) {
             for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
-              RunAndCheck(c, kind, id, op, count, seq++, ro);
+              RunAndCheck(c, kind, id, op, count, seq++, ro, device);
               if (::testing::Test::HasFatalFailure()) return;
             }
           }
@@ -313,32 +322,35 @@ TEST(CompressedRing, RefusesWhatItDoesNotApplyTo) {
   using internal::CheckCodecApplies;
   const auto host = transport::MemKind::Host();
   EXPECT_EQ(CheckCodecApplies(CodecId::kInt8, CollectiveKind::kAllgather, Algorithm::kRing,
-                              DType::kF32, ReduceOp::kSum, host)
+                              DType::kF32, ReduceOp::kSum, host, false)
                 .message(),
             "codec 'int8' does not apply to this allgather: codecs compress allreduce and "
             "reduce_scatter only");
   EXPECT_EQ(CheckCodecApplies(CodecId::kBf16, CollectiveKind::kAllreduce,
                               Algorithm::kRecursiveHalvingDoubling, DType::kF32, ReduceOp::kSum,
-                              host)
+                              host, false)
                 .message(),
             "codec 'bf16' does not apply to this allreduce: compressed ops run the ring "
             "algorithm, not 'rhd'");
   EXPECT_EQ(CheckCodecApplies(CodecId::kFp16, CollectiveKind::kAllreduce, Algorithm::kRing,
-                              DType::kI32, ReduceOp::kSum, host)
+                              DType::kI32, ReduceOp::kSum, host, false)
                 .message(),
             "codec 'fp16' does not apply to this allreduce: codecs encode f32 values, not i32");
   EXPECT_EQ(CheckCodecApplies(CodecId::kFp8E4M3, CollectiveKind::kReduceScatter,
-                              Algorithm::kRing, DType::kF32, ReduceOp::kMax, host)
+                              Algorithm::kRing, DType::kF32, ReduceOp::kMax, host, false)
                 .message(),
             "codec 'fp8e4m3' does not apply to this reduce_scatter: codecs sum (sum, avg, "
             "premul_sum), not max");
   EXPECT_EQ(CheckCodecApplies(CodecId::kInt8, CollectiveKind::kAllreduce, Algorithm::kRing,
-                              DType::kF32, ReduceOp::kSum, transport::MemKind::Cuda(0))
+                              DType::kF32, ReduceOp::kSum, transport::MemKind::Cuda(0), true)
                 .message(),
-            "codec 'int8' does not apply to this allreduce: the buffer is cuda:0 memory; codecs "
-            "run on host memory");
+            "codec 'int8' does not apply to this allreduce: the buffer is cuda:0 memory; error "
+            "feedback keeps host memory (device buffers run codecs without it)");
   EXPECT_TRUE(CheckCodecApplies(CodecId::kInt8, CollectiveKind::kAllreduce, Algorithm::kRing,
-                                DType::kF32, ReduceOp::kPremulSum, host)
+                                DType::kF32, ReduceOp::kSum, transport::MemKind::Cuda(0), false)
+                  .ok());
+  EXPECT_TRUE(CheckCodecApplies(CodecId::kInt8, CollectiveKind::kAllreduce, Algorithm::kRing,
+                                DType::kF32, ReduceOp::kPremulSum, host, false)
                   .ok());
 }
 

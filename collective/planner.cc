@@ -127,9 +127,9 @@ Plan Planner::Propose(const PlanRequest& op) {
   plan.sparse = op.sparse != 0 && ChooseSparse(op, plan, &plan.codec_note);
   if (plan.codec != CodecId::kNone || plan.sparse) {
     // Compressed ops run the ring (the cost model may have chosen another
-    // dense algorithm), on host memory.
+    // dense algorithm); top-k on host memory, codecs wherever the buffer is.
     if (plan.path == PlanPath::kFlat) plan.algorithm = Algorithm::kRing;
-    plan.on_device = false;
+    if (plan.sparse) plan.on_device = false;
   }
   Complete(op, &plan);
   return plan;
@@ -173,10 +173,10 @@ CodecId Planner::ChooseCodec(const PlanRequest& op, const Plan& plan, const char
   double fastest = CodecMicros(op, CodecId::kNone) * settings_.codec_max_time_ratio;
   bool any = false;
   // An 8-bit codec's error is only safe to choose for the user where the
-  // daemon feeds it back: a named op.
+  // daemon feeds it back: a named op on host memory.
   auto choosable = [&](CodecId id) {
     return id != CodecId::kNone && request.allows(id) &&
-           (op.named || CodecFor(id)->element_bytes() > 1);
+           (FedBack(op) || CodecFor(id)->element_bytes() > 1);
   };
   for (CodecId id : kAllCodecs) {
     if (!choosable(id)) continue;
@@ -189,9 +189,10 @@ CodecId Planner::ChooseCodec(const PlanRequest& op, const Plan& plan, const char
   if (!any) {
     bool unfed = false;  // an 8-bit codec was allowed but not choosable
     for (CodecId id : kAllCodecs) unfed |= id != CodecId::kNone && request.allows(id) && !choosable(id);
-    *why = unfed && !op.named
-               ? "auto: 8-bit codecs run on named ops only (their loss is fed back to the next op "
-                 "of the name), and no other codec is modelled faster than dense on this link"
+    *why = unfed && !FedBack(op)
+               ? "auto: 8-bit codecs run on named ops on host memory only (their loss is fed back "
+                 "to the next op of the name), and no other codec is modelled faster than dense "
+                 "on this link"
                : "auto: no codec is modelled faster than dense on this link";
     return CodecId::kNone;
   }
@@ -211,10 +212,11 @@ const char* Planner::StageRunsDense(const PlanRequest& op, const Plan& plan) con
       op.forced != kAutoCode) {
     return "the op forces an algorithm other than ring";
   }
-  if (op.device_path && settings_.device_ops_in_place) {
-    return "device buffers run in place on their GPU; codecs and topk run on host memory";
-  }
   return "";
+}
+
+bool Planner::FedBack(const PlanRequest& op) const {
+  return op.named && !(op.device_path && settings_.device_ops_in_place);
 }
 
 bool Planner::ChooseSparse(const PlanRequest& op, const Plan& plan, const char** why) const {
@@ -228,6 +230,8 @@ bool Planner::ChooseSparse(const PlanRequest& op, const Plan& plan, const char**
     *why = "an unnamed op keeps no residual: topk needs op names (the DDP hook names its buckets)";
   } else if (*StageRunsDense(op, plan) != '\0') {
     *why = StageRunsDense(op, plan);
+  } else if (op.device_path && settings_.device_ops_in_place) {
+    *why = "device buffers run in place on their GPU; topk runs on host memory";
   } else if (op.sparse_ops_so_far < spec.warmup) {
     *why = "topk warm-up: the first ops of each name run dense";
   }
@@ -256,9 +260,8 @@ absl::StatusOr<Plan> Planner::Agree(const PlanRequest& op, const Plan& mine, uin
   plan.codec_note = mine.codec_note;
   // Alike on every daemon (the fused exchange succeeded only if so).
   plan.fused = mine.fused;
-  // PS and codecs: host memory.
-  plan.on_device = mine.on_device && plan.path != PlanPath::kParameterServer &&
-                   plan.codec == CodecId::kNone && !plan.sparse;
+  // The parameter server and top-k: host memory (codecs run on the GPU).
+  plan.on_device = mine.on_device && plan.path != PlanPath::kParameterServer && !plan.sparse;
   if (!plan.fused) {
     if (plan.path == PlanPath::kParameterServer) {
       if (topology_.ps_shards == 0) {
@@ -337,6 +340,21 @@ std::string Planner::Observe(const Plan& plan, CollectiveKind kind, size_t bytes
     codec_correction_[id] =
         codec_observed_[id] ? 0.7 * codec_correction_[id] + 0.3 * ratio : ratio;
     codec_observed_[id] = true;
+    // The codecs not run yet take the mean correction of those that have
+    // (the same CPU, the same trainers beside it, the same error-feedback
+    // passes): where one codec proved slow, auto does not try the others
+    // one op at a time before it settles on dense.
+    double sum = 0;
+    int seen = 0;
+    for (int c = 1; c < kCodecCount; ++c) {
+      if (codec_observed_[c]) {
+        sum += codec_correction_[c];
+        ++seen;
+      }
+    }
+    for (int c = 1; c < kCodecCount; ++c) {
+      if (!codec_observed_[c]) codec_correction_[c] = sum / seen;
+    }
     return "";
   }
   link_ = RefineFromObservation(link_, kind, plan.algorithm, bytes, world, run_us);

@@ -227,6 +227,9 @@ class Planner {
   // Why `plan` (path and algorithm chosen) keeps `op`'s stage among the
   // daemons dense whatever codec or top-k it asked for ("" if it need not).
   const char* StageRunsDense(const PlanRequest& op, const Plan& plan) const;
+  // Whether the daemon keeps `op`'s codec loss for its next op (a named op
+  // on host memory): the condition for `auto` to choose an 8-bit codec.
+  bool FedBack(const PlanRequest& op) const;
   // Whether `op`'s top-k runs under `plan`, and why not where it asked for it.
   bool ChooseSparse(const PlanRequest& op, const Plan& plan, const char** why) const;
   void ObserveSmallOp(CollectiveKind kind, Algorithm algo, size_t bytes, double took_us);

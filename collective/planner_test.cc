@@ -347,9 +347,17 @@ TEST(Planner, ANamedCodecRunsOnTheRingWhereItApplies) {
   p = flat.Propose(CodecOp(1 << 10, "bf16"));
   EXPECT_EQ(p.codec, CodecId::kNone);
   EXPECT_STREQ(p.codec_note, "fewer elements than one codec block");
+  // A device buffer runs its codec in place on the GPU (the CUDA kernels);
+  // top-k only on host memory.
   PlanRequest device = CodecOp(1 << 20, "bf16");
   device.device_path = true;
-  EXPECT_EQ(flat.Propose(device).codec, CodecId::kNone);
+  p = flat.Propose(device);
+  EXPECT_EQ(p.codec, CodecId::kBf16);
+  EXPECT_TRUE(p.on_device);
+  absl::StatusOr<Plan> agreed = flat.Agree(device, p, p.Code(), p.streams, p.CodecCode());
+  ASSERT_TRUE(agreed.ok()) << agreed.status();
+  EXPECT_EQ(agreed->codec, CodecId::kBf16);
+  EXPECT_TRUE(agreed->on_device);
   // Ranks sharing daemons: the ring among the daemons carries it.
   Planner shared(PlannerSettings{}, Shared(2, 4), Loopback());
   p = shared.Propose(CodecOp(1 << 20, "fp16"));
@@ -378,8 +386,16 @@ TEST(Planner, AutoTakesACodecWhereTheLinkIsSlowerThanTheCodec) {
   PlanRequest only8 = CodecOp(64 << 20, "auto:int8,fp8");
   const Plan unfed = Planner(PlannerSettings{}, Flat(4), Gigabit()).Propose(only8);
   EXPECT_EQ(unfed.codec, CodecId::kNone);
-  EXPECT_TRUE(absl::StrContains(unfed.codec_note, "8-bit codecs run on named ops only"))
+  EXPECT_TRUE(absl::StrContains(unfed.codec_note, "8-bit codecs run on named ops on host memory only"))
       << unfed.codec_note;
+  // A named op on a device buffer keeps no residual (error feedback is host
+  // memory): 16-bit only.
+  PlanRequest on_gpu = plain;
+  on_gpu.named = true;
+  on_gpu.device_path = true;
+  const Plan gpu = Planner(PlannerSettings{}, Flat(4), Gigabit()).Propose(on_gpu);
+  EXPECT_TRUE(gpu.codec == CodecId::kBf16 || gpu.codec == CodecId::kFp16) << CodecName(gpu.codec);
+  EXPECT_TRUE(gpu.on_device);
   // A link far faster than any codec: dense, saying why.
   LinkParams fast = Loopback();
   fast.beta_us_per_byte = 1e-6;
@@ -411,13 +427,28 @@ TEST(Planner, AutoLearnsWhatACodecReallyCostsHere) {
   EXPECT_EQ(p.link().beta_us_per_byte, beta);
   EXPECT_NEAR(p.codec_correction(CodecId::kInt8), 1.5, 1e-9);
   EXPECT_EQ(p.Propose(op).codec, CodecId::kInt8);
-  // Slower than dense: auto takes another codec (bf16 still halves the
-  // bytes of a 1 Gbit/s link), and dense where none is left.
+  // The codecs not run yet share what int8 taught (the same CPU).
+  EXPECT_NEAR(p.codec_correction(CodecId::kBf16), 1.5, 1e-9);
+  // Slower than dense: auto runs dense, without trying the other codecs
+  // one op at a time (their prior is int8's correction).
   p.Observe(first, CollectiveKind::kAllreduce, op.bytes, 0, 20 * dense, 0, true);
   p.Observe(first, CollectiveKind::kAllreduce, op.bytes, 0, 20 * dense, 0, true);
   EXPECT_GT(p.CodecMicros(op, CodecId::kInt8), dense);
-  const CodecId sixteen = p.Propose(op).codec;  // which depends on their measured speed
-  EXPECT_TRUE(sixteen == CodecId::kBf16 || sixteen == CodecId::kFp16) << CodecName(sixteen);
+  EXPECT_GT(p.CodecMicros(op, CodecId::kBf16), dense);
+  const Plan after = p.Propose(op);
+  EXPECT_EQ(after.codec, CodecId::kNone);
+  EXPECT_STREQ(after.codec_note, "auto: no codec is modelled faster than dense on this link");
+  // A codec that ran fast keeps its own correction: where bf16 proved
+  // cheap and int8 slow, auto takes bf16 (it still halves the bytes of a
+  // 1 Gbit/s link).
+  Planner mixed(PlannerSettings{}, Flat(2), Gigabit());
+  Plan bf16 = first;
+  bf16.codec = CodecId::kBf16;
+  mixed.Observe(bf16, CollectiveKind::kAllreduce, op.bytes, 0,
+                mixed.CodecMicros(op, CodecId::kBf16), 0, true);
+  mixed.Observe(first, CollectiveKind::kAllreduce, op.bytes, 0, 20 * dense, 0, true);
+  EXPECT_NEAR(mixed.codec_correction(CodecId::kBf16), 1.0, 1e-6);
+  EXPECT_EQ(mixed.Propose(op).codec, CodecId::kBf16);
   PlanRequest only_int8 = CodecOp(64 << 20, "auto:int8");
   only_int8.named = true;
   EXPECT_EQ(p.Propose(only_int8).codec, CodecId::kNone);

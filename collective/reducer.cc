@@ -23,6 +23,18 @@ class Cpu final : public Reducer {
   void Copy(void* dst, const void* src, size_t bytes) const override {
     if (bytes > 0) std::memcpy(dst, src, bytes);
   }
+  void Encode(CodecId codec, const float* in, size_t n, void* out) const override {
+    CodecFor(codec)->Encode(in, n, static_cast<char*>(out));
+  }
+  void Decode(CodecId codec, const void* in, size_t n, float* out, bool add) const override {
+    const Codec& c = *CodecFor(codec);
+    const char* bytes = static_cast<const char*>(in);
+    if (add) {
+      c.DecodeAdd(bytes, n, out);
+    } else {
+      c.Decode(bytes, n, out);
+    }
+  }
 };
 
 }  // namespace

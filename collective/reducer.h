@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "common/types.h"
+#include "kernels/codec.h"
 #include "transport/transport.h"
 
 namespace gradsync {
@@ -30,6 +31,12 @@ class Reducer {
   virtual void Divide(DType dtype, void* data, size_t count, int64_t divisor) const = 0;
   // dst[0, bytes) = src[0, bytes) (non-overlapping) in this memory.
   virtual void Copy(void* dst, const void* src, size_t bytes) const = 0;
+  // The wire codecs (kernels/codec.h) in this memory, bit for bit the CPU
+  // codec's: n f32 values into CodecFor(codec)->EncodedBytes(n) bytes, and
+  // back (add: out[i] += the decoded value, one f32 addition each). The
+  // compressed ring's hops.
+  virtual void Encode(CodecId codec, const float* in, size_t n, void* out) const = 0;
+  virtual void Decode(CodecId codec, const void* in, size_t n, float* out, bool add) const = 0;
 };
 
 // The host-memory reducer (a process-wide instance).

@@ -15,6 +15,7 @@
 #include <cfloat>
 #include <cstdint>
 
+#include "cuda/block_amax.cuh"
 #include "cuda/cuda_internal.h"
 #include "cuda/kernel_traits.cuh"
 
@@ -36,34 +37,10 @@ __device__ __forceinline__ float MaxFiniteOf(int dtype) {
 
 __global__ void __launch_bounds__(kThreads)
     ChunkScales(int dtype, const float* in, size_t n, size_t chunk, float* scales) {
-  __shared__ float partial[kThreads];
   const size_t begin = static_cast<size_t>(blockIdx.x) * chunk;
   const size_t end = begin + chunk < n ? begin + chunk : n;
-  float m = 0;
-  for (size_t i = begin + threadIdx.x; i < end; i += kThreads) {
-    const float a = fabsf(in[i]);
-    if (a <= FLT_MAX && a > m) m = a;
-  }
-  partial[threadIdx.x] = m;
-  __syncthreads();
-  for (int w = kThreads / 2; w > 0; w /= 2) {
-    if (threadIdx.x < w && partial[threadIdx.x + w] > partial[threadIdx.x]) {
-      partial[threadIdx.x] = partial[threadIdx.x + w];
-    }
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) {
-    const float amax = partial[0];
-    float scale = 1.0f;
-    if (amax > 0) {
-      const float q = MaxFiniteOf(dtype) / amax;  // inf for a tiny amax
-      int e = 127;
-      if (q <= FLT_MAX) frexpf(q, &e);
-      e = e - 1 < -126 ? -126 : (e - 1 > 126 ? 126 : e - 1);
-      scale = ldexpf(1.0f, e);
-    }
-    scales[blockIdx.x] = scale;
-  }
+  const float amax = BlockAmax<kThreads>(in, begin, end);
+  if (threadIdx.x == 0) scales[blockIdx.x] = Pow2Scale(MaxFiniteOf(dtype), amax);
 }
 
 template <typename Tr>

@@ -1,5 +1,5 @@
 // Internal bridge between the nvcc-compiled translation units (reduce_kernels.cu,
-// cuda_runtime_shim.cu) and the host C++ code (cuda_reduce.cc).
+// convert_kernels.cu, codec_kernels.cu, cuda_runtime_shim.cu) and the host C++ code (cuda_reduce.cc).
 //
 // This header uses no CUDA types: host code compiled by the normal C++ toolchain
 // never includes CUDA headers (they are outside Bazel's declared include dirs).
@@ -46,6 +46,17 @@ int LaunchEncodeScaled(int dtype, const float* in, size_t n, size_t chunk, float
                        void* out, void* stream);
 int LaunchDecodeScaled(int dtype, const void* in, size_t n, size_t chunk, const float* scales,
                        float* out, void* stream);
+
+// --- codec_kernels.cu ----------------------------------------------------------
+// Enqueues kernels/codec.h's Encode of codec `codec` (a CodecId: 1 bf16, 2
+// fp16, 3 fp8e4m3, 4 fp8e5m2, 5 int8) of n f32 values with scale blocks of
+// `block` elements into `out` (the codec's layout: scales, then payload), and
+// its Decode (add: out[i] += the decoded value). cudaErrorInvalidValue for
+// another codec or block 0.
+int LaunchCodecEncode(int codec, const float* in, size_t n, size_t block, void* out,
+                      void* stream);
+int LaunchCodecDecode(int codec, const void* in, size_t n, size_t block, float* out, bool add,
+                      void* stream);
 
 // The toolkit's host-side fp8 conversion (cuda_fp8.h, __NV_SATFINITE) of n floats;
 // cudaErrorInvalidValue for a non-fp8 dtype. Runs on the CPU, no GPU needed.

@@ -212,6 +212,50 @@ absl::Status CudaDecodeScaled(DType from, const void* in_device, size_t n, size_
   return absl::OkStatus();
 }
 
+namespace {
+absl::Status CheckCodec(CodecId codec, const void* encoded) {
+  if (CodecFor(codec) == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("codec ", static_cast<int>(codec), " is not a wire codec"));
+  }
+  if (reinterpret_cast<uintptr_t>(encoded) % 8 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("encoded ", CodecName(codec), " bytes at 0x",
+                                                   absl::Hex(encoded), " are not 8-byte aligned"));
+  }
+  return CudaUsable();
+}
+}  // namespace
+
+absl::Status CudaCodecEncode(CodecId codec, const float* in_device, size_t n, void* out_device,
+                             void* stream) {
+  RETURN_IF_ERROR(CheckCodec(codec, out_device));
+  if (n == 0) return absl::OkStatus();
+  RETURN_IF_ERROR(ValidateDevicePointer("in", in_device, DType::kF32));
+  RETURN_IF_ERROR(ValidateDevicePointer("out", out_device, DType::kF32));
+  const int err = rt::LaunchCodecEncode(static_cast<int>(codec), in_device, n,
+                                        kCodecBlockElements, out_device, stream);
+  if (err != rt::kCudaSuccess) {
+    return CudaCallError(absl::StrCat(CodecName(codec), " encode (", n, " elements)"), err);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaCodecDecode(CodecId codec, const void* in_device, size_t n, float* out_device,
+                             bool add, void* stream) {
+  RETURN_IF_ERROR(CheckCodec(codec, in_device));
+  if (n == 0) return absl::OkStatus();
+  RETURN_IF_ERROR(ValidateDevicePointer("in", in_device, DType::kF32));
+  RETURN_IF_ERROR(ValidateDevicePointer("out", out_device, DType::kF32));
+  const int err = rt::LaunchCodecDecode(static_cast<int>(codec), in_device, n,
+                                        kCodecBlockElements, out_device, add, stream);
+  if (err != rt::kCudaSuccess) {
+    return CudaCallError(absl::StrCat(CodecName(codec), add ? " decode-add (" : " decode (", n,
+                                      " elements)"),
+                         err);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CudaDivideBy(DType dtype, void* data_device, size_t count, int64_t divisor,
                           void* stream) {
   RETURN_IF_ERROR(ValidateDType(dtype));

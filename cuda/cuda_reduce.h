@@ -39,6 +39,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/types.h"
+#include "kernels/codec.h"
 
 namespace gradsync {
 namespace cuda {
@@ -97,6 +98,17 @@ absl::Status CudaEncodeScaled(DType to, const float* in_device, size_t n, size_t
                               void* out_device, float* scales_device, void* stream);
 absl::Status CudaDecodeScaled(DType from, const void* in_device, size_t n, size_t chunk,
                               const float* scales_device, float* out_device, void* stream);
+
+// The wire codecs of kernels/codec.h on the device, bit for bit the CPU
+// codec's (a NaN decodes as a NaN, its payload unspecified): encodes n f32
+// values into CodecFor(codec)->EncodedBytes(n) bytes at `out_device` (8-byte
+// aligned), and decodes them (add: out[i] += the decoded value, one f32
+// addition each), enqueued on `stream`. kInvalidArgument for kNone or an
+// invalid id, or a pointer CUDA cannot use.
+absl::Status CudaCodecEncode(CodecId codec, const float* in_device, size_t n, void* out_device,
+                             void* stream);
+absl::Status CudaCodecDecode(CodecId codec, const void* in_device, size_t n, float* out_device,
+                             bool add, void* stream);
 
 // The CUDA toolkit's own float -> fp8 conversion (cuda_fp8.h's host path of
 // __nv_cvt_float_to_fp8 with __NV_SATFINITE, which the kernels use on the GPU),

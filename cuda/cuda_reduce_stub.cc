@@ -41,6 +41,11 @@ absl::Status CudaDecodeScaled(DType, const void*, size_t, size_t, const float*, 
   return NotUsable();
 }
 
+absl::Status CudaCodecEncode(CodecId, const float*, size_t, void*, void*) { return NotUsable(); }
+absl::Status CudaCodecDecode(CodecId, const void*, size_t, float*, bool, void*) {
+  return NotUsable();
+}
+
 absl::Status CudaSynchronize(void*) { return NotUsable(); }
 
 absl::Status ToolkitFloatToFp8(DType, const float*, uint8_t*, size_t) { return NotUsable(); }

@@ -2,7 +2,8 @@
 # The GPU check (docs/building.md): on a machine with an NVIDIA GPU and
 # driver, one command that builds with CUDA, runs every CUDA test with
 # GRADSYNC_REQUIRE_CUDA=1 (a missing GPU fails instead of skipping): the
-# kernels and the scaled conversions bit-exact against the CPU, a 4-rank
+# kernels, the scaled conversions and the wire codecs bit-exact against the
+# CPU, a 4-rank
 # allreduce of device buffers bit-exact for every dtype (tests:device_buffer_test:
 # 4 gradsyncd on GPU 0, in place on the GPU and on host twins), and prints the
 # figures of tests:gpu_bench as markdown tables: reduce-kernel GB/s next to
@@ -22,14 +23,15 @@ set -uo pipefail
 [[ "${1:-}" == --run-bundle ]] && bundle_dir=$(cd "${2:?--run-bundle DIR}" && pwd)
 cd "$(dirname "$0")/.."
 ROOT=$PWD
-BINARIES=(cuda/cuda_reduce_test cuda/cuda_convert_test tests/device_buffer_test tests/gpu_bench
+BINARIES=(cuda/cuda_reduce_test cuda/cuda_convert_test cuda/cuda_codec_test
+          tests/device_buffer_test tests/gpu_bench
           worker/gradsyncd server/gradsync-coordinator ps/gradsync-ps)
 
 run_checks() {  # $1: directory holding the binaries
   local bin=$1 rc=0
   export GRADSYNC_BIN_DIR=$bin GRADSYNC_REQUIRE_CUDA=1
   command -v nvidia-smi > /dev/null && nvidia-smi -L
-  for t in cuda_reduce_test cuda_convert_test device_buffer_test; do
+  for t in cuda_reduce_test cuda_convert_test cuda_codec_test device_buffer_test; do
     echo "== $t"
     local start=$SECONDS
     local log=/tmp/gpu-check-$t.log status

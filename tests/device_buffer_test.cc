@@ -4,6 +4,7 @@
 // reference reduction. Where this process has no usable GPU the GPU cases
 // skip with the reason (GRADSYNC_REQUIRE_CUDA=1 makes them fail), and the
 // no-GPU case checks that every path says why and the daemon keeps serving.
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -18,6 +19,7 @@
 #include "cuda/cuda_memory.h"
 #include "cuda/cuda_reduce.h"
 #include "gtest/gtest.h"
+#include "kernels/codec.h"
 #include <grpcpp/create_channel.h>
 
 #include "proto/worker.grpc.pb.h"
@@ -251,6 +253,71 @@ TEST(DeviceBuffersOnHostTwins, FourRankAllreduceIsBitExactForEveryDTypeAndOp) {
   auto cluster = testing::StartCluster(4, {"--device_ops=host_twin"});
   ASSERT_NE(cluster, nullptr);
   FourRankAllreduceIsBitExact(*cluster, "device-allreduce-twins");
+}
+
+// A compressed allreduce of device buffers runs in place on the GPU (the
+// codecs' CUDA kernels encode and decode; only encoded bytes are staged)
+// and gives the same bits as the same op on host twins (the CPU codecs; the
+// collective tests check those against the codec's arithmetic and bound).
+void CompressedAllreduce(LocalCluster& cluster, const std::string& job, CodecId codec,
+                         std::vector<float>* result, std::string* plan) {
+  constexpr int kRanks = 4;
+  constexpr size_t kCount = (1 << 18) + 5;
+  auto ranks = testing::OpenJob(cluster, job, testing::FirstN(kRanks));
+  ASSERT_TRUE(ranks.ok()) << ranks.status();
+  std::vector<std::unique_ptr<client::Buffer>> bufs(kRanks);
+  for (int r = 0; r < kRanks; ++r) {
+    auto b = (*ranks)[r].session->AllocateDeviceBuffer(kCount * 4, Gpu(r));
+    ASSERT_TRUE(b.ok()) << "rank " << r << ": " << b.status();
+    bufs[r] = std::move(*b);
+    std::vector<char> in(kCount * 4);
+    for (size_t i = 0; i < kCount; ++i) {
+      const float v = std::sin(0.001f * static_cast<float>(i) + static_cast<float>(r)) *
+                      std::ldexp(1.0f, static_cast<int>(i % 23) - 11);
+      std::memcpy(&in[i * 4], &v, 4);
+    }
+    ASSERT_TRUE(ToDevice(bufs[r]->data(), in).ok());
+  }
+  std::vector<std::string> plans(kRanks);
+  testing::OnEveryRank(kRanks, [&](int r) {
+    client::CollectiveSpec spec = testing::AllreduceSpec(bufs[r].get(), kCount, "", DType::kF32);
+    spec.codec = CodecName(codec);
+    auto run = (*ranks)[r].session->Run(spec);
+    ASSERT_TRUE(run.ok()) << "rank " << r << ": " << run.status();
+    plans[r] = run->algorithm;
+  });
+  *plan = plans[0];
+  std::vector<std::vector<char>> out(kRanks);
+  for (int r = 0; r < kRanks; ++r) {
+    auto got = FromDevice(bufs[r]->data(), kCount * 4);
+    ASSERT_TRUE(got.ok()) << got.status();
+    out[r] = std::move(*got);
+    EXPECT_TRUE(out[r] == out[0]) << "rank " << r << " differs from rank 0";
+  }
+  result->resize(kCount);
+  std::memcpy(result->data(), out[0].data(), kCount * 4);
+  for (int r = 0; r < kRanks; ++r) EXPECT_TRUE((*ranks)[r].session->FreeBuffer(std::move(bufs[r])).ok());
+}
+
+TEST_F(DeviceBuffersOnAGpu, CompressedAllreduceRunsOnTheGpuAndMatchesTheHostTwins) {
+  GPU_OR_SKIP();
+  ASSERT_NE(cluster_, nullptr);
+  auto twins = testing::StartCluster(4, {"--device_ops=host_twin"});
+  ASSERT_NE(twins, nullptr);
+  for (CodecId codec : {CodecId::kBf16, CodecId::kFp16, CodecId::kFp8E4M3, CodecId::kInt8}) {
+    SCOPED_TRACE(CodecName(codec));
+    std::vector<float> on_gpu, on_host;
+    std::string gpu_plan, host_plan;
+    CompressedAllreduce(*cluster_, absl::StrCat("device-codec-", CodecName(codec)), codec, &on_gpu,
+                        &gpu_plan);
+    CompressedAllreduce(*twins, absl::StrCat("twin-codec-", CodecName(codec)), codec, &on_host,
+                        &host_plan);
+    EXPECT_EQ(gpu_plan, absl::StrCat("ring+", CodecName(codec)));
+    EXPECT_EQ(host_plan, gpu_plan);
+    ASSERT_EQ(on_gpu.size(), on_host.size());
+    EXPECT_EQ(std::memcmp(on_gpu.data(), on_host.data(), on_gpu.size() * 4), 0)
+        << "the GPU's codec kernels and the CPU's gave different results";
+  }
 }
 
 // Allgather and broadcast over device buffers, each forced algorithm that

@@ -126,6 +126,20 @@ void CudaReducer::Copy(void* dst, const void* src, size_t bytes) const {
   Keep(s);
 }
 
+void CudaReducer::Encode(CodecId codec, const float* in, size_t n, void* out) const {
+  absl::Status s = cuda::SetDevice(device_);
+  if (s.ok()) s = cuda::CudaCodecEncode(codec, in, n, out, stream_.get());
+  if (s.ok()) s = stream_.Synchronize();
+  Keep(s);
+}
+
+void CudaReducer::Decode(CodecId codec, const void* in, size_t n, float* out, bool add) const {
+  absl::Status s = cuda::SetDevice(device_);
+  if (s.ok()) s = cuda::CudaCodecDecode(codec, in, n, out, add, stream_.get());
+  if (s.ok()) s = stream_.Synchronize();
+  Keep(s);
+}
+
 // --- DevicePath ------------------------------------------------------------------
 
 absl::StatusOr<std::unique_ptr<DevicePath>> DevicePath::Create(int device,

@@ -67,7 +67,8 @@ class CudaAllocator final : public transport::MemoryAllocator {
   mutable std::map<void*, cuda::DeviceBuffer> buffers_ ABSL_GUARDED_BY(mu_);
 };
 
-// The collective Reducer for GPU `device`'s memory: the CUDA kernels on a
+// The collective Reducer for GPU `device`'s memory (and the wire codecs' CUDA
+// kernels, for compressed ops on device buffers): the CUDA kernels on a
 // stream of its own, each call waited for before it returns (the next send of
 // the memory is a copy on another stream). The Reducer interface cannot fail:
 // the first CUDA error is kept and TakeError() returns it (the executor fails
@@ -81,6 +82,8 @@ class CudaReducer final : public Reducer {
                size_t count) const override;
   void Divide(DType dtype, void* data, size_t count, int64_t divisor) const override;
   void Copy(void* dst, const void* src, size_t bytes) const override;
+  void Encode(CodecId codec, const float* in, size_t n, void* out) const override;
+  void Decode(CodecId codec, const void* in, size_t n, float* out, bool add) const override;
   absl::Status TakeError() const;
 
  private:

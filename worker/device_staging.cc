@@ -133,7 +133,7 @@ absl::Status DeviceStaging::RunInMemory(DevicePath& path, const std::vector<Queu
 }
 
 absl::Status DeviceStaging::RunFlat(DevicePath& path, const QueuedOp& lead, Algorithm algorithm,
-                                    const HostGroups* two_level) {
+                                    CodecId codec, const HostGroups* two_level) {
   const transport::MemKind kind = transport::MemKind::Cuda(path.device());
   const DeviceMemory& memory = *lead.device;
   CollectiveCall call =
@@ -144,6 +144,7 @@ absl::Status DeviceStaging::RunFlat(DevicePath& path, const QueuedOp& lead, Algo
                                       transport::Buffer{memory.device_data(), memory.size(), kind},
                                       std::weak_ptr<const void>(lead.device)));
   call.reducer = &path.reducer();
+  call.codec = codec;  // encoded and decoded by the path's CUDA kernels
   if (two_level != nullptr) {
     return Result(path, RunTwoLevelAllreduce(*path.context(), *two_level, call, algorithm,
                                              &path.algo_scratch()));

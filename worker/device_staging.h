@@ -84,10 +84,11 @@ class DeviceStaging {
   absl::Status Local(DevicePath& path, const std::vector<QueuedOp*>& ops, LocalCollective* c);
   // `s`, or the CUDA reducer's error when the op ran but a kernel failed.
   absl::Status Result(DevicePath& path, absl::Status s);
+  // `codec` (not kNone): the compressed ring, encoded and decoded on the GPU.
   // `two_level`: the allreduce runs in two levels by host instead
   // (collective/two_level.h; every daemon decides alike, whatever its memory).
   absl::Status RunFlat(DevicePath& path, const QueuedOp& lead, Algorithm algorithm,
-                       const HostGroups* two_level = nullptr);
+                       CodecId codec = CodecId::kNone, const HostGroups* two_level = nullptr);
   absl::Status RunInMemory(DevicePath& path, const std::vector<QueuedOp*>& ops);
 
  private:

@@ -181,8 +181,9 @@ absl::Status OpRunner::Run(const std::vector<QueuedOp*>& ops, absl::Time negotia
       } else if (plan.codec != CodecId::kNone && lead.sig.count > 0) {
         out->wire_ratio = static_cast<double>(CodecFor(plan.codec)->EncodedBytes(lead.sig.count)) /
                           static_cast<double>(lead.sig.count * sizeof(float));
-        // A named op's quantization loss is owed to its next op.
-        if (request.named) {
+        // A named op's quantization loss is owed to its next op (host
+        // memory; a device buffer's codec runs on its GPU without it).
+        if (request.named && !plan.on_device) {
           codec_feedback = feedback_.StateFor(lead.sig.name, QuantizedLayout(lead), lead.quota);
           out->kept_state = true;
         }
@@ -286,7 +287,8 @@ absl::Status OpRunner::RunAgreed(const std::vector<QueuedOp*>& ops, const Plan& 
   }
   if (!plan.local_stage) {
     if (on_device != nullptr) {
-      return staging_->RunFlat(*on_device, lead, plan.algorithm, two_level ? &hosts_ : nullptr);
+      return staging_->RunFlat(*on_device, lead, plan.algorithm, plan.codec,
+                               two_level ? &hosts_ : nullptr);
     }
     CollectiveCall call =
         FlatCallOf(lead, place.world, options_.ring, lead.data(), transport::MemKind::Host());
@@ -304,6 +306,7 @@ absl::Status OpRunner::RunAgreed(const std::vector<QueuedOp*>& ops, const Plan& 
   // Ranks share daemons: combined in memory, one share per daemon between them.
   if (on_device != nullptr) {
     RETURN_IF_ERROR(staging_->Local(*on_device, ops, &c));
+    c.codec = plan.codec;
     absl::Status s = RunAcrossNodes(*on_device->context(), place, c, plan.node_algorithm,
                                     lead.seq, deadline, options_.ring, &on_device->scratch(),
                                     &on_device->algo_scratch());
