@@ -127,7 +127,9 @@ Plan Planner::Propose(const PlanRequest& op) {
   plan.sparse = op.sparse != 0 && ChooseSparse(op, plan, &plan.codec_note);
   if (plan.codec != CodecId::kNone || plan.sparse) {
     // Compressed ops run the ring (the cost model may have chosen another
-    // dense algorithm); top-k on host memory, codecs wherever the buffer is.
+    // dense algorithm). Codecs run wherever the buffer is; top-k on host
+    // memory (a device buffer's op stages through its host twin: the
+    // selection and the residual are the CPU's).
     if (plan.path == PlanPath::kFlat) plan.algorithm = Algorithm::kRing;
     if (plan.sparse) plan.on_device = false;
   }
@@ -190,9 +192,9 @@ CodecId Planner::ChooseCodec(const PlanRequest& op, const Plan& plan, const char
     bool unfed = false;  // an 8-bit codec was allowed but not choosable
     for (CodecId id : kAllCodecs) unfed |= id != CodecId::kNone && request.allows(id) && !choosable(id);
     *why = unfed && !FedBack(op)
-               ? "auto: 8-bit codecs run on named ops on host memory only (their loss is fed back "
-                 "to the next op of the name), and no other codec is modelled faster than dense "
-                 "on this link"
+               ? "auto: 8-bit codecs run only where the daemon feeds their loss back to the next op "
+                 "(ops with a name, or on the client's own memory, on host memory), and no other "
+                 "codec is modelled faster than dense on this link"
                : "auto: no codec is modelled faster than dense on this link";
     return CodecId::kNone;
   }
@@ -216,7 +218,7 @@ const char* Planner::StageRunsDense(const PlanRequest& op, const Plan& plan) con
 }
 
 bool Planner::FedBack(const PlanRequest& op) const {
-  return op.named && !(op.device_path && settings_.device_ops_in_place);
+  return op.keyed && !(op.device_path && settings_.device_ops_in_place);
 }
 
 bool Planner::ChooseSparse(const PlanRequest& op, const Plan& plan, const char** why) const {
@@ -226,12 +228,11 @@ bool Planner::ChooseSparse(const PlanRequest& op, const Plan& plan, const char**
     *why = "topk sparsifies allreduce only";
   } else if (*CodecInapplicable(op) != '\0') {
     *why = CodecInapplicable(op);
-  } else if (!op.named) {
-    *why = "an unnamed op keeps no residual: topk needs op names (the DDP hook names its buckets)";
+  } else if (!op.keyed) {
+    *why = "this op keeps no residual: topk needs an op name or the client's own memory (the DDP "
+           "hook names its buckets; the PyTorch backend's adopted buckets are their memory)";
   } else if (*StageRunsDense(op, plan) != '\0') {
     *why = StageRunsDense(op, plan);
-  } else if (op.device_path && settings_.device_ops_in_place) {
-    *why = "device buffers run in place on their GPU; topk runs on host memory";
   } else if (op.sparse_ops_so_far < spec.warmup) {
     *why = "topk warm-up: the first ops of each name run dense";
   }

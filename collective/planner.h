@@ -164,7 +164,9 @@ struct PlanRequest {
   uint64_t count = 0;             // elements per rank-block
   uint8_t codecs = 0;             // the CodecRequest code (collective/codec_request.h)
   uint64_t sparse = 0;            // its top-k parameters (SparseSpec::Code; 0: none)
-  bool named = false;             // the op has a name (top-k keeps its residual by name)
+  // The daemon can keep the op's error feedback (its residual): the op has
+  // a name, or runs on the client's own memory (worker/op_runner.h).
+  bool keyed = false;
   uint64_t sparse_ops_so_far = 0;  // ops of this name run so far here (the warm-up)
 };
 
@@ -227,7 +229,7 @@ class Planner {
   // Why `plan` (path and algorithm chosen) keeps `op`'s stage among the
   // daemons dense whatever codec or top-k it asked for ("" if it need not).
   const char* StageRunsDense(const PlanRequest& op, const Plan& plan) const;
-  // Whether the daemon keeps `op`'s codec loss for its next op (a named op
+  // Whether the daemon keeps `op`'s codec loss for its next op (a keyed op
   // on host memory): the condition for `auto` to choose an 8-bit codec.
   bool FedBack(const PlanRequest& op) const;
   // Whether `op`'s top-k runs under `plan`, and why not where it asked for it.

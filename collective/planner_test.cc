@@ -347,8 +347,7 @@ TEST(Planner, ANamedCodecRunsOnTheRingWhereItApplies) {
   p = flat.Propose(CodecOp(1 << 10, "bf16"));
   EXPECT_EQ(p.codec, CodecId::kNone);
   EXPECT_STREQ(p.codec_note, "fewer elements than one codec block");
-  // A device buffer runs its codec in place on the GPU (the CUDA kernels);
-  // top-k only on host memory.
+  // A device buffer runs its codec in place on the GPU (the CUDA kernels).
   PlanRequest device = CodecOp(1 << 20, "bf16");
   device.device_path = true;
   p = flat.Propose(device);
@@ -372,26 +371,26 @@ TEST(Planner, ANamedCodecRunsOnTheRingWhereItApplies) {
 
 TEST(Planner, AutoTakesACodecWhereTheLinkIsSlowerThanTheCodec) {
   PlanRequest op = CodecOp(64 << 20, "auto:bf16,int8");
-  op.named = true;
+  op.keyed = true;
   // 1 Gbit/s: the smaller encoding wins, on a named op (its loss is fed back).
   EXPECT_EQ(Planner(PlannerSettings{}, Flat(4), Gigabit()).Propose(op).codec, CodecId::kInt8);
   PlanRequest plain = CodecOp(64 << 20, "auto");
-  plain.named = true;
+  plain.keyed = true;
   EXPECT_EQ(Planner(PlannerSettings{}, Flat(4), Gigabit()).Propose(plain).codec, CodecId::kInt8);
   // Unnamed: no feedback, so no 8-bit codec; a 16-bit one (which of the two
   // depends on their measured speed on this machine, e.g. under a sanitizer).
-  plain.named = false;
+  plain.keyed = false;
   const CodecId sixteen = Planner(PlannerSettings{}, Flat(4), Gigabit()).Propose(plain).codec;
   EXPECT_TRUE(sixteen == CodecId::kBf16 || sixteen == CodecId::kFp16) << CodecName(sixteen);
   PlanRequest only8 = CodecOp(64 << 20, "auto:int8,fp8");
   const Plan unfed = Planner(PlannerSettings{}, Flat(4), Gigabit()).Propose(only8);
   EXPECT_EQ(unfed.codec, CodecId::kNone);
-  EXPECT_TRUE(absl::StrContains(unfed.codec_note, "8-bit codecs run on named ops on host memory only"))
+  EXPECT_TRUE(absl::StrContains(unfed.codec_note, "8-bit codecs run only where the daemon feeds their loss back"))
       << unfed.codec_note;
   // A named op on a device buffer keeps no residual (error feedback is host
   // memory): 16-bit only.
   PlanRequest on_gpu = plain;
-  on_gpu.named = true;
+  on_gpu.keyed = true;
   on_gpu.device_path = true;
   const Plan gpu = Planner(PlannerSettings{}, Flat(4), Gigabit()).Propose(on_gpu);
   EXPECT_TRUE(gpu.codec == CodecId::kBf16 || gpu.codec == CodecId::kFp16) << CodecName(gpu.codec);
@@ -416,7 +415,7 @@ TEST(Planner, AutoTakesACodecWhereTheLinkIsSlowerThanTheCodec) {
 TEST(Planner, AutoLearnsWhatACodecReallyCostsHere) {
   Planner p(PlannerSettings{}, Flat(2), Gigabit());
   PlanRequest op = CodecOp(64 << 20, "auto");
-  op.named = true;
+  op.keyed = true;
   const Plan first = p.Propose(op);
   ASSERT_EQ(first.codec, CodecId::kInt8);
   const double beta = p.link().beta_us_per_byte;
@@ -450,7 +449,7 @@ TEST(Planner, AutoLearnsWhatACodecReallyCostsHere) {
   EXPECT_NEAR(mixed.codec_correction(CodecId::kBf16), 1.0, 1e-6);
   EXPECT_EQ(mixed.Propose(op).codec, CodecId::kBf16);
   PlanRequest only_int8 = CodecOp(64 << 20, "auto:int8");
-  only_int8.named = true;
+  only_int8.keyed = true;
   EXPECT_EQ(p.Propose(only_int8).codec, CodecId::kNone);
   // Small ops say little about a codec's throughput: not observed.
   Planner q(PlannerSettings{}, Flat(2), Gigabit());
@@ -475,7 +474,7 @@ TEST(Planner, AgreeTakesRankZerosCodec) {
 PlanRequest TopkOp(size_t bytes, const char* topk, uint64_t ops_so_far = 0) {
   PlanRequest op = CodecOp(bytes, "");
   op.sparse = ParseSparseSpec(topk)->Code();
-  op.named = true;
+  op.keyed = true;
   op.sparse_ops_so_far = ops_so_far;
   return op;
 }
@@ -495,15 +494,22 @@ TEST(Planner, TopkRunsAfterItsWarmUpOnNamedOpsAcrossDaemons) {
   EXPECT_TRUE(flat.Propose(TopkOp(1 << 20, "0.01,warmup=5", 5)).sparse);
   // Unnamed, or where it cannot apply: dense, saying why.
   PlanRequest unnamed = TopkOp(1 << 20, "0.01");
-  unnamed.named = false;
+  unnamed.keyed = false;
   p = flat.Propose(unnamed);
   EXPECT_FALSE(p.sparse);
-  EXPECT_TRUE(absl::StrContains(p.codec_note, "an unnamed op keeps no residual")) << p.codec_note;
+  EXPECT_TRUE(absl::StrContains(p.codec_note, "this op keeps no residual")) << p.codec_note;
   PlanRequest rs = TopkOp(1 << 20, "0.01");
   rs.kind = CollectiveKind::kReduceScatter;
   p = flat.Propose(rs);
   EXPECT_FALSE(p.sparse);
   EXPECT_STREQ(p.codec_note, "topk sparsifies allreduce only");
+  // A device buffer's top-k op stages through its host twin (the selection
+  // and the residual are the CPU's).
+  PlanRequest device = TopkOp(1 << 20, "0.01");
+  device.device_path = true;
+  p = flat.Propose(device);
+  EXPECT_TRUE(p.sparse);
+  EXPECT_FALSE(p.on_device);
   // Ranks sharing daemons: the stage among them.
   Planner shared(PlannerSettings{}, Shared(2, 4), Loopback());
   p = shared.Propose(TopkOp(1 << 20, "0.01"));

@@ -317,32 +317,34 @@ struct Avx2Loops {
     }
     PortableLoops::DecodeInt8(in + i, n - i, step, out + i, add);
   }
-  // NarrowFp8, 8 lanes at a time.
+  // NarrowFp8, 8 lanes at a time. Normals round to nearest even in integer
+  // arithmetic on the bits, the exponent rebiased in the same addition;
+  // subnormals by one float addition of M, 2^23 of the fp8's smallest
+  // subnormal (the hardware rounds |x| + M to a multiple of that unit, to
+  // nearest even, as NarrowFp8's units + 2^23 does); saturation is a
+  // minimum (every code past the largest, ±inf included, comes out larger);
+  // then the sign, and NaN as 0x7f.
   template <int kExp, int kMan>
   GS_CODEC_AVX2 static __m256i Fp8Lanes(__m256 x) {
     constexpr int kBias = (1 << (kExp - 1)) - 1;
     constexpr int kShift = 23 - kMan;
     constexpr int32_t kMinNormalBits = (127 - kBias + 1) << 23;
-    constexpr int32_t kSaturateAbove = kExp == 4 ? 0x43e80000 : 0x476fffff;
     constexpr int32_t kMaxCode = kExp == 4 ? 0x7e : 0x7b;
-    constexpr uint32_t kUnitBits = static_cast<uint32_t>(127 + kBias - 1 + kMan) << 23;
+    constexpr int32_t kRoundAndRebias = ((1 << (kShift - 1)) - 1) - ((127 - kBias) << 23);
+    constexpr int32_t kMagicBits = (127 + 23 + 1 - kBias - kMan) << 23;
     const __m256i u = _mm256_castps_si256(x);
     const __m256i sign = _mm256_and_si256(_mm256_srli_epi32(u, 24), _mm256_set1_epi32(0x80));
     const __m256i a = _mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff));
     const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(a, kShift), _mm256_set1_epi32(1));
-    const __m256i normal = _mm256_sub_epi32(
-        _mm256_srli_epi32(
-            _mm256_add_epi32(_mm256_add_epi32(a, _mm256_set1_epi32((1 << (kShift - 1)) - 1)), odd),
-            kShift),
-        _mm256_set1_epi32((127 - kBias) << kMan));
+    const __m256i normal = _mm256_srli_epi32(
+        _mm256_add_epi32(_mm256_add_epi32(a, odd), _mm256_set1_epi32(kRoundAndRebias)), kShift);
+    const __m256i magic = _mm256_set1_epi32(kMagicBits);
+    const __m256i sub = _mm256_sub_epi32(
+        _mm256_castps_si256(_mm256_add_ps(_mm256_castsi256_ps(a), _mm256_castsi256_ps(magic))),
+        magic);
     const __m256i is_normal = _mm256_cmpgt_epi32(a, _mm256_set1_epi32(kMinNormalBits - 1));
-    const __m256 small = _mm256_castsi256_ps(_mm256_andnot_si256(is_normal, a));
-    const __m256 units = _mm256_mul_ps(small, _mm256_castsi256_ps(_mm256_set1_epi32(static_cast<int>(kUnitBits))));
-    const __m256 two23 = _mm256_set1_ps(8388608.0f);
-    const __m256i sub = _mm256_cvttps_epi32(_mm256_sub_ps(_mm256_add_ps(units, two23), two23));
-    __m256i code = _mm256_blendv_epi8(sub, normal, is_normal);
-    code = _mm256_blendv_epi8(code, _mm256_set1_epi32(kMaxCode),
-                              _mm256_cmpgt_epi32(a, _mm256_set1_epi32(kSaturateAbove)));
+    __m256i code = _mm256_min_epi32(_mm256_blendv_epi8(sub, normal, is_normal),
+                                    _mm256_set1_epi32(kMaxCode));
     code = _mm256_or_si256(code, sign);
     return _mm256_blendv_epi8(code, _mm256_set1_epi32(0x7f),
                               _mm256_cmpgt_epi32(a, _mm256_set1_epi32(0x7f800000)));
@@ -364,36 +366,24 @@ struct Avx2Loops {
     }
     PortableLoops::EncodeFp8<kExp, kMan>(in + i, n - i, s, out + i);
   }
-  // Fp8E4M3ToFloat / Fp8E5M2ToFloat (common/fp8.h), 8 lanes at a time.
+  // Fp8E4M3ToFloat / Fp8E5M2ToFloat (common/fp8.h), 8 lanes at a time,
+  // through F16C: an fp8 byte moved into f16's bit positions is an f16 of
+  // the same value (E5M2: f16's top byte, NaN and inf included) or of the
+  // value times 2^-8 (E4M3: its 4-bit exponent in f16's 5-bit field, bias 7
+  // against 15; subnormals land on f16 subnormals), which the exact
+  // multiplication by 256 restores. E4M3's 0x7f is NaN.
   template <int kExp>
-  GS_CODEC_AVX2 static __m256 Fp8Widen(__m256i b) {
-    constexpr int kMan = 7 - kExp;
-    constexpr int kBias = (1 << (kExp - 1)) - 1;
-    const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(b, _mm256_set1_epi32(0x80)), 24);
-    const __m256i mag = _mm256_and_si256(b, _mm256_set1_epi32(0x7f));
-    const __m256i exp = _mm256_srli_epi32(mag, kMan);
-    const __m256i man = _mm256_and_si256(mag, _mm256_set1_epi32((1 << kMan) - 1));
-    // Normal: the exponent rebiased, the mantissa at the top of f32's.
-    const __m256i normal =
-        _mm256_add_epi32(_mm256_slli_epi32(mag, 23 - kMan), _mm256_set1_epi32((127 - kBias) << 23));
-    // Subnormal: man * 2^(1 - bias - kMan), exact.
-    const __m256 unit = _mm256_set1_ps(kExp == 4 ? 1.0f / 512.0f : 1.0f / 65536.0f);
-    const __m256i sub = _mm256_castps_si256(_mm256_mul_ps(_mm256_cvtepi32_ps(man), unit));
-    const __m256i zero_exp = _mm256_cmpeq_epi32(exp, _mm256_setzero_si256());
-    __m256i bits = _mm256_blendv_epi8(normal, sub, zero_exp);
-    if constexpr (kExp == 4) {  // 0x7f: NaN (no infinities)
-      const __m256i nan = _mm256_cmpeq_epi32(mag, _mm256_set1_epi32(0x7f));
-      bits = _mm256_blendv_epi8(bits, _mm256_set1_epi32(0x7fc00000), nan);
-    } else {  // exponent 31: inf (man 0) or NaN
-      const __m256i top = _mm256_cmpeq_epi32(exp, _mm256_set1_epi32(0x1f));
-      const __m256i has_man = _mm256_cmpgt_epi32(man, _mm256_setzero_si256());
-      const __m256i special = _mm256_or_si256(
-          _mm256_set1_epi32(0x7f800000),
-          _mm256_and_si256(has_man, _mm256_or_si256(_mm256_set1_epi32(0x400000),
-                                                    _mm256_slli_epi32(man, 21))));
-      bits = _mm256_blendv_epi8(bits, special, top);
-    }
-    return _mm256_castsi256_ps(_mm256_or_si256(bits, sign));
+  GS_CODEC_AVX2 static __m256 Fp8Widen(__m128i bytes8) {
+    const __m128i b = _mm_cvtepu8_epi16(bytes8);
+    if constexpr (kExp == 5) return _mm256_cvtph_ps(_mm_slli_epi16(b, 8));
+    const __m128i sign = _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x80)), 8);
+    const __m128i mag = _mm_and_si128(b, _mm_set1_epi16(0x7f));
+    const __m256 v = _mm256_mul_ps(_mm256_cvtph_ps(_mm_or_si128(_mm_slli_epi16(mag, 7), sign)),
+                                   _mm256_set1_ps(256.0f));
+    const __m256i nan = _mm256_cvtepi16_epi32(_mm_cmpeq_epi16(mag, _mm_set1_epi16(0x7f)));
+    const __m256 quiet = _mm256_or_ps(_mm256_castsi256_ps(_mm256_set1_epi32(0x7fc00000)),
+                                      _mm256_and_ps(v, _mm256_set1_ps(-0.0f)));  // signed
+    return _mm256_blendv_ps(v, quiet, _mm256_castsi256_ps(nan));
   }
   template <int kExp>
   GS_CODEC_AVX2 static void DecodeFp8(const uint8_t* in, size_t n, float inv, float* out,
@@ -403,8 +393,7 @@ struct Avx2Loops {
     for (; i + 8 <= n; i += 8) {
       int64_t bytes;
       std::memcpy(&bytes, in + i, sizeof(bytes));
-      const __m256 v = _mm256_mul_ps(Fp8Widen<kExp>(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(bytes))),
-                                     vinv);
+      const __m256 v = _mm256_mul_ps(Fp8Widen<kExp>(_mm_cvtsi64_si128(bytes)), vinv);
       _mm256_storeu_ps(out + i, add ? _mm256_add_ps(_mm256_loadu_ps(out + i), v) : v);
     }
     PortableLoops::DecodeFp8<kExp>(in + i, n - i, inv, out + i, add);

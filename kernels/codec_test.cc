@@ -179,6 +179,48 @@ TEST(Codec, Fp8ConvertsEveryMagnitudeAsCommonFp8Does) {
   }
 }
 
+// The values where rounding is decided: every midpoint between two
+// neighbouring fp8 values (a tie), one f32 ulp either side of it, the
+// values themselves, both signs, and the non-finite ones (±inf saturate);
+// every variant against common/fp8.h. The largest value leads the block, so
+// its scale is 1 (a larger finite value would scale the block down).
+TEST(Codec, Fp8RoundsEveryTieAsCommonFp8Does) {
+  struct Case {
+    CodecId id;
+    float (*widen)(uint8_t);
+    uint8_t (*convert)(float);
+    uint8_t max_code;
+  };
+  for (const Case& k : {Case{CodecId::kFp8E4M3, Fp8E4M3ToFloat, FloatToFp8E4M3, 0x7e},
+                        Case{CodecId::kFp8E5M2, Fp8E5M2ToFloat, FloatToFp8E5M2, 0x7b}}) {
+    const float max = k.widen(k.max_code);
+    std::vector<float> x = {max};  // the first block's amax: scale 1
+    for (int c = 0; c < k.max_code; ++c) {
+      const float v = k.widen(static_cast<uint8_t>(c));
+      const float next = k.widen(static_cast<uint8_t>(c + 1));
+      const float mid = v + (next - v) / 2;  // exact: one bit more than the fp8's
+      for (float f : {v, mid, std::nextafter(mid, 0.0f), std::nextafter(mid, INFINITY), next}) {
+        x.push_back(f);
+        x.push_back(-f);
+      }
+    }
+    for (float f : {INFINITY, NAN, 1e-45f, 0.0f}) {
+      x.push_back(f);
+      x.push_back(-f);
+    }
+    for (internal::Isa isa : Isas()) {
+      const Codec& c = *internal::CodecFor(k.id, isa);
+      std::string enc(c.EncodedBytes(x.size()), '\0');
+      c.Encode(x.data(), x.size(), enc.data());
+      const size_t scales = (x.size() + kCodecBlockElements - 1) / kCodecBlockElements * 4;
+      for (size_t i = 0; i < x.size(); ++i) {
+        ASSERT_EQ(static_cast<uint8_t>(enc[scales + i]), k.convert(x[i]))
+            << c.name() << " " << IsaName(isa) << ": " << x[i];
+      }
+    }
+  }
+}
+
 // Every fp8 byte decodes as common/fp8.h widens it, in every variant (a
 // block of scale 1: the payload after one f32 scale of 1).
 TEST(Codec, Fp8DecodesEveryByteAsCommonFp8Does) {

@@ -37,8 +37,24 @@ uint64_t ErrorFeedbackStore::OpsSoFar(const std::string& name,
   return it->second.state.ops;
 }
 
-ErrorFeedbackStore::Entry& ErrorFeedbackStore::EntryFor(const std::string& name,
+void ErrorFeedbackStore::DropOrphans() {
+  for (auto it = entries_.begin(); it != entries_.end();) {
+    if (!it->second.owned || !it->second.owner.expired()) {
+      ++it;
+      continue;
+    }
+    GS_LOG(INFO) << "job '" << job_id_ << "': op '" << it->first
+                 << "': its memory was freed; its error feedback is dropped (residual norm "
+                 << it->second.state.ResidualNorm() << ")";
+    Release(it->second);
+    it = entries_.erase(it);
+  }
+}
+
+ErrorFeedbackStore::Entry& ErrorFeedbackStore::EntryFor(const Key& key,
                                                         const FeedbackLayout& layout) {
+  DropOrphans();
+  const std::string& name = key.name;
   auto [it, made] = entries_.try_emplace(name);
   Entry& e = it->second;
   if (!made && !(e.layout == layout)) {
@@ -50,11 +66,13 @@ ErrorFeedbackStore::Entry& ErrorFeedbackStore::EntryFor(const std::string& name,
     e = Entry{};
   }
   e.layout = layout;
+  e.owner = key.owner;
+  e.owned = !key.owner.expired();
   return e;
 }
 
-void ErrorFeedbackStore::CountOp(const std::string& name, const FeedbackLayout& layout) {
-  ++EntryFor(name, layout).state.ops;
+void ErrorFeedbackStore::CountOp(const Key& key, const FeedbackLayout& layout) {
+  ++EntryFor(key, layout).state.ops;
 }
 
 void ErrorFeedbackStore::Drop(const std::string& name, const std::string& why) {
@@ -68,6 +86,7 @@ void ErrorFeedbackStore::Drop(const std::string& name, const std::string& why) {
 
 std::vector<float> ErrorFeedbackStore::TakeResidual(const std::string& name,
                                                     const FeedbackLayout& layout) {
+  DropOrphans();
   auto it = entries_.find(name);
   if (it == entries_.end() || !(it->second.layout == layout)) return {};
   std::vector<float> owed = std::move(it->second.state.residual);
@@ -76,9 +95,10 @@ std::vector<float> ErrorFeedbackStore::TakeResidual(const std::string& name,
   return owed;
 }
 
-ErrorFeedback* ErrorFeedbackStore::StateFor(const std::string& name, const FeedbackLayout& layout,
+ErrorFeedback* ErrorFeedbackStore::StateFor(const Key& key, const FeedbackLayout& layout,
                                             const std::shared_ptr<SessionBuffers>& quota) {
-  Entry& e = EntryFor(name, layout);
+  Entry& e = EntryFor(key, layout);
+  const std::string& name = key.name;
   const uint64_t need = layout.StateBytes();
   if (e.charged < need) {
     if (quota != nullptr) {

@@ -1,5 +1,7 @@
 // The error-feedback state this daemon keeps for one job's compressed ops,
-// per op name: with one rank per daemon it is that rank's, with ranks
+// per key (OpRunner::FeedbackKeyOf: the op's name, or for an unnamed op on
+// the client's own memory that memory and offset, the entry then ending
+// with it): with one rank per daemon it is that rank's, with ranks
 // sharing the daemon it is the daemon's share's (the input of the stage
 // among the daemons). The residual of what an op did not deliver joins the
 // next op of the same name:
@@ -61,15 +63,23 @@ class ErrorFeedbackStore {
   ErrorFeedbackStore(const ErrorFeedbackStore&) = delete;
   ErrorFeedbackStore& operator=(const ErrorFeedbackStore&) = delete;
 
+  // An entry's key, and what bounds its life: an entry whose `owner` is
+  // set and has expired (the client memory it was keyed by was freed) is
+  // dropped, logged, before the store is next used.
+  struct Key {
+    std::string name;
+    std::weak_ptr<const void> owner;  // empty: lives with the epoch
+  };
+
   // Ops of `name` counted so far with this layout (0: none, or another
   // layout): top-k's warm-up decision.
   uint64_t OpsSoFar(const std::string& name, const FeedbackLayout& layout) const;
-  // Counts one op of `name` (a dense warm-up op or a compressed one).
-  void CountOp(const std::string& name, const FeedbackLayout& layout);
-  // The state a compressed op of `name` updates: made, and charged to
+  // Counts one op of `key` (a dense warm-up op or a compressed one).
+  void CountOp(const Key& key, const FeedbackLayout& layout);
+  // The state a compressed op of `key` updates: made, and charged to
   // `quota` (may be null: not charged), on first use or after a layout
   // change. Null when the quota refused it.
-  ErrorFeedback* StateFor(const std::string& name, const FeedbackLayout& layout,
+  ErrorFeedback* StateFor(const Key& key, const FeedbackLayout& layout,
                           const std::shared_ptr<SessionBuffers>& quota);
   // Drops the entry of `name` (an op that failed midway left its residual
   // half written), logging `why`.
@@ -91,9 +101,13 @@ class ErrorFeedbackStore {
     ErrorFeedback state;
     uint64_t charged = 0;
     std::shared_ptr<SessionBuffers> quota;
+    std::weak_ptr<const void> owner;
+    bool owned = false;  // `owner` was set: the entry ends with it
   };
-  // The entry of `name` for this layout, replacing one of another layout.
-  Entry& EntryFor(const std::string& name, const FeedbackLayout& layout);
+  // The entry of `key` for this layout, replacing one of another layout.
+  Entry& EntryFor(const Key& key, const FeedbackLayout& layout);
+  // Drops the entries whose owner has expired.
+  void DropOrphans();
   static void Release(Entry& e);
 
   const std::string job_id_;

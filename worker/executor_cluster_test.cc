@@ -444,6 +444,61 @@ TEST_P(ExecutorClusterShapes, TopkSendsTheLargestValuesAndThenWhatIsOwed) {
 // lost: an op of x, then an op of zeros, deliver n x together to f32
 // rounding (the second op's own quantization of the small residual aside),
 // far closer than the first alone - whether the second runs int8 or dense.
+// One f32 sum allreduce of `count` values on every rank's buffer: x, or
+// zeros; the plan and rank 0's result (every rank's checked equal to it).
+std::pair<std::string, std::vector<float>> RunCodecStep(ThreadedCluster& c,
+                                                        const std::vector<RankBuffer>& bufs,
+                                                        const std::vector<float>& x, bool zero,
+                                                        const std::string& name,
+                                                        const std::string& codec) {
+  const int n = c.world();
+  const size_t count = x.size();
+  std::vector<uint64_t> ids(n);
+  for (int r = 0; r < n; ++r) {
+    if (zero) {
+      std::memset(bufs[r].data, 0, count * 4);
+    } else {
+      std::memcpy(bufs[r].data, x.data(), count * 4);
+    }
+    OpSpec op = Allreduce(DType::kF32, ReduceOp::kSum, count, name);
+    op.buffer_id = bufs[r].id;
+    op.codec = codec;
+    absl::StatusOr<uint64_t> id = c.Submit(r, op);
+    EXPECT_TRUE(id.ok()) << id.status();
+    ids[r] = id.ok() ? *id : 0;
+  }
+  std::string plan;
+  for (int r = 0; r < n; ++r) {
+    absl::StatusOr<OpOutcome> out = c.Wait(r, ids[r]);
+    EXPECT_TRUE(out.ok() && out->status.ok()) << "rank " << r;
+    if (r == 0 && out.ok()) plan = out->algorithm;
+    EXPECT_EQ(std::memcmp(bufs[r].data, bufs[0].data, count * 4), 0) << "rank " << r;
+  }
+  std::vector<float> got(count);
+  std::memcpy(got.data(), bufs[0].data, count * 4);
+  return {plan, got};
+}
+
+// The largest error of an op of x on every rank (n x), and of it plus the
+// next op (of zeros), which delivers what the first owes.
+std::pair<double, double> CodecErrors(const std::vector<float>& x, int n,
+                                      const std::vector<float>& first,
+                                      const std::vector<float>& owed) {
+  double first_err = 0, together_err = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double want = n * double{x[i]};
+    first_err = std::max(first_err, std::fabs(first[i] - want));
+    together_err = std::max(together_err, std::fabs(double{first[i]} + owed[i] - want));
+  }
+  return {first_err, together_err};
+}
+
+std::vector<float> CodecInput() {
+  std::vector<float> x(2 * kCodecBlockElements + 33);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(0.37f * static_cast<float>(i)) * 3.0f + 0.01f;
+  return x;
+}
+
 TEST_P(ExecutorClusterShapes, QuantizedOpsOweTheirLossToTheNextOpOfTheName) {
   ClusterSpec spec;
   spec.node_of_rank = GetParam();
@@ -453,48 +508,15 @@ TEST_P(ExecutorClusterShapes, QuantizedOpsOweTheirLossToTheNextOpOfTheName) {
   ASSERT_NE(c, nullptr);
   const int n = c->world();
   const bool one_daemon = OnOneDaemon(spec.node_of_rank);
-  const size_t count = 2 * kCodecBlockElements + 33;
-  std::vector<RankBuffer> bufs = Buffers(*c, count * 4);
-  std::vector<float> x(count);
-  for (size_t i = 0; i < count; ++i) x[i] = std::sin(0.37f * static_cast<float>(i)) * 3.0f + 0.01f;
-  auto step = [&](bool zero, const std::string& codec) {
-    std::vector<uint64_t> ids(n);
-    for (int r = 0; r < n; ++r) {
-      if (zero) {
-        std::memset(bufs[r].data, 0, count * 4);
-      } else {
-        std::memcpy(bufs[r].data, x.data(), count * 4);
-      }
-      OpSpec op = Allreduce(DType::kF32, ReduceOp::kSum, count);
-      op.buffer_id = bufs[r].id;
-      op.codec = codec;
-      absl::StatusOr<uint64_t> id = c->Submit(r, op);
-      EXPECT_TRUE(id.ok()) << id.status();
-      ids[r] = id.ok() ? *id : 0;
-    }
-    std::string plan;
-    for (int r = 0; r < n; ++r) {
-      absl::StatusOr<OpOutcome> out = c->Wait(r, ids[r]);
-      EXPECT_TRUE(out.ok() && out->status.ok()) << "rank " << r;
-      if (r == 0 && out.ok()) plan = out->algorithm;
-      EXPECT_EQ(std::memcmp(bufs[r].data, bufs[0].data, count * 4), 0) << "rank " << r;
-    }
-    std::vector<float> got(count);
-    std::memcpy(got.data(), bufs[0].data, count * 4);
-    return std::make_pair(plan, got);
-  };
+  const std::vector<float> x = CodecInput();
+  std::vector<RankBuffer> bufs = Buffers(*c, x.size() * 4);
   // The owed values come back through the codec (the job's int8), or
   // through a dense op of the name (the op's own "none"), which takes them
   // into its input.
   for (const std::string payback : {"", "none"}) {
-    auto [first_plan, first] = step(false, "");
-    auto [owed_plan, owed] = step(true, payback);
-    double first_err = 0, together_err = 0;
-    for (size_t i = 0; i < count; ++i) {
-      const double want = n * double{x[i]};
-      first_err = std::max(first_err, std::fabs(first[i] - want));
-      together_err = std::max(together_err, std::fabs(double{first[i]} + owed[i] - want));
-    }
+    auto [first_plan, first] = RunCodecStep(*c, bufs, x, false, "g", "");
+    auto [owed_plan, owed] = RunCodecStep(*c, bufs, x, true, "g", payback);
+    const auto [first_err, together_err] = CodecErrors(x, n, first, owed);
     if (one_daemon) {  // no link: dense, exact, nothing owed
       EXPECT_THAT(first_plan, Not(HasSubstr("+")));
       EXPECT_EQ(first_err, 0.0);
@@ -511,6 +533,41 @@ TEST_P(ExecutorClusterShapes, QuantizedOpsOweTheirLossToTheNextOpOfTheName) {
     EXPECT_LT(together_err * 20, first_err)
         << "the op after it (" << owed_plan << ") did not deliver what was owed";
   }
+}
+
+// An unnamed op keeps its error feedback where it runs on the client's own
+// memory (the PyTorch backend's adopted buckets): keyed by that memory. On
+// a buffer the daemon allocated (which a client may reuse for any tensor:
+// a staging pool) it keeps none, and the loss stays lost.
+TEST_P(ExecutorClusterShapes, UnnamedOpsOnTheClientsOwnMemoryOweTheirLossToo) {
+  ClusterSpec spec;
+  spec.node_of_rank = GetParam();
+  spec.job_codec = "int8";
+  FakeCoordinator coord(spec);
+  auto c = Form(coord);
+  ASSERT_NE(c, nullptr);
+  const int n = c->world();
+  if (OnOneDaemon(spec.node_of_rank)) GTEST_SKIP() << "no link: dense, nothing owed";
+  const std::vector<float> x = CodecInput();
+  std::vector<RankBuffer> own;
+  for (int r = 0; r < n; ++r) {
+    absl::StatusOr<RankBuffer> b = c->Register(r, x.size() * 4);
+    ASSERT_TRUE(b.ok()) << b.status();
+    own.push_back(*b);
+  }
+  auto [first_plan, first] = RunCodecStep(*c, own, x, false, "", "");
+  auto [owed_plan, owed] = RunCodecStep(*c, own, x, true, "", "");
+  EXPECT_THAT(first_plan, HasSubstr("+int8"));
+  auto [first_err, together_err] = CodecErrors(x, n, first, owed);
+  EXPECT_GT(first_err, 3.0 * n / 254 / 8) << "int8 should lose something of x";
+  EXPECT_LT(together_err * 20, first_err) << "the unnamed op on own memory kept nothing";
+  // Allocated buffers: the next op has nothing to deliver.
+  std::vector<RankBuffer> pool = Buffers(*c, x.size() * 4);
+  std::tie(first_plan, first) = RunCodecStep(*c, pool, x, false, "", "");
+  std::tie(owed_plan, owed) = RunCodecStep(*c, pool, x, true, "", "");
+  std::tie(first_err, together_err) = CodecErrors(x, n, first, owed);
+  EXPECT_GT(first_err, 3.0 * n / 254 / 8);
+  EXPECT_EQ(together_err, first_err) << "an allocated buffer's unnamed op kept state";
 }
 
 INSTANTIATE_TEST_SUITE_P(Placements, ExecutorClusterShapes,

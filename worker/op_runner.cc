@@ -111,12 +111,13 @@ absl::Status OpRunner::Run(const std::vector<QueuedOp*>& ops, absl::Time negotia
   request.count = lead.sig.count;
   request.codecs = lead.sig.codecs;
   request.sparse = lead.sig.sparse;
-  request.named = !lead.sig.name.empty();
+  const ErrorFeedbackStore::Key key = FeedbackKeyOf(lead);
+  request.keyed = !key.name.empty();
   const SparseSpec spec = SparseSpec::FromCode(lead.sig.sparse);
-  // Top-k keeps state per op name (the warm-up count, the residual).
-  const bool keyed = spec.on() && request.named && lead.sig.kind == CollectiveKind::kAllreduce;
+  // Top-k keeps state per key (the warm-up count, the residual).
+  const bool keyed = spec.on() && request.keyed && lead.sig.kind == CollectiveKind::kAllreduce;
   const FeedbackLayout topk_layout = FeedbackLayout::Topk(lead.sig.count, spec);
-  if (keyed) request.sparse_ops_so_far = feedback_.OpsSoFar(lead.sig.name, topk_layout);
+  if (keyed) request.sparse_ops_so_far = feedback_.OpsSoFar(key.name, topk_layout);
   const Plan mine = planner_->Propose(request);
   if (!mine.on_device) s = staging_->StageIn(ops, bytes);
   if (s.ok() && premul) Premultiply(ops, bytes);
@@ -172,7 +173,7 @@ absl::Status OpRunner::Run(const std::vector<QueuedOp*>& ops, absl::Time negotia
       out->kept_state = keyed;
       if (plan.sparse) {
         sparse.spec = spec;
-        sparse.feedback = feedback_.StateFor(lead.sig.name, topk_layout, lead.quota);
+        sparse.feedback = feedback_.StateFor(key, topk_layout, lead.quota);
         // n daemons' k entries of 8 bytes against the dense ring's 2(n-1)/n
         // of the f32 values: n k / count.
         out->wire_ratio = static_cast<double>(place.nodes()) *
@@ -181,10 +182,10 @@ absl::Status OpRunner::Run(const std::vector<QueuedOp*>& ops, absl::Time negotia
       } else if (plan.codec != CodecId::kNone && lead.sig.count > 0) {
         out->wire_ratio = static_cast<double>(CodecFor(plan.codec)->EncodedBytes(lead.sig.count)) /
                           static_cast<double>(lead.sig.count * sizeof(float));
-        // A named op's quantization loss is owed to its next op (host
+        // A keyed op's quantization loss is owed to its next op (host
         // memory; a device buffer's codec runs on its GPU without it).
-        if (request.named && !plan.on_device) {
-          codec_feedback = feedback_.StateFor(lead.sig.name, QuantizedLayout(lead), lead.quota);
+        if (request.keyed && !plan.on_device) {
+          codec_feedback = feedback_.StateFor(key, QuantizedLayout(lead), lead.quota);
           out->kept_state = true;
         }
       }
@@ -198,10 +199,10 @@ absl::Status OpRunner::Run(const std::vector<QueuedOp*>& ops, absl::Time negotia
         const absl::Time run_start = TraceNow();
         s = RunAgreed(ops, plan, plan.on_device ? device_path : nullptr, two_level, &sparse,
                       codec_feedback);
-        if (keyed) feedback_.CountOp(lead.sig.name, topk_layout);
+        if (keyed) feedback_.CountOp(key, topk_layout);
         if (codec_feedback != nullptr) {
           ++codec_feedback->ops;
-          if (!s.ok()) feedback_.Drop(lead.sig.name, "the op failed midway");
+          if (!s.ok()) feedback_.Drop(key.name, "the op failed midway");
         }
         TraceEvent(out->plan_name, "op", run_start);
       }
@@ -229,14 +230,23 @@ FeedbackLayout OpRunner::QuantizedLayout(const QueuedOp& lead) const {
   return FeedbackLayout::Quantized(elems);
 }
 
+ErrorFeedbackStore::Key OpRunner::FeedbackKeyOf(const QueuedOp& op) {
+  if (!op.sig.name.empty()) return {op.sig.name, {}};
+  if (op.buffer == nullptr || !op.buffer->client_memory() || op.device != nullptr) return {};
+  return {absl::StrCat("(unnamed, on client buffer ", op.buffer->serial(), " at byte ", op.offset,
+                       ")"),
+          std::weak_ptr<const void>(op.buffer)};
+}
+
 void OpRunner::PayBack(const QueuedOp& lead, Outcome* out) {
   const CollectiveKind kind = lead.sig.kind;
-  if (lead.sig.name.empty() || lead.sig.dtype != DType::kF32 ||
+  const ErrorFeedbackStore::Key key = FeedbackKeyOf(lead);
+  if (key.name.empty() || lead.sig.dtype != DType::kF32 ||
       (kind != CollectiveKind::kAllreduce && kind != CollectiveKind::kReduceScatter) ||
       (CombineOp(lead.sig.op) != ReduceOp::kSum && lead.sig.op != ReduceOp::kAvg)) {
     return;
   }
-  const std::vector<float> owed = feedback_.TakeResidual(lead.sig.name, QuantizedLayout(lead));
+  const std::vector<float> owed = feedback_.TakeResidual(key.name, QuantizedLayout(lead));
   if (owed.empty()) return;
   // The lead's buffer: the local ranks' combine, or the ring, sums it with
   // the others, as the compressed ring sums the residual it adds.

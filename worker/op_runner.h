@@ -139,8 +139,17 @@ class OpRunner {
   // enough, and daemons sharing hosts evenly (hosts_). Every daemon decides
   // alike: the inputs are the same everywhere.
   bool TwoLevel(const QueuedOp& lead, const Plan& plan, size_t bytes) const;
-  // A dense op (host memory) of a name whose codec ops still owe values
-  // pays them back: the name's quantization residual joins the lead's input
+  // The key of `op`'s error feedback: its name; for an unnamed op on the
+  // client's own memory (ShmSegment::client_memory: e.g. a DDP bucket the
+  // PyTorch backend adopted), that memory and the op's offset in it, the
+  // entry ending with the memory (its identity holds while it is
+  // registered; a serial, never reused, names it); otherwise none (a
+  // buffer the daemon allocated may be a staging buffer that carries a
+  // different tensor every op). Local to this daemon: the op signature
+  // compares names only.
+  static ErrorFeedbackStore::Key FeedbackKeyOf(const QueuedOp& op);
+  // A dense op (host memory) of a key whose codec ops still owe values
+  // pays them back: the key's quantization residual joins the lead's input
   // and leaves the store (ErrorFeedbackStore::TakeResidual).
   void PayBack(const QueuedOp& lead, Outcome* out);
   // The layout of `lead`'s quantization residual (its stage among the

@@ -7,6 +7,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 
+#include <atomic>
 #include <ctime>
 #include <unistd.h>
 
@@ -126,8 +127,15 @@ absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::MapFd(int fd, uint64_t o
     return absl::ResourceExhaustedError(
         absl::StrCat("cannot map ", size, " bytes of the fd: ", ErrnoString(errno)));
   }
-  return std::unique_ptr<ShmSegment>(
+  std::unique_ptr<ShmSegment> seg(
       new ShmSegment(description, size, static_cast<char*>(p), size, false));
+  seg->client_memory_ = true;
+  return seg;
+}
+
+uint64_t ShmSegment::NextSerial() {
+  static std::atomic<uint64_t> next{1};
+  return next.fetch_add(1, std::memory_order_relaxed);
 }
 
 ShmSegment::~ShmSegment() {

@@ -50,16 +50,27 @@ class ShmSegment {
   // Whether the client gets this segment by descriptor (CreateSealed).
   bool by_descriptor() const { return by_descriptor_; }
   bool holds_fd() const { return fd_.valid(); }
+  // Whether this is the client's own memory (MapFd: a registered descriptor,
+  // e.g. a tensor's storage the PyTorch backend adopted), whose contents keep
+  // one identity while it is registered, unlike a buffer the daemon
+  // allocated, which a client may reuse for anything (a staging pool).
+  bool client_memory() const { return client_memory_; }
+  // Unique among this process's segments, never reused.
+  uint64_t serial() const { return serial_; }
 
  private:
   ShmSegment(std::string name, size_t size, char* data, size_t mapped, bool created)
-      : name_(std::move(name)), size_(size), data_(data), mapped_(mapped), created_(created) {}
+      : name_(std::move(name)), size_(size), data_(data), mapped_(mapped), created_(created),
+        serial_(NextSerial()) {}
+  static uint64_t NextSerial();
   std::string name_;
   size_t size_;
   char* data_;
   size_t mapped_;
   bool created_;  // shm_open'ed here: unlinked with the mapping
   bool by_descriptor_ = false;
+  bool client_memory_ = false;
+  const uint64_t serial_;
   UniqueFd fd_;  // CreateSealed: until TakeFd
 };
 

@@ -1,6 +1,11 @@
 #include "worker/threaded_cluster_testing.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -48,6 +53,22 @@ absl::StatusOr<RankBuffer> ThreadedCluster::Allocate(int rank, size_t bytes) {
   ASSIGN_OR_RETURN(std::unique_ptr<ipc::SharedMemory> mem,
                    ipc::SharedMemory::MapFd(fd.get(), bytes,
                                             absl::StrCat("rank ", rank, " buffer ", info.id)));
+  RankBuffer b{info.id, static_cast<char*>(mem->data()), bytes};
+  mappings_.push_back(std::move(mem));
+  return b;
+}
+
+absl::StatusOr<RankBuffer> ThreadedCluster::Register(int rank, size_t bytes) {
+  UniqueFd fd(::memfd_create("threaded-cluster", MFD_ALLOW_SEALING | MFD_CLOEXEC));
+  if (!fd.valid() || ::ftruncate(fd.get(), static_cast<off_t>(bytes)) != 0 ||
+      ::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK) != 0) {
+    return absl::InternalError(absl::StrCat("a sealed memfd for rank ", rank, ": errno ", errno));
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<ipc::SharedMemory> mem,
+                   ipc::SharedMemory::MapFd(fd.get(), bytes,
+                                            absl::StrCat("rank ", rank, " own memory")));
+  ASSIGN_OR_RETURN(BufferInfo info, sessions_[rank]->RegisterBuffer(
+                                        fd.get(), 0, bytes, absl::StrCat("rank ", rank, " memfd")));
   RankBuffer b{info.id, static_cast<char*>(mem->data()), bytes};
   mappings_.push_back(std::move(mem));
   return b;

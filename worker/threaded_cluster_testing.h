@@ -108,6 +108,10 @@ class ThreadedCluster {
 
   // A zero-filled buffer of `bytes` (> 0) for `rank`.
   absl::StatusOr<RankBuffer> Allocate(int rank, size_t bytes);
+  // The same, in the client's own memory: a sealed memfd of `rank`'s
+  // registered with its session (Session::RegisterBuffer), as the SDK
+  // registers a tensor's storage it adopts.
+  absl::StatusOr<RankBuffer> Register(int rank, size_t bytes);
   // SubmitOp on `rank`'s session.
   absl::StatusOr<uint64_t> Submit(int rank, const OpSpec& op);
   // Waits up to `timeout` for op `id` of `rank` to finish; its outcome, or
