@@ -77,6 +77,9 @@ struct LocalCollective {
   // Top-k sparsification of the allreduce among the daemons (allreduce
   // only; collective/sparse_allreduce.h), with this daemon's state.
   SparseStage sparse;
+  // Where RunAcrossNodes writes how long the allreduce among the daemons
+  // took (allreduce and reduce_scatter; null: not measured).
+  absl::Duration* between_time = nullptr;
 
   const Reducer& reduce() const { return reducer != nullptr ? *reducer : CpuReducer(); }
 };

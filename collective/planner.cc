@@ -315,6 +315,40 @@ void Planner::Complete(const PlanRequest& op, Plan* plan) const {
   plan->node_algorithm = plan->codec != CodecId::kNone || plan->sparse ? Algorithm::kRing : node;
 }
 
+void Planner::ObserveStage(const Plan& plan, CollectiveKind kind, size_t bytes, double stage_us) {
+  if (plan.local_stage && plan.codec != CodecId::kNone) LearnCodec(plan.codec, kind, bytes, stage_us);
+}
+
+void Planner::LearnCodec(CodecId codec, CollectiveKind kind, size_t bytes, double run_us) {
+  // The CPU it really takes here, the error feedback's passes, a
+  // cache-resident speed measurement: what the model does not know.
+  if (bytes < (1u << 20) || run_us <= 0) return;
+  PlanRequest op;
+  op.kind = kind;
+  op.bytes = bytes;
+  const double modelled = ModelledCodecMicros(op, codec);
+  if (modelled <= 0) return;
+  const double ratio = std::clamp(run_us / modelled, 0.25, 16.0);
+  const int id = static_cast<int>(codec);
+  codec_correction_[id] = codec_observed_[id] ? 0.7 * codec_correction_[id] + 0.3 * ratio : ratio;
+  codec_observed_[id] = true;
+  // The codecs not run yet take the mean correction of those that have
+  // (the same CPU, the same trainers beside it, the same error-feedback
+  // passes): where one codec proved slow, auto does not try the others one
+  // op at a time before it settles on dense.
+  double sum = 0;
+  int seen = 0;
+  for (int c = 1; c < kCodecCount; ++c) {
+    if (codec_observed_[c]) {
+      sum += codec_correction_[c];
+      ++seen;
+    }
+  }
+  for (int c = 1; c < kCodecCount; ++c) {
+    if (!codec_observed_[c]) codec_correction_[c] = sum / seen;
+  }
+}
+
 std::string Planner::Observe(const Plan& plan, CollectiveKind kind, size_t bytes, uint8_t streams,
                              double took_us, double exchange_us, bool rank0) {
   if (plan.path != PlanPath::kFlat) return "";
@@ -327,35 +361,10 @@ std::string Planner::Observe(const Plan& plan, CollectiveKind kind, size_t bytes
   if (plan.sparse) return "";
   if (plan.codec != CodecId::kNone) {
     // Its time is the codec's work as much as the link's: it corrects the
-    // codec's model (the CPU it really takes here, the error feedback's
-    // passes, a cache-resident speed measurement), never the link's β, which
-    // would otherwise look slower and make the codec look better still.
-    if (bytes < (1u << 20) || run_us <= 0) return "";
-    PlanRequest op;
-    op.kind = kind;
-    op.bytes = bytes;
-    const double modelled = ModelledCodecMicros(op, plan.codec);
-    if (modelled <= 0) return "";
-    const double ratio = std::clamp(run_us / modelled, 0.25, 16.0);
-    const int id = static_cast<int>(plan.codec);
-    codec_correction_[id] =
-        codec_observed_[id] ? 0.7 * codec_correction_[id] + 0.3 * ratio : ratio;
-    codec_observed_[id] = true;
-    // The codecs not run yet take the mean correction of those that have
-    // (the same CPU, the same trainers beside it, the same error-feedback
-    // passes): where one codec proved slow, auto does not try the others
-    // one op at a time before it settles on dense.
-    double sum = 0;
-    int seen = 0;
-    for (int c = 1; c < kCodecCount; ++c) {
-      if (codec_observed_[c]) {
-        sum += codec_correction_[c];
-        ++seen;
-      }
-    }
-    for (int c = 1; c < kCodecCount; ++c) {
-      if (!codec_observed_[c]) codec_correction_[c] = sum / seen;
-    }
+    // codec's model, never the link's β, which would otherwise look slower
+    // and make the codec look better still. With ranks sharing daemons the
+    // op's time includes the in-memory stages: ObserveStage learns instead.
+    if (!plan.local_stage) LearnCodec(plan.codec, kind, bytes, run_us);
     return "";
   }
   link_ = RefineFromObservation(link_, kind, plan.algorithm, bytes, world, run_us);

@@ -218,6 +218,10 @@ class Planner {
   // otherwise).
   std::string Observe(const Plan& plan, CollectiveKind kind, size_t bytes, uint8_t streams,
                       double took_us, double exchange_us, bool rank0);
+  // The stage among the daemons of a `hier` op (ranks sharing daemons) took
+  // `stage_us`: a compressed one corrects its codec's model, as Observe does
+  // for a flat op (the op's whole time includes the in-memory stages).
+  void ObserveStage(const Plan& plan, CollectiveKind kind, size_t bytes, double stage_us);
 
  private:
   // The decisions that follow from the path and algorithm: the node-stage
@@ -235,6 +239,9 @@ class Planner {
   // Whether `op`'s top-k runs under `plan`, and why not where it asked for it.
   bool ChooseSparse(const PlanRequest& op, const Plan& plan, const char** why) const;
   void ObserveSmallOp(CollectiveKind kind, Algorithm algo, size_t bytes, double took_us);
+  // A compressed op of `bytes` took `run_us` on the stage among the daemons:
+  // the codec's correction moves toward observed over modelled.
+  void LearnCodec(CodecId codec, CollectiveKind kind, size_t bytes, double run_us);
   // CodecMicros before the correction.
   double ModelledCodecMicros(const PlanRequest& op, CodecId codec) const;
 

@@ -457,6 +457,28 @@ TEST(Planner, AutoLearnsWhatACodecReallyCostsHere) {
   EXPECT_EQ(q.codec_correction(CodecId::kInt8), 1.0);
 }
 
+// With ranks sharing daemons the op's time includes the in-memory stages;
+// the stage among the daemons, timed on its own, corrects the codec.
+TEST(Planner, AutoLearnsACodecsCostFromTheStageAmongDaemons) {
+  Planner p(PlannerSettings{}, Shared(2, 4), Gigabit());
+  PlanRequest op = CodecOp(64 << 20, "auto");
+  op.keyed = true;
+  const Plan first = p.Propose(op);
+  ASSERT_TRUE(first.local_stage);
+  ASSERT_EQ(first.codec, CodecId::kInt8);
+  const double modelled = p.CodecMicros(op, CodecId::kInt8);
+  // The whole op's time says nothing of the codec (Observe: hier is not flat).
+  p.Observe(first, CollectiveKind::kAllreduce, op.bytes, 0, 100 * modelled, 0, true);
+  EXPECT_EQ(p.codec_correction(CodecId::kInt8), 1.0);
+  p.ObserveStage(first, CollectiveKind::kAllreduce, op.bytes, 2 * modelled);
+  EXPECT_NEAR(p.codec_correction(CodecId::kInt8), 2.0, 1e-9);
+  // A dense stage teaches the codecs nothing.
+  Plan dense = first;
+  dense.codec = CodecId::kNone;
+  p.ObserveStage(dense, CollectiveKind::kAllreduce, op.bytes, 100 * modelled);
+  EXPECT_NEAR(p.codec_correction(CodecId::kInt8), 2.0, 1e-9);
+}
+
 TEST(Planner, AgreeTakesRankZerosCodec) {
   Planner planner(PlannerSettings{}, Flat(2), Loopback());
   const PlanRequest op = CodecOp(1 << 20, "auto");

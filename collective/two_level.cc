@@ -45,11 +45,13 @@ absl::Status RunTwoLevelAllreduce(transport::Context& ctx, const HostGroups& hos
     c.root = 0;
     c.op = CombineOp(call.op);
     c.seq = call.seq | (static_cast<uint64_t>(n) << 56);
-    // A codec saves bytes across the hosts; within one, the values go as they are.
-    // Only the hosts' leaders quantize: their residuals hold what is owed.
+    // A codec or top-k saves bytes across the hosts; within one, the values
+    // go as they are. Only the hosts' leaders quantize or select: their
+    // residuals hold what is owed.
     if (kind != CollectiveKind::kAllreduce) {
       c.codec = CodecId::kNone;
       c.codec_feedback = nullptr;
+      c.sparse = SparseStage{};
     }
     return c;
   };

@@ -634,6 +634,18 @@ TEST(ExecutorCluster, DaemonsSharingHostsAllreduceInTwoLevels) {
     ExpectAllOk(c->RunOnAll(forced, Ids(bufs), &outcomes), "forced ring");
     ExpectResult(bufs, Reference(inputs, DType::kF32, ReduceOp::kSum, 70001), "forced ring");
     EXPECT_EQ(outcomes[0].algorithm, "ring");
+    // Top-k sparsifies the allreduce across the hosts (only the hosts'
+    // leaders select); topk:1 selects every value, so the integer-valued
+    // sum is exact.
+    inputs = Fill(bufs, DType::kF32, ReduceOp::kSum, 70001, seed++);
+    OpSpec sparse = Allreduce(DType::kF32, ReduceOp::kSum, 70001);
+    sparse.codec = "topk:1";
+    outcomes.clear();
+    ExpectAllOk(c->RunOnAll(sparse, Ids(bufs), &outcomes), "topk");
+    ExpectResult(bufs, Reference(inputs, DType::kF32, ReduceOp::kSum, 70001), "topk");
+    for (const OpOutcome& o : outcomes) {
+      EXPECT_EQ(o.algorithm, shape.two_level ? "2level+topk" : "ring+topk") << "topk";
+    }
   }
 }
 

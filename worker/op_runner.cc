@@ -63,7 +63,7 @@ bool OpRunner::TwoLevel(const QueuedOp& lead, const Plan& plan, size_t bytes) co
   return lead.sig.kind == CollectiveKind::kAllreduce && !plan.local_stage &&
          plan.path != PlanPath::kParameterServer && one_rank_per_daemon_ &&
          lead.sig.forced == OpSignature::kNoAlgorithm && node_ctx_ != nullptr &&
-         bytes >= options_.planner.two_level_min_bytes && hosts_.two_level() && !plan.sparse;
+         bytes >= options_.planner.two_level_min_bytes && hosts_.two_level();
 }
 
 OpRunner::~OpRunner() = default;
@@ -197,8 +197,13 @@ absl::Status OpRunner::Run(const std::vector<QueuedOp*>& ops, absl::Time negotia
       if (!plan.fused && s.ok()) {  // a fused op is done with the exchange
         SetPhase(absl::StrCat("running ", out->plan_name));
         const absl::Time run_start = TraceNow();
+        stage_time_ = absl::ZeroDuration();
         s = RunAgreed(ops, plan, plan.on_device ? device_path : nullptr, two_level, &sparse,
                       codec_feedback);
+        if (s.ok() && stage_time_ > absl::ZeroDuration()) {
+          planner_->ObserveStage(plan, lead.sig.kind, bytes,
+                                 absl::ToDoubleMicroseconds(stage_time_));
+        }
         if (keyed) feedback_.CountOp(key, topk_layout);
         if (codec_feedback != nullptr) {
           ++codec_feedback->ops;
@@ -317,6 +322,7 @@ absl::Status OpRunner::RunAgreed(const std::vector<QueuedOp*>& ops, const Plan& 
   if (on_device != nullptr) {
     RETURN_IF_ERROR(staging_->Local(*on_device, ops, &c));
     c.codec = plan.codec;
+    c.between_time = &stage_time_;
     absl::Status s = RunAcrossNodes(*on_device->context(), place, c, plan.node_algorithm,
                                     lead.seq, deadline, options_.ring, &on_device->scratch(),
                                     &on_device->algo_scratch());
@@ -331,6 +337,7 @@ absl::Status OpRunner::RunAgreed(const std::vector<QueuedOp*>& ops, const Plan& 
   c.codec = plan.codec;
   c.codec_feedback = codec_feedback;
   if (plan.sparse && sparse != nullptr) c.sparse = *sparse;
+  c.between_time = &stage_time_;
   return RunAcrossNodes(*node_ctx_, place, c, plan.node_algorithm, lead.seq, deadline,
                         options_.ring, &scratch_, &algo_scratch_, slicing);
 }

@@ -182,8 +182,11 @@ class OpRunner {
   transport::Scratch scratch_, algo_scratch_;
   // The clients' buffers registered on node_ctx_, once per buffer.
   transport::RegistrationCache registrations_;
-  ErrorFeedbackStore feedback_;  // this epoch's compressed ops' state, by op name
+  ErrorFeedbackStore feedback_;  // this epoch's compressed ops' state, by key
   std::vector<std::string> encoded_;  // the local signatures, by local index
+  // How long the last op's stage among the daemons took, where it ran one
+  // (ranks sharing daemons): the planner learns the codecs' cost from it.
+  absl::Duration stage_time_;
 };
 
 }  // namespace gradsync
