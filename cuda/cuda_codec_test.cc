@@ -41,13 +41,6 @@ TEST(CudaCodec, RefusesWhatIsNotAWireCodec) {
 
 using CudaCodecGpu = CudaGpuTest;
 
-bool SameFloat(float a, float b) {
-  uint32_t x, y;
-  std::memcpy(&x, &a, 4);
-  std::memcpy(&y, &b, 4);
-  return x == y || (std::isnan(a) && std::isnan(b));
-}
-
 std::vector<float> Values(size_t n, uint32_t seed) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> normal(0, 1);

@@ -42,13 +42,6 @@ TEST(CudaScaledConvert, RefusesTypesItDoesNotConvertTo) {
 
 using CudaScaledConvertGpu = CudaGpuTest;
 
-bool SameFloat(float a, float b) {
-  uint32_t x, y;
-  std::memcpy(&x, &a, 4);
-  std::memcpy(&y, &b, 4);
-  return x == y || (std::isnan(a) && std::isnan(b));
-}
-
 TEST_F(CudaScaledConvertGpu, MatchesTheCpuReferenceBitForBit) {
   std::mt19937 rng(11);
   std::normal_distribution<float> normal(0, 1);

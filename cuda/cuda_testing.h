@@ -1,10 +1,14 @@
-// For CUDA tests: a fixture whose tests need a usable GPU. Without one they
-// skip, saying why; with GRADSYNC_REQUIRE_CUDA=1 (on a GPU host) they fail
-// instead, so a missing device or a too-old driver cannot pass as a skip.
+// For CUDA tests: a float comparison, and a fixture whose tests need a
+// usable GPU. Without one they skip, saying why; with GRADSYNC_REQUIRE_CUDA=1
+// (on a GPU host) they fail instead, so a missing device or a too-old driver
+// cannot pass as a skip.
 #ifndef GRADSYNC_CUDA_CUDA_TESTING_H_
 #define GRADSYNC_CUDA_CUDA_TESTING_H_
 
+#include <cmath>
+#include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "cuda/cuda_reduce.h"
@@ -24,6 +28,14 @@ class CudaGpuTest : public ::testing::Test {
     GTEST_SKIP() << "no usable CUDA device: " << reason;
   }
 };
+
+// The same bits, or both NaN (CUDA makes canonical NaNs; x86 keeps payloads).
+inline bool SameFloat(float a, float b) {
+  uint32_t x, y;
+  std::memcpy(&x, &a, 4);
+  std::memcpy(&y, &b, 4);
+  return x == y || (std::isnan(a) && std::isnan(b));
+}
 
 }  // namespace gradsync::cuda
 
