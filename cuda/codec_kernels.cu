@@ -15,7 +15,7 @@
 #include <cfloat>
 #include <cstdint>
 
-#include "cuda/block_amax.cuh"
+#include "cuda/chunk_kernels.cuh"
 #include "cuda/cuda_internal.h"
 #include "cuda/kernel_traits.cuh"
 
@@ -26,10 +26,7 @@ namespace {
 
 constexpr int kThreads = 256;
 
-unsigned Grid(size_t n) {
-  const size_t b = (n + kThreads - 1) / kThreads;
-  return static_cast<unsigned>(b < 65535u * 32 ? (b == 0 ? 1 : b) : 65535u * 32);
-}
+unsigned Grid(size_t n) { return GridStrideBlocks<kThreads>(n); }
 
 #define GS_FOR_EACH(i, n)                                                               \
   for (size_t i = blockIdx.x * static_cast<size_t>(kThreads) + threadIdx.x; i < (n); \
@@ -105,7 +102,13 @@ __global__ void __launch_bounds__(kThreads)
 #undef GS_FOR_EACH
 
 // kernels/codec.h's CodecId and its payload types.
-enum CodecCode : int { kBf16Codec = 1, kFp16Codec = 2, kE4M3Codec = 3, kE5M2Codec = 4, kInt8Codec = 5 };
+enum CodecCode : int {
+  kBf16Codec = 1,
+  kFp16Codec = 2,
+  kE4M3Codec = 3,
+  kE5M2Codec = 4,
+  kInt8Codec = 5,
+};
 
 int Pow2Type(int codec) {
   switch (codec) {

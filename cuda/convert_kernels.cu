@@ -15,7 +15,7 @@
 #include <cfloat>
 #include <cstdint>
 
-#include "cuda/block_amax.cuh"
+#include "cuda/chunk_kernels.cuh"
 #include "cuda/cuda_internal.h"
 #include "cuda/kernel_traits.cuh"
 
@@ -63,10 +63,7 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-unsigned Blocks(size_t n) {
-  const size_t b = (n + kThreads - 1) / kThreads;
-  return static_cast<unsigned>(b < 65535u * 32 ? (b == 0 ? 1 : b) : 65535u * 32);
-}
+unsigned Blocks(size_t n) { return GridStrideBlocks<kThreads>(n); }
 
 template <typename Tr>
 int EncodeTyped(const float* in, size_t n, size_t chunk, float* scales, void* out,

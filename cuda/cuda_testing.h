@@ -11,6 +11,7 @@
 #include <cstring>
 #include <string>
 
+#include "absl/status/status.h"
 #include "cuda/cuda_reduce.h"
 #include "gtest/gtest.h"
 
@@ -28,6 +29,15 @@ class CudaGpuTest : public ::testing::Test {
     GTEST_SKIP() << "no usable CUDA device: " << reason;
   }
 };
+
+// What a CUDA call says on a host where CUDA is not usable: FailedPrecondition
+// naming why (the stub build, or no usable device).
+inline void ExpectNotUsable(const absl::Status& s) {
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find(BuiltWithCuda() ? "CUDA is not usable" : "built without CUDA"),
+            std::string::npos)
+      << s;
+}
 
 // The same bits, or both NaN (CUDA makes canonical NaNs; x86 keeps payloads).
 inline bool SameFloat(float a, float b) {

@@ -157,7 +157,16 @@ TEST(FakeCoordinator, HandsOutWhatAnEpochsMembersLearn) {
 
 // ---- Results.
 
-class ExecutorClusterShapes : public ::testing::TestWithParam<std::vector<int>> {};
+class ExecutorClusterShapes : public ::testing::TestWithParam<std::vector<int>> {
+ protected:
+  // This placement, every op of the job through `codec` unless it names one.
+  ClusterSpec SpecWithCodec(const std::string& codec) const {
+    ClusterSpec spec;
+    spec.node_of_rank = GetParam();
+    spec.job_codec = codec;
+    return spec;
+  }
+};
 
 TEST_P(ExecutorClusterShapes, AllreduceIsBitExactForEverySizeDtypeAndOp) {
   ClusterSpec spec;
@@ -257,9 +266,7 @@ TEST_P(ExecutorClusterShapes, PremulSumMultipliesEachRanksInputByItsOwnFactor) {
 // cannot apply is refused naming it; ranks that disagree on the codec fail
 // the op naming both sides.
 TEST_P(ExecutorClusterShapes, CodecsCompressTheStageBetweenDaemons) {
-  ClusterSpec spec;
-  spec.node_of_rank = GetParam();
-  spec.job_codec = "bf16";
+  const ClusterSpec spec = SpecWithCodec("bf16");
   FakeCoordinator coord(spec);
   auto c = Form(coord);
   ASSERT_NE(c, nullptr);
@@ -362,9 +369,7 @@ TEST_P(ExecutorClusterShapes, CodecsCompressTheStageBetweenDaemons) {
 // two results add up to the dense sum exactly (integer inputs), on every
 // placement (with every rank on one daemon nothing crosses a link: dense).
 TEST_P(ExecutorClusterShapes, TopkSendsTheLargestValuesAndThenWhatIsOwed) {
-  ClusterSpec spec;
-  spec.node_of_rank = GetParam();
-  spec.job_codec = "topk:0.01,warmup=1";
+  const ClusterSpec spec = SpecWithCodec("topk:0.01,warmup=1");
   FakeCoordinator coord(spec);
   auto c = Form(coord);
   ASSERT_NE(c, nullptr);
@@ -500,9 +505,7 @@ std::vector<float> CodecInput() {
 }
 
 TEST_P(ExecutorClusterShapes, QuantizedOpsOweTheirLossToTheNextOpOfTheName) {
-  ClusterSpec spec;
-  spec.node_of_rank = GetParam();
-  spec.job_codec = "int8";
+  const ClusterSpec spec = SpecWithCodec("int8");
   FakeCoordinator coord(spec);
   auto c = Form(coord);
   ASSERT_NE(c, nullptr);
@@ -540,9 +543,7 @@ TEST_P(ExecutorClusterShapes, QuantizedOpsOweTheirLossToTheNextOpOfTheName) {
 // a buffer the daemon allocated (which a client may reuse for any tensor:
 // a staging pool) it keeps none, and the loss stays lost.
 TEST_P(ExecutorClusterShapes, UnnamedOpsOnTheClientsOwnMemoryOweTheirLossToo) {
-  ClusterSpec spec;
-  spec.node_of_rank = GetParam();
-  spec.job_codec = "int8";
+  const ClusterSpec spec = SpecWithCodec("int8");
   FakeCoordinator coord(spec);
   auto c = Form(coord);
   ASSERT_NE(c, nullptr);

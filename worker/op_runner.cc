@@ -115,9 +115,9 @@ absl::Status OpRunner::Run(const std::vector<QueuedOp*>& ops, absl::Time negotia
   request.keyed = !key.name.empty();
   const SparseSpec spec = SparseSpec::FromCode(lead.sig.sparse);
   // Top-k keeps state per key (the warm-up count, the residual).
-  const bool keyed = spec.on() && request.keyed && lead.sig.kind == CollectiveKind::kAllreduce;
+  const bool topk_kept = spec.on() && request.keyed && lead.sig.kind == CollectiveKind::kAllreduce;
   const FeedbackLayout topk_layout = FeedbackLayout::Topk(lead.sig.count, spec);
-  if (keyed) request.sparse_ops_so_far = feedback_.OpsSoFar(key.name, topk_layout);
+  if (topk_kept) request.sparse_ops_so_far = feedback_.OpsSoFar(key.name, topk_layout);
   const Plan mine = planner_->Propose(request);
   if (!mine.on_device) s = staging_->StageIn(ops, bytes);
   if (s.ok() && premul) Premultiply(ops, bytes);
@@ -170,7 +170,7 @@ absl::Status OpRunner::Run(const std::vector<QueuedOp*>& ops, absl::Time negotia
       }
       SparseStage sparse;
       ErrorFeedback* codec_feedback = nullptr;
-      out->kept_state = keyed;
+      out->kept_state = topk_kept;
       if (plan.sparse) {
         sparse.spec = spec;
         sparse.feedback = feedback_.StateFor(key, topk_layout, lead.quota);
@@ -204,7 +204,7 @@ absl::Status OpRunner::Run(const std::vector<QueuedOp*>& ops, absl::Time negotia
           planner_->ObserveStage(plan, lead.sig.kind, bytes,
                                  absl::ToDoubleMicroseconds(stage_time_));
         }
-        if (keyed) feedback_.CountOp(key, topk_layout);
+        if (topk_kept) feedback_.CountOp(key, topk_layout);
         if (codec_feedback != nullptr) {
           ++codec_feedback->ops;
           if (!s.ok()) feedback_.Drop(key.name, "the op failed midway");

@@ -1,8 +1,9 @@
-// The largest finite magnitude of a run of f32 values, computed by one CUDA
-// block (NaN and ±inf skipped): the per-chunk scale of the scaled conversions
-// (convert_kernels.cu) and the wire codecs (codec_kernels.cu). nvcc only.
-#ifndef GRADSYNC_CUDA_BLOCK_AMAX_CUH_
-#define GRADSYNC_CUDA_BLOCK_AMAX_CUH_
+// What the per-chunk kernels of the scaled conversions (convert_kernels.cu)
+// and the wire codecs (codec_kernels.cu) share: a chunk's largest finite
+// magnitude computed by one CUDA block, its power-of-two scale, and the grid
+// of their grid-stride passes. nvcc only.
+#ifndef GRADSYNC_CUDA_CHUNK_KERNELS_CUH_
+#define GRADSYNC_CUDA_CHUNK_KERNELS_CUH_
 
 #include <cfloat>
 #include <cstddef>
@@ -47,8 +48,16 @@ __device__ __forceinline__ float Pow2Scale(float max_finite, float amax) {
   return ldexpf(1.0f, e);
 }
 
+// Blocks of kThreads for a grid-stride pass over n elements: one per
+// kThreads elements, at least one, at most 65535 * 32.
+template <int kThreads>
+unsigned GridStrideBlocks(size_t n) {
+  const size_t b = (n + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(b < 65535u * 32 ? (b == 0 ? 1 : b) : 65535u * 32);
+}
+
 }  // namespace internal
 }  // namespace cuda
 }  // namespace gradsync
 
-#endif  // GRADSYNC_CUDA_BLOCK_AMAX_CUH_
+#endif  // GRADSYNC_CUDA_CHUNK_KERNELS_CUH_
