@@ -12,6 +12,10 @@ namespace gradsync {
 
 void InitProcess() {
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  KeepOpenSslAtExit();
+}
+
+void KeepOpenSslAtExit() {
   // No OpenSSL clean-up at exit: it deletes the thread-local key whose
   // destructor frees each thread's error state, and gRPC's executor threads
   // can still be ending then, so their state would be left behind (a leak

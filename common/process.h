@@ -13,6 +13,10 @@ namespace gradsync {
 // cleaning up at exit (process.cc says why).
 void InitProcess();
 
+// The OpenSSL part of InitProcess alone, for test binaries that keep
+// absl's deadlock detection (//common:openssl_no_atexit links it in).
+void KeepOpenSslAtExit();
+
 // Names a thread for top/perf/gdb (at most 15 characters are kept).
 void NameThread(std::thread& t, const char* name);
 
